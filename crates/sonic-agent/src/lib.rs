@@ -1,0 +1,82 @@
+//! The per-VM agent: runs function instances in sandboxes and moves their intermediate files.
+
+pub mod config;
+pub mod files;
+pub mod fileserver;
+pub mod register;
+pub mod runner;
+pub mod sandbox;
+pub mod server;
+pub mod throttle;
+pub mod transfer;
+
+use std::sync::Arc;
+
+use config::{AgentConfig, SandboxChoice, StoreChoice};
+use sandbox::{DockerConfig, DockerSandbox, ProcessConfig, ProcessSandbox, Sandbox, SandboxError};
+use sonic_storage::ObjectStore;
+
+/// Why an agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] SandboxError),
+    #[error("object store: {0}")]
+    Store(#[from] sonic_storage::StoreError),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Makes the sandbox the configuration asks for; `auto` takes Docker when an engine answers.
+pub async fn make_sandbox(config: &AgentConfig) -> Result<Arc<dyn Sandbox>, SandboxError> {
+    let docker = || DockerConfig {
+        work_dir: config.data_dir.join("containers"),
+        idle_timeout: std::time::Duration::from_secs(config.warm_idle_s),
+        ..DockerConfig::default()
+    };
+    let process = || {
+        ProcessSandbox::new(ProcessConfig {
+            work_dir: config.data_dir.join("processes"),
+            path: config.bin_dirs.clone(),
+            idle_timeout: std::time::Duration::from_secs(config.warm_idle_s),
+            ..ProcessConfig::default()
+        })
+    };
+    Ok(match config.sandbox {
+        SandboxChoice::Docker => Arc::new(DockerSandbox::connect_with(docker()).await?),
+        SandboxChoice::Process => Arc::new(process()?),
+        SandboxChoice::Auto => match DockerSandbox::connect_with(docker()).await {
+            Ok(d) => Arc::new(d),
+            Err(e) => {
+                tracing::info!(reason = %e, "no Docker engine: running lambdas as processes");
+                Arc::new(process()?)
+            }
+        },
+    })
+}
+
+/// Makes the object store the configuration names, throttled by the agent's bandwidth.
+pub async fn make_store(
+    config: &AgentConfig,
+    throttle: sonic_storage::Throttle,
+) -> Result<Option<Arc<dyn ObjectStore>>, sonic_storage::StoreError> {
+    Ok(match &config.store {
+        None => None,
+        Some(StoreChoice::Local { root }) => {
+            Some(Arc::new(sonic_storage::local::LocalStore::new(root)?) as Arc<dyn ObjectStore>)
+        }
+        Some(StoreChoice::S3(cfg)) => {
+            let store = sonic_storage::s3::S3Store::new(cfg.clone())?.with_throttle(throttle);
+            store.ensure_bucket().await?;
+            Some(Arc::new(store))
+        }
+    })
+}
+
+/// Starts an agent from its configuration: sandbox, store, HTTP API, registration.
+pub async fn start_from_config(config: AgentConfig) -> Result<server::RunningAgent, StartError> {
+    let sandbox = make_sandbox(&config).await?;
+    let throttle = throttle::AgentThrottle::from_mbps(config.network_mbps);
+    let store = make_store(&config, throttle.storage_throttle()).await?;
+    Ok(server::start(config, sandbox, store, &throttle).await?)
+}

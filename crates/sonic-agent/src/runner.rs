@@ -1,0 +1,480 @@
+//! Runs one function instance: stage its inputs (all of them, before it starts: atomic visibility),
+//! run it in the sandbox, then route its outputs into the job's namespace and the object store.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use sonic_api::agent::{FileSource, OutputFile, RunReport, RunRequest, RunStatus, StagedInput};
+
+use crate::files::{FilePath, JobId, link_local, move_local};
+use crate::sandbox::{RunSpec, Termination};
+use crate::server::AgentState;
+
+/// Why an instance could not be run or its outputs not routed (the lambda itself may be fine).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("staging input {dest}: {message}")]
+    Stage { dest: String, message: String },
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] crate::sandbox::SandboxError),
+    #[error("output {path}: {message}")]
+    Output { path: String, message: String },
+}
+
+/// The id of a run: one per (job, function, instance, attempt), so a repeated request is idempotent.
+pub fn run_id(req: &RunRequest) -> String {
+    format!(
+        "{}.{}.{}.{}",
+        req.job_id, req.function, req.instance, req.attempt
+    )
+}
+
+/// Checks what the control plane sent before anything is touched.
+pub fn check_request(req: &RunRequest) -> Result<JobId, RunError> {
+    let job = JobId::parse(&req.job_id).map_err(|e| RunError::Invalid(e.to_string()))?;
+    if !sonic_core::dag::valid_function_name(&req.function) {
+        return Err(RunError::Invalid(format!(
+            "invalid function name {:?}",
+            req.function
+        )));
+    }
+    if req.instances == 0 || req.instance >= req.instances {
+        return Err(RunError::Invalid("instance must be below instances".into()));
+    }
+    if req.command.is_empty() || req.command.iter().any(|a| a.contains('\0')) {
+        return Err(RunError::Invalid(
+            "command needs an executable and no NUL".into(),
+        ));
+    }
+    if req.memory_limit_mb == 0 || !(req.cpus.is_finite() && req.cpus > 0.0) || req.timeout_ms == 0
+    {
+        return Err(RunError::Invalid(
+            "memory_limit_mb, cpus and timeout_ms must be positive".into(),
+        ));
+    }
+    for input in &req.inputs {
+        FilePath::parse(&input.dest).map_err(|e| RunError::Invalid(format!("input dest: {e}")))?;
+        if let FileSource::VmStorage { file_path } | FileSource::Direct { file_path, .. } =
+            &input.source
+        {
+            FilePath::parse(file_path)
+                .map_err(|e| RunError::Invalid(format!("input file_path: {e}")))?;
+        }
+        if let FileSource::Remote { key } = &input.source {
+            sonic_storage::validate_key(key).map_err(|e| RunError::Invalid(e.to_string()))?;
+        }
+    }
+    for route in &req.outputs {
+        let ok = route.to == "result" || sonic_core::dag::valid_function_name(&route.to);
+        if !ok {
+            return Err(RunError::Invalid(format!(
+                "invalid output route {:?}",
+                route.to
+            )));
+        }
+        if let Some(prefix) = &route.upload_prefix {
+            sonic_storage::validate_prefix(prefix).map_err(|e| RunError::Invalid(e.to_string()))?;
+        }
+    }
+    for (k, v) in &req.env {
+        if k.is_empty()
+            || k.contains('=')
+            || k.contains('\0')
+            || v.contains('\0')
+            || k.starts_with("SONIC_")
+        {
+            return Err(RunError::Invalid(format!(
+                "environment variable {k:?} is not allowed"
+            )));
+        }
+    }
+    Ok(job)
+}
+
+/// One lock per file being fetched, so two instances on this agent that need the same file (a
+/// broadcast) fetch it once and share it: one network copy per VM, not per lambda.
+#[derive(Debug, Default)]
+pub struct FetchLocks {
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl FetchLocks {
+    fn get(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(key.to_owned()).or_default().clone()
+    }
+}
+
+/// Runs the request to its end and returns the report (never panics on bad input: errors become an
+/// `Error` report).
+pub async fn execute(state: Arc<AgentState>, req: RunRequest) -> RunReport {
+    let id = run_id(&req);
+    let mut report = RunReport {
+        run_id: id.clone(),
+        status: RunStatus::Error,
+        cold: None,
+        seconds: None,
+        start_latency_s: None,
+        peak_memory_mb: None,
+        exit_code: None,
+        error: None,
+        staged: Vec::new(),
+        outputs: Vec::new(),
+        log: String::new(),
+    };
+    let scratch = state.config.scratch_dir().join(&id);
+    match run_inner(&state, &req, &scratch, &mut report).await {
+        Ok(()) => {}
+        Err(e) => {
+            tracing::warn!(run = %id, error = %e, "run failed");
+            report.status = RunStatus::Error;
+            report.error = Some(e.to_string());
+        }
+    }
+    // The scratch folder held links and moved-out outputs only; the job's files are in the namespace.
+    let _ = tokio::fs::remove_dir_all(&scratch).await;
+    report
+}
+
+async fn run_inner(
+    state: &Arc<AgentState>,
+    req: &RunRequest,
+    scratch: &Path,
+    report: &mut RunReport,
+) -> Result<(), RunError> {
+    let job = check_request(req)?;
+    let input_dir = scratch.join("input");
+    let output_dir = scratch.join("output");
+    let _ = tokio::fs::remove_dir_all(scratch).await;
+    for d in [&input_dir, &output_dir] {
+        tokio::fs::create_dir_all(d)
+            .await
+            .map_err(|e| RunError::Invalid(format!("scratch: {e}")))?;
+    }
+    for input in &req.inputs {
+        let staged = stage_input(state, &job, input, &input_dir).await?;
+        report.staged.push(staged);
+    }
+
+    let mut env: Vec<(String, String)> = req
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.push(("SONIC_JOB_ID".into(), req.job_id.clone()));
+    env.push(("SONIC_FUNCTION".into(), req.function.clone()));
+    env.push(("SONIC_INSTANCE".into(), req.instance.to_string()));
+    env.push(("SONIC_INSTANCES".into(), req.instances.to_string()));
+    env.push((
+        "SONIC_PARAMS".into(),
+        serde_json::Value::Object(req.params.clone()).to_string(),
+    ));
+    for (to, n) in &req.fanouts {
+        env.push((sonic_core::dag::fanout_env_var(to), n.to_string()));
+    }
+    let spec = RunSpec {
+        run_id: report.run_id.clone(),
+        warm_key: format!(
+            "{}|{}|{}",
+            req.job_id,
+            req.image,
+            req.command.join("\u{1f}")
+        ),
+        image: req.image.clone(),
+        command: req.command.clone(),
+        env,
+        input_dir: input_dir.clone(),
+        output_dir: output_dir.clone(),
+        memory_limit_bytes: req.memory_limit_mb.saturating_mul(1024 * 1024),
+        cpus: req.cpus,
+        timeout: std::time::Duration::from_millis(req.timeout_ms),
+    };
+    state
+        .running
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let outcome = state.sandbox.run(spec).await;
+    state
+        .running
+        .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    let outcome = outcome?;
+    report.cold = Some(outcome.cold);
+    report.seconds = Some(outcome.duration.as_secs_f64());
+    report.start_latency_s = Some(outcome.start_latency.as_secs_f64());
+    report.peak_memory_mb = outcome
+        .peak_memory_bytes
+        .map(|b| b as f64 / (1024.0 * 1024.0));
+    report.log = outcome.log.clone();
+    match outcome.termination {
+        Termination::Exited(0) => {}
+        Termination::Exited(code) => {
+            report.status = RunStatus::Failed;
+            report.exit_code = Some(code);
+            report.error = Some(format!("lambda exited with status {code}"));
+            return Ok(());
+        }
+        Termination::Signaled(sig) => {
+            report.status = RunStatus::Failed;
+            report.error = Some(format!("lambda killed by signal {sig}"));
+            return Ok(());
+        }
+        Termination::OutOfMemory => {
+            report.status = RunStatus::OutOfMemory;
+            report.error = Some(format!(
+                "lambda exceeded its memory limit of {} MB",
+                req.memory_limit_mb
+            ));
+            return Ok(());
+        }
+        Termination::TimedOut => {
+            report.status = RunStatus::TimedOut;
+            report.error = Some(format!(
+                "lambda ran past its timeout of {} ms",
+                req.timeout_ms
+            ));
+            return Ok(());
+        }
+    }
+    report.outputs = route_outputs(state, req, &job, &output_dir).await?;
+    report.status = RunStatus::Succeeded;
+    Ok(())
+}
+
+async fn stage_input(
+    state: &Arc<AgentState>,
+    job: &JobId,
+    input: &sonic_api::agent::InputSpec,
+    input_dir: &Path,
+) -> Result<StagedInput, RunError> {
+    let err = |m: String| RunError::Stage {
+        dest: input.dest.clone(),
+        message: m,
+    };
+    let dest = FilePath::parse(&input.dest).map_err(|e| err(e.to_string()))?;
+    let target = input_dir.join(dest.as_str());
+    if let Some(parent) = target.parent() {
+        tokio::fs::create_dir_all(parent)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+    }
+    let started = Instant::now();
+    // Every source first lands in the job's namespace (once per agent), then is linked into the
+    // instance's input folder: no byte copy on this agent whatever the method.
+    let (method, local, bytes) = match &input.source {
+        FileSource::VmStorage { file_path } => {
+            let path = FilePath::parse(file_path).map_err(|e| err(e.to_string()))?;
+            let meta = state
+                .files
+                .meta(job, &path)
+                .map_err(|e| err(e.to_string()))?;
+            let meta = meta.ok_or_else(|| err(format!("{file_path} is not on this agent")))?;
+            let local = state
+                .files
+                .resolve(job, &path)
+                .map_err(|e| err(e.to_string()))?;
+            ("vm-storage", local, meta.size)
+        }
+        FileSource::Direct {
+            peer_url,
+            file_path,
+            token,
+        } => {
+            let path = FilePath::parse(file_path).map_err(|e| err(e.to_string()))?;
+            let lock = state.fetch_locks.get(&format!("{job}/{file_path}"));
+            let _guard = lock.lock().await;
+            let size = match state
+                .files
+                .meta(job, &path)
+                .map_err(|e| err(e.to_string()))?
+            {
+                Some(meta) => meta.size,
+                None => {
+                    let dest = state
+                        .files
+                        .prepare_write(job, &path)
+                        .map_err(|e| err(e.to_string()))?;
+                    let stats = crate::transfer::fetch_direct(
+                        &state.http,
+                        peer_url,
+                        job.as_str(),
+                        file_path,
+                        token,
+                        &dest,
+                        Some(&state.throttle),
+                        &state.meter,
+                    )
+                    .await
+                    .map_err(|e| err(e.to_string()))?;
+                    state
+                        .files
+                        .register_verified(job, &path, stats.bytes, &stats.checksum)
+                        .map_err(|e| err(e.to_string()))?;
+                    stats.bytes
+                }
+            };
+            let local = state
+                .files
+                .resolve(job, &path)
+                .map_err(|e| err(e.to_string()))?;
+            ("direct", local, size)
+        }
+        FileSource::Remote { key } => {
+            let store = state
+                .store
+                .as_ref()
+                .ok_or_else(|| err("this agent has no object store".into()))?;
+            let path = FilePath::parse(&format!("remote/{key}")).map_err(|e| err(e.to_string()))?;
+            let lock = state.fetch_locks.get(&format!("{job}/remote/{key}"));
+            let _guard = lock.lock().await;
+            let size = match state
+                .files
+                .meta(job, &path)
+                .map_err(|e| err(e.to_string()))?
+            {
+                Some(meta) => meta.size,
+                None => {
+                    let dest = state
+                        .files
+                        .prepare_write(job, &path)
+                        .map_err(|e| err(e.to_string()))?;
+                    let stats =
+                        crate::transfer::download_remote(store.as_ref(), key, &dest, &state.meter)
+                            .await
+                            .map_err(|e| err(e.to_string()))?;
+                    state
+                        .files
+                        .register_verified(job, &path, stats.bytes, &stats.checksum)
+                        .map_err(|e| err(e.to_string()))?
+                        .size
+                }
+            };
+            let local = state
+                .files
+                .resolve(job, &path)
+                .map_err(|e| err(e.to_string()))?;
+            ("remote", local, size)
+        }
+    };
+    link_local(&local, &target).map_err(|e| err(e.to_string()))?;
+    Ok(StagedInput {
+        dest: input.dest.clone(),
+        method: method.to_owned(),
+        bytes,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Every regular file under `dir`, as paths relative to it, in name order. Symlinks and other
+/// special files a lambda planted are refused.
+fn walk_outputs(dir: &Path) -> Result<Vec<PathBuf>, RunError> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), RunError> {
+        let entries = std::fs::read_dir(dir).map_err(|e| RunError::Output {
+            path: dir.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let mut entries: Vec<_> = entries.filter_map(Result::ok).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let path = e.path();
+            let rel = path.strip_prefix(root).unwrap_or(&path).to_path_buf();
+            let ft = e.file_type().map_err(|err| RunError::Output {
+                path: rel.display().to_string(),
+                message: err.to_string(),
+            })?;
+            if ft.is_dir() {
+                walk(root, &path, out)?;
+            } else if ft.is_file() {
+                out.push(rel);
+            } else {
+                return Err(RunError::Output {
+                    path: rel.display().to_string(),
+                    message:
+                        "the lambda wrote a symlink or special file; only regular files are outputs"
+                            .into(),
+                });
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out)?;
+    Ok(out)
+}
+
+async fn route_outputs(
+    state: &Arc<AgentState>,
+    req: &RunRequest,
+    job: &JobId,
+    output_dir: &Path,
+) -> Result<Vec<OutputFile>, RunError> {
+    let files = {
+        let dir = output_dir.to_path_buf();
+        tokio::task::spawn_blocking(move || walk_outputs(&dir))
+            .await
+            .map_err(|e| RunError::Output {
+                path: String::new(),
+                message: e.to_string(),
+            })??
+    };
+    let mut outputs = Vec::with_capacity(files.len());
+    for rel in files {
+        let rel_str = rel.to_string_lossy().to_string();
+        let oerr = |m: String| RunError::Output {
+            path: rel_str.clone(),
+            message: m,
+        };
+        let (to, name) = rel_str.split_once('/').ok_or_else(|| {
+            oerr("outputs go into a folder named after a receiver, or result/".into())
+        })?;
+        if name.starts_with(crate::files::TEMP_PREFIX)
+            || name.split('/').any(|s| s.starts_with(".tmp"))
+        {
+            // An unfinished atomic write of the lambda's own: not an output.
+            continue;
+        }
+        let route = req.outputs.iter().find(|r| r.to == to).ok_or_else(|| {
+            oerr(format!(
+                "{to:?} is not a receiver of {} nor result",
+                req.function
+            ))
+        })?;
+        let file_path = format!("{}/{}/{}/{}", req.function, req.instance, to, name);
+        let path = FilePath::parse(&file_path).map_err(|e| oerr(e.to_string()))?;
+        let dest = state
+            .files
+            .prepare_write(job, &path)
+            .map_err(|e| oerr(e.to_string()))?;
+        move_local(&output_dir.join(&rel), &dest).map_err(|e| oerr(e.to_string()))?;
+        let meta = state
+            .files
+            .register_output(job, &path)
+            .map_err(|e| oerr(e.to_string()))?;
+        let mut out = OutputFile {
+            file_path: file_path.clone(),
+            to: to.to_owned(),
+            name: name.to_owned(),
+            size: meta.size,
+            checksum: meta.checksum.clone(),
+            key: None,
+            upload_seconds: None,
+        };
+        if let Some(prefix) = &route.upload_prefix {
+            let store = state
+                .store
+                .as_ref()
+                .ok_or_else(|| oerr("this agent has no object store".into()))?;
+            let key = format!("{}/{}", prefix.trim_end_matches('/'), name);
+            let started = Instant::now();
+            crate::transfer::upload_remote(store.as_ref(), &key, &dest, &state.meter)
+                .await
+                .map_err(|e| oerr(e.to_string()))?;
+            out.key = Some(key);
+            out.upload_seconds = Some(started.elapsed().as_secs_f64());
+        }
+        outputs.push(out);
+    }
+    Ok(outputs)
+}

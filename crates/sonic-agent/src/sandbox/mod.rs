@@ -1,0 +1,110 @@
+//! Sandboxes run one function instance each: a Docker container or a plain process, behind one trait.
+//!
+//! This file is the contract between the sandboxes and the agent; keep its names stable.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+mod cgroup;
+pub mod docker;
+mod fsutil;
+pub mod process;
+mod sys;
+
+pub use docker::{DockerConfig, DockerSandbox};
+pub use process::{CgroupMode, ProcessConfig, ProcessSandbox};
+
+/// A number unique in this process: names containers, cgroups and folders, also when several
+/// sandboxes (agents) share one process.
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Everything a sandbox needs to run one function instance.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// Unique id of this run (job, function, instance, attempt); names containers and logs.
+    pub run_id: String,
+    /// Instances with the same key may reuse one warm container (same image, command and job).
+    pub warm_key: String,
+    /// Image for the Docker sandbox; ignored by the process sandbox.
+    pub image: String,
+    /// Executable and arguments.
+    pub command: Vec<String>,
+    /// Environment of the lambda, besides `SONIC_INPUT_DIR` and `SONIC_OUTPUT_DIR`, which the
+    /// sandbox sets to where it exposes `input_dir` and `output_dir` to the lambda.
+    pub env: Vec<(String, String)>,
+    /// Host directory with the staged inputs (complete before the run: atomic visibility); read-only to the lambda.
+    pub input_dir: PathBuf,
+    /// Host directory the lambda writes its outputs into; empty at start.
+    pub output_dir: PathBuf,
+    /// Memory limit of the instance.
+    pub memory_limit_bytes: u64,
+    /// CPU limit in vCPUs (may be fractional).
+    pub cpus: f64,
+    /// Wall-clock limit; past it the instance is killed and reported as timed out.
+    pub timeout: Duration,
+}
+
+/// How an instance ended.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "code")]
+pub enum Termination {
+    /// The command exited with this status (0 is success).
+    Exited(i32),
+    /// Killed by a signal other than the sandbox's own timeout or OOM kill.
+    Signaled(i32),
+    /// Killed for exceeding its memory limit.
+    OutOfMemory,
+    /// Killed for running past its timeout.
+    TimedOut,
+}
+
+/// What a sandbox measured about one run.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RunOutcome {
+    pub termination: Termination,
+    /// True when the instance needed a new container or process environment (cold start).
+    pub cold: bool,
+    /// Time from the request to the sandbox until the command ended, including the start.
+    pub duration: Duration,
+    /// Time from the request until the command was started (container creation for a cold start).
+    pub start_latency: Duration,
+    /// Peak memory of the instance in bytes, when it could be measured.
+    pub peak_memory_bytes: Option<u64>,
+    /// The last part of the instance's standard output and error (bounded).
+    pub log: String,
+}
+
+impl RunOutcome {
+    pub fn succeeded(&self) -> bool {
+        self.termination == Termination::Exited(0)
+    }
+}
+
+/// Why a sandbox could not run an instance at all (as opposed to the instance failing).
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("sandbox unavailable: {0}")]
+    Unavailable(String),
+    #[error("image {0} not found")]
+    ImageNotFound(String),
+    #[error("invalid run spec: {0}")]
+    InvalidSpec(String),
+    #[error("sandbox i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("sandbox runtime: {0}")]
+    Runtime(String),
+}
+
+/// A place where function instances run.
+#[async_trait::async_trait]
+pub trait Sandbox: Send + Sync + std::fmt::Debug {
+    /// `"docker"` or `"process"`.
+    fn kind(&self) -> &'static str;
+    /// Runs one instance to its end.
+    async fn run(&self, spec: RunSpec) -> Result<RunOutcome, SandboxError>;
+    /// Stops and removes warm containers or processes kept for reuse.
+    async fn shutdown(&self) -> Result<(), SandboxError>;
+}

@@ -1,0 +1,521 @@
+//! The process sandbox: runs an instance's command directly on the host, with the same file ABI
+//! as the Docker sandbox (`SONIC_INPUT_DIR` and `SONIC_OUTPUT_DIR` are the spec's own folders).
+//!
+//! - Each run is its own process group; a timeout kills the whole group, and so does the end of
+//!   the run (nothing a lambda starts in the background outlives it).
+//! - Memory: when cgroup v1 memory groups can be created under `cgroup_parent` (root on a v1
+//!   machine), each run gets a fresh group with the memory limit (no swap): the kernel enforces
+//!   the limit, an OOM kill is reported as `OutOfMemory`, and the peak is the larger of the
+//!   group's `memory.max_usage_in_bytes` (anonymous memory plus page cache the run caused) and
+//!   the process's `ru_maxrss`. Without cgroups the peak is `ru_maxrss` (from `wait4`; the peak
+//!   RSS of the process and the children it waited for) and the limit is checked after the fact:
+//!   a run whose peak exceeded it is reported as `OutOfMemory`. RLIMIT_AS is not used: it limits
+//!   address space, not memory, and breaks normal programs that reserve more than they touch.
+//! - The input folder is not write-protected here (the lambda runs as the agent's user); the
+//!   Docker sandbox mounts it read-only.
+//! - Environment: only `PATH` (the configured lambda folders first), `HOME` and `TMPDIR` (a private
+//!   folder per warm key, also the working directory), then the spec's variables: nothing of the
+//!   agent's own environment (credentials, ...) leaks into a lambda.
+//! - Hot and cold: the first run of a warm key is cold; later runs of that key, while its private
+//!   folder is kept (the idle time), are hot: the binary is then in the page cache and its
+//!   `TMPDIR` state is still there.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::cgroup::{CGROUP_ROOT, MemoryCgroup};
+use super::fsutil::{Tail, remove_tree};
+use super::{RunOutcome, RunSpec, Sandbox, SandboxError, Termination, sys};
+
+/// Whether the process sandbox uses cgroup v1 memory groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupMode {
+    /// Use them when they can be created, else measure with `ru_maxrss`.
+    Auto,
+    /// Never.
+    Off,
+    /// Fail at construction when they cannot be created.
+    Required,
+}
+
+/// Settings of the process sandbox.
+#[derive(Debug, Clone)]
+pub struct ProcessConfig {
+    /// Private folders of the warm keys (`TMPDIR`, working directory).
+    pub work_dir: PathBuf,
+    /// Folders searched first for a command's executable (e.g. `target/release`).
+    pub path: Vec<PathBuf>,
+    /// How long a warm key's folder is kept after its last run; the next run after that is cold.
+    pub idle_timeout: Duration,
+    pub cgroups: CgroupMode,
+    /// Where per-run memory cgroups are made.
+    pub cgroup_parent: PathBuf,
+    /// Bytes of the end of the output and error kept as the log.
+    pub log_limit: usize,
+}
+
+impl Default for ProcessConfig {
+    fn default() -> Self {
+        Self {
+            work_dir: std::env::temp_dir().join(format!("sonic-process-{}", std::process::id())),
+            path: Vec::new(),
+            idle_timeout: Duration::from_secs(60),
+            cgroups: CgroupMode::Auto,
+            cgroup_parent: PathBuf::from(CGROUP_ROOT).join("memory/sonic"),
+            log_limit: 64 * 1024,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct WarmEnv {
+    dir: PathBuf,
+    last_used: Instant,
+    busy: usize,
+}
+
+/// Runs instances as host processes.
+#[derive(Debug)]
+pub struct ProcessSandbox {
+    config: ProcessConfig,
+    use_cgroups: bool,
+    envs: Mutex<HashMap<String, WarmEnv>>,
+}
+
+impl ProcessSandbox {
+    pub fn new(config: ProcessConfig) -> Result<Self, SandboxError> {
+        std::fs::create_dir_all(&config.work_dir)?;
+        let use_cgroups = match config.cgroups {
+            CgroupMode::Off => false,
+            CgroupMode::Auto => MemoryCgroup::v1_writable(&config.cgroup_parent),
+            CgroupMode::Required => {
+                if !MemoryCgroup::v1_writable(&config.cgroup_parent) {
+                    return Err(SandboxError::Unavailable(format!(
+                        "cannot create cgroup v1 memory groups under {} (needs root and cgroup v1)",
+                        config.cgroup_parent.display()
+                    )));
+                }
+                true
+            }
+        };
+        tracing::info!(
+            work_dir = %config.work_dir.display(),
+            cgroups = use_cgroups,
+            "process sandbox ready"
+        );
+        Ok(Self {
+            config,
+            use_cgroups,
+            envs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// True when runs get a memory cgroup (limit enforced by the kernel).
+    pub fn uses_cgroups(&self) -> bool {
+        self.use_cgroups
+    }
+
+    /// The warm key's folder, and whether this run is cold. Also drops folders idle too long.
+    fn acquire_env(&self, key: &str) -> Result<(PathBuf, bool), SandboxError> {
+        let now = Instant::now();
+        let mut envs = self
+            .envs
+            .lock()
+            .map_err(|_| SandboxError::Runtime("warm environment table poisoned".into()))?;
+        let idle = self.config.idle_timeout;
+        let expired: Vec<String> = envs
+            .iter()
+            .filter(|(_, e)| e.busy == 0 && now.duration_since(e.last_used) >= idle)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in expired {
+            if let Some(e) = envs.remove(&k)
+                && let Err(err) = remove_tree(&e.dir)
+            {
+                tracing::warn!(dir = %e.dir.display(), error = %err, "cannot remove idle environment");
+            }
+        }
+        if let Some(env) = envs.get_mut(key) {
+            env.busy += 1;
+            env.last_used = now;
+            return Ok((env.dir.clone(), false));
+        }
+        let n = super::next_id();
+        let dir = self
+            .config
+            .work_dir
+            .join(format!("env-{n}-{}", sanitize(key, 40)));
+        std::fs::create_dir_all(&dir)?;
+        envs.insert(
+            key.to_string(),
+            WarmEnv {
+                dir: dir.clone(),
+                last_used: now,
+                busy: 1,
+            },
+        );
+        Ok((dir, true))
+    }
+
+    fn release_env(&self, key: &str) {
+        if let Ok(mut envs) = self.envs.lock()
+            && let Some(env) = envs.get_mut(key)
+        {
+            env.busy = env.busy.saturating_sub(1);
+            env.last_used = Instant::now();
+        }
+    }
+
+    fn path_var(&self) -> std::ffi::OsString {
+        let mut dirs: Vec<PathBuf> = self.config.path.clone();
+        if let Some(p) = std::env::var_os("PATH") {
+            dirs.extend(std::env::split_paths(&p));
+        }
+        std::env::join_paths(dirs).unwrap_or_default()
+    }
+
+    async fn run_in(
+        &self,
+        spec: &RunSpec,
+        env_dir: PathBuf,
+        cold: bool,
+        t0: Instant,
+    ) -> Result<RunOutcome, SandboxError> {
+        let n = super::next_id();
+        let cgroup = if self.use_cgroups {
+            let name = format!("{}-{n}-{}", std::process::id(), sanitize(&spec.run_id, 40));
+            Some(
+                MemoryCgroup::create_v1(&self.config.cgroup_parent, &name, spec.memory_limit_bytes)
+                    .map_err(|e| SandboxError::Runtime(format!("cannot create a cgroup: {e}")))?,
+            )
+        } else {
+            None
+        };
+        // Removes the cgroup also when this future is dropped midway.
+        let mut cgroup = CgroupCleanup(cgroup);
+        let result = self
+            .spawn_and_wait(spec, env_dir, cold, t0, cgroup.0.as_ref())
+            .await;
+        if let Some(cg) = cgroup.0.take() {
+            let removed = tokio::task::spawn_blocking(move || cg.remove()).await;
+            if let Ok(Err(e)) = removed {
+                tracing::warn!(error = %e, "cannot remove a run's cgroup");
+            }
+        }
+        result
+    }
+
+    async fn spawn_and_wait(
+        &self,
+        spec: &RunSpec,
+        env_dir: PathBuf,
+        cold: bool,
+        t0: Instant,
+        cgroup: Option<&MemoryCgroup>,
+    ) -> Result<RunOutcome, SandboxError> {
+        let (program, args) = spec
+            .command
+            .split_first()
+            .ok_or_else(|| SandboxError::InvalidSpec("empty command".into()))?;
+        let (mut reader, writer) = std::io::pipe()?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            // Setting PATH here also makes std look the program up in it.
+            .env("PATH", self.path_var())
+            .env("HOME", &env_dir)
+            .env("TMPDIR", &env_dir)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .env("SONIC_INPUT_DIR", &spec.input_dir)
+            .env("SONIC_OUTPUT_DIR", &spec.output_dir)
+            .current_dir(&env_dir)
+            .stdin(Stdio::null())
+            .stdout(writer.try_clone()?)
+            .stderr(writer)
+            .process_group(0);
+        let procs = match cgroup {
+            Some(cg) => Some(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(cg.dir.join("cgroup.procs"))?,
+            ),
+            None => None,
+        };
+        if let Some(f) = &procs {
+            sys::join_cgroup_before_exec(&mut cmd, f.as_raw_fd());
+        }
+        let spawned = cmd.spawn();
+        // The parent's copies of the pipe's write end must go, or the log never ends.
+        drop(cmd);
+        drop(procs);
+        let child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                let code = match e.kind() {
+                    std::io::ErrorKind::NotFound => 127,
+                    std::io::ErrorKind::PermissionDenied => 126,
+                    _ => {
+                        return Err(SandboxError::Runtime(format!(
+                            "cannot start {program:?}: {e}"
+                        )));
+                    }
+                };
+                return Ok(RunOutcome {
+                    termination: Termination::Exited(code),
+                    cold,
+                    duration: t0.elapsed(),
+                    start_latency: t0.elapsed(),
+                    peak_memory_bytes: None,
+                    log: format!("sonic: cannot start {program:?}: {e}\n"),
+                });
+            }
+        };
+        let start_latency = t0.elapsed();
+        let pid = child.id();
+        tracing::debug!(run = %spec.run_id, pid, cold, "process started");
+
+        let (log_tx, log_rx) = tokio::sync::oneshot::channel();
+        let log_limit = self.config.log_limit;
+        std::thread::spawn(move || {
+            let mut tail = Tail::new(log_limit);
+            let mut buf = [0u8; 8192];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => tail.push(&buf[..k]),
+                }
+            }
+            let _ = log_tx.send(tail.text());
+        });
+
+        // Kills the group if this future is dropped before the end (the run was abandoned).
+        let group = sys::GroupGuard::new(pid);
+        let mut waiter = tokio::task::spawn_blocking(group.waiter());
+        // From the start of the command, as in the Docker sandbox.
+        let (joined, timed_out) = match tokio::time::timeout(spec.timeout, &mut waiter).await {
+            Ok(joined) => (joined, false),
+            Err(_) => {
+                group.kill();
+                (waiter.await, true)
+            }
+        };
+        let duration = t0.elapsed();
+        let reaped = joined
+            .map_err(|e| SandboxError::Runtime(format!("waiter failed: {e}")))?
+            .map_err(SandboxError::Io)?;
+
+        // A process that left the group may still hold the pipe: do not wait for it for long.
+        let mut log = match tokio::time::timeout(Duration::from_secs(1), log_rx).await {
+            Ok(Ok(text)) => text,
+            _ => String::from("sonic: log incomplete (a process still holds the output)\n"),
+        };
+
+        let mut peak = reaped.max_rss_bytes;
+        let mut oom = false;
+        if let Some(cg) = cgroup {
+            match cg.peak() {
+                Ok(p) => peak = peak.max(p),
+                Err(e) => tracing::warn!(error = %e, "cannot read the cgroup peak"),
+            }
+            oom = cg.oom_kills().map(|k| k > 0).unwrap_or(false);
+        } else if reaped.max_rss_bytes > spec.memory_limit_bytes {
+            // No kernel enforcement: a run over its limit is what a limit would have killed.
+            oom = true;
+            log.push_str(&format!(
+                "sonic: peak RSS {} bytes exceeded the limit {} bytes\n",
+                reaped.max_rss_bytes, spec.memory_limit_bytes
+            ));
+        }
+        let termination = if timed_out {
+            log.push_str(&format!(
+                "sonic: killed after its timeout of {:?}\n",
+                spec.timeout
+            ));
+            Termination::TimedOut
+        } else if oom {
+            if cgroup.is_some() {
+                log.push_str(&format!(
+                    "sonic: killed for exceeding its memory limit of {} bytes\n",
+                    spec.memory_limit_bytes
+                ));
+            }
+            Termination::OutOfMemory
+        } else if let Some(code) = reaped.exit_code {
+            Termination::Exited(code)
+        } else {
+            Termination::Signaled(reaped.signal.unwrap_or(0))
+        };
+        tracing::info!(
+            run = %spec.run_id,
+            ?termination,
+            cold,
+            duration_ms = duration.as_millis() as u64,
+            start_us = start_latency.as_micros() as u64,
+            peak_memory_bytes = peak,
+            max_rss_bytes = reaped.max_rss_bytes,
+            "process run ended"
+        );
+        Ok(RunOutcome {
+            termination,
+            cold,
+            duration,
+            start_latency,
+            peak_memory_bytes: Some(peak),
+            log,
+        })
+    }
+}
+
+/// A run's cgroup, removed on drop by a thread of its own (removal waits for killed processes).
+struct CgroupCleanup(Option<MemoryCgroup>);
+
+impl Drop for CgroupCleanup {
+    fn drop(&mut self) {
+        if let Some(cg) = self.0.take() {
+            std::thread::spawn(move || {
+                if let Err(e) = cg.remove() {
+                    tracing::warn!(error = %e, "cannot remove a run's cgroup");
+                }
+            });
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Sandbox for ProcessSandbox {
+    fn kind(&self) -> &'static str {
+        "process"
+    }
+
+    async fn run(&self, spec: RunSpec) -> Result<RunOutcome, SandboxError> {
+        let t0 = Instant::now();
+        validate(&spec)?;
+        std::fs::create_dir_all(&spec.input_dir)?;
+        std::fs::create_dir_all(&spec.output_dir)?;
+        let (env_dir, cold) = self.acquire_env(&spec.warm_key)?;
+        let result = self.run_in(&spec, env_dir, cold, t0).await;
+        self.release_env(&spec.warm_key);
+        result
+    }
+
+    async fn shutdown(&self) -> Result<(), SandboxError> {
+        let dirs: Vec<PathBuf> = match self.envs.lock() {
+            Ok(mut envs) => envs.drain().map(|(_, e)| e.dir).collect(),
+            Err(_) => Vec::new(),
+        };
+        for d in dirs {
+            remove_tree(&d)?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks what both sandboxes need of a spec.
+pub(crate) fn validate(spec: &RunSpec) -> Result<(), SandboxError> {
+    if spec.command.is_empty() || spec.command[0].is_empty() {
+        return Err(SandboxError::InvalidSpec(format!(
+            "run {}: empty command",
+            spec.run_id
+        )));
+    }
+    if spec.memory_limit_bytes == 0 {
+        return Err(SandboxError::InvalidSpec(format!(
+            "run {}: memory limit is zero",
+            spec.run_id
+        )));
+    }
+    if !(spec.cpus > 0.0 && spec.cpus.is_finite()) {
+        return Err(SandboxError::InvalidSpec(format!(
+            "run {}: cpus must be positive, got {}",
+            spec.run_id, spec.cpus
+        )));
+    }
+    if spec.timeout.is_zero() {
+        return Err(SandboxError::InvalidSpec(format!(
+            "run {}: timeout is zero",
+            spec.run_id
+        )));
+    }
+    if let Some((k, _)) = spec
+        .env
+        .iter()
+        .find(|(k, _)| k.is_empty() || k.contains('=') || k.contains('\0'))
+    {
+        return Err(SandboxError::InvalidSpec(format!(
+            "run {}: invalid environment variable name {k:?}",
+            spec.run_id
+        )));
+    }
+    Ok(())
+}
+
+/// A name made of `[a-zA-Z0-9_.-]`, at most `max` characters, for folders and container names.
+pub(crate) fn sanitize(s: &str, max: usize) -> String {
+    let out: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(max)
+        .collect();
+    if out.is_empty() { "x".to_string() } else { out }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> RunSpec {
+        RunSpec {
+            run_id: "j-1/f/0/1".into(),
+            warm_key: "k".into(),
+            image: String::new(),
+            command: vec!["true".into()],
+            env: vec![],
+            input_dir: PathBuf::from("/in"),
+            output_dir: PathBuf::from("/out"),
+            memory_limit_bytes: 1 << 20,
+            cpus: 1.0,
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn specs_are_checked() {
+        let check = |edit: fn(&mut RunSpec), expect: &str| {
+            let mut s = spec();
+            edit(&mut s);
+            match validate(&s) {
+                Ok(()) => assert!(expect.is_empty(), "expected an error with {expect:?}"),
+                Err(e) => assert!(
+                    !expect.is_empty() && e.to_string().contains(expect),
+                    "{e} should contain {expect:?}"
+                ),
+            }
+        };
+        check(|_| {}, "");
+        check(|s| s.command.clear(), "empty command");
+        check(|s| s.memory_limit_bytes = 0, "memory limit");
+        check(|s| s.cpus = 0.0, "cpus");
+        check(|s| s.cpus = f64::NAN, "cpus");
+        check(|s| s.timeout = Duration::ZERO, "timeout");
+        check(|s| s.env = vec![("A=B".into(), "x".into())], "environment");
+    }
+
+    #[test]
+    fn names_are_sanitized() {
+        assert_eq!(sanitize("j-1/f/0/1", 40), "j-1_f_0_1");
+        assert_eq!(sanitize("", 40), "x");
+        assert_eq!(sanitize("abcdef", 3), "abc");
+    }
+}

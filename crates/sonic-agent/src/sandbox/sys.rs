@@ -1,0 +1,260 @@
+//! The few system calls the sandboxes need that std does not offer: waiting with resource usage,
+//! killing a process group, FIFOs, and joining a cgroup between fork and exec.
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::io::RawFd;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// How a reaped process ended, and its peak resident set size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reaped {
+    /// Exit status when it exited.
+    pub exit_code: Option<i32>,
+    /// Signal number when a signal killed it.
+    pub signal: Option<i32>,
+    /// `ru_maxrss` in bytes: the peak RSS of the process and the children it waited for.
+    pub max_rss_bytes: u64,
+}
+
+/// A child process group that is killed when this is dropped, unless its leader was reaped: the
+/// lock makes "not reaped yet" and "kill" one step, so a reused pid is never hit.
+#[derive(Debug)]
+pub(crate) struct GroupGuard {
+    pid: u32,
+    reaped: Arc<Mutex<bool>>,
+}
+
+impl GroupGuard {
+    pub fn new(pid: u32) -> Self {
+        Self {
+            pid,
+            reaped: Arc::new(Mutex::new(false)),
+        }
+    }
+
+    /// Kills the group if its leader is not reaped yet.
+    pub fn kill(&self) {
+        let reaped = self.reaped.lock().map(|r| *r).unwrap_or(true);
+        if !reaped {
+            kill_group(self.pid);
+        }
+    }
+
+    /// What blocks until the leader ends, kills what is left of its group, then reaps the
+    /// leader with its resource usage (for a blocking thread).
+    pub fn waiter(&self) -> impl FnOnce() -> io::Result<Reaped> + Send + 'static {
+        let (pid, reaped) = (self.pid, self.reaped.clone());
+        move || wait_kill_group_reap(pid, &reaped)
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        // The run was abandoned before its end (or it ended, and this does nothing).
+        self.kill();
+    }
+}
+
+/// Blocks until child `pid` ends, kills what is left of its process group (its leader being
+/// `pid`), then reaps it with its resource usage, setting `reaped` under its lock.
+fn wait_kill_group_reap(pid: u32, reaped_flag: &Mutex<bool>) -> io::Result<Reaped> {
+    let pid = libc::pid_t::try_from(pid).map_err(io::Error::other)?;
+    loop {
+        // SAFETY: an all-zero siginfo_t is a valid value of this plain C struct.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is valid and writable during the call. WNOWAIT leaves the child a
+        // zombie, so its pid (the group id) cannot be reused until it is reaped below.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if r == 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    // Background processes the lambda left would outlive the run otherwise.
+    kill_group(pid as u32);
+    // Held until the leader is reaped: a `GroupGuard::kill` either comes before (the pid is still
+    // the zombie's) or sees `true`.
+    let mut reaped_flag = reaped_flag
+        .lock()
+        .map_err(|_| io::Error::other("reap lock poisoned"))?;
+    let mut status: libc::c_int = 0;
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `status` and `usage` are valid and writable during the call.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if r == pid {
+            *reaped_flag = true;
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    let mut reaped = Reaped {
+        exit_code: None,
+        signal: None,
+        // ru_maxrss is in KiB on Linux.
+        max_rss_bytes: u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024,
+    };
+    if libc::WIFEXITED(status) {
+        reaped.exit_code = Some(libc::WEXITSTATUS(status));
+    } else if libc::WIFSIGNALED(status) {
+        reaped.signal = Some(libc::WTERMSIG(status));
+    }
+    Ok(reaped)
+}
+
+/// Sends SIGKILL to process group `pgid`. Callers make sure the group's leader is not yet reaped
+/// (or is alive), so the id still names that group.
+pub(crate) fn kill_group(pgid: u32) {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return;
+    };
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: kill takes no pointers. ESRCH (nothing left in the group) is expected.
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+}
+
+/// Sends SIGKILL to process `pid` (a member of a cgroup being emptied).
+pub(crate) fn kill_pid(pid: u32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    if pid <= 1 {
+        return;
+    }
+    // SAFETY: kill takes no pointers; the process may have exited already (ESRCH).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+/// Creates a FIFO at `path` (mode 0600).
+pub(crate) fn mkfifo(path: &Path) -> io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+    let r = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Makes `cmd` move itself into the cgroup whose `cgroup.procs` is open as `procs_fd`, after the
+/// fork and before the exec, so that every page the lambda touches is charged to that cgroup.
+/// The caller keeps the file open until `spawn` returns.
+pub(crate) fn join_cgroup_before_exec(cmd: &mut std::process::Command, procs_fd: RawFd) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only calls write(2), which is
+    // async-signal-safe, on a descriptor that stays open until exec (it is close-on-exec), with
+    // a static buffer; it allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            // "0" means the writing process (cgroup v1 and v2).
+            let r = libc::write(procs_fd, b"0".as_ptr().cast(), 1);
+            if r == 1 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+// The children are reaped by `GroupGuard::wait`, which clippy cannot see.
+#[allow(clippy::zombie_processes)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+
+    #[test]
+    fn reaps_exit_code_signal_and_rss() {
+        let child = Command::new("sh").args(["-c", "exit 7"]).spawn().unwrap();
+        let r = GroupGuard::new(child.id()).waiter()().unwrap();
+        assert_eq!((r.exit_code, r.signal), (Some(7), None));
+        assert!(r.max_rss_bytes > 0);
+
+        let child = Command::new("sh")
+            .args(["-c", "kill -9 $$"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let r = GroupGuard::new(child.id()).waiter()().unwrap();
+        assert_eq!((r.exit_code, r.signal), (None, Some(9)));
+    }
+
+    #[test]
+    fn dropping_the_guard_kills_an_unfinished_group() {
+        let child = Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let guard = GroupGuard::new(child.id());
+        let wait = guard.waiter();
+        drop(guard);
+        let r = wait().unwrap();
+        assert_eq!(r.signal, Some(9));
+    }
+
+    #[test]
+    fn leftovers_of_the_group_are_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        // The shell leaves a background sleeper in its group and exits at once.
+        let script = format!("sleep 30 & echo $! > {}; exit 0", pidfile.display());
+        let child = Command::new("sh")
+            .args(["-c", &script])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let r = GroupGuard::new(child.id()).waiter()().unwrap();
+        assert_eq!(r.exit_code, Some(0));
+        let pid: u32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // The sleeper was killed; it is a zombie until init reaps it, or gone.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit(") ").next().map(|r| r.chars().next()));
+            match state {
+                None | Some(Some('Z')) | Some(Some('X')) => break,
+                _ if std::time::Instant::now() > deadline => panic!("sleeper {pid} survived"),
+                _ => std::thread::yield_now(),
+            }
+        }
+    }
+
+    #[test]
+    fn fifo_is_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        mkfifo(&p).unwrap();
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::metadata(&p).unwrap().file_type().is_fifo());
+        assert!(mkfifo(&p).is_err());
+    }
+}

@@ -1,0 +1,347 @@
+//! The agent daemon: its HTTP API (runs, capacity, health, job cleanup, the file server), the
+//! control-plane token check, registration and heartbeats.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use sonic_api::agent::{
+    Capacity, ErrorBody, Health, Heartbeat, RunAccepted, RunReport, RunRequest, RunStatus,
+};
+use sonic_storage::ObjectStore;
+
+use crate::config::AgentConfig;
+use crate::files::{FileStore, JobId};
+use crate::runner::{self, FetchLocks};
+use crate::sandbox::Sandbox;
+use crate::throttle::{AgentThrottle, BandwidthMeter};
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct AgentState {
+    pub config: AgentConfig,
+    pub sandbox: Arc<dyn Sandbox>,
+    pub store: Option<Arc<dyn ObjectStore>>,
+    pub files: FileStore,
+    pub throttle: sonic_storage::Throttle,
+    pub meter: BandwidthMeter,
+    pub http: reqwest::Client,
+    pub running: AtomicU32,
+    pub fetch_locks: FetchLocks,
+    runs: Mutex<HashMap<String, RunReport>>,
+}
+
+impl AgentState {
+    /// `throttle` must be the one the store was built with, so that S3 and peer traffic share
+    /// the VM's bandwidth.
+    pub fn new(
+        config: AgentConfig,
+        sandbox: Arc<dyn Sandbox>,
+        store: Option<Arc<dyn ObjectStore>>,
+        throttle: &AgentThrottle,
+    ) -> Result<AgentState, crate::files::FileError> {
+        let files = FileStore::open(&config.data_dir)?;
+        let throttle = throttle.storage_throttle();
+        Ok(AgentState {
+            files,
+            throttle,
+            meter: BandwidthMeter::default(),
+            http: crate::transfer::http_client()
+                .map_err(|e| std::io::Error::other(e.to_string()))?,
+            running: AtomicU32::new(0),
+            fetch_locks: FetchLocks::default(),
+            runs: Mutex::new(HashMap::new()),
+            sandbox,
+            store,
+            config,
+        })
+    }
+
+    fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunReport>> {
+        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn capacity(&self) -> Capacity {
+        Capacity {
+            agent_id: self.config.id.clone(),
+            url: self.config.url(),
+            vm_type: self.config.vm_type.clone(),
+            vcpus: self.config.vcpus,
+            memory_mb: self.config.memory_mb,
+            network_mbps: self.config.network_mbps,
+            sandbox: self.sandbox.kind().to_owned(),
+            running: self.running.load(Ordering::SeqCst),
+            bandwidth: self.meter.report(),
+        }
+    }
+}
+
+/// The one error type of the API, mapped to a status and a JSON body in one place.
+#[derive(Debug)]
+pub enum ApiError {
+    BadRequest(String),
+    /// A body axum refused before the handler (too large, wrong content type, bad JSON).
+    Rejected(StatusCode, String),
+    Unauthorized,
+    NotFound(String),
+    Internal,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, msg) = match self {
+            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
+            ApiError::Rejected(status, m) => (status, m),
+            ApiError::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong token".to_owned(),
+            ),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m),
+            ApiError::Internal => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error".to_owned(),
+            ),
+        };
+        (status, Json(ErrorBody { error: msg })).into_response()
+    }
+}
+
+/// Compares in time independent of where the strings differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn require_token(State(state): State<Arc<AgentState>>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match presented {
+        Some(t) if constant_time_eq(t.as_bytes(), state.config.token.as_bytes()) => {
+            next.run(req).await
+        }
+        _ => ApiError::Unauthorized.into_response(),
+    }
+}
+
+/// Bodies larger than this are refused (a run request is a few KiB).
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// The whole HTTP API.
+pub fn router(state: Arc<AgentState>) -> Router {
+    let control = Router::new()
+        .route("/v1/capacity", get(capacity))
+        .route("/v1/runs", post(start_run))
+        .route("/v1/runs/{run_id}", get(get_run))
+        .route("/v1/jobs/{job_id}", delete(delete_job))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .with_state(state.clone());
+    let files = crate::fileserver::router(crate::fileserver::FileServerState {
+        files: state.files.clone(),
+        key: state.config.file_key.as_bytes().to_vec(),
+        throttle: state.throttle.clone(),
+        meter: state.meter.clone(),
+    });
+    Router::new()
+        .route("/v1/health", get(health))
+        .with_state(state)
+        .merge(control)
+        .merge(files)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+}
+
+async fn health(State(state): State<Arc<AgentState>>) -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        agent_id: state.config.id.clone(),
+        version: env!("CARGO_PKG_VERSION").into(),
+    })
+}
+
+async fn capacity(State(state): State<Arc<AgentState>>) -> Json<Capacity> {
+    Json(state.capacity())
+}
+
+async fn start_run(
+    State(state): State<Arc<AgentState>>,
+    body: Result<Json<RunRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<(StatusCode, Json<RunAccepted>), ApiError> {
+    let Json(req) = body.map_err(|e| ApiError::Rejected(e.status(), e.body_text()))?;
+    runner::check_request(&req).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let run_id = runner::run_id(&req);
+    {
+        let mut runs = state.runs();
+        if runs.contains_key(&run_id) {
+            // The same attempt again: idempotent, the first one goes on.
+            return Ok((StatusCode::OK, Json(RunAccepted { run_id })));
+        }
+        runs.insert(
+            run_id.clone(),
+            RunReport {
+                run_id: run_id.clone(),
+                status: RunStatus::Running,
+                cold: None,
+                seconds: None,
+                start_latency_s: None,
+                peak_memory_mb: None,
+                exit_code: None,
+                error: None,
+                staged: Vec::new(),
+                outputs: Vec::new(),
+                log: String::new(),
+            },
+        );
+    }
+    tracing::info!(run = %run_id, image = %req.image, "run accepted");
+    let task_state = state.clone();
+    let id = run_id.clone();
+    tokio::spawn(async move {
+        let report = runner::execute(task_state.clone(), req).await;
+        tracing::info!(run = %id, status = ?report.status, "run ended");
+        task_state.runs().insert(id, report);
+    });
+    Ok((StatusCode::ACCEPTED, Json(RunAccepted { run_id })))
+}
+
+async fn get_run(
+    State(state): State<Arc<AgentState>>,
+    Path(run_id): Path<String>,
+) -> Result<Json<RunReport>, ApiError> {
+    state
+        .runs()
+        .get(&run_id)
+        .cloned()
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no run {run_id:?} on this agent")))
+}
+
+async fn delete_job(
+    State(state): State<Arc<AgentState>>,
+    Path(job_id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let job = JobId::parse(&job_id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let files = state.files.clone();
+    let result = tokio::task::spawn_blocking(move || files.delete_job(&job)).await;
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::error!(job = %job_id, error = %e, "deleting job files failed");
+            return Err(ApiError::Internal);
+        }
+        Err(_) => return Err(ApiError::Internal),
+    }
+    state
+        .runs()
+        .retain(|id, _| !id.starts_with(&format!("{job_id}.")));
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A running agent: its address and the handle to stop it.
+#[derive(Debug)]
+pub struct RunningAgent {
+    pub addr: SocketAddr,
+    pub state: Arc<AgentState>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningAgent {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops serving and removes warm containers.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+        if let Err(e) = self.state.sandbox.shutdown().await {
+            tracing::warn!(error = %e, "sandbox shutdown");
+        }
+    }
+}
+
+/// Binds, serves, registers with the control plane (if configured) and keeps sending heartbeats.
+pub async fn start(
+    mut config: AgentConfig,
+    sandbox: Arc<dyn Sandbox>,
+    store: Option<Arc<dyn ObjectStore>>,
+    throttle: &AgentThrottle,
+) -> std::io::Result<RunningAgent> {
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let addr = listener.local_addr()?;
+    if config.advertise_url.is_none() {
+        config.advertise_url = Some(format!("http://{addr}"));
+    }
+    let state = Arc::new(
+        AgentState::new(config, sandbox, store, throttle)
+            .map_err(|e| std::io::Error::other(e.to_string()))?,
+    );
+    let app = router(state.clone());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let bg_state = state.clone();
+    let task = tokio::spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async {
+            let _ = rx.await;
+        });
+        let beats = heartbeat_loop(bg_state);
+        tokio::select! {
+            r = serve => if let Err(e) = r { tracing::error!(error = %e, "agent server failed") },
+            () = beats => {}
+        }
+    });
+    tracing::info!(%addr, agent = %state.config.id, sandbox = state.sandbox.kind(), "agent listening");
+    Ok(RunningAgent {
+        addr,
+        state,
+        shutdown: Some(tx),
+        task,
+    })
+}
+
+async fn heartbeat_loop(state: Arc<AgentState>) {
+    let Some(control) = state.config.control_url.clone() else {
+        return std::future::pending().await;
+    };
+    let token = state.config.token.clone();
+    // Retries until the control plane answers; a refusal (bad token) will not change by retrying.
+    if let Err(e) =
+        crate::register::register(&state.http, &control, &token, &state.capacity(), u32::MAX).await
+    {
+        tracing::error!(error = %e, "registration refused; not retrying");
+        return std::future::pending().await;
+    }
+    let interval = std::time::Duration::from_millis(state.config.heartbeat_interval_ms.max(100));
+    loop {
+        tokio::time::sleep(interval).await;
+        let beat = Heartbeat {
+            agent_id: state.config.id.clone(),
+            running: state.running.load(Ordering::SeqCst),
+            bandwidth: state.meter.report(),
+        };
+        match crate::register::heartbeat(&state.http, &control, &token, &beat).await {
+            Ok(()) => {}
+            Err(crate::register::BeatError::UnknownAgent) => {
+                // The control plane forgot this agent (a restart with a fresh database, or it
+                // expired it): register again.
+                tracing::warn!("control plane does not know this agent; registering again");
+                if let Err(e) =
+                    crate::register::register(&state.http, &control, &token, &state.capacity(), 5)
+                        .await
+                {
+                    tracing::warn!(error = %e, "registering again failed");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "heartbeat"),
+        }
+    }
+}

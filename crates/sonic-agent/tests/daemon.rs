@@ -1,0 +1,385 @@
+//! Two agents over HTTP on loopback, running the synthetic lambda as processes: a sender's output
+//! reaches receivers by `vm-storage`, `direct` and `remote`, byte-exact, through the run API.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use sonic_agent::config::{AgentConfig, local_config};
+use sonic_agent::sandbox::{ProcessConfig, ProcessSandbox};
+use sonic_agent::server::RunningAgent;
+use sonic_agent::throttle::AgentThrottle;
+use sonic_api::agent::{
+    FileSource, InputSpec, OutputRoute, RunAccepted, RunReport, RunRequest, RunStatus,
+};
+use sonic_storage::ObjectStore;
+use sonic_storage::local::LocalStore;
+
+const TOKEN: &str = "control-token-0123456789";
+const FILE_KEY: &str = "file-key-0123456789abcdef";
+
+/// `target/debug` after building the lambdas in it.
+fn lambda_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let status = std::process::Command::new(&cargo)
+            .args(["build", "-p", "sonic-lambdas", "--bins"])
+            .current_dir(&workspace)
+            .status()
+            .expect("run cargo to build the lambdas");
+        assert!(status.success(), "`cargo build -p sonic-lambdas` failed");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace.join("target"));
+        target.join("debug")
+    })
+}
+
+struct Cluster {
+    a: RunningAgent,
+    b: RunningAgent,
+    store: Arc<LocalStore>,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn agent(id: &str, root: &Path, store: Arc<LocalStore>) -> RunningAgent {
+    let mut cfg: AgentConfig = local_config(id, &root.join(id), TOKEN, FILE_KEY);
+    cfg.bin_dirs = vec![lambda_dir().to_path_buf()];
+    let sandbox = ProcessSandbox::new(ProcessConfig {
+        work_dir: root.join(id).join("processes"),
+        path: cfg.bin_dirs.clone(),
+        ..ProcessConfig::default()
+    })
+    .expect("process sandbox");
+    sonic_agent::server::start(
+        cfg,
+        Arc::new(sandbox),
+        Some(store),
+        &AgentThrottle::unlimited(),
+    )
+    .await
+    .expect("start agent")
+}
+
+async fn cluster() -> Cluster {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(LocalStore::new(dir.path().join("store")).expect("store"));
+    let a = agent("a-1", dir.path(), store.clone()).await;
+    let b = agent("a-2", dir.path(), store.clone()).await;
+    Cluster {
+        a,
+        b,
+        store,
+        http: reqwest::Client::new(),
+        _dir: dir,
+    }
+}
+
+fn request(job: &str, function: &str, args: &[&str]) -> RunRequest {
+    RunRequest {
+        job_id: job.into(),
+        function: function.into(),
+        instance: 0,
+        instances: 1,
+        attempt: 1,
+        image: "sonic-lambdas:latest".into(),
+        command: std::iter::once("synthetic")
+            .chain(args.iter().copied())
+            .map(String::from)
+            .collect(),
+        env: Default::default(),
+        params: Default::default(),
+        fanouts: Default::default(),
+        memory_limit_mb: 512,
+        cpus: 1.0,
+        timeout_ms: 60_000,
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+    }
+}
+
+impl Cluster {
+    /// Submits a run and polls its report until it ends (deadline, no fixed sleeps).
+    async fn run(&self, agent: &RunningAgent, req: &RunRequest) -> RunReport {
+        let r = self
+            .http
+            .post(format!("{}/v1/runs", agent.url()))
+            .bearer_auth(TOKEN)
+            .json(req)
+            .send()
+            .await
+            .expect("post run");
+        assert!(
+            r.status().is_success(),
+            "run refused: {}",
+            r.text().await.unwrap_or_default()
+        );
+        let accepted: RunAccepted = r.json().await.expect("accepted");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let report: RunReport = self
+                .http
+                .get(format!("{}/v1/runs/{}", agent.url(), accepted.run_id))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .expect("get run")
+                .json()
+                .await
+                .expect("report");
+            if report.status != RunStatus::Running {
+                return report;
+            }
+            assert!(Instant::now() < deadline, "run did not end in time");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_moves_by_every_method_byte_exact() {
+    let c = cluster().await;
+    let job = "j-daemon-1";
+    // The sender writes 3 MiB for `recv` (kept on its agent and uploaded to the store).
+    let mut send = request(
+        job,
+        "send",
+        &[
+            "--output-bytes",
+            "3145728",
+            "--to",
+            "recv",
+            "--name",
+            "data.bin",
+        ],
+    );
+    send.outputs = vec![OutputRoute {
+        to: "recv".into(),
+        keep_local: true,
+        upload_prefix: Some(format!("jobs/{job}/send/0/recv")),
+    }];
+    let sent = c.run(&c.a, &send).await;
+    assert_eq!(sent.status, RunStatus::Succeeded, "{sent:?}");
+    assert_eq!(sent.outputs.len(), 1, "{sent:?}");
+    let out = &sent.outputs[0];
+    assert_eq!(out.size, 3_145_728);
+    assert_eq!(out.file_path, "send/0/recv/data.bin");
+    let key = out.key.clone().expect("uploaded");
+    assert_eq!(c.store.head(&key).await.expect("head"), Some(3_145_728));
+
+    let token = sonic_api::token::issue(FILE_KEY.as_bytes(), job, &out.file_path, u64::MAX / 2);
+    let sources = [
+        (
+            "vm-storage",
+            &c.a,
+            FileSource::VmStorage {
+                file_path: out.file_path.clone(),
+            },
+        ),
+        (
+            "direct",
+            &c.b,
+            FileSource::Direct {
+                peer_url: c.a.url(),
+                file_path: out.file_path.clone(),
+                token,
+            },
+        ),
+        ("remote", &c.b, FileSource::Remote { key }),
+    ];
+    for (i, (method, agent, source)) in sources.into_iter().enumerate() {
+        let mut recv = request(job, "recv", &["--mode", "copy", "--to", "result"]);
+        recv.attempt = i as u32 + 1;
+        recv.inputs = vec![InputSpec {
+            dest: "send/0/data.bin".into(),
+            source,
+        }];
+        recv.outputs = vec![OutputRoute {
+            to: "result".into(),
+            keep_local: true,
+            upload_prefix: None,
+        }];
+        let got = c.run(agent, &recv).await;
+        assert_eq!(got.status, RunStatus::Succeeded, "{method}: {got:?}");
+        assert_eq!(got.staged.len(), 1);
+        assert_eq!(got.staged[0].method, method);
+        assert_eq!(got.staged[0].bytes, 3_145_728);
+        assert_eq!(got.outputs.len(), 1, "{method}: {got:?}");
+        assert_eq!(
+            got.outputs[0].checksum, out.checksum,
+            "{method}: bytes differ"
+        );
+    }
+
+    // Cleaning the job removes its files from the agent.
+    let r = c
+        .http
+        .delete(format!("{}/v1/jobs/{job}", c.a.url()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(r.status(), 204);
+    assert!(
+        c.a.state
+            .files
+            .list(&sonic_agent::files::JobId::parse(job).expect("id"))
+            .expect("list")
+            .is_empty()
+    );
+    c.a.stop().await;
+    c.b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_reported_not_crashes() {
+    let c = cluster().await;
+    let job = "j-daemon-2";
+    // Exit status.
+    let got = c.run(&c.a, &request(job, "f", &["--exit-code", "3"])).await;
+    assert_eq!(got.status, RunStatus::Failed);
+    assert_eq!(got.exit_code, Some(3));
+    // Timeout.
+    let mut slow = request(job, "g", &["--sleep-ms", "30000"]);
+    slow.timeout_ms = 300;
+    assert_eq!(c.run(&c.a, &slow).await.status, RunStatus::TimedOut);
+    // An input that is not there: the instance never starts.
+    let mut missing = request(job, "h", &["--mode", "copy", "--to", "result"]);
+    missing.inputs = vec![InputSpec {
+        dest: "x/0/f".into(),
+        source: FileSource::VmStorage {
+            file_path: "x/0/h/f".into(),
+        },
+    }];
+    let got = c.run(&c.a, &missing).await;
+    assert_eq!(got.status, RunStatus::Error);
+    assert!(
+        got.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("not on this agent"),
+        "{got:?}"
+    );
+    // A lambda writing to a folder that is no receiver of it.
+    let stray = request(job, "k", &["--output-bytes", "10", "--to", "nobody"]);
+    let got = c.run(&c.a, &stray).await;
+    assert_eq!(got.status, RunStatus::Error);
+    assert!(
+        got.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("not a receiver"),
+        "{got:?}"
+    );
+    // A direct fetch with a token for another file is refused by the peer.
+    let mut sneaky = request(job, "m", &["--mode", "copy", "--to", "result"]);
+    sneaky.inputs = vec![InputSpec {
+        dest: "x/0/f".into(),
+        source: FileSource::Direct {
+            peer_url: c.a.url(),
+            file_path: "f/0/result/out".into(),
+            token: sonic_api::token::issue(FILE_KEY.as_bytes(), job, "other/path", u64::MAX / 2),
+        },
+    }];
+    sneaky.outputs = vec![OutputRoute {
+        to: "result".into(),
+        keep_local: true,
+        upload_prefix: None,
+    }];
+    assert_eq!(c.run(&c.b, &sneaky).await.status, RunStatus::Error);
+    c.a.stop().await;
+    c.b.stop().await;
+}
+
+#[tokio::test]
+async fn the_api_checks_tokens_and_bodies() {
+    let c = cluster().await;
+    let url = c.a.url();
+    let health = c
+        .http
+        .get(format!("{url}/v1/health"))
+        .send()
+        .await
+        .expect("health");
+    assert_eq!(health.status(), 200);
+    for (method, path) in [
+        ("GET", "/v1/capacity"),
+        ("POST", "/v1/runs"),
+        ("GET", "/v1/runs/x"),
+        ("DELETE", "/v1/jobs/j"),
+    ] {
+        for auth in [None, Some("wrong-token-0123456789")] {
+            let mut rb = c
+                .http
+                .request(method.parse().expect("method"), format!("{url}{path}"));
+            if let Some(t) = auth {
+                rb = rb.bearer_auth(t);
+            }
+            let r = rb.send().await.expect("send");
+            assert_eq!(r.status(), 401, "{method} {path} with {auth:?}");
+        }
+    }
+    let cap: sonic_api::agent::Capacity = c
+        .http
+        .get(format!("{url}/v1/capacity"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("capacity")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(cap.agent_id, "a-1");
+    assert_eq!(cap.sandbox, "process");
+    // Malformed and hostile run requests: 400 with a message, nothing runs.
+    let mut bad_job = request("../etc", "f", &[]);
+    bad_job.job_id = "../etc".into();
+    let mut bad_dest = request("j", "f", &[]);
+    bad_dest.inputs = vec![InputSpec {
+        dest: "../../x".into(),
+        source: FileSource::Remote { key: "k".into() },
+    }];
+    let mut bad_env = request("j", "f", &[]);
+    bad_env.env.insert("SONIC_INPUT_DIR".into(), "/".into());
+    for req in [bad_job, bad_dest, bad_env] {
+        let r = c
+            .http
+            .post(format!("{url}/v1/runs"))
+            .bearer_auth(TOKEN)
+            .json(&req)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status(), 400);
+        let body: sonic_api::agent::ErrorBody = r.json().await.expect("error body");
+        assert!(!body.error.is_empty());
+    }
+    let r = c
+        .http
+        .post(format!("{url}/v1/runs"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body("{\"job_id\": 5}")
+        .send()
+        .await
+        .expect("send");
+    // Well-formed JSON of the wrong shape: axum's 422, with serde's message.
+    assert_eq!(r.status(), 422);
+    assert!(r.text().await.expect("body").contains("job_id"));
+    let huge = vec![b'x'; 2 * 1024 * 1024];
+    let r = c
+        .http
+        .post(format!("{url}/v1/runs"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(huge)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 413);
+    c.a.stop().await;
+    c.b.stop().await;
+}

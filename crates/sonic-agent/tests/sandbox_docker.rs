@@ -1,0 +1,332 @@
+//! The Docker sandbox against the real engine of this machine.
+//!
+//! Needs a running Docker engine and the image `sonic-lambdas:latest`, built with
+//! `bash deploy/build-images.sh --debug`; without them these tests fail and say so.
+//! Every test removes the containers it made (`shutdown`) before it asserts anything.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sonic_agent::sandbox::{
+    DockerConfig, DockerSandbox, RunOutcome, RunSpec, Sandbox, SandboxError, Termination,
+};
+
+const IMAGE: &str = "sonic-lambdas:latest";
+const MIB: u64 = 1 << 20;
+
+struct Setup {
+    sandbox: DockerSandbox,
+    dir: tempfile::TempDir,
+}
+
+async fn setup() -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = DockerConfig {
+        work_dir: dir.path().join("work"),
+        ..DockerConfig::default()
+    };
+    let sandbox = match DockerSandbox::connect_with(config).await {
+        Ok(s) => s,
+        Err(e) => panic!(
+            "these tests need a running Docker engine: {e}. Start it (e.g. `service docker start`)."
+        ),
+    };
+    match sandbox.image_exists(IMAGE).await {
+        Ok(true) => {}
+        Ok(false) => {
+            panic!("image {IMAGE} is missing: build it with `bash deploy/build-images.sh --debug`")
+        }
+        Err(e) => panic!("cannot inspect image {IMAGE}: {e}"),
+    }
+    Setup { sandbox, dir }
+}
+
+impl Setup {
+    /// A spec whose input and output folders are fresh folders named after `run`.
+    fn spec(&self, run: &str, key: &str, command: &[&str]) -> RunSpec {
+        let base = self.dir.path().join(run);
+        RunSpec {
+            run_id: format!("test/{run}"),
+            warm_key: key.to_string(),
+            image: IMAGE.to_string(),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            env: vec![
+                ("SONIC_JOB_ID".into(), "j-test".into()),
+                ("SONIC_FUNCTION".into(), "f".into()),
+                ("SONIC_INSTANCE".into(), "1".into()),
+                ("SONIC_INSTANCES".into(), "2".into()),
+                ("SONIC_PARAMS".into(), r#"{"compute_ms": 1}"#.into()),
+            ],
+            input_dir: base.join("in"),
+            output_dir: base.join("out"),
+            memory_limit_bytes: 256 * MIB,
+            cpus: 1.0,
+            timeout: Duration::from_secs(30),
+        }
+    }
+
+    async fn run(&self, spec: RunSpec) -> RunOutcome {
+        match self.sandbox.run(spec.clone()).await {
+            Ok(o) => o,
+            Err(e) => {
+                let _ = self.sandbox.shutdown().await;
+                panic!("run {} failed to run: {e}", spec.run_id)
+            }
+        }
+    }
+
+    /// Removes every container of this sandbox, and checks that none is left (the folders stay
+    /// until `self` is dropped, for the assertions).
+    async fn finish(&self) {
+        self.sandbox.shutdown().await.expect("shutdown");
+        assert!(
+            self.sandbox.live_containers().is_empty(),
+            "containers left: {:?}",
+            self.sandbox.live_containers()
+        );
+    }
+}
+
+fn write(path: &Path, bytes: &[u8]) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, bytes).unwrap();
+}
+
+fn files_under(root: &Path) -> Vec<(String, Vec<u8>)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                out.push((rel, fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
+
+fn links(path: &PathBuf) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).unwrap().nlink()
+}
+
+#[tokio::test]
+async fn lambda_reads_inputs_and_its_outputs_appear_in_output_dir() {
+    let s = setup().await;
+    let spec = s.spec("abi", "abi", &["synthetic", "copy"]);
+    write(&spec.input_dir.join("input/data.csv"), b"a,b\n1,2\n");
+    write(&spec.input_dir.join("map/0/part-1"), &[7u8; 5000]);
+    write(&spec.input_dir.join("map/1/part-1"), b"second sender");
+    let generated = s.spec(
+        "abi-gen",
+        "abi",
+        &["synthetic", "--output-bytes", "1000", "--to", "reduce"],
+    );
+    let copy = s.run(spec.clone()).await;
+    let gen_out = s.run(generated.clone()).await;
+    s.finish().await;
+
+    assert_eq!(
+        copy.termination,
+        Termination::Exited(0),
+        "log: {}",
+        copy.log
+    );
+    assert!(
+        copy.log.contains("function=f instance=1"),
+        "log: {}",
+        copy.log
+    );
+    assert_eq!(
+        files_under(&spec.output_dir),
+        vec![
+            ("result/input/data.csv".to_string(), b"a,b\n1,2\n".to_vec()),
+            ("result/map/0/part-1".to_string(), vec![7u8; 5000]),
+            ("result/map/1/part-1".to_string(), b"second sender".to_vec()),
+        ]
+    );
+    // The staged inputs are untouched, and the sandbox's hard links to them are gone.
+    assert_eq!(
+        fs::read(spec.input_dir.join("map/1/part-1")).unwrap(),
+        b"second sender"
+    );
+    assert_eq!(links(&spec.input_dir.join("input/data.csv")), 1);
+
+    assert_eq!(
+        gen_out.termination,
+        Termination::Exited(0),
+        "log: {}",
+        gen_out.log
+    );
+    let out = files_under(&generated.output_dir);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0, "reduce/out");
+    assert_eq!(out[0].1.len(), 1000);
+}
+
+#[tokio::test]
+async fn second_run_of_a_warm_key_is_hot() {
+    let s = setup().await;
+    let first = s.run(s.spec("hot-1", "hot", &["synthetic", "noop"])).await;
+    let second = s.run(s.spec("hot-2", "hot", &["synthetic", "noop"])).await;
+    let warm = s.sandbox.warm_containers();
+    let other_key = s
+        .run(s.spec("hot-3", "other", &["synthetic", "noop"]))
+        .await;
+    s.finish().await;
+
+    assert_eq!(
+        first.termination,
+        Termination::Exited(0),
+        "log: {}",
+        first.log
+    );
+    assert!(first.cold);
+    assert_eq!(
+        second.termination,
+        Termination::Exited(0),
+        "log: {}",
+        second.log
+    );
+    assert!(
+        !second.cold,
+        "the second run of the same warm key must reuse the container"
+    );
+    assert_eq!(warm, 1);
+    assert!(other_key.cold, "another warm key gets its own container");
+}
+
+#[tokio::test]
+async fn concurrent_runs_of_one_key_get_their_own_containers() {
+    let s = setup().await;
+    let a = s.spec("conc-a", "conc", &["synthetic", "--sleep-ms", "300"]);
+    let b = s.spec("conc-b", "conc", &["synthetic", "--sleep-ms", "300"]);
+    let (ra, rb) = tokio::join!(s.sandbox.run(a), s.sandbox.run(b));
+    let warm = s.sandbox.warm_containers();
+    s.finish().await;
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert!(ra.cold && rb.cold);
+    assert!(ra.succeeded() && rb.succeeded());
+    assert_eq!(warm, 2);
+}
+
+#[tokio::test]
+async fn allocation_over_the_limit_is_out_of_memory_and_not_reused() {
+    let s = setup().await;
+    let mut spec = s.spec("oom", "oom", &["synthetic", "--alloc-mb", "200"]);
+    spec.memory_limit_bytes = 64 * MIB;
+    let oom = s.run(spec).await;
+    let mut after = s.spec("oom-after", "oom", &["synthetic", "noop"]);
+    after.memory_limit_bytes = 64 * MIB;
+    let after = s.run(after).await;
+    s.finish().await;
+
+    assert_eq!(
+        oom.termination,
+        Termination::OutOfMemory,
+        "log: {}",
+        oom.log
+    );
+    assert!(after.succeeded(), "log: {}", after.log);
+    assert!(
+        after.cold,
+        "a container that saw an OOM kill must not be reused"
+    );
+}
+
+#[tokio::test]
+async fn a_lambda_past_its_timeout_is_killed() {
+    let s = setup().await;
+    let mut spec = s.spec("timeout", "timeout", &["synthetic", "--sleep-ms", "30000"]);
+    spec.timeout = Duration::from_secs(1);
+    let out = s.run(spec).await;
+    let after = s
+        .run(s.spec("timeout-after", "timeout", &["synthetic", "noop"]))
+        .await;
+    s.finish().await;
+
+    assert_eq!(out.termination, Termination::TimedOut, "log: {}", out.log);
+    assert!(out.duration < Duration::from_secs(20), "{:?}", out.duration);
+    assert!(
+        after.succeeded() && after.cold,
+        "a timed-out container must not be reused"
+    );
+}
+
+#[tokio::test]
+async fn peak_memory_is_what_the_lambda_allocated() {
+    let s = setup().await;
+    let mut spec = s.spec("peak", "peak", &["synthetic", "--alloc-mb", "200"]);
+    spec.memory_limit_bytes = 512 * MIB;
+    let cold = s.run(spec.clone()).await;
+    // Hot run in the same container: the peak must restart from the container's state.
+    let mut hot = spec.clone();
+    hot.run_id = "test/peak-hot".into();
+    hot.output_dir = s.dir.path().join("peak-hot/out");
+    let mut hot_small = hot.clone();
+    let hot = s.run(hot).await;
+    hot_small.command = vec!["synthetic".into(), "--alloc-mb".into(), "100".into()];
+    hot_small.output_dir = s.dir.path().join("peak-hot-small/out");
+    let hot_small = s.run(hot_small).await;
+    s.finish().await;
+
+    let near = |o: &RunOutcome, mib: u64| {
+        let peak = o.peak_memory_bytes.expect("peak measured");
+        let want = mib * MIB;
+        assert!(
+            peak.abs_diff(want) <= want / 10,
+            "peak {} MiB is not within 10% of {mib} MiB",
+            peak / MIB
+        );
+    };
+    assert!(cold.succeeded(), "log: {}", cold.log);
+    near(&cold, 200);
+    assert!(!hot.cold && hot.succeeded(), "log: {}", hot.log);
+    near(&hot, 200);
+    assert!(!hot_small.cold && hot_small.succeeded());
+    near(&hot_small, 100);
+}
+
+#[tokio::test]
+async fn exit_codes_signals_and_missing_commands() {
+    let s = setup().await;
+    let failed = s
+        .run(s.spec("exit", "exit", &["synthetic", "--exit-code", "3"]))
+        .await;
+    let missing = s.run(s.spec("missing", "exit", &["no-such-lambda"])).await;
+    let after = s
+        .run(s.spec("exit-after", "exit", &["synthetic", "noop"]))
+        .await;
+    s.finish().await;
+
+    assert_eq!(failed.termination, Termination::Exited(3));
+    assert!(failed.log.contains("exit_code=3"), "log: {}", failed.log);
+    assert_eq!(missing.termination, Termination::Exited(127));
+    assert!(
+        missing.log.contains("no-such-lambda"),
+        "log: {}",
+        missing.log
+    );
+    // A failing lambda does not spoil its container.
+    assert!(after.succeeded() && !after.cold);
+}
+
+#[tokio::test]
+async fn a_missing_image_is_image_not_found() {
+    let s = setup().await;
+    let mut spec = s.spec("noimage", "noimage", &["synthetic"]);
+    spec.image = "sonic-no-such-image:never".into();
+    let result = s.sandbox.run(spec).await;
+    s.finish().await;
+    match result {
+        Err(SandboxError::ImageNotFound(image)) => assert_eq!(image, "sonic-no-such-image:never"),
+        other => panic!("expected ImageNotFound, got {other:?}"),
+    }
+}

@@ -1,0 +1,316 @@
+//! The process sandbox, with the synthetic lambda run on the host.
+//!
+//! The synthetic lambda is built by the test itself (`cargo build -p sonic-lambdas`, with the
+//! cargo that runs the tests), once per test binary, so these tests need nothing prepared.
+//! The cgroup tests need root on a cgroup v1 machine (what this project's machines are); they
+//! fail with a message where cgroups cannot be created.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use sonic_agent::sandbox::{
+    CgroupMode, ProcessConfig, ProcessSandbox, RunOutcome, RunSpec, Sandbox, Termination,
+};
+
+const MIB: u64 = 1 << 20;
+
+/// `target/debug`, after building the lambdas in it.
+fn lambda_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let status = std::process::Command::new(&cargo)
+            .args(["build", "-p", "sonic-lambdas", "--bins"])
+            .current_dir(&workspace)
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run {cargo} to build the lambdas: {e}"));
+        assert!(
+            status.success(),
+            "`cargo build -p sonic-lambdas` failed: the synthetic lambda is needed"
+        );
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace.join("target"));
+        let dir = target.join("debug");
+        assert!(
+            dir.join("synthetic").is_file(),
+            "{} missing: run `cargo build -p sonic-lambdas`",
+            dir.join("synthetic").display()
+        );
+        dir
+    })
+}
+
+struct Setup {
+    sandbox: ProcessSandbox,
+    dir: tempfile::TempDir,
+}
+
+fn setup(cgroups: CgroupMode) -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ProcessConfig {
+        work_dir: dir.path().join("work"),
+        path: vec![lambda_dir().to_path_buf()],
+        cgroups,
+        ..ProcessConfig::default()
+    };
+    let sandbox = match ProcessSandbox::new(config) {
+        Ok(s) => s,
+        Err(e) => panic!(
+            "process sandbox unavailable: {e}. The cgroup tests need root and cgroup v1 \
+             (/sys/fs/cgroup/memory writable)."
+        ),
+    };
+    Setup { sandbox, dir }
+}
+
+impl Setup {
+    fn spec(&self, run: &str, key: &str, command: &[&str]) -> RunSpec {
+        let base = self.dir.path().join(run);
+        RunSpec {
+            run_id: format!("test/{run}"),
+            warm_key: key.to_string(),
+            image: String::new(),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            env: vec![
+                ("SONIC_JOB_ID".into(), "j-test".into()),
+                ("SONIC_FUNCTION".into(), "f".into()),
+                ("SONIC_INSTANCE".into(), "1".into()),
+                ("SONIC_INSTANCES".into(), "2".into()),
+                ("SONIC_PARAMS".into(), r#"{"compute_ms": 1}"#.into()),
+            ],
+            input_dir: base.join("in"),
+            output_dir: base.join("out"),
+            memory_limit_bytes: 256 * MIB,
+            cpus: 1.0,
+            timeout: Duration::from_secs(30),
+        }
+    }
+
+    async fn run(&self, spec: RunSpec) -> RunOutcome {
+        match self.sandbox.run(spec.clone()).await {
+            Ok(o) => o,
+            Err(e) => panic!("run {} failed to run: {e}", spec.run_id),
+        }
+    }
+}
+
+fn write(path: &Path, bytes: &[u8]) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, bytes).unwrap();
+}
+
+fn files_under(root: &Path) -> Vec<(String, Vec<u8>)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                out.push((rel, fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
+
+fn near(o: &RunOutcome, mib: u64) {
+    let peak = o.peak_memory_bytes.expect("peak measured");
+    let want = mib * MIB;
+    assert!(
+        peak.abs_diff(want) <= want / 10,
+        "peak {} MiB is not within 10% of {mib} MiB",
+        peak / MIB
+    );
+}
+
+/// True once process `pid` is gone or a zombie; false if it still runs at the deadline.
+fn process_ends(pid: u32, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        let state = fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").and_then(|(_, r)| r.chars().next()));
+        match state {
+            None | Some('Z') | Some('X') => return true,
+            _ if Instant::now() > deadline => return false,
+            _ => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+#[tokio::test]
+async fn lambda_reads_inputs_and_writes_outputs_in_the_spec_dirs() {
+    let s = setup(CgroupMode::Auto);
+    let spec = s.spec("abi", "abi", &["synthetic", "copy"]);
+    write(&spec.input_dir.join("input/data.csv"), b"a,b\n1,2\n");
+    write(&spec.input_dir.join("map/0/part-1"), &[7u8; 5000]);
+    let out = s.run(spec.clone()).await;
+    assert_eq!(out.termination, Termination::Exited(0), "log: {}", out.log);
+    assert!(
+        out.log.contains("function=f instance=1"),
+        "log: {}",
+        out.log
+    );
+    assert_eq!(
+        files_under(&spec.output_dir),
+        vec![
+            ("result/input/data.csv".to_string(), b"a,b\n1,2\n".to_vec()),
+            ("result/map/0/part-1".to_string(), vec![7u8; 5000]),
+        ]
+    );
+    s.sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn runs_after_the_first_of_a_warm_key_are_hot() {
+    let s = setup(CgroupMode::Auto);
+    let first = s
+        .run(s.spec("h1", "hot", &["synthetic", "--cold-start-ms", "200"]))
+        .await;
+    let second = s
+        .run(s.spec("h2", "hot", &["synthetic", "--cold-start-ms", "200"]))
+        .await;
+    let other = s.run(s.spec("h3", "other", &["synthetic", "noop"])).await;
+    assert!(first.cold && first.succeeded(), "log: {}", first.log);
+    assert!(first.log.contains("cold=true"), "log: {}", first.log);
+    assert!(!second.cold && second.succeeded());
+    // The lambda's own cold-start marker lives in the warm key's TMPDIR: it saw the first run.
+    assert!(second.log.contains("cold=false"), "log: {}", second.log);
+    assert!(other.cold);
+    s.sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn cgroup_out_of_memory_is_reported() {
+    let s = setup(CgroupMode::Required);
+    assert!(s.sandbox.uses_cgroups());
+    let mut spec = s.spec("oom", "oom", &["synthetic", "--alloc-mb", "200"]);
+    spec.memory_limit_bytes = 64 * MIB;
+    let out = s.run(spec).await;
+    assert_eq!(
+        out.termination,
+        Termination::OutOfMemory,
+        "log: {}",
+        out.log
+    );
+    s.sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn without_cgroups_a_peak_over_the_limit_is_out_of_memory() {
+    let s = setup(CgroupMode::Off);
+    assert!(!s.sandbox.uses_cgroups());
+    let mut spec = s.spec("oom-rss", "oom", &["synthetic", "--alloc-mb", "100"]);
+    spec.memory_limit_bytes = 64 * MIB;
+    let out = s.run(spec).await;
+    assert_eq!(
+        out.termination,
+        Termination::OutOfMemory,
+        "log: {}",
+        out.log
+    );
+    assert!(out.log.contains("exceeded the limit"), "log: {}", out.log);
+    s.sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn timeout_kills_the_whole_process_group() {
+    let s = setup(CgroupMode::Auto);
+    let mut spec = s.spec(
+        "timeout",
+        "timeout",
+        &[
+            "sh",
+            "-c",
+            "sleep 30 & echo $! > \"$SONIC_OUTPUT_DIR/pid\"; sleep 30",
+        ],
+    );
+    spec.timeout = Duration::from_millis(500);
+    let out = s.run(spec.clone()).await;
+    assert_eq!(out.termination, Termination::TimedOut, "log: {}", out.log);
+    assert!(out.duration < Duration::from_secs(10), "{:?}", out.duration);
+    let pid: u32 = fs::read_to_string(spec.output_dir.join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        process_ends(pid, Duration::from_secs(5)),
+        "background process {pid} survived the timeout"
+    );
+    s.sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn peak_memory_is_what_the_lambda_allocated() {
+    for mode in [CgroupMode::Auto, CgroupMode::Off] {
+        let s = setup(mode);
+        let mut spec = s.spec("peak", "peak", &["synthetic", "--alloc-mb", "200"]);
+        spec.memory_limit_bytes = 512 * MIB;
+        let out = s.run(spec).await;
+        assert!(out.succeeded(), "{mode:?} log: {}", out.log);
+        near(&out, 200);
+        s.sandbox.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn exit_codes_missing_commands_and_a_clean_environment() {
+    let s = setup(CgroupMode::Auto);
+    let failed = s
+        .run(s.spec("exit", "exit", &["synthetic", "--exit-code", "3"]))
+        .await;
+    let missing = s.run(s.spec("missing", "exit", &["no-such-lambda"])).await;
+    // The agent's environment does not leak: HOME, TMPDIR and PATH are the sandbox's, and the
+    // ABI folders are the spec's.
+    let env_spec = s.spec(
+        "env",
+        "exit",
+        &["sh", "-c", "env > \"$SONIC_OUTPUT_DIR/env\""],
+    );
+    let env_run = s.run(env_spec.clone()).await;
+    assert_eq!(failed.termination, Termination::Exited(3));
+    assert_eq!(missing.termination, Termination::Exited(127));
+    assert!(
+        missing.log.contains("no-such-lambda"),
+        "log: {}",
+        missing.log
+    );
+    assert!(env_run.succeeded(), "log: {}", env_run.log);
+    let env = fs::read_to_string(env_spec.output_dir.join("env")).unwrap();
+    let names: Vec<&str> = env
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|p| p.0))
+        .collect();
+    for var in [
+        "SONIC_JOB_ID",
+        "SONIC_INPUT_DIR",
+        "SONIC_OUTPUT_DIR",
+        "PATH",
+        "TMPDIR",
+    ] {
+        assert!(names.contains(&var), "{var} missing from {names:?}");
+    }
+    assert!(
+        std::env::var_os("CARGO_MANIFEST_DIR").is_some(),
+        "cargo sets it for the tests"
+    );
+    assert!(
+        !names.contains(&"CARGO_MANIFEST_DIR"),
+        "agent environment leaked: {names:?}"
+    );
+    assert!(env.contains(&format!(
+        "SONIC_OUTPUT_DIR={}",
+        env_spec.output_dir.display()
+    )));
+    s.sandbox.shutdown().await.unwrap();
+}

@@ -1,0 +1,179 @@
+//! The agent's HTTP API: what the control plane sends to an agent and what it gets back.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// `GET /v1/health` (no token).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Health {
+    pub status: String,
+    pub agent_id: String,
+    pub version: String,
+}
+
+/// What a VM offers: `GET /v1/capacity`, and the body of the registration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Capacity {
+    pub agent_id: String,
+    /// The URL peers and the control plane reach this agent at.
+    pub url: String,
+    pub vm_type: String,
+    pub vcpus: u32,
+    pub memory_mb: u64,
+    /// The VM type's nominal bandwidth (the agent's limit), megabits per second; `None` = unlimited.
+    pub network_mbps: Option<f64>,
+    /// `docker` or `process`.
+    pub sandbox: String,
+    /// Instances running now.
+    pub running: u32,
+    pub bandwidth: BandwidthReport,
+}
+
+/// Bandwidth the agent measured (exponentially weighted moving average over completed transfers).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+pub struct BandwidthReport {
+    pub egress_bps: Option<f64>,
+    pub ingress_bps: Option<f64>,
+    pub samples: u64,
+}
+
+/// A heartbeat: `POST {control}/v1/agents/{id}/heartbeat`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Heartbeat {
+    pub agent_id: String,
+    pub running: u32,
+    pub bandwidth: BandwidthReport,
+}
+
+/// Where one input file of an instance comes from.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case", tag = "method")]
+pub enum FileSource {
+    /// `vm-storage`: a file of this job already on this agent (`file_path` in the job's namespace).
+    VmStorage { file_path: String },
+    /// `direct`: fetch from a peer agent's file server with a token the control plane issued.
+    Direct {
+        peer_url: String,
+        file_path: String,
+        token: String,
+    },
+    /// `remote`: download from the object store.
+    Remote { key: String },
+}
+
+/// One input to stage before an instance starts.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InputSpec {
+    /// Path under the instance's input dir, e.g. `pca/0/data.bin` or `input/data.csv`.
+    pub dest: String,
+    pub source: FileSource,
+}
+
+/// Where the outputs written for one downstream function (or `result`) go after the run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OutputRoute {
+    /// The top-level folder of the output dir: a downstream function's name, or `result`.
+    pub to: String,
+    /// Keep the files on this agent (for `vm-storage` and `direct` receivers).
+    pub keep_local: bool,
+    /// Also upload them under this object-store prefix (for `remote`, and for results).
+    pub upload_prefix: Option<String>,
+}
+
+/// `POST /v1/runs`: run one function instance.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunRequest {
+    pub job_id: String,
+    pub function: String,
+    pub instance: u32,
+    pub instances: u32,
+    pub attempt: u32,
+    pub image: String,
+    pub command: Vec<String>,
+    /// Extra environment (the agent sets the ABI's `SONIC_*` variables itself).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The job's parameters (`SONIC_PARAMS`).
+    #[serde(default)]
+    pub params: serde_json::Map<String, serde_json::Value>,
+    /// `SONIC_FANOUT_<TO>` for shuffle senders: receiver name -> count.
+    #[serde(default)]
+    pub fanouts: BTreeMap<String, u32>,
+    pub memory_limit_mb: u64,
+    pub cpus: f64,
+    pub timeout_ms: u64,
+    #[serde(default)]
+    pub inputs: Vec<InputSpec>,
+    #[serde(default)]
+    pub outputs: Vec<OutputRoute>,
+}
+
+/// How an instance ended, as the agent reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Running,
+    Succeeded,
+    /// The command exited non-zero or was killed.
+    Failed,
+    OutOfMemory,
+    TimedOut,
+    /// Inputs could not be staged or outputs not routed.
+    Error,
+}
+
+/// One input as staged: how it came and what it cost.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StagedInput {
+    pub dest: String,
+    pub method: String,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+/// One output file the instance wrote, where it now lives.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OutputFile {
+    /// The file's path in the job namespace on this agent: `<function>/<instance>/<to>/<name>`.
+    pub file_path: String,
+    pub to: String,
+    pub name: String,
+    pub size: u64,
+    pub checksum: String,
+    /// The object key when it was uploaded.
+    pub key: Option<String>,
+    pub upload_seconds: Option<f64>,
+}
+
+/// `GET /v1/runs/{run_id}`: the state or result of a run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunReport {
+    pub run_id: String,
+    pub status: RunStatus,
+    pub cold: Option<bool>,
+    pub seconds: Option<f64>,
+    pub start_latency_s: Option<f64>,
+    pub peak_memory_mb: Option<f64>,
+    pub exit_code: Option<i32>,
+    pub error: Option<String>,
+    #[serde(default)]
+    pub staged: Vec<StagedInput>,
+    #[serde(default)]
+    pub outputs: Vec<OutputFile>,
+    /// The tail of the instance's standard output and error.
+    #[serde(default)]
+    pub log: String,
+}
+
+/// `POST /v1/runs` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunAccepted {
+    pub run_id: String,
+}
+
+/// Every error body of the agent and the control plane.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ErrorBody {
+    pub error: String,
+}

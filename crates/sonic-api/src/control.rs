@@ -1,0 +1,284 @@
+//! The control plane's HTTP API: what `ofctl` and the agents send to the control plane and get back.
+//!
+//! Every error answer is an [`crate::agent::ErrorBody`] (`{"error": "..."}`); a refused DAG file
+//! answers a [`DagErrorBody`], which has the same `error` field plus where the file is wrong.
+//! Times are Unix milliseconds.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::agent::Capacity;
+
+/// `GET /v1/health` (no token).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ControlHealth {
+    /// `ok`, or `unavailable` when the database does not answer.
+    pub status: String,
+    pub version: String,
+}
+
+/// A stored DAG, as listed: `GET /v1/dags`, and the answer to `PUT`/`POST /v1/dags`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DagSummary {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// The function names, in a topological order.
+    #[serde(default)]
+    pub functions: Vec<String>,
+    /// How many edges.
+    #[serde(default)]
+    pub edges: usize,
+    /// 1 when first applied; grows by one each time a different file is applied under this name.
+    pub revision: u64,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// `GET /v1/dags`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DagList {
+    pub dags: Vec<DagSummary>,
+}
+
+/// `GET /v1/dags/{name}`: the summary, the file as applied, and the checked DAG.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DagDetail {
+    #[serde(flatten)]
+    pub summary: DagSummary,
+    /// The YAML text exactly as it was applied.
+    pub yaml: String,
+    /// The checked DAG (`sonic_core::dag::Dag` as JSON).
+    pub parsed: serde_json::Value,
+}
+
+/// The 400 answer to a DAG file that is not valid: where and why.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DagErrorBody {
+    /// The whole message, `file:line:column: field: why`.
+    pub error: String,
+    pub file: String,
+    pub line: Option<u32>,
+    pub column: Option<u32>,
+    /// The field at fault (`functions[1].timeout`), empty for the whole document.
+    pub field: String,
+}
+
+/// One registered agent: `GET /v1/agents`, and the answer to registration and heartbeats.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AgentInfo {
+    pub agent_id: String,
+    pub url: String,
+    pub vm_type: String,
+    /// Whether its last heartbeat (or registration) is within the heartbeat timeout.
+    pub alive: bool,
+    pub registered_at_ms: i64,
+    pub last_heartbeat_ms: i64,
+    /// Milliseconds since the last heartbeat, by the control plane's clock.
+    pub heartbeat_age_ms: i64,
+    /// What it registered with; `running` and `bandwidth` as of its last heartbeat.
+    pub capacity: Capacity,
+}
+
+/// `GET /v1/agents`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AgentList {
+    pub agents: Vec<AgentInfo>,
+    /// An agent silent for longer than this is not alive.
+    pub heartbeat_timeout_ms: u64,
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+/// How a job was run: `profiling` while the DAG's models have not converged, `planned` after.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum JobMode {
+    Profiling,
+    Planned,
+}
+
+/// A name on the wire that is not one of an enum's values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownName {
+    pub kind: &'static str,
+    pub name: String,
+}
+
+impl fmt::Display for UnknownName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown {} {:?}", self.kind, self.name)
+    }
+}
+
+impl std::error::Error for UnknownName {}
+
+impl JobStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Queued => "queued",
+            JobStatus::Running => "running",
+            JobStatus::Succeeded => "succeeded",
+            JobStatus::Failed => "failed",
+        }
+    }
+
+    /// Succeeded or failed: nothing will change it any more.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobStatus::Succeeded | JobStatus::Failed)
+    }
+}
+
+impl FromStr for JobStatus {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "queued" => JobStatus::Queued,
+            "running" => JobStatus::Running,
+            "succeeded" => JobStatus::Succeeded,
+            "failed" => JobStatus::Failed,
+            _ => {
+                return Err(UnknownName {
+                    kind: "job status",
+                    name: s.to_owned(),
+                });
+            }
+        })
+    }
+}
+
+impl fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl JobMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobMode::Profiling => "profiling",
+            JobMode::Planned => "planned",
+        }
+    }
+}
+
+impl FromStr for JobMode {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "profiling" => JobMode::Profiling,
+            "planned" => JobMode::Planned,
+            _ => {
+                return Err(UnknownName {
+                    kind: "job mode",
+                    name: s.to_owned(),
+                });
+            }
+        })
+    }
+}
+
+impl fmt::Display for JobMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How one edge's data moved in a finished job.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EdgeRun {
+    pub from: String,
+    pub to: String,
+    /// `vm-storage`, `direct` or `remote`.
+    pub method: String,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+/// How one function instance ran in a finished job.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FunctionRun {
+    pub name: String,
+    pub instance: u32,
+    pub agent: String,
+    pub vm_type: String,
+    pub cold: bool,
+    pub seconds: f64,
+    pub peak_memory_mb: Option<f64>,
+    pub attempts: u32,
+}
+
+/// The job summary of interfaces.md (`ofctl run --wait -o json`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobSummary {
+    pub job_id: String,
+    pub dag: String,
+    pub status: JobStatus,
+    pub policy: String,
+    pub mode: JobMode,
+    pub input_bytes: u64,
+    pub latency_s: f64,
+    pub cost_usd: f64,
+    pub perf_per_dollar: f64,
+    #[serde(default)]
+    pub edges: Vec<EdgeRun>,
+    #[serde(default)]
+    pub functions: Vec<FunctionRun>,
+    #[serde(default)]
+    pub outputs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_summary_reads_the_interfaces_example() {
+        let text = r#"{
+          "job_id": "j-1", "dag": "ml-pipeline", "status": "succeeded",
+          "policy": "sonic", "mode": "planned",
+          "input_bytes": 200000000,
+          "latency_s": 31.2, "cost_usd": 0.0013, "perf_per_dollar": 24600.0,
+          "edges": [ { "from": "pca", "to": "train", "method": "direct", "bytes": 4800000000, "seconds": 2.1 } ],
+          "functions": [ { "name": "train", "instance": 0, "agent": "a-2", "vm_type": "m5.large",
+                           "cold": true, "seconds": 12.7, "peak_memory_mb": 2411, "attempts": 1 } ],
+          "outputs": [ "s3://sonic/jobs/j-1/result/model.json" ]
+        }"#;
+        let s: JobSummary = serde_json::from_str(text).expect("parse");
+        assert_eq!(s.status, JobStatus::Succeeded);
+        assert_eq!(s.mode, JobMode::Planned);
+        assert_eq!(s.edges[0].bytes, 4_800_000_000);
+        assert_eq!(s.functions[0].peak_memory_mb, Some(2411.0));
+        let back = serde_json::to_value(&s).expect("serialize");
+        assert!(back.get("error").is_none(), "no error field on success");
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in [
+            JobStatus::Queued,
+            JobStatus::Running,
+            JobStatus::Succeeded,
+            JobStatus::Failed,
+        ] {
+            assert_eq!(s.as_str().parse::<JobStatus>(), Ok(s));
+            assert_eq!(serde_json::to_value(s).expect("json"), s.as_str());
+        }
+        for m in [JobMode::Profiling, JobMode::Planned] {
+            assert_eq!(m.as_str().parse::<JobMode>(), Ok(m));
+        }
+        assert!("done".parse::<JobStatus>().is_err());
+    }
+}

@@ -1,0 +1,5 @@
+//! Types on the wire between `ofctl`, the control plane and the agents, and nothing else.
+
+pub mod agent;
+pub mod control;
+pub mod token;

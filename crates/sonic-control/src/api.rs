@@ -1,0 +1,949 @@
+//! The control plane's HTTP API: the route table, the token check, request metrics and the handlers.
+//!
+//! The route table ([`routes`]) is the one list the router is built from; the OpenAPI document and
+//! the tests walk the same list, so a route cannot exist without being documented and guarded.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodFilter, MethodRouter};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use sonic_api::agent::{Capacity, Heartbeat};
+use sonic_api::control::{
+    AgentInfo, AgentList, ControlHealth, DagDetail, DagList, DagSummary, JobStatus, JobSummary,
+};
+use sonic_core::dag::{Dag, valid_dag_name};
+
+use crate::clock::Clock;
+use crate::config::ControlConfig;
+use crate::error::ApiError;
+use crate::jobs::{JobInputFile, Policy};
+use crate::metrics::{self, Gauges, Metrics};
+use crate::scheduler::Runtime;
+use crate::store::{AgentRecord, Applied, DagRecord, Db, JobRecord};
+
+/// What the handlers read from the configuration.
+#[derive(Clone)]
+pub struct Settings {
+    /// The bearer token every route but health requires.
+    pub token: String,
+    pub heartbeat_timeout: Duration,
+    pub max_body_bytes: usize,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("token", &"<redacted>")
+            .field("heartbeat_timeout", &self.heartbeat_timeout)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .finish()
+    }
+}
+
+impl Settings {
+    pub fn from_config(c: &ControlConfig) -> Settings {
+        Settings {
+            token: c.token.clone(),
+            heartbeat_timeout: c.heartbeat_timeout(),
+            max_body_bytes: c.max_body_bytes(),
+        }
+    }
+}
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct ControlState {
+    pub db: Db,
+    pub clock: Arc<dyn Clock>,
+    pub settings: Settings,
+    pub metrics: Metrics,
+    /// What running jobs needs (object store, catalog, agent credentials); `None` refuses jobs.
+    pub jobs: Option<Arc<Runtime>>,
+}
+
+impl ControlState {
+    pub fn new(db: Db, clock: Arc<dyn Clock>, settings: Settings) -> Arc<ControlState> {
+        ControlState::with_jobs(db, clock, settings, None)
+    }
+
+    /// A state that can run jobs with `jobs`.
+    pub fn with_jobs(
+        db: Db,
+        clock: Arc<dyn Clock>,
+        settings: Settings,
+        jobs: Option<Arc<Runtime>>,
+    ) -> Arc<ControlState> {
+        Arc::new(ControlState {
+            db,
+            clock,
+            settings,
+            metrics: Metrics::default(),
+            jobs,
+        })
+    }
+}
+
+/// The methods the API uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    Put,
+    Post,
+    Delete,
+}
+
+impl Verb {
+    pub fn method(self) -> Method {
+        match self {
+            Verb::Get => Method::GET,
+            Verb::Put => Method::PUT,
+            Verb::Post => Method::POST,
+            Verb::Delete => Method::DELETE,
+        }
+    }
+
+    fn filter(self) -> MethodFilter {
+        match self {
+            Verb::Get => MethodFilter::GET,
+            Verb::Put => MethodFilter::PUT,
+            Verb::Post => MethodFilter::POST,
+            Verb::Delete => MethodFilter::DELETE,
+        }
+    }
+}
+
+/// One route of the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteInfo {
+    pub verb: Verb,
+    /// The path template, `{param}` for a path parameter (as axum and OpenAPI both write it).
+    pub path: &'static str,
+    /// Whether the route requires the bearer token.
+    pub auth: bool,
+}
+
+type Shared = Arc<ControlState>;
+
+fn entry<H, T>(
+    verb: Verb,
+    path: &'static str,
+    auth: bool,
+    handler: H,
+) -> (RouteInfo, MethodRouter<Shared>)
+where
+    H: axum::handler::Handler<T, Shared>,
+    T: 'static,
+{
+    (
+        RouteInfo { verb, path, auth },
+        axum::routing::on(verb.filter(), handler),
+    )
+}
+
+/// The route table: each route once, with its handler.
+fn table() -> Vec<(RouteInfo, MethodRouter<Shared>)> {
+    use Verb::{Delete, Get, Post, Put};
+    vec![
+        entry(Get, "/v1/health", false, health),
+        entry(Get, "/v1/openapi.json", true, openapi),
+        entry(Get, "/metrics", true, render_metrics),
+        entry(Get, "/v1/dags", true, list_dags),
+        entry(Put, "/v1/dags", true, apply_dag),
+        entry(Post, "/v1/dags", true, apply_dag),
+        entry(Get, "/v1/dags/{name}", true, get_dag),
+        entry(Delete, "/v1/dags/{name}", true, delete_dag),
+        entry(Get, "/v1/agents", true, list_agents),
+        entry(Post, "/v1/agents/register", true, register_agent),
+        entry(Post, "/v1/agents/{id}/heartbeat", true, heartbeat),
+        entry(Get, "/v1/jobs", true, list_jobs),
+        entry(Post, "/v1/jobs", true, submit_job),
+        entry(Get, "/v1/jobs/{id}", true, get_job),
+        entry(Post, "/v1/jobs/{id}/cancel", true, cancel_job),
+    ]
+}
+
+/// Every route the router serves.
+pub fn routes() -> Vec<RouteInfo> {
+    table().into_iter().map(|(r, _)| r).collect()
+}
+
+/// The whole HTTP API.
+pub fn router(state: Shared) -> Router {
+    let mut public = Router::new();
+    let mut guarded = Router::new();
+    for (info, handler) in table() {
+        if info.auth {
+            guarded = guarded.route(info.path, handler);
+        } else {
+            public = public.route(info.path, handler);
+        }
+    }
+    // route_layer: the token is checked only on matched routes, before any extractor reads the
+    // body, so an unauthenticated client cannot make the server buffer anything.
+    let guarded = guarded.route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    public
+        .merge(guarded)
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(state.settings.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), track))
+        .with_state(state)
+}
+
+// ---- middleware ----
+
+/// Compares in time independent of where (or whether) the strings differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    diff == 0
+}
+
+/// Whether the request carries `Authorization: Bearer <expected>`.
+pub fn authorized(headers: &HeaderMap, expected: &str) -> bool {
+    let Some(value) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let Some((scheme, token)) = value.trim().split_once(' ') else {
+        return false;
+    };
+    // An empty configured token must never match an empty presented one.
+    scheme.eq_ignore_ascii_case("bearer")
+        && !expected.is_empty()
+        && constant_time_eq(token.trim().as_bytes(), expected.as_bytes())
+}
+
+async fn require_token(State(state): State<Shared>, req: Request, next: Next) -> Response {
+    if authorized(req.headers(), &state.settings.token) {
+        next.run(req).await
+    } else {
+        ApiError::Unauthorized.into_response()
+    }
+}
+
+/// Counts every answer by route template and status.
+async fn track(State(state): State<Shared>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
+    let method = match *req.method() {
+        Method::GET => "GET",
+        Method::PUT => "PUT",
+        Method::POST => "POST",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::PATCH => "PATCH",
+        Method::OPTIONS => "OPTIONS",
+        // Clients may invent methods; one label keeps the series bounded.
+        _ => "OTHER",
+    };
+    let response = next.run(req).await;
+    state
+        .metrics
+        .count_request(method, &route, response.status().as_u16());
+    response
+}
+
+// ---- extraction helpers ----
+
+fn body_error(e: BytesRejection, limit: usize) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::PayloadTooLarge(limit)
+    } else {
+        ApiError::BadRequest(format!("cannot read the request body: {}", e.body_text()))
+    }
+}
+
+fn json_body<T: DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let bytes = body.map_err(|e| body_error(e, limit))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+}
+
+fn path_param(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    p.map(|Path(v)| v)
+        .map_err(|e| ApiError::BadRequest(format!("bad path: {}", e.body_text())))
+}
+
+fn checked_dag_name(name: String) -> Result<String, ApiError> {
+    if valid_dag_name(&name) {
+        Ok(name)
+    } else {
+        Err(ApiError::BadRequest(
+            "invalid dag name: lowercase letters, digits and '-', at most 63".into(),
+        ))
+    }
+}
+
+/// Agent ids and VM type names: letters, digits, `-`, `_`, `.`; at most 64.
+fn valid_ident(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+}
+
+fn checked_agent_id(id: &str) -> Result<(), ApiError> {
+    if valid_ident(id) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(
+            "invalid agent_id: letters, digits, '-', '_' and '.', at most 64".into(),
+        ))
+    }
+}
+
+/// An absolute `http` or `https` URL with a host and nothing after the authority but a path.
+fn valid_agent_url(url: &str) -> bool {
+    if url.len() > 2048 {
+        return false;
+    }
+    let Ok(uri) = url.parse::<axum::http::Uri>() else {
+        return false;
+    };
+    let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
+    let host_ok = uri.host().is_some_and(|h| !h.is_empty());
+    let no_userinfo = uri.authority().is_some_and(|a| !a.as_str().contains('@'));
+    scheme_ok && host_ok && no_userinfo && uri.query().is_none()
+}
+
+fn check_capacity(c: &Capacity) -> Result<(), ApiError> {
+    checked_agent_id(&c.agent_id)?;
+    let bad = |m: &str| Err(ApiError::BadRequest(m.to_owned()));
+    if !valid_agent_url(&c.url) {
+        return bad("invalid url: an absolute http:// or https:// URL with a host");
+    }
+    if !valid_ident(&c.vm_type) {
+        return bad("invalid vm_type: letters, digits, '-', '_' and '.', at most 64");
+    }
+    if c.vcpus == 0 || c.memory_mb == 0 {
+        return bad("vcpus and memory_mb must be positive");
+    }
+    if c.network_mbps.is_some_and(|m| !(m.is_finite() && m > 0.0)) {
+        return bad("network_mbps must be a positive number");
+    }
+    if !valid_ident(&c.sandbox) {
+        return bad("invalid sandbox name");
+    }
+    Ok(())
+}
+
+// ---- conversions ----
+
+fn dag_summary(r: &DagRecord) -> DagSummary {
+    // Read from the stored JSON by field name, so rows written by an older `Dag` still list.
+    let functions = r.parsed["functions"]
+        .as_array()
+        .map(|fs| {
+            fs.iter()
+                .filter_map(|f| f["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    DagSummary {
+        name: r.name.clone(),
+        description: r.parsed["description"].as_str().unwrap_or("").to_owned(),
+        functions,
+        edges: r.parsed["edges"].as_array().map_or(0, Vec::len),
+        revision: r.revision,
+        created_at_ms: r.created_ms,
+        updated_at_ms: r.updated_ms,
+    }
+}
+
+fn agent_info(a: AgentRecord, now_ms: i64, timeout: Duration) -> AgentInfo {
+    AgentInfo {
+        alive: a.alive(now_ms, timeout),
+        heartbeat_age_ms: now_ms.saturating_sub(a.last_heartbeat_ms),
+        agent_id: a.id,
+        url: a.url,
+        vm_type: a.vm_type,
+        registered_at_ms: a.registered_ms,
+        last_heartbeat_ms: a.last_heartbeat_ms,
+        capacity: a.capacity,
+    }
+}
+
+fn timeout_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+// ---- handlers ----
+
+async fn health(State(state): State<Shared>) -> Response {
+    let ok = match state.db.run(|db| db.ping()).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(error = %e, "database does not answer");
+            false
+        }
+    };
+    let body = ControlHealth {
+        status: if ok { "ok" } else { "unavailable" }.to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+async fn openapi() -> Json<serde_json::Value> {
+    Json(crate::openapi::document())
+}
+
+async fn render_metrics(State(state): State<Shared>) -> Result<Response, ApiError> {
+    let now = state.clock.now_ms();
+    let timeout = state.settings.heartbeat_timeout;
+    let gauges = state
+        .db
+        .run(move |db| {
+            let dags = db.count_dags()?;
+            let agents = db.list_agents()?;
+            let alive = agents.iter().filter(|a| a.alive(now, timeout)).count() as u64;
+            Ok(Gauges {
+                dags,
+                agents_alive: alive,
+                agents_dead: agents.len() as u64 - alive,
+            })
+        })
+        .await?;
+    let text = state.metrics.render(gauges);
+    Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApplyQuery {
+    /// The file's name, as errors should show it (`ofctl apply -f FILE` sends FILE).
+    file: Option<String>,
+}
+
+/// Refuses bodies that say they are not text: the DAG is a YAML file.
+fn check_yaml_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+    let essence = ct.split(';').next().unwrap_or("").trim();
+    let ok = matches!(
+        essence,
+        "application/yaml"
+            | "application/x-yaml"
+            | "text/yaml"
+            | "text/x-yaml"
+            | "application/json"
+    ) || essence.starts_with("text/");
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedMediaType(
+            "send the DAG file as application/yaml (or text)".into(),
+        ))
+    }
+}
+
+async fn apply_dag(
+    State(state): State<Shared>,
+    query: Result<Query<ApplyQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    check_yaml_content_type(&headers)?;
+    let bytes = body.map_err(|e| body_error(e, state.settings.max_body_bytes))?;
+    let text = String::from_utf8(bytes.to_vec())
+        .map_err(|_| ApiError::BadRequest("the DAG file is not UTF-8 text".into()))?;
+    let file = query
+        .file
+        .filter(|f| !f.is_empty() && f.len() <= 256 && !f.chars().any(char::is_control))
+        .unwrap_or_else(|| "request body".to_owned());
+    let now = state.clock.now_ms();
+    // Parsing a large file is CPU work: it runs on the blocking pool with the write.
+    let outcome = state
+        .db
+        .run(move |db| {
+            let dag = match Dag::from_yaml(&file, &text) {
+                Ok(d) => d,
+                Err(e) => return Ok(Err(e)),
+            };
+            let parsed =
+                serde_json::to_value(&dag).map_err(|source| crate::store::StoreError::Encode {
+                    what: "parsed dag",
+                    source,
+                })?;
+            db.put_dag(&dag.name, &text, &parsed, now).map(Ok)
+        })
+        .await?;
+    let (applied, record) = outcome.map_err(ApiError::InvalidDag)?;
+    tracing::info!(dag = %record.name, revision = record.revision, ?applied, "dag applied");
+    let status = if applied == Applied::Created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(dag_summary(&record))).into_response())
+}
+
+async fn list_dags(State(state): State<Shared>) -> Result<Json<DagList>, ApiError> {
+    let dags = state.db.run(|db| db.list_dags()).await?;
+    Ok(Json(DagList {
+        dags: dags.iter().map(dag_summary).collect(),
+    }))
+}
+
+async fn get_dag(
+    State(state): State<Shared>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<DagDetail>, ApiError> {
+    let name = checked_dag_name(path_param(name)?)?;
+    let lookup = name.clone();
+    let record = state
+        .db
+        .run(move |db| db.get_dag(&lookup))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no dag named {name}")))?;
+    Ok(Json(DagDetail {
+        summary: dag_summary(&record),
+        yaml: record.yaml,
+        parsed: record.parsed,
+    }))
+}
+
+async fn delete_dag(
+    State(state): State<Shared>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let name = checked_dag_name(path_param(name)?)?;
+    let target = name.clone();
+    if state.db.run(move |db| db.delete_dag(&target)).await? {
+        tracing::info!(dag = %name, "dag deleted");
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::NotFound(format!("no dag named {name}")))
+    }
+}
+
+async fn list_agents(State(state): State<Shared>) -> Result<Json<AgentList>, ApiError> {
+    let agents = state.db.run(|db| db.list_agents()).await?;
+    let now = state.clock.now_ms();
+    let timeout = state.settings.heartbeat_timeout;
+    Ok(Json(AgentList {
+        agents: agents
+            .into_iter()
+            .map(|a| agent_info(a, now, timeout))
+            .collect(),
+        heartbeat_timeout_ms: timeout_ms(timeout),
+    }))
+}
+
+async fn register_agent(
+    State(state): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AgentInfo>, ApiError> {
+    let capacity: Capacity = json_body(body, state.settings.max_body_bytes)?;
+    check_capacity(&capacity)?;
+    let now = state.clock.now_ms();
+    let record = state
+        .db
+        .run(move |db| db.register_agent(&capacity, now))
+        .await?;
+    tracing::info!(agent = %record.id, url = %record.url, vm_type = %record.vm_type, "agent registered");
+    Ok(Json(agent_info(
+        record,
+        now,
+        state.settings.heartbeat_timeout,
+    )))
+}
+
+async fn heartbeat(
+    State(state): State<Shared>,
+    id: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AgentInfo>, ApiError> {
+    let id = path_param(id)?;
+    checked_agent_id(&id)?;
+    let beat: Heartbeat = json_body(body, state.settings.max_body_bytes)?;
+    if beat.agent_id != id {
+        return Err(ApiError::BadRequest(
+            "agent_id in the body does not match the path".into(),
+        ));
+    }
+    let now = state.clock.now_ms();
+    let record = state
+        .db
+        .run(move |db| db.heartbeat(&beat, now))
+        .await?
+        // 404 tells the agent to register again (the control plane lost it, or never knew it).
+        .ok_or_else(|| ApiError::NotFound(format!("unknown agent {id}: register first")))?;
+    Ok(Json(agent_info(
+        record,
+        now,
+        state.settings.heartbeat_timeout,
+    )))
+}
+
+// ---- jobs ----
+
+/// `POST /v1/jobs`: run a DAG.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitJob {
+    pub dag: String,
+    #[serde(default)]
+    pub input: Option<JobInput>,
+    /// Overrides of the DAG's parameters.
+    #[serde(default)]
+    pub params: serde_json::Map<String, serde_json::Value>,
+    /// `remote`, `direct`, `local` or `sonic` (the default).
+    #[serde(default)]
+    pub policy: Option<String>,
+}
+
+/// The job input: inline bytes (`base64`) or an object already in the store (`key`); the first
+/// functions see it as `input/<name>`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JobInput {
+    /// The file name under `input/` (default `input`, or the key's last segment).
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub base64: Option<String>,
+    #[serde(default)]
+    pub key: Option<String>,
+}
+
+/// The 202 answer to a submitted job.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobAccepted {
+    pub job_id: String,
+    pub status: JobStatus,
+}
+
+/// `GET /v1/jobs`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobList {
+    pub jobs: Vec<JobSummary>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobsQuery {
+    dag: Option<String>,
+    limit: Option<u32>,
+}
+
+fn valid_file_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && !s.starts_with('.')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+fn new_job_id() -> String {
+    use rand::Rng;
+    let n: u64 = rand::thread_rng().r#gen();
+    format!("j-{n:016x}")
+}
+
+/// A job as the API shows it: the recorded summary once it ended, its state before.
+pub fn job_view(r: JobRecord) -> JobSummary {
+    if let Some(mut s) = r.summary {
+        s.status = r.status;
+        if s.error.is_none() {
+            s.error = r.error;
+        }
+        return s;
+    }
+    JobSummary {
+        job_id: r.id,
+        dag: r.dag,
+        status: r.status,
+        policy: r.policy,
+        mode: r.mode,
+        input_bytes: r.input_bytes,
+        latency_s: 0.0,
+        cost_usd: 0.0,
+        perf_per_dollar: 0.0,
+        edges: Vec::new(),
+        functions: Vec::new(),
+        outputs: Vec::new(),
+        error: r.error,
+    }
+}
+
+async fn submit_job(
+    State(state): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: SubmitJob = json_body(body, state.settings.max_body_bytes)?;
+    let rt = state.jobs.clone().ok_or_else(|| {
+        ApiError::Unavailable("this control plane runs no jobs: it has no object store".into())
+    })?;
+    let dag_name = checked_dag_name(req.dag.clone())?;
+    let policy: Policy = req
+        .policy
+        .as_deref()
+        .unwrap_or("sonic")
+        .parse()
+        .map_err(ApiError::BadRequest)?;
+    let lookup = dag_name.clone();
+    let record = state
+        .db
+        .run(move |db| db.get_dag(&lookup))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no dag named {dag_name}")))?;
+    let dag: Dag = serde_json::from_value(record.parsed)
+        .map_err(|e| ApiError::Internal(format!("stored dag does not decode: {e}")))?;
+    let overrides = req.params.clone().into_iter().collect();
+    dag.fanouts(&dag.job_params(&overrides))
+        .map_err(|e| ApiError::BadRequest(format!("params: {e}")))?;
+    let job_id = new_job_id();
+    let mut inputs = Vec::new();
+    let mut input_bytes = 0u64;
+    if let Some(input) = &req.input {
+        let (name, key, size) = match (&input.base64, &input.key) {
+            (Some(data), None) => {
+                let bytes = crate::jobs::decode_base64(data)
+                    .map_err(|e| ApiError::BadRequest(format!("input.base64: {e}")))?;
+                let name = input.name.clone().unwrap_or_else(|| "input".into());
+                let key = format!("jobs/{job_id}/input/{name}");
+                if !valid_file_name(&name) {
+                    return Err(ApiError::BadRequest(
+                        "input.name: letters, digits, '.', '_' and '-'".into(),
+                    ));
+                }
+                let size = bytes.len() as u64;
+                rt.store
+                    .put_bytes(&key, bytes::Bytes::from(bytes))
+                    .await
+                    .map_err(|e| ApiError::Internal(format!("cannot store the input: {e}")))?;
+                (name, key, size)
+            }
+            (None, Some(key)) => {
+                let size = rt
+                    .store
+                    .head(key)
+                    .await
+                    .map_err(|e| ApiError::BadRequest(format!("input.key: {e}")))?
+                    .ok_or_else(|| ApiError::BadRequest(format!("input.key: no object {key}")))?;
+                let name = input
+                    .name
+                    .clone()
+                    .unwrap_or_else(|| key.rsplit('/').next().unwrap_or("input").to_owned());
+                if !valid_file_name(&name) {
+                    return Err(ApiError::BadRequest(
+                        "input.name: letters, digits, '.', '_' and '-'".into(),
+                    ));
+                }
+                (name, key.clone(), size)
+            }
+            _ => {
+                return Err(ApiError::BadRequest(
+                    "input: give exactly one of base64 and key".into(),
+                ));
+            }
+        };
+        input_bytes = size;
+        inputs.push(JobInputFile { name, key });
+    }
+    let now = state.clock.now_ms();
+    let record = JobRecord {
+        id: job_id.clone(),
+        dag: dag.name.clone(),
+        status: JobStatus::Queued,
+        policy: policy.as_str().to_owned(),
+        mode: crate::scheduler::job_mode(policy),
+        input_bytes,
+        params: req.params,
+        summary: None,
+        error: None,
+        created_ms: now,
+        started_ms: None,
+        finished_ms: None,
+        updated_ms: now,
+    };
+    let stored = record.clone();
+    state.db.run(move |db| db.insert_job(&stored)).await?;
+    tracing::info!(job = %job_id, dag = %record.dag, %policy, input_bytes, "job submitted");
+    // Registered before the task starts: a cancel that comes right after the 202 reaches it.
+    let cancel = rt.register(&job_id);
+    tokio::spawn(crate::scheduler::execute(
+        state.clone(),
+        rt,
+        record,
+        inputs,
+        cancel,
+    ));
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(JobAccepted {
+            job_id,
+            status: JobStatus::Queued,
+        }),
+    )
+        .into_response())
+}
+
+async fn list_jobs(
+    State(state): State<Shared>,
+    query: Result<Query<JobsQuery>, QueryRejection>,
+) -> Result<Json<JobList>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let dag = q.dag.map(checked_dag_name).transpose()?;
+    let limit = q.limit.unwrap_or(100).min(1000);
+    let jobs = state
+        .db
+        .run(move |db| db.list_jobs(dag.as_deref(), limit))
+        .await?;
+    Ok(Json(JobList {
+        jobs: jobs.into_iter().map(job_view).collect(),
+    }))
+}
+
+fn checked_job_id(id: String) -> Result<String, ApiError> {
+    if id.starts_with("j-") && valid_ident(&id) {
+        Ok(id)
+    } else {
+        Err(ApiError::BadRequest("invalid job id".into()))
+    }
+}
+
+async fn get_job(
+    State(state): State<Shared>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<JobSummary>, ApiError> {
+    let id = checked_job_id(path_param(id)?)?;
+    let lookup = id.clone();
+    let job = state
+        .db
+        .run(move |db| db.get_job(&lookup))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    Ok(Json(job_view(job)))
+}
+
+async fn cancel_job(
+    State(state): State<Shared>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = checked_job_id(path_param(id)?)?;
+    let lookup = id.clone();
+    let job = state
+        .db
+        .run(move |db| db.get_job(&lookup))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    if job.status.is_terminal() {
+        return Err(ApiError::BadRequest(format!(
+            "job {id} already {}",
+            job.status
+        )));
+    }
+    let running_here = state.jobs.as_ref().is_some_and(|rt| rt.cancel(&id));
+    if !running_here {
+        // Nothing executes it (it can only be a leftover): end it now.
+        let now = state.clock.now_ms();
+        let target = id.clone();
+        state
+            .db
+            .run(move |db| db.finish_job(&target, JobStatus::Failed, None, Some("cancelled"), now))
+            .await?;
+    }
+    tracing::info!(job = %id, "job cancel requested");
+    let job = state
+        .db
+        .run(move |db| db.get_job(&id))
+        .await?
+        .ok_or_else(|| ApiError::Internal("job vanished".into()))?;
+    Ok((StatusCode::ACCEPTED, Json(job_view(job))).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        let mut h = HeaderMap::new();
+        assert!(!authorized(&h, "0123456789abcdef"));
+        let mut check = |value: &str, expected: &str| {
+            h.insert(header::AUTHORIZATION, value.parse().expect("header"));
+            authorized(&h, expected)
+        };
+        assert!(check("Bearer 0123456789abcdef", "0123456789abcdef"));
+        assert!(check("bearer 0123456789abcdef", "0123456789abcdef"));
+        assert!(!check("Bearer 0123456789abcdeF", "0123456789abcdef"));
+        assert!(!check("Bearer 0123456789abcde", "0123456789abcdef"));
+        assert!(!check("Bearer 0123456789abcdef0", "0123456789abcdef"));
+        assert!(!check("Basic 0123456789abcdef", "0123456789abcdef"));
+        assert!(!check("0123456789abcdef", "0123456789abcdef"));
+        assert!(!check("Bearer ", ""), "an empty token never matches");
+    }
+
+    #[test]
+    fn agent_urls() {
+        for ok in [
+            "http://127.0.0.1:7070",
+            "https://agent-1.internal:443/",
+            "http://[::1]:80",
+        ] {
+            assert!(valid_agent_url(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "127.0.0.1:7070",
+            "ftp://host/",
+            "http://user:pw@host/",
+            "http://host/?x=1",
+            "javascript:alert(1)",
+            "http:///nohost",
+        ] {
+            assert!(!valid_agent_url(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn routes_are_unique() {
+        let r = routes();
+        for (i, a) in r.iter().enumerate() {
+            for b in &r[i + 1..] {
+                assert!(
+                    !(a.verb == b.verb && a.path == b.path),
+                    "{:?} {} twice",
+                    a.verb,
+                    a.path
+                );
+            }
+        }
+        assert_eq!(
+            r.iter().filter(|r| !r.auth).count(),
+            1,
+            "only health is public"
+        );
+    }
+}

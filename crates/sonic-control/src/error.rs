@@ -1,0 +1,86 @@
+//! The one HTTP error type: every refusal maps to a status and a JSON body here, and nowhere else.
+
+use axum::Json;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use sonic_api::agent::ErrorBody;
+use sonic_api::control::DagErrorBody;
+use sonic_core::dag::DagError;
+
+use crate::store::StoreError;
+
+/// Why a request was refused.
+#[derive(Debug)]
+pub enum ApiError {
+    /// The request is malformed: a bad JSON body, an invalid name, ...
+    BadRequest(String),
+    /// A DAG file that does not parse or check.
+    InvalidDag(DagError),
+    /// No token, or the wrong one. Says nothing more.
+    Unauthorized,
+    NotFound(String),
+    MethodNotAllowed,
+    /// A body over the limit (bytes).
+    PayloadTooLarge(usize),
+    UnsupportedMediaType(String),
+    /// This control plane cannot serve the request as configured (jobs without an object store).
+    Unavailable(String),
+    /// Something failed on our side; the detail goes to the log, never to the client.
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) | ApiError::InvalidDag(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        ApiError::Internal(e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let message = match self {
+            ApiError::InvalidDag(e) => {
+                let body = DagErrorBody {
+                    error: e.to_string(),
+                    file: e.file,
+                    line: e.line,
+                    column: e.column,
+                    field: e.field,
+                };
+                return (status, Json(body)).into_response();
+            }
+            ApiError::BadRequest(m)
+            | ApiError::NotFound(m)
+            | ApiError::UnsupportedMediaType(m)
+            | ApiError::Unavailable(m) => m,
+            ApiError::Unauthorized => {
+                let body = Json(ErrorBody {
+                    error: "missing or wrong token".to_owned(),
+                });
+                return (status, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response();
+            }
+            ApiError::MethodNotAllowed => "method not allowed on this route".to_owned(),
+            ApiError::PayloadTooLarge(limit) => format!("request body over the {limit}-byte limit"),
+            ApiError::Internal(detail) => {
+                tracing::error!(error = %detail, "internal error");
+                "internal error".to_owned()
+            }
+        };
+        (status, Json(ErrorBody { error: message })).into_response()
+    }
+}

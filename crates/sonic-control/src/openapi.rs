@@ -1,0 +1,495 @@
+//! The OpenAPI 3 document of the control plane's HTTP API (`GET /v1/openapi.json`).
+//!
+//! Written by hand next to the route table in `api.rs`; a test checks that both list the same
+//! routes with the same guard, and that every schema reference resolves.
+
+use serde_json::{Value, json};
+
+fn error_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ErrorBody" } } }
+    })
+}
+
+fn json_response(description: &str, schema: &str) -> Value {
+    json!({
+        "description": description,
+        "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } }
+    })
+}
+
+fn json_request(schema: &str) -> Value {
+    json!({
+        "required": true,
+        "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } }
+    })
+}
+
+/// The answers every guarded route may give besides its own.
+fn guarded(mut responses: Value) -> Value {
+    if let Some(map) = responses.as_object_mut() {
+        map.insert("401".into(), error_response("missing or wrong token"));
+        map.insert(
+            "500".into(),
+            error_response("internal error (details in the server log)"),
+        );
+    }
+    responses
+}
+
+fn apply_operation(summary: &str) -> Value {
+    json!({
+        "summary": summary,
+        "operationId": if summary.starts_with("Create") { "postDag" } else { "putDag" },
+        "tags": ["dags"],
+        "parameters": [{
+            "name": "file", "in": "query", "required": false,
+            "description": "the file name errors should show (default: `request body`)",
+            "schema": { "type": "string", "maxLength": 256 }
+        }],
+        "requestBody": {
+            "required": true,
+            "description": "the DAG file (interfaces.md section 1)",
+            "content": {
+                "application/yaml": { "schema": { "type": "string" } },
+                "text/plain": { "schema": { "type": "string" } }
+            }
+        },
+        "responses": guarded(json!({
+            "201": json_response("created", "DagSummary"),
+            "200": json_response("updated, or unchanged (same text)", "DagSummary"),
+            "400": {
+                "description": "the file is not a valid DAG: where and why",
+                "content": { "application/json": { "schema": { "$ref": "#/components/schemas/DagErrorBody" } } }
+            },
+            "413": error_response("body over the size limit"),
+            "415": error_response("not a YAML or text body")
+        }))
+    })
+}
+
+/// The whole document.
+pub fn document() -> Value {
+    let name_param = json!({
+        "name": "name", "in": "path", "required": true,
+        "schema": { "type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$" }
+    });
+    let id_param = json!({
+        "name": "id", "in": "path", "required": true,
+        "schema": { "type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$" }
+    });
+    json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "Sonic control plane",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "DAG and agent registry of the Sonic serverless DAG orchestrator. Every route but /v1/health requires `Authorization: Bearer <token>`. Errors are JSON `{\"error\": \"...\"}`."
+        },
+        "security": [ { "bearer": [] } ],
+        "paths": {
+            "/v1/health": {
+                "get": {
+                    "summary": "Liveness of the control plane and its database",
+                    "operationId": "health",
+                    "tags": ["system"],
+                    "security": [],
+                    "responses": {
+                        "200": json_response("up", "ControlHealth"),
+                        "503": json_response("the database does not answer", "ControlHealth")
+                    }
+                }
+            },
+            "/v1/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "operationId": "openapi",
+                    "tags": ["system"],
+                    "responses": guarded(json!({
+                        "200": { "description": "OpenAPI 3 document", "content": { "application/json": { "schema": { "type": "object" } } } }
+                    }))
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics (text format 0.0.4)",
+                    "operationId": "metrics",
+                    "tags": ["system"],
+                    "responses": guarded(json!({
+                        "200": { "description": "requests by route and status; DAG and agent counts", "content": { "text/plain": { "schema": { "type": "string" } } } }
+                    }))
+                }
+            },
+            "/v1/dags": {
+                "get": {
+                    "summary": "List the DAGs",
+                    "operationId": "listDags",
+                    "tags": ["dags"],
+                    "responses": guarded(json!({ "200": json_response("every DAG, by name", "DagList") }))
+                },
+                "put": apply_operation("Apply a DAG file (create or update)"),
+                "post": apply_operation("Create or update a DAG file (same as PUT)")
+            },
+            "/v1/dags/{name}": {
+                "get": {
+                    "summary": "One DAG: summary, the file as applied, and the checked DAG",
+                    "operationId": "getDag",
+                    "tags": ["dags"],
+                    "parameters": [name_param.clone()],
+                    "responses": guarded(json!({
+                        "200": json_response("the DAG", "DagDetail"),
+                        "400": error_response("not a valid DAG name"),
+                        "404": error_response("no such DAG")
+                    }))
+                },
+                "delete": {
+                    "summary": "Remove a DAG's definition (its jobs, samples and models stay)",
+                    "operationId": "deleteDag",
+                    "tags": ["dags"],
+                    "parameters": [name_param],
+                    "responses": guarded(json!({
+                        "204": { "description": "deleted" },
+                        "400": error_response("not a valid DAG name"),
+                        "404": error_response("no such DAG")
+                    }))
+                }
+            },
+            "/v1/agents": {
+                "get": {
+                    "summary": "List the agents with their liveness",
+                    "operationId": "listAgents",
+                    "tags": ["agents"],
+                    "responses": guarded(json!({ "200": json_response("every agent, by id", "AgentList") }))
+                }
+            },
+            "/v1/agents/register": {
+                "post": {
+                    "summary": "Register (or re-register) an agent",
+                    "operationId": "registerAgent",
+                    "tags": ["agents"],
+                    "requestBody": json_request("Capacity"),
+                    "responses": guarded(json!({
+                        "200": json_response("registered", "AgentInfo"),
+                        "400": error_response("invalid JSON, agent id, URL or VM type"),
+                        "413": error_response("body over the size limit")
+                    }))
+                }
+            },
+            "/v1/agents/{id}/heartbeat": {
+                "post": {
+                    "summary": "An agent's heartbeat",
+                    "operationId": "heartbeat",
+                    "tags": ["agents"],
+                    "parameters": [id_param],
+                    "requestBody": json_request("Heartbeat"),
+                    "responses": guarded(json!({
+                        "200": json_response("recorded", "AgentInfo"),
+                        "400": error_response("invalid JSON, or the body's agent_id differs from the path"),
+                        "404": error_response("unknown agent: register again"),
+                        "413": error_response("body over the size limit")
+                    }))
+                }
+            },
+            "/v1/jobs": {
+                "get": {
+                    "summary": "List jobs, newest first",
+                    "operationId": "listJobs",
+                    "tags": ["jobs"],
+                    "parameters": [
+                        { "name": "dag", "in": "query", "required": false, "schema": { "type": "string" } },
+                        { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "maximum": 1000 } }
+                    ],
+                    "responses": guarded(json!({
+                        "200": json_response("jobs", "JobList"),
+                        "400": error_response("bad query")
+                    }))
+                },
+                "post": {
+                    "summary": "Submit a job: run a DAG on an input",
+                    "operationId": "submitJob",
+                    "tags": ["jobs"],
+                    "requestBody": json_request("SubmitJob"),
+                    "responses": guarded(json!({
+                        "202": json_response("accepted; follow it with GET /v1/jobs/{id}", "JobAccepted"),
+                        "400": error_response("invalid JSON, policy, parameters or input"),
+                        "404": error_response("no such DAG"),
+                        "413": error_response("body over the size limit"),
+                        "503": error_response("this control plane runs no jobs (no object store)")
+                    }))
+                }
+            },
+            "/v1/jobs/{id}": {
+                "get": {
+                    "summary": "A job: its state, and its summary once it ended",
+                    "operationId": "getJob",
+                    "tags": ["jobs"],
+                    "parameters": [id_param],
+                    "responses": guarded(json!({
+                        "200": json_response("the job", "JobSummary"),
+                        "400": error_response("not a job id"),
+                        "404": error_response("no such job")
+                    }))
+                }
+            },
+            "/v1/jobs/{id}/cancel": {
+                "post": {
+                    "summary": "Cancel a queued or running job",
+                    "operationId": "cancelJob",
+                    "tags": ["jobs"],
+                    "parameters": [id_param],
+                    "responses": guarded(json!({
+                        "202": json_response("cancel requested", "JobSummary"),
+                        "400": error_response("not a job id, or the job already ended"),
+                        "404": error_response("no such job")
+                    }))
+                }
+            }
+        },
+        "components": {
+            "securitySchemes": {
+                "bearer": { "type": "http", "scheme": "bearer" }
+            },
+            "schemas": schemas()
+        }
+    })
+}
+
+fn schemas() -> Value {
+    let int = json!({ "type": "integer", "format": "int64" });
+    let time = json!({ "type": "integer", "format": "int64", "description": "Unix milliseconds" });
+    json!({
+        "ErrorBody": {
+            "type": "object", "required": ["error"],
+            "properties": { "error": { "type": "string" } }
+        },
+        "DagErrorBody": {
+            "type": "object", "required": ["error", "file", "field"],
+            "properties": {
+                "error": { "type": "string", "description": "file:line:column: field: why" },
+                "file": { "type": "string" },
+                "line": { "type": "integer", "nullable": true },
+                "column": { "type": "integer", "nullable": true },
+                "field": { "type": "string", "description": "e.g. functions[1].timeout; empty for the whole file" }
+            }
+        },
+        "ControlHealth": {
+            "type": "object", "required": ["status", "version"],
+            "properties": { "status": { "type": "string", "enum": ["ok", "unavailable"] }, "version": { "type": "string" } }
+        },
+        "DagSummary": {
+            "type": "object",
+            "required": ["name", "revision", "created_at_ms", "updated_at_ms"],
+            "properties": {
+                "name": { "type": "string" },
+                "description": { "type": "string" },
+                "functions": { "type": "array", "items": { "type": "string" } },
+                "edges": { "type": "integer" },
+                "revision": int.clone(),
+                "created_at_ms": time.clone(),
+                "updated_at_ms": time.clone()
+            }
+        },
+        "DagList": {
+            "type": "object", "required": ["dags"],
+            "properties": { "dags": { "type": "array", "items": { "$ref": "#/components/schemas/DagSummary" } } }
+        },
+        "DagDetail": {
+            "allOf": [
+                { "$ref": "#/components/schemas/DagSummary" },
+                {
+                    "type": "object", "required": ["yaml", "parsed"],
+                    "properties": {
+                        "yaml": { "type": "string", "description": "the file as applied" },
+                        "parsed": { "type": "object", "description": "the checked DAG" }
+                    }
+                }
+            ]
+        },
+        "BandwidthReport": {
+            "type": "object",
+            "properties": {
+                "egress_bps": { "type": "number", "nullable": true },
+                "ingress_bps": { "type": "number", "nullable": true },
+                "samples": int.clone()
+            }
+        },
+        "Capacity": {
+            "type": "object",
+            "required": ["agent_id", "url", "vm_type", "vcpus", "memory_mb", "sandbox", "running", "bandwidth"],
+            "properties": {
+                "agent_id": { "type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$" },
+                "url": { "type": "string", "description": "http:// or https:// URL peers and the control plane reach the agent at" },
+                "vm_type": { "type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$" },
+                "vcpus": { "type": "integer", "minimum": 1 },
+                "memory_mb": { "type": "integer", "minimum": 1 },
+                "network_mbps": { "type": "number", "nullable": true },
+                "sandbox": { "type": "string" },
+                "running": { "type": "integer" },
+                "bandwidth": { "$ref": "#/components/schemas/BandwidthReport" }
+            }
+        },
+        "Heartbeat": {
+            "type": "object", "required": ["agent_id", "running", "bandwidth"],
+            "properties": {
+                "agent_id": { "type": "string" },
+                "running": { "type": "integer" },
+                "bandwidth": { "$ref": "#/components/schemas/BandwidthReport" }
+            }
+        },
+        "AgentInfo": {
+            "type": "object",
+            "required": ["agent_id", "url", "vm_type", "alive", "registered_at_ms", "last_heartbeat_ms", "heartbeat_age_ms", "capacity"],
+            "properties": {
+                "agent_id": { "type": "string" },
+                "url": { "type": "string" },
+                "vm_type": { "type": "string" },
+                "alive": { "type": "boolean" },
+                "registered_at_ms": time.clone(),
+                "last_heartbeat_ms": time,
+                "heartbeat_age_ms": int,
+                "capacity": { "$ref": "#/components/schemas/Capacity" }
+            }
+        },
+        "AgentList": {
+            "type": "object", "required": ["agents", "heartbeat_timeout_ms"],
+            "properties": {
+                "agents": { "type": "array", "items": { "$ref": "#/components/schemas/AgentInfo" } },
+                "heartbeat_timeout_ms": { "type": "integer" }
+            }
+        },
+        "SubmitJob": {
+            "type": "object", "required": ["dag"], "additionalProperties": false,
+            "properties": {
+                "dag": { "type": "string" },
+                "input": {
+                    "type": "object", "additionalProperties": false,
+                    "description": "exactly one of base64 (inline bytes) and key (an object in the store)",
+                    "properties": {
+                        "name": { "type": "string", "description": "the file name under input/" },
+                        "base64": { "type": "string" },
+                        "key": { "type": "string" }
+                    }
+                },
+                "params": { "type": "object", "description": "overrides of the DAG's parameters" },
+                "policy": { "type": "string", "enum": ["remote", "direct", "local", "sonic"] }
+            }
+        },
+        "JobAccepted": {
+            "type": "object", "required": ["job_id", "status"],
+            "properties": { "job_id": { "type": "string" }, "status": { "type": "string" } }
+        },
+        "JobList": {
+            "type": "object", "required": ["jobs"],
+            "properties": { "jobs": { "type": "array", "items": { "$ref": "#/components/schemas/JobSummary" } } }
+        },
+        "JobSummary": {
+            "type": "object",
+            "description": "interfaces.md section 3; the measures are 0 and the lists empty until the job ends",
+            "required": ["job_id", "dag", "status", "policy", "mode", "input_bytes", "latency_s",
+                         "cost_usd", "perf_per_dollar", "edges", "functions", "outputs"],
+            "properties": {
+                "job_id": { "type": "string" }, "dag": { "type": "string" },
+                "status": { "type": "string", "enum": ["queued", "running", "succeeded", "failed"] },
+                "policy": { "type": "string" },
+                "mode": { "type": "string", "enum": ["profiling", "planned"] },
+                "input_bytes": int.clone(),
+                "latency_s": { "type": "number" }, "cost_usd": { "type": "number" },
+                "perf_per_dollar": { "type": "number" },
+                "edges": { "type": "array", "items": { "type": "object" } },
+                "functions": { "type": "array", "items": { "type": "object" } },
+                "outputs": { "type": "array", "items": { "type": "string" } },
+                "error": { "type": "string" }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::routes;
+
+    /// Every route of the router is in the document with its guard, and nothing else is.
+    #[test]
+    fn document_matches_the_route_table() {
+        let doc = document();
+        let paths = doc["paths"].as_object().expect("paths");
+        let table = routes();
+        for r in &table {
+            let method = r.verb.method().as_str().to_ascii_lowercase();
+            let op = &paths
+                .get(r.path)
+                .unwrap_or_else(|| panic!("{} missing from the document", r.path))[&method];
+            assert!(
+                op.is_object(),
+                "{method} {} missing from the document",
+                r.path
+            );
+            let public = op["security"].as_array().is_some_and(Vec::is_empty);
+            assert_eq!(
+                public, !r.auth,
+                "{method} {}: security does not match the guard",
+                r.path
+            );
+            if r.auth {
+                assert!(
+                    op["responses"]["401"].is_object(),
+                    "{method} {} lacks 401",
+                    r.path
+                );
+            }
+            assert!(op["operationId"].is_string());
+        }
+        let mut documented = 0;
+        for (path, item) in paths {
+            for method in item.as_object().expect("path item").keys() {
+                documented += 1;
+                assert!(
+                    table
+                        .iter()
+                        .any(|r| r.path == path
+                            && r.verb.method().as_str().eq_ignore_ascii_case(method)),
+                    "{method} {path} documented but not routed"
+                );
+            }
+        }
+        assert_eq!(documented, table.len());
+    }
+
+    #[test]
+    fn every_reference_resolves_and_ids_are_unique() {
+        let doc = document();
+        let mut refs = Vec::new();
+        let mut ids = Vec::new();
+        fn walk(v: &Value, refs: &mut Vec<String>, ids: &mut Vec<String>) {
+            match v {
+                Value::Object(m) => {
+                    for (k, v) in m {
+                        match (k.as_str(), v) {
+                            ("$ref", Value::String(s)) => refs.push(s.clone()),
+                            ("operationId", Value::String(s)) => ids.push(s.clone()),
+                            _ => walk(v, refs, ids),
+                        }
+                    }
+                }
+                Value::Array(a) => a.iter().for_each(|v| walk(v, refs, ids)),
+                _ => {}
+            }
+        }
+        walk(&doc, &mut refs, &mut ids);
+        assert!(!refs.is_empty());
+        for r in refs {
+            let name = r
+                .strip_prefix("#/components/schemas/")
+                .unwrap_or_else(|| panic!("unexpected ref {r}"));
+            assert!(
+                doc["components"]["schemas"][name].is_object(),
+                "{r} does not resolve"
+            );
+        }
+        let n = ids.len();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), n, "operationId repeated");
+    }
+}

@@ -1,0 +1,792 @@
+//! The job executor: runs a job stage by stage (topological order) on the alive agents, retries
+//! failed instances, records where files are, cleans the job's intermediate data, and writes the
+//! job summary and the profiling sample.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sonic_api::agent::{RunAccepted, RunReport, RunRequest, RunStatus};
+use sonic_api::control::{EdgeRun, FunctionRun, JobMode, JobStatus, JobSummary};
+use sonic_core::catalog::Catalog;
+use sonic_core::dag::Dag;
+use sonic_storage::ObjectStore;
+
+use crate::api::ControlState;
+use crate::jobs::{
+    AgentSlot, JobInputFile, Method, Policy, Produced, StageContext, edge_methods, job_prefix,
+    stage_runs,
+};
+use crate::store::{Db, FileRecord, JobRecord, LocalCopy, SampleRecord, StoreError};
+
+/// The reason a job that was running when the control plane stopped is failed with.
+pub const RESTARTED: &str = "control plane restarted";
+
+/// How the executor talks to agents and retries.
+#[derive(Clone)]
+pub struct JobsConfig {
+    /// The bearer token the agents accept.
+    pub agent_token: String,
+    /// The key the agents check `direct` file tokens with.
+    pub file_key: Vec<u8>,
+    /// The S3 bucket, to name outputs `s3://<bucket>/<key>`; `None` names them `store://<key>`.
+    pub bucket: Option<String>,
+    /// Attempts per instance, the first included.
+    pub max_attempts: u32,
+    /// The wait before the second attempt; it doubles for each further one.
+    pub backoff: Duration,
+    pub poll_interval: Duration,
+    /// Added to a function's timeout for staging and routing before a run is given up on.
+    pub report_slack: Duration,
+}
+
+impl std::fmt::Debug for JobsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobsConfig")
+            .field("agent_token", &"<redacted>")
+            .field("file_key", &"<redacted>")
+            .field("bucket", &self.bucket)
+            .field("max_attempts", &self.max_attempts)
+            .field("backoff", &self.backoff)
+            .finish()
+    }
+}
+
+impl JobsConfig {
+    pub fn new(agent_token: impl Into<String>, file_key: impl Into<Vec<u8>>) -> JobsConfig {
+        JobsConfig {
+            agent_token: agent_token.into(),
+            file_key: file_key.into(),
+            bucket: None,
+            max_attempts: 3,
+            backoff: Duration::from_millis(200),
+            poll_interval: Duration::from_millis(25),
+            report_slack: Duration::from_secs(120),
+        }
+    }
+}
+
+/// What running jobs needs besides the database: the object store, the catalog (prices), agents.
+#[derive(Debug)]
+pub struct Runtime {
+    pub store: Arc<dyn ObjectStore>,
+    pub catalog: Option<Catalog>,
+    pub config: JobsConfig,
+    http: reqwest::Client,
+    cancels: Mutex<HashMap<String, Arc<AtomicBool>>>,
+}
+
+impl Runtime {
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        catalog: Option<Catalog>,
+        config: JobsConfig,
+    ) -> Runtime {
+        Runtime {
+            store,
+            catalog,
+            config,
+            http: reqwest::Client::new(),
+            cancels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn cancels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<AtomicBool>>> {
+        self.cancels.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a job about to be executed, so that a cancel from now on reaches it; pass the
+    /// flag to [`execute`].
+    pub fn register(&self, job: &str) -> Arc<AtomicBool> {
+        let flag = Arc::new(AtomicBool::new(false));
+        self.cancels().insert(job.to_owned(), flag.clone());
+        flag
+    }
+
+    /// Asks a job this process is running to stop; false when it runs nothing by that id.
+    pub fn cancel(&self, job: &str) -> bool {
+        match self.cancels().get(job) {
+            Some(flag) => {
+                flag.store(true, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Output names as users see them.
+    pub fn output_url(&self, key: &str) -> String {
+        match &self.config.bucket {
+            Some(b) => format!("s3://{b}/{key}"),
+            None => format!("store://{key}"),
+        }
+    }
+}
+
+/// Fails every job that was queued or running when the control plane stopped (it cannot resume
+/// them yet). Returns how many.
+pub fn fail_interrupted(db: &Db, now_ms: i64) -> Result<usize, StoreError> {
+    let mut n = 0;
+    for job in db.list_jobs(None, u32::MAX)? {
+        if !job.status.is_terminal() {
+            db.finish_job(&job.id, JobStatus::Failed, None, Some(RESTARTED), now_ms)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// One instance that ended well.
+struct Finished {
+    function: usize,
+    instance: u32,
+    agent: usize,
+    report: RunReport,
+    attempts: u32,
+    started: Instant,
+    ended: Instant,
+}
+
+/// What the executor learned so far (kept for the summary of a failed job too).
+#[derive(Default)]
+struct Progress {
+    functions: Vec<FunctionRun>,
+    /// Per edge index: bytes and the slowest instance's staging seconds.
+    edges: BTreeMap<usize, (u64, f64)>,
+    /// Per edge index: the methods the agents reported staging its files with.
+    observed: BTreeMap<usize, BTreeSet<String>>,
+    /// Per agent index: when the job first and last held it.
+    spans: HashMap<usize, (Instant, Instant)>,
+    agents: Vec<AgentSlot>,
+    dag: Option<Dag>,
+    methods: Vec<Method>,
+    instances: BTreeMap<usize, u32>,
+}
+
+/// Runs a submitted job to its end and records it. Never fails: errors become a failed job.
+pub async fn execute(
+    state: Arc<ControlState>,
+    rt: Arc<Runtime>,
+    job: JobRecord,
+    inputs: Vec<JobInputFile>,
+    cancel: Arc<AtomicBool>,
+) {
+    let started = Instant::now();
+    let now = state.clock.now_ms();
+    let id = job.id.clone();
+    if let Err(e) = state
+        .db
+        .run(move |db| db.set_job_status(&id, JobStatus::Running, now))
+        .await
+    {
+        tracing::error!(job = %job.id, error = %e, "cannot mark the job running");
+    }
+    let mut progress = Progress::default();
+    let outcome = run(&state, &rt, &job, &inputs, &cancel, &mut progress).await;
+    let latency_s = started.elapsed().as_secs_f64();
+    cleanup(&state, &rt, &job.id, &progress.agents).await;
+    let outputs = match &outcome {
+        Ok(()) => result_outputs(&state, &rt, &job.id).await,
+        Err(_) => Vec::new(),
+    };
+    let summary = summarize(
+        &rt,
+        &job,
+        &progress,
+        latency_s,
+        outputs,
+        outcome.as_ref().err(),
+    );
+    let (status, error) = match &outcome {
+        Ok(()) => (JobStatus::Succeeded, None),
+        Err(e) => (JobStatus::Failed, Some(e.clone())),
+    };
+    tracing::info!(job = %job.id, %status, latency_s, error = error.as_deref().unwrap_or(""), "job ended");
+    let sample = (status == JobStatus::Succeeded).then(|| sample(&job, &progress, &state));
+    let id = job.id.clone();
+    let now = state.clock.now_ms();
+    let recorded = state
+        .db
+        .run(move |db| {
+            if let Some(s) = &sample {
+                db.put_sample(s)?;
+            }
+            db.finish_job(&id, status, Some(&summary), error.as_deref(), now)
+        })
+        .await;
+    if let Err(e) = recorded {
+        tracing::error!(job = %job.id, error = %e, "cannot record the job's end");
+    }
+    rt.cancels().remove(&job.id);
+}
+
+async fn run(
+    state: &Arc<ControlState>,
+    rt: &Arc<Runtime>,
+    job: &JobRecord,
+    inputs: &[JobInputFile],
+    cancel: &Arc<AtomicBool>,
+    progress: &mut Progress,
+) -> Result<(), String> {
+    let dag_name = job.dag.clone();
+    let now = state.clock.now_ms();
+    let timeout = state.settings.heartbeat_timeout;
+    let (record, agents) = state
+        .db
+        .run(move |db| Ok((db.get_dag(&dag_name)?, db.list_agents()?)))
+        .await
+        .map_err(|e| format!("database: {e}"))?;
+    let record = record.ok_or_else(|| format!("dag {} no longer exists", job.dag))?;
+    let dag: Dag = serde_json::from_value(record.parsed)
+        .map_err(|e| format!("stored dag {} does not decode: {e}", job.dag))?;
+    let mut agents: Vec<AgentSlot> = agents
+        .into_iter()
+        .filter(|a| a.alive(now, timeout))
+        .map(|a| AgentSlot {
+            id: a.id,
+            url: a.url,
+            vm_type: a.vm_type,
+        })
+        .collect();
+    agents.sort_by(|a, b| a.id.cmp(&b.id));
+    if agents.is_empty() {
+        return Err("no alive agent to run on".into());
+    }
+    progress.agents = agents.clone();
+    let overrides: BTreeMap<String, serde_json::Value> = job.params.clone().into_iter().collect();
+    let params_map = dag.job_params(&overrides);
+    let fanouts = dag.fanouts(&params_map)?;
+    let params: serde_json::Map<String, serde_json::Value> = params_map.into_iter().collect();
+    let policy: Policy = job.policy.parse()?;
+    let methods = edge_methods(&dag, policy);
+    progress.methods = methods.clone();
+    progress.dag = Some(dag.clone());
+    let mut produced: Vec<Vec<Produced>> = vec![Vec::new(); dag.functions.len()];
+    let expiry = unix_now() + 24 * 3600;
+    for i in 0..dag.functions.len() {
+        if cancel.load(Ordering::SeqCst) {
+            return Err("cancelled".into());
+        }
+        let ctx = StageContext {
+            job_id: &job.id,
+            dag: &dag,
+            params: &params,
+            fanouts: &fanouts,
+            methods: &methods,
+            policy,
+            agents: &agents,
+            produced: &produced,
+            inputs,
+            file_key: &rt.config.file_key,
+            token_expiry: expiry,
+        };
+        let placements = stage_runs(&ctx, i).map_err(|e| e.to_string())?;
+        progress.instances.insert(i, placements.len() as u32);
+        tracing::info!(job = %job.id, function = %dag.functions[i].name, instances = placements.len(), "stage starts");
+        let mut set = tokio::task::JoinSet::new();
+        for p in placements {
+            let rt = rt.clone();
+            let agent = agents[p.agent].clone();
+            let cancel = cancel.clone();
+            let instance = p.request.instance;
+            set.spawn(async move {
+                run_instance(&rt, &agent, p.request, &cancel).await.map(
+                    |(report, attempts, started, ended)| Finished {
+                        function: i,
+                        instance,
+                        agent: p.agent,
+                        report,
+                        attempts,
+                        started,
+                        ended,
+                    },
+                )
+            });
+        }
+        let mut failure: Option<String> = None;
+        let mut finished = Vec::new();
+        while let Some(joined) = set.join_next().await {
+            match joined {
+                Ok(Ok(f)) => finished.push(f),
+                Ok(Err(e)) => {
+                    // The first failure fails the job; the stage's other runs are not waited on.
+                    failure.get_or_insert(e);
+                    set.abort_all();
+                }
+                Err(e) if e.is_cancelled() => {}
+                Err(e) => {
+                    failure.get_or_insert(format!("instance task failed: {e}"));
+                }
+            }
+        }
+        let mut files = Vec::new();
+        for f in &finished {
+            record_instance(
+                &dag,
+                &agents,
+                f,
+                progress,
+                &mut produced,
+                &job.id,
+                &mut files,
+            );
+        }
+        let now = state.clock.now_ms();
+        for r in &mut files {
+            r.created_ms = now;
+        }
+        state
+            .db
+            .run(move |db| files.iter().try_for_each(|r| db.put_file(r)))
+            .await
+            .map_err(|e| format!("database: {e}"))?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Adds one finished instance to the progress: its run, its edges, its files.
+fn record_instance(
+    dag: &Dag,
+    agents: &[AgentSlot],
+    f: &Finished,
+    progress: &mut Progress,
+    produced: &mut [Vec<Produced>],
+    job: &str,
+    files: &mut Vec<FileRecord>,
+) {
+    let r = &f.report;
+    let function = &dag.functions[f.function];
+    let agent = &agents[f.agent];
+    progress.functions.push(FunctionRun {
+        name: function.name.clone(),
+        instance: f.instance,
+        agent: agent.id.clone(),
+        vm_type: agent.vm_type.clone(),
+        cold: r.cold.unwrap_or(false),
+        seconds: r.seconds.unwrap_or(0.0),
+        peak_memory_mb: r.peak_memory_mb,
+        attempts: f.attempts,
+    });
+    let span = progress
+        .spans
+        .entry(f.agent)
+        .or_insert((f.started, f.ended));
+    span.0 = span.0.min(f.started);
+    span.1 = span.1.max(f.ended);
+    // Staged inputs by edge: `<from>/<i>/<name>` names the sender.
+    let mut per_edge: BTreeMap<usize, (u64, f64)> = BTreeMap::new();
+    for s in &r.staged {
+        let Some(from) = s.dest.split('/').next() else {
+            continue;
+        };
+        let Some(edge) = dag
+            .edges
+            .iter()
+            .position(|e| e.to == f.function && dag.functions[e.from].name == from)
+        else {
+            continue;
+        };
+        let entry = per_edge.entry(edge).or_default();
+        entry.0 += s.bytes;
+        entry.1 += s.seconds;
+        progress
+            .observed
+            .entry(edge)
+            .or_default()
+            .insert(s.method.clone());
+    }
+    for (edge, (bytes, seconds)) in per_edge {
+        let total = progress.edges.entry(edge).or_default();
+        total.0 += bytes;
+        total.1 = total.1.max(seconds);
+    }
+    for o in &r.outputs {
+        let keep_local = o.to != "result"
+            && dag.edges.iter().enumerate().any(|(i, e)| {
+                e.from == f.function
+                    && dag.functions[e.to].name == o.to
+                    && progress.methods.get(i) != Some(&Method::Remote)
+            });
+        let instance = instance_from_path(&o.file_path).unwrap_or(f.instance);
+        produced[f.function].push(Produced {
+            instance,
+            to: o.to.clone(),
+            name: o.name.clone(),
+            file_path: o.file_path.clone(),
+            agent: f.agent,
+            key: o.key.clone(),
+            size: o.size,
+        });
+        if keep_local || o.key.is_some() {
+            files.push(FileRecord {
+                job: job.to_owned(),
+                file_id: o.file_path.clone(),
+                local: keep_local.then(|| LocalCopy {
+                    agent: agent.id.clone(),
+                    path: o.file_path.clone(),
+                }),
+                object_key: o.key.clone(),
+                size: o.size,
+                checksum: o.checksum.clone(),
+                created_ms: 0,
+            });
+        }
+    }
+}
+
+/// `<function>/<instance>/<to>/<name>` -> instance.
+fn instance_from_path(path: &str) -> Option<u32> {
+    path.split('/').nth(1)?.parse().ok()
+}
+
+/// Runs one instance, retrying with backoff; returns its report, attempts and the time it held
+/// the agent.
+async fn run_instance(
+    rt: &Runtime,
+    agent: &AgentSlot,
+    mut req: RunRequest,
+    cancel: &AtomicBool,
+) -> Result<(RunReport, u32, Instant, Instant), String> {
+    let started = Instant::now();
+    let max = rt.config.max_attempts.max(1);
+    let mut last = String::new();
+    for attempt in 1..=max {
+        if cancel.load(Ordering::SeqCst) {
+            return Err("cancelled".into());
+        }
+        req.attempt = attempt;
+        match attempt_once(rt, agent, &req, cancel).await {
+            Ok(report) if report.status == RunStatus::Succeeded => {
+                return Ok((report, attempt, started, Instant::now()));
+            }
+            Ok(report) => last = describe(&report),
+            Err(e) => last = e,
+        }
+        tracing::warn!(job = %req.job_id, function = %req.function, instance = req.instance, attempt, error = %last, "instance failed");
+        if attempt < max {
+            let wait = rt.config.backoff * 2u32.saturating_pow(attempt - 1);
+            tokio::time::sleep(wait).await;
+        }
+    }
+    Err(format!(
+        "function {} instance {} failed after {max} attempts: {last}",
+        req.function, req.instance
+    ))
+}
+
+fn describe(r: &RunReport) -> String {
+    let status = serde_json::to_value(&r.status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{:?}", r.status));
+    let mut s = status;
+    if let Some(code) = r.exit_code {
+        s.push_str(&format!(" (exit code {code})"));
+    }
+    if let Some(e) = &r.error {
+        s.push_str(&format!(": {e}"));
+    }
+    let tail: String = r
+        .log
+        .trim_end()
+        .chars()
+        .rev()
+        .take(300)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    if !tail.is_empty() {
+        s.push_str(&format!("; log: {tail}"));
+    }
+    s
+}
+
+async fn attempt_once(
+    rt: &Runtime,
+    agent: &AgentSlot,
+    req: &RunRequest,
+    cancel: &AtomicBool,
+) -> Result<RunReport, String> {
+    let base = agent.url.trim_end_matches('/');
+    let r = rt
+        .http
+        .post(format!("{base}/v1/runs"))
+        .bearer_auth(&rt.config.agent_token)
+        .json(req)
+        .send()
+        .await
+        .map_err(|e| format!("agent {}: {e}", agent.id))?;
+    if !r.status().is_success() {
+        let status = r.status();
+        let body = r.text().await.unwrap_or_default();
+        return Err(format!(
+            "agent {} refused the run ({status}): {body}",
+            agent.id
+        ));
+    }
+    let accepted: RunAccepted = r
+        .json()
+        .await
+        .map_err(|e| format!("agent {}: bad answer: {e}", agent.id))?;
+    let deadline = Instant::now() + Duration::from_millis(req.timeout_ms) + rt.config.report_slack;
+    loop {
+        if cancel.load(Ordering::SeqCst) {
+            return Err("cancelled".into());
+        }
+        let r = rt
+            .http
+            .get(format!("{base}/v1/runs/{}", accepted.run_id))
+            .bearer_auth(&rt.config.agent_token)
+            .send()
+            .await
+            .map_err(|e| format!("agent {}: {e}", agent.id))?;
+        if !r.status().is_success() {
+            return Err(format!(
+                "agent {}: run report answered {}",
+                agent.id,
+                r.status()
+            ));
+        }
+        let report: RunReport = r
+            .json()
+            .await
+            .map_err(|e| format!("agent {}: bad report: {e}", agent.id))?;
+        if report.status != RunStatus::Running {
+            return Ok(report);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "agent {}: run {} did not end within its timeout",
+                agent.id, accepted.run_id
+            ));
+        }
+        tokio::time::sleep(rt.config.poll_interval).await;
+    }
+}
+
+/// Deletes the job's files on every agent it used and its store objects except `result/`.
+async fn cleanup(state: &Arc<ControlState>, rt: &Runtime, job: &str, agents: &[AgentSlot]) {
+    for a in agents {
+        let url = format!("{}/v1/jobs/{job}", a.url.trim_end_matches('/'));
+        match rt
+            .http
+            .delete(url)
+            .bearer_auth(&rt.config.agent_token)
+            .send()
+            .await
+        {
+            Ok(r) if r.status().is_success() || r.status() == 404 => {}
+            Ok(r) => {
+                tracing::warn!(job, agent = %a.id, status = %r.status(), "agent did not clean the job")
+            }
+            Err(e) => tracing::warn!(job, agent = %a.id, error = %e, "agent did not clean the job"),
+        }
+    }
+    let prefix = job_prefix(job);
+    let keep = format!("{prefix}result/");
+    match rt.store.list(&prefix).await {
+        Ok(objects) => {
+            for o in objects {
+                if !o.key.starts_with(&keep)
+                    && let Err(e) = rt.store.delete(&o.key).await
+                {
+                    tracing::warn!(job, key = %o.key, error = %e, "cannot delete an intermediate object");
+                }
+            }
+        }
+        Err(e) => tracing::warn!(job, error = %e, "cannot list the job's objects"),
+    }
+    let id = job.to_owned();
+    if let Err(e) = state.db.run(move |db| db.delete_files(&id)).await {
+        tracing::warn!(job, error = %e, "cannot forget the job's files");
+    }
+}
+
+/// The job's result objects (recorded in the Db), as output URLs.
+async fn result_outputs(state: &Arc<ControlState>, rt: &Runtime, job: &str) -> Vec<String> {
+    let prefix = format!("{}result/", job_prefix(job));
+    let objects = match rt.store.list(&prefix).await {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!(job, error = %e, "cannot list the job's results");
+            return Vec::new();
+        }
+    };
+    let now = state.clock.now_ms();
+    let records: Vec<FileRecord> = objects
+        .iter()
+        .map(|o| FileRecord {
+            job: job.to_owned(),
+            file_id: o.key.clone(),
+            local: None,
+            object_key: Some(o.key.clone()),
+            size: o.size,
+            checksum: String::new(),
+            created_ms: now,
+        })
+        .collect();
+    if let Err(e) = state
+        .db
+        .run(move |db| records.iter().try_for_each(|r| db.put_file(r)))
+        .await
+    {
+        tracing::warn!(job, error = %e, "cannot record the job's results");
+    }
+    let mut keys: Vec<String> = objects.into_iter().map(|o| o.key).collect();
+    keys.sort();
+    keys.iter().map(|k| rt.output_url(k)).collect()
+}
+
+/// The method the agents reported for an edge when they agree, else the one the job chose.
+fn edge_method(p: &Progress, edge: usize) -> String {
+    match p.observed.get(&edge) {
+        Some(seen) if seen.len() == 1 => seen.iter().next().cloned().unwrap_or_default(),
+        _ => p
+            .methods
+            .get(edge)
+            .map_or("remote", |m| m.as_str())
+            .to_owned(),
+    }
+}
+
+fn price_per_second(catalog: Option<&Catalog>, vm_type: &str) -> f64 {
+    catalog
+        .and_then(|c| c.vm_type(vm_type))
+        .map_or(0.0, |v| v.usd_per_second())
+}
+
+fn summarize(
+    rt: &Runtime,
+    job: &JobRecord,
+    p: &Progress,
+    latency_s: f64,
+    outputs: Vec<String>,
+    error: Option<&String>,
+) -> JobSummary {
+    let cost_usd: f64 = p
+        .spans
+        .iter()
+        .map(|(agent, (a, b))| {
+            let vm = p.agents.get(*agent).map_or("", |s| s.vm_type.as_str());
+            price_per_second(rt.catalog.as_ref(), vm) * b.duration_since(*a).as_secs_f64()
+        })
+        .sum();
+    let perf_per_dollar = if latency_s > 0.0 && cost_usd > 0.0 {
+        1.0 / (latency_s * cost_usd)
+    } else {
+        0.0
+    };
+    let edges = p
+        .dag
+        .as_ref()
+        .map(|dag| {
+            dag.edges
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let (bytes, seconds) = p.edges.get(&i).copied().unwrap_or_default();
+                    EdgeRun {
+                        from: dag.functions[e.from].name.clone(),
+                        to: dag.functions[e.to].name.clone(),
+                        method: edge_method(p, i),
+                        bytes,
+                        seconds,
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut functions = p.functions.clone();
+    functions.sort_by(|a, b| (&a.name, a.instance).cmp(&(&b.name, b.instance)));
+    JobSummary {
+        job_id: job.id.clone(),
+        dag: job.dag.clone(),
+        status: if error.is_some() {
+            JobStatus::Failed
+        } else {
+            JobStatus::Succeeded
+        },
+        policy: job.policy.clone(),
+        mode: job.mode,
+        input_bytes: job.input_bytes,
+        latency_s,
+        cost_usd,
+        perf_per_dollar,
+        edges,
+        functions,
+        outputs,
+        error: error.cloned(),
+    }
+}
+
+/// The DAG parameters this job measured, in the `--params` file's shape.
+fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
+    let mut functions = serde_json::Map::new();
+    if let Some(dag) = &p.dag {
+        for (i, f) in dag.functions.iter().enumerate() {
+            let runs: Vec<&FunctionRun> = p.functions.iter().filter(|r| r.name == f.name).collect();
+            let mean = |cold: bool| {
+                let s: Vec<f64> = runs
+                    .iter()
+                    .filter(|r| r.cold == cold)
+                    .map(|r| r.seconds)
+                    .collect();
+                (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64)
+            };
+            let memory = runs
+                .iter()
+                .filter_map(|r| r.peak_memory_mb)
+                .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+            functions.insert(
+                f.name.clone(),
+                serde_json::json!({
+                    "memory_mb": memory,
+                    "cold_s": mean(true),
+                    "hot_s": mean(false),
+                    "instances": p.instances.get(&i).copied().unwrap_or(0),
+                }),
+            );
+        }
+    }
+    let edges: Vec<serde_json::Value> = p
+        .dag
+        .as_ref()
+        .map(|dag| {
+            dag.edges
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    serde_json::json!({
+                        "from": dag.functions[e.from].name,
+                        "to": dag.functions[e.to].name,
+                        "bytes": p.edges.get(&i).map_or(0, |x| x.0),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    SampleRecord {
+        dag: job.dag.clone(),
+        job: job.id.clone(),
+        input_bytes: job.input_bytes,
+        measured: serde_json::json!({ "functions": functions, "edges": edges }),
+        created_ms: state.clock.now_ms(),
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The mode a job runs in: planned runs need converged models and the `sonic` policy; this
+/// executor does not plan yet, so every job profiles.
+pub fn job_mode(_policy: Policy) -> JobMode {
+    JobMode::Profiling
+}

@@ -1,0 +1,191 @@
+//! Running the control plane: open the database, bind, serve until told to stop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::api::{ControlState, Settings, router};
+use crate::clock::{Clock, SystemClock};
+use crate::config::{ConfigError, ControlConfig};
+use crate::scheduler::Runtime;
+use crate::store::{Db, StoreError};
+
+/// Why the control plane could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("database: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A control plane serving in the background.
+#[derive(Debug)]
+pub struct RunningControl {
+    /// The bound address (the real port when the configuration asked for port 0).
+    pub addr: SocketAddr,
+    pub state: Arc<ControlState>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningControl {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, lets requests in flight finish, and returns when the server is down.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Err(e) = (&mut self.task).await {
+            tracing::error!(error = %e, "control plane task failed");
+        }
+    }
+}
+
+/// Checks the configuration, opens the database, binds and serves in a background task.
+pub async fn start(
+    config: ControlConfig,
+    clock: Arc<dyn Clock>,
+) -> Result<RunningControl, ServeError> {
+    start_with_jobs(config, clock, None).await
+}
+
+/// [`start`], able to run jobs with `jobs`. Jobs a previous process left running are failed
+/// (with [`crate::scheduler::RESTARTED`]) before the server answers.
+pub async fn start_with_jobs(
+    config: ControlConfig,
+    clock: Arc<dyn Clock>,
+    jobs: Option<Arc<Runtime>>,
+) -> Result<RunningControl, ServeError> {
+    config.check()?;
+    let data_dir = config.data_dir.clone();
+    let now = clock.now_ms();
+    let db = tokio::task::spawn_blocking(move || {
+        let db = Db::open_dir(&data_dir)?;
+        let failed = crate::scheduler::fail_interrupted(&db, now)?;
+        if failed > 0 {
+            tracing::warn!(jobs = failed, "failed jobs interrupted by a restart");
+        }
+        Ok::<_, StoreError>(db)
+    })
+    .await
+    .map_err(|e| StoreError::Task(e.to_string()))??;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr()?;
+    let state = ControlState::with_jobs(db, clock, Settings::from_config(&config), jobs);
+    let app = router(state.clone());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = rx.await;
+            })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "control plane server failed");
+        }
+    });
+    tracing::info!(
+        %addr,
+        data_dir = %config.data_dir.display(),
+        catalog = config.catalog.as_deref().unwrap_or("-"),
+        heartbeat_timeout_ms = config.heartbeat_timeout().as_millis() as u64,
+        "control plane listening"
+    );
+    Ok(RunningControl {
+        addr,
+        state,
+        shutdown: Some(tx),
+        task,
+    })
+}
+
+/// Serves with the system clock until Ctrl-C or SIGTERM, then shuts down gracefully.
+pub async fn serve(config: ControlConfig) -> Result<(), ServeError> {
+    let running = start(config, Arc::new(SystemClock)).await?;
+    wait_for_signal().await?;
+    tracing::info!("stopping");
+    running.stop().await;
+    Ok(())
+}
+
+async fn wait_for_signal() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r,
+        _ = term.recv() => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// One HTTP/1.1 request over a plain socket: the server answers real connections.
+    async fn raw_get(addr: SocketAddr, path: &str, token: Option<&str>) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\n{auth}Connection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("read");
+        out
+    }
+
+    #[tokio::test]
+    async fn starts_serves_and_stops() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = ControlConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: dir.path().join("data"),
+            token: "0123456789abcdef0123".into(),
+            ..ControlConfig::default()
+        };
+        let running = start(config, Arc::new(SystemClock)).await.expect("start");
+        let health = raw_get(running.addr, "/v1/health", None).await;
+        assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+        assert!(health.contains("\"status\":\"ok\""), "{health}");
+        let denied = raw_get(running.addr, "/v1/dags", None).await;
+        assert!(denied.starts_with("HTTP/1.1 401"), "{denied}");
+        let listed = raw_get(running.addr, "/v1/dags", Some("0123456789abcdef0123")).await;
+        assert!(listed.starts_with("HTTP/1.1 200"), "{listed}");
+        assert!(dir.path().join("data").join(crate::store::DB_FILE).exists());
+        let addr = running.addr;
+        running.stop().await;
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_err(),
+            "still listening after stop"
+        );
+    }
+
+    #[tokio::test]
+    async fn refuses_to_start_without_a_token() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = ControlConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: dir.path().to_path_buf(),
+            ..ControlConfig::default()
+        };
+        assert!(matches!(
+            start(config, Arc::new(SystemClock)).await,
+            Err(ServeError::Config(_))
+        ));
+    }
+}

@@ -1,0 +1,1202 @@
+//! Persistence: the control plane's SQLite database (DAGs, jobs, profiling samples, fitted models,
+//! file metadata, agents) with versioned schema migrations.
+//!
+//! One connection behind a mutex: the control plane's write rate is low (applies, job transitions,
+//! heartbeats), and one writer never waits on SQLite's own locks. The file is in WAL mode with a busy
+//! timeout, so another process (a backup, `sqlite3` by hand) can read it while the daemon runs.
+//! Every statement is parameterized; no value is ever formatted into SQL.
+//! The methods block: async code calls them through [`Db::run`].
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rusqlite::types::Type;
+use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sonic_api::agent::{Capacity, Heartbeat};
+use sonic_api::control::{JobMode, JobStatus, JobSummary};
+
+/// The database's file name inside the data directory.
+pub const DB_FILE: &str = "sonic.db";
+/// How long a statement waits for another process's lock before failing.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The schema, one migration per version; the database records how many it has applied in
+/// `schema_version`. Append new migrations; never edit one that has shipped.
+const MIGRATIONS: &[&str] = &[
+    // 1: the first schema.
+    r#"
+    CREATE TABLE dags (
+        name        TEXT PRIMARY KEY,
+        yaml        TEXT NOT NULL,
+        parsed      TEXT NOT NULL,
+        revision    INTEGER NOT NULL,
+        created_ms  INTEGER NOT NULL,
+        updated_ms  INTEGER NOT NULL
+    ) STRICT;
+
+    CREATE TABLE jobs (
+        id           TEXT PRIMARY KEY,
+        dag          TEXT NOT NULL,
+        status       TEXT NOT NULL,
+        policy       TEXT NOT NULL,
+        mode         TEXT NOT NULL,
+        input_bytes  INTEGER NOT NULL,
+        params       TEXT NOT NULL,
+        summary      TEXT,
+        error        TEXT,
+        created_ms   INTEGER NOT NULL,
+        started_ms   INTEGER,
+        finished_ms  INTEGER,
+        updated_ms   INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX jobs_by_dag ON jobs (dag, created_ms);
+
+    CREATE TABLE samples (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        dag          TEXT NOT NULL,
+        job          TEXT NOT NULL UNIQUE,
+        input_bytes  INTEGER NOT NULL,
+        measured     TEXT NOT NULL,
+        created_ms   INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX samples_by_dag ON samples (dag, id);
+
+    CREATE TABLE models (
+        dag         TEXT PRIMARY KEY,
+        models      TEXT NOT NULL,
+        converged   INTEGER NOT NULL CHECK (converged IN (0, 1)),
+        samples     INTEGER NOT NULL,
+        updated_ms  INTEGER NOT NULL
+    ) STRICT;
+
+    CREATE TABLE files (
+        job         TEXT NOT NULL,
+        file_id     TEXT NOT NULL,
+        agent       TEXT,
+        path        TEXT,
+        object_key  TEXT,
+        size        INTEGER NOT NULL,
+        checksum    TEXT NOT NULL,
+        created_ms  INTEGER NOT NULL,
+        PRIMARY KEY (job, file_id),
+        CHECK ((agent IS NULL) = (path IS NULL)),
+        CHECK (agent IS NOT NULL OR object_key IS NOT NULL)
+    ) STRICT;
+
+    CREATE TABLE agents (
+        id                 TEXT PRIMARY KEY,
+        url                TEXT NOT NULL,
+        vm_type            TEXT NOT NULL,
+        capacity           TEXT NOT NULL,
+        registered_ms      INTEGER NOT NULL,
+        last_heartbeat_ms  INTEGER NOT NULL
+    ) STRICT;
+    "#,
+];
+
+/// The schema version this build writes.
+pub fn schema_version() -> i64 {
+    MIGRATIONS.len() as i64
+}
+
+/// Why a database call failed. Clients only ever see "internal error"; this is for logs.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("cannot encode {what} as json: {source}")]
+    Encode {
+        what: &'static str,
+        source: serde_json::Error,
+    },
+    #[error("database schema version {found} is newer than this build supports ({supported})")]
+    SchemaTooNew { found: i64, supported: i64 },
+    #[error("cannot create {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    /// A row already exists with this key (a duplicate job id, ...).
+    #[error("{0} already exists")]
+    Conflict(String),
+    /// A value the schema cannot hold.
+    #[error("invalid value: {0}")]
+    Invalid(String),
+    #[error("database task failed: {0}")]
+    Task(String),
+}
+
+/// How an apply changed the stored DAG.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    Created,
+    /// A different file replaced the stored one; the revision grew.
+    Updated,
+    /// The same text as stored: nothing changed.
+    Unchanged,
+}
+
+/// A stored DAG.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DagRecord {
+    pub name: String,
+    pub yaml: String,
+    /// The checked `sonic_core::dag::Dag`, as JSON.
+    pub parsed: serde_json::Value,
+    pub revision: u64,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+/// A job row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord {
+    pub id: String,
+    pub dag: String,
+    pub status: JobStatus,
+    pub policy: String,
+    pub mode: JobMode,
+    pub input_bytes: u64,
+    pub params: serde_json::Map<String, serde_json::Value>,
+    pub summary: Option<JobSummary>,
+    pub error: Option<String>,
+    pub created_ms: i64,
+    pub started_ms: Option<i64>,
+    pub finished_ms: Option<i64>,
+    pub updated_ms: i64,
+}
+
+/// What one profiled job measured: the DAG parameters at its input size. One per job: recording a
+/// job's sample again replaces it, so a retried recording does not count twice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleRecord {
+    pub dag: String,
+    pub job: String,
+    pub input_bytes: u64,
+    pub measured: serde_json::Value,
+    pub created_ms: i64,
+}
+
+/// The models fitted for one DAG.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelRecord {
+    pub dag: String,
+    pub models: serde_json::Value,
+    /// The models predict well enough (cross-validated error under the threshold) to plan with.
+    pub converged: bool,
+    /// How many samples they were fitted on.
+    pub samples: u64,
+    pub updated_ms: i64,
+}
+
+/// A copy of a file on an agent's disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalCopy {
+    pub agent: String,
+    /// The file's path in the job's namespace on that agent.
+    pub path: String,
+}
+
+/// Where one intermediate or result file of a job lives: on an agent, in the object store, or both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRecord {
+    pub job: String,
+    /// The id its writer always uses, so a retried writer replaces its own row.
+    pub file_id: String,
+    pub local: Option<LocalCopy>,
+    pub object_key: Option<String>,
+    pub size: u64,
+    pub checksum: String,
+    pub created_ms: i64,
+}
+
+/// A registered agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentRecord {
+    pub id: String,
+    pub url: String,
+    pub vm_type: String,
+    pub capacity: Capacity,
+    pub registered_ms: i64,
+    pub last_heartbeat_ms: i64,
+}
+
+impl AgentRecord {
+    /// Whether the agent was heard from within `timeout` of `now_ms`.
+    pub fn alive(&self, now_ms: i64, timeout: Duration) -> bool {
+        let timeout = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+        now_ms.saturating_sub(self.last_heartbeat_ms) <= timeout
+    }
+}
+
+/// The control plane's database. Cheap to clone; every clone shares one connection.
+#[derive(Debug, Clone)]
+pub struct Db {
+    conn: Arc<Mutex<Connection>>,
+}
+
+fn u64_to_i64(v: u64, what: &str) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Invalid(format!("{what} {v} is too large")))
+}
+
+fn to_json<T: Serialize>(v: &T, what: &'static str) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|source| StoreError::Encode { what, source })
+}
+
+/// Reads a JSON column; a value that no longer decodes is a conversion error naming the column.
+fn json_col<T: DeserializeOwned>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T> {
+    let text: String = row.get(idx)?;
+    serde_json::from_str(&text)
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e)))
+}
+
+fn opt_json_col<T: DeserializeOwned>(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<T>> {
+    let text: Option<String> = row.get(idx)?;
+    text.map(|t| {
+        serde_json::from_str(&t)
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e)))
+    })
+    .transpose()
+}
+
+fn u64_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
+    let v: i64 = row.get(idx)?;
+    u64::try_from(v).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(idx, v))
+}
+
+fn parsed_col<T: std::str::FromStr>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    let text: String = row.get(idx)?;
+    text.parse()
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e)))
+}
+
+/// Maps a unique-key violation to [`StoreError::Conflict`].
+fn conflict(e: rusqlite::Error, what: impl FnOnce() -> String) -> StoreError {
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _)
+            if f.code == rusqlite::ErrorCode::ConstraintViolation =>
+        {
+            StoreError::Conflict(what())
+        }
+        _ => StoreError::Sqlite(e),
+    }
+}
+
+const DAG_COLUMNS: &str = "name, yaml, parsed, revision, created_ms, updated_ms";
+
+fn dag_row(row: &Row<'_>) -> rusqlite::Result<DagRecord> {
+    Ok(DagRecord {
+        name: row.get(0)?,
+        yaml: row.get(1)?,
+        parsed: json_col(row, 2)?,
+        revision: u64_col(row, 3)?,
+        created_ms: row.get(4)?,
+        updated_ms: row.get(5)?,
+    })
+}
+
+const JOB_COLUMNS: &str = "id, dag, status, policy, mode, input_bytes, params, summary, error, \
+                           created_ms, started_ms, finished_ms, updated_ms";
+
+fn job_row(row: &Row<'_>) -> rusqlite::Result<JobRecord> {
+    Ok(JobRecord {
+        id: row.get(0)?,
+        dag: row.get(1)?,
+        status: parsed_col(row, 2)?,
+        policy: row.get(3)?,
+        mode: parsed_col(row, 4)?,
+        input_bytes: u64_col(row, 5)?,
+        params: json_col(row, 6)?,
+        summary: opt_json_col(row, 7)?,
+        error: row.get(8)?,
+        created_ms: row.get(9)?,
+        started_ms: row.get(10)?,
+        finished_ms: row.get(11)?,
+        updated_ms: row.get(12)?,
+    })
+}
+
+const SAMPLE_COLUMNS: &str = "dag, job, input_bytes, measured, created_ms";
+
+fn sample_row(row: &Row<'_>) -> rusqlite::Result<SampleRecord> {
+    Ok(SampleRecord {
+        dag: row.get(0)?,
+        job: row.get(1)?,
+        input_bytes: u64_col(row, 2)?,
+        measured: json_col(row, 3)?,
+        created_ms: row.get(4)?,
+    })
+}
+
+const FILE_COLUMNS: &str = "job, file_id, agent, path, object_key, size, checksum, created_ms";
+
+fn file_row(row: &Row<'_>) -> rusqlite::Result<FileRecord> {
+    let agent: Option<String> = row.get(2)?;
+    let path: Option<String> = row.get(3)?;
+    Ok(FileRecord {
+        job: row.get(0)?,
+        file_id: row.get(1)?,
+        // The schema guarantees agent and path are both set or both null.
+        local: agent
+            .zip(path)
+            .map(|(agent, path)| LocalCopy { agent, path }),
+        object_key: row.get(4)?,
+        size: u64_col(row, 5)?,
+        checksum: row.get(6)?,
+        created_ms: row.get(7)?,
+    })
+}
+
+const AGENT_COLUMNS: &str = "id, url, vm_type, capacity, registered_ms, last_heartbeat_ms";
+
+fn agent_row(row: &Row<'_>) -> rusqlite::Result<AgentRecord> {
+    Ok(AgentRecord {
+        id: row.get(0)?,
+        url: row.get(1)?,
+        vm_type: row.get(2)?,
+        capacity: json_col(row, 3)?,
+        registered_ms: row.get(4)?,
+        last_heartbeat_ms: row.get(5)?,
+    })
+}
+
+impl Db {
+    /// Opens (creating if needed) `<data_dir>/sonic.db` and brings its schema up to date.
+    pub fn open_dir(data_dir: &Path) -> Result<Db, StoreError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::Io {
+            path: data_dir.display().to_string(),
+            source,
+        })?;
+        Db::open(&data_dir.join(DB_FILE))
+    }
+
+    /// Opens (creating if needed) the database file at `path` and brings its schema up to date.
+    pub fn open(path: &Path) -> Result<Db, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(path = %path.display(), mode, "sqlite did not switch to WAL");
+        }
+        Db::init(conn)
+    }
+
+    /// A database that lives only as long as this value (tests).
+    pub fn open_in_memory() -> Result<Db, StoreError> {
+        Db::init(Connection::open_in_memory()?)
+    }
+
+    fn init(mut conn: Connection) -> Result<Db, StoreError> {
+        // FULL: a commit is on disk when it returns; the write rate is low enough to afford it.
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        migrate(&mut conn)?;
+        Ok(Db {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock leaves SQLite consistent (it rolls back what was not
+        // committed), so the connection stays usable.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs blocking database work off the async runtime's threads.
+    pub async fn run<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Db) -> Result<T, StoreError> + Send + 'static,
+    {
+        let db = self.clone();
+        tokio::task::spawn_blocking(move || f(&db))
+            .await
+            .map_err(|e| StoreError::Task(e.to_string()))?
+    }
+
+    /// The schema version the file is at.
+    pub fn version(&self) -> Result<i64, StoreError> {
+        Ok(self
+            .conn()
+            .query_row("SELECT version FROM schema_version", [], |r| r.get(0))?)
+    }
+
+    /// Whether the database answers.
+    pub fn ping(&self) -> Result<(), StoreError> {
+        self.conn()
+            .query_row("SELECT 1", [], |r| r.get::<_, i64>(0))?;
+        Ok(())
+    }
+
+    // ---- DAGs ----
+
+    /// Stores a DAG under `name`, creating it or replacing its file.
+    pub fn put_dag(
+        &self,
+        name: &str,
+        yaml: &str,
+        parsed: &serde_json::Value,
+        now_ms: i64,
+    ) -> Result<(Applied, DagRecord), StoreError> {
+        let parsed_text = to_json(parsed, "parsed dag")?;
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let existing: Option<(String, i64)> = tx
+            .query_row(
+                "SELECT yaml, revision FROM dags WHERE name = ?1",
+                params![name],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let applied = match existing {
+            None => {
+                tx.execute(
+                    "INSERT INTO dags (name, yaml, parsed, revision, created_ms, updated_ms) \
+                     VALUES (?1, ?2, ?3, 1, ?4, ?4)",
+                    params![name, yaml, parsed_text, now_ms],
+                )?;
+                Applied::Created
+            }
+            Some((old, _)) if old == yaml => Applied::Unchanged,
+            Some((_, rev)) => {
+                tx.execute(
+                    "UPDATE dags SET yaml = ?2, parsed = ?3, revision = ?4, updated_ms = ?5 \
+                     WHERE name = ?1",
+                    params![name, yaml, parsed_text, rev + 1, now_ms],
+                )?;
+                Applied::Updated
+            }
+        };
+        let record = tx.query_row(
+            &format!("SELECT {DAG_COLUMNS} FROM dags WHERE name = ?1"),
+            params![name],
+            dag_row,
+        )?;
+        tx.commit()?;
+        Ok((applied, record))
+    }
+
+    pub fn get_dag(&self, name: &str) -> Result<Option<DagRecord>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                &format!("SELECT {DAG_COLUMNS} FROM dags WHERE name = ?1"),
+                params![name],
+                dag_row,
+            )
+            .optional()?)
+    }
+
+    /// Every DAG, by name.
+    pub fn list_dags(&self) -> Result<Vec<DagRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!("SELECT {DAG_COLUMNS} FROM dags ORDER BY name"))?;
+        let rows = stmt.query_map([], dag_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Removes a DAG's definition; its jobs, samples and models stay (history, and what a
+    /// re-applied DAG of the same name learns from). Returns whether it existed.
+    pub fn delete_dag(&self, name: &str) -> Result<bool, StoreError> {
+        let n = self
+            .conn()
+            .execute("DELETE FROM dags WHERE name = ?1", params![name])?;
+        Ok(n > 0)
+    }
+
+    pub fn count_dags(&self) -> Result<u64, StoreError> {
+        let n: i64 = self
+            .conn()
+            .query_row("SELECT COUNT(*) FROM dags", [], |r| r.get(0))?;
+        Ok(n.max(0) as u64)
+    }
+
+    // ---- jobs ----
+
+    /// Adds a new job; [`StoreError::Conflict`] when the id is taken.
+    pub fn insert_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        let params_text = to_json(&job.params, "job params")?;
+        let summary_text = job
+            .summary
+            .as_ref()
+            .map(|s| to_json(s, "job summary"))
+            .transpose()?;
+        let input_bytes = u64_to_i64(job.input_bytes, "input_bytes")?;
+        self.conn()
+            .execute(
+                &format!("INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
+                params![
+                    job.id,
+                    job.dag,
+                    job.status.as_str(),
+                    job.policy,
+                    job.mode.as_str(),
+                    input_bytes,
+                    params_text,
+                    summary_text,
+                    job.error,
+                    job.created_ms,
+                    job.started_ms,
+                    job.finished_ms,
+                    job.updated_ms,
+                ],
+            )
+            .map_err(|e| conflict(e, || format!("job {}", job.id)))?;
+        Ok(())
+    }
+
+    /// Moves a job to `status`; the first move to `running` records the start, a move to a terminal
+    /// status the end. Returns whether the job exists.
+    pub fn set_job_status(
+        &self,
+        id: &str,
+        status: JobStatus,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let n = self.conn().execute(
+            "UPDATE jobs SET status = ?2, updated_ms = ?3, \
+               started_ms = CASE WHEN ?2 = 'running' THEN COALESCE(started_ms, ?3) ELSE started_ms END, \
+               finished_ms = CASE WHEN ?2 IN ('succeeded', 'failed') THEN ?3 ELSE finished_ms END \
+             WHERE id = ?1",
+            params![id, status.as_str(), now_ms],
+        )?;
+        Ok(n > 0)
+    }
+
+    /// Records how a job ended. Returns whether the job exists.
+    pub fn finish_job(
+        &self,
+        id: &str,
+        status: JobStatus,
+        summary: Option<&JobSummary>,
+        error: Option<&str>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        if !status.is_terminal() {
+            return Err(StoreError::Invalid(format!(
+                "{status} is not a final job status"
+            )));
+        }
+        let summary_text = summary.map(|s| to_json(s, "job summary")).transpose()?;
+        let n = self.conn().execute(
+            "UPDATE jobs SET status = ?2, summary = ?3, error = ?4, finished_ms = ?5, updated_ms = ?5 \
+             WHERE id = ?1",
+            params![id, status.as_str(), summary_text, error, now_ms],
+        )?;
+        Ok(n > 0)
+    }
+
+    pub fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"),
+                params![id],
+                job_row,
+            )
+            .optional()?)
+    }
+
+    /// The newest `limit` jobs, of one DAG or of all.
+    pub fn list_jobs(&self, dag: Option<&str>, limit: u32) -> Result<Vec<JobRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE (?1 IS NULL OR dag = ?1) \
+             ORDER BY created_ms DESC, id DESC LIMIT ?2"
+        ))?;
+        let rows = stmt.query_map(params![dag, limit], job_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    // ---- samples ----
+
+    /// Records a job's measured parameters (replacing an earlier sample of the same job).
+    pub fn put_sample(&self, s: &SampleRecord) -> Result<(), StoreError> {
+        let measured = to_json(&s.measured, "sample")?;
+        let input_bytes = u64_to_i64(s.input_bytes, "input_bytes")?;
+        self.conn().execute(
+            "INSERT INTO samples (dag, job, input_bytes, measured, created_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5) \
+             ON CONFLICT (job) DO UPDATE SET dag = excluded.dag, input_bytes = excluded.input_bytes, \
+               measured = excluded.measured, created_ms = excluded.created_ms",
+            params![s.dag, s.job, input_bytes, measured, s.created_ms],
+        )?;
+        Ok(())
+    }
+
+    /// A DAG's samples, oldest first.
+    pub fn samples(&self, dag: &str) -> Result<Vec<SampleRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {SAMPLE_COLUMNS} FROM samples WHERE dag = ?1 ORDER BY id"
+        ))?;
+        let rows = stmt.query_map(params![dag], sample_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    // ---- models ----
+
+    /// Stores a DAG's fitted models, replacing the previous fit.
+    pub fn put_model(&self, m: &ModelRecord) -> Result<(), StoreError> {
+        let models = to_json(&m.models, "models")?;
+        let samples = u64_to_i64(m.samples, "samples")?;
+        self.conn().execute(
+            "INSERT INTO models (dag, models, converged, samples, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5) \
+             ON CONFLICT (dag) DO UPDATE SET models = excluded.models, converged = excluded.converged, \
+               samples = excluded.samples, updated_ms = excluded.updated_ms",
+            params![m.dag, models, m.converged, samples, m.updated_ms],
+        )?;
+        Ok(())
+    }
+
+    pub fn get_model(&self, dag: &str) -> Result<Option<ModelRecord>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT dag, models, converged, samples, updated_ms FROM models WHERE dag = ?1",
+                params![dag],
+                |r| {
+                    Ok(ModelRecord {
+                        dag: r.get(0)?,
+                        models: json_col(r, 1)?,
+                        converged: r.get(2)?,
+                        samples: u64_col(r, 3)?,
+                        updated_ms: r.get(4)?,
+                    })
+                },
+            )
+            .optional()?)
+    }
+
+    // ---- files ----
+
+    /// Records where a file is (replacing the row of the same `(job, file_id)`: a retried writer
+    /// overwrites its own output).
+    pub fn put_file(&self, f: &FileRecord) -> Result<(), StoreError> {
+        if f.local.is_none() && f.object_key.is_none() {
+            return Err(StoreError::Invalid(format!(
+                "file {} of job {} has no location",
+                f.file_id, f.job
+            )));
+        }
+        let size = u64_to_i64(f.size, "size")?;
+        let (agent, path) = match &f.local {
+            Some(l) => (Some(l.agent.as_str()), Some(l.path.as_str())),
+            None => (None, None),
+        };
+        self.conn().execute(
+            &format!(
+                "INSERT INTO files ({FILE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                 ON CONFLICT (job, file_id) DO UPDATE SET agent = excluded.agent, path = excluded.path, \
+                   object_key = excluded.object_key, size = excluded.size, checksum = excluded.checksum, \
+                   created_ms = excluded.created_ms"
+            ),
+            params![f.job, f.file_id, agent, path, f.object_key, size, f.checksum, f.created_ms],
+        )?;
+        Ok(())
+    }
+
+    pub fn get_file(&self, job: &str, file_id: &str) -> Result<Option<FileRecord>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                &format!("SELECT {FILE_COLUMNS} FROM files WHERE job = ?1 AND file_id = ?2"),
+                params![job, file_id],
+                file_row,
+            )
+            .optional()?)
+    }
+
+    /// A job's files, by id.
+    pub fn files(&self, job: &str) -> Result<Vec<FileRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {FILE_COLUMNS} FROM files WHERE job = ?1 ORDER BY file_id"
+        ))?;
+        let rows = stmt.query_map(params![job], file_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Forgets a job's files (after its data was cleaned up); returns how many.
+    pub fn delete_files(&self, job: &str) -> Result<usize, StoreError> {
+        Ok(self
+            .conn()
+            .execute("DELETE FROM files WHERE job = ?1", params![job])?)
+    }
+
+    // ---- agents ----
+
+    /// Registers an agent, or re-registers it (a restarted agent) with its new capacity.
+    pub fn register_agent(&self, c: &Capacity, now_ms: i64) -> Result<AgentRecord, StoreError> {
+        let capacity = to_json(c, "capacity")?;
+        self.conn().execute(
+            "INSERT INTO agents (id, url, vm_type, capacity, registered_ms, last_heartbeat_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?5) \
+             ON CONFLICT (id) DO UPDATE SET url = excluded.url, vm_type = excluded.vm_type, \
+               capacity = excluded.capacity, registered_ms = excluded.registered_ms, \
+               last_heartbeat_ms = excluded.last_heartbeat_ms",
+            params![c.agent_id, c.url, c.vm_type, capacity, now_ms],
+        )?;
+        Ok(AgentRecord {
+            id: c.agent_id.clone(),
+            url: c.url.clone(),
+            vm_type: c.vm_type.clone(),
+            capacity: c.clone(),
+            registered_ms: now_ms,
+            last_heartbeat_ms: now_ms,
+        })
+    }
+
+    /// Records a heartbeat (and the running count and bandwidth it reports); `None` for an agent
+    /// that is not registered.
+    pub fn heartbeat(
+        &self,
+        beat: &Heartbeat,
+        now_ms: i64,
+    ) -> Result<Option<AgentRecord>, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let found = tx
+            .query_row(
+                &format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"),
+                params![beat.agent_id],
+                agent_row,
+            )
+            .optional()?;
+        let Some(mut agent) = found else {
+            return Ok(None);
+        };
+        agent.capacity.running = beat.running;
+        agent.capacity.bandwidth = beat.bandwidth;
+        agent.last_heartbeat_ms = now_ms;
+        tx.execute(
+            "UPDATE agents SET capacity = ?2, last_heartbeat_ms = ?3 WHERE id = ?1",
+            params![agent.id, to_json(&agent.capacity, "capacity")?, now_ms],
+        )?;
+        tx.commit()?;
+        Ok(Some(agent))
+    }
+
+    pub fn get_agent(&self, id: &str) -> Result<Option<AgentRecord>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                &format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"),
+                params![id],
+                agent_row,
+            )
+            .optional()?)
+    }
+
+    /// Every agent, by id.
+    pub fn list_agents(&self) -> Result<Vec<AgentRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!("SELECT {AGENT_COLUMNS} FROM agents ORDER BY id"))?;
+        let rows = stmt.query_map([], agent_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Forgets an agent; returns whether it was registered.
+    pub fn delete_agent(&self, id: &str) -> Result<bool, StoreError> {
+        let n = self
+            .conn()
+            .execute("DELETE FROM agents WHERE id = ?1", params![id])?;
+        Ok(n > 0)
+    }
+}
+
+/// Applies the migrations the file has not seen, in one transaction.
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    // IMMEDIATE: two processes opening a new file at once do not both migrate it.
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL) STRICT",
+    )?;
+    let found: Option<i64> = tx
+        .query_row("SELECT version FROM schema_version", [], |r| r.get(0))
+        .optional()?;
+    let supported = schema_version();
+    let current = found.unwrap_or(0);
+    if current > supported {
+        return Err(StoreError::SchemaTooNew {
+            found: current,
+            supported,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current.max(0) as usize) {
+        tx.execute_batch(sql)?;
+        tracing::info!(version = i + 1, "applied schema migration");
+    }
+    if found.is_none() {
+        tx.execute(
+            "INSERT INTO schema_version (version) VALUES (?1)",
+            params![supported],
+        )?;
+    } else if current < supported {
+        tx.execute("UPDATE schema_version SET version = ?1", params![supported])?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use sonic_api::agent::BandwidthReport;
+    use sonic_api::control::EdgeRun;
+
+    fn capacity(id: &str) -> Capacity {
+        Capacity {
+            agent_id: id.into(),
+            url: format!("http://127.0.0.1:9000/{id}"),
+            vm_type: "m5.large".into(),
+            vcpus: 2,
+            memory_mb: 8192,
+            network_mbps: Some(750.0),
+            sandbox: "process".into(),
+            running: 0,
+            bandwidth: BandwidthReport::default(),
+        }
+    }
+
+    fn job(id: &str, dag: &str, created_ms: i64) -> JobRecord {
+        let mut params = serde_json::Map::new();
+        params.insert("trees".into(), json!(6));
+        JobRecord {
+            id: id.into(),
+            dag: dag.into(),
+            status: JobStatus::Queued,
+            policy: "remote".into(),
+            mode: JobMode::Profiling,
+            input_bytes: 200_000_000,
+            params,
+            summary: None,
+            error: None,
+            created_ms,
+            started_ms: None,
+            finished_ms: None,
+            updated_ms: created_ms,
+        }
+    }
+
+    fn summary(id: &str) -> JobSummary {
+        JobSummary {
+            job_id: id.into(),
+            dag: "ml".into(),
+            status: JobStatus::Succeeded,
+            policy: "remote".into(),
+            mode: JobMode::Profiling,
+            input_bytes: 200_000_000,
+            latency_s: 31.2,
+            cost_usd: 0.0013,
+            perf_per_dollar: 24_600.0,
+            edges: vec![EdgeRun {
+                from: "pca".into(),
+                to: "train".into(),
+                method: "remote".into(),
+                bytes: 4_800_000_000,
+                seconds: 2.1,
+            }],
+            functions: vec![],
+            outputs: vec!["s3://sonic/jobs/j-1/result/model.json".into()],
+            error: None,
+        }
+    }
+
+    /// Writes one row of every kind.
+    fn fill(db: &Db) {
+        db.put_dag("ml", "name: ml\n", &json!({"name": "ml"}), 10)
+            .expect("dag");
+        db.insert_job(&job("j-1", "ml", 20)).expect("job");
+        db.set_job_status("j-1", JobStatus::Running, 30)
+            .expect("running");
+        db.finish_job("j-1", JobStatus::Succeeded, Some(&summary("j-1")), None, 40)
+            .expect("finish");
+        db.put_sample(&SampleRecord {
+            dag: "ml".into(),
+            job: "j-1".into(),
+            input_bytes: 200_000_000,
+            measured: json!({"functions": {"pca": {"memory_mb": 3000}}}),
+            created_ms: 41,
+        })
+        .expect("sample");
+        db.put_model(&ModelRecord {
+            dag: "ml".into(),
+            models: json!({"pca": {"degree": 1, "coefficients": [1.0, 2.0]}}),
+            converged: true,
+            samples: 1,
+            updated_ms: 42,
+        })
+        .expect("model");
+        db.put_file(&FileRecord {
+            job: "j-1".into(),
+            file_id: "pca/0/train/part-0".into(),
+            local: Some(LocalCopy {
+                agent: "a-1".into(),
+                path: "pca/0/train/part-0".into(),
+            }),
+            object_key: Some("jobs/j-1/pca/0/train/part-0".into()),
+            size: 1234,
+            checksum: "00ff".into(),
+            created_ms: 43,
+        })
+        .expect("file");
+        db.register_agent(&capacity("a-1"), 50).expect("agent");
+    }
+
+    #[test]
+    fn restart_loses_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open_dir(dir.path()).expect("open");
+        fill(&db);
+        drop(db);
+
+        let db = Db::open_dir(dir.path()).expect("reopen");
+        assert_eq!(db.version().expect("version"), schema_version());
+        let dag = db.get_dag("ml").expect("get").expect("dag kept");
+        assert_eq!(
+            (dag.yaml.as_str(), dag.revision, dag.created_ms),
+            ("name: ml\n", 1, 10)
+        );
+        let j = db.get_job("j-1").expect("get").expect("job kept");
+        assert_eq!(j.status, JobStatus::Succeeded);
+        assert_eq!((j.started_ms, j.finished_ms), (Some(30), Some(40)));
+        assert_eq!(j.params.get("trees"), Some(&json!(6)));
+        assert_eq!(j.summary, Some(summary("j-1")));
+        let samples = db.samples("ml").expect("samples");
+        assert_eq!(samples.len(), 1);
+        assert_eq!(samples[0].measured["functions"]["pca"]["memory_mb"], 3000);
+        let m = db.get_model("ml").expect("get").expect("model kept");
+        assert!(m.converged);
+        assert_eq!(m.models["pca"]["degree"], 1);
+        let files = db.files("j-1").expect("files");
+        assert_eq!(files.len(), 1);
+        assert_eq!(files[0].size, 1234);
+        assert_eq!(
+            files[0].local.as_ref().map(|l| l.agent.as_str()),
+            Some("a-1")
+        );
+        let agents = db.list_agents().expect("agents");
+        assert_eq!(agents.len(), 1);
+        assert_eq!(agents[0].capacity, capacity("a-1"));
+    }
+
+    #[test]
+    fn file_is_in_wal_mode() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open_dir(dir.path()).expect("open");
+        let mode: String = db
+            .conn()
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .expect("pragma");
+        assert_eq!(mode, "wal");
+    }
+
+    #[test]
+    fn reopening_does_not_migrate_again_and_a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(DB_FILE);
+        let db = Db::open(&path).expect("open");
+        db.put_dag("a", "x", &json!({}), 1).expect("dag");
+        drop(db);
+        // A second open must not re-run migration 1 (it would fail: the tables exist).
+        let db = Db::open(&path).expect("reopen");
+        assert_eq!(db.count_dags().expect("count"), 1);
+        db.conn()
+            .execute("UPDATE schema_version SET version = 99", [])
+            .expect("bump");
+        drop(db);
+        match Db::open(&path) {
+            Err(StoreError::SchemaTooNew {
+                found: 99,
+                supported,
+            }) => {
+                assert_eq!(supported, schema_version())
+            }
+            other => panic!("expected SchemaTooNew, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn apply_counts_revisions() {
+        let db = Db::open_in_memory().expect("open");
+        let (a, r) = db.put_dag("d", "one", &json!({}), 1).expect("put");
+        assert_eq!((a, r.revision), (Applied::Created, 1));
+        let (a, r) = db.put_dag("d", "one", &json!({}), 2).expect("put");
+        assert_eq!((a, r.revision, r.updated_ms), (Applied::Unchanged, 1, 1));
+        let (a, r) = db.put_dag("d", "two", &json!({"v": 2}), 3).expect("put");
+        assert_eq!(
+            (a, r.revision, r.created_ms, r.updated_ms),
+            (Applied::Updated, 2, 1, 3)
+        );
+        assert_eq!(r.parsed["v"], 2);
+        assert!(db.delete_dag("d").expect("delete"));
+        assert!(!db.delete_dag("d").expect("delete again"));
+        assert!(db.get_dag("d").expect("get").is_none());
+    }
+
+    #[test]
+    fn jobs_move_through_their_states() {
+        let db = Db::open_in_memory().expect("open");
+        db.insert_job(&job("j-1", "a", 1)).expect("insert");
+        db.insert_job(&job("j-2", "b", 2)).expect("insert");
+        db.insert_job(&job("j-3", "a", 3)).expect("insert");
+        assert!(matches!(
+            db.insert_job(&job("j-1", "a", 4)),
+            Err(StoreError::Conflict(_))
+        ));
+        assert!(
+            db.set_job_status("j-1", JobStatus::Running, 10)
+                .expect("run")
+        );
+        // A second `running` (a retry) keeps the first start.
+        assert!(
+            db.set_job_status("j-1", JobStatus::Running, 11)
+                .expect("run")
+        );
+        assert!(
+            db.finish_job(
+                "j-1",
+                JobStatus::Failed,
+                None,
+                Some("lambda train exited 1"),
+                20
+            )
+            .expect("finish")
+        );
+        let j = db.get_job("j-1").expect("get").expect("exists");
+        assert_eq!(
+            (j.status, j.started_ms, j.finished_ms),
+            (JobStatus::Failed, Some(10), Some(20))
+        );
+        assert_eq!(j.error.as_deref(), Some("lambda train exited 1"));
+        assert!(
+            !db.set_job_status("nope", JobStatus::Running, 1)
+                .expect("missing")
+        );
+        assert!(matches!(
+            db.finish_job("j-2", JobStatus::Running, None, None, 1),
+            Err(StoreError::Invalid(_))
+        ));
+        let ids = |v: Vec<JobRecord>| v.into_iter().map(|j| j.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(db.list_jobs(Some("a"), 10).expect("list")),
+            ["j-3", "j-1"]
+        );
+        assert_eq!(ids(db.list_jobs(None, 2).expect("list")), ["j-3", "j-2"]);
+        let mut big = job("j-4", "a", 5);
+        big.input_bytes = u64::MAX;
+        assert!(matches!(db.insert_job(&big), Err(StoreError::Invalid(_))));
+    }
+
+    #[test]
+    fn samples_models_and_files_replace_by_key() {
+        let db = Db::open_in_memory().expect("open");
+        let sample = |job: &str, bytes: u64| SampleRecord {
+            dag: "d".into(),
+            job: job.into(),
+            input_bytes: bytes,
+            measured: json!({"bytes": bytes}),
+            created_ms: 1,
+        };
+        db.put_sample(&sample("j-1", 10)).expect("put");
+        db.put_sample(&sample("j-2", 20)).expect("put");
+        db.put_sample(&sample("j-1", 30)).expect("replace");
+        let s = db.samples("d").expect("samples");
+        assert_eq!(
+            s.iter().map(|s| s.input_bytes).collect::<Vec<_>>(),
+            [30, 20]
+        );
+        assert!(db.samples("other").expect("none").is_empty());
+
+        assert!(db.get_model("d").expect("get").is_none());
+        let model = |converged: bool, samples: u64| ModelRecord {
+            dag: "d".into(),
+            models: json!({}),
+            converged,
+            samples,
+            updated_ms: 1,
+        };
+        db.put_model(&model(false, 2)).expect("put");
+        db.put_model(&model(true, 5)).expect("refit");
+        let m = db.get_model("d").expect("get").expect("exists");
+        assert_eq!((m.converged, m.samples), (true, 5));
+
+        let file = |key: Option<&str>, local: bool| FileRecord {
+            job: "j-1".into(),
+            file_id: "f".into(),
+            local: local.then(|| LocalCopy {
+                agent: "a-1".into(),
+                path: "p".into(),
+            }),
+            object_key: key.map(str::to_owned),
+            size: 5,
+            checksum: "c".into(),
+            created_ms: 1,
+        };
+        assert!(matches!(
+            db.put_file(&file(None, false)),
+            Err(StoreError::Invalid(_))
+        ));
+        db.put_file(&file(None, true)).expect("local");
+        db.put_file(&file(Some("k"), false))
+            .expect("now remote only");
+        let f = db.get_file("j-1", "f").expect("get").expect("exists");
+        assert_eq!((f.local, f.object_key.as_deref()), (None, Some("k")));
+        assert_eq!(db.delete_files("j-1").expect("delete"), 1);
+        assert!(db.files("j-1").expect("files").is_empty());
+    }
+
+    #[test]
+    fn heartbeats_update_the_agent_and_miss_unknown_ones() {
+        let db = Db::open_in_memory().expect("open");
+        db.register_agent(&capacity("a-1"), 100).expect("register");
+        let beat = Heartbeat {
+            agent_id: "a-1".into(),
+            running: 3,
+            bandwidth: BandwidthReport {
+                egress_bps: Some(1e6),
+                ingress_bps: None,
+                samples: 4,
+            },
+        };
+        let a = db.heartbeat(&beat, 200).expect("beat").expect("known");
+        assert_eq!(
+            (a.last_heartbeat_ms, a.registered_ms, a.capacity.running),
+            (200, 100, 3)
+        );
+        let stored = db.get_agent("a-1").expect("get").expect("exists");
+        assert_eq!(stored, a);
+        let unknown = Heartbeat {
+            agent_id: "ghost".into(),
+            ..beat
+        };
+        assert!(db.heartbeat(&unknown, 300).expect("beat").is_none());
+        assert!(stored.alive(1_200, Duration::from_secs(1)));
+        assert!(!stored.alive(1_201, Duration::from_secs(1)));
+        assert!(db.delete_agent("a-1").expect("delete"));
+        assert!(db.list_agents().expect("list").is_empty());
+    }
+
+    #[test]
+    fn sql_metacharacters_are_stored_verbatim() {
+        let db = Db::open_in_memory().expect("open");
+        let evil = "x'); DROP TABLE dags; --";
+        db.put_dag(evil, evil, &json!({"description": evil}), 1)
+            .expect("put");
+        let d = db
+            .get_dag(evil)
+            .expect("get")
+            .expect("stored under the literal name");
+        assert_eq!((d.name.as_str(), d.yaml.as_str()), (evil, evil));
+        assert_eq!(db.count_dags().expect("table still there"), 1);
+    }
+}

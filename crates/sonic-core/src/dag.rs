@@ -1,0 +1,674 @@
+//! DAG files: the YAML of interfaces.md §1 parsed into a checked [`Dag`].
+
+use serde::{Deserialize, Serialize};
+
+/// How a sending stage's output reaches a receiving stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EdgeKind {
+    /// 1 -> 1, or i -> i when both stages have the same fanout.
+    One,
+    /// The sender's output is split; receiver j reads part j.
+    Scatter,
+    /// Every receiver reads the same whole file.
+    Broadcast,
+    /// K -> 1: the receiver reads every sender's file.
+    Gather,
+    /// K -> M all-to-all: receiver j reads part j of every sender's output.
+    Shuffle,
+}
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde_saphyr::Spanned;
+
+use crate::units::Seconds;
+
+/// The timeout of a function whose file names none.
+pub const DEFAULT_TIMEOUT_S: f64 = 300.0;
+/// The largest fanout a DAG file may ask for.
+pub const MAX_INSTANCES: u64 = 100_000;
+/// Names a function may not take: the ABI uses them for the job's input and final results.
+pub const RESERVED_NAMES: &[&str] = &["input", "result"];
+
+/// A refused DAG file: which file, where, which field, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct DagError {
+    pub file: String,
+    pub line: Option<u32>,
+    pub column: Option<u32>,
+    /// The field at fault, as a path (`functions[1].timeout`), or empty for the whole document.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for DagError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+            if let Some(col) = self.column {
+                write!(f, ":{col}")?;
+            }
+        }
+        if self.field.is_empty() {
+            write!(f, ": {}", self.message)
+        } else {
+            write!(f, ": {}: {}", self.field, self.message)
+        }
+    }
+}
+
+/// How many instances a function runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Instances {
+    /// A number written in the file.
+    Fixed(u32),
+    /// `{{ params.NAME }}`: a job parameter, overridable per job.
+    Param(String),
+    /// Omitted: follows the incoming edge (1 for a function with no incoming edge).
+    Follow,
+}
+
+/// One function (stage) of a DAG.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Function {
+    pub name: String,
+    pub image: String,
+    pub command: Vec<String>,
+    pub timeout_s: f64,
+    pub instances: Instances,
+}
+
+/// One edge, by function index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Edge {
+    pub from: usize,
+    pub to: usize,
+    pub kind: EdgeKind,
+}
+
+/// The user's optional bounds on one job.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Bounds {
+    pub max_latency_s: Option<f64>,
+    pub max_cost_usd: Option<f64>,
+}
+
+/// The fanout of a stage once a job's parameters are known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fanout {
+    Known(u32),
+    /// Set by a `scatter` sender's output: one instance per file it writes.
+    Scattered,
+}
+
+/// A checked DAG: names valid and unique, edges between known functions, acyclic, edge kinds
+/// consistent with the fanouts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dag {
+    pub name: String,
+    pub description: String,
+    /// Default job parameters (JSON scalars).
+    pub params: BTreeMap<String, serde_json::Value>,
+    /// Functions in a topological order (every edge goes from a lower to a higher index).
+    pub functions: Vec<Function>,
+    pub edges: Vec<Edge>,
+    pub bounds: Bounds,
+}
+
+// ---- the YAML as written ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DagSpec {
+    name: Spanned<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    params: Option<Spanned<BTreeMap<String, Spanned<serde_json::Value>>>>,
+    functions: Spanned<Vec<Spanned<FunctionSpec>>>,
+    /// `edges:` with nothing after it (YAML null) is an empty list too.
+    #[serde(default)]
+    edges: Option<Vec<Spanned<EdgeSpec>>>,
+    #[serde(default)]
+    bounds: Option<BoundsSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FunctionSpec {
+    name: Spanned<String>,
+    image: Spanned<String>,
+    command: Spanned<Vec<String>>,
+    #[serde(default)]
+    timeout: Option<Spanned<ScalarSpec>>,
+    #[serde(default)]
+    instances: Option<Spanned<ScalarSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EdgeSpec {
+    from: Spanned<String>,
+    to: Spanned<String>,
+    kind: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BoundsSpec {
+    #[serde(default)]
+    max_latency: Option<Spanned<ScalarSpec>>,
+    #[serde(default)]
+    max_cost_usd: Option<Spanned<f64>>,
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+enum ScalarSpec {
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+impl fmt::Display for ScalarSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScalarSpec::Int(n) => write!(f, "{n}"),
+            ScalarSpec::Float(x) => write!(f, "{x}"),
+            ScalarSpec::Str(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+/// Builds errors that all name the same file.
+struct Errs<'a> {
+    file: &'a str,
+}
+
+impl Errs<'_> {
+    fn at<T>(&self, span: &Spanned<T>, field: impl Into<String>, message: impl Into<String>) -> DagError {
+        let loc = span.referenced;
+        let known = loc.line() > 0;
+        DagError {
+            file: self.file.to_owned(),
+            line: known.then(|| loc.line() as u32),
+            column: known.then(|| loc.column() as u32),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn whole(&self, field: impl Into<String>, message: impl Into<String>) -> DagError {
+        DagError {
+            file: self.file.to_owned(),
+            line: None,
+            column: None,
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// `[a-z0-9-]`, starting and ending with a letter or digit, at most 63 characters.
+pub fn valid_dag_name(name: &str) -> bool {
+    valid_ident(name, |c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// Function names also allow `_`; they name folders and environment variables.
+pub fn valid_function_name(name: &str) -> bool {
+    valid_ident(name, |c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_'
+    })
+}
+
+fn valid_ident(name: &str, allowed: impl Fn(char) -> bool) -> bool {
+    let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    !name.is_empty()
+        && name.len() <= 63
+        && name.chars().all(allowed)
+        && edge_ok(name.chars().next())
+        && edge_ok(name.chars().last())
+}
+
+/// The environment variable that tells a `shuffle` sender how many parts to write for `to`.
+pub fn fanout_env_var(to: &str) -> String {
+    format!("SONIC_FANOUT_{}", to.to_ascii_uppercase().replace('-', "_"))
+}
+
+fn parse_edge_kind(s: &str) -> Option<EdgeKind> {
+    Some(match s {
+        "one" => EdgeKind::One,
+        "scatter" => EdgeKind::Scatter,
+        "broadcast" => EdgeKind::Broadcast,
+        "gather" => EdgeKind::Gather,
+        "shuffle" => EdgeKind::Shuffle,
+        _ => return None,
+    })
+}
+
+/// `{{ params.trees }}` -> `trees`.
+fn param_reference(s: &str) -> Option<&str> {
+    let inner = s.trim().strip_prefix("{{")?.strip_suffix("}}")?.trim();
+    let name = inner.strip_prefix("params.")?;
+    (!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+        .then_some(name)
+}
+
+/// A parameter's value as a fanout, when it is a whole number in range.
+pub fn param_as_fanout(v: &serde_json::Value) -> Option<u32> {
+    let n = match v {
+        serde_json::Value::Number(n) => n.as_u64()?,
+        serde_json::Value::String(s) => s.trim().parse().ok()?,
+        _ => return None,
+    };
+    (1..=MAX_INSTANCES).contains(&n).then_some(n as u32)
+}
+
+impl Dag {
+    /// Parses and checks a DAG file's text; `file` names it in errors.
+    pub fn from_yaml(file: &str, text: &str) -> Result<Dag, DagError> {
+        let errs = Errs { file };
+        let spec: DagSpec = serde_saphyr::from_str(text).map_err(|e| yaml_error(file, &e))?;
+        build(&errs, spec)
+    }
+
+    pub fn function_index(&self, name: &str) -> Option<usize> {
+        self.functions.iter().position(|f| f.name == name)
+    }
+
+    /// Edges into function `i`.
+    pub fn incoming(&self, i: usize) -> impl Iterator<Item = &Edge> {
+        self.edges.iter().filter(move |e| e.to == i)
+    }
+
+    /// Edges out of function `i`.
+    pub fn outgoing(&self, i: usize) -> impl Iterator<Item = &Edge> {
+        self.edges.iter().filter(move |e| e.from == i)
+    }
+
+    /// Functions with no outgoing edge: their `result/` files are the job's outputs.
+    pub fn sinks(&self) -> Vec<usize> {
+        (0..self.functions.len())
+            .filter(|&i| self.outgoing(i).next().is_none())
+            .collect()
+    }
+
+    /// The job parameters: the DAG's defaults overridden by `overrides`.
+    pub fn job_params(
+        &self,
+        overrides: &BTreeMap<String, serde_json::Value>,
+    ) -> BTreeMap<String, serde_json::Value> {
+        let mut p = self.params.clone();
+        p.extend(overrides.iter().map(|(k, v)| (k.clone(), v.clone())));
+        p
+    }
+
+    /// The fanout of every function for a job with these parameters (defaults merged in).
+    /// Fails when a parameter used as a fanout is missing or not a whole number, or when the
+    /// fanouts contradict an edge kind.
+    pub fn fanouts(
+        &self,
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<Vec<Fanout>, String> {
+        let mut out: Vec<Fanout> = Vec::with_capacity(self.functions.len());
+        for (i, f) in self.functions.iter().enumerate() {
+            let declared = match &f.instances {
+                Instances::Fixed(n) => Some(*n),
+                Instances::Param(p) => {
+                    let v = params
+                        .get(p)
+                        .ok_or_else(|| format!("function {}: parameter {p:?} is not set", f.name))?;
+                    Some(param_as_fanout(v).ok_or_else(|| {
+                        format!(
+                            "function {}: parameter {p:?} = {v} is not a whole number from 1 to {MAX_INSTANCES}",
+                            f.name
+                        )
+                    })?)
+                }
+                Instances::Follow => None,
+            };
+            let mut implied: Option<Fanout> = None;
+            for e in self.incoming(i) {
+                let sender = self.functions[e.from].name.as_str();
+                let s = out[e.from];
+                let (imp, why) = match e.kind {
+                    EdgeKind::One => (Some(s), "a one edge keeps the sender's fanout"),
+                    EdgeKind::Scatter => (Some(Fanout::Scattered), "a scatter receiver runs one instance per part"),
+                    EdgeKind::Gather => (Some(Fanout::Known(1)), "a gather receiver has one instance"),
+                    EdgeKind::Broadcast | EdgeKind::Shuffle => (None, ""),
+                };
+                // Sender-side constraints.
+                match e.kind {
+                    EdgeKind::Scatter | EdgeKind::Broadcast if s != Fanout::Known(1) => {
+                        return Err(format!(
+                            "edge {sender} -> {}: a {} sender must have one instance",
+                            f.name,
+                            kind_name(e.kind)
+                        ));
+                    }
+                    _ => {}
+                }
+                if let Some(imp) = imp {
+                    if let Some(d) = declared
+                        && imp != Fanout::Known(d)
+                    {
+                        return Err(format!(
+                            "edge {sender} -> {}: {why}, but {} declares {d} instances",
+                            f.name, f.name
+                        ));
+                    }
+                    match implied {
+                        Some(prev) if prev != imp => {
+                            return Err(format!(
+                                "function {}: its incoming edges imply different fanouts",
+                                f.name
+                            ));
+                        }
+                        _ => implied = Some(imp),
+                    }
+                }
+            }
+            let fanout = match (declared, implied) {
+                (Some(d), _) => Fanout::Known(d),
+                (None, Some(imp)) => imp,
+                (None, None) if self.incoming(i).next().is_none() => Fanout::Known(1),
+                (None, None) => {
+                    return Err(format!(
+                        "function {}: its instances must be given (a number or {{{{ params.NAME }}}}): broadcast and shuffle receivers do not imply a fanout",
+                        f.name
+                    ));
+                }
+            };
+            out.push(fanout);
+        }
+        Ok(out)
+    }
+}
+
+fn kind_name(k: EdgeKind) -> &'static str {
+    match k {
+        EdgeKind::One => "one",
+        EdgeKind::Scatter => "scatter",
+        EdgeKind::Broadcast => "broadcast",
+        EdgeKind::Gather => "gather",
+        EdgeKind::Shuffle => "shuffle",
+    }
+}
+
+impl fmt::Display for EdgeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(kind_name(*self))
+    }
+}
+
+fn yaml_error(file: &str, e: &serde_saphyr::Error) -> DagError {
+    let loc = e.location().filter(|l| l.line() > 0);
+    // The rendered error may carry a source snippet over several lines; keep the first line.
+    let rendered = e.to_string();
+    let first = rendered.lines().next().unwrap_or("invalid YAML").trim();
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    // Drop serde-saphyr's own "line N column M: " prefix: the location is shown once, in front.
+    let message = match first.split_once(": ") {
+        Some((head, rest)) if head.starts_with("line ") && head.contains(" column ") => rest,
+        _ => first,
+    }
+    .to_owned();
+    let field = message
+        .split('`')
+        .nth(1)
+        .filter(|_| message.contains("field"))
+        .unwrap_or("")
+        .to_owned();
+    DagError {
+        file: file.to_owned(),
+        line: loc.map(|l| l.line() as u32),
+        column: loc.map(|l| l.column() as u32),
+        field,
+        message,
+    }
+}
+
+fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
+    let spec_edges = spec.edges.take().unwrap_or_default();
+    if !valid_dag_name(&spec.name.value) {
+        return Err(errs.at(
+            &spec.name,
+            "name",
+            format!(
+                "{:?} is not a valid DAG name (lowercase letters, digits and '-', at most 63)",
+                spec.name.value
+            ),
+        ));
+    }
+
+    let mut params = BTreeMap::new();
+    if let Some(p) = &spec.params {
+        for (k, v) in &p.value {
+            let field = format!("params.{k}");
+            if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                return Err(errs.at(v, field, "parameter names use letters, digits, '_' and '-'"));
+            }
+            if !(v.value.is_number() || v.value.is_string() || v.value.is_boolean()) {
+                return Err(errs.at(v, field, "a parameter is a number, a string or a boolean"));
+            }
+            params.insert(k.clone(), v.value.clone());
+        }
+    }
+
+    if spec.functions.value.is_empty() {
+        return Err(errs.at(&spec.functions, "functions", "a DAG needs at least one function"));
+    }
+
+    let mut names: BTreeMap<String, usize> = BTreeMap::new();
+    let mut functions = Vec::with_capacity(spec.functions.value.len());
+    for (i, fs) in spec.functions.value.iter().enumerate() {
+        let f = &fs.value;
+        let at = |field: &str| format!("functions[{i}].{field}");
+        let name = f.name.value.clone();
+        if !valid_function_name(&name) {
+            return Err(errs.at(
+                &f.name,
+                at("name"),
+                format!("{name:?} is not a valid function name (lowercase letters, digits, '-' and '_', at most 63)"),
+            ));
+        }
+        if RESERVED_NAMES.contains(&name.as_str()) {
+            return Err(errs.at(&f.name, at("name"), format!("{name:?} is reserved by the file ABI")));
+        }
+        if names.insert(name.clone(), i).is_some() {
+            return Err(errs.at(&f.name, at("name"), format!("duplicate function {name:?}")));
+        }
+        if f.image.value.trim().is_empty() {
+            return Err(errs.at(&f.image, at("image"), "the image must not be empty"));
+        }
+        if f.command.value.is_empty() || f.command.value[0].trim().is_empty() {
+            return Err(errs.at(&f.command, at("command"), "the command needs an executable"));
+        }
+        if f.command.value.iter().any(|a| a.contains('\0')) {
+            return Err(errs.at(&f.command, at("command"), "arguments must not contain NUL"));
+        }
+        let timeout_s = match &f.timeout {
+            None => DEFAULT_TIMEOUT_S,
+            Some(t) => {
+                let secs = match &t.value {
+                    ScalarSpec::Int(n) if *n > 0 => Some(*n as f64),
+                    ScalarSpec::Float(x) if x.is_finite() && *x > 0.0 => Some(*x),
+                    ScalarSpec::Str(s) => s.parse::<Seconds>().ok().map(|s| s.0).filter(|s| *s > 0.0),
+                    _ => None,
+                };
+                match secs {
+                    Some(s) if s <= 86_400.0 => s,
+                    _ => {
+                        return Err(errs.at(
+                            t,
+                            at("timeout"),
+                            format!("{} is not a duration from 1ms to 24h (e.g. 300s, 250ms, 5m)", t.value),
+                        ));
+                    }
+                }
+            }
+        };
+        let instances = match &f.instances {
+            None => Instances::Follow,
+            Some(s) => match &s.value {
+                ScalarSpec::Int(n) if (1..=MAX_INSTANCES as i64).contains(n) => Instances::Fixed(*n as u32),
+                ScalarSpec::Str(txt) => match param_reference(txt) {
+                    Some(p) if params.contains_key(p) => Instances::Param(p.to_owned()),
+                    Some(p) => {
+                        return Err(errs.at(s, at("instances"), format!("parameter {p:?} is not declared under params")));
+                    }
+                    None => {
+                        return Err(errs.at(
+                            s,
+                            at("instances"),
+                            format!("{} is neither a number nor {{{{ params.NAME }}}}", s.value),
+                        ));
+                    }
+                },
+                _ => {
+                    return Err(errs.at(
+                        s,
+                        at("instances"),
+                        format!("{} is not a whole number from 1 to {MAX_INSTANCES}", s.value),
+                    ));
+                }
+            },
+        };
+        functions.push(Function {
+            name,
+            image: f.image.value.clone(),
+            command: f.command.value.clone(),
+            timeout_s,
+            instances,
+        });
+    }
+
+    let mut edges = Vec::with_capacity(spec_edges.len());
+    let mut seen = BTreeSet::new();
+    for (i, es) in spec_edges.iter().enumerate() {
+        let e = &es.value;
+        let at = |field: &str| format!("edges[{i}].{field}");
+        let from = *names.get(&e.from.value).ok_or_else(|| {
+            errs.at(&e.from, at("from"), format!("unknown function {:?}", e.from.value))
+        })?;
+        let to = *names
+            .get(&e.to.value)
+            .ok_or_else(|| errs.at(&e.to, at("to"), format!("unknown function {:?}", e.to.value)))?;
+        let kind = parse_edge_kind(&e.kind.value).ok_or_else(|| {
+            errs.at(
+                &e.kind,
+                at("kind"),
+                format!("{:?} is not an edge kind (one, scatter, broadcast, gather, shuffle)", e.kind.value),
+            )
+        })?;
+        if from == to {
+            return Err(errs.at(es, format!("edges[{i}]"), format!("function {:?} sends to itself", e.from.value)));
+        }
+        if !seen.insert((from, to)) {
+            return Err(errs.at(
+                es,
+                format!("edges[{i}]"),
+                format!("duplicate edge {} -> {}", e.from.value, e.to.value),
+            ));
+        }
+        edges.push((i, Edge { from, to, kind }));
+    }
+
+    // Topological order (Kahn), stable in file order; a leftover means a cycle.
+    let n = functions.len();
+    let mut indegree = vec![0usize; n];
+    for (_, e) in &edges {
+        indegree[e.to] += 1;
+    }
+    let mut order = Vec::with_capacity(n);
+    let mut ready: BTreeSet<usize> = (0..n).filter(|&i| indegree[i] == 0).collect();
+    while let Some(i) = ready.pop_first() {
+        order.push(i);
+        for (_, e) in edges.iter().filter(|(_, e)| e.from == i) {
+            indegree[e.to] -= 1;
+            if indegree[e.to] == 0 {
+                ready.insert(e.to);
+            }
+        }
+    }
+    if order.len() < n {
+        let cyclic: Vec<&str> = (0..n)
+            .filter(|&i| indegree[i] > 0)
+            .map(|i| functions[i].name.as_str())
+            .collect();
+        let (idx, _) = edges
+            .iter()
+            .find(|(_, e)| indegree[e.from] > 0 && indegree[e.to] > 0)
+            .copied()
+            .unwrap_or(edges[0]);
+        return Err(errs.at(
+            &spec_edges[idx],
+            format!("edges[{idx}]"),
+            format!("the edges form a cycle through {}", cyclic.join(", ")),
+        ));
+    }
+    let mut position = vec![0usize; n];
+    for (pos, &i) in order.iter().enumerate() {
+        position[i] = pos;
+    }
+    let functions: Vec<Function> = order.iter().map(|&i| functions[i].clone()).collect();
+    let spans: Vec<usize> = edges.iter().map(|(i, _)| *i).collect();
+    let edges: Vec<Edge> = edges
+        .into_iter()
+        .map(|(_, e)| Edge { from: position[e.from], to: position[e.to], kind: e.kind })
+        .collect();
+
+    let bounds = match &spec.bounds {
+        None => Bounds::default(),
+        Some(b) => {
+            let max_latency_s = match &b.max_latency {
+                None => None,
+                Some(t) => {
+                    let secs = match &t.value {
+                        ScalarSpec::Int(n) if *n > 0 => Some(*n as f64),
+                        ScalarSpec::Float(x) if x.is_finite() && *x > 0.0 => Some(*x),
+                        ScalarSpec::Str(s) => s.parse::<Seconds>().ok().map(|s| s.0).filter(|s| *s > 0.0),
+                        _ => None,
+                    };
+                    Some(secs.ok_or_else(|| {
+                        errs.at(t, "bounds.max_latency", format!("{} is not a positive duration", t.value))
+                    })?)
+                }
+            };
+            let max_cost_usd = match &b.max_cost_usd {
+                None => None,
+                Some(c) if c.value.is_finite() && c.value > 0.0 => Some(c.value),
+                Some(c) => {
+                    return Err(errs.at(c, "bounds.max_cost_usd", format!("{} is not a positive amount", c.value)));
+                }
+            };
+            Bounds { max_latency_s, max_cost_usd }
+        }
+    };
+
+    let dag = Dag {
+        name: spec.name.value.clone(),
+        description: spec.description.clone().unwrap_or_default(),
+        params,
+        functions,
+        edges,
+        bounds,
+    };
+    // Edge kinds must agree with the fanouts under the default parameters.
+    if let Err(msg) = dag.fanouts(&dag.params) {
+        // Point at the first edge the message names, else at the whole file.
+        let idx = dag.edges.iter().enumerate().find(|(_, e)| {
+            msg.contains(&format!("{} -> {}", dag.functions[e.from].name, dag.functions[e.to].name))
+        });
+        return Err(match idx {
+            Some((j, _)) => errs.at(&spec_edges[spans[j]], format!("edges[{}]", spans[j]), msg),
+            None => errs.whole("functions", msg),
+        });
+    }
+    Ok(dag)
+}

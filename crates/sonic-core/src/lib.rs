@@ -1,0 +1,10 @@
+//! The pure core of Sonic: what a DAG is, what its execution costs, and the planner that decides
+//! placement and data passing. No I/O: time and randomness come in as arguments.
+
+pub mod catalog;
+pub mod dag;
+pub mod model;
+pub mod params;
+pub mod planner;
+pub mod regression;
+pub mod units;

@@ -1,0 +1,1431 @@
+//! The latency and cost model of one job (docs/model.md): a [`PlanProblem`] (stages, edges, the
+//! VM catalog, the user's bounds) and [`PlanProblem::evaluate`], which predicts the latency and
+//! the cost of one [`Assignment`] (a placement per stage and a data-passing method per edge).
+//!
+//! Everything that predicts — the planner, the brute force of the property tests, the baseline
+//! policies, the simulator — goes through [`PlanProblem::step`], the one place where a stage's
+//! timing and the costs it adds are computed, so they cannot disagree.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{Catalog, CatalogError, SECONDS_PER_MONTH, VmType, mbps_to_bytes_per_s};
+use crate::dag::{Bounds, Dag, EdgeKind};
+use crate::params::Params;
+
+/// How an edge's data moves from the sending stage to the receiving stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Method {
+    /// The receiver runs on the VMs that hold the file: no copy.
+    VmStorage,
+    /// The receiver's VM fetches the file from the sender's VM: one network copy.
+    Direct,
+    /// Through the object store: upload, then download.
+    Remote,
+}
+
+impl Method {
+    pub const ALL: [Method; 3] = [Method::VmStorage, Method::Direct, Method::Remote];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::VmStorage => "vm-storage",
+            Method::Direct => "direct",
+            Method::Remote => "remote",
+        }
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Method {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Method::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| {
+                format!("{s:?} is not a data-passing method (vm-storage, direct, remote)")
+            })
+    }
+}
+
+/// One stage: a function and its parallel instances, with the DAG parameters at the job's input
+/// size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stage {
+    pub name: String,
+    /// Peak memory of one instance.
+    pub memory_mb: f64,
+    pub cold_s: f64,
+    pub hot_s: f64,
+    /// The fanout K.
+    pub instances: u32,
+}
+
+/// An edge as given to [`PlanProblem::new`], by function name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EdgeSpec {
+    pub from: String,
+    pub to: String,
+    pub kind: EdgeKind,
+    /// Total bytes the sending stage writes on this edge (all its instances together).
+    pub bytes: f64,
+}
+
+/// A checked edge, by stage index.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Edge {
+    pub from: usize,
+    pub to: usize,
+    pub kind: EdgeKind,
+    pub bytes: f64,
+}
+
+/// Where one stage runs. Lambdas are spread evenly over the `vms` VMs, so the fullest VM holds
+/// `per_vm = ceil(K / vms)`; a user's "p lambdas per VM" is the placement with
+/// `vms = ceil(K / p)` (several `p` give the same VM count and hence the same placement).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Placement {
+    /// Index into the catalog's `vm_types`.
+    pub vm: usize,
+    pub vms: u32,
+    /// Lambdas that run at once on one VM; the rest wait in serial batches.
+    pub concurrent: u32,
+}
+
+/// A whole plan in index form: one placement per stage, one method per edge (same order as the
+/// problem's stages and edges).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Assignment {
+    pub placements: Vec<Placement>,
+    pub methods: Vec<Method>,
+}
+
+/// A refused problem.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProblemError {
+    #[error("a plan needs at least one function")]
+    Empty,
+    #[error("duplicate function {0:?}")]
+    DuplicateStage(String),
+    #[error("function {function:?}: {message}")]
+    BadStage { function: String, message: String },
+    #[error("edge {from} -> {to}: {message}")]
+    BadEdge {
+        from: String,
+        to: String,
+        message: String,
+    },
+    #[error("the edges form a cycle through {0}")]
+    Cycle(String),
+    #[error(
+        "function {function:?} needs {memory_mb} MB per instance, more than any VM type offers (at most {usable_mb} MB on {vm_type}, after the {reserve_mb} MB reserve)"
+    )]
+    DoesNotFit {
+        function: String,
+        memory_mb: f64,
+        vm_type: String,
+        usable_mb: f64,
+        reserve_mb: u64,
+    },
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error("parameters: {0}")]
+    Params(String),
+}
+
+/// Why an assignment cannot run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Infeasible {
+    #[error("the plan has {got} {what}, the problem {want}")]
+    Shape {
+        what: &'static str,
+        got: usize,
+        want: usize,
+    },
+    #[error("stage {stage:?}: {message}")]
+    Placement { stage: String, message: String },
+    #[error("edge {from} -> {to}: {message}")]
+    Edge {
+        from: String,
+        to: String,
+        message: String,
+    },
+}
+
+/// The user's optional bounds on one job, checked.
+fn check_bounds(b: &Bounds) -> Result<(), ProblemError> {
+    for (name, v) in [
+        ("max latency", b.max_latency_s),
+        ("max cost", b.max_cost_usd),
+    ] {
+        if let Some(v) = v
+            && !(v.is_finite() && v > 0.0)
+        {
+            return Err(ProblemError::Params(format!(
+                "{name} bound {v} is not a positive number"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Everything the model needs about one job: checked, in topological order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanProblem {
+    stages: Vec<Stage>,
+    edges: Vec<Edge>,
+    catalog: Catalog,
+    bounds: Bounds,
+    incoming: Vec<Vec<usize>>,
+    outgoing: Vec<Vec<usize>>,
+    /// `[stage][vm]`: most lambdas of the stage that run at once on one VM of that type (memory
+    /// and vCPUs); 0 when one does not fit.
+    cmax: Vec<Vec<u32>>,
+    /// Local storage price per byte-second.
+    local_price: f64,
+    /// Remote storage price per byte-second.
+    remote_price: f64,
+}
+
+/// What one edge moves, per VM and in total, once both placements are known.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Flow {
+    /// Bytes the busiest sending VM sends under `direct` (one copy per receiving VM for a
+    /// broadcast).
+    pub sent_per_vm: f64,
+    /// Bytes the busiest sending VM uploads under `remote` (a broadcast file is uploaded once).
+    pub upload_per_vm: f64,
+    /// Bytes the busiest receiving VM receives (a broadcast file once per VM: its lambdas share it).
+    pub recv_per_vm: f64,
+    /// Bytes that land on receiving VMs' disks, all VMs together.
+    pub fetched: f64,
+    /// Objects written to the store under `remote` (one per file).
+    pub puts: f64,
+    /// Objects read from the store under `remote`.
+    pub gets: f64,
+}
+
+/// The timing of one edge.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct EdgeTimes {
+    /// Upload to the store (remote only): the sender's output is durable this long after the
+    /// sending stage ends.
+    pub upload_s: f64,
+    /// Transfer into the receiving VMs once the receiving stage starts (direct copy or download).
+    pub fetch_s: f64,
+}
+
+/// One stage's sender, as [`PlanProblem::step`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Sender {
+    pub edge: usize,
+    pub method: Method,
+    /// When the sending stage's last lambda ended.
+    pub end: f64,
+    pub vm: usize,
+    pub vms: u32,
+    pub per_vm: u32,
+    /// The sender's VM group, as a handle into [`Groups`].
+    pub group: usize,
+}
+
+/// Where a stage runs: on new VMs, or on the VMs of an existing group (vm-storage).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Host {
+    New,
+    Continue(usize),
+}
+
+/// The VM groups a step may touch, by handle.
+pub(crate) struct Groups<'a> {
+    /// Until when the group's VMs are held so far.
+    pub hold: &'a mut [f64],
+    /// When the group's latest stage ended (a VM runs one stage at a time).
+    pub busy: &'a mut [f64],
+    /// Dollars per second for all the group's VMs.
+    pub rate: &'a [f64],
+}
+
+/// What one stage's step computed.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct StepOut {
+    pub start: f64,
+    pub fetch: f64,
+    pub compute: f64,
+    pub end: f64,
+    /// Cost added by this step, all parts (the sum of the four below, in a fixed order).
+    pub cost: f64,
+    pub vm_usd: f64,
+    pub local_usd: f64,
+    pub remote_usd: f64,
+    pub request_usd: f64,
+}
+
+/// The predicted timing of one stage.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StagePrediction {
+    /// When every input was durable (and new VMs were taken).
+    pub start_s: f64,
+    /// Time spent fetching inputs onto the stage's VMs.
+    pub fetch_s: f64,
+    /// Compute time of the fullest VM: `cold + (batches - 1) * hot`.
+    pub compute_s: f64,
+    pub end_s: f64,
+    pub batches: u32,
+    /// Cost of this stage and every stage before it in topological order.
+    pub cost_so_far_usd: f64,
+}
+
+/// The predicted timing of one edge.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct EdgePrediction {
+    pub method: Method,
+    /// Data-passing time: upload + fetch (0 for vm-storage).
+    pub seconds: f64,
+    pub upload_s: f64,
+    pub fetch_s: f64,
+}
+
+/// Where the money goes.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct CostBreakdown {
+    pub vm_usd: f64,
+    pub local_storage_usd: f64,
+    pub remote_storage_usd: f64,
+    pub requests_usd: f64,
+}
+
+/// What the model predicts for one assignment.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Prediction {
+    pub latency_s: f64,
+    pub cost_usd: f64,
+    /// `1 / (latency * cost)`.
+    pub perf_per_dollar: f64,
+    pub stages: Vec<StagePrediction>,
+    pub edges: Vec<EdgePrediction>,
+    pub cost: CostBreakdown,
+}
+
+/// `1 / (latency * cost)`, the objective; infinite for a free, instant job.
+pub fn perf_per_dollar(latency_s: f64, cost_usd: f64) -> f64 {
+    let p = latency_s * cost_usd;
+    if p > 0.0 { 1.0 / p } else { f64::INFINITY }
+}
+
+pub(crate) fn ceil_div(a: u32, b: u32) -> u32 {
+    a.div_ceil(b.max(1))
+}
+
+impl PlanProblem {
+    /// Checks a problem: unique stage names, sane numbers, edges between known stages and
+    /// consistent with the fanouts, no cycle, every stage fits some VM type. Stages are put in
+    /// a topological order (stable: the given order where the edges allow it).
+    pub fn new(
+        stages: Vec<Stage>,
+        edges: Vec<EdgeSpec>,
+        catalog: Catalog,
+        bounds: Bounds,
+    ) -> Result<PlanProblem, ProblemError> {
+        catalog.check()?;
+        check_bounds(&bounds)?;
+        if stages.is_empty() {
+            return Err(ProblemError::Empty);
+        }
+        for (i, s) in stages.iter().enumerate() {
+            if s.name.is_empty() {
+                return Err(ProblemError::BadStage {
+                    function: s.name.clone(),
+                    message: "empty name".into(),
+                });
+            }
+            if stages[..i].iter().any(|o| o.name == s.name) {
+                return Err(ProblemError::DuplicateStage(s.name.clone()));
+            }
+            let bad = |message: String| ProblemError::BadStage {
+                function: s.name.clone(),
+                message,
+            };
+            if !(s.memory_mb.is_finite() && s.memory_mb > 0.0) {
+                return Err(bad(format!(
+                    "memory {} MB is not a positive number",
+                    s.memory_mb
+                )));
+            }
+            if !(s.cold_s.is_finite() && s.cold_s >= 0.0 && s.hot_s.is_finite() && s.hot_s >= 0.0) {
+                return Err(bad(format!(
+                    "times cold {} s, hot {} s must be numbers >= 0",
+                    s.cold_s, s.hot_s
+                )));
+            }
+            if s.instances == 0 {
+                return Err(bad("needs at least one instance".into()));
+            }
+        }
+        let index = |name: &str| stages.iter().position(|s| s.name == name);
+        let mut raw = Vec::with_capacity(edges.len());
+        for e in &edges {
+            let bad = |message: String| ProblemError::BadEdge {
+                from: e.from.clone(),
+                to: e.to.clone(),
+                message,
+            };
+            let from =
+                index(&e.from).ok_or_else(|| bad(format!("unknown function {:?}", e.from)))?;
+            let to = index(&e.to).ok_or_else(|| bad(format!("unknown function {:?}", e.to)))?;
+            if from == to {
+                return Err(bad("a function cannot send to itself".into()));
+            }
+            if raw.iter().any(|r: &Edge| r.from == from && r.to == to) {
+                return Err(bad("duplicate edge".into()));
+            }
+            if !(e.bytes.is_finite() && e.bytes >= 0.0) {
+                return Err(bad(format!("{} bytes is not a number >= 0", e.bytes)));
+            }
+            let (ks, kr) = (stages[from].instances, stages[to].instances);
+            let why = match e.kind {
+                EdgeKind::One if ks != kr => {
+                    Some(format!("a one edge needs equal fanouts, not {ks} and {kr}"))
+                }
+                EdgeKind::Scatter | EdgeKind::Broadcast if ks != 1 => Some(format!(
+                    "a {} sender must have one instance, not {ks}",
+                    e.kind
+                )),
+                EdgeKind::Gather if kr != 1 => Some(format!(
+                    "a gather receiver must have one instance, not {kr}"
+                )),
+                _ => None,
+            };
+            if let Some(why) = why {
+                return Err(bad(why));
+            }
+            raw.push(Edge {
+                from,
+                to,
+                kind: e.kind,
+                bytes: e.bytes,
+            });
+        }
+
+        // Stable topological order (Kahn, lowest index first).
+        let n = stages.len();
+        let mut indegree = vec![0usize; n];
+        for e in &raw {
+            indegree[e.to] += 1;
+        }
+        let mut order = Vec::with_capacity(n);
+        let mut ready: std::collections::BTreeSet<usize> =
+            (0..n).filter(|&i| indegree[i] == 0).collect();
+        while let Some(i) = ready.pop_first() {
+            order.push(i);
+            for e in raw.iter().filter(|e| e.from == i) {
+                indegree[e.to] -= 1;
+                if indegree[e.to] == 0 {
+                    ready.insert(e.to);
+                }
+            }
+        }
+        if order.len() < n {
+            let names: Vec<&str> = (0..n)
+                .filter(|&i| indegree[i] > 0)
+                .map(|i| stages[i].name.as_str())
+                .collect();
+            return Err(ProblemError::Cycle(names.join(", ")));
+        }
+        let mut position = vec![0usize; n];
+        for (pos, &i) in order.iter().enumerate() {
+            position[i] = pos;
+        }
+        let stages: Vec<Stage> = order.iter().map(|&i| stages[i].clone()).collect();
+        let edges: Vec<Edge> = raw
+            .into_iter()
+            .map(|e| Edge {
+                from: position[e.from],
+                to: position[e.to],
+                ..e
+            })
+            .collect();
+
+        let usable: Vec<f64> = catalog
+            .vm_types
+            .iter()
+            .map(|v| catalog.usable_mb(v))
+            .collect();
+        let mut cmax = Vec::with_capacity(n);
+        for s in &stages {
+            let row: Vec<u32> = catalog
+                .vm_types
+                .iter()
+                .zip(&usable)
+                .map(|(v, &u)| {
+                    let by_memory = (u / s.memory_mb).floor();
+                    if by_memory < 1.0 {
+                        0
+                    } else {
+                        v.vcpus.min(by_memory.min(u32::MAX as f64) as u32)
+                    }
+                })
+                .collect();
+            if row.iter().all(|&c| c == 0) {
+                let (best, &usable_mb) = usable
+                    .iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .unwrap_or((0, &0.0));
+                return Err(ProblemError::DoesNotFit {
+                    function: s.name.clone(),
+                    memory_mb: s.memory_mb,
+                    vm_type: catalog
+                        .vm_types
+                        .get(best)
+                        .map(|v| v.name.clone())
+                        .unwrap_or_default(),
+                    usable_mb,
+                    reserve_mb: catalog.reserve_mb,
+                });
+            }
+            cmax.push(row);
+        }
+        let mut incoming = vec![Vec::new(); n];
+        let mut outgoing = vec![Vec::new(); n];
+        for (i, e) in edges.iter().enumerate() {
+            incoming[e.to].push(i);
+            outgoing[e.from].push(i);
+        }
+        let local_price = catalog.local_storage.usd_per_gb_month / SECONDS_PER_MONTH / 1e9;
+        let remote_price = catalog.remote_storage.usd_per_gb_month / SECONDS_PER_MONTH / 1e9;
+        Ok(PlanProblem {
+            stages,
+            edges,
+            catalog,
+            bounds,
+            incoming,
+            outgoing,
+            cmax,
+            local_price,
+            remote_price,
+        })
+    }
+
+    /// A problem from a checked DAG and a parameters file: every function of the DAG needs its
+    /// parameters, every edge its bytes, and the parameters may name nothing else.
+    pub fn from_dag(
+        dag: &Dag,
+        params: &Params,
+        catalog: Catalog,
+        bounds: Bounds,
+    ) -> Result<PlanProblem, ProblemError> {
+        params
+            .check()
+            .map_err(|e| ProblemError::Params(e.to_string()))?;
+        let mut stages = Vec::with_capacity(dag.functions.len());
+        for f in &dag.functions {
+            let p = params.functions.get(&f.name).ok_or_else(|| {
+                ProblemError::Params(format!("no parameters for function {:?}", f.name))
+            })?;
+            stages.push(Stage {
+                name: f.name.clone(),
+                memory_mb: p.memory_mb,
+                cold_s: p.cold_s,
+                hot_s: p.hot_s,
+                instances: p.instances,
+            });
+        }
+        if let Some(extra) = params
+            .functions
+            .keys()
+            .find(|k| dag.function_index(k).is_none())
+        {
+            return Err(ProblemError::Params(format!(
+                "function {extra:?} is not in DAG {:?}",
+                dag.name
+            )));
+        }
+        let mut edges = Vec::with_capacity(dag.edges.len());
+        for e in &dag.edges {
+            let (from, to) = (&dag.functions[e.from].name, &dag.functions[e.to].name);
+            let bytes = params
+                .edge_bytes(from, to)
+                .ok_or_else(|| ProblemError::Params(format!("no bytes for edge {from} -> {to}")))?;
+            edges.push(EdgeSpec {
+                from: from.clone(),
+                to: to.clone(),
+                kind: e.kind,
+                bytes: bytes.0 as f64,
+            });
+        }
+        if let Some(extra) = params.edges.iter().find(|pe| {
+            !dag.edges
+                .iter()
+                .any(|e| dag.functions[e.from].name == pe.from && dag.functions[e.to].name == pe.to)
+        }) {
+            return Err(ProblemError::Params(format!(
+                "edge {} -> {} is not in DAG {:?}",
+                extra.from, extra.to, dag.name
+            )));
+        }
+        PlanProblem::new(stages, edges, catalog, bounds)
+    }
+
+    pub fn stages(&self) -> &[Stage] {
+        &self.stages
+    }
+
+    pub fn edges(&self) -> &[Edge] {
+        &self.edges
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    pub fn bounds(&self) -> Bounds {
+        self.bounds
+    }
+
+    /// The same problem under other bounds.
+    pub fn with_bounds(&self, bounds: Bounds) -> Result<PlanProblem, ProblemError> {
+        check_bounds(&bounds)?;
+        Ok(PlanProblem {
+            bounds,
+            ..self.clone()
+        })
+    }
+
+    pub fn stage_index(&self, name: &str) -> Option<usize> {
+        self.stages.iter().position(|s| s.name == name)
+    }
+
+    /// Indices of the edges into stage `s`.
+    pub fn incoming(&self, s: usize) -> &[usize] {
+        &self.incoming[s]
+    }
+
+    /// Indices of the edges out of stage `s`.
+    pub fn outgoing(&self, s: usize) -> &[usize] {
+        &self.outgoing[s]
+    }
+
+    /// Most lambdas of stage `s` that run at once on one VM of type `vm`: the VM's memory after
+    /// the reserve, and one lambda per vCPU (lambdas are compute-bound). 0: does not fit.
+    pub fn max_concurrent(&self, s: usize, vm: usize) -> u32 {
+        self.cmax[s][vm]
+    }
+
+    /// Lambdas on the fullest VM when stage `s` runs on `vms` VMs.
+    pub fn per_vm(&self, s: usize, vms: u32) -> u32 {
+        ceil_div(self.stages[s].instances, vms)
+    }
+
+    /// The VM counts a stage can use: `ceil(K / p)` for `p` in `1..=K`, descending.
+    pub fn vm_counts(&self, s: usize) -> Vec<u32> {
+        let k = self.stages[s].instances;
+        let mut out = Vec::new();
+        let mut p = 1u32;
+        while p <= k {
+            let n = ceil_div(k, p);
+            out.push(n);
+            if n == 1 {
+                break;
+            }
+            p = ceil_div(k, n - 1);
+        }
+        out
+    }
+
+    /// The placement a user's "p lambdas per VM, c at once" means.
+    pub fn placement_from_per_vm(
+        &self,
+        s: usize,
+        vm: usize,
+        per_vm: u32,
+        concurrent: u32,
+    ) -> Placement {
+        let vms = ceil_div(self.stages[s].instances, per_vm.max(1));
+        let p = self.per_vm(s, vms);
+        Placement {
+            vm,
+            vms,
+            concurrent: concurrent.clamp(1, p),
+        }
+    }
+
+    /// Serial batches on the fullest VM.
+    pub fn batches(&self, s: usize, pl: Placement) -> u32 {
+        ceil_div(self.per_vm(s, pl.vms), pl.concurrent)
+    }
+
+    /// Compute time of the fullest VM: the first batch cold, the others hot (warm containers).
+    pub fn compute_s(&self, s: usize, pl: Placement) -> f64 {
+        let st = &self.stages[s];
+        st.cold_s + f64::from(self.batches(s, pl) - 1) * st.hot_s
+    }
+
+    pub(crate) fn vm_type(&self, vm: usize) -> &VmType {
+        &self.catalog.vm_types[vm]
+    }
+
+    /// Dollars per second for `vms` VMs of type `vm`.
+    pub fn rate(&self, vm: usize, vms: u32) -> f64 {
+        f64::from(vms) * self.vm_type(vm).usd_per_second()
+    }
+
+    pub(crate) fn local_price(&self) -> f64 {
+        self.local_price
+    }
+
+    pub(crate) fn remote_price(&self) -> f64 {
+        self.remote_price
+    }
+
+    /// What edge `e` moves given the sender's busiest-VM load and the receiver's placement.
+    pub fn flow(
+        &self,
+        e: usize,
+        sender_per_vm: u32,
+        receiver_vms: u32,
+        receiver_per_vm: u32,
+    ) -> Flow {
+        let edge = &self.edges[e];
+        let t = edge.bytes;
+        let ks = f64::from(self.stages[edge.from].instances);
+        let kr = f64::from(self.stages[edge.to].instances);
+        let (ps, nr, pr) = (
+            f64::from(sender_per_vm),
+            f64::from(receiver_vms),
+            f64::from(receiver_per_vm),
+        );
+        match edge.kind {
+            EdgeKind::One => {
+                let f = t / ks;
+                Flow {
+                    sent_per_vm: ps * f,
+                    upload_per_vm: ps * f,
+                    recv_per_vm: pr * f,
+                    fetched: t,
+                    puts: ks,
+                    gets: ks,
+                }
+            }
+            EdgeKind::Scatter => Flow {
+                sent_per_vm: t,
+                upload_per_vm: t,
+                recv_per_vm: pr * t / kr,
+                fetched: t,
+                puts: kr,
+                gets: kr,
+            },
+            EdgeKind::Broadcast => Flow {
+                sent_per_vm: t * nr,
+                upload_per_vm: t,
+                recv_per_vm: t,
+                fetched: t * nr,
+                puts: 1.0,
+                gets: nr,
+            },
+            EdgeKind::Gather => {
+                let f = ps * t / ks;
+                Flow {
+                    sent_per_vm: f,
+                    upload_per_vm: f,
+                    recv_per_vm: t,
+                    fetched: t,
+                    puts: ks,
+                    gets: ks,
+                }
+            }
+            EdgeKind::Shuffle => Flow {
+                sent_per_vm: ps * t / ks,
+                upload_per_vm: ps * t / ks,
+                recv_per_vm: pr * t / kr,
+                fetched: t,
+                puts: ks * kr,
+                gets: ks * kr,
+            },
+        }
+    }
+
+    /// Direct copy: every VM sends and receives over its own NIC; the slowest VM bounds it.
+    pub fn direct_s(&self, flow: &Flow, sender_vm: usize, receiver_vm: usize) -> f64 {
+        let bs = self.vm_type(sender_vm).bandwidth_bps();
+        let br = self.vm_type(receiver_vm).bandwidth_bps();
+        (flow.sent_per_vm / bs).max(flow.recv_per_vm / br)
+    }
+
+    /// Upload to the store: request latency + the busiest VM's bytes over min(NIC, connection
+    /// write rate), at least total / aggregate throughput, plus the PUTs over the request rate.
+    pub fn upload_s(&self, e: usize, flow: &Flow, sender_vm: usize) -> f64 {
+        let r = &self.catalog.remote_storage;
+        let bw = self
+            .vm_type(sender_vm)
+            .bandwidth_bps()
+            .min(mbps_to_bytes_per_s(r.write_mbps));
+        let mut t = r.request_latency_ms / 1e3 + flow.upload_per_vm / bw;
+        if let Some(a) = r.aggregate_mbps {
+            t = t.max(self.edges[e].bytes / mbps_to_bytes_per_s(a));
+        }
+        t + flow.puts / r.requests_per_s
+    }
+
+    /// Download from the store, as [`PlanProblem::upload_s`] with the read rate and the GETs.
+    pub fn download_s(&self, flow: &Flow, receiver_vm: usize) -> f64 {
+        let r = &self.catalog.remote_storage;
+        let bw = self
+            .vm_type(receiver_vm)
+            .bandwidth_bps()
+            .min(mbps_to_bytes_per_s(r.read_mbps));
+        let mut t = r.request_latency_ms / 1e3 + flow.recv_per_vm / bw;
+        if let Some(a) = r.aggregate_mbps {
+            t = t.max(flow.fetched / mbps_to_bytes_per_s(a));
+        }
+        t + flow.gets / r.requests_per_s
+    }
+
+    /// Upload and fetch times of edge `e` under `method`.
+    pub(crate) fn edge_times(
+        &self,
+        s: &Sender,
+        receiver: Placement,
+        receiver_per_vm: u32,
+    ) -> (EdgeTimes, Flow) {
+        let flow = self.flow(s.edge, s.per_vm, receiver.vms, receiver_per_vm);
+        let times = match s.method {
+            Method::VmStorage => EdgeTimes::default(),
+            Method::Direct => EdgeTimes {
+                upload_s: 0.0,
+                fetch_s: self.direct_s(&flow, s.vm, receiver.vm),
+            },
+            Method::Remote => EdgeTimes {
+                upload_s: self.upload_s(s.edge, &flow, s.vm),
+                fetch_s: self.download_s(&flow, receiver.vm),
+            },
+        };
+        (times, flow)
+    }
+
+    /// Runs stage `r` with placement `pl` on `host`, after `senders` (its incoming edges, in the
+    /// problem's edge order): its timing and the cost it adds. Updates the groups' holds (a VM
+    /// is held until its last lambda and its last served transfer end) and busy times.
+    /// `times` receives each incoming edge's timing, in `senders` order.
+    pub(crate) fn step(
+        &self,
+        r: usize,
+        pl: Placement,
+        host: Host,
+        senders: &[Sender],
+        groups: &mut Groups<'_>,
+        times: &mut Vec<(EdgeTimes, Flow)>,
+    ) -> StepOut {
+        let per_vm = self.per_vm(r, pl.vms);
+        times.clear();
+        let mut start: f64 = match host {
+            Host::New => 0.0,
+            Host::Continue(g) => groups.busy[g],
+        };
+        let mut fetch: f64 = 0.0;
+        for s in senders {
+            let (t, flow) = self.edge_times(s, pl, per_vm);
+            start = start.max(s.end + t.upload_s);
+            fetch = fetch.max(t.fetch_s);
+            times.push((t, flow));
+        }
+        let compute = self.compute_s(r, pl);
+        let end = start + fetch + compute;
+
+        let (lp, rp) = (self.local_price, self.remote_price);
+        let put = self.catalog.remote_storage.put_usd_per_1k / 1e3;
+        let get = self.catalog.remote_storage.get_usd_per_1k / 1e3;
+        let (mut vm_usd, mut local_usd, mut remote_usd, mut request_usd) = (0.0, 0.0, 0.0, 0.0);
+        for (s, (t, flow)) in senders.iter().zip(times.iter()) {
+            let bytes = self.edges[s.edge].bytes;
+            // Storage: a file is kept until the receiving stage ends (it may be retried).
+            let serve_end = match s.method {
+                Method::VmStorage => {
+                    local_usd += bytes * (end - s.end) * lp;
+                    None
+                }
+                Method::Direct => {
+                    local_usd += bytes * (start + t.fetch_s - s.end) * lp
+                        + flow.fetched * (end - start) * lp;
+                    Some(start + t.fetch_s)
+                }
+                Method::Remote => {
+                    let durable = s.end + t.upload_s;
+                    local_usd += bytes * t.upload_s * lp + flow.fetched * (end - start) * lp;
+                    remote_usd += bytes * (start + t.fetch_s - durable) * rp;
+                    request_usd += flow.puts * put + flow.gets * get;
+                    Some(durable)
+                }
+            };
+            if let Some(se) = serve_end {
+                let h = &mut groups.hold[s.group];
+                if se > *h {
+                    vm_usd += groups.rate[s.group] * (se - *h);
+                    *h = se;
+                }
+            }
+        }
+        match host {
+            Host::New => vm_usd += self.rate(pl.vm, pl.vms) * (end - start),
+            Host::Continue(g) => {
+                let h = &mut groups.hold[g];
+                if end > *h {
+                    vm_usd += groups.rate[g] * (end - *h);
+                    *h = end;
+                }
+                groups.busy[g] = end;
+            }
+        }
+        let cost = vm_usd + local_usd + remote_usd + request_usd;
+        StepOut {
+            start,
+            fetch,
+            compute,
+            end,
+            cost,
+            vm_usd,
+            local_usd,
+            remote_usd,
+            request_usd,
+        }
+    }
+
+    /// Checks a placement of stage `s` on its own: a known VM type the lambda fits, a VM count
+    /// the fanout allows, a concurrency memory and vCPUs allow.
+    pub fn check_placement(&self, s: usize, pl: Placement) -> Result<(), Infeasible> {
+        let bad = |message: String| Infeasible::Placement {
+            stage: self.stages[s].name.clone(),
+            message,
+        };
+        let Some(vm) = self.catalog.vm_types.get(pl.vm) else {
+            return Err(bad(format!("no VM type #{}", pl.vm)));
+        };
+        let cmax = self.cmax[s][pl.vm];
+        if cmax == 0 {
+            return Err(bad(format!(
+                "{} MB does not fit {}",
+                self.stages[s].memory_mb, vm.name
+            )));
+        }
+        let k = self.stages[s].instances;
+        if pl.vms == 0 || pl.vms > k {
+            return Err(bad(format!("{} VMs for {k} instances", pl.vms)));
+        }
+        if ceil_div(k, self.per_vm(s, pl.vms)) != pl.vms {
+            return Err(bad(format!(
+                "{} VMs cannot be filled evenly by {k} instances",
+                pl.vms
+            )));
+        }
+        let p = self.per_vm(s, pl.vms);
+        if pl.concurrent == 0 || pl.concurrent > p.min(cmax) {
+            return Err(bad(format!(
+                "{} at once on {} (at most {} by memory and vCPUs, {p} per VM)",
+                pl.concurrent, vm.name, cmax
+            )));
+        }
+        Ok(())
+    }
+
+    /// Predicts latency and cost of an assignment, or says why it cannot run.
+    ///
+    /// vm-storage: the receiving stage runs on the VMs (a *group*) of its vm-storage senders,
+    /// which must all be in one group; every edge from that group into it is then vm-storage;
+    /// its placement is the group's VM type and count; an edge other than `one` needs a group
+    /// of one VM. A group runs one stage at a time, in topological order.
+    pub fn evaluate(&self, a: &Assignment) -> Result<Prediction, Infeasible> {
+        let n = self.stages.len();
+        if a.placements.len() != n {
+            return Err(Infeasible::Shape {
+                what: "placements",
+                got: a.placements.len(),
+                want: n,
+            });
+        }
+        if a.methods.len() != self.edges.len() {
+            return Err(Infeasible::Shape {
+                what: "methods",
+                got: a.methods.len(),
+                want: self.edges.len(),
+            });
+        }
+        let mut group_of = vec![usize::MAX; n];
+        let (mut hold, mut busy, mut rate, mut gplace) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut ends = vec![0.0; n];
+        let mut stages = Vec::with_capacity(n);
+        let mut edges = vec![
+            EdgePrediction {
+                method: Method::Direct,
+                seconds: 0.0,
+                upload_s: 0.0,
+                fetch_s: 0.0
+            };
+            self.edges.len()
+        ];
+        let mut total = 0.0;
+        let mut breakdown = CostBreakdown::default();
+        let mut senders = Vec::new();
+        let mut times = Vec::new();
+        for r in 0..n {
+            let pl = a.placements[r];
+            self.check_placement(r, pl)?;
+            let host = self.host_of(r, pl, &a.methods, &group_of, &gplace)?;
+            senders.clear();
+            for &e in &self.incoming[r] {
+                let s = self.edges[e].from;
+                let sp = a.placements[s];
+                senders.push(Sender {
+                    edge: e,
+                    method: a.methods[e],
+                    end: ends[s],
+                    vm: sp.vm,
+                    vms: sp.vms,
+                    per_vm: self.per_vm(s, sp.vms),
+                    group: group_of[s],
+                });
+            }
+            let mut groups = Groups {
+                hold: &mut hold,
+                busy: &mut busy,
+                rate: &rate,
+            };
+            let out = self.step(r, pl, host, &senders, &mut groups, &mut times);
+            match host {
+                Host::New => {
+                    group_of[r] = hold.len();
+                    hold.push(out.end);
+                    busy.push(out.end);
+                    rate.push(self.rate(pl.vm, pl.vms));
+                    gplace.push(pl);
+                }
+                Host::Continue(g) => group_of[r] = g,
+            }
+            ends[r] = out.end;
+            total += out.cost;
+            breakdown.vm_usd += out.vm_usd;
+            breakdown.local_storage_usd += out.local_usd;
+            breakdown.remote_storage_usd += out.remote_usd;
+            breakdown.requests_usd += out.request_usd;
+            for (s, (t, _)) in senders.iter().zip(&times) {
+                edges[s.edge] = EdgePrediction {
+                    method: s.method,
+                    seconds: t.upload_s + t.fetch_s,
+                    upload_s: t.upload_s,
+                    fetch_s: t.fetch_s,
+                };
+            }
+            stages.push(StagePrediction {
+                start_s: out.start,
+                fetch_s: out.fetch,
+                compute_s: out.compute,
+                end_s: out.end,
+                batches: self.batches(r, pl),
+                cost_so_far_usd: total,
+            });
+        }
+        let latency = ends.iter().copied().fold(0.0, f64::max);
+        Ok(Prediction {
+            latency_s: latency,
+            cost_usd: total,
+            perf_per_dollar: perf_per_dollar(latency, total),
+            stages,
+            edges,
+            cost: breakdown,
+        })
+    }
+
+    /// Where stage `r` runs given the methods of its incoming edges (see [`PlanProblem::evaluate`]).
+    fn host_of(
+        &self,
+        r: usize,
+        pl: Placement,
+        methods: &[Method],
+        group_of: &[usize],
+        gplace: &[Placement],
+    ) -> Result<Host, Infeasible> {
+        let edge_err = |e: usize, message: String| Infeasible::Edge {
+            from: self.stages[self.edges[e].from].name.clone(),
+            to: self.stages[r].name.clone(),
+            message,
+        };
+        let mut group = None;
+        for &e in &self.incoming[r] {
+            if methods[e] != Method::VmStorage {
+                continue;
+            }
+            let g = group_of[self.edges[e].from];
+            match group {
+                None => group = Some((g, e)),
+                Some((g0, _)) if g0 != g => {
+                    return Err(edge_err(
+                        e,
+                        "vm-storage from senders on different VMs".into(),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        let Some((g, first)) = group else {
+            return Ok(Host::New);
+        };
+        let gp = gplace[g];
+        if gp.vm != pl.vm || gp.vms != pl.vms {
+            return Err(edge_err(
+                first,
+                format!(
+                    "vm-storage runs the receiver on the sender's {} x {}, not {} x {}",
+                    gp.vms,
+                    self.vm_type(gp.vm).name,
+                    pl.vms,
+                    self.vm_type(pl.vm).name
+                ),
+            ));
+        }
+        for &e in &self.incoming[r] {
+            if group_of[self.edges[e].from] != g {
+                continue;
+            }
+            if methods[e] != Method::VmStorage {
+                return Err(edge_err(
+                    e,
+                    format!(
+                        "the sender is on the receiver's VMs: only vm-storage applies, not {}",
+                        methods[e]
+                    ),
+                ));
+            }
+            if self.edges[e].kind != EdgeKind::One && gp.vms != 1 {
+                return Err(edge_err(
+                    e,
+                    format!(
+                        "a {} edge over vm-storage needs one VM, not {}",
+                        self.edges[e].kind, gp.vms
+                    ),
+                ));
+            }
+        }
+        Ok(Host::Continue(g))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{LocalStorage, RemoteStorage};
+
+    fn vm(name: &str, vcpus: u32, memory_mb: u64, mbps: f64, usd: f64) -> VmType {
+        VmType {
+            name: name.into(),
+            vcpus,
+            memory_mb,
+            network_mbps: mbps,
+            usd_per_hour: usd,
+        }
+    }
+
+    /// Round numbers: 1 GB/s NIC (8000 Mbit/s), $3.6/h = $0.001/s, no storage prices, a store with
+    /// no latency and no request limit worth counting.
+    fn catalog() -> Catalog {
+        Catalog {
+            reserve_mb: 0,
+            vm_types: vec![vm("a", 4, 4000, 8000.0, 3.6), vm("b", 2, 2000, 800.0, 0.36)],
+            local_storage: LocalStorage {
+                usd_per_gb_month: 0.0,
+            },
+            remote_storage: RemoteStorage {
+                write_mbps: 4000.0,
+                read_mbps: 2000.0,
+                request_latency_ms: 0.0,
+                put_usd_per_1k: 0.0,
+                get_usd_per_1k: 0.0,
+                usd_per_gb_month: 0.0,
+                requests_per_s: 1e12,
+                aggregate_mbps: None,
+            },
+        }
+    }
+
+    fn stage(name: &str, mem: f64, cold: f64, hot: f64, k: u32) -> Stage {
+        Stage {
+            name: name.into(),
+            memory_mb: mem,
+            cold_s: cold,
+            hot_s: hot,
+            instances: k,
+        }
+    }
+
+    fn edge(from: &str, to: &str, kind: EdgeKind, bytes: f64) -> EdgeSpec {
+        EdgeSpec {
+            from: from.into(),
+            to: to.into(),
+            kind,
+            bytes,
+        }
+    }
+
+    fn lightgbm(k: u32) -> PlanProblem {
+        PlanProblem::new(
+            vec![
+                stage("pca", 1000.0, 10.0, 9.0, 1),
+                stage("train", 1000.0, 14.0, 12.0, k),
+                stage("combine", 500.0, 2.0, 1.0, 1),
+            ],
+            vec![
+                edge("pca", "train", EdgeKind::Broadcast, 1e9),
+                edge("train", "combine", EdgeKind::Gather, 1e8 * f64::from(k)),
+            ],
+            catalog(),
+            Bounds::default(),
+        )
+        .unwrap()
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+    }
+
+    #[test]
+    fn vm_counts_are_the_distinct_ceilings() {
+        let p = lightgbm(10);
+        assert_eq!(p.vm_counts(1), vec![10, 5, 4, 3, 2, 1]);
+        assert_eq!(p.vm_counts(0), vec![1]);
+        let brute: std::collections::BTreeSet<u32> = (1..=10).map(|q| 10u32.div_ceil(q)).collect();
+        assert_eq!(
+            p.vm_counts(1)
+                .into_iter()
+                .collect::<std::collections::BTreeSet<_>>(),
+            brute
+        );
+        assert_eq!(
+            p.placement_from_per_vm(1, 0, 6, 6),
+            Placement {
+                vm: 0,
+                vms: 2,
+                concurrent: 5
+            }
+        );
+    }
+
+    #[test]
+    fn concurrency_is_bounded_by_memory_and_vcpus() {
+        let p = lightgbm(6);
+        assert_eq!(p.max_concurrent(1, 0), 4); // 4000 MB / 1000 = 4, 4 vCPUs
+        assert_eq!(p.max_concurrent(1, 1), 2); // 2000 / 1000 = 2, 2 vCPUs
+        assert_eq!(p.max_concurrent(2, 1), 2); // vCPUs bind
+        assert!(
+            p.check_placement(
+                1,
+                Placement {
+                    vm: 1,
+                    vms: 1,
+                    concurrent: 3
+                }
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn broadcast_direct_formula() {
+        // pca on one "a" VM (1 GB/s), train K=6 on 3 "b" VMs (100 MB/s): direct passes
+        // max(F * n_r / BW_s, F / BW_r) = max(3 s, 10 s) = 10 s.
+        let p = lightgbm(6);
+        let a = Assignment {
+            placements: vec![
+                Placement {
+                    vm: 0,
+                    vms: 1,
+                    concurrent: 1,
+                },
+                Placement {
+                    vm: 1,
+                    vms: 3,
+                    concurrent: 2,
+                },
+                Placement {
+                    vm: 1,
+                    vms: 1,
+                    concurrent: 1,
+                },
+            ],
+            methods: vec![Method::Direct, Method::Direct],
+        };
+        let pr = p.evaluate(&a).unwrap();
+        assert!(close(pr.edges[0].seconds, 10.0), "{:?}", pr.edges[0]);
+        // train: 2 per VM, 2 at once: one batch of 14 s, starting at 10 + 10.
+        assert!(close(pr.stages[1].end_s, 10.0 + 10.0 + 14.0));
+        // gather: each train VM sends 2 * 100 MB over 100 MB/s = 2 s; combine receives 600 MB at 100 MB/s = 6 s.
+        assert!(close(pr.edges[1].seconds, 6.0));
+        assert!(close(pr.latency_s, 34.0 + 6.0 + 2.0));
+        // VMs: pca held 10 s (+10 s serving the broadcast) at $0.001/s; trains 3 x $0.0001/s for
+        // 24 s (+6 s serving); combine $0.0001/s for 8 s.
+        let want = 0.001 * 20.0 + 3.0 * 0.0001 * 30.0 + 0.0001 * 8.0;
+        assert!(close(pr.cost_usd, want), "{} vs {want}", pr.cost_usd);
+        assert!(close(pr.perf_per_dollar, 1.0 / (42.0 * want)));
+    }
+
+    #[test]
+    fn vm_storage_serializes_and_holds_the_vm() {
+        // K = 6 trainers on pca's single "a" VM: 4 at once, so 2 batches: 14 + 12.
+        let p = lightgbm(6);
+        let a = Assignment {
+            placements: vec![
+                Placement {
+                    vm: 0,
+                    vms: 1,
+                    concurrent: 1,
+                },
+                Placement {
+                    vm: 0,
+                    vms: 1,
+                    concurrent: 4,
+                },
+                Placement {
+                    vm: 0,
+                    vms: 1,
+                    concurrent: 1,
+                },
+            ],
+            methods: vec![Method::VmStorage, Method::VmStorage],
+        };
+        let pr = p.evaluate(&a).unwrap();
+        assert_eq!(pr.stages[1].batches, 2);
+        assert!(close(pr.latency_s, 10.0 + 26.0 + 2.0));
+        assert!(close(pr.cost_usd, 0.001 * 38.0));
+        assert_eq!(pr.edges[0].seconds, 0.0);
+    }
+
+    #[test]
+    fn remote_separates_upload_and_download() {
+        let p = lightgbm(2);
+        let a = Assignment {
+            placements: vec![
+                Placement {
+                    vm: 0,
+                    vms: 1,
+                    concurrent: 1,
+                },
+                Placement {
+                    vm: 0,
+                    vms: 2,
+                    concurrent: 1,
+                },
+                Placement {
+                    vm: 0,
+                    vms: 1,
+                    concurrent: 1,
+                },
+            ],
+            methods: vec![Method::Remote, Method::Remote],
+        };
+        let pr = p.evaluate(&a).unwrap();
+        // upload 1 GB at min(1 GB/s, 500 MB/s) = 2 s; each VM downloads 1 GB at 250 MB/s = 4 s.
+        assert!(close(pr.edges[0].upload_s, 2.0));
+        assert!(close(pr.edges[0].fetch_s, 4.0));
+        assert!(close(pr.stages[1].start_s, 12.0));
+    }
+
+    #[test]
+    fn infeasible_vm_storage() {
+        let p = lightgbm(6);
+        let mut a = Assignment {
+            placements: vec![
+                Placement {
+                    vm: 0,
+                    vms: 1,
+                    concurrent: 1,
+                },
+                Placement {
+                    vm: 1,
+                    vms: 3,
+                    concurrent: 2,
+                },
+                Placement {
+                    vm: 1,
+                    vms: 1,
+                    concurrent: 1,
+                },
+            ],
+            methods: vec![Method::Direct, Method::VmStorage],
+        };
+        // gather from three VMs over vm-storage
+        let err = p.evaluate(&a).unwrap_err().to_string();
+        assert!(
+            err.contains("needs one VM") || err.contains("not 1 x"),
+            "{err}"
+        );
+        // receiver not on the sender's VM type
+        a.methods = vec![Method::VmStorage, Method::Direct];
+        assert!(p.evaluate(&a).is_err());
+    }
+
+    #[test]
+    fn problem_refusals() {
+        let big = PlanProblem::new(
+            vec![stage("huge", 99_999.0, 1.0, 1.0, 1)],
+            vec![],
+            catalog(),
+            Bounds::default(),
+        );
+        let msg = big.unwrap_err().to_string();
+        assert!(msg.contains("huge") && msg.contains("99999"), "{msg}");
+        let cyc = PlanProblem::new(
+            vec![stage("a", 1.0, 1.0, 1.0, 1), stage("b", 1.0, 1.0, 1.0, 1)],
+            vec![
+                edge("a", "b", EdgeKind::One, 1.0),
+                edge("b", "a", EdgeKind::One, 1.0),
+            ],
+            catalog(),
+            Bounds::default(),
+        );
+        assert!(matches!(cyc, Err(ProblemError::Cycle(_))));
+        let gather = PlanProblem::new(
+            vec![stage("a", 1.0, 1.0, 1.0, 3), stage("b", 1.0, 1.0, 1.0, 2)],
+            vec![edge("a", "b", EdgeKind::Gather, 1.0)],
+            catalog(),
+            Bounds::default(),
+        );
+        assert!(gather.unwrap_err().to_string().contains("gather receiver"));
+        let unknown = PlanProblem::new(
+            vec![stage("a", 1.0, 1.0, 1.0, 1)],
+            vec![edge("a", "zz", EdgeKind::One, 1.0)],
+            catalog(),
+            Bounds::default(),
+        );
+        assert!(unknown.unwrap_err().to_string().contains("zz"));
+    }
+
+    #[test]
+    fn topological_order_is_restored() {
+        let p = PlanProblem::new(
+            vec![stage("b", 1.0, 1.0, 1.0, 1), stage("a", 1.0, 1.0, 1.0, 1)],
+            vec![edge("a", "b", EdgeKind::One, 1.0)],
+            catalog(),
+            Bounds::default(),
+        )
+        .unwrap();
+        assert_eq!(p.stages()[0].name, "a");
+        assert_eq!(p.edges()[0].from, 0);
+    }
+
+    #[test]
+    fn method_names() {
+        assert_eq!(
+            serde_json::to_string(&Method::VmStorage).unwrap(),
+            "\"vm-storage\""
+        );
+        assert_eq!("remote".parse::<Method>().unwrap(), Method::Remote);
+        assert!("s3".parse::<Method>().is_err());
+    }
+}

@@ -1,0 +1,196 @@
+//! DAG parameters at one input size (interfaces.md §3, `--params`): what each function needs and
+//! how many bytes each edge carries. Written by people for `ofctl plan`, or produced by the
+//! regression models ([`crate::regression::DagModels::params_for`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::first_line;
+use crate::units::ByteSize;
+
+/// What one function needs, per instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionParams {
+    /// Peak memory of one instance.
+    pub memory_mb: f64,
+    /// Compute time of an instance in a new container.
+    pub cold_s: f64,
+    /// Compute time of an instance in a warm container that already ran this function.
+    pub hot_s: f64,
+    /// The stage's fanout.
+    pub instances: u32,
+}
+
+/// Bytes on one edge: the total the sending stage writes for the receiving stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeParams {
+    pub from: String,
+    pub to: String,
+    pub bytes: ByteSize,
+}
+
+/// A checked parameters file.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub functions: BTreeMap<String, FunctionParams>,
+    #[serde(default)]
+    pub edges: Vec<EdgeParams>,
+}
+
+/// A refused parameters file.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ParamsError {
+    #[error("invalid parameters: {0}")]
+    Yaml(String),
+    #[error("invalid parameters: {field}: {message}")]
+    Invalid { field: String, message: String },
+}
+
+impl Params {
+    /// Parses and checks a parameters file's text.
+    pub fn from_yaml(text: &str) -> Result<Params, ParamsError> {
+        let p: Params =
+            serde_saphyr::from_str(text).map_err(|e| ParamsError::Yaml(first_line(&e)))?;
+        p.check()?;
+        Ok(p)
+    }
+
+    pub fn to_yaml(&self) -> Result<String, ParamsError> {
+        serde_saphyr::to_string(self).map_err(|e| ParamsError::Yaml(e.to_string()))
+    }
+
+    /// Memory positive, times at least zero (hot may exceed cold: measurements are noisy),
+    /// at least one instance, edges between listed functions, no duplicate edge.
+    pub fn check(&self) -> Result<(), ParamsError> {
+        let bad = |field: String, message: String| ParamsError::Invalid { field, message };
+        if self.functions.is_empty() {
+            return Err(bad(
+                "functions".into(),
+                "at least one function is needed".into(),
+            ));
+        }
+        for (name, f) in &self.functions {
+            let at = |x: &str| format!("functions.{name}.{x}");
+            if !(f.memory_mb.is_finite() && f.memory_mb > 0.0) {
+                return Err(bad(
+                    at("memory_mb"),
+                    format!("{} is not a positive number", f.memory_mb),
+                ));
+            }
+            for (field, v) in [("cold_s", f.cold_s), ("hot_s", f.hot_s)] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(bad(at(field), format!("{v} is not a number >= 0")));
+                }
+            }
+            if f.instances == 0 {
+                return Err(bad(at("instances"), "must be at least 1".into()));
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for (i, e) in self.edges.iter().enumerate() {
+            for (field, name) in [("from", &e.from), ("to", &e.to)] {
+                if !self.functions.contains_key(name) {
+                    return Err(bad(
+                        format!("edges[{i}].{field}"),
+                        format!("unknown function {name:?}"),
+                    ));
+                }
+            }
+            if e.from == e.to {
+                return Err(bad(
+                    format!("edges[{i}]"),
+                    format!("function {:?} sends to itself", e.from),
+                ));
+            }
+            if !seen.insert((e.from.as_str(), e.to.as_str())) {
+                return Err(bad(
+                    format!("edges[{i}]"),
+                    format!("duplicate edge {} -> {}", e.from, e.to),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes on edge `from -> to`, if listed.
+    pub fn edge_bytes(&self, from: &str, to: &str) -> Option<ByteSize> {
+        self.edges
+            .iter()
+            .find(|e| e.from == from && e.to == to)
+            .map(|e| e.bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+functions:
+  pca:     { memory_mb: 3000, cold_s: 10.0, hot_s: 9.4, instances: 1 }
+  train:   { memory_mb: 2500, cold_s: 14.0, hot_s: 12.0, instances: 6 }
+  combine: { memory_mb: 900,  cold_s: 2.0,  hot_s: 1.8,  instances: 1 }
+edges:
+  - { from: pca, to: train, bytes: 800MB }    # total bytes the sending stage writes on this edge
+  - { from: train, to: combine, bytes: 30MB }
+"#;
+
+    #[test]
+    fn interfaces_example() {
+        let p = Params::from_yaml(EXAMPLE).unwrap();
+        assert_eq!(p.functions["train"].instances, 6);
+        assert_eq!(p.functions["pca"].memory_mb, 3000.0);
+        assert_eq!(p.edge_bytes("pca", "train"), Some(ByteSize(800_000_000)));
+        let again = Params::from_yaml(&p.to_yaml().unwrap()).unwrap();
+        assert_eq!(again, p);
+    }
+
+    fn check(text: &str, expect: &[&str]) {
+        let err = Params::from_yaml(text).unwrap_err().to_string();
+        for e in expect {
+            assert!(err.contains(e), "{err:?} should contain {e:?}");
+        }
+    }
+
+    #[test]
+    fn refusals() {
+        check("functions: {}\n", &["at least one"]);
+        check(
+            "functions:\n  a: { memory_mb: 0, cold_s: 1, hot_s: 1, instances: 1 }\n",
+            &["functions.a.memory_mb"],
+        );
+        check(
+            "functions:\n  a: { memory_mb: 10, cold_s: -1, hot_s: 1, instances: 1 }\n",
+            &["functions.a.cold_s"],
+        );
+        check(
+            "functions:\n  a: { memory_mb: 10, cold_s: 1, hot_s: 1, instances: 0 }\n",
+            &["instances"],
+        );
+        check(
+            "functions:\n  a: { memory_mb: 10, cold_s: 1, hot_s: 1, instances: 1, gpu: 2 }\n",
+            &["gpu", "line 2"],
+        );
+        check(
+            "functions:\n  a: { memory_mb: 10, cold_s: 1, hot_s: 1, instances: 1 }\nedges:\n  - { from: a, to: b, bytes: 1MB }\n",
+            &["edges[0].to", "\"b\""],
+        );
+        check(
+            "functions:\n  a: { memory_mb: 10, cold_s: 1, hot_s: 1, instances: 1 }\nedges:\n  - { from: a, to: a, bytes: 5 parsecs }\n",
+            &["line 4"],
+        );
+    }
+
+    #[test]
+    fn hot_may_exceed_cold() {
+        let p = Params::from_yaml(
+            "functions:\n  a: { memory_mb: 10, cold_s: 1, hot_s: 2, instances: 3 }\n",
+        )
+        .unwrap();
+        assert_eq!(p.functions["a"].hot_s, 2.0);
+    }
+}

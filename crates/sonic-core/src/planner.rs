@@ -1,0 +1,533 @@
+//! The planner: for every stage a placement (VM type, VM count, concurrency) and for every edge
+//! a data-passing method, chosen to maximize Perf/$ = 1 / (latency * cost) under the user's
+//! bounds, exactly (see [`dp`] and docs/model.md); and the baseline policies.
+
+mod chain;
+mod dp;
+mod explain;
+
+use std::cell::OnceCell;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dag::Bounds;
+use crate::model::{Assignment, Method, Placement, PlanProblem, Prediction, ProblemError};
+
+pub use explain::{MethodAlternative, OptionRow, StageDecision};
+
+/// How a job is planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// The exact planner.
+    Sonic,
+    /// Every edge through the object store, one smallest-fitting VM per lambda (OpenLambda + S3).
+    Remote,
+    /// The whole job on one largest VM, every edge vm-storage, lambdas serialized as memory
+    /// requires (SAND).
+    Local,
+    /// Every edge direct, one smallest-fitting VM per lambda.
+    Direct,
+    /// The planner fed with measured rather than predicted parameters (evaluation only): the
+    /// same search as `sonic`; the caller supplies the measured parameters.
+    Oracle,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 5] = [
+        Policy::Sonic,
+        Policy::Remote,
+        Policy::Local,
+        Policy::Direct,
+        Policy::Oracle,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Sonic => "sonic",
+            Policy::Remote => "remote",
+            Policy::Local => "local",
+            Policy::Direct => "direct",
+            Policy::Oracle => "oracle",
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("{s:?} is not a policy (sonic, remote, local, direct, oracle)"))
+    }
+}
+
+/// Where one stage runs, as `ofctl plan -o json` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanStage {
+    pub function: String,
+    pub vm_type: String,
+    pub vms: u32,
+    /// Lambdas on the fullest VM (they are spread evenly).
+    pub per_vm: u32,
+    /// Lambdas that run at once on one VM.
+    pub concurrent: u32,
+}
+
+/// How one edge's data moves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanEdge {
+    pub from: String,
+    pub to: String,
+    pub method: Method,
+    /// Predicted data-passing time (upload + fetch).
+    pub predicted_s: f64,
+}
+
+/// The model's prediction for a whole plan.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Predicted {
+    pub latency_s: f64,
+    pub cost_usd: f64,
+    pub perf_per_dollar: f64,
+}
+
+/// A plan: placements, methods, prediction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub stages: Vec<PlanStage>,
+    pub edges: Vec<PlanEdge>,
+    pub predicted: Predicted,
+}
+
+/// What the planner returns.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanOutcome {
+    pub best: Plan,
+    /// The best plan without vm-storage on the edges where `best` uses it (the resource manager
+    /// may veto vm-storage); `None` when `best` uses no vm-storage or no such plan meets the
+    /// bounds.
+    pub second_best: Option<Plan>,
+    /// Per stage, what was considered and why the choice was made.
+    pub table: Vec<StageDecision>,
+}
+
+/// The document `ofctl plan -o json` prints (interfaces.md §3).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanReport {
+    pub dag: String,
+    pub policy: Policy,
+    pub stages: Vec<PlanStage>,
+    pub edges: Vec<PlanEdge>,
+    pub predicted: Predicted,
+    pub second_best: Option<Plan>,
+    pub planning_time_us: u64,
+}
+
+impl PlanOutcome {
+    /// The `ofctl plan -o json` document for this outcome.
+    pub fn report(&self, dag: &str, policy: Policy, planning_time_us: u64) -> PlanReport {
+        PlanReport {
+            dag: dag.to_owned(),
+            policy,
+            stages: self.best.stages.clone(),
+            edges: self.best.edges.clone(),
+            predicted: self.best.predicted,
+            second_best: self.second_best.clone(),
+            planning_time_us,
+        }
+    }
+}
+
+/// Why no plan came out.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Problem(#[from] ProblemError),
+    #[error("no plan meets the latency bound of {bound_s} s: the fastest plan takes {best_s:.3} s")]
+    Latency { bound_s: f64, best_s: f64 },
+    #[error("no plan meets the cost bound of ${bound_usd}: the cheapest plan costs ${best_usd:.6}")]
+    Cost { bound_usd: f64, best_usd: f64 },
+    #[error(
+        "no plan meets both bounds ({bound_s} s, ${bound_usd}): the cheapest plan within {bound_s} s costs ${best_usd:.6}"
+    )]
+    Both {
+        bound_s: f64,
+        bound_usd: f64,
+        best_usd: f64,
+    },
+    #[error("the plan does not match the problem: {0}")]
+    Mismatch(String),
+    #[error("stage {stage:?} has {edges} incoming edges; the exact planner handles at most {max}")]
+    TooManyInputs {
+        stage: String,
+        edges: usize,
+        max: usize,
+    },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Plan {
+    /// The named plan of an assignment with its prediction.
+    pub fn new(pb: &PlanProblem, a: &Assignment, pred: &Prediction) -> Plan {
+        let stages = pb
+            .stages()
+            .iter()
+            .enumerate()
+            .map(|(s, st)| {
+                let pl = a.placements[s];
+                PlanStage {
+                    function: st.name.clone(),
+                    vm_type: pb.catalog().vm_types[pl.vm].name.clone(),
+                    vms: pl.vms,
+                    per_vm: pb.per_vm(s, pl.vms),
+                    concurrent: pl.concurrent,
+                }
+            })
+            .collect();
+        let edges = pb
+            .edges()
+            .iter()
+            .enumerate()
+            .map(|(i, e)| PlanEdge {
+                from: pb.stages()[e.from].name.clone(),
+                to: pb.stages()[e.to].name.clone(),
+                method: a.methods[i],
+                predicted_s: pred.edges[i].seconds,
+            })
+            .collect();
+        Plan {
+            stages,
+            edges,
+            predicted: Predicted {
+                latency_s: pred.latency_s,
+                cost_usd: pred.cost_usd,
+                perf_per_dollar: pred.perf_per_dollar,
+            },
+        }
+    }
+
+    /// The assignment this plan stands for in `pb` (by function and VM type names), e.g. to
+    /// re-evaluate it under other parameters.
+    pub fn assignment(&self, pb: &PlanProblem) -> Result<Assignment, PlanError> {
+        let mismatch = |m: String| PlanError::Mismatch(m);
+        let mut placements = Vec::with_capacity(pb.stages().len());
+        for (s, st) in pb.stages().iter().enumerate() {
+            let ps = self
+                .stages
+                .iter()
+                .find(|p| p.function == st.name)
+                .ok_or_else(|| mismatch(format!("no placement for {:?}", st.name)))?;
+            let vm = pb
+                .catalog()
+                .vm_types
+                .iter()
+                .position(|v| v.name == ps.vm_type)
+                .ok_or_else(|| mismatch(format!("unknown VM type {:?}", ps.vm_type)))?;
+            let pl = Placement {
+                vm,
+                vms: ps.vms,
+                concurrent: ps.concurrent,
+            };
+            pb.check_placement(s, pl)
+                .map_err(|e| mismatch(e.to_string()))?;
+            placements.push(pl);
+        }
+        let mut methods = Vec::with_capacity(pb.edges().len());
+        for e in pb.edges() {
+            let (from, to) = (&pb.stages()[e.from].name, &pb.stages()[e.to].name);
+            let pe = self
+                .edges
+                .iter()
+                .find(|pe| &pe.from == from && &pe.to == to)
+                .ok_or_else(|| mismatch(format!("no method for edge {from} -> {to}")))?;
+            methods.push(pe.method);
+        }
+        Ok(Assignment {
+            placements,
+            methods,
+        })
+    }
+}
+
+/// Plans a job under `policy`. Baseline policies ignore the bounds (they are what they are);
+/// `sonic` and `oracle` meet them or say which one cannot be met and what is achievable.
+pub fn plan(pb: &PlanProblem, policy: Policy) -> Result<PlanOutcome, PlanError> {
+    match policy {
+        Policy::Sonic | Policy::Oracle => plan_exact(pb),
+        Policy::Remote | Policy::Direct | Policy::Local => {
+            let a = baseline(pb, policy);
+            let pred = pb
+                .evaluate(&a)
+                .map_err(|e| PlanError::Internal(format!("{policy} plan: {e}")))?;
+            let table = explain::table(pb, &a, &pred, None);
+            Ok(PlanOutcome {
+                best: Plan::new(pb, &a, &pred),
+                second_best: None,
+                table,
+            })
+        }
+    }
+}
+
+/// The exact searches of one problem, built when first needed.
+struct Solvers<'a> {
+    pb: &'a PlanProblem,
+    chain: Option<chain::Chain<'a>>,
+    search: OnceCell<Result<dp::Search<'a>, PlanError>>,
+    /// The chain search without bans, which warm-starts the searches with bans.
+    unbanned: OnceCell<Option<chain::ChainResult>>,
+}
+
+impl<'a> Solvers<'a> {
+    fn new(pb: &'a PlanProblem) -> Self {
+        Solvers {
+            pb,
+            chain: chain::is_chain(pb).then(|| chain::Chain::new(pb)),
+            search: OnceCell::new(),
+            unbanned: OnceCell::new(),
+        }
+    }
+
+    fn search(&self) -> Result<&dp::Search<'a>, PlanError> {
+        self.search
+            .get_or_init(|| dp::Search::new(self.pb))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The best plan meeting the bounds with no vm-storage on `banned` edges. A chain is solved
+    /// by its hull search; when that optimum breaks a bound, the label search decides, seeded
+    /// with every hull vertex found as a candidate.
+    fn best(&self, banned: &[bool]) -> Result<Option<(Assignment, dp::Stats)>, PlanError> {
+        let b = self.pb.bounds();
+        let mut extra = Vec::new();
+        let chain_result = self.chain.as_ref().and_then(|c| {
+            if banned.iter().any(|&x| x) {
+                let no_ban = vec![false; banned.len()];
+                let warm = self.unbanned.get_or_init(|| c.run(&no_ban, None));
+                c.run(banned, warm.as_ref())
+            } else {
+                self.unbanned.get_or_init(|| c.run(banned, None)).clone()
+            }
+        });
+        if let Some(res) = chain_result {
+            let found = res
+                .points
+                .iter()
+                .find(|p| p.2 == res.best)
+                .map(|p| (p.0, p.1));
+            if let Some((l, c)) = found
+                && meets(&b, l, c)
+            {
+                return Ok(Some((res.best, res.stats)));
+            }
+            extra = res
+                .points
+                .into_iter()
+                .filter(|p| meets(&b, p.0, p.1))
+                .map(|p| p.2)
+                .collect();
+        }
+        let solved = self.search()?.solve(banned, true, &extra);
+        Ok(solved.best.map(|a| (a, solved.stats)))
+    }
+
+    /// No plan meets the bounds: which bound fails, and what is achievable.
+    fn bound_error(&self) -> Result<PlanError, PlanError> {
+        let b = self.pb.bounds();
+        let no_ban = vec![false; self.pb.edges().len()];
+        let (min_latency, min_cost) = match self.chain.as_ref().and_then(|c| c.extremes(&no_ban)) {
+            Some(x) => x,
+            None => {
+                let front = self.search()?.front(&no_ban, Bounds::default());
+                (
+                    front.iter().map(|x| x.0).fold(f64::INFINITY, f64::min),
+                    front.iter().map(|x| x.1).fold(f64::INFINITY, f64::min),
+                )
+            }
+        };
+        Ok(match (b.max_latency_s, b.max_cost_usd) {
+            (Some(l), _) if min_latency > l => PlanError::Latency {
+                bound_s: l,
+                best_s: min_latency,
+            },
+            (_, Some(c)) if min_cost > c => PlanError::Cost {
+                bound_usd: c,
+                best_usd: min_cost,
+            },
+            (Some(l), Some(c)) => {
+                let within = self.search()?.front(
+                    &no_ban,
+                    Bounds {
+                        max_latency_s: Some(l),
+                        max_cost_usd: None,
+                    },
+                );
+                let best_usd = within.iter().map(|x| x.1).fold(f64::INFINITY, f64::min);
+                PlanError::Both {
+                    bound_s: l,
+                    bound_usd: c,
+                    best_usd,
+                }
+            }
+            _ => PlanError::Internal("no plan found although the problem has no bounds".into()),
+        })
+    }
+}
+
+fn plan_exact(pb: &PlanProblem) -> Result<PlanOutcome, PlanError> {
+    let solvers = Solvers::new(pb);
+    let no_ban = vec![false; pb.edges().len()];
+    let Some((best, stats)) = solvers.best(&no_ban)? else {
+        return Err(solvers.bound_error()?);
+    };
+    let pred = pb
+        .evaluate(&best)
+        .map_err(|e| PlanError::Internal(format!("planned an infeasible plan: {e}")))?;
+    let banned: Vec<bool> = best
+        .methods
+        .iter()
+        .map(|m| *m == Method::VmStorage)
+        .collect();
+    let second_best = if banned.iter().any(|&b| b) {
+        match solvers.best(&banned)? {
+            Some((a2, _)) => {
+                let p2 = pb
+                    .evaluate(&a2)
+                    .map_err(|e| PlanError::Internal(format!("second-best infeasible: {e}")))?;
+                Some(Plan::new(pb, &a2, &p2))
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
+    let table = explain::table(pb, &best, &pred, Some(&stats));
+    Ok(PlanOutcome {
+        best: Plan::new(pb, &best, &pred),
+        second_best,
+        table,
+    })
+}
+
+fn meets(b: &Bounds, latency: f64, cost: f64) -> bool {
+    b.max_latency_s.is_none_or(|x| latency <= x) && b.max_cost_usd.is_none_or(|x| cost <= x)
+}
+
+/// The smallest VM type (memory, then price) stage `s` fits.
+fn smallest_fitting(pb: &PlanProblem, s: usize) -> usize {
+    let vms = &pb.catalog().vm_types;
+    (0..vms.len())
+        .filter(|&v| pb.max_concurrent(s, v) > 0)
+        .min_by(|&a, &b| {
+            vms[a]
+                .memory_mb
+                .cmp(&vms[b].memory_mb)
+                .then(vms[a].usd_per_hour.total_cmp(&vms[b].usd_per_hour))
+        })
+        .unwrap_or(0)
+}
+
+/// The largest VM type (memory, then vCPUs, then the cheaper).
+fn largest(pb: &PlanProblem) -> usize {
+    let vms = &pb.catalog().vm_types;
+    (0..vms.len())
+        .max_by(|&a, &b| {
+            vms[a]
+                .memory_mb
+                .cmp(&vms[b].memory_mb)
+                .then(vms[a].vcpus.cmp(&vms[b].vcpus))
+                .then(vms[b].usd_per_hour.total_cmp(&vms[a].usd_per_hour))
+        })
+        .unwrap_or(0)
+}
+
+/// The assignment of a baseline policy.
+pub fn baseline(pb: &PlanProblem, policy: Policy) -> Assignment {
+    let n = pb.stages().len();
+    match policy {
+        Policy::Local => local_on(pb, largest(pb)).unwrap_or_else(|| {
+            // Every stage fits the largest type by construction; this is unreachable but kept total.
+            baseline(pb, Policy::Remote)
+        }),
+        Policy::Direct | Policy::Remote | Policy::Sonic | Policy::Oracle => {
+            let method = if policy == Policy::Direct {
+                Method::Direct
+            } else {
+                Method::Remote
+            };
+            let placements = (0..n)
+                .map(|s| Placement {
+                    vm: smallest_fitting(pb, s),
+                    vms: pb.stages()[s].instances,
+                    concurrent: 1,
+                })
+                .collect();
+            Assignment {
+                placements,
+                methods: vec![method; pb.edges().len()],
+            }
+        }
+    }
+}
+
+/// Every stage on one VM of type `vm`, as many at once as fit; each stage with senders runs on
+/// the VM of its first sender's group (vm-storage from every sender there, direct from others,
+/// which only happens with several roots). `None` when a stage does not fit `vm`.
+pub(crate) fn local_on(pb: &PlanProblem, vm: usize) -> Option<Assignment> {
+    let n = pb.stages().len();
+    let mut placements = Vec::with_capacity(n);
+    let mut group = vec![0usize; n];
+    let mut methods = vec![Method::Direct; pb.edges().len()];
+    for s in 0..n {
+        let cmax = pb.max_concurrent(s, vm);
+        if cmax == 0 {
+            return None;
+        }
+        placements.push(Placement {
+            vm,
+            vms: 1,
+            concurrent: cmax.min(pb.stages()[s].instances),
+        });
+        match pb.incoming(s).first() {
+            None => group[s] = s,
+            Some(&first) => {
+                group[s] = group[pb.edges()[first].from];
+                for &e in pb.incoming(s) {
+                    if group[pb.edges()[e].from] == group[s] {
+                        methods[e] = Method::VmStorage;
+                    }
+                }
+            }
+        }
+    }
+    Some(Assignment {
+        placements,
+        methods,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_names() {
+        for p in Policy::ALL {
+            assert_eq!(p.as_str().parse::<Policy>().unwrap(), p);
+            assert_eq!(serde_json::to_string(&p).unwrap(), format!("\"{p}\""));
+        }
+        assert!("fastest".parse::<Policy>().is_err());
+    }
+}

@@ -1,0 +1,776 @@
+//! The exact search: a dynamic program over the stages in topological order whose states are
+//! *frontiers* — the stages already placed that still have unplaced receivers, with their VM
+//! groups — and whose values are Pareto sets of labels (end times, hold times, cost so far).
+//!
+//! Perf/$ = 1 / (latency * cost) is not a sum over stages, so one score per state (the paper's
+//! Viterbi) is not exact; a set of non-dominated labels per state is. For a chain the frontier is
+//! the last stage's placement and a label is (latency so far, cost so far), i.e. the Viterbi
+//! recursion over labels; forks and joins widen the frontier to every open stage, which keeps
+//! shared ancestors consistent (each appears once, with one placement) and stays exact.
+//!
+//! Dominance (docs/model.md, "Exactness"): label `a` dominates `b` of the same state when every
+//! time of `a` is at most `b`'s and `a`'s cost plus a bound on what the earlier times could
+//! still cost later (waiting storage, VM holds that a later transfer would have covered anyway)
+//! is at most `b`'s cost; a common shift of all times is free, as the future is translation
+//! invariant when no unplaced root remains. Pruning: the bounds, and a lower bound on the final
+//! latency * cost against the best plan known (baselines evaluated first).
+
+use std::collections::HashMap;
+
+use crate::dag::Bounds;
+use crate::model::{Assignment, Groups, Host, Method, Placement, PlanProblem, Sender};
+use crate::planner::{PlanError, Policy, baseline, local_on};
+
+/// More incoming edges than this make the method enumeration (2^edges) unreasonable.
+pub(crate) const MAX_INPUTS: usize = 16;
+
+/// A placement class of a stage: VM type and count; the concurrency varies within it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Opt {
+    pub vm: usize,
+    pub vms: u32,
+    pub per_vm: u32,
+    /// Most lambdas at once on one VM (memory, vCPUs, and the VM's load).
+    pub cmax: u32,
+    pub rate: f64,
+}
+
+/// Where a (VM type, VM count) sits in a stage's option list.
+#[derive(Debug, Clone)]
+pub(crate) struct OptIndex {
+    /// The stage's VM counts, descending.
+    counts: Vec<u32>,
+    /// Per VM type, the index of its first option (`None`: the stage does not fit it).
+    base: Vec<Option<u32>>,
+}
+
+impl OptIndex {
+    pub fn get(&self, vm: usize, vms: u32) -> Option<u32> {
+        let base = (*self.base.get(vm)?)?;
+        let pos = self.counts.binary_search_by(|c| vms.cmp(c)).ok()?;
+        Some(base + pos as u32)
+    }
+}
+
+/// Every placement class of every stage (VM types it fits x the VM counts its fanout allows),
+/// and an index from (VM type, VM count) to its position.
+pub(crate) fn options(pb: &PlanProblem) -> (Vec<Vec<Opt>>, Vec<OptIndex>) {
+    let n = pb.stages().len();
+    let types = pb.catalog().vm_types.len();
+    let mut opts = Vec::with_capacity(n);
+    let mut index = Vec::with_capacity(n);
+    for s in 0..n {
+        let counts = pb.vm_counts(s);
+        let mut row = Vec::with_capacity(types * counts.len());
+        let mut base = vec![None; types];
+        for (vm, slot) in base.iter_mut().enumerate() {
+            let cm = pb.max_concurrent(s, vm);
+            if cm == 0 {
+                continue;
+            }
+            *slot = Some(row.len() as u32);
+            for &vms in &counts {
+                let per_vm = pb.per_vm(s, vms);
+                row.push(Opt {
+                    vm,
+                    vms,
+                    per_vm,
+                    cmax: cm.min(per_vm),
+                    rate: pb.rate(vm, vms),
+                });
+            }
+        }
+        opts.push(row);
+        index.push(OptIndex { counts, base });
+    }
+    (opts, index)
+}
+
+/// How a label was made: the stage's placement and its incoming methods (2 bits per incoming
+/// edge, in the problem's order).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Back {
+    prev: u32,
+    pub pl: Placement,
+    pub methods: u64,
+}
+
+/// The best label seen per stage and VM type, for the explanation table.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seen {
+    pub end: f64,
+    pub cost: f64,
+    pub pl: Placement,
+    pub methods: u64,
+    /// Labels kept for this stage and VM type (before later dominance).
+    pub labels: u32,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Stats {
+    /// `[stage][vm]`.
+    pub seen: Vec<Vec<Option<Seen>>>,
+    /// Candidate placements x methods evaluated per stage.
+    pub evaluated: Vec<u64>,
+}
+
+pub(crate) struct Solved {
+    pub best: Option<Assignment>,
+    pub stats: Stats,
+}
+
+/// Precomputed structure of one problem.
+pub(crate) struct Search<'a> {
+    pb: &'a PlanProblem,
+    opts: Vec<Vec<Opt>>,
+    opt_of: Vec<OptIndex>,
+    /// `open[i]`: stages placed once stage `i` is, that still have unplaced receivers.
+    open: Vec<Vec<usize>>,
+    /// `src[i][j]`: where open stage `j` of layer `i` was in layer `i - 1` (`None`: it is `i`).
+    src: Vec<Vec<Option<usize>>>,
+    /// `in_pos[r][k]`: the position in layer `r - 1` of the sender of `r`'s k-th incoming edge.
+    in_pos: Vec<Vec<usize>>,
+    has_children: Vec<bool>,
+    /// Longest path of cold times from a stage (excluded) to a sink.
+    tail_t: Vec<f64>,
+    /// A lower bound on the cost of the stages after `i` (chains only; 0 otherwise).
+    tail_c: Vec<f64>,
+    /// `w_e[i][j]`: per second that open stage `j` of layer `i` ended earlier, at most this much
+    /// more storage may be paid later (its unplaced out-edges' bytes at the dearest price).
+    w_e: Vec<Vec<f64>>,
+    /// Whether a stage after `i` has no sender (starts at time 0: no translation invariance).
+    roots_ahead: Vec<bool>,
+    /// Enumerate every concurrency; on a chain the largest one dominates (docs/model.md).
+    all_c: bool,
+}
+
+/// Labels of one layer, grouped by state key.
+struct Layer {
+    /// Open stages.
+    d: usize,
+    keys: HashMap<Vec<u32>, Vec<u32>>,
+    /// Per label: E[d], hold[d], busy[d], M, C (hold and busy at a group's first position).
+    vals: Vec<f64>,
+    back: Vec<Back>,
+}
+
+impl Layer {
+    fn stride(&self) -> usize {
+        3 * self.d + 2
+    }
+
+    fn label(&self, id: u32) -> &[f64] {
+        let s = self.stride();
+        &self.vals[id as usize * s..(id as usize + 1) * s]
+    }
+}
+
+/// `a` dominates `b` (see the module documentation).
+fn dominates(
+    a: &[f64],
+    b: &[f64],
+    d: usize,
+    w_e: &[f64],
+    w_h: &[f64],
+    canon: &[u32],
+    shift: bool,
+) -> bool {
+    let (ma, mb) = (a[3 * d], b[3 * d]);
+    if ma > mb {
+        return false;
+    }
+    let mut delta = f64::INFINITY;
+    for j in 0..d {
+        let de = b[j] - a[j];
+        if de < 0.0 {
+            return false;
+        }
+        delta = delta.min(de);
+        if canon[j] as usize == j {
+            let (dh, db) = (b[d + j] - a[d + j], b[2 * d + j] - a[2 * d + j]);
+            if dh < 0.0 || db < 0.0 {
+                return false;
+            }
+            delta = delta.min(dh).min(db);
+        }
+    }
+    if !shift || d == 0 {
+        delta = 0.0;
+    }
+    let mut penalty = 0.0;
+    for j in 0..d {
+        penalty += w_e[j] * (b[j] - a[j] - delta);
+        if canon[j] as usize == j {
+            penalty += w_h[j] * (b[d + j] - a[d + j] - delta);
+        }
+    }
+    a[3 * d + 1] + penalty <= b[3 * d + 1]
+}
+
+pub(crate) fn encode(m: Method) -> u64 {
+    match m {
+        Method::VmStorage => 0,
+        Method::Direct => 1,
+        Method::Remote => 2,
+    }
+}
+
+pub(crate) fn decode(bits: u64, k: usize) -> Method {
+    match (bits >> (2 * k)) & 3 {
+        0 => Method::VmStorage,
+        1 => Method::Direct,
+        _ => Method::Remote,
+    }
+}
+
+impl<'a> Search<'a> {
+    pub fn new(pb: &'a PlanProblem) -> Result<Search<'a>, PlanError> {
+        let n = pb.stages().len();
+        for s in 0..n {
+            if pb.incoming(s).len() > MAX_INPUTS {
+                return Err(PlanError::TooManyInputs {
+                    stage: pb.stages()[s].name.clone(),
+                    edges: pb.incoming(s).len(),
+                    max: MAX_INPUTS,
+                });
+            }
+        }
+        let (opts, opt_of) = options(pb);
+        let last_child: Vec<Option<usize>> = (0..n)
+            .map(|s| pb.outgoing(s).iter().map(|&e| pb.edges()[e].to).max())
+            .collect();
+        let mut open: Vec<Vec<usize>> = Vec::with_capacity(n);
+        let mut src = Vec::with_capacity(n);
+        let mut in_pos = Vec::with_capacity(n);
+        for i in 0..n {
+            let now: Vec<usize> = (0..=i)
+                .filter(|&s| last_child[s].is_some_and(|c| c > i))
+                .collect();
+            let before: &[usize] = if i == 0 { &[] } else { &open[i - 1] };
+            src.push(
+                now.iter()
+                    .map(|&s| {
+                        if s == i {
+                            None
+                        } else {
+                            before.iter().position(|&b| b == s)
+                        }
+                    })
+                    .collect(),
+            );
+            let mut ip = Vec::new();
+            for &e in pb.incoming(i) {
+                let from = pb.edges()[e].from;
+                let pos = before.iter().position(|&b| b == from).ok_or_else(|| {
+                    PlanError::Internal(format!("sender of edge {e} is not open before stage {i}"))
+                })?;
+                ip.push(pos);
+            }
+            in_pos.push(ip);
+            open.push(now);
+        }
+        let mut tail_t = vec![0.0; n];
+        for s in (0..n).rev() {
+            tail_t[s] = pb
+                .outgoing(s)
+                .iter()
+                .map(|&e| {
+                    let c = pb.edges()[e].to;
+                    pb.stages()[c].cold_s + tail_t[c]
+                })
+                .fold(0.0, f64::max);
+        }
+        let roots = (0..n).filter(|&s| pb.incoming(s).is_empty()).count();
+        let chain =
+            roots == 1 && (0..n).all(|s| pb.incoming(s).len() <= 1 && pb.outgoing(s).len() <= 1);
+        let mut tail_c = vec![0.0; n];
+        if chain {
+            // Each later stage costs at least its cheapest compute: on a chain a stage's VMs are
+            // held at least for its compute, and nothing it runs on is already paid for.
+            for i in (0..n.saturating_sub(1)).rev() {
+                let s = i + 1;
+                let min = opts[s]
+                    .iter()
+                    .map(|o| {
+                        o.rate
+                            * pb.compute_s(
+                                s,
+                                Placement {
+                                    vm: o.vm,
+                                    vms: o.vms,
+                                    concurrent: o.cmax,
+                                },
+                            )
+                    })
+                    .fold(f64::INFINITY, f64::min);
+                tail_c[i] = tail_c[s] + if min.is_finite() { min } else { 0.0 };
+            }
+        }
+        let price = pb.local_price().max(pb.remote_price());
+        let w_e = (0..n)
+            .map(|i| {
+                open[i]
+                    .iter()
+                    .map(|&s| {
+                        pb.outgoing(s)
+                            .iter()
+                            .filter(|&&e| pb.edges()[e].to > i)
+                            .map(|&e| pb.edges()[e].bytes * price)
+                            .sum()
+                    })
+                    .collect()
+            })
+            .collect();
+        let roots_ahead = (0..n)
+            .map(|i| (i + 1..n).any(|s| pb.incoming(s).is_empty()))
+            .collect();
+        Ok(Search {
+            pb,
+            opts,
+            opt_of,
+            open,
+            src,
+            in_pos,
+            has_children: last_child.iter().map(Option::is_some).collect(),
+            tail_t,
+            tail_c,
+            w_e,
+            roots_ahead,
+            all_c: !chain,
+        })
+    }
+
+    /// Concurrencies to try for an option.
+    fn cs(&self, o: &Opt) -> std::ops::RangeInclusive<u32> {
+        if self.all_c {
+            1..=o.cmax
+        } else {
+            o.cmax..=o.cmax
+        }
+    }
+
+    /// The best plan (min latency * cost) meeting the bounds with no vm-storage on `banned`
+    /// edges; `prune`: use the bounds and the baselines to cut the search.
+    /// `extra`: more candidate plans for the incumbent (e.g. the chain search's hull vertices).
+    pub fn solve(&self, banned: &[bool], prune: bool, extra: &[Assignment]) -> Solved {
+        let bounds = if prune {
+            self.pb.bounds()
+        } else {
+            Bounds::default()
+        };
+        let (incumbent, inc_plan) = if prune {
+            self.incumbent(banned, bounds, extra)
+        } else {
+            (f64::INFINITY, None)
+        };
+        let (last, backs, stats) = self.run(banned, bounds, incumbent);
+        let mut best: Option<(f64, u32)> = None;
+        if let Some(ids) = last.keys.get(&Vec::new()) {
+            for &id in ids {
+                let v = last.label(id);
+                let product = v[0] * v[1];
+                if best.is_none_or(|(p, _)| product < p) {
+                    best = Some((product, id));
+                }
+            }
+        }
+        let best = match (best, inc_plan) {
+            (Some((p, id)), inc) if p < incumbent || inc.is_none() => {
+                Some(self.rebuild(&backs, id))
+            }
+            (_, inc) => inc,
+        };
+        Solved { best, stats }
+    }
+
+    /// Every (latency, cost) at the end of a search cut only by `bounds`: the Pareto front of
+    /// the plans within them.
+    pub fn front(&self, banned: &[bool], bounds: Bounds) -> Vec<(f64, f64)> {
+        let (last, _, _) = self.run(banned, bounds, f64::INFINITY);
+        last.keys
+            .get(&Vec::new())
+            .map(|ids| {
+                ids.iter()
+                    .map(|&id| (last.label(id)[0], last.label(id)[1]))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The best baseline-like plan that is allowed and meets the bounds: its latency * cost
+    /// bounds the search from above.
+    fn incumbent(
+        &self,
+        banned: &[bool],
+        bounds: Bounds,
+        extra: &[Assignment],
+    ) -> (f64, Option<Assignment>) {
+        let pb = self.pb;
+        let n = pb.stages().len();
+        let mut candidates = vec![baseline(pb, Policy::Remote), baseline(pb, Policy::Direct)];
+        candidates.extend(extra.iter().cloned());
+        for vm in 0..pb.catalog().vm_types.len() {
+            if let Some(a) = local_on(pb, vm) {
+                candidates.push(a);
+            }
+            if (0..n).all(|s| pb.max_concurrent(s, vm) > 0) {
+                let placements: Vec<Placement> = (0..n)
+                    .map(|s| {
+                        let c = pb.max_concurrent(s, vm);
+                        pb.placement_from_per_vm(s, vm, c, c)
+                    })
+                    .collect();
+                for m in [Method::Direct, Method::Remote] {
+                    candidates.push(Assignment {
+                        placements: placements.clone(),
+                        methods: vec![m; pb.edges().len()],
+                    });
+                }
+            }
+        }
+        let mut best = (f64::INFINITY, None);
+        for a in candidates {
+            if a.methods
+                .iter()
+                .zip(banned)
+                .any(|(m, &b)| b && *m == Method::VmStorage)
+            {
+                continue;
+            }
+            let Ok(p) = pb.evaluate(&a) else { continue };
+            if bounds.max_latency_s.is_some_and(|l| p.latency_s > l)
+                || bounds.max_cost_usd.is_some_and(|c| p.cost_usd > c)
+            {
+                continue;
+            }
+            let product = p.latency_s * p.cost_usd;
+            if product < best.0 {
+                best = (product, Some(a));
+            }
+        }
+        best
+    }
+
+    fn rebuild(&self, backs: &[Vec<Back>], mut id: u32) -> Assignment {
+        let pb = self.pb;
+        let n = pb.stages().len();
+        let mut placements = vec![
+            Placement {
+                vm: 0,
+                vms: 1,
+                concurrent: 1
+            };
+            n
+        ];
+        let mut methods = vec![Method::Direct; pb.edges().len()];
+        for r in (0..n).rev() {
+            let b = backs[r][id as usize];
+            placements[r] = b.pl;
+            for (k, &e) in pb.incoming(r).iter().enumerate() {
+                methods[e] = decode(b.methods, k);
+            }
+            id = b.prev;
+        }
+        Assignment {
+            placements,
+            methods,
+        }
+    }
+
+    /// The layers of the search; returns the last one, every layer's back pointers, and stats.
+    fn run(
+        &self,
+        banned: &[bool],
+        bounds: Bounds,
+        incumbent: f64,
+    ) -> (Layer, Vec<Vec<Back>>, Stats) {
+        let pb = self.pb;
+        let n = pb.stages().len();
+        let types = pb.catalog().vm_types.len();
+        let mut stats = Stats {
+            seen: vec![vec![None; types]; n],
+            evaluated: vec![0; n],
+        };
+        let mut layer = Layer {
+            d: 0,
+            keys: HashMap::new(),
+            vals: vec![0.0, 0.0],
+            back: Vec::new(),
+        };
+        layer.keys.insert(Vec::new(), vec![0]);
+        let mut backs = Vec::with_capacity(n);
+        for r in 0..n {
+            let mut next = self.advance(r, &layer, banned, bounds, incumbent, &mut stats);
+            backs.push(std::mem::take(&mut next.back));
+            layer = next;
+        }
+        // The last layer has no open stage: its labels are (M, C) = (latency, cost).
+        (layer, backs, stats)
+    }
+
+    /// Places stage `r` in every way from every label of `prev`.
+    fn advance(
+        &self,
+        r: usize,
+        prev: &Layer,
+        banned: &[bool],
+        bounds: Bounds,
+        incumbent: f64,
+        stats: &mut Stats,
+    ) -> Layer {
+        let pb = self.pb;
+        let d = prev.d;
+        let before: &[usize] = if r == 0 { &[] } else { &self.open[r - 1] };
+        let now = &self.open[r];
+        let d2 = now.len();
+        let mut next = Layer {
+            d: d2,
+            keys: HashMap::new(),
+            vals: Vec::new(),
+            back: Vec::new(),
+        };
+        let incoming = pb.incoming(r);
+        let in_pos = &self.in_pos[r];
+        let shift = !self.roots_ahead[r];
+        let k_r = pb.stages()[r].instances;
+
+        // Scratch space reused across labels.
+        let mut hold = vec![0.0; d];
+        let mut busy = vec![0.0; d];
+        let mut rate = vec![0.0; d];
+        let mut senders: Vec<Sender> = Vec::with_capacity(incoming.len());
+        let mut times = Vec::with_capacity(incoming.len());
+        let mut cand = vec![0.0; 3 * d2 + 2];
+        let mut methods = vec![Method::Direct; incoming.len()];
+        let mut key2 = vec![0u32; 2 * d2];
+        let mut gid2 = vec![0usize; d2];
+        let mut w_h = vec![0.0; d2];
+        const NEW: usize = usize::MAX;
+
+        for (key, ids) in &prev.keys {
+            for j in 0..d {
+                let c = key[2 * j + 1] as usize;
+                let o = &self.opts[before[j]][key[2 * j] as usize];
+                if c == j {
+                    rate[j] = o.rate;
+                }
+            }
+            // Hosts: new VMs, or the group of some sender (vm-storage), when every edge from that
+            // group may use vm-storage.
+            let mut hosts: Vec<Host> = vec![Host::New];
+            for &p in in_pos {
+                let g = key[2 * p + 1] as usize;
+                if hosts.contains(&Host::Continue(g)) {
+                    continue;
+                }
+                let go = &self.opts[before[g]][key[2 * g] as usize];
+                let ok = pb.max_concurrent(r, go.vm) > 0
+                    && go.vms <= k_r
+                    && self.opt_of[r].get(go.vm, go.vms).is_some()
+                    && incoming.iter().zip(in_pos).all(|(&e, &q)| {
+                        key[2 * q + 1] as usize != g
+                            || (!banned[e]
+                                && (pb.edges()[e].kind == crate::dag::EdgeKind::One || go.vms == 1))
+                    });
+                if ok {
+                    hosts.push(Host::Continue(g));
+                }
+            }
+            for host in hosts {
+                let r_opts: Vec<u32> = match host {
+                    Host::New => (0..self.opts[r].len() as u32).collect(),
+                    Host::Continue(g) => {
+                        let go = &self.opts[before[g]][key[2 * g] as usize];
+                        self.opt_of[r]
+                            .get(go.vm, go.vms)
+                            .map(|o| vec![o])
+                            .unwrap_or_default()
+                    }
+                };
+                // Edges whose method is free (not tied to the host group).
+                let free: Vec<usize> = (0..incoming.len())
+                    .filter(|&k| match host {
+                        Host::New => true,
+                        Host::Continue(g) => key[2 * in_pos[k] + 1] as usize != g,
+                    })
+                    .collect();
+                for &o_r in &r_opts {
+                    let o = self.opts[r][o_r as usize];
+                    // The next state's key: open stages' options and groups.
+                    for (j2, s2) in self.src[r].iter().enumerate() {
+                        match s2 {
+                            Some(j) => {
+                                key2[2 * j2] = key[2 * j];
+                                gid2[j2] = key[2 * j + 1] as usize;
+                            }
+                            None => {
+                                key2[2 * j2] = o_r;
+                                gid2[j2] = match host {
+                                    Host::New => NEW,
+                                    Host::Continue(g) => g,
+                                };
+                            }
+                        }
+                    }
+                    for j2 in 0..d2 {
+                        let first = (0..=j2).find(|&x| gid2[x] == gid2[j2]).unwrap_or(j2);
+                        key2[2 * j2 + 1] = first as u32;
+                        w_h[j2] = if first == j2 {
+                            self.opts[now[j2]][key2[2 * j2] as usize].rate
+                        } else {
+                            0.0
+                        };
+                    }
+                    let canon2: Vec<u32> = (0..d2).map(|j2| key2[2 * j2 + 1]).collect();
+                    for c in self.cs(&o) {
+                        let pl = Placement {
+                            vm: o.vm,
+                            vms: o.vms,
+                            concurrent: c,
+                        };
+                        for combo in 0..(1u64 << free.len()) {
+                            let mut bits = 0u64;
+                            for (k, m) in methods.iter_mut().enumerate() {
+                                *m = Method::VmStorage;
+                                if let Some(f) = free.iter().position(|&x| x == k) {
+                                    *m = if combo >> f & 1 == 0 {
+                                        Method::Direct
+                                    } else {
+                                        Method::Remote
+                                    };
+                                }
+                                bits |= encode(*m) << (2 * k);
+                            }
+                            for &id in ids {
+                                let v = prev.label(id);
+                                hold.copy_from_slice(&v[d..2 * d]);
+                                busy.copy_from_slice(&v[2 * d..3 * d]);
+                                senders.clear();
+                                for (k, &e) in incoming.iter().enumerate() {
+                                    let j = in_pos[k];
+                                    let so = &self.opts[before[j]][key[2 * j] as usize];
+                                    senders.push(Sender {
+                                        edge: e,
+                                        method: methods[k],
+                                        end: v[j],
+                                        vm: so.vm,
+                                        vms: so.vms,
+                                        per_vm: so.per_vm,
+                                        group: key[2 * j + 1] as usize,
+                                    });
+                                }
+                                let mut groups = Groups {
+                                    hold: &mut hold,
+                                    busy: &mut busy,
+                                    rate: &rate,
+                                };
+                                let out = pb.step(r, pl, host, &senders, &mut groups, &mut times);
+                                stats.evaluated[r] += 1;
+                                let cost = v[3 * d + 1] + out.cost;
+                                let mut m = v[3 * d];
+                                if !self.has_children[r] {
+                                    m = m.max(out.end);
+                                }
+                                let mut lb_t = m;
+                                for (j2, s2) in self.src[r].iter().enumerate() {
+                                    let e = match s2 {
+                                        Some(j) => v[*j],
+                                        None => out.end,
+                                    };
+                                    cand[j2] = e;
+                                    lb_t = lb_t.max(e + self.tail_t[now[j2]]);
+                                    if key2[2 * j2 + 1] as usize == j2 {
+                                        let (h, b) = match gid2[j2] {
+                                            NEW => (out.end, out.end),
+                                            g => (hold[g], busy[g]),
+                                        };
+                                        cand[d2 + j2] = h;
+                                        cand[2 * d2 + j2] = b;
+                                    } else {
+                                        cand[d2 + j2] = 0.0;
+                                        cand[2 * d2 + j2] = 0.0;
+                                    }
+                                }
+                                cand[3 * d2] = m;
+                                cand[3 * d2 + 1] = cost;
+                                if bounds.max_cost_usd.is_some_and(|b| cost > b)
+                                    || bounds.max_latency_s.is_some_and(|b| lb_t > b)
+                                    || lb_t * (cost + self.tail_c[r]) >= incumbent
+                                {
+                                    continue;
+                                }
+                                let back = Back {
+                                    prev: id,
+                                    pl,
+                                    methods: bits,
+                                };
+                                if next.insert(
+                                    &key2,
+                                    &cand,
+                                    back,
+                                    &self.w_e[r],
+                                    &w_h,
+                                    &canon2,
+                                    shift,
+                                ) {
+                                    let seen = &mut stats.seen[r][o.vm];
+                                    let labels = seen.map_or(0, |s| s.labels) + 1;
+                                    if seen.is_none_or(|s| out.end * cost < s.end * s.cost) {
+                                        *seen = Some(Seen {
+                                            end: out.end,
+                                            cost,
+                                            pl,
+                                            methods: bits,
+                                            labels,
+                                        });
+                                    } else if let Some(s) = seen {
+                                        s.labels = labels;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        next
+    }
+}
+
+impl Layer {
+    /// Adds a label unless one of its state dominates it; drops the ones it dominates.
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &mut self,
+        key: &[u32],
+        cand: &[f64],
+        back: Back,
+        w_e: &[f64],
+        w_h: &[f64],
+        canon: &[u32],
+        shift: bool,
+    ) -> bool {
+        let d = self.d;
+        let stride = self.stride();
+        let vals = &self.vals;
+        let list = match self.keys.get_mut(key) {
+            Some(list) => list,
+            None => self.keys.entry(key.to_vec()).or_default(),
+        };
+        for &id in list.iter() {
+            let v = &vals[id as usize * stride..(id as usize + 1) * stride];
+            if dominates(v, cand, d, w_e, w_h, canon, shift) {
+                return false;
+            }
+        }
+        list.retain(|&id| {
+            let v = &vals[id as usize * stride..(id as usize + 1) * stride];
+            !dominates(cand, v, d, w_e, w_h, canon, shift)
+        });
+        let id = self.back.len() as u32;
+        list.push(id);
+        self.vals.extend_from_slice(cand);
+        self.back.push(back);
+        true
+    }
+}

@@ -1,0 +1,765 @@
+//! Online profiling's models: polynomials from a job's input size to each DAG parameter (per
+//! function memory, cold and hot time, fanout; per edge bytes), degree 1 to 3 chosen by 5-fold
+//! cross-validation, refitted as samples arrive. A DAG's models have converged when every model's
+//! cross-validated MAPE is under a threshold with enough samples; until then its jobs run with
+//! the `remote` policy and are profiled.
+//!
+//! Fitting uses linfa-linear's ordinary least squares on the power columns `x, x^2, x^3` of the
+//! input scaled by its largest magnitude (for conditioning). Folds are drawn from a seed, so a
+//! fit is a pure function of its samples and the seed.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use linfa::Dataset;
+use linfa::traits::Fit as _;
+use linfa_linear::LinearRegression;
+use ndarray::{Array1, Array2};
+use serde::{Deserialize, Serialize};
+
+use crate::dag::{Dag, MAX_INSTANCES};
+use crate::params::{EdgeParams, FunctionParams, Params};
+use crate::units::ByteSize;
+
+/// Polynomial degrees tried.
+pub const MAX_DEGREE: usize = 3;
+/// Folds of the cross-validation (fewer when there are fewer samples).
+pub const FOLDS: usize = 5;
+
+/// What a model predicts, which decides how a prediction is clamped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Quantity {
+    /// MB, at least 1.
+    Memory,
+    /// Seconds, at least 0.
+    Time,
+    /// Instances: a whole number from 1 to [`MAX_INSTANCES`].
+    Fanout,
+    /// Bytes: a whole number, at least 0.
+    Bytes,
+}
+
+impl Quantity {
+    pub fn clamp(self, y: f64) -> f64 {
+        let y = if y.is_finite() { y } else { 0.0 };
+        match self {
+            Quantity::Memory => y.max(1.0),
+            Quantity::Time => y.max(0.0),
+            Quantity::Fanout => y.round().clamp(1.0, MAX_INSTANCES as f64),
+            Quantity::Bytes => y.round().max(0.0),
+        }
+    }
+}
+
+/// When a model is good enough to plan with.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Convergence {
+    /// Cross-validated mean absolute percentage error, as a fraction (0.15 = 15%).
+    pub max_mape: f64,
+    pub min_samples: usize,
+}
+
+impl Default for Convergence {
+    fn default() -> Self {
+        Convergence {
+            max_mape: 0.15,
+            min_samples: 5,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RegressionError {
+    #[error("sample ({x}, {y}) is not finite")]
+    NotFinite { x: f64, y: f64 },
+    #[error("no samples to fit")]
+    NoSamples,
+    #[error("{0} has no fitted model yet")]
+    NotFitted(String),
+    #[error("measured parameters name {0}, which the DAG does not have")]
+    Unknown(String),
+}
+
+/// One fitted polynomial.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fit {
+    /// 0 only when the samples cannot support a line (a single distinct input size).
+    pub degree: usize,
+    /// `y = c[0] + c[1] x + c[2] x^2 + c[3] x^3`, in unscaled x.
+    pub coefficients: Vec<f64>,
+    /// Cross-validated MAPE (fraction); infinite with a single sample.
+    pub cv_mape: f64,
+    pub samples: usize,
+    /// The fitted equation, e.g. `2.1e-6*x + 310`.
+    pub equation: String,
+}
+
+impl Fit {
+    /// The polynomial's value, unclamped.
+    pub fn eval(&self, x: f64) -> f64 {
+        self.coefficients
+            .iter()
+            .rev()
+            .fold(0.0, |acc, c| acc * x + c)
+    }
+}
+
+/// One parameter's model: its samples and its current fit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Model {
+    pub quantity: Quantity,
+    /// `(input size, measured value)`.
+    pub samples: Vec<(f64, f64)>,
+    pub fit: Option<Fit>,
+    /// Seeds the fold assignment.
+    pub seed: u64,
+}
+
+/// SplitMix64: a small deterministic generator for the fold shuffle.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Numbers as people read them: 3 significant digits, scientific when very small or large.
+fn number(c: f64) -> String {
+    let a = c.abs();
+    if a == 0.0 {
+        return "0".into();
+    }
+    if (1e-3..1e6).contains(&a) {
+        let digits = (2 - a.log10().floor() as i32).max(0) as usize;
+        let s = format!("{a:.digits$}");
+        let s = if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_owned()
+        } else {
+            s
+        };
+        return s;
+    }
+    let s = format!("{a:.2e}");
+    // "2.10e-6" -> "2.1e-6"
+    match s.split_once('e') {
+        Some((m, e)) => {
+            let m = if m.contains('.') {
+                m.trim_end_matches('0').trim_end_matches('.')
+            } else {
+                m
+            };
+            format!("{m}e{e}")
+        }
+        None => s,
+    }
+}
+
+/// `c[3]*x^3 + c[2]*x^2 + c[1]*x + c[0]`, leaving out zero terms.
+pub fn equation(coefficients: &[f64]) -> String {
+    let mut out = String::new();
+    for (k, &c) in coefficients.iter().enumerate().rev() {
+        if c == 0.0 || !c.is_finite() && k > 0 {
+            continue;
+        }
+        let term = match k {
+            0 => number(c),
+            1 => format!("{}*x", number(c)),
+            _ => format!("{}*x^{k}", number(c)),
+        };
+        if out.is_empty() {
+            if c < 0.0 {
+                out.push('-');
+            }
+        } else {
+            out.push_str(if c < 0.0 { " - " } else { " + " });
+        }
+        let _ = write!(out, "{term}");
+    }
+    if out.is_empty() { "0".into() } else { out }
+}
+
+/// Least squares of `y` on `[x, x^2, .., x^degree]` (x already scaled), with an intercept.
+/// Returns coefficients in scaled x, constant first.
+fn least_squares(x: &[f64], y: &[f64], degree: usize) -> Option<Vec<f64>> {
+    if degree == 0 {
+        let mean = y.iter().sum::<f64>() / y.len() as f64;
+        return mean.is_finite().then(|| vec![mean]);
+    }
+    let records = Array2::from_shape_fn((x.len(), degree), |(i, j)| x[i].powi(j as i32 + 1));
+    let targets = Array1::from_vec(y.to_vec());
+    let fitted = LinearRegression::new()
+        .fit(&Dataset::new(records, targets))
+        .ok()?;
+    let mut c = Vec::with_capacity(degree + 1);
+    c.push(fitted.intercept());
+    c.extend(fitted.params().iter().copied());
+    c.iter().all(|v| v.is_finite()).then_some(c)
+}
+
+fn distinct(x: &[f64]) -> usize {
+    let mut v: Vec<f64> = x.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.dedup();
+    v.len()
+}
+
+fn poly(c: &[f64], x: f64) -> f64 {
+    c.iter().rev().fold(0.0, |acc, k| acc * x + k)
+}
+
+impl Model {
+    pub fn new(quantity: Quantity, seed: u64) -> Model {
+        Model {
+            quantity,
+            samples: Vec::new(),
+            fit: None,
+            seed,
+        }
+    }
+
+    /// Records a measurement; [`Model::fit`] refits.
+    pub fn add_sample(&mut self, x: f64, y: f64) -> Result<(), RegressionError> {
+        if !(x.is_finite() && y.is_finite()) {
+            return Err(RegressionError::NotFinite { x, y });
+        }
+        self.samples.push((x, y));
+        Ok(())
+    }
+
+    /// Fits every degree from 1 to 3 that the samples support, keeps the one with the lowest
+    /// cross-validated MAPE (the lower degree on a tie), and refits it on all samples.
+    pub fn fit(&mut self) -> Result<&Fit, RegressionError> {
+        let n = self.samples.len();
+        if n == 0 {
+            return Err(RegressionError::NoSamples);
+        }
+        let scale = self.samples.iter().map(|s| s.0.abs()).fold(0.0, f64::max);
+        let scale = if scale > 0.0 { scale } else { 1.0 };
+        let xs: Vec<f64> = self.samples.iter().map(|s| s.0 / scale).collect();
+        let ys: Vec<f64> = self.samples.iter().map(|s| s.1).collect();
+        let mean_abs = ys.iter().map(|y| y.abs()).sum::<f64>() / n as f64;
+        // MAPE with a floor on the denominator, so that zeros (an empty edge) do not explode it.
+        let floor = (1e-3 * mean_abs).max(1e-12);
+
+        // Folds: a seeded shuffle, then round robin.
+        let k = FOLDS.min(n);
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut state = self.seed ^ (n as u64).wrapping_mul(0x2545_F491_4F6C_DD1D);
+        for i in (1..n).rev() {
+            let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
+            order.swap(i, j);
+        }
+        let mut fold = vec![0usize; n];
+        for (pos, &i) in order.iter().enumerate() {
+            fold[i] = pos % k;
+        }
+
+        let cv = |degree: usize| -> Option<f64> {
+            if k < 2 {
+                return None;
+            }
+            let mut err = 0.0;
+            for f in 0..k {
+                let (mut tx, mut ty, mut vx, mut vy) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                for i in 0..n {
+                    if fold[i] == f {
+                        vx.push(xs[i]);
+                        vy.push(ys[i]);
+                    } else {
+                        tx.push(xs[i]);
+                        ty.push(ys[i]);
+                    }
+                }
+                if distinct(&tx) < degree + 1 {
+                    return None;
+                }
+                let c = least_squares(&tx, &ty, degree)?;
+                for (x, y) in vx.iter().zip(&vy) {
+                    let p = self.quantity.clamp(poly(&c, *x));
+                    err += (p - y).abs() / y.abs().max(floor);
+                }
+            }
+            Some(err / n as f64)
+        };
+
+        // A higher degree must earn its place: at least 5% less error (and more than rounding),
+        // or an exact polynomial would pick whichever degree rounds luckiest.
+        let mut best: Option<(usize, f64)> = None;
+        for degree in 1..=MAX_DEGREE {
+            if let Some(m) = cv(degree)
+                && best.is_none_or(|(_, b)| m < 0.95 * b - 1e-9)
+            {
+                best = Some((degree, m));
+            }
+        }
+        let (degree, cv_mape) = match best {
+            Some(b) => b,
+            None if distinct(&xs) >= 2 => (1, f64::INFINITY),
+            None => (0, cv(0).unwrap_or(f64::INFINITY)),
+        };
+        let (degree, c) = match least_squares(&xs, &ys, degree) {
+            Some(c) => (degree, c),
+            None => (
+                0,
+                least_squares(&xs, &ys, 0).ok_or(RegressionError::NoSamples)?,
+            ),
+        };
+        let coefficients: Vec<f64> = c
+            .iter()
+            .enumerate()
+            .map(|(j, v)| v / scale.powi(j as i32))
+            .collect();
+        let fit = Fit {
+            degree,
+            equation: equation(&coefficients),
+            coefficients,
+            cv_mape,
+            samples: n,
+        };
+        Ok(self.fit.insert(fit))
+    }
+
+    /// The clamped prediction at input size `x`, once fitted.
+    pub fn predict(&self, x: f64) -> Option<f64> {
+        self.fit.as_ref().map(|f| self.quantity.clamp(f.eval(x)))
+    }
+
+    pub fn converged(&self, rule: &Convergence) -> bool {
+        self.samples.len() >= rule.min_samples
+            && self.fit.as_ref().is_some_and(|f| f.cv_mape < rule.max_mape)
+    }
+}
+
+/// The models of one function.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionModels {
+    pub memory_mb: Model,
+    pub cold_s: Model,
+    /// Only warm runs measure it; until it converges, predictions use the cold time.
+    pub hot_s: Model,
+    pub instances: Model,
+}
+
+/// The bytes model of one edge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EdgeModel {
+    pub from: String,
+    pub to: String,
+    pub bytes: Model,
+}
+
+/// One function's measurements in one job; a field is `None` when the job did not measure it
+/// (e.g. no instance ran warm).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct FunctionSample {
+    pub memory_mb: Option<f64>,
+    pub cold_s: Option<f64>,
+    pub hot_s: Option<f64>,
+    pub instances: Option<u32>,
+}
+
+/// Every model of one DAG.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DagModels {
+    pub functions: BTreeMap<String, FunctionModels>,
+    pub edges: Vec<EdgeModel>,
+    pub convergence: Convergence,
+    /// Jobs sampled.
+    pub jobs: usize,
+}
+
+/// One model as the control plane shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelSummary {
+    /// `pca.memory_mb`, `pca->train.bytes`.
+    pub parameter: String,
+    pub equation: Option<String>,
+    pub degree: Option<usize>,
+    pub cv_mape: Option<f64>,
+    pub samples: usize,
+    pub converged: bool,
+}
+
+impl DagModels {
+    /// Empty models for every function and edge of `dag`.
+    pub fn new(dag: &Dag, convergence: Convergence, seed: u64) -> DagModels {
+        let functions: Vec<String> = dag.functions.iter().map(|f| f.name.clone()).collect();
+        let edges: Vec<(String, String)> = dag
+            .edges
+            .iter()
+            .map(|e| {
+                (
+                    dag.functions[e.from].name.clone(),
+                    dag.functions[e.to].name.clone(),
+                )
+            })
+            .collect();
+        DagModels::for_names(&functions, &edges, convergence, seed)
+    }
+
+    /// Empty models for these functions and edges.
+    pub fn for_names(
+        functions: &[String],
+        edges: &[(String, String)],
+        convergence: Convergence,
+        seed: u64,
+    ) -> DagModels {
+        let mut k = 0u64;
+        let mut next = |q| {
+            k += 1;
+            Model::new(q, seed.wrapping_add(k.wrapping_mul(0x9E37_79B9)))
+        };
+        let functions = functions
+            .iter()
+            .map(|f| {
+                (
+                    f.clone(),
+                    FunctionModels {
+                        memory_mb: next(Quantity::Memory),
+                        cold_s: next(Quantity::Time),
+                        hot_s: next(Quantity::Time),
+                        instances: next(Quantity::Fanout),
+                    },
+                )
+            })
+            .collect();
+        let edges = edges
+            .iter()
+            .map(|(from, to)| EdgeModel {
+                from: from.clone(),
+                to: to.clone(),
+                bytes: next(Quantity::Bytes),
+            })
+            .collect();
+        DagModels {
+            functions,
+            edges,
+            convergence,
+            jobs: 0,
+        }
+    }
+
+    /// Records one job's measurements at input size `input_bytes` and refits the models that
+    /// received a sample. Unknown names are refused before anything is recorded.
+    pub fn add_sample(
+        &mut self,
+        input_bytes: f64,
+        functions: &BTreeMap<String, FunctionSample>,
+        edges: &[EdgeParams],
+    ) -> Result<(), RegressionError> {
+        if let Some(name) = functions.keys().find(|k| !self.functions.contains_key(*k)) {
+            return Err(RegressionError::Unknown(format!("function {name:?}")));
+        }
+        if let Some(e) = edges
+            .iter()
+            .find(|e| !self.edges.iter().any(|m| m.from == e.from && m.to == e.to))
+        {
+            return Err(RegressionError::Unknown(format!(
+                "edge {} -> {}",
+                e.from, e.to
+            )));
+        }
+        if !input_bytes.is_finite() {
+            return Err(RegressionError::NotFinite {
+                x: input_bytes,
+                y: 0.0,
+            });
+        }
+        for (name, s) in functions {
+            let Some(m) = self.functions.get_mut(name) else {
+                continue;
+            };
+            let pairs = [
+                (&mut m.memory_mb, s.memory_mb),
+                (&mut m.cold_s, s.cold_s),
+                (&mut m.hot_s, s.hot_s),
+                (&mut m.instances, s.instances.map(f64::from)),
+            ];
+            for (model, y) in pairs {
+                if let Some(y) = y {
+                    model.add_sample(input_bytes, y)?;
+                    model.fit()?;
+                }
+            }
+        }
+        for e in edges {
+            if let Some(m) = self
+                .edges
+                .iter_mut()
+                .find(|m| m.from == e.from && m.to == e.to)
+            {
+                m.bytes.add_sample(input_bytes, e.bytes.0 as f64)?;
+                m.bytes.fit()?;
+            }
+        }
+        self.jobs += 1;
+        Ok(())
+    }
+
+    /// Records a complete parameters set measured at `input_bytes`.
+    pub fn add_params(
+        &mut self,
+        input_bytes: f64,
+        measured: &Params,
+    ) -> Result<(), RegressionError> {
+        let functions = measured
+            .functions
+            .iter()
+            .map(|(k, f)| {
+                (
+                    k.clone(),
+                    FunctionSample {
+                        memory_mb: Some(f.memory_mb),
+                        cold_s: Some(f.cold_s),
+                        hot_s: Some(f.hot_s),
+                        instances: Some(f.instances),
+                    },
+                )
+            })
+            .collect();
+        self.add_sample(input_bytes, &functions, &measured.edges)
+    }
+
+    /// Every model that planning needs has converged (hot times excepted: they fall back to
+    /// cold times).
+    pub fn converged(&self) -> bool {
+        let rule = &self.convergence;
+        self.functions.values().all(|f| {
+            f.memory_mb.converged(rule) && f.cold_s.converged(rule) && f.instances.converged(rule)
+        }) && self.edges.iter().all(|e| e.bytes.converged(rule))
+    }
+
+    /// The DAG parameters predicted at input size `input_bytes`.
+    pub fn params_for(&self, input_bytes: f64) -> Result<Params, RegressionError> {
+        let need = |m: &Model, what: String| {
+            m.predict(input_bytes)
+                .ok_or(RegressionError::NotFitted(what))
+        };
+        let mut functions = BTreeMap::new();
+        for (name, f) in &self.functions {
+            let cold_s = need(&f.cold_s, format!("{name}.cold_s"))?;
+            let hot_s = if f.hot_s.converged(&self.convergence) {
+                need(&f.hot_s, format!("{name}.hot_s"))?
+            } else {
+                cold_s
+            };
+            functions.insert(
+                name.clone(),
+                FunctionParams {
+                    memory_mb: need(&f.memory_mb, format!("{name}.memory_mb"))?,
+                    cold_s,
+                    hot_s,
+                    instances: need(&f.instances, format!("{name}.instances"))? as u32,
+                },
+            );
+        }
+        let mut edges = Vec::with_capacity(self.edges.len());
+        for e in &self.edges {
+            let bytes = need(&e.bytes, format!("{}->{}.bytes", e.from, e.to))?;
+            edges.push(EdgeParams {
+                from: e.from.clone(),
+                to: e.to.clone(),
+                bytes: ByteSize(bytes as u64),
+            });
+        }
+        Ok(Params { functions, edges })
+    }
+
+    /// Every model, for display.
+    pub fn summary(&self) -> Vec<ModelSummary> {
+        let rule = &self.convergence;
+        let one = |parameter: String, m: &Model| ModelSummary {
+            parameter,
+            equation: m.fit.as_ref().map(|f| f.equation.clone()),
+            degree: m.fit.as_ref().map(|f| f.degree),
+            cv_mape: m.fit.as_ref().map(|f| f.cv_mape).filter(|x| x.is_finite()),
+            samples: m.samples.len(),
+            converged: m.converged(rule),
+        };
+        let mut out = Vec::new();
+        for (name, f) in &self.functions {
+            out.push(one(format!("{name}.memory_mb"), &f.memory_mb));
+            out.push(one(format!("{name}.cold_s"), &f.cold_s));
+            out.push(one(format!("{name}.hot_s"), &f.hot_s));
+            out.push(one(format!("{name}.instances"), &f.instances));
+        }
+        for e in &self.edges {
+            out.push(one(format!("{}->{}.bytes", e.from, e.to), &e.bytes));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(q: Quantity, f: impl Fn(f64) -> f64, xs: &[f64]) -> Model {
+        let mut m = Model::new(q, 7);
+        for &x in xs {
+            m.add_sample(x, f(x)).unwrap();
+        }
+        m.fit().unwrap();
+        m
+    }
+
+    fn sizes(n: usize) -> Vec<f64> {
+        (1..=n).map(|i| i as f64 * 37e6).collect()
+    }
+
+    #[test]
+    fn recovers_each_degree() {
+        let line = model(Quantity::Memory, |x| 2.1e-6 * x + 310.0, &sizes(12));
+        let f = line.fit.as_ref().unwrap();
+        assert_eq!(f.degree, 1);
+        assert!(f.cv_mape < 1e-6, "{}", f.cv_mape);
+        assert_eq!(f.equation, "2.1e-6*x + 310");
+        let quad = model(
+            Quantity::Time,
+            |x| 3e-16 * x * x + 1e-8 * x + 2.0,
+            &sizes(12),
+        );
+        assert_eq!(quad.fit.as_ref().unwrap().degree, 2);
+        let cubic = model(
+            Quantity::Time,
+            |x| 4e-25 * x.powi(3) - 1e-17 * x * x + 5.0,
+            &sizes(15),
+        );
+        assert_eq!(cubic.fit.as_ref().unwrap().degree, 3);
+        let x: f64 = 200e6;
+        let want = 4e-25 * x.powi(3) - 1e-17 * x * x + 5.0;
+        assert!((cubic.predict(x).unwrap() - want).abs() < 1e-6 * want);
+    }
+
+    #[test]
+    fn cross_validation_prefers_low_degree_on_noise() {
+        // A line with up to +-5% pseudo-random noise: higher degrees would chase the noise.
+        let mut state = 11u64;
+        let mut m = Model::new(Quantity::Time, 3);
+        for x in sizes(30) {
+            let u = (splitmix(&mut state) >> 11) as f64 / (1u64 << 53) as f64;
+            m.add_sample(x, (1e-7 * x + 4.0) * (1.0 + 0.1 * (u - 0.5)))
+                .unwrap();
+        }
+        let f = m.fit().unwrap().clone();
+        assert_eq!(f.degree, 1, "{f:?}");
+        assert!(f.cv_mape > 0.005 && f.cv_mape < 0.05, "{}", f.cv_mape);
+        assert!(m.converged(&Convergence::default()));
+    }
+
+    #[test]
+    fn deterministic_for_a_seed() {
+        let xs = sizes(9);
+        let a = model(Quantity::Time, |x| (x / 1e7).sin() + 3.0, &xs);
+        let b = model(Quantity::Time, |x| (x / 1e7).sin() + 3.0, &xs);
+        assert_eq!(a.fit, b.fit);
+    }
+
+    #[test]
+    fn clamps() {
+        // A falling line predicts negative memory and time far out: clamped.
+        let m = model(Quantity::Memory, |x| 1000.0 - 1e-6 * x, &sizes(6));
+        assert_eq!(m.predict(1e10), Some(1.0));
+        let t = model(Quantity::Time, |x| 10.0 - 1e-7 * x, &sizes(6));
+        assert_eq!(t.predict(1e10), Some(0.0));
+        let k = model(Quantity::Fanout, |x| x / 1e8, &sizes(6));
+        assert_eq!(k.predict(0.0), Some(1.0));
+        assert_eq!(k.predict(3.4e8), Some(3.0));
+        let b = model(Quantity::Bytes, |_| 0.0, &sizes(6));
+        assert_eq!(b.predict(5e8), Some(0.0));
+        assert_eq!(b.fit.as_ref().unwrap().cv_mape, 0.0);
+    }
+
+    #[test]
+    fn few_samples() {
+        let mut m = Model::new(Quantity::Time, 1);
+        assert_eq!(m.fit().unwrap_err(), RegressionError::NoSamples);
+        assert!(m.predict(1.0).is_none());
+        m.add_sample(5.0, 2.0).unwrap();
+        let f = m.fit().unwrap().clone();
+        assert_eq!(f.degree, 0);
+        assert!(f.cv_mape.is_infinite());
+        assert_eq!(m.predict(100.0), Some(2.0));
+        m.add_sample(5.0, 4.0).unwrap();
+        assert_eq!(m.fit().unwrap().degree, 0);
+        assert_eq!(m.predict(1.0), Some(3.0));
+        assert!(!m.converged(&Convergence::default()));
+        assert!(m.add_sample(f64::NAN, 1.0).is_err());
+    }
+
+    #[test]
+    fn equations() {
+        assert_eq!(equation(&[310.0, 2.1e-6]), "2.1e-6*x + 310");
+        assert_eq!(equation(&[-4.0, 0.0, 1.5e-12]), "1.5e-12*x^2 - 4");
+        assert_eq!(equation(&[0.0, -2.0]), "-2*x");
+        assert_eq!(equation(&[0.0]), "0");
+        assert_eq!(equation(&[12345.678]), "12346");
+        assert_eq!(equation(&[0.012345]), "0.0123");
+    }
+
+    #[test]
+    fn dag_models_learn_and_predict() {
+        let mut dm = DagModels::for_names(
+            &["pca".into(), "train".into()],
+            &[("pca".into(), "train".into())],
+            Convergence::default(),
+            42,
+        );
+        assert!(!dm.converged());
+        assert!(dm.params_for(1e8).is_err());
+        for x in sizes(8) {
+            let mut f = BTreeMap::new();
+            f.insert(
+                "pca".to_owned(),
+                FunctionSample {
+                    memory_mb: Some(500.0 + 1e-5 * x),
+                    cold_s: Some(1.0 + 4e-8 * x),
+                    hot_s: None,
+                    instances: Some(1),
+                },
+            );
+            f.insert(
+                "train".to_owned(),
+                FunctionSample {
+                    memory_mb: Some(900.0),
+                    cold_s: Some(3.0),
+                    hot_s: None,
+                    instances: Some(6),
+                },
+            );
+            let e = [EdgeParams {
+                from: "pca".into(),
+                to: "train".into(),
+                bytes: ByteSize((0.5 * x) as u64),
+            }];
+            dm.add_sample(x, &f, &e).unwrap();
+        }
+        assert!(dm.converged());
+        let p = dm.params_for(1e9).unwrap();
+        p.check().unwrap();
+        assert!((p.functions["pca"].memory_mb - 10_500.0).abs() < 1e-3);
+        assert!(
+            (p.functions["pca"].hot_s - p.functions["pca"].cold_s).abs() < 1e-12,
+            "hot falls back to cold"
+        );
+        assert_eq!(p.functions["train"].instances, 6);
+        assert!((p.edges[0].bytes.0 as f64 - 5e8).abs() <= 1.0);
+        let summary = dm.summary();
+        assert_eq!(summary.len(), 9);
+        assert!(
+            summary
+                .iter()
+                .any(|s| s.parameter == "pca->train.bytes" && s.converged)
+        );
+        assert!(serde_json::to_string(&dm).is_ok());
+        let unknown: BTreeMap<String, FunctionSample> =
+            [("nope".to_owned(), FunctionSample::default())].into();
+        assert!(matches!(
+            dm.add_sample(1.0, &unknown, &[]),
+            Err(RegressionError::Unknown(_))
+        ));
+    }
+}

@@ -1,0 +1,177 @@
+//! The DAG parser on good and bad files: every refusal names the file, the place and the field.
+
+use sonic_core::dag::{Dag, EdgeKind, Fanout, Instances};
+
+const GOOD: &str = r#"
+name: ml-pipeline
+description: PCA, parallel tree training, combine
+params:
+  trees: 6
+functions:
+  - name: pca
+    image: sonic-lambdas:latest
+    command: [ml-pipeline, pca]
+    timeout: 300s
+  - name: train
+    image: sonic-lambdas:latest
+    command: [ml-pipeline, train]
+    instances: "{{ params.trees }}"
+  - name: combine
+    image: sonic-lambdas:latest
+    command: [ml-pipeline, combine]
+edges:
+  - { from: pca, to: train, kind: broadcast }
+  - { from: train, to: combine, kind: gather }
+bounds:
+  max_latency: 120s
+  max_cost_usd: 0.05
+"#;
+
+#[test]
+fn parses_the_interfaces_example() {
+    let dag = Dag::from_yaml("ml.yaml", GOOD).expect("valid");
+    assert_eq!(dag.name, "ml-pipeline");
+    let names: Vec<&str> = dag.functions.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["pca", "train", "combine"]);
+    assert_eq!(dag.functions[0].timeout_s, 300.0);
+    assert_eq!(dag.functions[1].instances, Instances::Param("trees".into()));
+    assert_eq!(dag.edges[0].kind, EdgeKind::Broadcast);
+    assert_eq!(dag.bounds.max_latency_s, Some(120.0));
+    assert_eq!(dag.bounds.max_cost_usd, Some(0.05));
+    let f = dag.fanouts(&dag.params).expect("fanouts");
+    assert_eq!(f, [Fanout::Known(1), Fanout::Known(6), Fanout::Known(1)]);
+    let over = dag.job_params(&[("trees".to_owned(), serde_json::json!(12))].into());
+    assert_eq!(dag.fanouts(&over).expect("fanouts")[1], Fanout::Known(12));
+    let bad = dag.job_params(&[("trees".to_owned(), serde_json::json!("many"))].into());
+    assert!(dag.fanouts(&bad).is_err());
+}
+
+#[test]
+fn orders_functions_topologically() {
+    let yaml = r#"
+name: rev
+functions:
+  - { name: c, image: i, command: [x] }
+  - { name: b, image: i, command: [x] }
+  - { name: a, image: i, command: [x] }
+edges:
+  - { from: b, to: c, kind: one }
+  - { from: a, to: b, kind: one }
+"#;
+    let dag = Dag::from_yaml("rev.yaml", yaml).expect("valid");
+    let names: Vec<&str> = dag.functions.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    assert!(dag.edges.iter().all(|e| e.from < e.to));
+    assert_eq!(dag.sinks(), [2]);
+}
+
+#[test]
+fn scatter_receivers_follow_the_parts() {
+    let yaml = r#"
+name: video
+functions:
+  - { name: split, image: i, command: [x] }
+  - { name: classify, image: i, command: [x] }
+  - { name: collect, image: i, command: [x] }
+edges:
+  - { from: split, to: classify, kind: scatter }
+  - { from: classify, to: collect, kind: gather }
+"#;
+    let dag = Dag::from_yaml("v.yaml", yaml).expect("valid");
+    let f = dag.fanouts(&dag.params).expect("fanouts");
+    assert_eq!(f, [Fanout::Known(1), Fanout::Scattered, Fanout::Known(1)]);
+}
+
+/// Parses `body` (functions a, b, c are declared when `body` has no `functions:`) and expects a
+/// refusal whose text contains every fragment in `expect`.
+fn check(body: &str, expect: &[&str]) {
+    let text = if body.contains("functions:") {
+        format!("name: t\n{body}")
+    } else {
+        format!(
+            "name: t\nfunctions:\n  - {{ name: a, image: i, command: [x] }}\n  - {{ name: b, image: i, command: [x], instances: 3 }}\n  - {{ name: c, image: i, command: [x] }}\n{body}"
+        )
+    };
+    let err = Dag::from_yaml("bad.yaml", &text).expect_err(&format!("should refuse:\n{text}"));
+    let shown = err.to_string();
+    assert!(shown.starts_with("bad.yaml"), "{shown}");
+    for frag in expect {
+        assert!(shown.contains(frag), "expected {frag:?} in {shown:?}\nfor\n{text}");
+    }
+}
+
+#[test]
+fn refuses_bad_files_with_place_and_field() {
+    check("colour: red\n", &["colour"]);
+    check("functions:\n  - { name: a, image: i, command: [x], memory: 3GB }\n", &["memory"]);
+    check("functions:\n  - { name: a, command: [x] }\n", &["image"]);
+    check("functions: []\n", &[":2:", "functions", "at least one function"]);
+    check(
+        "functions:\n  - { name: a, image: i, command: [x] }\n  - { name: a, image: i, command: [y] }\n",
+        &[":4:", "functions[1].name", "duplicate function \"a\""],
+    );
+    check(
+        "edges:\n  - { from: a, to: b, kind: one }\n  - { from: b, to: a, kind: one }\n",
+        &["edges[", "cycle"],
+    );
+    check("edges:\n  - { from: a, to: zz, kind: one }\n", &[":7:", "edges[0].to", "unknown function \"zz\""]);
+    check("edges:\n  - { from: a, to: b, kind: teleport }\n", &["edges[0].kind", "not an edge kind"]);
+    check("edges:\n  - { from: a, to: a, kind: one }\n", &["edges[0]", "itself"]);
+    check(
+        "edges:\n  - { from: a, to: b, kind: one }\n  - { from: a, to: b, kind: one }\n",
+        &["edges[1]", "duplicate edge"],
+    );
+    // gather into a function with several instances
+    check("edges:\n  - { from: a, to: b, kind: gather }\n", &["edges[0]", "gather", "3 instances"]);
+    // broadcast from a sender with several instances
+    check("edges:\n  - { from: b, to: c, kind: broadcast }\n", &["edges[0]", "one instance"]);
+    // one edge between different fanouts
+    check(
+        "functions:\n  - { name: a, image: i, command: [x], instances: 2 }\n  - { name: b, image: i, command: [x], instances: 3 }\nedges:\n  - { from: a, to: b, kind: one }\n",
+        &["edges[0]", "sender's fanout"],
+    );
+    // shuffle receiver without a fanout
+    check("edges:\n  - { from: b, to: c, kind: shuffle }\n", &["instances must be given"]);
+    check(
+        "functions:\n  - { name: a, image: i, command: [x], timeout: soon }\n",
+        &[":3:", "functions[0].timeout", "not a duration"],
+    );
+    check("functions:\n  - { name: a, image: i, command: [x], timeout: -5s }\n", &["timeout"]);
+    check("functions:\n  - { name: a, image: i, command: [x], instances: 0 }\n", &["functions[0].instances"]);
+    check("functions:\n  - { name: a, image: i, command: [x], instances: 1.5 }\n", &["functions[0].instances"]);
+    check(
+        "functions:\n  - { name: a, image: i, command: [x], instances: \"{{ params.k }}\" }\n",
+        &["functions[0].instances", "not declared"],
+    );
+    check("functions:\n  - { name: A/b, image: i, command: [x] }\n", &["functions[0].name", "not a valid function name"]);
+    check("functions:\n  - { name: result, image: i, command: [x] }\n", &["reserved"]);
+    check("functions:\n  - { name: a, image: \"\", command: [x] }\n", &["functions[0].image"]);
+    check("functions:\n  - { name: a, image: i, command: [] }\n", &["functions[0].command"]);
+    check("bounds: { max_latency: 0s }\n", &["bounds.max_latency"]);
+    check("bounds: { max_cost_usd: -1 }\n", &["bounds.max_cost_usd"]);
+    check("functions: [\n", &["bad.yaml"]);
+}
+
+#[test]
+fn refuses_a_bad_dag_name() {
+    let err = Dag::from_yaml("n.yaml", "name: My_DAG\nfunctions:\n  - { name: a, image: i, command: [x] }\n")
+        .expect_err("bad name");
+    assert_eq!(err.line, Some(1));
+    assert_eq!(err.field, "name");
+    let err = Dag::from_yaml("n.yaml", "").expect_err("empty file");
+    assert!(err.to_string().starts_with("n.yaml"), "{err}");
+}
+
+#[test]
+#[ignore = "prints messages for a person to read"]
+fn show_messages() {
+    for body in [
+        "name: t\ncolour: red\nfunctions: []\n",
+        "name: t\nfunctions:\n  - { name: a, command: [x] }\n",
+        "name: t\nfunctions: [\n",
+        "name: t\nfunctions:\n  - { name: a, image: i, command: [x], memory: 3GB }\n",
+        "name: t\nfunctions:\n  - { name: a, image: i, command: x }\n",
+    ] {
+        println!("{}", Dag::from_yaml("f.yaml", body).expect_err("bad"));
+    }
+}

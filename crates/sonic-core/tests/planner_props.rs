@@ -1,0 +1,449 @@
+//! The planner against brute force: on random small DAGs (chains, forks, joins, diamonds; 2-4
+//! stages; fanouts 1-6; 1-3 VM types; with and without bounds) the planner's best Perf/$ equals
+//! the best over an enumeration of every plan under the same `evaluate`, its plan meets the
+//! bounds, and its second-best equals the best plan without vm-storage where the best has it.
+
+use proptest::prelude::*;
+use sonic_core::catalog::{Catalog, LocalStorage, RemoteStorage, VmType};
+use sonic_core::dag::{Bounds, EdgeKind};
+use sonic_core::model::{Assignment, EdgeSpec, Method, Placement, PlanProblem, Stage};
+use sonic_core::planner::{PlanError, Policy, plan};
+
+#[derive(Debug, Clone)]
+struct Case {
+    shape: u8,
+    n: usize,
+    fanouts: Vec<u32>,
+    kinds: Vec<u8>,
+    stages: Vec<(f64, f64, f64)>,
+    bytes: Vec<f64>,
+    types: Vec<(u32, u64, f64, f64)>,
+    reserve: u64,
+    local_usd: f64,
+    remote: (f64, f64, f64, f64, Option<f64>, f64),
+    bounds: (u8, f64, f64),
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        (
+            0u8..4,
+            2usize..=4,
+            prop::collection::vec(prop_oneof![Just(1u32), 1u32..=6], 4),
+            prop::collection::vec(0u8..4, 4),
+        ),
+        (
+            prop::collection::vec((300.0f64..3500.0, 0.5f64..20.0, 0.0f64..1.3), 4),
+            prop::collection::vec(prop_oneof![Just(0.0f64), 1e6f64..3e9], 4),
+        ),
+        (
+            prop::collection::vec(
+                (
+                    prop_oneof![Just(1u32), Just(2), Just(4)],
+                    prop_oneof![Just(2048u64), Just(4096), Just(8192)],
+                    100.0f64..3000.0,
+                    0.02f64..0.6,
+                ),
+                1..=3,
+            ),
+            prop_oneof![Just(0u64), Just(512)],
+            // Storage is made dear at times so that waiting costs matter to the optimum.
+            prop_oneof![Just(0.08f64), 0.0f64..50.0],
+        ),
+        (
+            (
+                200.0f64..3000.0,
+                100.0f64..2000.0,
+                0.0f64..60.0,
+                50.0f64..5000.0,
+                prop::option::of(500.0f64..10_000.0),
+                prop_oneof![Just(0.023f64), 0.0f64..30.0],
+            ),
+            (0u8..4, 0.7f64..1.6, 0.7f64..1.6),
+        ),
+    )
+        .prop_map(
+            |(
+                (shape, n, fanouts, kinds),
+                (stages, bytes),
+                (types, reserve, local_usd),
+                (remote, bounds),
+            )| Case {
+                shape,
+                n,
+                fanouts,
+                kinds,
+                stages,
+                bytes,
+                types,
+                reserve,
+                local_usd,
+                remote,
+                bounds,
+            },
+        )
+}
+
+fn edges_of(shape: u8, n: usize) -> Vec<(usize, usize)> {
+    match (shape, n) {
+        (1, 3) => vec![(0, 1), (0, 2)],
+        (1, 4) => vec![(0, 1), (0, 2), (1, 3)],
+        (2, 3) => vec![(0, 2), (1, 2)],
+        (2, 4) => vec![(0, 2), (1, 2), (2, 3)],
+        (3, 4) => vec![(0, 1), (0, 2), (1, 3), (2, 3)],
+        _ => (0..n - 1).map(|i| (i, i + 1)).collect(),
+    }
+}
+
+fn catalog(c: &Case) -> Catalog {
+    let (write, read, lat, rate, agg, remote_usd) = c.remote;
+    Catalog {
+        reserve_mb: c.reserve,
+        vm_types: c
+            .types
+            .iter()
+            .enumerate()
+            .map(|(i, &(vcpus, mem, mbps, usd))| VmType {
+                name: format!("t{i}"),
+                vcpus,
+                memory_mb: mem,
+                network_mbps: mbps,
+                usd_per_hour: usd,
+            })
+            .collect(),
+        local_storage: LocalStorage {
+            usd_per_gb_month: c.local_usd,
+        },
+        remote_storage: RemoteStorage {
+            write_mbps: write,
+            read_mbps: read,
+            request_latency_ms: lat,
+            put_usd_per_1k: 0.005,
+            get_usd_per_1k: 0.0004,
+            usd_per_gb_month: remote_usd,
+            requests_per_s: rate,
+            aggregate_mbps: agg,
+        },
+    }
+}
+
+fn problem(c: &Case, bounds: Bounds) -> PlanProblem {
+    let cat = catalog(c);
+    let usable = cat
+        .vm_types
+        .iter()
+        .map(|v| (v.memory_mb - cat.reserve_mb) as f64)
+        .fold(0.0, f64::max);
+    let stages: Vec<Stage> = (0..c.n)
+        .map(|i| {
+            let (mem, cold, hotf) = c.stages[i];
+            Stage {
+                name: format!("s{i}"),
+                memory_mb: mem.min(usable),
+                cold_s: cold,
+                hot_s: cold * hotf,
+                instances: c.fanouts[i],
+            }
+        })
+        .collect();
+    let edges: Vec<EdgeSpec> = edges_of(c.shape, c.n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (a, b))| {
+            let (ks, kr) = (c.fanouts[a], c.fanouts[b]);
+            let mut allowed = vec![EdgeKind::Shuffle];
+            if ks == kr {
+                allowed.push(EdgeKind::One);
+            }
+            if ks == 1 {
+                allowed.extend([EdgeKind::Broadcast, EdgeKind::Scatter]);
+            }
+            if kr == 1 {
+                allowed.push(EdgeKind::Gather);
+            }
+            EdgeSpec {
+                from: format!("s{a}"),
+                to: format!("s{b}"),
+                kind: allowed[c.kinds[i] as usize % allowed.len()],
+                bytes: c.bytes[i].round(),
+            }
+        })
+        .collect();
+    PlanProblem::new(stages, edges, cat, bounds).expect("generated problems are valid")
+}
+
+/// Every placement of stage `s` a user could ask for: any VM type, any p in 1..=K, any c.
+fn placements(pb: &PlanProblem, s: usize) -> Vec<Placement> {
+    let mut out = Vec::new();
+    for vm in 0..pb.catalog().vm_types.len() {
+        let cmax = pb.max_concurrent(s, vm);
+        for p in 1..=pb.stages()[s].instances {
+            for c in 1..=p.min(cmax) {
+                let pl = pb.placement_from_per_vm(s, vm, p, c);
+                if !out.contains(&pl) {
+                    out.push(pl);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Enumerates every plan; vm-storage receivers only on their sender's VM type and count (the
+/// others are infeasible and `evaluate` would refuse them anyway). Calls `f` with each feasible
+/// plan's (latency, cost).
+fn enumerate(pb: &PlanProblem, banned: &[bool], f: &mut dyn FnMut(f64, f64, &Assignment)) -> usize {
+    let n = pb.stages().len();
+    let all: Vec<Vec<Placement>> = (0..n).map(|s| placements(pb, s)).collect();
+    let mut a = Assignment {
+        placements: vec![
+            Placement {
+                vm: 0,
+                vms: 1,
+                concurrent: 1
+            };
+            n
+        ],
+        methods: vec![Method::Direct; pb.edges().len()],
+    };
+    let mut count = 0;
+    fn go(
+        pb: &PlanProblem,
+        r: usize,
+        all: &[Vec<Placement>],
+        banned: &[bool],
+        a: &mut Assignment,
+        count: &mut usize,
+        f: &mut dyn FnMut(f64, f64, &Assignment),
+    ) {
+        if r == pb.stages().len() {
+            *count += 1;
+            if let Ok(p) = pb.evaluate(a) {
+                f(p.latency_s, p.cost_usd, a);
+            }
+            return;
+        }
+        let inc = pb.incoming(r).to_vec();
+        let combos = 3usize.pow(inc.len() as u32);
+        for combo in 0..combos {
+            let mut x = combo;
+            let mut vm_sender = None;
+            let mut skip = false;
+            for &e in &inc {
+                let m = Method::ALL[x % 3];
+                x /= 3;
+                if m == Method::VmStorage {
+                    if banned[e] {
+                        skip = true;
+                    }
+                    vm_sender.get_or_insert(pb.edges()[e].from);
+                }
+                a.methods[e] = m;
+            }
+            if skip {
+                continue;
+            }
+            for &pl in &all[r] {
+                if let Some(s) = vm_sender {
+                    let sp = a.placements[s];
+                    if (pl.vm, pl.vms) != (sp.vm, sp.vms) {
+                        continue;
+                    }
+                }
+                a.placements[r] = pl;
+                go(pb, r + 1, all, banned, a, count, f);
+            }
+        }
+    }
+    go(pb, 0, &all, banned, &mut a, &mut count, f);
+    count
+}
+
+/// An upper bound on how many plans `enumerate` visits.
+fn size(pb: &PlanProblem) -> f64 {
+    (0..pb.stages().len())
+        .map(|s| {
+            let k = pb.incoming(s).len() as i32;
+            let ps = placements(pb, s).len() as f64;
+            2f64.powi(k) * ps + (3f64.powi(k) - 2f64.powi(k)) * 6.0
+        })
+        .product()
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Best {
+    product: f64,
+    found: bool,
+    min_latency: f64,
+    min_cost: f64,
+    min_cost_within_latency: f64,
+}
+
+fn brute(pb: &PlanProblem, banned: &[bool]) -> Best {
+    let b = pb.bounds();
+    let mut best = Best {
+        product: f64::INFINITY,
+        found: false,
+        min_latency: f64::INFINITY,
+        min_cost: f64::INFINITY,
+        min_cost_within_latency: f64::INFINITY,
+    };
+    enumerate(pb, banned, &mut |l, c, _| {
+        best.min_latency = best.min_latency.min(l);
+        best.min_cost = best.min_cost.min(c);
+        if b.max_latency_s.is_none_or(|x| l <= x) {
+            best.min_cost_within_latency = best.min_cost_within_latency.min(c);
+        }
+        if b.max_latency_s.is_some_and(|x| l > x) || b.max_cost_usd.is_some_and(|x| c > x) {
+            return;
+        }
+        best.found = true;
+        best.product = best.product.min(l * c);
+    });
+    best
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+}
+
+fn check(c: &Case) -> Result<(), TestCaseError> {
+    let free = problem(c, Bounds::default());
+    prop_assume!(size(&free) <= 60_000.0);
+    let unbounded = brute(&free, &vec![false; free.edges().len()]);
+    prop_assert!(unbounded.found, "every generated problem has a plan");
+    // Bounds relative to the unbounded optimum's neighbourhood, so that some bind and some fail.
+    let (kind, lf, cf) = c.bounds;
+    let bounds = Bounds {
+        max_latency_s: (kind & 1 == 1).then_some(unbounded.min_latency * lf * 1.3),
+        max_cost_usd: (kind & 2 == 2).then_some(unbounded.min_cost * cf * 1.3),
+    };
+    let pb = free.with_bounds(bounds).expect("positive bounds");
+    let want = brute(&pb, &vec![false; pb.edges().len()]);
+    match plan(&pb, Policy::Sonic) {
+        Ok(out) => {
+            prop_assert!(
+                want.found,
+                "the planner found a plan the brute force did not: {:?}",
+                out.best
+            );
+            let a = out
+                .best
+                .assignment(&pb)
+                .expect("the plan names the problem's stages");
+            let p = pb.evaluate(&a).expect("the chosen plan is feasible");
+            prop_assert!(
+                bounds.max_latency_s.is_none_or(|x| p.latency_s <= x),
+                "latency bound broken"
+            );
+            prop_assert!(
+                bounds.max_cost_usd.is_none_or(|x| p.cost_usd <= x),
+                "cost bound broken"
+            );
+            prop_assert_eq!(p.perf_per_dollar, out.best.predicted.perf_per_dollar);
+            let got = p.latency_s * p.cost_usd;
+            prop_assert!(
+                close(got, want.product),
+                "planner {} vs brute force {} (perf/$ {} vs {})",
+                got,
+                want.product,
+                1.0 / got,
+                1.0 / want.product
+            );
+
+            let banned: Vec<bool> = a.methods.iter().map(|m| *m == Method::VmStorage).collect();
+            if banned.iter().any(|&x| x) {
+                let want2 = brute(&pb, &banned);
+                match &out.second_best {
+                    Some(sb) => {
+                        prop_assert!(want2.found);
+                        let a2 = sb
+                            .assignment(&pb)
+                            .expect("second-best names the problem's stages");
+                        for (e, m) in a2.methods.iter().enumerate() {
+                            prop_assert!(
+                                !(banned[e] && *m == Method::VmStorage),
+                                "second-best keeps vm-storage on a vetoed edge"
+                            );
+                        }
+                        let p2 = pb.evaluate(&a2).expect("second-best is feasible");
+                        prop_assert!(
+                            close(p2.latency_s * p2.cost_usd, want2.product),
+                            "second-best {} vs {}",
+                            p2.latency_s * p2.cost_usd,
+                            want2.product
+                        );
+                    }
+                    None => prop_assert!(!want2.found, "a second-best exists: {}", want2.product),
+                }
+            } else {
+                prop_assert!(out.second_best.is_none());
+            }
+        }
+        Err(PlanError::Latency { best_s, .. }) => {
+            prop_assert!(!want.found);
+            prop_assert!(
+                close(best_s, want.min_latency),
+                "fastest {} vs {}",
+                best_s,
+                want.min_latency
+            );
+        }
+        Err(PlanError::Cost { best_usd, .. }) => {
+            prop_assert!(!want.found);
+            prop_assert!(
+                close(best_usd, want.min_cost),
+                "cheapest {} vs {}",
+                best_usd,
+                want.min_cost
+            );
+        }
+        Err(PlanError::Both { best_usd, .. }) => {
+            prop_assert!(!want.found);
+            prop_assert!(
+                close(best_usd, want.min_cost_within_latency),
+                "{} vs {}",
+                best_usd,
+                want.min_cost_within_latency
+            );
+        }
+        Err(e) => prop_assert!(false, "unexpected error {e}"),
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, max_global_rejects: 4096, ..ProptestConfig::default() })]
+
+    #[test]
+    fn planner_equals_brute_force(c in case()) {
+        check(&c)?;
+    }
+}
+
+/// The enumeration itself: a chain of two K=2 stages on one VM type with 2 vCPUs has
+/// placements (2 VMs, c=1), (1 VM, c=1), (1 VM, c=2) per stage.
+#[test]
+fn enumeration_counts_every_plan() {
+    let c = Case {
+        shape: 0,
+        n: 2,
+        fanouts: vec![2, 2, 1, 1],
+        kinds: vec![1, 0, 0, 0],
+        stages: vec![(1000.0, 5.0, 0.5); 4],
+        bytes: vec![1e8; 4],
+        types: vec![(2, 8192, 750.0, 0.1)],
+        reserve: 512,
+        local_usd: 0.08,
+        remote: (600.0, 400.0, 25.0, 3500.0, None, 0.023),
+        bounds: (0, 1.0, 1.0),
+    };
+    let pb = problem(&c, Bounds::default());
+    assert_eq!(placements(&pb, 0).len(), 3);
+    assert_eq!(pb.edges()[0].kind, EdgeKind::One);
+    // direct/remote: 3 x 3 x 2; vm-storage: 3 senders x receivers on the same VMs (c choices).
+    let mut feasible = 0;
+    let visited = enumerate(&pb, &[false], &mut |_, _, _| feasible += 1);
+    assert_eq!(visited, 3 * 3 * 2 + 1 + 2 + 2);
+    assert_eq!(feasible, visited);
+}
