@@ -5,7 +5,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 const FORBIDDEN: &[&str] = &[
-    "tokio", "axum", "hyper", "reqwest", "bollard", "rusqlite", "mio", "socket2", "async-std",
+    "tokio",
+    "axum",
+    "hyper",
+    "reqwest",
+    "bollard",
+    "rusqlite",
+    "mio",
+    "socket2",
+    "async-std",
 ];
 const FORBIDDEN_PREFIXES: &[&str] = &["aws-", "tower"];
 
@@ -51,10 +59,15 @@ fn sonic_core_depends_on_no_io_crate() {
     let text = std::fs::read_to_string(&lock).expect("read Cargo.lock");
     let graph = lock_graph(&text);
     let deps = closure(&graph, "sonic-core");
-    assert!(deps.contains("serde"), "the lock graph was not read: {deps:?}");
+    assert!(
+        deps.contains("serde"),
+        "the lock graph was not read: {deps:?}"
+    );
     let bad: Vec<&String> = deps
         .iter()
-        .filter(|d| FORBIDDEN.contains(&d.as_str()) || FORBIDDEN_PREFIXES.iter().any(|p| d.starts_with(p)))
+        .filter(|d| {
+            FORBIDDEN.contains(&d.as_str()) || FORBIDDEN_PREFIXES.iter().any(|p| d.starts_with(p))
+        })
         .collect();
     assert!(bad.is_empty(), "sonic-core pulls in I/O crates: {bad:?}");
     // And the check itself can fail: the agent does depend on them.

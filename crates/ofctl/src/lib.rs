@@ -49,8 +49,11 @@ pub enum Command {
 /// Runs one command, writing its answer to `out`.
 pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     match cli.command {
-        Command::Plan { dag, params, catalog, policy } => {
-            plan::run(&dag, &params, catalog.as_deref(), &policy, cli.output, out)
-        }
+        Command::Plan {
+            dag,
+            params,
+            catalog,
+            policy,
+        } => plan::run(&dag, &params, catalog.as_deref(), &policy, cli.output, out),
     }
 }

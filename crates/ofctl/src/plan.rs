@@ -30,7 +30,9 @@ pub fn plan_files(
     let params_text = read(params)?;
     let params = Params::from_yaml(&params_text).with_context(|| params.display().to_string())?;
     let catalog = match catalog {
-        Some(path) => Catalog::from_yaml(&read(path)?).with_context(|| path.display().to_string())?,
+        Some(path) => {
+            Catalog::from_yaml(&read(path)?).with_context(|| path.display().to_string())?
+        }
         None => Catalog::default(),
     };
     let started = Instant::now();
@@ -73,7 +75,11 @@ fn usd(v: Option<f64>) -> String {
 
 fn write_plan(title: &str, plan: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(out, "{title}")?;
-    writeln!(out, "  {:<16} {:<12} {:>4} {:>7} {:>10}", "FUNCTION", "VM TYPE", "VMS", "PER VM", "CONCURRENT")?;
+    writeln!(
+        out,
+        "  {:<16} {:<12} {:>4} {:>7} {:>10}",
+        "FUNCTION", "VM TYPE", "VMS", "PER VM", "CONCURRENT"
+    )?;
     for s in &plan.stages {
         writeln!(
             out,
@@ -81,7 +87,11 @@ fn write_plan(title: &str, plan: &Plan, out: &mut dyn Write) -> std::io::Result<
             s.function, s.vm_type, s.vms, s.per_vm, s.concurrent
         )?;
     }
-    writeln!(out, "  {:<28} {:<11} {:>12}", "EDGE", "METHOD", "PASSING (S)")?;
+    writeln!(
+        out,
+        "  {:<28} {:<11} {:>12}",
+        "EDGE", "METHOD", "PASSING (S)"
+    )?;
     for e in &plan.edges {
         writeln!(
             out,
@@ -99,12 +109,27 @@ fn write_plan(title: &str, plan: &Plan, out: &mut dyn Write) -> std::io::Result<
     )
 }
 
-fn write_table(report: &PlanReport, outcome: &PlanOutcome, out: &mut dyn Write) -> std::io::Result<()> {
-    writeln!(out, "DAG {}  policy {}  planned in {} us\n", report.dag, report.policy, report.planning_time_us)?;
+fn write_table(
+    report: &PlanReport,
+    outcome: &PlanOutcome,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "DAG {}  policy {}  planned in {} us\n",
+        report.dag, report.policy, report.planning_time_us
+    )?;
     write_plan("BEST PLAN", &outcome.best, out)?;
     match &outcome.second_best {
-        Some(p) => write_plan("\nSECOND BEST (without vm-storage where the best uses it)", p, out)?,
-        None => writeln!(out, "\nSECOND BEST: none (the best plan uses no vm-storage)")?,
+        Some(p) => write_plan(
+            "\nSECOND BEST (without vm-storage where the best uses it)",
+            p,
+            out,
+        )?,
+        None => writeln!(
+            out,
+            "\nSECOND BEST: none (the best plan uses no vm-storage)"
+        )?,
     }
     writeln!(out, "\nWHY")?;
     for d in &outcome.table {
@@ -124,7 +149,11 @@ fn write_table(report: &PlanReport, outcome: &PlanOutcome, out: &mut dyn Write) 
                 opt(o.vms),
                 opt(o.per_vm),
                 opt(o.concurrent),
-                if methods.is_empty() { "-".to_owned() } else { methods.join(",") },
+                if methods.is_empty() {
+                    "-".to_owned()
+                } else {
+                    methods.join(",")
+                },
                 secs(o.end_s),
                 usd(o.cost_so_far_usd),
                 o.note
@@ -146,7 +175,9 @@ fn write_table(report: &PlanReport, outcome: &PlanOutcome, out: &mut dyn Write) 
                     secs(m.edge_s),
                     secs(m.latency_s),
                     usd(m.cost_usd),
-                    m.perf_per_dollar.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into()),
+                    m.perf_per_dollar
+                        .map(|v| format!("{v:.1}"))
+                        .unwrap_or_else(|| "-".into()),
                     m.note
                 )?;
             }

@@ -9,7 +9,10 @@ fn fixtures() -> PathBuf {
 }
 
 fn ofctl(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ofctl")).args(args).output().expect("run ofctl");
+    let out = Command::new(env!("CARGO_BIN_EXE_ofctl"))
+        .args(args)
+        .output()
+        .expect("run ofctl");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -20,7 +23,13 @@ fn ofctl(args: &[&str]) -> (i32, String, String) {
 fn plan_json(dag: &str, params: &str, catalog: Option<&str>, policy: &str) -> serde_json::Value {
     let f = fixtures();
     let (dag, params) = (f.join(dag), f.join(params));
-    let mut args = vec!["plan", "--dag", dag.to_str().unwrap(), "--params", params.to_str().unwrap()];
+    let mut args = vec![
+        "plan",
+        "--dag",
+        dag.to_str().unwrap(),
+        "--params",
+        params.to_str().unwrap(),
+    ];
     let cat;
     if let Some(c) = catalog {
         cat = f.join(c);
@@ -29,7 +38,8 @@ fn plan_json(dag: &str, params: &str, catalog: Option<&str>, policy: &str) -> se
     args.extend(["--policy", policy, "-o", "json"]);
     let (code, stdout, stderr) = ofctl(&args);
     assert_eq!(code, 0, "ofctl failed: {stderr}");
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {stdout}"))
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {stdout}"))
 }
 
 fn method(plan: &serde_json::Value, from: &str, to: &str) -> String {
@@ -44,7 +54,12 @@ fn method(plan: &serde_json::Value, from: &str, to: &str) -> String {
 
 #[test]
 fn json_has_every_named_field() {
-    let plan = plan_json("lightgbm.dag.yaml", "lightgbm-k3.params.yaml", Some("catalog-750.yaml"), "sonic");
+    let plan = plan_json(
+        "lightgbm.dag.yaml",
+        "lightgbm-k3.params.yaml",
+        Some("catalog-750.yaml"),
+        "sonic",
+    );
     assert_eq!(plan["dag"], "lightgbm");
     assert_eq!(plan["policy"], "sonic");
     for s in plan["stages"].as_array().expect("stages") {
@@ -56,7 +71,9 @@ fn json_has_every_named_field() {
         for k in ["from", "to", "method", "predicted_s"] {
             assert!(!e[k].is_null(), "edge lacks {k}: {e}");
         }
-        assert!(["vm-storage", "direct", "remote"].contains(&e["method"].as_str().expect("method")));
+        assert!(
+            ["vm-storage", "direct", "remote"].contains(&e["method"].as_str().expect("method"))
+        );
     }
     for k in ["latency_s", "cost_usd", "perf_per_dollar"] {
         assert!(plan["predicted"][k].as_f64().expect(k) > 0.0);
@@ -71,24 +88,48 @@ fn json_has_every_named_field() {
 #[test]
 fn reproduces_the_papers_findings() {
     // Fanout 1: the trainer runs where the PCA output already is.
-    let k1 = plan_json("lightgbm.dag.yaml", "lightgbm-k1.params.yaml", Some("catalog-750.yaml"), "sonic");
+    let k1 = plan_json(
+        "lightgbm.dag.yaml",
+        "lightgbm-k1.params.yaml",
+        Some("catalog-750.yaml"),
+        "sonic",
+    );
     assert_eq!(method(&k1, "pca", "train"), "vm-storage");
     // The second-best plan avoids vm-storage on that edge.
     let second = &k1["second_best"];
     assert!(second.is_object(), "k1 has a second best");
     assert_ne!(method(second, "pca", "train"), "vm-storage");
     // Fanout 3, one trainer per VM: one copy VM to VM.
-    let k3 = plan_json("lightgbm.dag.yaml", "lightgbm-k3.params.yaml", Some("catalog-750.yaml"), "sonic");
+    let k3 = plan_json(
+        "lightgbm.dag.yaml",
+        "lightgbm-k3.params.yaml",
+        Some("catalog-750.yaml"),
+        "sonic",
+    );
     assert_eq!(method(&k3, "pca", "train"), "direct");
     // Fanout 12 on a 750 Mbit/s VM type: the sender's NIC is the bottleneck, so through S3.
-    let k12 = plan_json("lightgbm.dag.yaml", "lightgbm-k12.params.yaml", Some("catalog-750.yaml"), "sonic");
+    let k12 = plan_json(
+        "lightgbm.dag.yaml",
+        "lightgbm-k12.params.yaml",
+        Some("catalog-750.yaml"),
+        "sonic",
+    );
     assert_eq!(method(&k12, "pca", "train"), "remote");
 }
 
 #[test]
 fn baseline_policies_use_their_methods() {
-    for (policy, expect) in [("remote", "remote"), ("direct", "direct"), ("local", "vm-storage")] {
-        let plan = plan_json("lightgbm.dag.yaml", "lightgbm-k3.params.yaml", Some("catalog-750.yaml"), policy);
+    for (policy, expect) in [
+        ("remote", "remote"),
+        ("direct", "direct"),
+        ("local", "vm-storage"),
+    ] {
+        let plan = plan_json(
+            "lightgbm.dag.yaml",
+            "lightgbm-k3.params.yaml",
+            Some("catalog-750.yaml"),
+            policy,
+        );
         assert_eq!(plan["policy"], policy);
         for e in plan["edges"].as_array().expect("edges") {
             assert_eq!(e["method"], expect, "{policy}: {e}");
@@ -109,7 +150,13 @@ fn the_table_explains_the_choice() {
         f.join("catalog-750.yaml").to_str().unwrap(),
     ]);
     assert_eq!(code, 0);
-    for needle in ["BEST PLAN", "pca -> train", "direct", "WHY", "remote would give"] {
+    for needle in [
+        "BEST PLAN",
+        "pca -> train",
+        "direct",
+        "WHY",
+        "remote would give",
+    ] {
         assert!(stdout.contains(needle), "table lacks {needle:?}:\n{stdout}");
     }
 }
@@ -120,31 +167,64 @@ fn refusals_exit_1_with_one_line_and_usage_exits_2() {
     let bad_dag = dir.path().join("bad.yaml");
     std::fs::write(&bad_dag, "name: t\nfunctions: []\n").expect("write");
     let params = fixtures().join("lightgbm-k3.params.yaml");
-    let (code, stdout, stderr) =
-        ofctl(&["plan", "--dag", bad_dag.to_str().unwrap(), "--params", params.to_str().unwrap()]);
+    let (code, stdout, stderr) = ofctl(&[
+        "plan",
+        "--dag",
+        bad_dag.to_str().unwrap(),
+        "--params",
+        params.to_str().unwrap(),
+    ]);
     assert_eq!(code, 1);
     assert!(stdout.is_empty());
-    assert!(stderr.contains("bad.yaml:2:") && stderr.contains("functions"), "{stderr}");
+    assert!(
+        stderr.contains("bad.yaml:2:") && stderr.contains("functions"),
+        "{stderr}"
+    );
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 
     // A function whose memory fits no VM type.
     let dag = fixtures().join("lightgbm.dag.yaml");
     let huge = dir.path().join("huge.yaml");
-    let text = std::fs::read_to_string(&params).expect("params").replace("memory_mb: 5000", "memory_mb: 900000");
+    let text = std::fs::read_to_string(&params)
+        .expect("params")
+        .replace("memory_mb: 5000", "memory_mb: 900000");
     std::fs::write(&huge, text).expect("write");
-    let (code, stdout, stderr) = ofctl(&["plan", "--dag", dag.to_str().unwrap(), "--params", huge.to_str().unwrap()]);
+    let (code, stdout, stderr) = ofctl(&[
+        "plan",
+        "--dag",
+        dag.to_str().unwrap(),
+        "--params",
+        huge.to_str().unwrap(),
+    ]);
     assert_eq!(code, 1, "{stdout}");
-    assert!(stderr.contains("train") && stderr.contains("900000"), "{stderr}");
+    assert!(
+        stderr.contains("train") && stderr.contains("900000"),
+        "{stderr}"
+    );
 
     // A latency bound no plan meets: the error says what is achievable.
     let bounded = dir.path().join("bounded.yaml");
     let text = std::fs::read_to_string(&dag).expect("dag") + "bounds: { max_latency: 5s }\n";
     std::fs::write(&bounded, text).expect("write");
-    let (code, _, stderr) = ofctl(&["plan", "--dag", bounded.to_str().unwrap(), "--params", params.to_str().unwrap()]);
+    let (code, _, stderr) = ofctl(&[
+        "plan",
+        "--dag",
+        bounded.to_str().unwrap(),
+        "--params",
+        params.to_str().unwrap(),
+    ]);
     assert_eq!(code, 1);
     assert!(stderr.contains("latency bound"), "{stderr}");
 
-    let (code, _, _) = ofctl(&["plan", "--dag", dag.to_str().unwrap(), "--params", params.to_str().unwrap(), "--policy", "fastest"]);
+    let (code, _, _) = ofctl(&[
+        "plan",
+        "--dag",
+        dag.to_str().unwrap(),
+        "--params",
+        params.to_str().unwrap(),
+        "--policy",
+        "fastest",
+    ]);
     assert_eq!(code, 1);
     let (code, _, _) = ofctl(&["plan", "--nonsense"]);
     assert_eq!(code, 2);
@@ -153,14 +233,20 @@ fn refusals_exit_1_with_one_line_and_usage_exits_2() {
 /// The fanout at which `pca -> train` first goes through the store, for one catalog.
 fn crossover(catalog: &str) -> u32 {
     let dir = tempfile::tempdir().expect("tempdir");
-    let template = std::fs::read_to_string(fixtures().join("lightgbm-k3.params.yaml")).expect("params");
+    let template =
+        std::fs::read_to_string(fixtures().join("lightgbm-k3.params.yaml")).expect("params");
     for k in 1..=32u32 {
         let params = dir.path().join(format!("k{k}.yaml"));
         let text = template
             .replace("instances: 3 }", &format!("instances: {k} }}"))
             .replace("bytes: 30MB", &format!("bytes: {}MB", 10 * k));
         std::fs::write(&params, text).expect("write");
-        let plan = plan_json("lightgbm.dag.yaml", params.to_str().unwrap(), Some(catalog), "sonic");
+        let plan = plan_json(
+            "lightgbm.dag.yaml",
+            params.to_str().unwrap(),
+            Some(catalog),
+            "sonic",
+        );
         if method(&plan, "pca", "train") == "remote" {
             return k;
         }
@@ -173,5 +259,8 @@ fn the_crossover_moves_up_on_a_faster_network() {
     let slow = crossover("catalog-750.yaml");
     let fast = crossover("catalog-fast.yaml");
     assert!(slow > 3 && slow <= 12, "crossover on 750 Mbit/s at {slow}");
-    assert!(fast > slow, "crossover {fast} on the fast VM type is not above {slow}");
+    assert!(
+        fast > slow,
+        "crossover {fast} on the fast VM type is not above {slow}"
+    );
 }

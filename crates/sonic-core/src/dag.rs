@@ -191,7 +191,12 @@ struct Errs<'a> {
 }
 
 impl Errs<'_> {
-    fn at<T>(&self, span: &Spanned<T>, field: impl Into<String>, message: impl Into<String>) -> DagError {
+    fn at<T>(
+        &self,
+        span: &Spanned<T>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> DagError {
         let loc = span.referenced;
         let known = loc.line() > 0;
         DagError {
@@ -216,7 +221,9 @@ impl Errs<'_> {
 
 /// `[a-z0-9-]`, starting and ending with a letter or digit, at most 63 characters.
 pub fn valid_dag_name(name: &str) -> bool {
-    valid_ident(name, |c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    valid_ident(name, |c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'
+    })
 }
 
 /// Function names also allow `_`; they name folders and environment variables.
@@ -255,8 +262,11 @@ fn parse_edge_kind(s: &str) -> Option<EdgeKind> {
 fn param_reference(s: &str) -> Option<&str> {
     let inner = s.trim().strip_prefix("{{")?.strip_suffix("}}")?.trim();
     let name = inner.strip_prefix("params.")?;
-    (!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
-        .then_some(name)
+    (!name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+    .then_some(name)
 }
 
 /// A parameter's value as a fanout, when it is a whole number in range.
@@ -320,9 +330,9 @@ impl Dag {
             let declared = match &f.instances {
                 Instances::Fixed(n) => Some(*n),
                 Instances::Param(p) => {
-                    let v = params
-                        .get(p)
-                        .ok_or_else(|| format!("function {}: parameter {p:?} is not set", f.name))?;
+                    let v = params.get(p).ok_or_else(|| {
+                        format!("function {}: parameter {p:?} is not set", f.name)
+                    })?;
                     Some(param_as_fanout(v).ok_or_else(|| {
                         format!(
                             "function {}: parameter {p:?} = {v} is not a whole number from 1 to {MAX_INSTANCES}",
@@ -338,8 +348,13 @@ impl Dag {
                 let s = out[e.from];
                 let (imp, why) = match e.kind {
                     EdgeKind::One => (Some(s), "a one edge keeps the sender's fanout"),
-                    EdgeKind::Scatter => (Some(Fanout::Scattered), "a scatter receiver runs one instance per part"),
-                    EdgeKind::Gather => (Some(Fanout::Known(1)), "a gather receiver has one instance"),
+                    EdgeKind::Scatter => (
+                        Some(Fanout::Scattered),
+                        "a scatter receiver runs one instance per part",
+                    ),
+                    EdgeKind::Gather => {
+                        (Some(Fanout::Known(1)), "a gather receiver has one instance")
+                    }
                     EdgeKind::Broadcast | EdgeKind::Shuffle => (None, ""),
                 };
                 // Sender-side constraints.
@@ -450,7 +465,11 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
     if let Some(p) = &spec.params {
         for (k, v) in &p.value {
             let field = format!("params.{k}");
-            if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            if k.is_empty()
+                || !k
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
                 return Err(errs.at(v, field, "parameter names use letters, digits, '_' and '-'"));
             }
             if !(v.value.is_number() || v.value.is_string() || v.value.is_boolean()) {
@@ -461,7 +480,11 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
     }
 
     if spec.functions.value.is_empty() {
-        return Err(errs.at(&spec.functions, "functions", "a DAG needs at least one function"));
+        return Err(errs.at(
+            &spec.functions,
+            "functions",
+            "a DAG needs at least one function",
+        ));
     }
 
     let mut names: BTreeMap<String, usize> = BTreeMap::new();
@@ -478,7 +501,11 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
             ));
         }
         if RESERVED_NAMES.contains(&name.as_str()) {
-            return Err(errs.at(&f.name, at("name"), format!("{name:?} is reserved by the file ABI")));
+            return Err(errs.at(
+                &f.name,
+                at("name"),
+                format!("{name:?} is reserved by the file ABI"),
+            ));
         }
         if names.insert(name.clone(), i).is_some() {
             return Err(errs.at(&f.name, at("name"), format!("duplicate function {name:?}")));
@@ -498,7 +525,9 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                 let secs = match &t.value {
                     ScalarSpec::Int(n) if *n > 0 => Some(*n as f64),
                     ScalarSpec::Float(x) if x.is_finite() && *x > 0.0 => Some(*x),
-                    ScalarSpec::Str(s) => s.parse::<Seconds>().ok().map(|s| s.0).filter(|s| *s > 0.0),
+                    ScalarSpec::Str(s) => {
+                        s.parse::<Seconds>().ok().map(|s| s.0).filter(|s| *s > 0.0)
+                    }
                     _ => None,
                 };
                 match secs {
@@ -507,7 +536,10 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                         return Err(errs.at(
                             t,
                             at("timeout"),
-                            format!("{} is not a duration from 1ms to 24h (e.g. 300s, 250ms, 5m)", t.value),
+                            format!(
+                                "{} is not a duration from 1ms to 24h (e.g. 300s, 250ms, 5m)",
+                                t.value
+                            ),
                         ));
                     }
                 }
@@ -516,11 +548,17 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         let instances = match &f.instances {
             None => Instances::Follow,
             Some(s) => match &s.value {
-                ScalarSpec::Int(n) if (1..=MAX_INSTANCES as i64).contains(n) => Instances::Fixed(*n as u32),
+                ScalarSpec::Int(n) if (1..=MAX_INSTANCES as i64).contains(n) => {
+                    Instances::Fixed(*n as u32)
+                }
                 ScalarSpec::Str(txt) => match param_reference(txt) {
                     Some(p) if params.contains_key(p) => Instances::Param(p.to_owned()),
                     Some(p) => {
-                        return Err(errs.at(s, at("instances"), format!("parameter {p:?} is not declared under params")));
+                        return Err(errs.at(
+                            s,
+                            at("instances"),
+                            format!("parameter {p:?} is not declared under params"),
+                        ));
                     }
                     None => {
                         return Err(errs.at(
@@ -534,7 +572,10 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                     return Err(errs.at(
                         s,
                         at("instances"),
-                        format!("{} is not a whole number from 1 to {MAX_INSTANCES}", s.value),
+                        format!(
+                            "{} is not a whole number from 1 to {MAX_INSTANCES}",
+                            s.value
+                        ),
                     ));
                 }
             },
@@ -554,20 +595,35 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         let e = &es.value;
         let at = |field: &str| format!("edges[{i}].{field}");
         let from = *names.get(&e.from.value).ok_or_else(|| {
-            errs.at(&e.from, at("from"), format!("unknown function {:?}", e.from.value))
+            errs.at(
+                &e.from,
+                at("from"),
+                format!("unknown function {:?}", e.from.value),
+            )
         })?;
-        let to = *names
-            .get(&e.to.value)
-            .ok_or_else(|| errs.at(&e.to, at("to"), format!("unknown function {:?}", e.to.value)))?;
+        let to = *names.get(&e.to.value).ok_or_else(|| {
+            errs.at(
+                &e.to,
+                at("to"),
+                format!("unknown function {:?}", e.to.value),
+            )
+        })?;
         let kind = parse_edge_kind(&e.kind.value).ok_or_else(|| {
             errs.at(
                 &e.kind,
                 at("kind"),
-                format!("{:?} is not an edge kind (one, scatter, broadcast, gather, shuffle)", e.kind.value),
+                format!(
+                    "{:?} is not an edge kind (one, scatter, broadcast, gather, shuffle)",
+                    e.kind.value
+                ),
             )
         })?;
         if from == to {
-            return Err(errs.at(es, format!("edges[{i}]"), format!("function {:?} sends to itself", e.from.value)));
+            return Err(errs.at(
+                es,
+                format!("edges[{i}]"),
+                format!("function {:?} sends to itself", e.from.value),
+            ));
         }
         if !seen.insert((from, to)) {
             return Err(errs.at(
@@ -620,7 +676,11 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
     let spans: Vec<usize> = edges.iter().map(|(i, _)| *i).collect();
     let edges: Vec<Edge> = edges
         .into_iter()
-        .map(|(_, e)| Edge { from: position[e.from], to: position[e.to], kind: e.kind })
+        .map(|(_, e)| Edge {
+            from: position[e.from],
+            to: position[e.to],
+            kind: e.kind,
+        })
         .collect();
 
     let bounds = match &spec.bounds {
@@ -632,11 +692,17 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                     let secs = match &t.value {
                         ScalarSpec::Int(n) if *n > 0 => Some(*n as f64),
                         ScalarSpec::Float(x) if x.is_finite() && *x > 0.0 => Some(*x),
-                        ScalarSpec::Str(s) => s.parse::<Seconds>().ok().map(|s| s.0).filter(|s| *s > 0.0),
+                        ScalarSpec::Str(s) => {
+                            s.parse::<Seconds>().ok().map(|s| s.0).filter(|s| *s > 0.0)
+                        }
                         _ => None,
                     };
                     Some(secs.ok_or_else(|| {
-                        errs.at(t, "bounds.max_latency", format!("{} is not a positive duration", t.value))
+                        errs.at(
+                            t,
+                            "bounds.max_latency",
+                            format!("{} is not a positive duration", t.value),
+                        )
                     })?)
                 }
             };
@@ -644,10 +710,17 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                 None => None,
                 Some(c) if c.value.is_finite() && c.value > 0.0 => Some(c.value),
                 Some(c) => {
-                    return Err(errs.at(c, "bounds.max_cost_usd", format!("{} is not a positive amount", c.value)));
+                    return Err(errs.at(
+                        c,
+                        "bounds.max_cost_usd",
+                        format!("{} is not a positive amount", c.value),
+                    ));
                 }
             };
-            Bounds { max_latency_s, max_cost_usd }
+            Bounds {
+                max_latency_s,
+                max_cost_usd,
+            }
         }
     };
 
@@ -663,7 +736,10 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
     if let Err(msg) = dag.fanouts(&dag.params) {
         // Point at the first edge the message names, else at the whole file.
         let idx = dag.edges.iter().enumerate().find(|(_, e)| {
-            msg.contains(&format!("{} -> {}", dag.functions[e.from].name, dag.functions[e.to].name))
+            msg.contains(&format!(
+                "{} -> {}",
+                dag.functions[e.from].name, dag.functions[e.to].name
+            ))
         });
         return Err(match idx {
             Some((j, _)) => errs.at(&spec_edges[spans[j]], format!("edges[{}]", spans[j]), msg),

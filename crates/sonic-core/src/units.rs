@@ -139,7 +139,9 @@ impl<'de> Deserialize<'de> for Seconds {
         match NumOrStr::deserialize(d)? {
             NumOrStr::U(n) => Ok(Seconds(n as f64)),
             NumOrStr::F(x) if x.is_finite() && x >= 0.0 => Ok(Seconds(x)),
-            NumOrStr::F(x) => Err(serde::de::Error::custom(UnitError::BadDuration(x.to_string()))),
+            NumOrStr::F(x) => Err(serde::de::Error::custom(UnitError::BadDuration(
+                x.to_string(),
+            ))),
             NumOrStr::S(s) => s.parse().map_err(serde::de::Error::custom),
         }
     }
@@ -162,11 +164,19 @@ mod tests {
     use super::*;
 
     fn check_size(input: &str, expect: Option<u64>) {
-        assert_eq!(input.parse::<ByteSize>().ok().map(|b| b.0), expect, "{input}");
+        assert_eq!(
+            input.parse::<ByteSize>().ok().map(|b| b.0),
+            expect,
+            "{input}"
+        );
     }
 
     fn check_time(input: &str, expect: Option<f64>) {
-        assert_eq!(input.parse::<Seconds>().ok().map(|s| s.0), expect, "{input}");
+        assert_eq!(
+            input.parse::<Seconds>().ok().map(|s| s.0),
+            expect,
+            "{input}"
+        );
     }
 
     #[test]

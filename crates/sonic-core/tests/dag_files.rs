@@ -96,16 +96,25 @@ fn check(body: &str, expect: &[&str]) {
     let shown = err.to_string();
     assert!(shown.starts_with("bad.yaml"), "{shown}");
     for frag in expect {
-        assert!(shown.contains(frag), "expected {frag:?} in {shown:?}\nfor\n{text}");
+        assert!(
+            shown.contains(frag),
+            "expected {frag:?} in {shown:?}\nfor\n{text}"
+        );
     }
 }
 
 #[test]
 fn refuses_bad_files_with_place_and_field() {
     check("colour: red\n", &["colour"]);
-    check("functions:\n  - { name: a, image: i, command: [x], memory: 3GB }\n", &["memory"]);
+    check(
+        "functions:\n  - { name: a, image: i, command: [x], memory: 3GB }\n",
+        &["memory"],
+    );
     check("functions:\n  - { name: a, command: [x] }\n", &["image"]);
-    check("functions: []\n", &[":2:", "functions", "at least one function"]);
+    check(
+        "functions: []\n",
+        &[":2:", "functions", "at least one function"],
+    );
     check(
         "functions:\n  - { name: a, image: i, command: [x] }\n  - { name: a, image: i, command: [y] }\n",
         &[":4:", "functions[1].name", "duplicate function \"a\""],
@@ -114,39 +123,78 @@ fn refuses_bad_files_with_place_and_field() {
         "edges:\n  - { from: a, to: b, kind: one }\n  - { from: b, to: a, kind: one }\n",
         &["edges[", "cycle"],
     );
-    check("edges:\n  - { from: a, to: zz, kind: one }\n", &[":7:", "edges[0].to", "unknown function \"zz\""]);
-    check("edges:\n  - { from: a, to: b, kind: teleport }\n", &["edges[0].kind", "not an edge kind"]);
-    check("edges:\n  - { from: a, to: a, kind: one }\n", &["edges[0]", "itself"]);
+    check(
+        "edges:\n  - { from: a, to: zz, kind: one }\n",
+        &[":7:", "edges[0].to", "unknown function \"zz\""],
+    );
+    check(
+        "edges:\n  - { from: a, to: b, kind: teleport }\n",
+        &["edges[0].kind", "not an edge kind"],
+    );
+    check(
+        "edges:\n  - { from: a, to: a, kind: one }\n",
+        &["edges[0]", "itself"],
+    );
     check(
         "edges:\n  - { from: a, to: b, kind: one }\n  - { from: a, to: b, kind: one }\n",
         &["edges[1]", "duplicate edge"],
     );
     // gather into a function with several instances
-    check("edges:\n  - { from: a, to: b, kind: gather }\n", &["edges[0]", "gather", "3 instances"]);
+    check(
+        "edges:\n  - { from: a, to: b, kind: gather }\n",
+        &["edges[0]", "gather", "3 instances"],
+    );
     // broadcast from a sender with several instances
-    check("edges:\n  - { from: b, to: c, kind: broadcast }\n", &["edges[0]", "one instance"]);
+    check(
+        "edges:\n  - { from: b, to: c, kind: broadcast }\n",
+        &["edges[0]", "one instance"],
+    );
     // one edge between different fanouts
     check(
         "functions:\n  - { name: a, image: i, command: [x], instances: 2 }\n  - { name: b, image: i, command: [x], instances: 3 }\nedges:\n  - { from: a, to: b, kind: one }\n",
         &["edges[0]", "sender's fanout"],
     );
     // shuffle receiver without a fanout
-    check("edges:\n  - { from: b, to: c, kind: shuffle }\n", &["instances must be given"]);
+    check(
+        "edges:\n  - { from: b, to: c, kind: shuffle }\n",
+        &["instances must be given"],
+    );
     check(
         "functions:\n  - { name: a, image: i, command: [x], timeout: soon }\n",
         &[":3:", "functions[0].timeout", "not a duration"],
     );
-    check("functions:\n  - { name: a, image: i, command: [x], timeout: -5s }\n", &["timeout"]);
-    check("functions:\n  - { name: a, image: i, command: [x], instances: 0 }\n", &["functions[0].instances"]);
-    check("functions:\n  - { name: a, image: i, command: [x], instances: 1.5 }\n", &["functions[0].instances"]);
+    check(
+        "functions:\n  - { name: a, image: i, command: [x], timeout: -5s }\n",
+        &["timeout"],
+    );
+    check(
+        "functions:\n  - { name: a, image: i, command: [x], instances: 0 }\n",
+        &["functions[0].instances"],
+    );
+    check(
+        "functions:\n  - { name: a, image: i, command: [x], instances: 1.5 }\n",
+        &["functions[0].instances"],
+    );
     check(
         "functions:\n  - { name: a, image: i, command: [x], instances: \"{{ params.k }}\" }\n",
         &["functions[0].instances", "not declared"],
     );
-    check("functions:\n  - { name: A/b, image: i, command: [x] }\n", &["functions[0].name", "not a valid function name"]);
-    check("functions:\n  - { name: result, image: i, command: [x] }\n", &["reserved"]);
-    check("functions:\n  - { name: a, image: \"\", command: [x] }\n", &["functions[0].image"]);
-    check("functions:\n  - { name: a, image: i, command: [] }\n", &["functions[0].command"]);
+    check(
+        "functions:\n  - { name: A/b, image: i, command: [x] }\n",
+        &["functions[0].name", "not a valid function name"],
+    );
+    check(
+        "functions:\n  - { name: result, image: i, command: [x] }\n",
+        &["reserved"],
+    );
+    check(
+        "functions:\n  - { name: a, image: \"\", command: [x] }\n",
+        &["functions[0].image"],
+    );
+    check(
+        "functions:\n  - { name: a, image: i, command: [] }\n",
+        &["functions[0].command"],
+    );
     check("bounds: { max_latency: 0s }\n", &["bounds.max_latency"]);
     check("bounds: { max_cost_usd: -1 }\n", &["bounds.max_cost_usd"]);
     check("functions: [\n", &["bad.yaml"]);
@@ -154,8 +202,11 @@ fn refuses_bad_files_with_place_and_field() {
 
 #[test]
 fn refuses_a_bad_dag_name() {
-    let err = Dag::from_yaml("n.yaml", "name: My_DAG\nfunctions:\n  - { name: a, image: i, command: [x] }\n")
-        .expect_err("bad name");
+    let err = Dag::from_yaml(
+        "n.yaml",
+        "name: My_DAG\nfunctions:\n  - { name: a, image: i, command: [x] }\n",
+    )
+    .expect_err("bad name");
     assert_eq!(err.line, Some(1));
     assert_eq!(err.field, "name");
     let err = Dag::from_yaml("n.yaml", "").expect_err("empty file");

@@ -7,7 +7,9 @@ use sonic_core::dag::Dag;
 /// n functions, edges (i, j) with i < j in a hidden order, written in a shuffled order.
 fn spec() -> impl Strategy<Value = (usize, Vec<(usize, usize)>, Vec<usize>, u32)> {
     (2usize..8).prop_flat_map(|n| {
-        let pairs: Vec<(usize, usize)> = (0..n).flat_map(|i| (i + 1..n).map(move |j| (i, j))).collect();
+        let pairs: Vec<(usize, usize)> = (0..n)
+            .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
+            .collect();
         (
             Just(n),
             proptest::sample::subsequence(pairs.clone(), 0..=pairs.len()),
@@ -20,7 +22,8 @@ fn spec() -> impl Strategy<Value = (usize, Vec<(usize, usize)>, Vec<usize>, u32)
 fn yaml(n: usize, edges: &[(usize, usize)], order: &[usize], k: u32) -> String {
     let mut s = String::from("name: gen\nfunctions:\n");
     for &i in order.iter().take(n) {
-        s += &format!("  - {{ name: f{i}, image: img, command: [run, \"{i}\"], instances: {k} }}\n");
+        s +=
+            &format!("  - {{ name: f{i}, image: img, command: [run, \"{i}\"], instances: {k} }}\n");
     }
     s += "edges:\n";
     for (a, b) in edges {
