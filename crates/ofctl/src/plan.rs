@@ -136,8 +136,8 @@ fn write_table(
         writeln!(out, "\n  {}: {}", d.function, d.reason)?;
         writeln!(
             out,
-            "    {:<12} {:>4} {:>7} {:>5} {:<24} {:>10} {:>12}  {}",
-            "VM TYPE", "VMS", "PER VM", "CONC", "METHODS IN", "END (S)", "COST SO FAR", "NOTE"
+            "    {:<12} {:>4} {:>7} {:>5} {:<24} {:>10} {:>12}  NOTE",
+            "VM TYPE", "VMS", "PER VM", "CONC", "METHODS IN", "END (S)", "COST SO FAR"
         )?;
         for o in &d.options {
             let methods: Vec<&str> = o.methods_in.iter().map(|m| m.as_str()).collect();
@@ -162,8 +162,8 @@ fn write_table(
         if !d.methods.is_empty() {
             writeln!(
                 out,
-                "    {:<16} {:<11} {:>9} {:>11} {:>12} {:>12}  {}",
-                "EDGE FROM", "METHOD", "EDGE (S)", "LATENCY (S)", "COST ($)", "PERF/$", "NOTE"
+                "    {:<16} {:<11} {:>9} {:>11} {:>12} {:>12}  NOTE",
+                "EDGE FROM", "METHOD", "EDGE (S)", "LATENCY (S)", "COST ($)", "PERF/$"
             )?;
             for m in &d.methods {
                 writeln!(

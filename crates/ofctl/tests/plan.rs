@@ -1,6 +1,8 @@
 //! `ofctl plan` as a user runs it: JSON shape of interfaces.md §3, the table, exit statuses, and the
 //! paper's qualitative findings on the fixtures in `tests/fixtures/plan/`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

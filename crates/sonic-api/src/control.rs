@@ -240,6 +240,69 @@ pub struct JobSummary {
     pub error: Option<String>,
 }
 
+/// One fitted model as `GET /v1/dags/{name}/models` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ModelView {
+    /// `pca.memory_mb`, `pca.cold_s`, `pca.hot_s`, `pca.instances`, `pca->train.bytes`.
+    pub parameter: String,
+    /// The fitted polynomial in the input size `x` (bytes), `None` before the first fit.
+    pub equation: Option<String>,
+    pub degree: Option<usize>,
+    /// Cross-validated mean absolute percentage error (0.12 = 12%).
+    pub cv_mape: Option<f64>,
+    pub samples: usize,
+    pub converged: bool,
+}
+
+/// `GET /v1/dags/{name}/models`: what Sonic learned about a DAG.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DagModelsView {
+    pub dag: String,
+    /// Every model converged: jobs without a forced policy run planned (`sonic`).
+    pub converged: bool,
+    /// The convergence threshold on the cross-validated MAPE (0.15 by default).
+    pub max_mape: f64,
+    /// Jobs whose measurements were added.
+    pub jobs: usize,
+    pub models: Vec<ModelView>,
+    /// The raw samples: one per finished job.
+    #[serde(default)]
+    pub samples: Vec<serde_json::Value>,
+}
+
+/// One event of `GET /v1/jobs/{id}/events` (server-sent events, `data:` is this JSON).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobEvent {
+    pub job_id: String,
+    pub status: JobStatus,
+    /// The function of the stage running, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    /// Instances finished and in all, over the whole job (0 of 0 before planning).
+    pub done_instances: u32,
+    pub total_instances: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// One instance's log lines, as `GET /v1/jobs/{id}/logs[?function=F]` returns them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InstanceLog {
+    pub function: String,
+    pub instance: u32,
+    pub attempt: u32,
+    pub agent: String,
+    /// What the lambda wrote on stderr (and stdout), truncated by the agent.
+    pub log: String,
+}
+
+/// `GET /v1/jobs/{id}/logs`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobLogs {
+    pub job_id: String,
+    pub logs: Vec<InstanceLog>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
