@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Builds the lambda binaries and the `sonic-lambdas:latest` image, with no registry at all.
+# Builds the lambda binaries and the `sonic-lambdas:latest` image, and the `sonic-agent:latest`
+# image, with no registry at all.
 #
 #   bash deploy/build-images.sh            # release binaries
 #   bash deploy/build-images.sh --debug    # debug binaries (faster to build; what the tests use)
 #
-# The image is `FROM scratch`-like: a root filesystem made here from every binary of the
+# Each image is `FROM scratch`-like: a root filesystem made here from every binary of the
 # `sonic-lambdas` package (into /usr/local/bin, on PATH), the shared libraries `ldd` lists for
 # them, the dynamic loader, and an empty /tmp; it is loaded with `docker import`, so nothing is
 # pulled and BuildKit is not involved. Containers run `sonic-launcher` by default: the Docker sandbox
 # keeps a container warm with it and has it start each lambda (see sonic_lambda::launcher).
 #
 # Idempotent: the image carries a hash of its content (label sonic.content) and is not replaced
-# when that hash has not changed. Prints the image size at the end.
+# when that hash has not changed. Prints the image sizes at the end.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 IMAGE="${SONIC_LAMBDAS_IMAGE:-sonic-lambdas:latest}"
+AGENT_IMAGE="${SONIC_AGENT_IMAGE:-sonic-agent:latest}"
+AGENT_BUILT=0
 PROFILE=release
 for arg in "$@"; do
     case "$arg" in
@@ -53,8 +56,10 @@ cargo build "${CARGO_FLAGS[@]}" -p sonic-lambdas --bins
 if [ -n "$(bins_of sonic-agent)" ]; then
     log "building sonic-agent ($PROFILE)"
     # The agent runs on the host, not in the image: a failure here must not block the image.
-    if ! cargo build "${CARGO_FLAGS[@]}" -p sonic-agent --bins; then
-        log "WARNING: sonic-agent did not build (see above); the image is built without waiting for it"
+    if cargo build "${CARGO_FLAGS[@]}" -p sonic-agent --bins; then
+        AGENT_BUILT=1
+    else
+        log "WARNING: sonic-agent did not build (see above); only the lambda image is built"
     fi
 else
     log "sonic-agent has no binary yet: skipped"
@@ -62,50 +67,61 @@ fi
 
 STAGE="$(mktemp -d "${TMPDIR:-/tmp}/sonic-image.XXXXXX")"
 trap 'rm -rf "$STAGE"' EXIT
-ROOTFS="$STAGE/rootfs"
-mkdir -p "$ROOTFS/usr/local/bin" "$ROOTFS/tmp" "$ROOTFS/sonic"
-chmod 1777 "$ROOTFS/tmp"
 
-# Copies a file to the same path inside the root filesystem, following symlinks.
-add_file() {
-    local src="$1"
-    [ -e "$ROOTFS$src" ] && return 0
-    mkdir -p "$ROOTFS$(dirname "$src")"
-    cp -L "$src" "$ROOTFS$src"
+# make_image IMAGE CMD BIN...: a root filesystem with the binaries in /usr/local/bin, the libraries
+# ldd lists for them and the loader, imported as IMAGE with CMD as its default command.
+make_image() {
+    local image="$1" cmd="$2"
+    shift 2
+    local rootfs="$STAGE/$(tr -c 'a-zA-Z0-9' '_' <<<"$image")"
+    rm -rf "$rootfs"
+    mkdir -p "$rootfs/usr/local/bin" "$rootfs/tmp" "$rootfs/sonic"
+    chmod 1777 "$rootfs/tmp"
+    local bin src lib
+    for bin in "$@"; do
+        src="$TARGET_DIR/$PROFILE/$bin"
+        [ -x "$src" ] || { log "missing $src after the build"; exit 1; }
+        cp "$src" "$rootfs/usr/local/bin/$bin"
+        # Debug info is not needed to run; it makes the image several times larger.
+        if command -v strip >/dev/null; then strip --strip-debug "$rootfs/usr/local/bin/$bin"; fi
+        # ldd lines: "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" and
+        # "/lib64/ld-linux-x86-64.so.2 (0x...)" (the loader); vdso has no file.
+        while read -r lib; do
+            if [ ! -e "$rootfs$lib" ]; then
+                mkdir -p "$rootfs$(dirname "$lib")"
+                cp -L "$lib" "$rootfs$lib"
+            fi
+        done < <(ldd "$src" | awk '/=>/ { if ($3 ~ /^\//) print $3; next } $1 ~ /^\// { print $1 }')
+    done
+
+    # The content hash: paths, modes and bytes, in a stable order.
+    local hash current old_id size
+    hash="$(cd "$rootfs" && find . -type f -print0 | LC_ALL=C sort -z |
+        xargs -0 sha256sum | sha256sum | cut -c1-16)"
+    current="$(docker image inspect -f '{{index .Config.Labels "sonic.content"}}' "$image" 2>/dev/null || true)"
+    if [ "$current" = "$hash" ]; then
+        log "$image is up to date (content $hash)"
+    else
+        old_id="$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)"
+        log "importing $image (content $hash)"
+        tar -C "$rootfs" --numeric-owner --owner=0 --group=0 -cf - . |
+            docker import \
+                --change 'ENV PATH=/usr/local/bin' \
+                --change 'WORKDIR /sonic' \
+                --change "CMD [\"$cmd\"]" \
+                --change "LABEL sonic.content=$hash" \
+                - "$image" >/dev/null
+        # The previous image is now untagged; remove it unless a container still uses it.
+        if [ -n "$old_id" ]; then docker image rm "$old_id" >/dev/null 2>&1 || true; fi
+    fi
+    size="$(docker image inspect -f '{{.Size}}' "$image")"
+    echo "$image: $((size / 1024 / 1024)) MiB ($size bytes), binaries: $*"
 }
 
-for bin in "${LAMBDA_BINS[@]}"; do
-    src="$TARGET_DIR/$PROFILE/$bin"
-    [ -x "$src" ] || { log "missing $src after the build"; exit 1; }
-    cp "$src" "$ROOTFS/usr/local/bin/$bin"
-    # Debug info is not needed to run; it makes the image several times larger.
-    if command -v strip >/dev/null; then strip --strip-debug "$ROOTFS/usr/local/bin/$bin"; fi
-    # ldd lines: "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" and
-    # "/lib64/ld-linux-x86-64.so.2 (0x...)" (the loader); vdso has no file.
-    while read -r lib; do
-        add_file "$lib"
-    done < <(ldd "$src" | awk '/=>/ { if ($3 ~ /^\//) print $3; next } $1 ~ /^\// { print $1 }')
-done
+make_image "$IMAGE" sonic-launcher "${LAMBDA_BINS[@]}"
 
-# The content hash: paths, modes and bytes, in a stable order.
-HASH="$(cd "$ROOTFS" && find . -type f -print0 | LC_ALL=C sort -z |
-    xargs -0 sha256sum | sha256sum | cut -c1-16)"
-CURRENT="$(docker image inspect -f '{{index .Config.Labels "sonic.content"}}' "$IMAGE" 2>/dev/null || true)"
-if [ "$CURRENT" = "$HASH" ]; then
-    log "$IMAGE is up to date (content $HASH)"
-else
-    OLD_ID="$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
-    log "importing $IMAGE (content $HASH)"
-    tar -C "$ROOTFS" --numeric-owner --owner=0 --group=0 -cf - . |
-        docker import \
-            --change 'ENV PATH=/usr/local/bin' \
-            --change 'WORKDIR /sonic' \
-            --change 'CMD ["sonic-launcher"]' \
-            --change "LABEL sonic.content=$HASH" \
-            - "$IMAGE" >/dev/null
-    # The previous image is now untagged; remove it unless a container still uses it.
-    if [ -n "$OLD_ID" ]; then docker image rm "$OLD_ID" >/dev/null 2>&1 || true; fi
+# The agent image: the agent alone. Run it with the Docker socket and its data directory mounted
+# (docs/agent.md), or as a plain process on the host.
+if [ "$AGENT_BUILT" = 1 ]; then
+    make_image "$AGENT_IMAGE" sonic-agent sonic-agent
 fi
-
-SIZE="$(docker image inspect -f '{{.Size}}' "$IMAGE")"
-echo "$IMAGE: $((SIZE / 1024 / 1024)) MiB ($SIZE bytes), binaries: ${LAMBDA_BINS[*]}"
