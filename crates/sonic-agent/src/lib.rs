@@ -27,7 +27,11 @@ pub enum StartError {
     Io(#[from] std::io::Error),
 }
 
-/// Makes the sandbox the configuration asks for; `auto` takes Docker when an engine answers.
+/// The image `deploy/build-images.sh` builds and the sample DAGs name.
+pub const LAMBDA_IMAGE: &str = "sonic-lambdas:latest";
+
+/// Makes the sandbox the configuration asks for; `auto` takes Docker when an engine answers and
+/// has the lambda image, else processes.
 pub async fn make_sandbox(config: &AgentConfig) -> Result<Arc<dyn Sandbox>, SandboxError> {
     let docker = || DockerConfig {
         work_dir: config.data_dir.join("containers"),
@@ -46,7 +50,21 @@ pub async fn make_sandbox(config: &AgentConfig) -> Result<Arc<dyn Sandbox>, Sand
         SandboxChoice::Docker => Arc::new(DockerSandbox::connect_with(docker()).await?),
         SandboxChoice::Process => Arc::new(process()?),
         SandboxChoice::Auto => match DockerSandbox::connect_with(docker()).await {
-            Ok(d) => Arc::new(d),
+            Ok(d) => match d.image_exists(LAMBDA_IMAGE).await {
+                Ok(true) => Arc::new(d),
+                Ok(false) => {
+                    tracing::info!(
+                        image = LAMBDA_IMAGE,
+                        "Docker answers but the lambda image is missing (bash deploy/build-images.sh): \
+                         running lambdas as processes"
+                    );
+                    Arc::new(process()?)
+                }
+                Err(e) => {
+                    tracing::info!(reason = %e, "Docker image lookup failed: running lambdas as processes");
+                    Arc::new(process()?)
+                }
+            },
             Err(e) => {
                 tracing::info!(reason = %e, "no Docker engine: running lambdas as processes");
                 Arc::new(process()?)
