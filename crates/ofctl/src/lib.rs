@@ -1,8 +1,20 @@
 //! The `ofctl` commands as library calls, so tests run them without a process.
+//!
+//! `plan` is offline; `up` and `demo` run a whole cluster in this process ([`up`]); the other
+//! commands talk to a control plane over HTTP ([`client`]), found through the saved configuration
+//! ([`config`]) or `--server` / `SONIC_SERVER` and `SONIC_TOKEN`.
 
+pub mod client;
+pub mod commands;
+pub mod config;
+pub mod demo;
 pub mod plan;
+pub mod progress;
+pub mod render;
+pub mod up;
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -17,14 +29,122 @@ pub enum Output {
     Json,
 }
 
+/// A request the command line cannot mean (exit status 2, like clap's own usage errors).
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// A job that ended `failed` (exit status 1; its summary was printed).
+#[derive(Debug)]
+pub struct JobFailed {
+    pub job_id: String,
+    pub error: String,
+}
+
+impl std::fmt::Display for JobFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "job {} failed: {}", self.job_id, self.error)
+    }
+}
+
+impl std::error::Error for JobFailed {}
+
+/// The exit status for an error a command returned: 2 for bad usage, 1 for everything else.
+pub fn exit_status(e: &anyhow::Error) -> u8 {
+    if e.downcast_ref::<UsageError>().is_some() {
+        2
+    } else {
+        1
+    }
+}
+
+/// The error as one line (causes joined, newlines folded).
+pub fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[derive(Debug, Parser)]
 #[command(name = "ofctl", version, about = "Sonic: plan and run serverless DAGs")]
 pub struct Cli {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table, global = true)]
     pub output: Output,
+    /// The control plane's URL (default: the one `ofctl up` saved).
+    #[arg(long, env = "SONIC_SERVER", global = true)]
+    pub server: Option<String>,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Which sandbox the agents of `ofctl up` run lambdas in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum SandboxArg {
+    /// Docker when an engine answers and the lambda image exists, else processes.
+    #[default]
+    Auto,
+    Docker,
+    Process,
+}
+
+/// Which object store `ofctl up` uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum StoreArg {
+    /// SeaweedFS (S3) when it answers or is installed, else a local directory.
+    #[default]
+    Auto,
+    S3,
+    Local,
+}
+
+/// What `ofctl get` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Kind {
+    Dags,
+    Jobs,
+    Agents,
+}
+
+/// What `ofctl describe` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DescribeKind {
+    Job,
+}
+
+/// The flags of `ofctl up` (and the cluster part of `ofctl demo`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpArgs {
+    /// How many agents (VMs) to start; their types cycle through the catalog.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub agents: u32,
+    /// The VM catalog (YAML); the built-in one (deploy/catalog.yaml) when omitted.
+    #[arg(long)]
+    pub catalog: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = SandboxArg::Auto)]
+    pub sandbox: SandboxArg,
+    #[arg(long, value_enum, default_value_t = StoreArg::Auto)]
+    pub store: StoreArg,
+    /// Where the database, agent files and local store live (default: ~/.local/share/sonic for
+    /// `up`, a temporary directory for `demo`).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Address of the control plane's API (default 127.0.0.1:7000 for `up`, any free port for
+    /// `demo`; port 0: any free port).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Folder of the lambda executables for the process sandbox (default: next to ofctl, built
+    /// with cargo first when ofctl runs from a checkout).
+    #[arg(long, env = "SONIC_LAMBDAS_DIR")]
+    pub lambdas: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -44,16 +164,145 @@ pub enum Command {
         #[arg(long, default_value = "sonic")]
         policy: String,
     },
+    /// Start a whole cluster on this machine in the foreground (Ctrl-C stops it).
+    Up(UpArgs),
+    /// Start a cluster, learn the sample DAGs, run them planned, explain, stop.
+    Demo {
+        #[command(flatten)]
+        up: UpArgs,
+        /// Most profiling jobs per DAG before giving up on convergence.
+        #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=100))]
+        max_jobs: u32,
+        /// Planned jobs per DAG once its models converged.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=20))]
+        planned_jobs: u32,
+    },
+    /// Register or update a DAG.
+    Apply {
+        /// The DAG file (YAML).
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+    /// Submit a job.
+    Run {
+        /// The DAG's name.
+        dag: String,
+        /// The job's input file (the first functions see it as input/<its name>).
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// A parameter override, `key=value` (repeatable; values are JSON when they parse).
+        #[arg(long = "param", value_parser = parse_param)]
+        params: Vec<(String, serde_json::Value)>,
+        /// remote, direct, local or sonic (the default: planned once the models converged).
+        #[arg(long)]
+        policy: Option<String>,
+        /// Follow the job to its end and print its summary.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// List DAGs, jobs or agents.
+    Get {
+        #[arg(value_enum)]
+        kind: Kind,
+    },
+    /// Show one job in detail.
+    Describe {
+        #[arg(value_enum)]
+        kind: DescribeKind,
+        id: String,
+    },
+    /// What Sonic learned about a DAG: its models and whether they converged.
+    Models { dag: String },
+    /// A job's lambda logs, optionally of one function.
+    Logs {
+        job: String,
+        function: Option<String>,
+    },
+    /// Download a job's results into a folder.
+    Fetch {
+        job: String,
+        #[arg(long)]
+        to: PathBuf,
+    },
+}
+
+/// `key=value`; the value is JSON when it parses as JSON (numbers, booleans), else a string.
+fn parse_param(s: &str) -> Result<(String, serde_json::Value), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not key=value"))?;
+    let k = k.trim();
+    if k.is_empty() {
+        return Err(format!("{s:?} has an empty key"));
+    }
+    let value = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_owned()));
+    Ok((k.to_owned(), value))
 }
 
 /// Runs one command, writing its answer to `out`.
 pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
+    let output = cli.output;
     match cli.command {
         Command::Plan {
             dag,
             params,
             catalog,
             policy,
-        } => plan::run(&dag, &params, catalog.as_deref(), &policy, cli.output, out),
+        } => plan::run(&dag, &params, catalog.as_deref(), &policy, output, out),
+        Command::Up(args) => runtime()?.block_on(up::run(args, output, out)),
+        Command::Demo {
+            up,
+            max_jobs,
+            planned_jobs,
+        } => {
+            let opts = demo::DemoOptions {
+                max_jobs,
+                planned_jobs,
+            };
+            runtime()?.block_on(demo::run(up, opts, output, out))
+        }
+        command => {
+            let target = config::resolve(cli.server.as_deref())?;
+            let client = client::Client::new(target)?;
+            runtime()?.block_on(commands::run(&client, command, output, out))
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_parse() {
+        assert_eq!(
+            parse_param("trees=3"),
+            Ok(("trees".into(), serde_json::json!(3)))
+        );
+        assert_eq!(
+            parse_param("dataset=iris"),
+            Ok(("dataset".into(), serde_json::json!("iris")))
+        );
+        assert_eq!(
+            parse_param("b.compute_ms=500"),
+            Ok(("b.compute_ms".into(), serde_json::json!(500)))
+        );
+        assert!(parse_param("novalue").is_err());
+        assert!(parse_param("=1").is_err());
+    }
+
+    #[test]
+    fn usage_errors_exit_2() {
+        let usage = anyhow::Error::new(UsageError("bad".into()));
+        assert_eq!(exit_status(&usage), 2);
+        assert_eq!(exit_status(&anyhow::anyhow!("refused")), 1);
+        let multi = anyhow::anyhow!("a\nb").context("c");
+        assert_eq!(one_line(&multi), "c: a b");
     }
 }

@@ -6,11 +6,23 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = ofctl::Cli::parse();
+    // The cluster of `up` and `demo` logs through tracing; quiet unless RUST_LOG asks.
+    let default = match cli.command {
+        ofctl::Command::Up(_) => "warn",
+        _ => "error",
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default.into()),
+        )
+        .init();
     match ofctl::run(cli, &mut std::io::stdout()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ofctl: {e:#}");
-            ExitCode::from(1)
+            eprintln!("ofctl: {}", ofctl::one_line(&e));
+            ExitCode::from(ofctl::exit_status(&e))
         }
     }
 }

@@ -168,6 +168,7 @@ fn table() -> Vec<(RouteInfo, MethodRouter<Shared>)> {
         entry(Post, "/v1/jobs", true, submit_job),
         entry(Get, "/v1/jobs/{id}", true, get_job),
         entry(Post, "/v1/jobs/{id}/cancel", true, cancel_job),
+        entry(Get, "/v1/jobs/{id}/results/{*key}", true, get_result),
     ]
 }
 
@@ -881,6 +882,38 @@ async fn cancel_job(
         .await?
         .ok_or_else(|| ApiError::Internal("job vanished".into()))?;
     Ok((StatusCode::ACCEPTED, Json(job_view(job))).into_response())
+}
+
+/// `GET /v1/jobs/{id}/results/{*key}`: one result object of a job (`key` is its path under the
+/// job's `result/`), as `ofctl fetch` downloads it.
+async fn get_result(
+    State(state): State<Shared>,
+    params: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path((id, key)) =
+        params.map_err(|e| ApiError::BadRequest(format!("bad path: {}", e.body_text())))?;
+    let id = checked_job_id(id)?;
+    let rt = state.jobs.clone().ok_or_else(|| {
+        ApiError::Unavailable("this control plane runs no jobs: it has no object store".into())
+    })?;
+    let full = format!("{}result/{key}", crate::jobs::job_prefix(&id));
+    sonic_storage::validate_key(&full)
+        .map_err(|_| ApiError::BadRequest("invalid result key".into()))?;
+    let lookup = id.clone();
+    state
+        .db
+        .run(move |db| db.get_job(&lookup))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    match rt.store.get_bytes(&full).await {
+        Ok(bytes) => {
+            Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+        }
+        Err(sonic_storage::StoreError::NotFound(_)) => {
+            Err(ApiError::NotFound(format!("job {id} has no result {key}")))
+        }
+        Err(e) => Err(ApiError::Internal(format!("cannot read {full}: {e}"))),
+    }
 }
 
 #[cfg(test)]

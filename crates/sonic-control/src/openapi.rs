@@ -243,6 +243,24 @@ pub fn document() -> Value {
                         "404": error_response("no such job")
                     }))
                 }
+            },
+            "/v1/jobs/{id}/results/{*key}": {
+                "get": {
+                    "summary": "Download one result object of a job (an `outputs` entry, by its path under the job's result/)",
+                    "operationId": "getJobResult",
+                    "tags": ["jobs"],
+                    "parameters": [id_param, {
+                        "name": "key", "in": "path", "required": true,
+                        "description": "the object's path under `jobs/<id>/result/`, slashes included",
+                        "schema": { "type": "string" }
+                    }],
+                    "responses": guarded(json!({
+                        "200": { "description": "the object's bytes", "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } },
+                        "400": error_response("not a job id, or an invalid key"),
+                        "404": error_response("no such job or result"),
+                        "503": error_response("this control plane runs no jobs (no object store)")
+                    }))
+                }
             }
         },
         "components": {

@@ -1,0 +1,334 @@
+//! The `-o table` views: fixed-width tables for people. `-o json` prints the server's documents
+//! as they are and never comes here.
+
+use std::io::{self, Write};
+
+use sonic_api::control::{AgentList, DagList, DagModelsView, JobLogs, JobSummary};
+
+/// Bytes in powers of 1000, as the DAG and catalog files write them.
+pub fn bytes(n: u64) -> String {
+    let n = n as f64;
+    for (unit, size) in [("GB", 1e9), ("MB", 1e6), ("KB", 1e3)] {
+        if n >= size {
+            return format!("{:.1} {unit}", n / size);
+        }
+    }
+    format!("{n} B")
+}
+
+pub fn usd(v: f64) -> String {
+    format!("${v:.6}")
+}
+
+/// A table: a header and rows, each column as wide as its widest cell.
+#[derive(Debug, Default)]
+pub struct Table {
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(header: &[&str]) -> Table {
+        Table {
+            rows: vec![header.iter().map(|s| (*s).to_owned()).collect()],
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn write(&self, indent: &str, out: &mut dyn Write) -> io::Result<()> {
+        let cols = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..cols)
+            .map(|c| {
+                self.rows
+                    .iter()
+                    .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        for r in &self.rows {
+            let mut line = String::from(indent);
+            for (c, cell) in r.iter().enumerate() {
+                if c + 1 == r.len() {
+                    line.push_str(cell);
+                } else {
+                    line.push_str(&format!("{cell:<w$}  ", w = widths[c]));
+                }
+            }
+            writeln!(out, "{}", line.trim_end())?;
+        }
+        Ok(())
+    }
+}
+
+pub fn dags(list: &DagList, out: &mut dyn Write) -> io::Result<()> {
+    if list.dags.is_empty() {
+        return writeln!(out, "no DAGs: apply one with `ofctl apply -f FILE`");
+    }
+    let mut t = Table::new(&["NAME", "REVISION", "FUNCTIONS", "EDGES", "DESCRIPTION"]);
+    for d in &list.dags {
+        let description: String = d.description.chars().take(60).collect();
+        t.row(vec![
+            d.name.clone(),
+            d.revision.to_string(),
+            d.functions.join(","),
+            d.edges.to_string(),
+            description,
+        ]);
+    }
+    t.write("", out)
+}
+
+pub fn jobs(jobs: &[JobSummary], out: &mut dyn Write) -> io::Result<()> {
+    if jobs.is_empty() {
+        return writeln!(out, "no jobs: submit one with `ofctl run DAG`");
+    }
+    let mut t = Table::new(&[
+        "JOB", "DAG", "STATUS", "MODE", "POLICY", "INPUT", "LATENCY", "COST", "PERF/$",
+    ]);
+    for j in jobs {
+        let ended = j.status.is_terminal();
+        t.row(vec![
+            j.job_id.clone(),
+            j.dag.clone(),
+            j.status.to_string(),
+            j.mode.to_string(),
+            j.policy.clone(),
+            bytes(j.input_bytes),
+            if ended {
+                format!("{:.2} s", j.latency_s)
+            } else {
+                "-".into()
+            },
+            if ended { usd(j.cost_usd) } else { "-".into() },
+            if ended {
+                format!("{:.0}", j.perf_per_dollar)
+            } else {
+                "-".into()
+            },
+        ]);
+    }
+    t.write("", out)
+}
+
+pub fn agents(list: &AgentList, out: &mut dyn Write) -> io::Result<()> {
+    if list.agents.is_empty() {
+        return writeln!(out, "no agents registered");
+    }
+    let mut t = Table::new(&[
+        "AGENT", "VM TYPE", "ALIVE", "SANDBOX", "VCPUS", "MEMORY", "NETWORK", "RUNNING", "URL",
+    ]);
+    for a in &list.agents {
+        let c = &a.capacity;
+        t.row(vec![
+            a.agent_id.clone(),
+            a.vm_type.clone(),
+            if a.alive {
+                "yes".into()
+            } else {
+                format!("no ({} s)", a.heartbeat_age_ms / 1000)
+            },
+            c.sandbox.clone(),
+            c.vcpus.to_string(),
+            format!("{} MB", c.memory_mb),
+            c.network_mbps
+                .map_or_else(|| "unlimited".into(), |m| format!("{m:.0} Mbit/s")),
+            c.running.to_string(),
+            a.url.clone(),
+        ]);
+    }
+    t.write("", out)
+}
+
+/// One job: its measures, functions, edges and outputs.
+pub fn job(j: &JobSummary, out: &mut dyn Write) -> io::Result<()> {
+    writeln!(out, "job      {}", j.job_id)?;
+    writeln!(out, "dag      {}", j.dag)?;
+    writeln!(out, "status   {}", j.status)?;
+    if let Some(e) = &j.error {
+        writeln!(out, "error    {e}")?;
+    }
+    writeln!(out, "mode     {} (policy {})", j.mode, j.policy)?;
+    writeln!(out, "input    {}", bytes(j.input_bytes))?;
+    if j.status.is_terminal() {
+        writeln!(
+            out,
+            "latency  {:.3} s   cost {}   perf/$ {:.1}",
+            j.latency_s,
+            usd(j.cost_usd),
+            j.perf_per_dollar
+        )?;
+    }
+    if !j.functions.is_empty() {
+        writeln!(out, "\nFUNCTIONS")?;
+        let mut t = Table::new(&[
+            "NAME", "INSTANCE", "AGENT", "VM TYPE", "COLD", "SECONDS", "PEAK MEM", "ATTEMPTS",
+        ]);
+        for f in &j.functions {
+            t.row(vec![
+                f.name.clone(),
+                f.instance.to_string(),
+                f.agent.clone(),
+                f.vm_type.clone(),
+                if f.cold { "cold" } else { "warm" }.into(),
+                format!("{:.3}", f.seconds),
+                f.peak_memory_mb
+                    .map_or_else(|| "-".into(), |m| format!("{m:.0} MB")),
+                f.attempts.to_string(),
+            ]);
+        }
+        t.write("  ", out)?;
+    }
+    if !j.edges.is_empty() {
+        writeln!(out, "\nEDGES")?;
+        let mut t = Table::new(&["EDGE", "METHOD", "BYTES", "SECONDS"]);
+        for e in &j.edges {
+            t.row(vec![
+                format!("{} -> {}", e.from, e.to),
+                e.method.clone(),
+                bytes(e.bytes),
+                format!("{:.3}", e.seconds),
+            ]);
+        }
+        t.write("  ", out)?;
+    }
+    if !j.outputs.is_empty() {
+        writeln!(out, "\nOUTPUTS")?;
+        for o in &j.outputs {
+            writeln!(out, "  {o}")?;
+        }
+    }
+    Ok(())
+}
+
+fn percent(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v.is_finite() => format!("{:.1}%", v * 100.0),
+        Some(_) => "inf".into(),
+        None => "-".into(),
+    }
+}
+
+pub fn models(m: &DagModelsView, out: &mut dyn Write) -> io::Result<()> {
+    writeln!(
+        out,
+        "DAG {}: {} after {} job(s) (a model converges under {:.0}% cross-validated MAPE)",
+        m.dag,
+        if m.converged {
+            "converged: jobs run planned"
+        } else {
+            "not converged yet: jobs run profiling"
+        },
+        m.jobs,
+        m.max_mape * 100.0
+    )?;
+    let mut t = Table::new(&[
+        "PARAMETER",
+        "CONVERGED",
+        "SAMPLES",
+        "DEGREE",
+        "CV MAPE",
+        "EQUATION (x = input bytes)",
+    ]);
+    for v in &m.models {
+        t.row(vec![
+            v.parameter.clone(),
+            if v.converged { "yes" } else { "no" }.into(),
+            v.samples.to_string(),
+            v.degree.map_or_else(|| "-".into(), |d| d.to_string()),
+            percent(v.cv_mape),
+            v.equation.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    t.write("  ", out)
+}
+
+pub fn logs(l: &JobLogs, out: &mut dyn Write) -> io::Result<()> {
+    if l.logs.is_empty() {
+        return writeln!(out, "no logs for job {}", l.job_id);
+    }
+    for (i, log) in l.logs.iter().enumerate() {
+        if i > 0 {
+            writeln!(out)?;
+        }
+        writeln!(
+            out,
+            "==> {}[{}] attempt {} on {} <==",
+            log.function, log.instance, log.attempt, log.agent
+        )?;
+        let text = log.log.trim_end();
+        if text.is_empty() {
+            writeln!(out, "(empty)")?;
+        } else {
+            writeln!(out, "{text}")?;
+        }
+    }
+    Ok(())
+}
+
+/// A plan document (the `ofctl plan -o json` shape), read leniently: stages, edges, prediction.
+pub fn plan(p: &serde_json::Value, indent: &str, out: &mut dyn Write) -> io::Result<()> {
+    let mut t = Table::new(&["FUNCTION", "VM TYPE", "VMS", "PER VM", "CONCURRENT"]);
+    let s = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".into(),
+        v => v.to_string(),
+    };
+    for st in p["stages"].as_array().into_iter().flatten() {
+        t.row(vec![
+            s(&st["function"]),
+            s(&st["vm_type"]),
+            s(&st["vms"]),
+            s(&st["per_vm"]),
+            s(&st["concurrent"]),
+        ]);
+    }
+    t.write(indent, out)?;
+    let mut t = Table::new(&["EDGE", "METHOD", "PREDICTED (S)"]);
+    for e in p["edges"].as_array().into_iter().flatten() {
+        t.row(vec![
+            format!("{} -> {}", s(&e["from"]), s(&e["to"])),
+            s(&e["method"]),
+            e["predicted_s"]
+                .as_f64()
+                .map_or_else(|| "-".into(), |v| format!("{v:.3}")),
+        ]);
+    }
+    t.write(indent, out)?;
+    let pr = &p["predicted"];
+    if let (Some(l), Some(c)) = (pr["latency_s"].as_f64(), pr["cost_usd"].as_f64()) {
+        writeln!(
+            out,
+            "{indent}predicted: latency {l:.3} s, cost {}, perf/$ {:.1}",
+            usd(c),
+            pr["perf_per_dollar"].as_f64().unwrap_or(0.0)
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(bytes(999), "999 B");
+        assert_eq!(bytes(12_300_000), "12.3 MB");
+        assert_eq!(bytes(2_000_000_000), "2.0 GB");
+    }
+
+    #[test]
+    fn table_aligns() {
+        let mut t = Table::new(&["A", "LONG HEADER", "C"]);
+        t.row(vec!["wide cell".into(), "x".into(), "y".into()]);
+        let mut out = Vec::new();
+        t.write("", &mut out).expect("write");
+        let text = String::from_utf8(out).expect("utf8");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0].find("LONG"), lines[1].find('x'));
+        assert_eq!(lines[0].find('C'), lines[1].find('y'));
+    }
+}
