@@ -75,7 +75,10 @@ pub async fn run(
             let s: JobSummary = typed("GET /v1/jobs/{id}", &summary)?;
             match output {
                 Output::Json => print_json(out, &summary)?,
-                Output::Table => render::job(&s, out)?,
+                Output::Table => {
+                    render::job(&s, out)?;
+                    render::job_plan(&summary, out)?;
+                }
             }
             if s.status == JobStatus::Failed {
                 return Err(JobFailed {
@@ -111,7 +114,10 @@ pub async fn run(
             let v = get_job(client, &id).await?;
             match output {
                 Output::Json => print_json(out, &v),
-                Output::Table => Ok(render::job(&typed("GET /v1/jobs/{id}", &v)?, out)?),
+                Output::Table => {
+                    render::job(&typed("GET /v1/jobs/{id}", &v)?, out)?;
+                    Ok(render::job_plan(&v, out)?)
+                }
             }
         }
         Command::Models { dag } => {

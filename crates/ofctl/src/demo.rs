@@ -463,6 +463,19 @@ fn write_report(
             ]);
         }
         t.write("  ", out)?;
+        for j in &r.planned_jobs {
+            let used = j["plan"]["used"].as_str();
+            if let Some(used) = used {
+                writeln!(
+                    out,
+                    "  {}: ran the {used} plan",
+                    j["job_id"].as_str().unwrap_or("?")
+                )?;
+                for n in j["plan"]["notes"].as_array().into_iter().flatten() {
+                    writeln!(out, "    note: {}", n.as_str().unwrap_or_default())?;
+                }
+            }
+        }
     }
     writeln!(out, "\ndemo took {seconds:.0} s; the cluster is stopped")?;
     Ok(())

@@ -203,6 +203,51 @@ pub fn job(j: &JobSummary, out: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
+/// The plan a planned job ran with (the summary's `plan`, when the control plane sends one).
+pub fn job_plan(summary: &serde_json::Value, out: &mut dyn Write) -> io::Result<()> {
+    let p = &summary["plan"];
+    let Some(used) = p["used"].as_str() else {
+        return Ok(());
+    };
+    writeln!(out, "\nPLAN ({used})")?;
+    for n in p["notes"].as_array().into_iter().flatten() {
+        writeln!(out, "  note: {}", n.as_str().unwrap_or_default())?;
+    }
+    let stages = p["stages"].as_array().map_or(&[][..], Vec::as_slice);
+    if !stages.is_empty() {
+        let mut t = Table::new(&[
+            "FUNCTION",
+            "VM TYPE",
+            "AGENTS",
+            "CONCURRENT",
+            "MEMORY LIMIT",
+        ]);
+        for st in stages {
+            let agents: Vec<&str> = st["agents"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a.as_str())
+                .collect();
+            t.row(vec![
+                st["function"].as_str().unwrap_or("-").to_owned(),
+                st["vm_type"].as_str().unwrap_or("-").to_owned(),
+                agents.join(","),
+                st["concurrent"].to_string(),
+                st["memory_limit_mb"]
+                    .as_u64()
+                    .map_or_else(|| "-".into(), |m| format!("{m} MB")),
+            ]);
+        }
+        t.write("  ", out)?;
+    }
+    if p["report"].is_object() {
+        writeln!(out, "  the plan as chosen:")?;
+        plan(&p["report"], "    ", out)?;
+    }
+    Ok(())
+}
+
 fn percent(v: Option<f64>) -> String {
     match v {
         Some(v) if v.is_finite() => format!("{:.1}%", v * 100.0),

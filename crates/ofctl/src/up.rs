@@ -621,10 +621,9 @@ pub async fn run(args: UpArgs, output: Output, out: &mut dyn Write) -> anyhow::R
         })()
         .map_err(anyhow::Error::from),
     };
-    let _ = out.flush();
-    if let Err(e) = printed {
-        cluster.stop().await;
-        return Err(e);
+    // A closed stdout (the reader went away) must not take the cluster down with it.
+    if let Err(e) = printed.and_then(|()| Ok(out.flush()?)) {
+        eprintln!("ofctl: cannot print the cluster's description: {e:#}");
     }
     let waited = wait_for_signal().await;
     eprintln!("stopping the cluster");

@@ -117,14 +117,17 @@ impl Up {
             .expect("spawn ofctl up");
         // `up` prints the server line once every agent is registered.
         let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
         let mut server = None;
-        for line in BufReader::new(stdout).lines() {
+        for line in lines.by_ref() {
             let line = line.expect("read ofctl up");
             if let Some(rest) = line.strip_prefix("server") {
                 server = rest.split_whitespace().next().map(str::to_owned);
                 break;
             }
         }
+        // Keep reading what follows, so that `up` never writes into a closed pipe.
+        std::thread::spawn(move || lines.for_each(drop));
         let server = server.unwrap_or_else(|| {
             let _ = child.kill();
             panic!("ofctl up exited without printing its server")
