@@ -238,6 +238,40 @@ pub struct JobSummary {
     pub outputs: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// How a `sonic` job was planned and placed (absent for the other policies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<JobPlan>,
+}
+
+/// The plan a planned job ran with, and what the resource manager granted.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobPlan {
+    /// `best`, `second_best` (the resource manager could not grant a vm-storage placement of
+    /// the best plan), or `none` (planning failed: the job profiled with `remote` instead).
+    pub used: String,
+    /// Why: vm-storage refused, VM types substituted, VMs shared, planning errors.
+    #[serde(default)]
+    pub notes: Vec<String>,
+    /// The `ofctl plan -o json` document at this job's input size (`null` when `used` is `none`).
+    pub report: serde_json::Value,
+    /// Per stage, the agents the plan's VMs were mapped onto.
+    #[serde(default)]
+    pub stages: Vec<StageHosts>,
+}
+
+/// Where one stage of a planned job ran.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StageHosts {
+    pub function: String,
+    /// The VM type the plan chose.
+    pub vm_type: String,
+    /// One agent id per VM of the plan (an agent appears several times when the plan wants more
+    /// VMs of the type than are alive).
+    pub agents: Vec<String>,
+    /// Instances that run at once per VM.
+    pub concurrent: u32,
+    /// The memory limit each instance gets (from the predicted peak, with headroom).
+    pub memory_limit_mb: u64,
 }
 
 /// One fitted model as `GET /v1/dags/{name}/models` shows it.

@@ -18,14 +18,19 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sonic_api::agent::{Capacity, Heartbeat};
 use sonic_api::control::{
-    AgentInfo, AgentList, ControlHealth, DagDetail, DagList, DagSummary, JobStatus, JobSummary,
+    AgentInfo, AgentList, ControlHealth, DagDetail, DagList, DagModelsView, DagSummary, JobEvent,
+    JobLogs, JobMode, JobPlan, JobStatus, JobSummary,
 };
+use sonic_core::catalog::Catalog;
 use sonic_core::dag::{Dag, valid_dag_name};
+use sonic_core::regression::Convergence;
 
+use crate::bandwidth::BandwidthBook;
 use crate::clock::Clock;
 use crate::config::ControlConfig;
 use crate::error::ApiError;
 use crate::jobs::{JobInputFile, Policy};
+use crate::learning::{PlanFailure, Planned};
 use crate::metrics::{self, Gauges, Metrics};
 use crate::scheduler::Runtime;
 use crate::store::{AgentRecord, Applied, DagRecord, Db, JobRecord};
@@ -68,6 +73,8 @@ pub struct ControlState {
     pub metrics: Metrics,
     /// What running jobs needs (object store, catalog, agent credentials); `None` refuses jobs.
     pub jobs: Option<Arc<Runtime>>,
+    /// The bandwidth the agents measure, per VM type, for the planner.
+    pub bandwidth: BandwidthBook,
 }
 
 impl ControlState {
@@ -88,7 +95,30 @@ impl ControlState {
             settings,
             metrics: Metrics::default(),
             jobs,
+            bandwidth: BandwidthBook::default(),
         })
+    }
+
+    /// The convergence rule in force (the job runtime's, or the default without one).
+    pub fn convergence(&self) -> Convergence {
+        self.jobs
+            .as_ref()
+            .map_or_else(Convergence::default, |rt| rt.config.convergence)
+    }
+
+    /// The catalog planning uses, with the measured bandwidths in place of the nominal ones.
+    pub fn planning_catalog(
+        &self,
+    ) -> (
+        Catalog,
+        std::collections::BTreeMap<String, crate::bandwidth::TypeBandwidth>,
+    ) {
+        let base = self
+            .jobs
+            .as_ref()
+            .and_then(|rt| rt.catalog.clone())
+            .unwrap_or_default();
+        self.bandwidth.apply(&base)
     }
 }
 
@@ -161,6 +191,8 @@ fn table() -> Vec<(RouteInfo, MethodRouter<Shared>)> {
         entry(Post, "/v1/dags", true, apply_dag),
         entry(Get, "/v1/dags/{name}", true, get_dag),
         entry(Delete, "/v1/dags/{name}", true, delete_dag),
+        entry(Get, "/v1/dags/{name}/models", true, dag_models),
+        entry(Get, "/v1/dags/{name}/plan", true, dag_plan),
         entry(Get, "/v1/agents", true, list_agents),
         entry(Post, "/v1/agents/register", true, register_agent),
         entry(Post, "/v1/agents/{id}/heartbeat", true, heartbeat),
@@ -169,6 +201,8 @@ fn table() -> Vec<(RouteInfo, MethodRouter<Shared>)> {
         entry(Get, "/v1/jobs/{id}", true, get_job),
         entry(Post, "/v1/jobs/{id}/cancel", true, cancel_job),
         entry(Get, "/v1/jobs/{id}/results/{*key}", true, get_result),
+        entry(Get, "/v1/jobs/{id}/events", true, job_events),
+        entry(Get, "/v1/jobs/{id}/logs", true, job_logs),
     ]
 }
 
@@ -571,6 +605,9 @@ async fn register_agent(
         .db
         .run(move |db| db.register_agent(&capacity, now))
         .await?;
+    state
+        .bandwidth
+        .observe(&record.id, &record.vm_type, &record.capacity.bandwidth);
     tracing::info!(agent = %record.id, url = %record.url, vm_type = %record.vm_type, "agent registered");
     Ok(Json(agent_info(
         record,
@@ -599,6 +636,12 @@ async fn heartbeat(
         .await?
         // 404 tells the agent to register again (the control plane lost it, or never knew it).
         .ok_or_else(|| ApiError::NotFound(format!("unknown agent {id}: register first")))?;
+    if state
+        .bandwidth
+        .observe(&record.id, &record.vm_type, &record.capacity.bandwidth)
+    {
+        tracing::debug!(agent = %record.id, vm_type = %record.vm_type, "bandwidth measured");
+    }
     Ok(Json(agent_info(
         record,
         now,
@@ -618,7 +661,8 @@ pub struct SubmitJob {
     /// Overrides of the DAG's parameters.
     #[serde(default)]
     pub params: serde_json::Map<String, serde_json::Value>,
-    /// `remote`, `direct`, `local` or `sonic` (the default).
+    /// Forces `remote`, `direct`, `local` or `sonic`. Without it: `sonic` (planned) once the
+    /// DAG's models converged, `remote` (profiling) before.
     #[serde(default)]
     pub policy: Option<String>,
 }
@@ -678,6 +722,9 @@ pub fn job_view(r: JobRecord) -> JobSummary {
         if s.error.is_none() {
             s.error = r.error;
         }
+        if s.plan.is_none() {
+            s.plan = r.plan;
+        }
         return s;
     }
     JobSummary {
@@ -694,6 +741,89 @@ pub fn job_view(r: JobRecord) -> JobSummary {
         functions: Vec::new(),
         outputs: Vec::new(),
         error: r.error,
+        plan: r.plan,
+    }
+}
+
+/// How a job runs, decided at submission.
+struct Choice {
+    policy: Policy,
+    mode: JobMode,
+    planned: Option<Planned>,
+    /// Recorded with the job when planning failed and it profiles instead.
+    plan: Option<JobPlan>,
+}
+
+/// The policy of a job: a forced one wins; otherwise `sonic`, planned for this input size, once
+/// the DAG's models converged, and `remote` (profiling) before. A forced `sonic` plans with
+/// whatever the models predict, and is refused when they cannot predict or nothing is feasible.
+async fn choose(
+    state: &ControlState,
+    dag: Dag,
+    forced: Option<Policy>,
+    input_bytes: u64,
+    fanouts: Vec<sonic_core::dag::Fanout>,
+) -> Result<Choice, ApiError> {
+    let profiling = |policy: Policy, plan: Option<JobPlan>| Choice {
+        policy,
+        mode: JobMode::Profiling,
+        planned: None,
+        plan,
+    };
+    if let Some(p) = forced
+        && p != Policy::Sonic
+    {
+        return Ok(profiling(p, None));
+    }
+    let rule = state.convergence();
+    let (catalog, bandwidth) = state.planning_catalog();
+    let forced_sonic = forced.is_some();
+    let outcome = state
+        .db
+        .run(move |db| {
+            let models = crate::learning::current(db, &dag, rule)?;
+            if !forced_sonic && !models.converged() {
+                return Ok(None);
+            }
+            Ok(Some(crate::learning::plan_for(
+                &dag,
+                &models,
+                input_bytes,
+                &fanouts,
+                catalog,
+                &bandwidth,
+                sonic_core::planner::Policy::Sonic,
+            )))
+        })
+        .await?;
+    match outcome {
+        None => Ok(profiling(Policy::Remote, None)),
+        Some(Ok(planned)) => Ok(Choice {
+            policy: Policy::Sonic,
+            mode: JobMode::Planned,
+            planned: Some(planned),
+            plan: None,
+        }),
+        Some(Err(e)) if forced_sonic => Err(plan_error(e)),
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "converged models, but no plan: the job profiles");
+            Ok(profiling(
+                Policy::Remote,
+                Some(JobPlan {
+                    used: "none".into(),
+                    notes: vec![format!("{e}: the job profiles with remote instead")],
+                    report: serde_json::Value::Null,
+                    stages: Vec::new(),
+                }),
+            ))
+        }
+    }
+}
+
+fn plan_error(e: PlanFailure) -> ApiError {
+    match e {
+        PlanFailure::NotReady { .. } => ApiError::Conflict(e.to_string()),
+        PlanFailure::Infeasible { .. } => ApiError::Unprocessable(e.to_string()),
     }
 }
 
@@ -706,11 +836,11 @@ async fn submit_job(
         ApiError::Unavailable("this control plane runs no jobs: it has no object store".into())
     })?;
     let dag_name = checked_dag_name(req.dag.clone())?;
-    let policy: Policy = req
+    let forced: Option<Policy> = req
         .policy
         .as_deref()
-        .unwrap_or("sonic")
-        .parse()
+        .map(str::parse)
+        .transpose()
         .map_err(ApiError::BadRequest)?;
     let lookup = dag_name.clone();
     let record = state
@@ -721,29 +851,31 @@ async fn submit_job(
     let dag: Dag = serde_json::from_value(record.parsed)
         .map_err(|e| ApiError::Internal(format!("stored dag does not decode: {e}")))?;
     let overrides = req.params.clone().into_iter().collect();
-    dag.fanouts(&dag.job_params(&overrides))
+    let fanouts = dag
+        .fanouts(&dag.job_params(&overrides))
         .map_err(|e| ApiError::BadRequest(format!("params: {e}")))?;
     let job_id = new_job_id();
-    let mut inputs = Vec::new();
+    // The input is checked and measured first; it is stored once the job is accepted.
+    let mut input: Option<(JobInputFile, Option<Vec<u8>>)> = None;
     let mut input_bytes = 0u64;
-    if let Some(input) = &req.input {
-        let (name, key, size) = match (&input.base64, &input.key) {
+    if let Some(spec) = &req.input {
+        let checked_name = |name: String| {
+            if valid_file_name(&name) {
+                Ok(name)
+            } else {
+                Err(ApiError::BadRequest(
+                    "input.name: letters, digits, '.', '_' and '-'".into(),
+                ))
+            }
+        };
+        let (file, bytes, size) = match (&spec.base64, &spec.key) {
             (Some(data), None) => {
                 let bytes = crate::jobs::decode_base64(data)
                     .map_err(|e| ApiError::BadRequest(format!("input.base64: {e}")))?;
-                let name = input.name.clone().unwrap_or_else(|| "input".into());
+                let name = checked_name(spec.name.clone().unwrap_or_else(|| "input".into()))?;
                 let key = format!("jobs/{job_id}/input/{name}");
-                if !valid_file_name(&name) {
-                    return Err(ApiError::BadRequest(
-                        "input.name: letters, digits, '.', '_' and '-'".into(),
-                    ));
-                }
                 let size = bytes.len() as u64;
-                rt.store
-                    .put_bytes(&key, bytes::Bytes::from(bytes))
-                    .await
-                    .map_err(|e| ApiError::Internal(format!("cannot store the input: {e}")))?;
-                (name, key, size)
+                (JobInputFile { name, key }, Some(bytes), size)
             }
             (None, Some(key)) => {
                 let size = rt
@@ -752,16 +884,19 @@ async fn submit_job(
                     .await
                     .map_err(|e| ApiError::BadRequest(format!("input.key: {e}")))?
                     .ok_or_else(|| ApiError::BadRequest(format!("input.key: no object {key}")))?;
-                let name = input
-                    .name
-                    .clone()
-                    .unwrap_or_else(|| key.rsplit('/').next().unwrap_or("input").to_owned());
-                if !valid_file_name(&name) {
-                    return Err(ApiError::BadRequest(
-                        "input.name: letters, digits, '.', '_' and '-'".into(),
-                    ));
-                }
-                (name, key.clone(), size)
+                let name = checked_name(
+                    spec.name
+                        .clone()
+                        .unwrap_or_else(|| key.rsplit('/').next().unwrap_or("input").to_owned()),
+                )?;
+                (
+                    JobInputFile {
+                        name,
+                        key: key.clone(),
+                    },
+                    None,
+                    size,
+                )
             }
             _ => {
                 return Err(ApiError::BadRequest(
@@ -770,15 +905,26 @@ async fn submit_job(
             }
         };
         input_bytes = size;
-        inputs.push(JobInputFile { name, key });
+        input = Some((file, bytes));
+    }
+    let choice = choose(&state, dag.clone(), forced, input_bytes, fanouts).await?;
+    let mut inputs = Vec::new();
+    if let Some((file, bytes)) = input {
+        if let Some(bytes) = bytes {
+            rt.store
+                .put_bytes(&file.key, bytes::Bytes::from(bytes))
+                .await
+                .map_err(|e| ApiError::Internal(format!("cannot store the input: {e}")))?;
+        }
+        inputs.push(file);
     }
     let now = state.clock.now_ms();
     let record = JobRecord {
         id: job_id.clone(),
         dag: dag.name.clone(),
         status: JobStatus::Queued,
-        policy: policy.as_str().to_owned(),
-        mode: crate::scheduler::job_mode(policy),
+        policy: choice.policy.as_str().to_owned(),
+        mode: choice.mode,
         input_bytes,
         params: req.params,
         summary: None,
@@ -787,10 +933,11 @@ async fn submit_job(
         started_ms: None,
         finished_ms: None,
         updated_ms: now,
+        plan: choice.plan,
     };
     let stored = record.clone();
     state.db.run(move |db| db.insert_job(&stored)).await?;
-    tracing::info!(job = %job_id, dag = %record.dag, %policy, input_bytes, "job submitted");
+    tracing::info!(job = %job_id, dag = %record.dag, policy = %choice.policy, mode = %choice.mode, input_bytes, "job submitted");
     // Registered before the task starts: a cancel that comes right after the 202 reaches it.
     let cancel = rt.register(&job_id);
     tokio::spawn(crate::scheduler::execute(
@@ -799,6 +946,7 @@ async fn submit_job(
         record,
         inputs,
         cancel,
+        choice.planned,
     ));
     Ok((
         StatusCode::ACCEPTED,
@@ -914,6 +1062,258 @@ async fn get_result(
         }
         Err(e) => Err(ApiError::Internal(format!("cannot read {full}: {e}"))),
     }
+}
+
+// ---- models, plans, progress, logs ----
+
+/// `GET /v1/dags/{name}/models`: the fitted equations, their error, the samples, convergence.
+async fn dag_models(
+    State(state): State<Shared>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<DagModelsView>, ApiError> {
+    let name = checked_dag_name(path_param(name)?)?;
+    let rule = state.convergence();
+    let lookup = name.clone();
+    let view = state
+        .db
+        .run(move |db| {
+            let samples = db.samples(&lookup)?;
+            let models = match db.get_dag(&lookup)? {
+                Some(r) => match serde_json::from_value::<Dag>(r.parsed) {
+                    Ok(dag) => Some(crate::learning::current(db, &dag, rule)?),
+                    Err(e) => {
+                        return Ok(Err(ApiError::Internal(format!(
+                            "stored dag {lookup} does not decode: {e}"
+                        ))));
+                    }
+                },
+                // A deleted DAG's models stay, as they were last fitted.
+                None => db
+                    .get_model(&lookup)?
+                    .as_ref()
+                    .and_then(crate::learning::decode)
+                    .map(|mut m| {
+                        m.convergence = rule;
+                        m
+                    }),
+            };
+            Ok(Ok(
+                models.map(|m| crate::learning::view(&lookup, &m, &samples))
+            ))
+        })
+        .await??;
+    view.map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no dag named {name}")))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanQuery {
+    input_bytes: Option<u64>,
+    policy: Option<String>,
+}
+
+/// `GET /v1/dags/{name}/plan?input_bytes=N[&policy=P]`: the plan for a job of that input size,
+/// from the fitted models, as `ofctl plan -o json` prints it.
+async fn dag_plan(
+    State(state): State<Shared>,
+    name: Result<Path<String>, PathRejection>,
+    query: Result<Query<PlanQuery>, QueryRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let name = checked_dag_name(path_param(name)?)?;
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let input_bytes = q.input_bytes.ok_or_else(|| {
+        ApiError::BadRequest("input_bytes is required: the job input size to plan for".into())
+    })?;
+    let policy: sonic_core::planner::Policy = q
+        .policy
+        .as_deref()
+        .unwrap_or("sonic")
+        .parse()
+        .map_err(ApiError::BadRequest)?;
+    if policy == sonic_core::planner::Policy::Oracle {
+        return Err(ApiError::BadRequest(
+            "oracle plans with measured parameters: use `ofctl plan --params FILE --policy oracle`"
+                .into(),
+        ));
+    }
+    let rule = state.convergence();
+    let (catalog, bandwidth) = state.planning_catalog();
+    let lookup = name.clone();
+    let planned = state
+        .db
+        .run(move |db| {
+            let Some(record) = db.get_dag(&lookup)? else {
+                return Ok(None);
+            };
+            let dag: Dag = match serde_json::from_value(record.parsed) {
+                Ok(d) => d,
+                Err(e) => {
+                    return Ok(Some(Err(ApiError::Internal(format!(
+                        "stored dag {lookup} does not decode: {e}"
+                    )))));
+                }
+            };
+            let models = crate::learning::current(db, &dag, rule)?;
+            // The DAG's default parameters fix what fanouts they can; the models predict the rest.
+            let fanouts = dag
+                .fanouts(&dag.job_params(&Default::default()))
+                .unwrap_or_default();
+            Ok(Some(
+                crate::learning::plan_for(
+                    &dag,
+                    &models,
+                    input_bytes,
+                    &fanouts,
+                    catalog,
+                    &bandwidth,
+                    policy,
+                )
+                .map_err(plan_error),
+            ))
+        })
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no dag named {name}")))??;
+    Ok(Json(planned.report))
+}
+
+/// A job's state as one progress event, from its record (a job this process does not run).
+fn event_of(r: &JobRecord) -> JobEvent {
+    let ran = r.summary.as_ref().map_or(0, |s| s.functions.len()) as u32;
+    JobEvent {
+        job_id: r.id.clone(),
+        status: r.status,
+        stage: None,
+        done_instances: ran,
+        total_instances: ran,
+        message: r.error.clone(),
+    }
+}
+
+/// Where a progress stream is.
+enum Follow {
+    Start(
+        Box<JobRecord>,
+        Option<tokio::sync::watch::Receiver<JobEvent>>,
+    ),
+    /// The executor of this process tells every change.
+    Live(tokio::sync::watch::Receiver<JobEvent>),
+    /// Nobody here runs the job (any more): its record is polled, and sent when it changes.
+    Poll(String, JobStatus),
+    Done,
+}
+
+/// How often the record of a job that this process does not run is read.
+const EVENTS_POLL: Duration = Duration::from_millis(250);
+
+fn sse_event(ev: &JobEvent) -> axum::response::sse::Event {
+    axum::response::sse::Event::default()
+        .data(serde_json::to_string(ev).unwrap_or_else(|_| "{}".into()))
+}
+
+/// After sending `ev`: the end when it is terminal, else the same way of following.
+fn after(ev: &JobEvent, live: Option<tokio::sync::watch::Receiver<JobEvent>>) -> Follow {
+    match (ev.status.is_terminal(), live) {
+        (true, _) => Follow::Done,
+        (false, Some(rx)) => Follow::Live(rx),
+        (false, None) => Follow::Poll(ev.job_id.clone(), ev.status),
+    }
+}
+
+/// The next event of a progress stream, and where the stream is then; `None` ends it.
+async fn next_event(
+    state: Shared,
+    follow: Follow,
+) -> Option<(axum::response::sse::Event, (Shared, Follow))> {
+    let ev = match follow {
+        Follow::Done => return None,
+        Follow::Start(record, mut rx) => {
+            let ev = match &mut rx {
+                Some(rx) => rx.borrow_and_update().clone(),
+                None => event_of(&record),
+            };
+            return Some((sse_event(&ev), (state, after(&ev, rx))));
+        }
+        Follow::Live(mut rx) => {
+            if rx.changed().await.is_ok() {
+                let ev = rx.borrow_and_update().clone();
+                return Some((sse_event(&ev), (state, after(&ev, Some(rx)))));
+            }
+            // The executor forgot the job: it ended, and its record says how.
+            let id = rx.borrow().job_id.clone();
+            let record = state.db.run(move |db| db.get_job(&id)).await.ok()??;
+            event_of(&record)
+        }
+        Follow::Poll(id, last) => loop {
+            tokio::time::sleep(EVENTS_POLL).await;
+            let lookup = id.clone();
+            let record = state.db.run(move |db| db.get_job(&lookup)).await.ok()??;
+            if record.status != last {
+                break event_of(&record);
+            }
+        },
+    };
+    let next = after(&ev, None);
+    Some((sse_event(&ev), (state, next)))
+}
+
+/// `GET /v1/jobs/{id}/events`: server-sent events, each `data:` one [`JobEvent`]; the first is
+/// the job's state now, and the stream ends after the event with a terminal status.
+async fn job_events(
+    State(state): State<Shared>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = checked_job_id(path_param(id)?)?;
+    // Subscribed before the record is read: an end in between is then seen on the channel.
+    let rx = state.jobs.as_ref().and_then(|rt| rt.subscribe(&id));
+    let lookup = id.clone();
+    let record = state
+        .db
+        .run(move |db| db.get_job(&lookup))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    let start = Follow::Start(Box::new(record), rx);
+    let stream = futures::stream::unfold((state, start), |(state, follow)| async move {
+        next_event(state, follow)
+            .await
+            .map(|(ev, next)| (Ok::<_, std::convert::Infallible>(ev), next))
+    });
+    Ok(axum::response::sse::Sse::new(stream)
+        .keep_alive(axum::response::sse::KeepAlive::default())
+        .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogsQuery {
+    function: Option<String>,
+}
+
+/// `GET /v1/jobs/{id}/logs[?function=F]`: every instance attempt's log.
+async fn job_logs(
+    State(state): State<Shared>,
+    id: Result<Path<String>, PathRejection>,
+    query: Result<Query<LogsQuery>, QueryRejection>,
+) -> Result<Json<JobLogs>, ApiError> {
+    let id = checked_job_id(path_param(id)?)?;
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    if let Some(f) = &q.function
+        && !sonic_core::dag::valid_function_name(f)
+    {
+        return Err(ApiError::BadRequest("invalid function name".into()));
+    }
+    let lookup = id.clone();
+    let logs = state
+        .db
+        .run(move |db| {
+            if db.get_job(&lookup)?.is_none() {
+                return Ok(None);
+            }
+            db.logs(&lookup, q.function.as_deref()).map(Some)
+        })
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    Ok(Json(JobLogs { job_id: id, logs }))
 }
 
 #[cfg(test)]

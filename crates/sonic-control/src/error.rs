@@ -19,6 +19,11 @@ pub enum ApiError {
     /// No token, or the wrong one. Says nothing more.
     Unauthorized,
     NotFound(String),
+    /// The resource is not in a state that allows the request (a DAG whose models cannot
+    /// predict yet).
+    Conflict(String),
+    /// Well-formed, but impossible to satisfy (no plan meets the DAG's bounds).
+    Unprocessable(String),
     MethodNotAllowed,
     /// A body over the limit (bytes).
     PayloadTooLarge(usize),
@@ -35,6 +40,8 @@ impl ApiError {
             ApiError::BadRequest(_) | ApiError::InvalidDag(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -66,6 +73,8 @@ impl IntoResponse for ApiError {
             }
             ApiError::BadRequest(m)
             | ApiError::NotFound(m)
+            | ApiError::Conflict(m)
+            | ApiError::Unprocessable(m)
             | ApiError::UnsupportedMediaType(m)
             | ApiError::Unavailable(m) => m,
             ApiError::Unauthorized => {

@@ -1,15 +1,20 @@
 //! The control plane: DAG registry, agent registry, persistence and the HTTP API.
 //!
-//! Jobs run through [`scheduler`] with decisions from [`jobs`]; planning with fitted models is not
-//! here yet (every job profiles).
+//! Jobs run through [`scheduler`] with decisions from [`jobs`]. Every finished job refits its
+//! DAG's models ([`learning`]); once they converge, jobs are planned for their input size and
+//! placed by the resource manager ([`planned`]) with the bandwidth the agents measure
+//! ([`bandwidth`]).
 
 pub mod api;
+pub mod bandwidth;
 pub mod clock;
 pub mod config;
 pub mod error;
 pub mod jobs;
+pub mod learning;
 pub mod metrics;
 pub mod openapi;
+pub mod planned;
 pub mod scheduler;
 pub mod server;
 pub mod store;

@@ -146,11 +146,46 @@ pub fn document() -> Value {
                     "summary": "Remove a DAG's definition (its jobs, samples and models stay)",
                     "operationId": "deleteDag",
                     "tags": ["dags"],
-                    "parameters": [name_param],
+                    "parameters": [name_param.clone()],
                     "responses": guarded(json!({
                         "204": { "description": "deleted" },
                         "400": error_response("not a valid DAG name"),
                         "404": error_response("no such DAG")
+                    }))
+                }
+            },
+            "/v1/dags/{name}/models": {
+                "get": {
+                    "summary": "What online profiling learned: per parameter the fitted equation, its cross-validated MAPE, its samples; whether the DAG converged (its jobs then run planned)",
+                    "operationId": "getDagModels",
+                    "tags": ["dags"],
+                    "parameters": [name_param.clone()],
+                    "responses": guarded(json!({
+                        "200": json_response("the models (empty equations before the first job)", "DagModelsView"),
+                        "400": error_response("not a valid DAG name"),
+                        "404": error_response("no such DAG, and no models of that name")
+                    }))
+                }
+            },
+            "/v1/dags/{name}/plan": {
+                "get": {
+                    "summary": "The plan for a job of a given input size, from the fitted models and the measured bandwidths (the `ofctl plan -o json` document)",
+                    "operationId": "getDagPlan",
+                    "tags": ["dags"],
+                    "parameters": [name_param, {
+                        "name": "input_bytes", "in": "query", "required": true,
+                        "description": "the job input size to plan for",
+                        "schema": { "type": "integer", "format": "int64", "minimum": 0 }
+                    }, {
+                        "name": "policy", "in": "query", "required": false,
+                        "schema": { "type": "string", "enum": ["sonic", "remote", "local", "direct"], "default": "sonic" }
+                    }],
+                    "responses": guarded(json!({
+                        "200": json_response("the plan", "PlanReport"),
+                        "400": error_response("not a valid DAG name, input_bytes missing, or an unknown policy"),
+                        "404": error_response("no such DAG"),
+                        "409": error_response("the models cannot predict yet (a parameter was never measured)"),
+                        "422": error_response("no plan is possible (the DAG's bounds, memory no VM type offers)")
                     }))
                 }
             },
@@ -213,6 +248,8 @@ pub fn document() -> Value {
                         "202": json_response("accepted; follow it with GET /v1/jobs/{id}", "JobAccepted"),
                         "400": error_response("invalid JSON, policy, parameters or input"),
                         "404": error_response("no such DAG"),
+                        "409": error_response("policy sonic forced, but the DAG's models cannot predict yet"),
+                        "422": error_response("policy sonic forced, but no plan is possible"),
                         "413": error_response("body over the size limit"),
                         "503": error_response("this control plane runs no jobs (no object store)")
                     }))
@@ -223,7 +260,7 @@ pub fn document() -> Value {
                     "summary": "A job: its state, and its summary once it ended",
                     "operationId": "getJob",
                     "tags": ["jobs"],
-                    "parameters": [id_param],
+                    "parameters": [id_param.clone()],
                     "responses": guarded(json!({
                         "200": json_response("the job", "JobSummary"),
                         "400": error_response("not a job id"),
@@ -236,7 +273,7 @@ pub fn document() -> Value {
                     "summary": "Cancel a queued or running job",
                     "operationId": "cancelJob",
                     "tags": ["jobs"],
-                    "parameters": [id_param],
+                    "parameters": [id_param.clone()],
                     "responses": guarded(json!({
                         "202": json_response("cancel requested", "JobSummary"),
                         "400": error_response("not a job id, or the job already ended"),
@@ -249,7 +286,7 @@ pub fn document() -> Value {
                     "summary": "Download one result object of a job (an `outputs` entry, by its path under the job's result/)",
                     "operationId": "getJobResult",
                     "tags": ["jobs"],
-                    "parameters": [id_param, {
+                    "parameters": [id_param.clone(), {
                         "name": "key", "in": "path", "required": true,
                         "description": "the object's path under `jobs/<id>/result/`, slashes included",
                         "schema": { "type": "string" }
@@ -259,6 +296,39 @@ pub fn document() -> Value {
                         "400": error_response("not a job id, or an invalid key"),
                         "404": error_response("no such job or result"),
                         "503": error_response("this control plane runs no jobs (no object store)")
+                    }))
+                }
+            },
+            "/v1/jobs/{id}/events": {
+                "get": {
+                    "summary": "The job's progress as server-sent events: each `data:` line is one JobEvent; the first is its state now, the stream ends after the event with a terminal status",
+                    "operationId": "getJobEvents",
+                    "tags": ["jobs"],
+                    "parameters": [id_param.clone()],
+                    "responses": guarded(json!({
+                        "200": {
+                            "description": "text/event-stream of JobEvent (keep-alive comments in between)",
+                            "content": { "text/event-stream": { "schema": { "$ref": "#/components/schemas/JobEvent" } } }
+                        },
+                        "400": error_response("not a job id"),
+                        "404": error_response("no such job")
+                    }))
+                }
+            },
+            "/v1/jobs/{id}/logs": {
+                "get": {
+                    "summary": "What every instance attempt of the job wrote (standard output and error, as kept by its agent)",
+                    "operationId": "getJobLogs",
+                    "tags": ["jobs"],
+                    "parameters": [id_param, {
+                        "name": "function", "in": "query", "required": false,
+                        "description": "only this function's instances",
+                        "schema": { "type": "string" }
+                    }],
+                    "responses": guarded(json!({
+                        "200": json_response("the logs, by function, instance and attempt", "JobLogs"),
+                        "400": error_response("not a job id or function name"),
+                        "404": error_response("no such job")
                     }))
                 }
             }
@@ -364,7 +434,7 @@ fn schemas() -> Value {
                 "alive": { "type": "boolean" },
                 "registered_at_ms": time.clone(),
                 "last_heartbeat_ms": time,
-                "heartbeat_age_ms": int,
+                "heartbeat_age_ms": int.clone(),
                 "capacity": { "$ref": "#/components/schemas/Capacity" }
             }
         },
@@ -389,7 +459,10 @@ fn schemas() -> Value {
                     }
                 },
                 "params": { "type": "object", "description": "overrides of the DAG's parameters" },
-                "policy": { "type": "string", "enum": ["remote", "direct", "local", "sonic"] }
+                "policy": {
+                    "type": "string", "enum": ["remote", "direct", "local", "sonic"],
+                    "description": "forces a policy; without it: sonic (planned) once the DAG's models converged, remote (profiling) before"
+                }
             }
         },
         "JobAccepted": {
@@ -416,7 +489,95 @@ fn schemas() -> Value {
                 "edges": { "type": "array", "items": { "type": "object" } },
                 "functions": { "type": "array", "items": { "type": "object" } },
                 "outputs": { "type": "array", "items": { "type": "string" } },
-                "error": { "type": "string" }
+                "error": { "type": "string" },
+                "plan": { "$ref": "#/components/schemas/JobPlan" }
+            }
+        },
+        "JobPlan": {
+            "type": "object", "required": ["used", "notes", "report", "stages"],
+            "description": "how a sonic job was planned and placed",
+            "properties": {
+                "used": { "type": "string", "enum": ["best", "second_best", "none"], "description": "second_best: a vm-storage placement of the best plan could not be granted; none: planning failed and the job profiled" },
+                "notes": { "type": "array", "items": { "type": "string" }, "description": "why: refused vm-storage, substituted VM types, shared VMs" },
+                "report": { "$ref": "#/components/schemas/PlanReport" },
+                "stages": { "type": "array", "items": { "$ref": "#/components/schemas/StageHosts" } }
+            }
+        },
+        "StageHosts": {
+            "type": "object", "required": ["function", "vm_type", "agents", "concurrent", "memory_limit_mb"],
+            "properties": {
+                "function": { "type": "string" },
+                "vm_type": { "type": "string" },
+                "agents": { "type": "array", "items": { "type": "string" }, "description": "one agent id per VM of the plan" },
+                "concurrent": { "type": "integer" },
+                "memory_limit_mb": int.clone()
+            }
+        },
+        "PlanReport": {
+            "type": "object",
+            "description": "interfaces.md section 3 (`ofctl plan -o json`), plus input_bytes, models_converged and network_mbps (per VM type: the bandwidth used and its source, measured or catalog); a job's plan that ran its second-best plan has it at the top level and the best one under `best`",
+            "required": ["dag", "policy", "stages", "edges", "predicted", "planning_time_us"],
+            "properties": {
+                "dag": { "type": "string" },
+                "policy": { "type": "string" },
+                "stages": { "type": "array", "items": { "type": "object" } },
+                "edges": { "type": "array", "items": { "type": "object" } },
+                "predicted": { "type": "object" },
+                "second_best": { "type": "object", "nullable": true },
+                "planning_time_us": int.clone(),
+                "input_bytes": int,
+                "models_converged": { "type": "boolean" },
+                "network_mbps": { "type": "object" }
+            }
+        },
+        "ModelView": {
+            "type": "object", "required": ["parameter", "samples", "converged"],
+            "properties": {
+                "parameter": { "type": "string", "description": "pca.memory_mb, pca.cold_s, pca.hot_s, pca.instances, pca->train.bytes" },
+                "equation": { "type": "string", "nullable": true, "description": "the polynomial in the input size x (bytes)" },
+                "degree": { "type": "integer", "nullable": true },
+                "cv_mape": { "type": "number", "nullable": true, "description": "cross-validated mean absolute percentage error (0.12 = 12%)" },
+                "samples": { "type": "integer" },
+                "converged": { "type": "boolean" }
+            }
+        },
+        "DagModelsView": {
+            "type": "object", "required": ["dag", "converged", "max_mape", "jobs", "models"],
+            "properties": {
+                "dag": { "type": "string" },
+                "converged": { "type": "boolean" },
+                "max_mape": { "type": "number" },
+                "jobs": { "type": "integer" },
+                "models": { "type": "array", "items": { "$ref": "#/components/schemas/ModelView" } },
+                "samples": { "type": "array", "items": { "type": "object" }, "description": "one per finished job: job, input_bytes, measured, created_ms" }
+            }
+        },
+        "JobEvent": {
+            "type": "object", "required": ["job_id", "status", "done_instances", "total_instances"],
+            "properties": {
+                "job_id": { "type": "string" },
+                "status": { "type": "string", "enum": ["queued", "running", "succeeded", "failed"] },
+                "stage": { "type": "string", "description": "the function of the stage running" },
+                "done_instances": { "type": "integer" },
+                "total_instances": { "type": "integer" },
+                "message": { "type": "string" }
+            }
+        },
+        "InstanceLog": {
+            "type": "object", "required": ["function", "instance", "attempt", "agent", "log"],
+            "properties": {
+                "function": { "type": "string" },
+                "instance": { "type": "integer" },
+                "attempt": { "type": "integer" },
+                "agent": { "type": "string" },
+                "log": { "type": "string" }
+            }
+        },
+        "JobLogs": {
+            "type": "object", "required": ["job_id", "logs"],
+            "properties": {
+                "job_id": { "type": "string" },
+                "logs": { "type": "array", "items": { "$ref": "#/components/schemas/InstanceLog" } }
             }
         }
     })

@@ -1,6 +1,10 @@
 //! The job executor: runs a job stage by stage (topological order) on the alive agents, retries
 //! failed instances, records where files are, cleans the job's intermediate data, and writes the
-//! job summary and the profiling sample.
+//! job summary and the profiling sample, then refits the DAG's models.
+//!
+//! A planned (`sonic`) job runs its plan: the resource manager ([`crate::planned`]) maps the
+//! plan's VMs onto agents, each edge moves data by the plan's method, and at most the plan's
+//! concurrency of a stage's instances run at once on one VM.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,16 +12,22 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sonic_api::agent::{RunAccepted, RunReport, RunRequest, RunStatus};
-use sonic_api::control::{EdgeRun, FunctionRun, JobMode, JobStatus, JobSummary};
+use sonic_api::control::{
+    EdgeRun, FunctionRun, InstanceLog, JobEvent, JobPlan, JobStatus, JobSummary, StageHosts,
+};
 use sonic_core::catalog::Catalog;
-use sonic_core::dag::Dag;
+use sonic_core::dag::{Dag, Fanout};
+use sonic_core::regression::Convergence;
 use sonic_storage::ObjectStore;
+use tokio::sync::{Semaphore, watch};
 
 use crate::api::ControlState;
 use crate::jobs::{
     AgentSlot, JobInputFile, Method, Policy, Produced, StageContext, edge_methods, job_prefix,
     stage_runs,
 };
+use crate::learning::Planned;
+use crate::planned::Allocation;
 use crate::store::{Db, FileRecord, JobRecord, LocalCopy, SampleRecord, StoreError};
 
 /// The reason a job that was running when the control plane stopped is failed with.
@@ -39,6 +49,8 @@ pub struct JobsConfig {
     pub poll_interval: Duration,
     /// Added to a function's timeout for staging and routing before a run is given up on.
     pub report_slack: Duration,
+    /// When a DAG's models are good enough to plan its jobs with.
+    pub convergence: Convergence,
 }
 
 impl std::fmt::Debug for JobsConfig {
@@ -49,6 +61,7 @@ impl std::fmt::Debug for JobsConfig {
             .field("bucket", &self.bucket)
             .field("max_attempts", &self.max_attempts)
             .field("backoff", &self.backoff)
+            .field("convergence", &self.convergence)
             .finish()
     }
 }
@@ -63,6 +76,7 @@ impl JobsConfig {
             backoff: Duration::from_millis(200),
             poll_interval: Duration::from_millis(25),
             report_slack: Duration::from_secs(120),
+            convergence: Convergence::default(),
         }
     }
 }
@@ -75,6 +89,12 @@ pub struct Runtime {
     pub config: JobsConfig,
     http: reqwest::Client,
     cancels: Mutex<HashMap<String, Arc<AtomicBool>>>,
+    /// The progress of every job this process runs, for `GET /v1/jobs/{id}/events`.
+    events: Mutex<HashMap<String, watch::Sender<JobEvent>>>,
+    /// Agents held by a running job's vm-storage groups: agent id -> job id.
+    held: Mutex<HashMap<String, String>>,
+    /// One refit at a time: two jobs of a DAG ending together must not both extend the same fit.
+    models: Mutex<()>,
 }
 
 impl Runtime {
@@ -89,6 +109,9 @@ impl Runtime {
             config,
             http: reqwest::Client::new(),
             cancels: Mutex::new(HashMap::new()),
+            events: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
+            models: Mutex::new(()),
         }
     }
 
@@ -96,12 +119,70 @@ impl Runtime {
         self.cancels.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a job about to be executed, so that a cancel from now on reaches it; pass the
-    /// flag to [`execute`].
+    fn events(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Sender<JobEvent>>> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a job about to be executed, so that a cancel from now on reaches it and its
+    /// progress can be followed; pass the flag to [`execute`].
     pub fn register(&self, job: &str) -> Arc<AtomicBool> {
         let flag = Arc::new(AtomicBool::new(false));
         self.cancels().insert(job.to_owned(), flag.clone());
+        let (tx, _) = watch::channel(JobEvent {
+            job_id: job.to_owned(),
+            status: JobStatus::Queued,
+            stage: None,
+            done_instances: 0,
+            total_instances: 0,
+            message: None,
+        });
+        self.events().insert(job.to_owned(), tx);
         flag
+    }
+
+    /// Follows the progress of a job this process runs; `None` for any other job.
+    pub fn subscribe(&self, job: &str) -> Option<watch::Receiver<JobEvent>> {
+        self.events().get(job).map(watch::Sender::subscribe)
+    }
+
+    /// Updates a running job's progress (subscribers see the newest state).
+    fn publish(&self, job: &str, f: impl FnOnce(&mut JobEvent)) {
+        if let Some(tx) = self.events().get(job) {
+            tx.send_modify(f);
+        }
+    }
+
+    /// Grants a planned job's agents, holding its vm-storage groups' agents until it ends.
+    fn allocate(
+        &self,
+        job: &str,
+        dag: &Dag,
+        planned: &Planned,
+        agents: &[AgentSlot],
+    ) -> Result<Allocation, String> {
+        let mut held = self.held();
+        let busy: BTreeSet<String> = held
+            .iter()
+            .filter(|(_, j)| j.as_str() != job)
+            .map(|(a, _)| a.clone())
+            .collect();
+        let alloc =
+            crate::planned::allocate(dag, &planned.outcome, &planned.params, agents, &busy)?;
+        for a in &alloc.held {
+            held.insert(a.clone(), job.to_owned());
+        }
+        Ok(alloc)
+    }
+
+    /// Forgets a job that ended: its cancel flag, its progress, the agents it held.
+    fn forget(&self, job: &str) {
+        self.cancels().remove(job);
+        self.events().remove(job);
+        self.held().retain(|_, j| j != job);
     }
 
     /// Asks a job this process is running to stop; false when it runs nothing by that id.
@@ -154,6 +235,8 @@ struct Progress {
     functions: Vec<FunctionRun>,
     /// Per edge index: bytes and the slowest instance's staging seconds.
     edges: BTreeMap<usize, (u64, f64)>,
+    /// Per edge index: bytes the sending stage wrote for it (the model's edge bytes).
+    written: BTreeMap<usize, u64>,
     /// Per edge index: the methods the agents reported staging its files with.
     observed: BTreeMap<usize, BTreeSet<String>>,
     /// Per agent index: when the job first and last held it.
@@ -162,15 +245,22 @@ struct Progress {
     dag: Option<Dag>,
     methods: Vec<Method>,
     instances: BTreeMap<usize, u32>,
+    /// How a planned job was placed.
+    plan: Option<JobPlan>,
+    /// Per stage: its instances (known fanouts first, the real count once it starts).
+    expected: Vec<u32>,
+    done: u32,
 }
 
 /// Runs a submitted job to its end and records it. Never fails: errors become a failed job.
+/// `planned` is the plan of a `sonic` job (chosen at submission, for its input size).
 pub async fn execute(
     state: Arc<ControlState>,
     rt: Arc<Runtime>,
     job: JobRecord,
     inputs: Vec<JobInputFile>,
     cancel: Arc<AtomicBool>,
+    planned: Option<Planned>,
 ) {
     let started = Instant::now();
     let now = state.clock.now_ms();
@@ -182,9 +272,23 @@ pub async fn execute(
     {
         tracing::error!(job = %job.id, error = %e, "cannot mark the job running");
     }
+    rt.publish(&job.id, |e| e.status = JobStatus::Running);
     let mut progress = Progress::default();
-    let outcome = run(&state, &rt, &job, &inputs, &cancel, &mut progress).await;
+    let outcome = run(
+        &state,
+        &rt,
+        &job,
+        &inputs,
+        &cancel,
+        planned.as_ref(),
+        &mut progress,
+    )
+    .await;
     let latency_s = started.elapsed().as_secs_f64();
+    rt.publish(&job.id, |e| {
+        e.stage = None;
+        e.message = Some("cleaning up".into());
+    });
     cleanup(&state, &rt, &job.id, &progress.agents).await;
     let outputs = match &outcome {
         Ok(()) => result_outputs(&state, &rt, &job.id).await,
@@ -203,22 +307,127 @@ pub async fn execute(
         Err(e) => (JobStatus::Failed, Some(e.clone())),
     };
     tracing::info!(job = %job.id, %status, latency_s, error = error.as_deref().unwrap_or(""), "job ended");
-    let sample = (status == JobStatus::Succeeded).then(|| sample(&job, &progress, &state));
+    // The sample and the refit are recorded before the job shows as ended, so that a client
+    // that waits for it and submits again is planned with what it taught.
+    if status == JobStatus::Succeeded
+        && let Some(dag) = progress.dag.clone()
+    {
+        let s = sample(&job, &progress, &state);
+        let rule = rt.config.convergence;
+        let now = state.clock.now_ms();
+        let models = rt.clone();
+        let learned = state
+            .db
+            .run(move |db| {
+                db.put_sample(&s)?;
+                let _one_at_a_time = models.models.lock().unwrap_or_else(|p| p.into_inner());
+                crate::learning::refit(db, &dag, rule, now)
+            })
+            .await;
+        if let Err(e) = learned {
+            tracing::error!(job = %job.id, error = %e, "cannot record the sample or refit");
+        }
+    }
     let id = job.id.clone();
     let now = state.clock.now_ms();
+    let final_error = error.clone();
     let recorded = state
         .db
-        .run(move |db| {
-            if let Some(s) = &sample {
-                db.put_sample(s)?;
-            }
-            db.finish_job(&id, status, Some(&summary), error.as_deref(), now)
-        })
+        .run(move |db| db.finish_job(&id, status, Some(&summary), error.as_deref(), now))
         .await;
     if let Err(e) = recorded {
         tracing::error!(job = %job.id, error = %e, "cannot record the job's end");
     }
-    rt.cancels().remove(&job.id);
+    rt.publish(&job.id, |e| {
+        e.status = status;
+        e.stage = None;
+        e.message = final_error;
+    });
+    rt.forget(&job.id);
+}
+
+/// The job plan as recorded: what was planned and where each stage runs.
+fn job_plan(
+    dag: &Dag,
+    alloc: &Allocation,
+    agents: &[AgentSlot],
+    report: &serde_json::Value,
+) -> JobPlan {
+    let mut report = report.clone();
+    if alloc.used == crate::planned::Used::SecondBest
+        && let Some(map) = report.as_object_mut()
+    {
+        // The document's top level is the plan that runs; the best one stays for the record.
+        let best = serde_json::json!({
+            "stages": map.get("stages").cloned().unwrap_or_default(),
+            "edges": map.get("edges").cloned().unwrap_or_default(),
+            "predicted": map.get("predicted").cloned().unwrap_or_default(),
+        });
+        if let Ok(serde_json::Value::Object(second)) = serde_json::to_value(&alloc.plan) {
+            map.extend(second);
+        }
+        map.insert("best".into(), best);
+    }
+    JobPlan {
+        used: alloc.used.as_str().to_owned(),
+        notes: alloc.notes.clone(),
+        report,
+        stages: dag
+            .functions
+            .iter()
+            .enumerate()
+            .map(|(i, f)| StageHosts {
+                function: f.name.clone(),
+                vm_type: alloc
+                    .plan
+                    .stages
+                    .iter()
+                    .find(|s| s.function == f.name)
+                    .map_or_else(String::new, |s| s.vm_type.clone()),
+                agents: alloc.hosts[i]
+                    .iter()
+                    .map(|&a| agents[a].id.clone())
+                    .collect(),
+                concurrent: alloc.concurrent[i],
+                memory_limit_mb: alloc.memory_limit_mb[i],
+            })
+            .collect(),
+    }
+}
+
+/// Fails a planned stage whose vm-storage inputs are on an agent that is gone: its files went
+/// with it, and no other agent can link them.
+async fn check_vm_storage_senders(
+    state: &Arc<ControlState>,
+    dag: &Dag,
+    alloc: &Allocation,
+    agents: &[AgentSlot],
+    i: usize,
+) -> Result<(), String> {
+    let senders = alloc.vm_storage_senders(dag, i);
+    if senders.is_empty() {
+        return Ok(());
+    }
+    let now = state.clock.now_ms();
+    let timeout = state.settings.heartbeat_timeout;
+    let records = state
+        .db
+        .run(|db| db.list_agents())
+        .await
+        .map_err(|e| format!("database: {e}"))?;
+    for (from, hosts) in senders {
+        for &h in hosts {
+            let id = &agents[h].id;
+            let alive = records.iter().any(|r| &r.id == id && r.alive(now, timeout));
+            if !alive {
+                return Err(format!(
+                    "vm-storage {} -> {}: agent {id}, which holds {}'s output, is gone",
+                    dag.functions[from].name, dag.functions[i].name, dag.functions[from].name
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn run(
@@ -227,6 +436,7 @@ async fn run(
     job: &JobRecord,
     inputs: &[JobInputFile],
     cancel: &Arc<AtomicBool>,
+    planned: Option<&Planned>,
     progress: &mut Progress,
 ) -> Result<(), String> {
     let dag_name = job.dag.clone();
@@ -254,19 +464,53 @@ async fn run(
         return Err("no alive agent to run on".into());
     }
     progress.agents = agents.clone();
+    progress.dag = Some(dag.clone());
     let overrides: BTreeMap<String, serde_json::Value> = job.params.clone().into_iter().collect();
     let params_map = dag.job_params(&overrides);
     let fanouts = dag.fanouts(&params_map)?;
     let params: serde_json::Map<String, serde_json::Value> = params_map.into_iter().collect();
     let policy: Policy = job.policy.parse()?;
-    let methods = edge_methods(&dag, policy);
+    let alloc = match planned {
+        Some(p) => {
+            let alloc = rt.allocate(&job.id, &dag, p, &agents)?;
+            let plan = job_plan(&dag, &alloc, &agents, &p.report);
+            tracing::info!(job = %job.id, used = %plan.used, notes = ?plan.notes, "plan granted");
+            let (id, stored, now) = (job.id.clone(), plan.clone(), state.clock.now_ms());
+            state
+                .db
+                .run(move |db| db.set_job_plan(&id, &stored, now))
+                .await
+                .map_err(|e| format!("database: {e}"))?;
+            rt.publish(&job.id, |e| {
+                e.message = Some(format!("running the {} plan", alloc.used.as_str()));
+            });
+            progress.plan = Some(plan);
+            Some(alloc)
+        }
+        None => None,
+    };
+    let methods = match &alloc {
+        Some(a) => a.methods.clone(),
+        None => edge_methods(&dag, policy),
+    };
     progress.methods = methods.clone();
-    progress.dag = Some(dag.clone());
+    progress.expected = fanouts
+        .iter()
+        .map(|f| match f {
+            Fanout::Known(n) => *n,
+            Fanout::Scattered => 0,
+        })
+        .collect();
+    let total: u32 = progress.expected.iter().sum();
+    rt.publish(&job.id, |e| e.total_instances = total);
     let mut produced: Vec<Vec<Produced>> = vec![Vec::new(); dag.functions.len()];
     let expiry = unix_now() + 24 * 3600;
     for i in 0..dag.functions.len() {
         if cancel.load(Ordering::SeqCst) {
             return Err("cancelled".into());
+        }
+        if let Some(a) = &alloc {
+            check_vm_storage_senders(state, &dag, a, &agents, i).await?;
         }
         let ctx = StageContext {
             job_id: &job.id,
@@ -281,18 +525,50 @@ async fn run(
             file_key: &rt.config.file_key,
             token_expiry: expiry,
         };
-        let placements = stage_runs(&ctx, i).map_err(|e| e.to_string())?;
+        let mut placements = stage_runs(&ctx, i).map_err(|e| e.to_string())?;
+        // A planned stage runs where the resource manager put its VMs, as many at once per VM
+        // as the plan says.
+        let mut permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
+        if let Some(a) = &alloc {
+            for p in &mut placements {
+                p.agent = a.host(i, p.request.instance);
+                p.request.memory_limit_mb = a.memory_limit_mb[i];
+            }
+            for (agent, n) in a.permits(i) {
+                permits.insert(agent, Arc::new(Semaphore::new(n)));
+            }
+        }
         progress.instances.insert(i, placements.len() as u32);
-        tracing::info!(job = %job.id, function = %dag.functions[i].name, instances = placements.len(), "stage starts");
+        progress.expected[i] = placements.len() as u32;
+        let total: u32 = progress.expected.iter().sum();
+        let stage = dag.functions[i].name.clone();
+        rt.publish(&job.id, |e| {
+            e.stage = Some(stage.clone());
+            e.total_instances = total;
+            e.message = None;
+        });
+        tracing::info!(job = %job.id, function = %stage, instances = placements.len(), "stage starts");
         let mut set = tokio::task::JoinSet::new();
         for p in placements {
             let rt = rt.clone();
+            let state = state.clone();
             let agent = agents[p.agent].clone();
             let cancel = cancel.clone();
             let instance = p.request.instance;
+            let permit = permits.get(&p.agent).cloned();
             set.spawn(async move {
-                run_instance(&rt, &agent, p.request, &cancel).await.map(
-                    |(report, attempts, started, ended)| Finished {
+                // Held while the instance runs: the plan's concurrency on this VM.
+                let _permit = match permit {
+                    Some(s) => Some(
+                        s.acquire_owned()
+                            .await
+                            .map_err(|_| "concurrency limit closed".to_owned())?,
+                    ),
+                    None => None,
+                };
+                run_instance(&state, &rt, &agent, p.request, &cancel)
+                    .await
+                    .map(|(report, attempts, started, ended)| Finished {
                         function: i,
                         instance,
                         agent: p.agent,
@@ -300,15 +576,19 @@ async fn run(
                         attempts,
                         started,
                         ended,
-                    },
-                )
+                    })
             });
         }
         let mut failure: Option<String> = None;
         let mut finished = Vec::new();
         while let Some(joined) = set.join_next().await {
             match joined {
-                Ok(Ok(f)) => finished.push(f),
+                Ok(Ok(f)) => {
+                    finished.push(f);
+                    progress.done += 1;
+                    let done = progress.done;
+                    rt.publish(&job.id, |e| e.done_instances = done);
+                }
                 Ok(Err(e)) => {
                     // The first failure fails the job; the stage's other runs are not waited on.
                     failure.get_or_insert(e);
@@ -405,6 +685,13 @@ fn record_instance(
         total.1 = total.1.max(seconds);
     }
     for o in &r.outputs {
+        if let Some(edge) = dag
+            .edges
+            .iter()
+            .position(|e| e.from == f.function && dag.functions[e.to].name == o.to)
+        {
+            *progress.written.entry(edge).or_default() += o.size;
+        }
         let keep_local = o.to != "result"
             && dag.edges.iter().enumerate().any(|(i, e)| {
                 e.from == f.function
@@ -443,9 +730,26 @@ fn instance_from_path(path: &str) -> Option<u32> {
     path.split('/').nth(1)?.parse().ok()
 }
 
+/// Keeps one attempt's log (what the lambda wrote, or why there is no report).
+async fn keep_log(state: &ControlState, req: &RunRequest, agent: &AgentSlot, log: String) {
+    let entry = InstanceLog {
+        function: req.function.clone(),
+        instance: req.instance,
+        attempt: req.attempt,
+        agent: agent.id.clone(),
+        log,
+    };
+    let job = req.job_id.clone();
+    let now = state.clock.now_ms();
+    if let Err(e) = state.db.run(move |db| db.put_log(&job, &entry, now)).await {
+        tracing::warn!(job = %req.job_id, function = %req.function, error = %e, "cannot keep the log");
+    }
+}
+
 /// Runs one instance, retrying with backoff; returns its report, attempts and the time it held
-/// the agent.
+/// the agent. Every attempt's log is kept.
 async fn run_instance(
+    state: &ControlState,
     rt: &Runtime,
     agent: &AgentSlot,
     mut req: RunRequest,
@@ -459,7 +763,13 @@ async fn run_instance(
             return Err("cancelled".into());
         }
         req.attempt = attempt;
-        match attempt_once(rt, agent, &req, cancel).await {
+        let outcome = attempt_once(rt, agent, &req, cancel).await;
+        let log = match &outcome {
+            Ok(report) => report.log.clone(),
+            Err(e) => format!("[sonic-control] no report from agent {}: {e}\n", agent.id),
+        };
+        keep_log(state, &req, agent, log).await;
+        match outcome {
             Ok(report) if report.status == RunStatus::Succeeded => {
                 return Ok((report, attempt, started, Instant::now()));
             }
@@ -467,6 +777,12 @@ async fn run_instance(
             Err(e) => last = e,
         }
         tracing::warn!(job = %req.job_id, function = %req.function, instance = req.instance, attempt, error = %last, "instance failed");
+        rt.publish(&req.job_id, |e| {
+            e.message = Some(format!(
+                "{} instance {} attempt {attempt} of {max} failed: {last}",
+                req.function, req.instance
+            ));
+        });
         if attempt < max {
             let wait = rt.config.backoff * 2u32.saturating_pow(attempt - 1);
             tokio::time::sleep(wait).await;
@@ -721,6 +1037,7 @@ fn summarize(
         functions,
         outputs,
         error: error.cloned(),
+        plan: p.plan.clone().or_else(|| job.plan.clone()),
     }
 }
 
@@ -761,10 +1078,12 @@ fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
                 .iter()
                 .enumerate()
                 .map(|(i, e)| {
+                    // What the sender wrote, as the model's edge bytes are (a broadcast file
+                    // counts once however many receivers read it).
                     serde_json::json!({
                         "from": dag.functions[e.from].name,
                         "to": dag.functions[e.to].name,
-                        "bytes": p.edges.get(&i).map_or(0, |x| x.0),
+                        "bytes": p.written.get(&i).copied().unwrap_or(0),
                     })
                 })
                 .collect()
@@ -783,10 +1102,4 @@ fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// The mode a job runs in: planned runs need converged models and the `sonic` policy; this
-/// executor does not plan yet, so every job profiles.
-pub fn job_mode(_policy: Policy) -> JobMode {
-    JobMode::Profiling
 }

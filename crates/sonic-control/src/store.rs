@@ -16,7 +16,7 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sonic_api::agent::{Capacity, Heartbeat};
-use sonic_api::control::{JobMode, JobStatus, JobSummary};
+use sonic_api::control::{InstanceLog, JobMode, JobPlan, JobStatus, JobSummary};
 
 /// The database's file name inside the data directory.
 pub const DB_FILE: &str = "sonic.db";
@@ -95,6 +95,21 @@ const MIGRATIONS: &[&str] = &[
         last_heartbeat_ms  INTEGER NOT NULL
     ) STRICT;
     "#,
+    // 2: the plan a planned job ran with, and every instance attempt's log.
+    r#"
+    ALTER TABLE jobs ADD COLUMN plan TEXT;
+
+    CREATE TABLE instance_logs (
+        job         TEXT NOT NULL,
+        function    TEXT NOT NULL,
+        instance    INTEGER NOT NULL,
+        attempt     INTEGER NOT NULL,
+        agent       TEXT NOT NULL,
+        log         TEXT NOT NULL,
+        created_ms  INTEGER NOT NULL,
+        PRIMARY KEY (job, function, instance, attempt)
+    ) STRICT;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -167,6 +182,8 @@ pub struct JobRecord {
     pub started_ms: Option<i64>,
     pub finished_ms: Option<i64>,
     pub updated_ms: i64,
+    /// How a planned job was planned and placed; set when its execution starts.
+    pub plan: Option<JobPlan>,
 }
 
 /// What one profiled job measured: the DAG parameters at its input size. One per job: recording a
@@ -302,7 +319,7 @@ fn dag_row(row: &Row<'_>) -> rusqlite::Result<DagRecord> {
 }
 
 const JOB_COLUMNS: &str = "id, dag, status, policy, mode, input_bytes, params, summary, error, \
-                           created_ms, started_ms, finished_ms, updated_ms";
+                           created_ms, started_ms, finished_ms, updated_ms, plan";
 
 fn job_row(row: &Row<'_>) -> rusqlite::Result<JobRecord> {
     Ok(JobRecord {
@@ -319,6 +336,7 @@ fn job_row(row: &Row<'_>) -> rusqlite::Result<JobRecord> {
         started_ms: row.get(10)?,
         finished_ms: row.get(11)?,
         updated_ms: row.get(12)?,
+        plan: opt_json_col(row, 13)?,
     })
 }
 
@@ -529,9 +547,14 @@ impl Db {
             .map(|s| to_json(s, "job summary"))
             .transpose()?;
         let input_bytes = u64_to_i64(job.input_bytes, "input_bytes")?;
+        let plan_text = job
+            .plan
+            .as_ref()
+            .map(|p| to_json(p, "job plan"))
+            .transpose()?;
         self.conn()
             .execute(
-                &format!("INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
+                &format!("INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"),
                 params![
                     job.id,
                     job.dag,
@@ -546,6 +569,7 @@ impl Db {
                     job.started_ms,
                     job.finished_ms,
                     job.updated_ms,
+                    plan_text,
                 ],
             )
             .map_err(|e| conflict(e, || format!("job {}", job.id)))?;
@@ -589,6 +613,16 @@ impl Db {
             "UPDATE jobs SET status = ?2, summary = ?3, error = ?4, finished_ms = ?5, updated_ms = ?5 \
              WHERE id = ?1",
             params![id, status.as_str(), summary_text, error, now_ms],
+        )?;
+        Ok(n > 0)
+    }
+
+    /// Records the plan a job runs with. Returns whether the job exists.
+    pub fn set_job_plan(&self, id: &str, plan: &JobPlan, now_ms: i64) -> Result<bool, StoreError> {
+        let text = to_json(plan, "job plan")?;
+        let n = self.conn().execute(
+            "UPDATE jobs SET plan = ?2, updated_ms = ?3 WHERE id = ?1",
+            params![id, text, now_ms],
         )?;
         Ok(n > 0)
     }
@@ -673,6 +707,42 @@ impl Db {
                 },
             )
             .optional()?)
+    }
+
+    // ---- instance logs ----
+
+    /// Keeps one instance attempt's log (replacing the same attempt's earlier row).
+    pub fn put_log(&self, job: &str, l: &InstanceLog, now_ms: i64) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO instance_logs (job, function, instance, attempt, agent, log, created_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+             ON CONFLICT (job, function, instance, attempt) DO UPDATE SET agent = excluded.agent, \
+               log = excluded.log, created_ms = excluded.created_ms",
+            params![
+                job, l.function, l.instance, l.attempt, l.agent, l.log, now_ms
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// A job's instance logs (of one function, or all), by function, instance and attempt.
+    pub fn logs(&self, job: &str, function: Option<&str>) -> Result<Vec<InstanceLog>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT function, instance, attempt, agent, log FROM instance_logs \
+             WHERE job = ?1 AND (?2 IS NULL OR function = ?2) \
+             ORDER BY function, instance, attempt",
+        )?;
+        let rows = stmt.query_map(params![job, function], |r| {
+            Ok(InstanceLog {
+                function: r.get(0)?,
+                instance: r.get(1)?,
+                attempt: r.get(2)?,
+                agent: r.get(3)?,
+                log: r.get(4)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     // ---- files ----
@@ -884,6 +954,7 @@ mod tests {
             started_ms: None,
             finished_ms: None,
             updated_ms: created_ms,
+            plan: None,
         }
     }
 
@@ -908,6 +979,7 @@ mod tests {
             functions: vec![],
             outputs: vec!["s3://sonic/jobs/j-1/result/model.json".into()],
             error: None,
+            plan: None,
         }
     }
 
@@ -1198,5 +1270,90 @@ mod tests {
             .expect("stored under the literal name");
         assert_eq!((d.name.as_str(), d.yaml.as_str()), (evil, evil));
         assert_eq!(db.count_dags().expect("table still there"), 1);
+    }
+
+    #[test]
+    fn a_version_1_database_is_migrated_and_keeps_its_jobs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(DB_FILE);
+        {
+            // What a build of schema version 1 wrote.
+            let conn = Connection::open(&path).expect("open");
+            conn.execute_batch(MIGRATIONS[0]).expect("v1 schema");
+            conn.execute_batch(
+                "CREATE TABLE schema_version (version INTEGER NOT NULL) STRICT; \
+                 INSERT INTO schema_version (version) VALUES (1); \
+                 INSERT INTO jobs (id, dag, status, policy, mode, input_bytes, params, summary, \
+                   error, created_ms, started_ms, finished_ms, updated_ms) \
+                 VALUES ('j-old', 'ml', 'succeeded', 'remote', 'profiling', 5, '{}', NULL, NULL, \
+                   1, 2, 3, 3);",
+            )
+            .expect("v1 rows");
+        }
+        let db = Db::open(&path).expect("migrate");
+        assert_eq!(db.version().expect("version"), schema_version());
+        let old = db.get_job("j-old").expect("get").expect("kept");
+        assert_eq!(
+            (old.status, old.input_bytes, old.plan),
+            (JobStatus::Succeeded, 5, None)
+        );
+        assert!(
+            db.logs("j-old", None)
+                .expect("logs table exists")
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn plans_and_logs_are_kept_per_job() {
+        let db = Db::open_in_memory().expect("open");
+        db.insert_job(&job("j-1", "ml", 1)).expect("insert");
+        let plan = JobPlan {
+            used: "second_best".into(),
+            notes: vec!["vm-storage refused".into()],
+            report: json!({"dag": "ml"}),
+            stages: vec![],
+        };
+        assert!(db.set_job_plan("j-1", &plan, 2).expect("plan"));
+        assert!(!db.set_job_plan("j-9", &plan, 2).expect("no such job"));
+        assert_eq!(
+            db.get_job("j-1").expect("get").expect("job").plan,
+            Some(plan)
+        );
+        let log = |function: &str, instance: u32, attempt: u32, text: &str| InstanceLog {
+            function: function.into(),
+            instance,
+            attempt,
+            agent: "a-1".into(),
+            log: text.into(),
+        };
+        db.put_log("j-1", &log("train", 1, 1, "boom"), 3)
+            .expect("log");
+        db.put_log("j-1", &log("train", 0, 1, "ok"), 3)
+            .expect("log");
+        db.put_log("j-1", &log("pca", 0, 1, "pca"), 3).expect("log");
+        db.put_log("j-1", &log("train", 1, 2, "ok again"), 4)
+            .expect("log");
+        db.put_log("j-1", &log("train", 1, 2, "ok again, replaced"), 5)
+            .expect("same attempt replaces");
+        db.put_log("j-2", &log("train", 0, 1, "other job"), 3)
+            .expect("log");
+        let all = db.logs("j-1", None).expect("logs");
+        let keys: Vec<(&str, u32, u32)> = all
+            .iter()
+            .map(|l| (l.function.as_str(), l.instance, l.attempt))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                ("pca", 0, 1),
+                ("train", 0, 1),
+                ("train", 1, 1),
+                ("train", 1, 2)
+            ]
+        );
+        assert_eq!(all[3].log, "ok again, replaced");
+        assert_eq!(db.logs("j-1", Some("pca")).expect("logs").len(), 1);
+        assert!(db.logs("j-1", Some("nope")).expect("logs").is_empty());
     }
 }

@@ -805,3 +805,62 @@ async fn openapi_is_served_and_names_every_route() {
         );
     }
 }
+
+#[tokio::test]
+async fn models_plans_logs_and_events_before_any_job() {
+    let (_dir, cp) = setup();
+    assert_eq!(cp.get("/v1/dags/ml-pipeline/models").await.status, 404);
+    let a = cp.apply(Method::PUT, "/v1/dags", EXAMPLE).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+    // Every parameter has a model, none fitted yet.
+    let a = cp.get("/v1/dags/ml-pipeline/models").await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let m: sonic_api::control::DagModelsView = serde_json::from_value(a.json()).expect("view");
+    assert_eq!(
+        (m.dag.as_str(), m.converged, m.jobs),
+        ("ml-pipeline", false, 0)
+    );
+    assert_eq!(m.max_mape, 0.15, "the default rule without a job runtime");
+    assert_eq!(m.models.len(), 3 * 4 + 2, "{m:?}");
+    assert!(
+        m.models
+            .iter()
+            .all(|x| x.equation.is_none() && !x.converged)
+    );
+    assert!(m.models.iter().any(|x| x.parameter == "pca->train.bytes"));
+    assert!(m.samples.is_empty());
+    // Nothing to plan with: 409, and the error says what to do.
+    let a = cp
+        .get("/v1/dags/ml-pipeline/plan?input_bytes=1000000")
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.text());
+    assert!(a.json()["error"].as_str().unwrap_or("").contains("profile"));
+    for (uri, status) in [
+        ("/v1/dags/ml-pipeline/plan", StatusCode::BAD_REQUEST),
+        (
+            "/v1/dags/ml-pipeline/plan?input_bytes=-1",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/v1/dags/ml-pipeline/plan?input_bytes=1&policy=fast",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/v1/dags/ml-pipeline/plan?input_bytes=1&policy=oracle",
+            StatusCode::BAD_REQUEST,
+        ),
+        ("/v1/dags/nope/plan?input_bytes=1", StatusCode::NOT_FOUND),
+        ("/v1/dags/Bad_Name/models", StatusCode::BAD_REQUEST),
+        ("/v1/jobs/j-0000/logs", StatusCode::NOT_FOUND),
+        ("/v1/jobs/j-0000/events", StatusCode::NOT_FOUND),
+        ("/v1/jobs/nope/events", StatusCode::BAD_REQUEST),
+        (
+            "/v1/jobs/j-0000/logs?function=Bad%20F",
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let a = cp.get(uri).await;
+        assert_eq!(a.status, status, "{uri}: {}", a.text());
+        assert!(a.json()["error"].is_string(), "{uri}");
+    }
+}

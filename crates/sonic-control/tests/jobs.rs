@@ -11,11 +11,12 @@ use sonic_agent::config::{AgentConfig, local_config};
 use sonic_agent::sandbox::{ProcessConfig, ProcessSandbox};
 use sonic_agent::server::RunningAgent;
 use sonic_agent::throttle::AgentThrottle;
-use sonic_api::control::{JobStatus, JobSummary};
+use sonic_api::control::{DagModelsView, JobEvent, JobLogs, JobMode, JobStatus, JobSummary};
 use sonic_control::{
     ControlConfig, JobsConfig, RunningControl, Runtime, SystemClock, start_with_jobs,
 };
 use sonic_core::catalog::Catalog;
+use sonic_core::regression::Convergence;
 use sonic_core::units::Seconds;
 use sonic_storage::ObjectStore;
 use sonic_storage::local::LocalStore;
@@ -80,6 +81,7 @@ struct Cluster {
     agents: Vec<RunningAgent>,
     store: Arc<LocalStore>,
     http: reqwest::Client,
+    convergence: Convergence,
     _dir: tempfile::TempDir,
 }
 
@@ -103,30 +105,44 @@ async fn agent(id: &str, root: &Path, store: Arc<LocalStore>) -> RunningAgent {
     .expect("start agent")
 }
 
-async fn cluster() -> Cluster {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Arc::new(LocalStore::new(dir.path().join("store")).expect("store"));
-    let a = agent("a-1", dir.path(), store.clone()).await;
-    let b = agent("a-2", dir.path(), store.clone()).await;
+/// A control plane with jobs on `dir/control` (a restart reopens the same database).
+async fn start_control(
+    dir: &Path,
+    store: Arc<LocalStore>,
+    convergence: Convergence,
+) -> RunningControl {
     let mut jobs = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
     jobs.backoff = Duration::from_millis(20);
+    jobs.convergence = convergence;
     let runtime = Runtime::new(
-        store.clone(),
+        store,
         Some(Catalog::from_yaml(CATALOG).expect("catalog")),
         jobs,
     );
     let config = ControlConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        data_dir: dir.path().join("control"),
+        data_dir: dir.join("control"),
         token: TOKEN.into(),
         // These agents do not heartbeat (no control URL): registration must keep them alive for
         // the whole test, however slow the machine.
         heartbeat_timeout: Seconds(3600.0),
         ..ControlConfig::default()
     };
-    let control = start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
+    start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
         .await
-        .expect("start control plane");
+        .expect("start control plane")
+}
+
+async fn cluster() -> Cluster {
+    cluster_with(Convergence::default()).await
+}
+
+async fn cluster_with(convergence: Convergence) -> Cluster {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(LocalStore::new(dir.path().join("store")).expect("store"));
+    let a = agent("a-1", dir.path(), store.clone()).await;
+    let b = agent("a-2", dir.path(), store.clone()).await;
+    let control = start_control(dir.path(), store.clone(), convergence).await;
     let http = reqwest::Client::new();
     for a in [&a, &b] {
         let r = http
@@ -143,6 +159,7 @@ async fn cluster() -> Cluster {
         agents: vec![a, b],
         store,
         http,
+        convergence,
         _dir: dir,
     }
 }
@@ -203,6 +220,40 @@ impl Cluster {
             assert!(Instant::now() < deadline, "job {id} did not end: {v}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Stops the control plane and starts a new one on the same database (the agents stay).
+    async fn restart(self) -> Cluster {
+        let Cluster {
+            control,
+            agents,
+            store,
+            http,
+            convergence,
+            _dir,
+        } = self;
+        control.stop().await;
+        let control = start_control(_dir.path(), store.clone(), convergence).await;
+        Cluster {
+            control,
+            agents,
+            store,
+            http,
+            convergence,
+            _dir,
+        }
+    }
+
+    async fn get_json(&self, path: &str) -> (reqwest::StatusCode, Value) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.control.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("get");
+        let status = r.status();
+        (status, r.json().await.expect("json body"))
     }
 
     async fn stop(self) {
@@ -353,7 +404,9 @@ async fn a_dag_runs_under_every_policy_with_identical_results() {
         let sample = samples.iter().find(|x| x.job == id).expect("sample");
         assert_eq!(sample.input_bytes, n);
         assert_eq!(sample.measured["functions"]["mid"]["instances"], 2);
-        assert_eq!(sample.measured["edges"][0]["bytes"], 2 * n);
+        // The model's edge bytes are what the sender wrote: the broadcast file once.
+        assert_eq!(sample.measured["edges"][0]["bytes"], n);
+        assert_eq!(sample.measured["edges"][1]["bytes"], 2 * n);
     }
     assert_eq!(results[0], results[1], "remote and direct results differ");
     assert_eq!(results[0], results[2], "remote and local results differ");
@@ -482,6 +535,7 @@ async fn a_job_running_at_restart_is_failed() {
         started_ms: Some(1),
         finished_ms: None,
         updated_ms: 1,
+        plan: None,
     };
     db.insert_job(&job).expect("insert");
     drop(db);
@@ -619,4 +673,413 @@ async fn without_an_object_store_jobs_are_refused_clearly() {
         "{body}"
     );
     control.stop().await;
+}
+
+fn sized_input(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+impl Cluster {
+    /// Reads `GET /v1/jobs/{id}/events` to its end (with a deadline): every event in order.
+    async fn events(&self, id: &str) -> Vec<JobEvent> {
+        let mut r = self
+            .http
+            .get(format!("{}/v1/jobs/{id}/events", self.control.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("events");
+        assert_eq!(r.status(), 200);
+        let ct = r
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        assert!(ct.starts_with("text/event-stream"), "{ct}");
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let mut buf = String::new();
+        let mut out = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let chunk = tokio::time::timeout(left, r.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("the event stream of {id} did not end: {out:?}"))
+                .expect("stream");
+            let Some(chunk) = chunk else { break };
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(pos) = buf.find('\n') {
+                let line: String = buf.drain(..=pos).collect();
+                if let Some(data) = line.trim_end().strip_prefix("data:") {
+                    out.push(serde_json::from_str(data.trim()).expect("a JobEvent"));
+                }
+            }
+        }
+        out
+    }
+
+    /// The job's result files, keyed by their path under `result/`.
+    async fn results(&self, s: &JobSummary) -> Vec<(String, Vec<u8>)> {
+        let mut files = Vec::new();
+        for out in &s.outputs {
+            let key = out.strip_prefix("store://").expect("store url");
+            let rel = key
+                .strip_prefix(&format!("jobs/{}/result/", s.job_id))
+                .expect("under result/")
+                .to_owned();
+            files.push((
+                rel,
+                self.store.get_bytes(key).await.expect("result").to_vec(),
+            ));
+        }
+        files.sort();
+        files
+    }
+
+    async fn submit_input(&self, policy: Option<&str>, input: &[u8]) -> String {
+        let mut body = json!({
+            "dag": "fan",
+            "input": { "name": "data.bin", "base64": base64(input) },
+        });
+        if let Some(p) = policy {
+            body["policy"] = json!(p);
+        }
+        self.submit(body).await
+    }
+}
+
+/// The learning loop: unforced jobs profile with `remote` until the models converge, then run
+/// planned with `sonic` and still add samples; the models, the plan, the progress stream and
+/// the logs are served; a restart keeps what was learned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
+    // Lambda times of a few milliseconds are noise: this test checks the mechanism, so the
+    // error threshold is loose; the number of samples is what converges here.
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 4,
+    };
+    let c = cluster_with(rule).await;
+    c.apply(DAG).await;
+
+    // Nothing learned: a forced sonic job and a plan are refused, saying why.
+    let r = c
+        .http
+        .post(format!("{}/v1/jobs", c.control.url()))
+        .bearer_auth(TOKEN)
+        .json(&json!({ "dag": "fan", "policy": "sonic" }))
+        .send()
+        .await
+        .expect("submit");
+    assert_eq!(r.status(), 409);
+    let body: Value = r.json().await.expect("json");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("cannot be planned yet"),
+        "{body}"
+    );
+    let (status, body) = c.get_json("/v1/dags/fan/plan?input_bytes=1000").await;
+    assert_eq!(status, 409, "{body}");
+    let (status, body) = c.get_json("/v1/dags/fan/models").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        (body["converged"].as_bool(), body["jobs"].as_u64()),
+        (Some(false), Some(0))
+    );
+
+    // Profiling: four sizes.
+    for (k, n) in [30_000usize, 90_000, 150_000, 210_000]
+        .into_iter()
+        .enumerate()
+    {
+        let id = c.submit_input(None, &sized_input(n)).await;
+        let (v, s) = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+        assert_eq!(
+            (s.policy.as_str(), s.mode),
+            ("remote", JobMode::Profiling),
+            "{v}"
+        );
+        assert!(s.plan.is_none(), "{v}");
+        let (_, m) = c.get_json("/v1/dags/fan/models").await;
+        let m: DagModelsView = serde_json::from_value(m).expect("models view");
+        assert_eq!(m.jobs, k + 1);
+        assert_eq!(m.samples.len(), k + 1);
+        assert_eq!(m.converged, k + 1 >= 4, "after {} jobs: {m:?}", k + 1);
+    }
+    let (_, m) = c.get_json("/v1/dags/fan/models").await;
+    let m: DagModelsView = serde_json::from_value(m).expect("models view");
+    assert_eq!(m.max_mape, 1000.0);
+    for p in [
+        "gen.memory_mb",
+        "mid.cold_s",
+        "mid.instances",
+        "gen->mid.bytes",
+        "mid->sink.bytes",
+    ] {
+        let model = m
+            .models
+            .iter()
+            .find(|x| x.parameter == p)
+            .unwrap_or_else(|| panic!("no model {p}: {m:?}"));
+        assert!(model.converged, "{model:?}");
+        assert_eq!(model.samples, 4);
+        assert!(
+            model.equation.is_some() && model.degree.is_some(),
+            "{model:?}"
+        );
+    }
+    // The broadcast edge carries exactly the input: its line is `x` itself.
+    let bytes = m
+        .models
+        .iter()
+        .find(|x| x.parameter == "gen->mid.bytes")
+        .expect("model");
+    // (Least squares leaves a rounding residue in the constant.)
+    assert!(
+        bytes
+            .equation
+            .as_deref()
+            .is_some_and(|e| e.starts_with("1*x")),
+        "{bytes:?}"
+    );
+    assert_eq!(bytes.cv_mape, Some(0.0));
+
+    // The plan for a size never run.
+    let (status, plan) = c.get_json("/v1/dags/fan/plan?input_bytes=120000").await;
+    assert_eq!(status, 200, "{plan}");
+    assert_eq!(
+        (plan["dag"].as_str(), plan["policy"].as_str()),
+        (Some("fan"), Some("sonic"))
+    );
+    assert_eq!(plan["input_bytes"], 120_000);
+    assert_eq!(plan["stages"].as_array().map(Vec::len), Some(3), "{plan}");
+    assert_eq!(plan["stages"][1]["function"], "mid");
+    let planned_edges = plan["edges"].as_array().expect("edges");
+    assert_eq!(planned_edges.len(), 2);
+    for e in planned_edges {
+        assert!(
+            ["vm-storage", "direct", "remote"].contains(&e["method"].as_str().unwrap_or("")),
+            "{e}"
+        );
+    }
+    assert!(
+        plan["predicted"]["perf_per_dollar"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0),
+        "{plan}"
+    );
+    assert_eq!(plan["network_mbps"]["m5.large"]["source"], "catalog");
+    let (status, _) = c
+        .get_json("/v1/dags/fan/plan?input_bytes=120000&policy=remote")
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = c.get_json("/v1/dags/fan/plan").await;
+    assert_eq!(status, 400, "input_bytes is required");
+    let (status, _) = c.get_json("/v1/dags/nope/plan?input_bytes=1").await;
+    assert_eq!(status, 404);
+
+    // Converged: the next unforced job is planned, and its progress streams to its end.
+    let input = sized_input(120_000);
+    let planned_id = c.submit_input(None, &input).await;
+    let events = c.events(&planned_id).await;
+    let last = events.last().expect("at least one event");
+    assert_eq!(last.status, JobStatus::Succeeded, "{events:?}");
+    assert!(events.iter().all(|e| e.job_id == planned_id));
+    assert!(
+        events[..events.len() - 1]
+            .iter()
+            .all(|e| !e.status.is_terminal()),
+        "only the last event is terminal: {events:?}"
+    );
+    assert_eq!(last.done_instances, 4, "{events:?}");
+    assert_eq!(last.total_instances, 4, "{events:?}");
+    let (v, planned) = c.wait(&planned_id).await;
+    assert_eq!(planned.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (planned.policy.as_str(), planned.mode),
+        ("sonic", JobMode::Planned),
+        "{v}"
+    );
+    let jp = planned
+        .plan
+        .clone()
+        .expect("the plan is recorded with the job");
+    assert!(["best", "second_best"].contains(&jp.used.as_str()), "{v}");
+    assert_eq!(jp.report["input_bytes"], 120_000);
+    assert_eq!(jp.stages.len(), 3);
+    for st in &jp.stages {
+        assert!(!st.agents.is_empty(), "{st:?}");
+        assert!(st.agents.iter().all(|a| a == "a-1" || a == "a-2"), "{st:?}");
+        assert!(st.concurrent >= 1);
+    }
+    // Each edge moved data the way the plan that ran says.
+    for e in &planned.edges {
+        let want = jp.report["edges"]
+            .as_array()
+            .expect("edges")
+            .iter()
+            .find(|p| p["from"] == e.from.as_str() && p["to"] == e.to.as_str())
+            .expect("planned edge");
+        assert_eq!(want["method"], e.method.as_str(), "{v}");
+    }
+    // Each instance ran on an agent of its stage.
+    for f in &planned.functions {
+        let st = jp
+            .stages
+            .iter()
+            .find(|s| s.function == f.name)
+            .expect("stage");
+        assert!(st.agents.contains(&f.agent), "{f:?} not on {st:?}");
+    }
+
+    // Byte-identical to a remote run of the same input.
+    let remote_id = c.submit_input(Some("remote"), &input).await;
+    let (v, remote) = c.wait(&remote_id).await;
+    assert_eq!(remote.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (remote.policy.as_str(), remote.mode),
+        ("remote", JobMode::Profiling)
+    );
+    let (got, want) = (c.results(&planned).await, c.results(&remote).await);
+    assert_eq!(got.len(), 2);
+    assert_eq!(got, want, "planned and remote results differ");
+    assert!(got.iter().all(|(_, data)| data == &input));
+
+    // Logs: one per instance attempt, what the lambda printed.
+    let (status, logs) = c.get_json(&format!("/v1/jobs/{planned_id}/logs")).await;
+    assert_eq!(status, 200);
+    let logs: JobLogs = serde_json::from_value(logs).expect("logs");
+    assert_eq!(logs.job_id, planned_id);
+    assert_eq!(logs.logs.len(), 4, "{logs:?}");
+    for l in &logs.logs {
+        assert_eq!(l.attempt, 1);
+        assert!(
+            l.log
+                .contains(&format!("function={} instance={}", l.function, l.instance)),
+            "{l:?}"
+        );
+    }
+    let (_, mids) = c
+        .get_json(&format!("/v1/jobs/{planned_id}/logs?function=mid"))
+        .await;
+    let mids: JobLogs = serde_json::from_value(mids).expect("logs");
+    assert_eq!(
+        mids.logs.iter().map(|l| l.instance).collect::<Vec<_>>(),
+        [0, 1]
+    );
+    let (status, _) = c.get_json("/v1/jobs/j-0000/logs").await;
+    assert_eq!(status, 404);
+    // A finished job's stream is one terminal event.
+    let again = c.events(&planned_id).await;
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0].status, JobStatus::Succeeded);
+
+    // Planned and forced jobs keep teaching the models.
+    let (_, m) = c.get_json("/v1/dags/fan/models").await;
+    assert_eq!(m["jobs"], 6, "{m}");
+
+    // A restart reads the models back: still converged, still planned.
+    let c = c.restart().await;
+    let (_, m) = c.get_json("/v1/dags/fan/models").await;
+    let m: DagModelsView = serde_json::from_value(m).expect("models view");
+    assert!(m.converged, "{m:?}");
+    assert_eq!(m.jobs, 6);
+    let record = c
+        .control
+        .state
+        .db
+        .get_model("fan")
+        .expect("get")
+        .expect("stored");
+    assert!(record.converged);
+    assert_eq!(record.samples, 6);
+    // Bandwidth an agent measures feeds the plans.
+    let beat = json!({
+        "agent_id": "a-1", "running": 0,
+        "bandwidth": { "egress_bps": 50_000_000.0, "ingress_bps": null, "samples": 3 }
+    });
+    let r = c
+        .http
+        .post(format!("{}/v1/agents/a-1/heartbeat", c.control.url()))
+        .bearer_auth(TOKEN)
+        .json(&beat)
+        .send()
+        .await
+        .expect("heartbeat");
+    assert_eq!(r.status(), 200);
+    let (_, plan) = c.get_json("/v1/dags/fan/plan?input_bytes=60000").await;
+    assert_eq!(
+        plan["network_mbps"]["m5.large"]["source"], "measured",
+        "{plan}"
+    );
+    assert_eq!(plan["network_mbps"]["m5.large"]["network_mbps"], 400.0);
+    let id = c.submit_input(None, &sized_input(60_000)).await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(s.mode, JobMode::Planned, "{v}");
+    let best = s.plan.expect("plan");
+    assert_eq!(best.used, "best", "{v}");
+    // The cheapest plan keeps every file on one m5.large VM (same predicted times, half the
+    // price of m5.xlarge, no transfer at all).
+    assert!(
+        best.report["edges"]
+            .as_array()
+            .expect("edges")
+            .iter()
+            .any(|e| e["method"] == "vm-storage"),
+        "{v}"
+    );
+
+    // Now the agents say they are m5.xlarge VMs: the best plan's vm-storage group has no
+    // m5.large agent to run on, so the resource manager refuses it, the second-best plan runs,
+    // on the agents there are, and the job says why. Same bytes out.
+    for a in &c.agents {
+        let mut cap = a.state.capacity();
+        cap.vm_type = "m5.xlarge".into();
+        let r = c
+            .http
+            .post(format!("{}/v1/agents/register", c.control.url()))
+            .bearer_auth(TOKEN)
+            .json(&cap)
+            .send()
+            .await
+            .expect("register");
+        assert!(r.status().is_success());
+    }
+    let id = c.submit_input(None, &input).await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (s.policy.as_str(), s.mode),
+        ("sonic", JobMode::Planned),
+        "{v}"
+    );
+    let second = s.plan.clone().expect("plan");
+    assert_eq!(second.used, "second_best", "{v}");
+    assert!(
+        second.notes[0].contains("no alive m5.large agent"),
+        "{:?}",
+        second.notes
+    );
+    assert!(
+        second.report["best"]["edges"]
+            .as_array()
+            .expect("the best plan is kept")
+            .iter()
+            .any(|e| e["method"] == "vm-storage"),
+        "{v}"
+    );
+    for e in &s.edges {
+        assert_ne!(e.method, "vm-storage", "{v}");
+    }
+    assert!(s.functions.iter().all(|f| f.vm_type == "m5.xlarge"), "{v}");
+    assert_eq!(
+        c.results(&s).await,
+        want,
+        "second-best and remote results differ"
+    );
+    c.stop().await;
 }

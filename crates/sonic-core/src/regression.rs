@@ -88,11 +88,18 @@ pub struct Fit {
     pub degree: usize,
     /// `y = c[0] + c[1] x + c[2] x^2 + c[3] x^3`, in unscaled x.
     pub coefficients: Vec<f64>,
-    /// Cross-validated MAPE (fraction); infinite with a single sample.
+    /// Cross-validated MAPE (fraction); infinite with a single sample. JSON has no infinity:
+    /// it is written as `null` and read back as infinite, so stored models round-trip.
+    #[serde(deserialize_with = "infinite_when_null")]
     pub cv_mape: f64,
     pub samples: usize,
     /// The fitted equation, e.g. `2.1e-6*x + 310`.
     pub equation: String,
+}
+
+/// `null` (what serde_json writes for a non-finite number) as positive infinity.
+fn infinite_when_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }
 
 impl Fit {
@@ -648,6 +655,17 @@ mod tests {
         assert_eq!(f.degree, 1, "{f:?}");
         assert!(f.cv_mape > 0.005 && f.cv_mape < 0.05, "{}", f.cv_mape);
         assert!(m.converged(&Convergence::default()));
+    }
+
+    #[test]
+    fn models_round_trip_through_json_even_with_an_infinite_error() {
+        let mut m = Model::new(Quantity::Time, 5);
+        m.add_sample(1e6, 2.0).unwrap();
+        m.fit().unwrap();
+        assert!(m.fit.as_ref().unwrap().cv_mape.is_infinite());
+        let text = serde_json::to_string(&m).unwrap();
+        let back: Model = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, m);
     }
 
     #[test]

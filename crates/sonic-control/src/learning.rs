@@ -1,0 +1,496 @@
+//! Online profiling and planning with what was learned: every finished job's sample refits the
+//! DAG's models ([`refit`]); a DAG whose models converged is planned for each job's input size
+//! ([`plan_for`]); the models and plans as the API shows them.
+//!
+//! Everything here blocks (fitting, JSON of every sample); async code calls it through
+//! [`crate::store::Db::run`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use sonic_api::control::{DagModelsView, ModelView};
+use sonic_core::catalog::Catalog;
+use sonic_core::dag::{Dag, Fanout};
+use sonic_core::model::PlanProblem;
+use sonic_core::params::{EdgeParams, Params};
+use sonic_core::planner::{self, PlanOutcome, Policy};
+use sonic_core::regression::{Convergence, DagModels, FunctionSample, Model};
+use sonic_core::units::ByteSize;
+
+use crate::bandwidth::TypeBandwidth;
+use crate::store::{Db, ModelRecord, SampleRecord, StoreError};
+
+/// Seeds the models' cross-validation folds: a fit is a pure function of its samples.
+pub const SEED: u64 = 0x5013_1c5e_ed00_0001;
+
+/// One stored sample as the models take it: per function measurements, per edge bytes.
+pub fn sample_parts(s: &SampleRecord) -> (BTreeMap<String, FunctionSample>, Vec<EdgeParams>) {
+    let mut functions = BTreeMap::new();
+    if let Some(map) = s.measured["functions"].as_object() {
+        for (name, m) in map {
+            let num = |k: &str| m[k].as_f64().filter(|v| v.is_finite());
+            functions.insert(
+                name.clone(),
+                FunctionSample {
+                    memory_mb: num("memory_mb"),
+                    cold_s: num("cold_s"),
+                    hot_s: num("hot_s"),
+                    // A stage that ran no instance measured no fanout.
+                    instances: m["instances"]
+                        .as_u64()
+                        .filter(|n| *n > 0)
+                        .and_then(|n| u32::try_from(n).ok()),
+                },
+            );
+        }
+    }
+    let edges = s.measured["edges"]
+        .as_array()
+        .map(|es| {
+            es.iter()
+                .filter_map(|e| {
+                    Some(EdgeParams {
+                        from: e["from"].as_str()?.to_owned(),
+                        to: e["to"].as_str()?.to_owned(),
+                        bytes: ByteSize(e["bytes"].as_u64()?),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (functions, edges)
+}
+
+/// Whether stored models describe exactly this DAG's functions and edges.
+fn same_shape(m: &DagModels, dag: &Dag) -> bool {
+    let names: BTreeSet<&str> = dag.functions.iter().map(|f| f.name.as_str()).collect();
+    let edges: Vec<(&str, &str)> = dag
+        .edges
+        .iter()
+        .map(|e| {
+            (
+                dag.functions[e.from].name.as_str(),
+                dag.functions[e.to].name.as_str(),
+            )
+        })
+        .collect();
+    m.functions
+        .keys()
+        .map(String::as_str)
+        .collect::<BTreeSet<_>>()
+        == names
+        && m.edges
+            .iter()
+            .map(|e| (e.from.as_str(), e.to.as_str()))
+            .collect::<Vec<_>>()
+            == edges
+}
+
+/// Fits fresh models on every sample, each model once. Measurements of functions or edges the
+/// DAG no longer has are left out.
+pub fn fit_all(dag: &Dag, samples: &[SampleRecord], rule: Convergence) -> DagModels {
+    let mut models = DagModels::new(dag, rule, SEED);
+    for s in samples {
+        let x = s.input_bytes as f64;
+        let (functions, edges) = sample_parts(s);
+        for (name, f) in &functions {
+            let Some(m) = models.functions.get_mut(name) else {
+                continue;
+            };
+            let pairs = [
+                (&mut m.memory_mb, f.memory_mb),
+                (&mut m.cold_s, f.cold_s),
+                (&mut m.hot_s, f.hot_s),
+                (&mut m.instances, f.instances.map(f64::from)),
+            ];
+            for (model, y) in pairs {
+                if let Some(y) = y {
+                    // Not finite: already filtered out; an error here only skips the value.
+                    let _ = model.add_sample(x, y);
+                }
+            }
+        }
+        for e in &edges {
+            if let Some(m) = models
+                .edges
+                .iter_mut()
+                .find(|m| m.from == e.from && m.to == e.to)
+            {
+                let _ = m.bytes.add_sample(x, e.bytes.0 as f64);
+            }
+        }
+        models.jobs += 1;
+    }
+    let mut all: Vec<&mut Model> = Vec::new();
+    for f in models.functions.values_mut() {
+        all.extend([
+            &mut f.memory_mb,
+            &mut f.cold_s,
+            &mut f.hot_s,
+            &mut f.instances,
+        ]);
+    }
+    all.extend(models.edges.iter_mut().map(|e| &mut e.bytes));
+    for m in all {
+        if !m.samples.is_empty() {
+            let _ = m.fit();
+        }
+    }
+    models
+}
+
+/// Decodes a stored fit; `None` when the record is from another shape of the DAG or does not
+/// decode (it is then refitted from the samples).
+pub fn decode(record: &ModelRecord) -> Option<DagModels> {
+    serde_json::from_value(record.models.clone()).ok()
+}
+
+/// Brings a DAG's stored models up to date with its samples, after a job added one: the newest
+/// sample is added to the stored fit when the fit holds every older one and matches the DAG;
+/// otherwise everything is refitted. Persists and returns the record.
+pub fn refit(
+    db: &Db,
+    dag: &Dag,
+    rule: Convergence,
+    now_ms: i64,
+) -> Result<ModelRecord, StoreError> {
+    let samples = db.samples(&dag.name)?;
+    let stored = db.get_model(&dag.name)?.as_ref().and_then(decode);
+    let models = match (stored, samples.split_last()) {
+        (Some(mut m), Some((newest, older)))
+            if m.jobs == older.len() && same_shape(&m, dag) && m.convergence == rule =>
+        {
+            let (functions, edges) = sample_parts(newest);
+            let functions: BTreeMap<String, FunctionSample> = functions
+                .into_iter()
+                .filter(|(k, _)| m.functions.contains_key(k))
+                .collect();
+            match m.add_sample(newest.input_bytes as f64, &functions, &edges) {
+                Ok(()) => m,
+                Err(e) => {
+                    tracing::warn!(dag = %dag.name, error = %e, "sample not added; refitting all");
+                    fit_all(dag, &samples, rule)
+                }
+            }
+        }
+        _ => fit_all(dag, &samples, rule),
+    };
+    let record = ModelRecord {
+        dag: dag.name.clone(),
+        models: serde_json::to_value(&models).map_err(|source| StoreError::Encode {
+            what: "models",
+            source,
+        })?,
+        converged: models.converged(),
+        samples: models.jobs as u64,
+        updated_ms: now_ms,
+    };
+    db.put_model(&record)?;
+    tracing::info!(dag = %dag.name, samples = record.samples, converged = record.converged, "models refitted");
+    Ok(record)
+}
+
+/// The DAG's models under the rule in force (the stored ones, or empty ones before any job).
+pub fn current(db: &Db, dag: &Dag, rule: Convergence) -> Result<DagModels, StoreError> {
+    Ok(match db.get_model(&dag.name)?.as_ref().and_then(decode) {
+        Some(mut m) if same_shape(&m, dag) => {
+            m.convergence = rule;
+            m
+        }
+        // The DAG changed shape since the fit: what fits the new shape comes from the samples.
+        Some(_) => fit_all(dag, &db.samples(&dag.name)?, rule),
+        None => DagModels::new(dag, rule, SEED),
+    })
+}
+
+/// `GET /v1/dags/{name}/models`.
+pub fn view(dag: &str, models: &DagModels, samples: &[SampleRecord]) -> DagModelsView {
+    DagModelsView {
+        dag: dag.to_owned(),
+        converged: models.converged(),
+        max_mape: models.convergence.max_mape,
+        jobs: models.jobs,
+        models: models
+            .summary()
+            .into_iter()
+            .map(|m| ModelView {
+                parameter: m.parameter,
+                equation: m.equation,
+                degree: m.degree,
+                cv_mape: m.cv_mape,
+                samples: m.samples,
+                converged: m.converged,
+            })
+            .collect(),
+        samples: samples
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "job": s.job,
+                    "input_bytes": s.input_bytes,
+                    "measured": s.measured,
+                    "created_ms": s.created_ms,
+                })
+            })
+            .collect(),
+    }
+}
+
+/// Why a DAG could not be planned.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanFailure {
+    /// The models cannot predict yet (a parameter was never measured).
+    #[error(
+        "dag {dag} cannot be planned yet: {why}; run it (unforced, or with policy remote) to profile it"
+    )]
+    NotReady { dag: String, why: String },
+    /// The models predict, but no plan is possible (bounds, memory).
+    #[error("dag {dag} has no plan at {input_bytes} input bytes: {why}")]
+    Infeasible {
+        dag: String,
+        input_bytes: u64,
+        why: String,
+    },
+}
+
+/// A plan for one job.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub outcome: PlanOutcome,
+    /// The parameters predicted at the job's input size (fanouts the job fixes replaced).
+    pub params: Params,
+    /// The `ofctl plan -o json` document, with `input_bytes`, `models_converged` and
+    /// `network_mbps` (each VM type's bandwidth and where it came from) added.
+    pub report: serde_json::Value,
+}
+
+/// Plans `dag` for a job of `input_bytes` with the fitted models. `fanouts` are the job's own
+/// (from its parameters): a known fanout replaces the predicted one. `catalog` already carries
+/// the measured bandwidths described by `bandwidth`.
+pub fn plan_for(
+    dag: &Dag,
+    models: &DagModels,
+    input_bytes: u64,
+    fanouts: &[Fanout],
+    catalog: Catalog,
+    bandwidth: &BTreeMap<String, TypeBandwidth>,
+    policy: Policy,
+) -> Result<Planned, PlanFailure> {
+    let started = Instant::now();
+    let mut params = models
+        .params_for(input_bytes as f64)
+        .map_err(|e| PlanFailure::NotReady {
+            dag: dag.name.clone(),
+            why: e.to_string(),
+        })?;
+    for (f, fanout) in dag.functions.iter().zip(fanouts) {
+        if let (Fanout::Known(n), Some(p)) = (fanout, params.functions.get_mut(&f.name)) {
+            p.instances = *n;
+        }
+    }
+    let infeasible = |why: String| PlanFailure::Infeasible {
+        dag: dag.name.clone(),
+        input_bytes,
+        why,
+    };
+    let problem = PlanProblem::from_dag(dag, &params, catalog, dag.bounds)
+        .map_err(|e| infeasible(e.to_string()))?;
+    let outcome = planner::plan(&problem, policy).map_err(|e| infeasible(e.to_string()))?;
+    let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    let mut report = serde_json::to_value(outcome.report(&dag.name, policy, us))
+        .map_err(|e| infeasible(format!("cannot encode the plan: {e}")))?;
+    if let Some(map) = report.as_object_mut() {
+        map.insert("input_bytes".into(), input_bytes.into());
+        map.insert("models_converged".into(), models.converged().into());
+        map.insert(
+            "network_mbps".into(),
+            serde_json::to_value(bandwidth).unwrap_or_default(),
+        );
+    }
+    Ok(Planned {
+        outcome,
+        params,
+        report,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const DAG: &str = r#"
+name: fan
+params: { mids: 2 }
+functions:
+  - { name: gen, image: i, command: [x] }
+  - { name: mid, image: i, command: [x], instances: "{{ params.mids }}" }
+  - { name: sink, image: i, command: [x] }
+edges:
+  - { from: gen, to: mid, kind: broadcast }
+  - { from: mid, to: sink, kind: gather }
+"#;
+
+    /// A job at `x` input bytes with exact linear parameters.
+    fn sample(job: usize, x: u64) -> SampleRecord {
+        let xf = x as f64;
+        let f = |mem: f64, t: f64, k: u32| json!({"memory_mb": mem + xf / 1e6, "cold_s": t + xf / 1e7, "hot_s": null, "instances": k});
+        SampleRecord {
+            dag: "fan".into(),
+            job: format!("j-{job}"),
+            input_bytes: x,
+            measured: json!({
+                "functions": { "gen": f(100.0, 1.0, 1), "mid": f(200.0, 2.0, 2), "sink": f(50.0, 0.5, 1) },
+                "edges": [
+                    { "from": "gen", "to": "mid", "bytes": x },
+                    { "from": "mid", "to": "sink", "bytes": 2 * x },
+                ],
+            }),
+            created_ms: job as i64,
+        }
+    }
+
+    fn dag() -> Dag {
+        Dag::from_yaml("fan.yaml", DAG).expect("dag")
+    }
+
+    #[test]
+    fn incremental_refits_equal_a_fit_of_everything() {
+        let db = Db::open_in_memory().expect("db");
+        let dag = dag();
+        let rule = Convergence::default();
+        let mut last = None;
+        for (i, x) in [
+            10_000_000u64,
+            20_000_000,
+            35_000_000,
+            50_000_000,
+            80_000_000,
+            120_000_000,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            db.put_sample(&sample(i, x)).expect("sample");
+            last = Some(refit(&db, &dag, rule, i as i64).expect("refit"));
+        }
+        let record = last.expect("fitted");
+        assert_eq!(record.samples, 6);
+        assert!(record.converged, "exact lines converge");
+        let incremental = decode(&record).expect("decodes");
+        let full = fit_all(&dag, &db.samples("fan").expect("samples"), rule);
+        assert_eq!(incremental, full);
+        let p = full.params_for(60_000_000.0).expect("predicts");
+        assert!((p.functions["mid"].memory_mb - 260.0).abs() < 1e-6);
+        assert_eq!(p.functions["mid"].instances, 2);
+        assert_eq!(p.edges[1].bytes, ByteSize(120_000_000));
+        // hot_s was never measured: it falls back to cold_s.
+        assert_eq!(p.functions["gen"].hot_s, p.functions["gen"].cold_s);
+    }
+
+    #[test]
+    fn a_stale_record_is_refitted_from_the_samples() {
+        let db = Db::open_in_memory().expect("db");
+        let dag = dag();
+        for (i, x) in [1_000_000u64, 2_000_000, 3_000_000].into_iter().enumerate() {
+            db.put_sample(&sample(i, x)).expect("sample");
+        }
+        // A record that does not decode (an older format) and one fitted on fewer samples.
+        db.put_model(&ModelRecord {
+            dag: "fan".into(),
+            models: json!({"old": true}),
+            converged: true,
+            samples: 1,
+            updated_ms: 0,
+        })
+        .expect("model");
+        let r = refit(&db, &dag, Convergence::default(), 9).expect("refit");
+        assert_eq!(r.samples, 3);
+        assert!(!r.converged, "3 samples are under min_samples");
+        let loose = Convergence {
+            max_mape: 0.15,
+            min_samples: 3,
+        };
+        let m = current(&db, &dag, loose).expect("current");
+        assert!(m.converged(), "the rule in force decides");
+        let v = view("fan", &m, &db.samples("fan").expect("samples"));
+        assert!(v.converged);
+        assert_eq!((v.jobs, v.samples.len()), (3, 3));
+        let mem = v
+            .models
+            .iter()
+            .find(|m| m.parameter == "mid.memory_mb")
+            .expect("model");
+        assert!(
+            mem.equation.as_deref().is_some_and(|e| e.contains('x')),
+            "{mem:?}"
+        );
+    }
+
+    #[test]
+    fn plans_with_known_fanouts_and_says_when_it_cannot() {
+        let dag = dag();
+        let empty = DagModels::new(&dag, Convergence::default(), SEED);
+        let fanouts = [Fanout::Known(1), Fanout::Known(3), Fanout::Known(1)];
+        let (catalog, bw) = crate::bandwidth::BandwidthBook::default().apply(&Catalog::default());
+        let err = plan_for(
+            &dag,
+            &empty,
+            1000,
+            &fanouts,
+            catalog.clone(),
+            &bw,
+            Policy::Sonic,
+        )
+        .expect_err("nothing fitted");
+        assert!(matches!(err, PlanFailure::NotReady { .. }), "{err}");
+        let samples: Vec<SampleRecord> = (0..5)
+            .map(|i| sample(i, (i as u64 + 1) * 10_000_000))
+            .collect();
+        let models = fit_all(&dag, &samples, Convergence::default());
+        let planned = plan_for(
+            &dag,
+            &models,
+            25_000_000,
+            &fanouts,
+            catalog,
+            &bw,
+            Policy::Sonic,
+        )
+        .expect("plan");
+        // The job asks for 3 mids; the models only ever saw 2.
+        assert_eq!(planned.params.functions["mid"].instances, 3);
+        let r = &planned.report;
+        assert_eq!(r["dag"], "fan");
+        assert_eq!(r["policy"], "sonic");
+        assert_eq!(r["input_bytes"], 25_000_000);
+        assert_eq!(r["stages"].as_array().map(Vec::len), Some(3));
+        assert_eq!(r["edges"].as_array().map(Vec::len), Some(2));
+        assert!(
+            r["predicted"]["latency_s"]
+                .as_f64()
+                .is_some_and(|l| l > 0.0),
+            "{r}"
+        );
+        assert_eq!(r["network_mbps"]["m5.large"]["source"], "catalog");
+        // Memory no VM type offers: no plan, and why.
+        let mut huge = models.clone();
+        for m in huge.functions.values_mut() {
+            m.memory_mb = Model::new(sonic_core::regression::Quantity::Memory, 1);
+            m.memory_mb.add_sample(1.0, 1e9).expect("sample");
+            m.memory_mb.fit().expect("fit");
+        }
+        let (catalog, bw) = crate::bandwidth::BandwidthBook::default().apply(&Catalog::default());
+        let err = plan_for(
+            &dag,
+            &huge,
+            25_000_000,
+            &fanouts,
+            catalog,
+            &bw,
+            Policy::Sonic,
+        )
+        .expect_err("does not fit");
+        assert!(matches!(err, PlanFailure::Infeasible { .. }), "{err}");
+    }
+}
