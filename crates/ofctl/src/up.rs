@@ -126,7 +126,10 @@ pub async fn lambda_dir(
                 dir.display()
             );
         }
-        return Ok(dir.to_path_buf());
+        // Lambdas run in their own working folders: a relative path would not find them.
+        return dir
+            .canonicalize()
+            .with_context(|| format!("cannot resolve {}", dir.display()));
     }
     let exe = std::env::current_exe().context("cannot find this executable")?;
     let dir = exe

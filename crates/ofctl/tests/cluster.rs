@@ -329,16 +329,23 @@ fn a_user_session_against_ofctl_up() {
         "{table:?}"
     );
 
-    // logs: the instances' logs, or (before the control plane serves them) one clear line.
-    let logs = up.ofctl(&["logs", &job, "mid", "-o", "json"]);
-    if logs.code == 0 {
-        let v = logs.json();
-        assert_eq!(v["job_id"], job.as_str());
-        let entries = v["logs"].as_array().expect("logs");
-        assert!(entries.iter().all(|l| l["function"] == "mid"), "{v}");
-    } else {
-        assert!(logs.refused().contains("logs"), "{logs:?}");
+    // logs: one per instance of the function asked for; the table names each.
+    let v = up.ofctl(&["logs", &job, "mid", "-o", "json"]).json();
+    assert_eq!(v["job_id"], job.as_str());
+    let entries = v["logs"].as_array().expect("logs");
+    assert_eq!(entries.len(), 2, "{v}");
+    assert!(entries.iter().all(|l| l["function"] == "mid"), "{v}");
+    let table = up.ofctl(&["logs", &job]);
+    assert_eq!(table.code, 0, "{table:?}");
+    for f in ["gen[0]", "mid[1]", "sink[0]"] {
+        assert!(table.stdout.contains(f), "{f} missing: {table:?}");
     }
+
+    // models: the DAG's parameters, one job learned.
+    let m = up.ofctl(&["models", "fan", "-o", "json"]).json();
+    assert_eq!(m["dag"], "fan");
+    assert!(m["models"].as_array().is_some_and(|v| !v.is_empty()), "{m}");
+    assert!(up.ofctl(&["models", "nope"]).refused().contains("nope"));
 
     // fetch: every result, byte for byte the input (each stage copies what it got).
     let to = up.home.path().join("results");
