@@ -19,6 +19,9 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+/// A job's fetched results: path under `result/` -> bytes.
+type Results = BTreeMap<String, Vec<u8>>;
+
 fn ofctl_exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_ofctl"))
 }
@@ -144,7 +147,7 @@ impl Up {
     }
 
     /// Fetches a job's results into a fresh folder and returns them, path -> bytes.
-    fn results(&self, job: &str) -> (PathBuf, BTreeMap<String, Vec<u8>>) {
+    fn results(&self, job: &str) -> (PathBuf, Results) {
         let dir = self.home.path().join(format!("results-{job}"));
         let fetched = self.json(&["fetch", job, "--to", dir.to_str().unwrap(), "-o", "json"]);
         assert!(fetched.is_array() || fetched.is_object(), "{fetched}");
@@ -186,14 +189,14 @@ fn every_policy(
     dag: &str,
     inputs: &[PathBuf; 3],
     params: &[&str],
-    check: &dyn Fn(&Path, &BTreeMap<String, Vec<u8>>),
+    check: &dyn Fn(&Path, &Results),
 ) {
     for input in &inputs[..2] {
         let s = up.run(dag, Some(input), params, "remote");
         assert_eq!(s["mode"], "profiling", "{s}");
     }
     let last = &inputs[2];
-    let mut reference: Option<(String, BTreeMap<String, Vec<u8>>)> = None;
+    let mut reference: Option<(String, Results)> = None;
     for policy in ["remote", "local", "direct", "sonic"] {
         let s = up.run(dag, Some(last), params, policy);
         let job = s["job_id"].as_str().expect("job_id").to_owned();
