@@ -263,6 +263,30 @@ async fn peak_memory_is_what_the_lambda_allocated() {
     }
 }
 
+/// A lambda's peak is its own, not the size of the agent that started it: Linux starts a forked
+/// child's `ru_maxrss` from its parent's, so a big agent (or `ofctl up`, which holds the whole
+/// cluster) must not inflate what the profiler learns.
+#[tokio::test]
+async fn a_big_agent_does_not_inflate_the_lambdas_peak() {
+    // The "agent" (this test process) holds 400 MiB, touched.
+    let ballast = vec![1u8; 400 * MIB as usize];
+    let s = setup(CgroupMode::Off);
+    let mut spec = s.spec("small", "small", &["synthetic", "--alloc-mb", "60"]);
+    spec.memory_limit_bytes = 256 * MIB;
+    let out = s.run(spec).await;
+    assert!(out.succeeded(), "log: {}", out.log);
+    near(&out, 60);
+    assert_eq!(
+        ballast
+            .iter()
+            .step_by(4096)
+            .map(|&b| u64::from(b))
+            .sum::<u64>(),
+        102_400
+    );
+    s.sandbox.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn exit_codes_missing_commands_and_a_clean_environment() {
     let s = setup(CgroupMode::Auto);

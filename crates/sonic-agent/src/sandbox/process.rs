@@ -7,8 +7,10 @@
 //!   machine), each run gets a fresh group with the memory limit (no swap): the kernel enforces
 //!   the limit, an OOM kill is reported as `OutOfMemory`, and the peak is the larger of the
 //!   group's `memory.max_usage_in_bytes` (anonymous memory plus page cache the run caused) and
-//!   the process's `ru_maxrss`. Without cgroups the peak is `ru_maxrss` (from `wait4`; the peak
-//!   RSS of the process and the children it waited for) and the limit is checked after the fact:
+//!   the process's `ru_maxrss`. Without cgroups the peak is `ru_maxrss` of the lambda, measured by
+//!   `sonic-time` when it is in the lambda folders (a child's `ru_maxrss` starts from the size of
+//!   the process it was forked from, so the agent must not fork lambdas itself), else from `wait4`
+//!   (then it includes the agent's own size at fork time), and the limit is checked after the fact:
 //!   a run whose peak exceeded it is reported as `OutOfMemory`. RLIMIT_AS is not used: it limits
 //!   address space, not memory, and breaks normal programs that reserve more than they touch.
 //! - The input folder is not write-protected here (the lambda runs as the agent's user); the
@@ -172,6 +174,15 @@ impl ProcessSandbox {
         }
     }
 
+    /// `sonic-time` in the configured lambda folders, if it is there.
+    fn timer(&self) -> Option<PathBuf> {
+        self.config
+            .path
+            .iter()
+            .map(|d| d.join(TIMER))
+            .find(|p| p.is_file())
+    }
+
     fn path_var(&self) -> std::ffi::OsString {
         let mut dirs: Vec<PathBuf> = self.config.path.clone();
         if let Some(p) = std::env::var_os("PATH") {
@@ -224,7 +235,25 @@ impl ProcessSandbox {
             .split_first()
             .ok_or_else(|| SandboxError::InvalidSpec("empty command".into()))?;
         let (mut reader, writer) = std::io::pipe()?;
-        let mut cmd = Command::new(program);
+        // Without a cgroup the peak is `ru_maxrss`, which on Linux starts from the size of the
+        // process that forked the lambda (exec records the old image's high-water mark): here the
+        // agent, or the whole `ofctl up`, hundreds of MB. A small `sonic-time` in between forks
+        // the lambda from a process of a few MB and reports the lambda's own peak.
+        let timer = match cgroup {
+            None => self.timer(),
+            Some(_) => None,
+        };
+        let report = timer
+            .as_ref()
+            .map(|_| env_dir.join(format!(".sonic-usage-{}.json", super::next_id())));
+        let mut cmd = match (&timer, &report) {
+            (Some(timer), Some(report)) => {
+                let mut c = Command::new(timer);
+                c.arg("--report").arg(report).arg("--").arg(program);
+                c
+            }
+            _ => Command::new(program),
+        };
         cmd.args(args)
             .env_clear()
             // Setting PATH here also makes std look the program up in it.
@@ -317,6 +346,17 @@ impl ProcessSandbox {
         };
 
         let mut peak = reaped.max_rss_bytes;
+        if let Some(report) = &report {
+            match read_usage(report) {
+                Some(kib) => peak = kib.saturating_mul(1024),
+                None => tracing::debug!(
+                    report = %report.display(),
+                    "no sonic-time report (killed?): the peak is the wrapper's ru_maxrss"
+                ),
+            }
+            let _ = std::fs::remove_file(report);
+            let _ = std::fs::remove_file(report.with_extension("tmp"));
+        }
         let mut oom = false;
         if let Some(cg) = cgroup {
             match cg.peak() {
@@ -324,12 +364,12 @@ impl ProcessSandbox {
                 Err(e) => tracing::warn!(error = %e, "cannot read the cgroup peak"),
             }
             oom = cg.oom_kills().map(|k| k > 0).unwrap_or(false);
-        } else if reaped.max_rss_bytes > spec.memory_limit_bytes {
+        } else if peak > spec.memory_limit_bytes {
             // No kernel enforcement: a run over its limit is what a limit would have killed.
             oom = true;
             log.push_str(&format!(
                 "sonic: peak RSS {} bytes exceeded the limit {} bytes\n",
-                reaped.max_rss_bytes, spec.memory_limit_bytes
+                peak, spec.memory_limit_bytes
             ));
         }
         let termination = if timed_out {
@@ -370,6 +410,16 @@ impl ProcessSandbox {
             log,
         })
     }
+}
+
+/// The measuring wrapper of the `sonic-lambdas` package (`lambdas/src/bin/sonic-time.rs`).
+const TIMER: &str = "sonic-time";
+
+/// The lambda's peak RSS in KiB from a `sonic-time` report (`{"max_rss_kib": N, ...}`).
+fn read_usage(report: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read(report).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    v.get("max_rss_kib")?.as_u64()
 }
 
 /// A run's cgroup, removed on drop by a thread of its own (removal waits for killed processes).
