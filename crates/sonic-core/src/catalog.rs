@@ -157,8 +157,15 @@ impl VmType {
 impl Catalog {
     /// Parses and checks a catalog's YAML text.
     pub fn from_yaml(text: &str) -> Result<Catalog, CatalogError> {
-        let catalog: Catalog =
-            serde_saphyr::from_str(text).map_err(|e| CatalogError::Yaml(first_line(&e)))?;
+        if text.len() > crate::yaml::MAX_YAML_BYTES {
+            return Err(CatalogError::Yaml(format!(
+                "the file has {} bytes; at most {}",
+                text.len(),
+                crate::yaml::MAX_YAML_BYTES
+            )));
+        }
+        let catalog: Catalog = serde_saphyr::from_str_with_options(text, crate::yaml::options())
+            .map_err(|e| CatalogError::Yaml(first_line(&e)))?;
         catalog.check()?;
         Ok(catalog)
     }

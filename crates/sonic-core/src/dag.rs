@@ -31,6 +31,20 @@ pub const DEFAULT_TIMEOUT_S: f64 = 300.0;
 pub const MAX_INSTANCES: u64 = 100_000;
 /// Names a function may not take: the ABI uses them for the job's input and final results.
 pub const RESERVED_NAMES: &[&str] = &["input", "result"];
+/// The largest DAG file accepted, in bytes.
+pub const MAX_FILE_BYTES: usize = crate::yaml::MAX_YAML_BYTES;
+/// The most functions one DAG may have.
+pub const MAX_FUNCTIONS: usize = 1_000;
+/// The most edges one DAG may have.
+pub const MAX_EDGES: usize = 10_000;
+/// The most parameters one DAG may declare.
+pub const MAX_PARAMS: usize = 256;
+/// The most words (executable and arguments) a function's command may have.
+pub const MAX_COMMAND_ARGS: usize = 1_024;
+/// The longest description, parameter string or command word, in bytes.
+pub const MAX_TEXT_BYTES: usize = 4_096;
+/// The longest image reference, in bytes.
+pub const MAX_IMAGE_BYTES: usize = 512;
 
 /// A refused DAG file: which file, where, which field, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -127,7 +141,7 @@ pub struct Dag {
 struct DagSpec {
     name: Spanned<String>,
     #[serde(default)]
-    description: Option<String>,
+    description: Option<Spanned<String>>,
     #[serde(default)]
     params: Option<Spanned<BTreeMap<String, Spanned<serde_json::Value>>>>,
     functions: Spanned<Vec<Spanned<FunctionSpec>>>,
@@ -143,7 +157,7 @@ struct DagSpec {
 struct FunctionSpec {
     name: Spanned<String>,
     image: Spanned<String>,
-    command: Spanned<Vec<String>>,
+    command: Spanned<Vec<Spanned<String>>>,
     #[serde(default)]
     timeout: Option<Spanned<ScalarSpec>>,
     #[serde(default)]
@@ -242,6 +256,151 @@ fn valid_ident(name: &str, allowed: impl Fn(char) -> bool) -> bool {
         && edge_ok(name.chars().last())
 }
 
+/// A Docker image reference as `docker pull` takes it: `[registry[:port]/]path[:tag][@digest]`,
+/// lowercase path components (the grammar of distribution/reference), at most
+/// [`MAX_IMAGE_BYTES`]. Refuses what would smuggle anything else into the sandbox's arguments:
+/// spaces, control characters, `..`, a leading `-`.
+pub fn valid_image(image: &str) -> bool {
+    if image.is_empty() || image.len() > MAX_IMAGE_BYTES {
+        return false;
+    }
+    let (rest, digest) = match image.split_once('@') {
+        Some((r, d)) => (r, Some(d)),
+        None => (image, None),
+    };
+    if digest.is_some_and(|d| !valid_digest(d)) {
+        return false;
+    }
+    // The tag follows the last ':' after the last '/' (an earlier ':' is a registry port).
+    let name_start = rest.rfind('/').map_or(0, |i| i + 1);
+    let (name, tag) = match rest[name_start..].rfind(':') {
+        Some(i) => (&rest[..name_start + i], Some(&rest[name_start + i + 1..])),
+        None => (rest, None),
+    };
+    if tag.is_some_and(|t| !valid_tag(t)) || name.is_empty() || name.len() > 255 {
+        return false;
+    }
+    let mut parts = name.split('/');
+    let first = parts.next().unwrap_or("");
+    let has_domain = name.contains('/')
+        && (first.contains(['.', ':'])
+            || first == "localhost"
+            || first.chars().any(|c| c.is_ascii_uppercase()));
+    let first_ok = if has_domain {
+        valid_domain(first)
+    } else {
+        valid_path_component(first)
+    };
+    first_ok && parts.all(valid_path_component)
+}
+
+/// `[a-z0-9]+` runs joined by `.`, `_`, `__` or dashes.
+fn valid_path_component(p: &str) -> bool {
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let b = p.as_bytes();
+    if !(b.first().is_some_and(|&c| alnum(c)) && b.last().is_some_and(|&c| alnum(c))) {
+        return false;
+    }
+    let mut i = 0;
+    while i < b.len() {
+        if alnum(b[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && !alnum(b[i]) {
+            i += 1;
+        }
+        let sep = &p[start..i];
+        if !(sep == "." || sep == "_" || sep == "__" || sep.bytes().all(|c| c == b'-')) {
+            return false;
+        }
+    }
+    true
+}
+
+/// `host[.host...][:port]`, host labels of letters, digits and inner dashes.
+fn valid_domain(d: &str) -> bool {
+    let (host, port) = match d.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (d, None),
+    };
+    let port_ok =
+        port.is_none_or(|p| (1..=5).contains(&p.len()) && p.bytes().all(|c| c.is_ascii_digit()));
+    port_ok
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || c == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`.
+fn valid_tag(t: &str) -> bool {
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    (1..=128).contains(&t.len())
+        && t.bytes().next().is_some_and(word)
+        && t.bytes().all(|c| word(c) || c == b'.' || c == b'-')
+}
+
+/// `algorithm:hex`, at least 32 hex digits.
+fn valid_digest(d: &str) -> bool {
+    let Some((alg, hex)) = d.split_once(':') else {
+        return false;
+    };
+    alg.bytes().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && alg
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'.' | b'_' | b'-'))
+        && hex.len() >= 32
+        && hex.bytes().all(|c| c.is_ascii_hexdigit())
+}
+
+/// Characters that reorder how text is shown (Trojan Source): no description needs them.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Why a command word is refused, if it is: the executable takes no control character and no
+/// `..` component; arguments may hold tabs and newlines (scripts), no other control character.
+fn command_word_problem(word: &str, executable: bool) -> Option<String> {
+    if word.len() > MAX_TEXT_BYTES {
+        return Some(format!(
+            "a command word is at most {MAX_TEXT_BYTES} bytes, this one has {}",
+            word.len()
+        ));
+    }
+    if word.contains('\0') {
+        return Some("arguments must not contain NUL".to_owned());
+    }
+    if executable {
+        if word.trim().is_empty() {
+            return Some("the command needs an executable".to_owned());
+        }
+        if word.chars().any(char::is_control) {
+            return Some(format!(
+                "the executable {word:?} must not contain control characters"
+            ));
+        }
+        if word.split('/').any(|part| part == "..") {
+            return Some(format!(
+                "the executable {word:?} must not climb directories with '..'"
+            ));
+        }
+    } else if word
+        .chars()
+        .any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+    {
+        return Some(format!(
+            "{word:?}: arguments must not contain control characters other than tab and newline"
+        ));
+    }
+    None
+}
+
 /// The environment variable that tells a `shuffle` sender how many parts to write for `to`.
 pub fn fanout_env_var(to: &str) -> String {
     format!("SONIC_FANOUT_{}", to.to_ascii_uppercase().replace('-', "_"))
@@ -281,9 +440,28 @@ pub fn param_as_fanout(v: &serde_json::Value) -> Option<u32> {
 
 impl Dag {
     /// Parses and checks a DAG file's text; `file` names it in errors.
+    ///
+    /// The text is read with tight parser budgets ([`MAX_FILE_BYTES`], nesting, aliases): a hostile
+    /// file is refused after bounded work and memory.
     pub fn from_yaml(file: &str, text: &str) -> Result<Dag, DagError> {
         let errs = Errs { file };
-        let spec: DagSpec = serde_saphyr::from_str(text).map_err(|e| yaml_error(file, &e))?;
+        if text.len() > MAX_FILE_BYTES {
+            return Err(errs.whole(
+                "",
+                format!(
+                    "the file has {} bytes; a DAG file has at most {MAX_FILE_BYTES}",
+                    text.len()
+                ),
+            ));
+        }
+        if crate::yaml::is_blank(text) {
+            return Err(errs.whole(
+                "",
+                "the file is empty: a DAG file needs at least name and functions",
+            ));
+        }
+        let spec: DagSpec = serde_saphyr::from_str_with_options(text, crate::yaml::options())
+            .map_err(|e| yaml_error(file, text, &e))?;
         build(&errs, spec)
     }
 
@@ -421,7 +599,7 @@ impl fmt::Display for EdgeKind {
     }
 }
 
-fn yaml_error(file: &str, e: &serde_saphyr::Error) -> DagError {
+fn yaml_error(file: &str, text: &str, e: &serde_saphyr::Error) -> DagError {
     let loc = e.location().filter(|l| l.line() > 0);
     // The rendered error may carry a source snippet over several lines; keep the first line.
     let rendered = e.to_string();
@@ -433,12 +611,16 @@ fn yaml_error(file: &str, e: &serde_saphyr::Error) -> DagError {
         _ => first,
     }
     .to_owned();
-    let field = message
+    let named = message
         .split('`')
         .nth(1)
         .filter(|_| message.contains("field"))
-        .unwrap_or("")
-        .to_owned();
+        .map(str::to_owned);
+    // Otherwise (a wrong type, a duplicate key, ...) the field is the one at the error's place.
+    let field = named
+        .or_else(|| loc.and_then(|l| crate::yaml::path_at(text, l.line(), l.column())))
+        .unwrap_or_default();
+    let message = crate::yaml::plain_message(&message);
     DagError {
         file: file.to_owned(),
         line: loc.map(|l| l.line() as u32),
@@ -461,19 +643,64 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         ));
     }
 
+    if let Some(d) = &spec.description {
+        if d.value.len() > MAX_TEXT_BYTES {
+            return Err(errs.at(
+                d,
+                "description",
+                format!(
+                    "the description has {} bytes; at most {MAX_TEXT_BYTES}",
+                    d.value.len()
+                ),
+            ));
+        }
+        if d.value
+            .chars()
+            .any(|c| (c.is_control() && !matches!(c, '\t' | '\n')) || is_bidi_control(c))
+        {
+            return Err(errs.at(
+                d,
+                "description",
+                "the description must not contain control or text-direction characters",
+            ));
+        }
+    }
+
     let mut params = BTreeMap::new();
     if let Some(p) = &spec.params {
+        if p.value.len() > MAX_PARAMS {
+            return Err(errs.at(
+                p,
+                "params",
+                format!(
+                    "{} parameters; a DAG declares at most {MAX_PARAMS}",
+                    p.value.len()
+                ),
+            ));
+        }
         for (k, v) in &p.value {
             let field = format!("params.{k}");
             if k.is_empty()
+                || k.len() > 63
                 || !k
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
             {
-                return Err(errs.at(v, field, "parameter names use letters, digits, '_' and '-'"));
+                return Err(errs.at(
+                    v,
+                    field,
+                    "parameter names use letters, digits, '_' and '-', at most 63",
+                ));
             }
             if !(v.value.is_number() || v.value.is_string() || v.value.is_boolean()) {
                 return Err(errs.at(v, field, "a parameter is a number, a string or a boolean"));
+            }
+            if v.value.as_str().is_some_and(|s| s.len() > MAX_TEXT_BYTES) {
+                return Err(errs.at(
+                    v,
+                    field,
+                    format!("a parameter string is at most {MAX_TEXT_BYTES} bytes"),
+                ));
             }
             params.insert(k.clone(), v.value.clone());
         }
@@ -484,6 +711,23 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
             &spec.functions,
             "functions",
             "a DAG needs at least one function",
+        ));
+    }
+    if spec.functions.value.len() > MAX_FUNCTIONS {
+        return Err(errs.at(
+            &spec.functions,
+            "functions",
+            format!(
+                "{} functions; a DAG has at most {MAX_FUNCTIONS}",
+                spec.functions.value.len()
+            ),
+        ));
+    }
+    if spec_edges.len() > MAX_EDGES {
+        return Err(errs.at(
+            &spec_edges[MAX_EDGES],
+            "edges",
+            format!("{} edges; a DAG has at most {MAX_EDGES}", spec_edges.len()),
         ));
     }
 
@@ -513,11 +757,33 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         if f.image.value.trim().is_empty() {
             return Err(errs.at(&f.image, at("image"), "the image must not be empty"));
         }
-        if f.command.value.is_empty() || f.command.value[0].trim().is_empty() {
+        if !valid_image(&f.image.value) {
+            let shown: String = f.image.value.chars().take(80).collect();
+            return Err(errs.at(
+                &f.image,
+                at("image"),
+                format!(
+                    "{shown:?} is not an image reference ([registry/]name[:tag][@digest], lowercase name, at most {MAX_IMAGE_BYTES} bytes)"
+                ),
+            ));
+        }
+        if f.command.value.is_empty() {
             return Err(errs.at(&f.command, at("command"), "the command needs an executable"));
         }
-        if f.command.value.iter().any(|a| a.contains('\0')) {
-            return Err(errs.at(&f.command, at("command"), "arguments must not contain NUL"));
+        if f.command.value.len() > MAX_COMMAND_ARGS {
+            return Err(errs.at(
+                &f.command,
+                at("command"),
+                format!(
+                    "{} words; a command has at most {MAX_COMMAND_ARGS}",
+                    f.command.value.len()
+                ),
+            ));
+        }
+        for (j, word) in f.command.value.iter().enumerate() {
+            if let Some(problem) = command_word_problem(&word.value, j == 0) {
+                return Err(errs.at(word, at(&format!("command[{j}]")), problem));
+            }
         }
         let timeout_s = match &f.timeout {
             None => DEFAULT_TIMEOUT_S,
@@ -583,7 +849,7 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         functions.push(Function {
             name,
             image: f.image.value.clone(),
-            command: f.command.value.clone(),
+            command: f.command.value.iter().map(|w| w.value.clone()).collect(),
             timeout_s,
             instances,
         });
@@ -726,7 +992,11 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
 
     let dag = Dag {
         name: spec.name.value.clone(),
-        description: spec.description.clone().unwrap_or_default(),
+        description: spec
+            .description
+            .as_ref()
+            .map(|d| d.value.clone())
+            .unwrap_or_default(),
         params,
         functions,
         edges,
@@ -741,8 +1011,24 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                 dag.functions[e.from].name, dag.functions[e.to].name
             ))
         });
-        return Err(match idx {
-            Some((j, _)) => errs.at(&spec_edges[spans[j]], format!("edges[{}]", spans[j]), msg),
+        if let Some((j, _)) = idx {
+            return Err(errs.at(&spec_edges[spans[j]], format!("edges[{}]", spans[j]), msg));
+        }
+        // Else at the function it names ("function NAME: ..."), in file order.
+        let named = spec
+            .functions
+            .value
+            .iter()
+            .enumerate()
+            .find(|(_, f)| msg.starts_with(&format!("function {}:", f.value.name.value)));
+        return Err(match named {
+            Some((j, f)) => match &f.value.instances {
+                Some(inst) => errs.at(inst, format!("functions[{j}].instances"), msg),
+                None if msg.contains("instances must be given") => {
+                    errs.at(&f.value.name, format!("functions[{j}].instances"), msg)
+                }
+                None => errs.at(f, format!("functions[{j}]"), msg),
+            },
             None => errs.whole("functions", msg),
         });
     }

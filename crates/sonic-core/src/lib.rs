@@ -8,3 +8,4 @@ pub mod params;
 pub mod planner;
 pub mod regression;
 pub mod units;
+mod yaml;

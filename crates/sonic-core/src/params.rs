@@ -53,8 +53,15 @@ pub enum ParamsError {
 impl Params {
     /// Parses and checks a parameters file's text.
     pub fn from_yaml(text: &str) -> Result<Params, ParamsError> {
-        let p: Params =
-            serde_saphyr::from_str(text).map_err(|e| ParamsError::Yaml(first_line(&e)))?;
+        if text.len() > crate::yaml::MAX_YAML_BYTES {
+            return Err(ParamsError::Yaml(format!(
+                "the file has {} bytes; at most {}",
+                text.len(),
+                crate::yaml::MAX_YAML_BYTES
+            )));
+        }
+        let p: Params = serde_saphyr::from_str_with_options(text, crate::yaml::options())
+            .map_err(|e| ParamsError::Yaml(first_line(&e)))?;
         p.check()?;
         Ok(p)
     }

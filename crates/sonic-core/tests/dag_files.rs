@@ -226,3 +226,40 @@ fn show_messages() {
         println!("{}", Dag::from_yaml("f.yaml", body).expect_err("bad"));
     }
 }
+
+#[test]
+fn image_references_follow_docker_grammar() {
+    use sonic_core::dag::valid_image;
+    for ok in [
+        "i",
+        "sonic-lambdas:latest",
+        "library/ubuntu:22.04",
+        "ghcr.io/org/sub/repo:v1.2.3-rc_1",
+        "localhost:5000/sonic-lambdas",
+        "registry.example.com:443/a__b/c.d:Tag_9",
+        "MyRegistry/app",
+        "python@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        "python:3.12@sha256:0123456789abcdef0123456789abcdef",
+    ] {
+        assert!(valid_image(ok), "{ok}");
+    }
+    for bad in [
+        "",
+        "Sonic/Lambdas",
+        "../../etc/passwd",
+        "--privileged",
+        "img:-tag",
+        "img:",
+        "a//b",
+        "a/",
+        "sonic lambdas",
+        "img\u{1b}[31m",
+        "img@sha256:short",
+        "img@@sha256:0123456789abcdef0123456789abcdef",
+        "ex-ample.com:99999999/x",
+        "café",
+    ] {
+        assert!(!valid_image(bad), "{bad}");
+    }
+    assert!(!valid_image(&"x".repeat(600)));
+}
