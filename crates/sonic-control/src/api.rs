@@ -311,6 +311,12 @@ fn json_body<T: DeserializeOwned>(
     limit: usize,
 ) -> Result<T, ApiError> {
     let bytes = body.map_err(|e| body_error(e, limit))?;
+    // serde fills a struct from a JSON array too (`["ml-pipeline"]` is a job): only objects.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::BadRequest(
+            "invalid JSON body: expected an object".into(),
+        ));
+    }
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
 }
