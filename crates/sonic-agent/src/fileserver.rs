@@ -22,14 +22,15 @@ use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::header::{ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, RANGE};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{MethodRouter, get};
 use bytes::Bytes;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use crate::files::{FileError, FilePath, FileStore, JobId};
+use crate::server::{Guard, RouteInfo};
 use crate::throttle::{BandwidthMeter, Direction};
 use crate::transfer::{CHECKSUM_HEADER, SIZE_HEADER, TOKEN_HEADER};
 
@@ -66,9 +67,28 @@ impl std::fmt::Debug for FileServerState {
 /// (`agent_router.merge(fileserver::router(state))`). They carry their own authorization (file
 /// tokens), so they go outside any control-plane token layer.
 pub fn router(state: FileServerState) -> Router {
-    Router::new()
-        .route("/v1/files/{job}/{*path}", get(get_file))
-        .with_state(Arc::new(state))
+    let mut router = Router::new();
+    for (info, handler) in table() {
+        router = router.route(info.path, handler);
+    }
+    router.with_state(Arc::new(state))
+}
+
+/// The file server's routes, each once with its handler.
+fn table() -> Vec<(RouteInfo, MethodRouter<Arc<FileServerState>>)> {
+    vec![(
+        RouteInfo {
+            method: Method::GET,
+            path: "/v1/files/{job}/{*path}",
+            guard: Guard::FileToken,
+        },
+        get(get_file),
+    )]
+}
+
+/// The file server's routes (all [`Guard::FileToken`]).
+pub fn routes() -> Vec<RouteInfo> {
+    table().into_iter().map(|(info, _)| info).collect()
 }
 
 /// Binds `addr` and serves only the file server's routes in a background task (for tests, benches

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{MethodRouter, delete, get, post};
 use axum::{Json, Router};
 use sonic_api::agent::{
     Capacity, ErrorBody, Health, Heartbeat, RunAccepted, RunReport, RunRequest, RunStatus,
@@ -124,8 +124,10 @@ async fn require_token(State(state): State<Arc<AgentState>>, req: Request, next:
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
+    // An empty configured token must never match an empty presented one.
+    let expected = state.config.token.as_bytes();
     match presented {
-        Some(t) if constant_time_eq(t.as_bytes(), state.config.token.as_bytes()) => {
+        Some(t) if !expected.is_empty() && constant_time_eq(t.as_bytes(), expected) => {
             next.run(req).await
         }
         _ => ApiError::Unauthorized.into_response(),
@@ -135,13 +137,77 @@ async fn require_token(State(state): State<Arc<AgentState>>, req: Request, next:
 /// Bodies larger than this are refused (a run request is a few KiB).
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// Anyone (health).
+    Public,
+    /// The control plane: `Authorization: Bearer <token>`, else 401.
+    ControlToken,
+    /// A peer agent holding an HMAC file token for the very file, else 403.
+    FileToken,
+}
+
+/// One route of the agent's API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteInfo {
+    pub method: Method,
+    /// The path template, `{param}` for a path parameter (as axum writes it).
+    pub path: &'static str,
+    pub guard: Guard,
+}
+
+/// The agent's own routes, each once with its handler; the file server's are in
+/// [`crate::fileserver::routes`].
+fn table() -> Vec<(RouteInfo, MethodRouter<Arc<AgentState>>)> {
+    let r = |method: Method, path, guard| RouteInfo {
+        method,
+        path,
+        guard,
+    };
+    vec![
+        (r(Method::GET, "/v1/health", Guard::Public), get(health)),
+        (
+            r(Method::GET, "/v1/capacity", Guard::ControlToken),
+            get(capacity),
+        ),
+        (
+            r(Method::POST, "/v1/runs", Guard::ControlToken),
+            post(start_run),
+        ),
+        (
+            r(Method::GET, "/v1/runs/{run_id}", Guard::ControlToken),
+            get(get_run),
+        ),
+        (
+            r(Method::DELETE, "/v1/jobs/{job_id}", Guard::ControlToken),
+            delete(delete_job),
+        ),
+    ]
+}
+
+/// Every route the agent serves, the file server's included: what the access tests walk.
+pub fn routes() -> Vec<RouteInfo> {
+    table()
+        .into_iter()
+        .map(|(info, _)| info)
+        .chain(crate::fileserver::routes())
+        .collect()
+}
+
 /// The whole HTTP API.
 pub fn router(state: Arc<AgentState>) -> Router {
-    let control = Router::new()
-        .route("/v1/capacity", get(capacity))
-        .route("/v1/runs", post(start_run))
-        .route("/v1/runs/{run_id}", get(get_run))
-        .route("/v1/jobs/{job_id}", delete(delete_job))
+    let mut public = Router::new();
+    let mut control = Router::new();
+    for (info, handler) in table() {
+        match info.guard {
+            Guard::Public => public = public.route(info.path, handler),
+            Guard::ControlToken => control = control.route(info.path, handler),
+            // The file server checks its own tokens; its routes come from its own router.
+            Guard::FileToken => {}
+        }
+    }
+    let control = control
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state.clone());
     let files = crate::fileserver::router(crate::fileserver::FileServerState {
@@ -150,8 +216,7 @@ pub fn router(state: Arc<AgentState>) -> Router {
         throttle: state.throttle.clone(),
         meter: state.meter.clone(),
     });
-    Router::new()
-        .route("/v1/health", get(health))
+    public
         .with_state(state)
         .merge(control)
         .merge(files)
