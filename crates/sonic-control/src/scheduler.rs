@@ -51,6 +51,11 @@ pub struct JobsConfig {
     pub report_slack: Duration,
     /// When a DAG's models are good enough to plan its jobs with.
     pub convergence: Convergence,
+    /// Executions per job, the first included: when an agent the job uses is lost (it stops
+    /// answering, or its disk is full), the job runs again from its input without that agent.
+    pub job_attempts: u32,
+    /// How long an agent has to answer `GET /v1/health` before it counts as lost.
+    pub health_timeout: Duration,
 }
 
 impl std::fmt::Debug for JobsConfig {
@@ -62,6 +67,8 @@ impl std::fmt::Debug for JobsConfig {
             .field("max_attempts", &self.max_attempts)
             .field("backoff", &self.backoff)
             .field("convergence", &self.convergence)
+            .field("job_attempts", &self.job_attempts)
+            .field("health_timeout", &self.health_timeout)
             .finish()
     }
 }
@@ -77,6 +84,8 @@ impl JobsConfig {
             poll_interval: Duration::from_millis(25),
             report_slack: Duration::from_secs(120),
             convergence: Convergence::default(),
+            job_attempts: 3,
+            health_timeout: Duration::from_secs(3),
         }
     }
 }
@@ -218,6 +227,42 @@ pub fn fail_interrupted(db: &Db, now_ms: i64) -> Result<usize, StoreError> {
     Ok(n)
 }
 
+/// Why one execution of a job stopped.
+#[derive(Debug)]
+enum Failure {
+    /// The job cannot go on (a lambda keeps failing, bad parameters, cancelled, ...).
+    Job(String),
+    /// Agents the job used were lost (no answer, or a full disk): another execution without them
+    /// may succeed.
+    AgentsLost {
+        agents: Vec<String>,
+        message: String,
+    },
+}
+
+impl From<String> for Failure {
+    fn from(e: String) -> Failure {
+        Failure::Job(e)
+    }
+}
+
+impl Failure {
+    fn message(&self) -> String {
+        match self {
+            Failure::Job(m) => m.clone(),
+            Failure::AgentsLost { agents, message } => {
+                format!("agent {} lost: {message}", agents.join(", "))
+            }
+        }
+    }
+}
+
+/// A full disk, as the agents and the lambdas report it.
+fn disk_full(error: &str) -> bool {
+    let e = error.to_ascii_lowercase();
+    e.contains("no space left on device") || e.contains("os error 28") || e.contains("enospc")
+}
+
 /// One instance that ended well.
 struct Finished {
     function: usize,
@@ -232,6 +277,8 @@ struct Finished {
 /// What the executor learned so far (kept for the summary of a failed job too).
 #[derive(Default)]
 struct Progress {
+    /// Agents earlier executions of the job lost: this one runs without them.
+    lost: BTreeSet<String>,
     functions: Vec<FunctionRun>,
     /// Per edge index: bytes and the slowest instance's staging seconds.
     edges: BTreeMap<usize, (u64, f64)>,
@@ -273,17 +320,56 @@ pub async fn execute(
         tracing::error!(job = %job.id, error = %e, "cannot mark the job running");
     }
     rt.publish(&job.id, |e| e.status = JobStatus::Running);
-    let mut progress = Progress::default();
-    let outcome = run(
-        &state,
-        &rt,
-        &job,
-        &inputs,
-        &cancel,
-        planned.as_ref(),
-        &mut progress,
-    )
-    .await;
+    // Every agent any execution used, for the final cleanup.
+    let mut used: Vec<AgentSlot> = Vec::new();
+    let mut lost: BTreeSet<String> = BTreeSet::new();
+    let max_executions = rt.config.job_attempts.max(1);
+    let mut execution = 1;
+    let (outcome, mut progress) = loop {
+        let mut progress = Progress {
+            lost: lost.clone(),
+            ..Progress::default()
+        };
+        let outcome = run(
+            &state,
+            &rt,
+            &job,
+            &inputs,
+            &cancel,
+            planned.as_ref(),
+            &mut progress,
+        )
+        .await;
+        for a in &progress.agents {
+            if !used.iter().any(|u| u.id == a.id) {
+                used.push(a.clone());
+            }
+        }
+        match outcome {
+            Err(Failure::AgentsLost { agents, message })
+                if execution < max_executions && !cancel.load(Ordering::SeqCst) =>
+            {
+                let why = format!(
+                    "agent {} lost ({message}); running the job again without it (execution {} of {max_executions})",
+                    agents.join(", "),
+                    execution + 1
+                );
+                tracing::warn!(job = %job.id, "{why}");
+                rt.publish(&job.id, |e| {
+                    e.stage = None;
+                    e.done_instances = 0;
+                    e.message = Some(why.clone());
+                });
+                lost.extend(agents);
+                // The next execution starts from the job's input: this one's files go.
+                clear_execution(&state, &rt, &job.id, &progress.agents, &lost).await;
+                rt.held().retain(|_, j| j != &job.id);
+                execution += 1;
+            }
+            other => break (other.map_err(|f| f.message()), progress),
+        }
+    };
+    progress.agents = used;
     let latency_s = started.elapsed().as_secs_f64();
     rt.publish(&job.id, |e| {
         e.stage = None;
@@ -438,7 +524,8 @@ async fn run(
     cancel: &Arc<AtomicBool>,
     planned: Option<&Planned>,
     progress: &mut Progress,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
+    let lost = progress.lost.clone();
     let dag_name = job.dag.clone();
     let now = state.clock.now_ms();
     let timeout = state.settings.heartbeat_timeout;
@@ -452,7 +539,7 @@ async fn run(
         .map_err(|e| format!("stored dag {} does not decode: {e}", job.dag))?;
     let mut agents: Vec<AgentSlot> = agents
         .into_iter()
-        .filter(|a| a.alive(now, timeout))
+        .filter(|a| a.alive(now, timeout) && !lost.contains(&a.id))
         .map(|a| AgentSlot {
             id: a.id,
             url: a.url,
@@ -461,18 +548,27 @@ async fn run(
         .collect();
     agents.sort_by(|a, b| a.id.cmp(&b.id));
     if agents.is_empty() {
-        return Err("no alive agent to run on".into());
+        return Err(Failure::Job(if lost.is_empty() {
+            "no alive agent to run on".into()
+        } else {
+            format!(
+                "no alive agent to run on (lost during this job: {})",
+                lost.iter().cloned().collect::<Vec<_>>().join(", ")
+            )
+        }));
     }
     progress.agents = agents.clone();
     progress.dag = Some(dag.clone());
     let overrides: BTreeMap<String, serde_json::Value> = job.params.clone().into_iter().collect();
     let params_map = dag.job_params(&overrides);
-    let fanouts = dag.fanouts(&params_map)?;
+    let fanouts = dag.fanouts(&params_map).map_err(Failure::Job)?;
     let params: serde_json::Map<String, serde_json::Value> = params_map.into_iter().collect();
-    let policy: Policy = job.policy.parse()?;
+    let policy: Policy = job.policy.parse().map_err(Failure::Job)?;
     let alloc = match planned {
         Some(p) => {
-            let alloc = rt.allocate(&job.id, &dag, p, &agents)?;
+            let alloc = rt
+                .allocate(&job.id, &dag, p, &agents)
+                .map_err(Failure::Job)?;
             let plan = job_plan(&dag, &alloc, &agents, &p.report);
             tracing::info!(job = %job.id, used = %plan.used, notes = ?plan.notes, "plan granted");
             let (id, stored, now) = (job.id.clone(), plan.clone(), state.clock.now_ms());
@@ -507,10 +603,12 @@ async fn run(
     let expiry = unix_now() + 24 * 3600;
     for i in 0..dag.functions.len() {
         if cancel.load(Ordering::SeqCst) {
-            return Err("cancelled".into());
+            return Err(Failure::Job("cancelled".into()));
         }
         if let Some(a) = &alloc {
-            check_vm_storage_senders(state, &dag, a, &agents, i).await?;
+            check_vm_storage_senders(state, &dag, a, &agents, i)
+                .await
+                .map_err(Failure::Job)?;
         }
         let ctx = StageContext {
             job_id: &job.id,
@@ -525,7 +623,7 @@ async fn run(
             file_key: &rt.config.file_key,
             token_expiry: expiry,
         };
-        let mut placements = stage_runs(&ctx, i).map_err(|e| e.to_string())?;
+        let mut placements = stage_runs(&ctx, i).map_err(|e| Failure::Job(e.to_string()))?;
         // A planned stage runs where the resource manager put its VMs, as many at once per VM
         // as the plan says.
         let mut permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
@@ -559,11 +657,11 @@ async fn run(
             set.spawn(async move {
                 // Held while the instance runs: the plan's concurrency on this VM.
                 let _permit = match permit {
-                    Some(s) => Some(
-                        s.acquire_owned()
-                            .await
-                            .map_err(|_| "concurrency limit closed".to_owned())?,
-                    ),
+                    Some(s) => Some(s.acquire_owned().await.map_err(|_| InstanceFailure {
+                        message: "concurrency limit closed".to_owned(),
+                        disk_full: false,
+                        agent: agent.id.clone(),
+                    })?),
                     None => None,
                 };
                 run_instance(&state, &rt, &agent, p.request, &cancel)
@@ -579,7 +677,7 @@ async fn run(
                     })
             });
         }
-        let mut failure: Option<String> = None;
+        let mut failure: Option<InstanceFailure> = None;
         let mut finished = Vec::new();
         while let Some(joined) = set.join_next().await {
             match joined {
@@ -596,7 +694,11 @@ async fn run(
                 }
                 Err(e) if e.is_cancelled() => {}
                 Err(e) => {
-                    failure.get_or_insert(format!("instance task failed: {e}"));
+                    failure.get_or_insert(InstanceFailure {
+                        message: format!("instance task failed: {e}"),
+                        disk_full: false,
+                        agent: String::new(),
+                    });
                 }
             }
         }
@@ -621,11 +723,85 @@ async fn run(
             .run(move |db| files.iter().try_for_each(|r| db.put_file(r)))
             .await
             .map_err(|e| format!("database: {e}"))?;
-        if let Some(e) = failure {
-            return Err(e);
+        if let Some(f) = failure {
+            if cancel.load(Ordering::SeqCst) {
+                return Err(Failure::Job(f.message));
+            }
+            // A lambda's own failure fails the job; a lost agent (it or a peer it fetched from
+            // stopped answering, or its disk is full) is worth another execution without it.
+            let mut gone = unreachable_agents(rt, &agents).await;
+            if f.disk_full && !f.agent.is_empty() && !gone.contains(&f.agent) {
+                gone.push(f.agent.clone());
+            }
+            if gone.is_empty() {
+                return Err(Failure::Job(f.message));
+            }
+            return Err(Failure::AgentsLost {
+                agents: gone,
+                message: f.message,
+            });
         }
     }
     Ok(())
+}
+
+/// The agents of `agents` that do not answer `GET /v1/health` in time.
+async fn unreachable_agents(rt: &Runtime, agents: &[AgentSlot]) -> Vec<String> {
+    let probes = agents.iter().map(|a| {
+        let url = format!("{}/v1/health", a.url.trim_end_matches('/'));
+        let req = rt.http.get(url).timeout(rt.config.health_timeout).send();
+        async move {
+            match req.await {
+                Ok(r) if r.status().is_success() => None,
+                _ => Some(a.id.clone()),
+            }
+        }
+    });
+    futures::future::join_all(probes)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Deletes what one execution of a job left (the agents' files, the store's objects but the
+/// job's input, the file records) before the next execution.
+async fn clear_execution(
+    state: &Arc<ControlState>,
+    rt: &Runtime,
+    job: &str,
+    agents: &[AgentSlot],
+    lost: &BTreeSet<String>,
+) {
+    for a in agents.iter().filter(|a| !lost.contains(&a.id)) {
+        let url = format!("{}/v1/jobs/{job}", a.url.trim_end_matches('/'));
+        let sent = rt
+            .http
+            .delete(url)
+            .bearer_auth(&rt.config.agent_token)
+            .timeout(rt.config.health_timeout)
+            .send()
+            .await;
+        if let Err(e) = sent {
+            tracing::warn!(job, agent = %a.id, error = %e, "agent did not clean the execution");
+        }
+    }
+    let prefix = job_prefix(job);
+    let keep = format!("{prefix}input/");
+    match rt.store.list(&prefix).await {
+        Ok(objects) => {
+            for o in objects.iter().filter(|o| !o.key.starts_with(&keep)) {
+                if let Err(e) = rt.store.delete(&o.key).await {
+                    tracing::warn!(job, key = %o.key, error = %e, "cannot delete an execution's object");
+                }
+            }
+        }
+        Err(e) => tracing::warn!(job, error = %e, "cannot list the job's objects"),
+    }
+    let id = job.to_owned();
+    if let Err(e) = state.db.run(move |db| db.delete_files(&id)).await {
+        tracing::warn!(job, error = %e, "cannot forget the execution's files");
+    }
 }
 
 /// Adds one finished instance to the progress: its run, its edges, its files.
@@ -754,13 +930,18 @@ async fn run_instance(
     agent: &AgentSlot,
     mut req: RunRequest,
     cancel: &AtomicBool,
-) -> Result<(RunReport, u32, Instant, Instant), String> {
+) -> Result<(RunReport, u32, Instant, Instant), InstanceFailure> {
     let started = Instant::now();
     let max = rt.config.max_attempts.max(1);
     let mut last = String::new();
+    let mut full = false;
     for attempt in 1..=max {
         if cancel.load(Ordering::SeqCst) {
-            return Err("cancelled".into());
+            return Err(InstanceFailure {
+                message: "cancelled".into(),
+                disk_full: false,
+                agent: agent.id.clone(),
+            });
         }
         req.attempt = attempt;
         let outcome = attempt_once(rt, agent, &req, cancel).await;
@@ -773,8 +954,14 @@ async fn run_instance(
             Ok(report) if report.status == RunStatus::Succeeded => {
                 return Ok((report, attempt, started, Instant::now()));
             }
-            Ok(report) => last = describe(&report),
-            Err(e) => last = e,
+            Ok(report) => {
+                full = report.error.as_deref().is_some_and(disk_full) || disk_full(&report.log);
+                last = describe(&report);
+            }
+            Err(e) => {
+                full = disk_full(&e);
+                last = e;
+            }
         }
         tracing::warn!(job = %req.job_id, function = %req.function, instance = req.instance, attempt, error = %last, "instance failed");
         rt.publish(&req.job_id, |e| {
@@ -788,10 +975,23 @@ async fn run_instance(
             tokio::time::sleep(wait).await;
         }
     }
-    Err(format!(
-        "function {} instance {} failed after {max} attempts: {last}",
-        req.function, req.instance
-    ))
+    Err(InstanceFailure {
+        message: format!(
+            "function {} instance {} failed after {max} attempts: {last}",
+            req.function, req.instance
+        ),
+        disk_full: full,
+        agent: agent.id.clone(),
+    })
+}
+
+/// An instance that failed every attempt.
+struct InstanceFailure {
+    message: String,
+    /// Its agent reported a full disk.
+    disk_full: bool,
+    /// The agent it ran on.
+    agent: String,
 }
 
 fn describe(r: &RunReport) -> String {

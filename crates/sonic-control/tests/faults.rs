@@ -1,0 +1,594 @@
+//! Agent loss: the three applications run under `direct` (every edge a VM-to-VM copy, so a lost
+//! agent takes files the next stage needs) on agents that are processes of their own (this test
+//! binary re-run as a whole agent, see `agent_process_entry`; process sandbox, one shared local
+//! store). For each application and each of its stages, one agent is
+//! killed with SIGKILL while the job's event stream says that stage runs; the job must succeed
+//! with results byte-identical to an undisturbed run. A replacement agent joins after each kill.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sonic_agent::config::{SandboxChoice, StoreChoice, local_config};
+use sonic_api::control::{JobEvent, JobStatus, JobSummary};
+use sonic_control::{
+    ControlConfig, JobsConfig, RunningControl, Runtime, SystemClock, start_with_jobs,
+};
+use sonic_core::units::Seconds;
+use sonic_storage::ObjectStore;
+use sonic_storage::local::LocalStore;
+
+const TOKEN: &str = "faults-token-0123456789";
+const FILE_KEY: &str = "faults-file-key-0123456789abcdef";
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `target/debug` after building the lambda binaries in it.
+fn bin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let status = Command::new(&cargo)
+            .args(["build", "-p", "sonic-lambdas", "--bins"])
+            .current_dir(workspace())
+            .status()
+            .expect("run cargo to build the lambdas");
+        assert!(
+            status.success(),
+            "`cargo build -p sonic-lambdas --bins` failed"
+        );
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace().join("target"))
+            .join("debug")
+    })
+}
+
+/// The agent processes: this test binary started again with `SONIC_FAULTS_AGENT` set runs only
+/// this entry, which is a whole `sonic-agent` (the library's `start_from_config`, as the daemon
+/// does) until it is killed. Without the variable it does nothing.
+#[test]
+fn agent_process_entry() {
+    let Ok(id) = std::env::var("SONIC_FAULTS_AGENT") else {
+        return;
+    };
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    let root = PathBuf::from(var("SONIC_FAULTS_ROOT"));
+    let mut cfg = local_config(&id, &root, TOKEN, FILE_KEY);
+    cfg.vm_type = "m5.large".into();
+    cfg.control_url = Some(var("SONIC_FAULTS_CONTROL"));
+    cfg.sandbox = SandboxChoice::Process;
+    cfg.store = Some(StoreChoice::Local {
+        root: PathBuf::from(var("SONIC_FAULTS_STORE")),
+    });
+    cfg.bin_dirs = vec![PathBuf::from(var("SONIC_FAULTS_BINS"))];
+    cfg.heartbeat_interval_ms = 1000;
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let _agent = sonic_agent::start_from_config(cfg)
+            .await
+            .expect("start the agent");
+        std::future::pending::<()>().await;
+    });
+}
+
+fn tool(bin: &str, args: &[&str]) {
+    let out = Command::new(bin_dir().join(bin))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {bin}: {e}"));
+    assert!(
+        out.status.success(),
+        "{bin} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// One agent process; killed (SIGKILL) on drop if still running.
+struct AgentProc {
+    id: String,
+    child: Child,
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Cluster {
+    control: RunningControl,
+    agents: Vec<AgentProc>,
+    store: Arc<LocalStore>,
+    http: reqwest::Client,
+    dir: tempfile::TempDir,
+    next: u32,
+}
+
+impl Cluster {
+    async fn start(n: u32) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(LocalStore::new(dir.path().join("store")).expect("store"));
+        let mut jobs = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
+        jobs.backoff = Duration::from_millis(20);
+        let runtime = Runtime::new(store.clone(), None, jobs);
+        let config = ControlConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: dir.path().join("control"),
+            token: TOKEN.into(),
+            // Agents heartbeat every second; a killed one drops out of the list after this.
+            heartbeat_timeout: Seconds(4.0),
+            max_body: sonic_core::units::ByteSize(256 << 20),
+            ..ControlConfig::default()
+        };
+        let control = start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
+            .await
+            .expect("start control plane");
+        let mut c = Cluster {
+            control,
+            agents: Vec::new(),
+            store,
+            http: reqwest::Client::new(),
+            dir,
+            next: 1,
+        };
+        for _ in 0..n {
+            c.add_agent();
+        }
+        c.wait_agents().await;
+        c
+    }
+
+    fn add_agent(&mut self) -> String {
+        let id = format!("a-{:02}", self.next);
+        let root = self.dir.path().join("agents").join(&id);
+        std::fs::create_dir_all(&root).unwrap();
+        self.add_agent_at(root)
+    }
+
+    /// Starts an agent whose data directory is `root` (created by the caller).
+    fn add_agent_at(&mut self, root: PathBuf) -> String {
+        let id = format!("a-{:02}", self.next);
+        self.next += 1;
+        let log = std::fs::File::create(
+            self.dir
+                .path()
+                .join("agents")
+                .join(&id)
+                .with_extension("log"),
+        )
+        .unwrap();
+        let child = Command::new(std::env::current_exe().expect("this test binary"))
+            .args([
+                "--exact",
+                "agent_process_entry",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env("SONIC_FAULTS_AGENT", &id)
+            .env("SONIC_FAULTS_ROOT", &root)
+            .env("SONIC_FAULTS_CONTROL", self.control.url())
+            .env("SONIC_FAULTS_STORE", self.dir.path().join("store"))
+            .env("SONIC_FAULTS_BINS", bin_dir())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start an agent process");
+        self.agents.push(AgentProc {
+            id: id.clone(),
+            child,
+        });
+        id
+    }
+
+    /// The ids the control plane lists as alive.
+    async fn alive(&self) -> Vec<String> {
+        let v: Value = self
+            .http
+            .get(format!("{}/v1/agents", self.control.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("agents")
+            .json()
+            .await
+            .expect("agent list");
+        let mut ids: Vec<String> = v["agents"]
+            .as_array()
+            .expect("agents array")
+            .iter()
+            .filter(|a| a["alive"] == json!(true))
+            .map(|a| a["agent_id"].as_str().unwrap().to_owned())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Waits until exactly the running agent processes are alive on the control plane.
+    async fn wait_agents(&self) {
+        let mut want: Vec<String> = self.agents.iter().map(|a| a.id.clone()).collect();
+        want.sort();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let alive = self.alive().await;
+            if alive == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agents alive {alive:?}, want {want:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn apply(&self, file: &str) {
+        let yaml = std::fs::read_to_string(workspace().join("dags").join(file)).unwrap();
+        let r = self
+            .http
+            .put(format!("{}/v1/dags", self.control.url()))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/yaml")
+            .body(yaml)
+            .send()
+            .await
+            .expect("apply");
+        assert!(r.status().is_success(), "apply {file}: {}", r.status());
+    }
+
+    async fn submit(&self, dag: &str, input: &Path, params: &Value) -> String {
+        let bytes = std::fs::read(input).unwrap();
+        let name = input.file_name().unwrap().to_str().unwrap();
+        let body = json!({
+            "dag": dag,
+            "policy": "direct",
+            "params": params,
+            "input": { "name": name, "base64": base64(&bytes) },
+        });
+        let r = self
+            .http
+            .post(format!("{}/v1/jobs", self.control.url()))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .expect("submit");
+        assert_eq!(r.status(), 202, "{}", r.text().await.unwrap_or_default());
+        let v: Value = r.json().await.expect("accepted");
+        v["job_id"].as_str().expect("job id").to_owned()
+    }
+
+    async fn summary(&self, id: &str) -> JobSummary {
+        let deadline = Instant::now() + Duration::from_secs(240);
+        loop {
+            let v: Value = self
+                .http
+                .get(format!("{}/v1/jobs/{id}", self.control.url()))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .expect("get job")
+                .json()
+                .await
+                .expect("job json");
+            let s: JobSummary = serde_json::from_value(v.clone()).expect("summary");
+            if s.status.is_terminal() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "job {id} did not end: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn results(&self, s: &JobSummary) -> BTreeMap<String, Vec<u8>> {
+        let mut files = BTreeMap::new();
+        for out in &s.outputs {
+            let key = out.strip_prefix("store://").expect("store url");
+            let rel = key
+                .strip_prefix(&format!("jobs/{}/result/", s.job_id))
+                .expect("under result/")
+                .to_owned();
+            files.insert(
+                rel,
+                self.store.get_bytes(key).await.expect("result").to_vec(),
+            );
+        }
+        files
+    }
+
+    /// Follows the job's events; when `stage` shows up, kills the agent that runs its first
+    /// instance under `direct` (placement `(stage + k) % agents` over the ids in order). Returns
+    /// every event seen and the id killed (None if the stage was never seen running).
+    async fn kill_during(
+        &mut self,
+        id: &str,
+        stage: usize,
+        name: &str,
+    ) -> (Vec<JobEvent>, Option<String>) {
+        let mut r = self
+            .http
+            .get(format!("{}/v1/jobs/{id}/events", self.control.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("events");
+        assert_eq!(r.status(), 200);
+        let ids: Vec<String> = self.alive().await;
+        let victim = ids[stage % ids.len()].clone();
+        let mut killed = None;
+        let mut buf = String::new();
+        let mut events = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(240);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let chunk = tokio::time::timeout(left, r.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("the events of {id} did not end"))
+                .expect("stream");
+            let Some(chunk) = chunk else { break };
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(pos) = buf.find('\n') {
+                let line: String = buf.drain(..=pos).collect();
+                if let Some(data) = line.trim_end().strip_prefix("data:") {
+                    let e: JobEvent = serde_json::from_str(data.trim()).expect("a JobEvent");
+                    if killed.is_none() && e.stage.as_deref() == Some(name) {
+                        let pos = self.agents.iter().position(|a| a.id == victim).unwrap();
+                        let mut a = self.agents.remove(pos);
+                        a.child.kill().expect("SIGKILL the agent");
+                        a.child.wait().expect("reap the agent");
+                        killed = Some(victim.clone());
+                    }
+                    events.push(e);
+                }
+            }
+        }
+        (events, killed)
+    }
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+struct App {
+    file: &'static str,
+    dag: &'static str,
+    stages: [&'static str; 3],
+    input: PathBuf,
+    params: Value,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_an_agent_in_any_stage_of_any_application_changes_no_result() {
+    let mut c = Cluster::start(3).await;
+    let dir = c.dir.path().join("inputs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |n: &str| dir.join(n).display().to_string();
+    tool(
+        "sonic-gen",
+        &[
+            "sort",
+            "--bytes",
+            "4000000",
+            "--seed",
+            "7",
+            "--out",
+            &path("records.bin"),
+        ],
+    );
+    tool(
+        "sonic-gen",
+        &[
+            "ml",
+            "--rows",
+            "4000",
+            "--seed",
+            "3",
+            "--out",
+            &path("data.csv"),
+        ],
+    );
+    tool(
+        "sonic-gen",
+        &[
+            "video",
+            "--seconds",
+            "40",
+            "--seed",
+            "5",
+            "--out",
+            &path("video.y4m"),
+            "--truth",
+            &path("truth.json"),
+        ],
+    );
+    let apps = [
+        App {
+            file: "mapreduce-sort.yaml",
+            dag: "mapreduce-sort",
+            stages: ["split", "map", "reduce"],
+            input: dir.join("records.bin"),
+            params: json!({ "mappers": 3, "reducers": 3 }),
+        },
+        App {
+            file: "ml-pipeline.yaml",
+            dag: "ml-pipeline",
+            stages: ["pca", "train", "combine"],
+            input: dir.join("data.csv"),
+            params: json!({ "trees": 3 }),
+        },
+        App {
+            file: "video-analytics.yaml",
+            dag: "video-analytics",
+            stages: ["split", "extract", "collect"],
+            input: dir.join("video.y4m"),
+            params: json!({}),
+        },
+    ];
+    let mut report = Vec::new();
+    for app in &apps {
+        c.apply(app.file).await;
+        let id = c.submit(app.dag, &app.input, &app.params).await;
+        let undisturbed = c.summary(&id).await;
+        assert_eq!(
+            undisturbed.status.to_string(),
+            "succeeded",
+            "{}: {:?}",
+            app.dag,
+            undisturbed.error
+        );
+        let want = c.results(&undisturbed).await;
+        assert!(!want.is_empty(), "{} has results", app.dag);
+        let mut recovered = 0;
+        for (stage, name) in app.stages.iter().enumerate() {
+            let id = c.submit(app.dag, &app.input, &app.params).await;
+            let (events, killed) = c.kill_during(&id, stage, name).await;
+            let s = c.summary(&id).await;
+            let killed = killed.unwrap_or_else(|| panic!("{}: stage {name} never ran", app.dag));
+            assert_eq!(
+                s.status.to_string(),
+                "succeeded",
+                "{} with {killed} killed during {name}: {:?}",
+                app.dag,
+                s.error
+            );
+            assert_eq!(
+                c.results(&s).await,
+                want,
+                "{}: results after killing {killed} during {name} differ",
+                app.dag
+            );
+            let again = events.iter().any(|e| {
+                e.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains(&format!("agent {killed} lost")))
+            });
+            if again {
+                recovered += 1;
+            }
+            report.push(format!(
+                "{} {name}: killed {killed}, {}",
+                app.dag,
+                if again {
+                    "ran again without it"
+                } else {
+                    "not needed again"
+                }
+            ));
+            // A fresh agent replaces the dead one before the next kill.
+            c.add_agent();
+            c.wait_agents().await;
+        }
+        assert!(
+            recovered >= 1,
+            "{}: no kill made the job run again: {report:?}",
+            app.dag
+        );
+    }
+    eprintln!("{}", report.join("\n"));
+    c.control.stop().await;
+}
+
+/// Unmounts a test's tmpfs however the test ends.
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// An agent whose disk is full (its data directory is a 2 MiB tmpfs, so writes fail with ENOSPC
+/// for real) fails the instances placed on it with that reason, and the job runs again without
+/// it, with the results of an undisturbed run. Needs root (mount), as `.ci/run` has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_the_instance_and_the_job_runs_elsewhere() {
+    let mut c = Cluster::start(2).await;
+    let dir = c.dir.path().join("inputs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("records.bin");
+    tool(
+        "sonic-gen",
+        &[
+            "sort",
+            "--bytes",
+            "6000000",
+            "--seed",
+            "11",
+            "--out",
+            input.to_str().unwrap(),
+        ],
+    );
+    c.apply("mapreduce-sort.yaml").await;
+    let params = json!({ "mappers": 3, "reducers": 3 });
+    let id = c.submit("mapreduce-sort", &input, &params).await;
+    let undisturbed = c.summary(&id).await;
+    assert_eq!(
+        undisturbed.status,
+        JobStatus::Succeeded,
+        "{:?}",
+        undisturbed.error
+    );
+    let want = c.results(&undisturbed).await;
+
+    let small = c.dir.path().join("agents").join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+        .arg(&small)
+        .output()
+        .expect("run mount");
+    assert!(
+        mounted.status.success(),
+        "this test mounts a small tmpfs to fill an agent's disk and needs root: {}",
+        String::from_utf8_lossy(&mounted.stderr)
+    );
+    let _mount = Mount(small.clone());
+    let full = c.add_agent_at(small);
+    c.wait_agents().await;
+
+    let id = c.submit("mapreduce-sort", &input, &params).await;
+    let s = c.summary(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{:?}", s.error);
+    assert_eq!(c.results(&s).await, want, "results with a full disk differ");
+    let logs: Value = c
+        .http
+        .get(format!("{}/v1/jobs/{id}/logs", c.control.url()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("logs")
+        .json()
+        .await
+        .expect("logs json");
+    let text = logs.to_string().to_ascii_lowercase();
+    assert!(
+        text.contains(&full) && text.contains("no space left on device"),
+        "the logs name the full agent and the reason: {logs}"
+    );
+    c.control.stop().await;
+}
