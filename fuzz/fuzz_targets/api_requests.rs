@@ -53,7 +53,12 @@ fn harness() -> &'static Harness {
             rt,
             _dir: dir,
         };
-        let (status, _) = h.call(Method::PUT, "/v1/dags", Some("application/yaml"), DAG.into());
+        let (status, _) = h.call(
+            Method::PUT,
+            "/v1/dags",
+            Some("application/yaml"),
+            DAG.into(),
+        );
         assert_eq!(status, 201);
         h
     })
@@ -87,13 +92,25 @@ fuzz_target!(|data: &[u8]| {
     let h = harness();
     let (method, uri, ct) = match pick % 6 {
         0 | 1 => (Method::POST, "/v1/jobs", Some("application/json")),
-        2 => (Method::POST, "/v1/agents/register", Some("application/json")),
-        3 => (Method::POST, "/v1/agents/a-1/heartbeat", Some("application/json")),
+        2 => (
+            Method::POST,
+            "/v1/agents/register",
+            Some("application/json"),
+        ),
+        3 => (
+            Method::POST,
+            "/v1/agents/a-1/heartbeat",
+            Some("application/json"),
+        ),
         4 => (Method::PUT, "/v1/dags", Some("application/yaml")),
         _ => (Method::POST, "/v1/jobs", None),
     };
     let (status, bytes) = h.call(method, uri, ct, body.to_vec());
-    assert!(status < 500, "{uri}: {status}: {}", String::from_utf8_lossy(&bytes));
+    assert!(
+        status < 500,
+        "{uri}: {status}: {}",
+        String::from_utf8_lossy(&bytes)
+    );
     if status >= 400 {
         let v: serde_json::Value = serde_json::from_slice(&bytes).expect("a JSON error body");
         assert!(v.get("error").is_some(), "{uri}: {v}");
