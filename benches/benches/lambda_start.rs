@@ -37,6 +37,7 @@ fn spec(dir: &Path, n: usize, key: &str) -> RunSpec {
         memory_limit_bytes: 256 << 20,
         cpus: 1.0,
         timeout: Duration::from_secs(60),
+        output_quota_bytes: u64::MAX,
     }
 }
 

@@ -26,6 +26,11 @@ pub enum StoreChoice {
     Local { root: PathBuf },
 }
 
+/// The default of `output_quota_mb`: 10 GiB per instance.
+pub const DEFAULT_OUTPUT_QUOTA_MB: u64 = 10 * 1024;
+/// The largest `output_quota_mb` (1 TiB): the quota in bytes must fit Docker's 64-bit ulimits.
+pub const MAX_OUTPUT_QUOTA_MB: u64 = 1 << 20;
+
 /// Everything an agent needs to start.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -58,6 +63,9 @@ pub struct AgentConfig {
     pub store: Option<StoreChoice>,
     /// Folders searched first for a command's executable by the process sandbox.
     pub bin_dirs: Vec<PathBuf>,
+    /// Most megabytes one function instance may write (its outputs, its log; no single file
+    /// larger); past it the instance is killed and fails. A run request may ask for less.
+    pub output_quota_mb: u64,
 }
 
 impl Default for AgentConfig {
@@ -79,6 +87,7 @@ impl Default for AgentConfig {
             heartbeat_interval_ms: 2000,
             store: None,
             bin_dirs: Vec::new(),
+            output_quota_mb: DEFAULT_OUTPUT_QUOTA_MB,
         }
     }
 }
@@ -137,6 +146,9 @@ pub struct AgentArgs {
     /// A folder searched first for lambda executables by the process sandbox (repeatable).
     #[arg(long = "bin-dir")]
     pub bin_dirs: Vec<PathBuf>,
+    /// Most megabytes one function instance may write before it is killed.
+    #[arg(long, env = "SONIC_AGENT_OUTPUT_QUOTA_MB")]
+    pub output_quota_mb: Option<u64>,
 }
 
 impl AgentConfig {
@@ -170,7 +182,16 @@ impl AgentConfig {
             ($($f:ident),*) => { $( if let Some(v) = &args.$f { cfg.$f = v.clone(); } )* };
         }
         set!(
-            id, listen, data_dir, vm_type, vcpus, memory_mb, token, file_key, sandbox
+            id,
+            listen,
+            data_dir,
+            vm_type,
+            vcpus,
+            memory_mb,
+            token,
+            file_key,
+            sandbox,
+            output_quota_mb
         );
         if args.advertise_url.is_some() {
             cfg.advertise_url = args.advertise_url.clone();
@@ -205,6 +226,9 @@ impl AgentConfig {
         }
         if self.vcpus == 0 || self.memory_mb == 0 {
             return bad("vcpus and memory_mb must be positive");
+        }
+        if self.output_quota_mb == 0 || self.output_quota_mb > MAX_OUTPUT_QUOTA_MB {
+            return bad("output_quota_mb: between 1 and 1048576 (1 TiB)");
         }
         if let Some(m) = self.network_mbps
             && !(m.is_finite() && m > 0.0)

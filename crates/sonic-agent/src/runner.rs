@@ -23,6 +23,10 @@ pub enum RunError {
     Sandbox(#[from] crate::sandbox::SandboxError),
     #[error("output {path}: {message}")]
     Output { path: String, message: String },
+    /// The lambda left something the agent refuses to take as an output (a symlink, a FIFO):
+    /// the lambda's fault, so the run fails rather than errs.
+    #[error("output {path}: {message}")]
+    Refused { path: String, message: String },
 }
 
 /// The id of a run: one per (job, function, instance, attempt), so a repeated request is idempotent.
@@ -50,10 +54,13 @@ pub fn check_request(req: &RunRequest) -> Result<JobId, RunError> {
             "command needs an executable and no NUL".into(),
         ));
     }
-    if req.memory_limit_mb == 0 || !(req.cpus.is_finite() && req.cpus > 0.0) || req.timeout_ms == 0
+    if req.memory_limit_mb == 0
+        || !(req.cpus.is_finite() && req.cpus > 0.0)
+        || req.timeout_ms == 0
+        || req.output_quota_mb == Some(0)
     {
         return Err(RunError::Invalid(
-            "memory_limit_mb, cpus and timeout_ms must be positive".into(),
+            "memory_limit_mb, cpus, timeout_ms and output_quota_mb must be positive".into(),
         ));
     }
     for input in &req.inputs {
@@ -93,6 +100,12 @@ pub fn check_request(req: &RunRequest) -> Result<JobId, RunError> {
         }
     }
     Ok(job)
+}
+
+/// The quota of an instance: what the request asks, at most the agent's own.
+fn output_quota_mb(state: &AgentState, req: &RunRequest) -> u64 {
+    let own = state.config.output_quota_mb;
+    req.output_quota_mb.map_or(own, |q| q.min(own))
 }
 
 /// One lock per file being fetched, so two instances on this agent that need the same file (a
@@ -192,6 +205,7 @@ async fn run_inner(
         memory_limit_bytes: req.memory_limit_mb.saturating_mul(1024 * 1024),
         cpus: req.cpus,
         timeout: std::time::Duration::from_millis(req.timeout_ms),
+        output_quota_bytes: output_quota_mb(state, req).saturating_mul(1024 * 1024),
     };
     state
         .running
@@ -237,8 +251,31 @@ async fn run_inner(
             ));
             return Ok(());
         }
+        Termination::OutputQuotaExceeded => {
+            report.status = RunStatus::Failed;
+            report.error = Some(format!(
+                "lambda wrote more than its quota of {} MB",
+                output_quota_mb(state, req)
+            ));
+            return Ok(());
+        }
+        Termination::Violation(why) => {
+            report.status = RunStatus::Failed;
+            report.error = Some(format!("lambda contained: {why}"));
+            return Ok(());
+        }
     }
-    report.outputs = route_outputs(state, req, &job, &output_dir).await?;
+    report.outputs = match route_outputs(state, req, &job, &output_dir).await {
+        Ok(outputs) => outputs,
+        Err(e @ RunError::Refused { .. }) => {
+            tracing::warn!(run = %report.run_id, error = %e, "lambda output refused");
+            report.status = RunStatus::Failed;
+            report.error = Some(format!("lambda contained: {e}"));
+            report.log.push_str(&format!("sonic: {e}\n"));
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
     report.status = RunStatus::Succeeded;
     Ok(())
 }
@@ -389,11 +426,16 @@ fn walk_outputs(dir: &Path) -> Result<Vec<PathBuf>, RunError> {
             } else if ft.is_file() {
                 out.push(rel);
             } else {
-                return Err(RunError::Output {
+                let what = if ft.is_symlink() {
+                    "a symbolic link"
+                } else {
+                    "a special file"
+                };
+                return Err(RunError::Refused {
                     path: rel.display().to_string(),
-                    message:
-                        "the lambda wrote a symlink or special file; only regular files are outputs"
-                            .into(),
+                    message: format!(
+                        "the lambda wrote {what}; only regular files are outputs (never followed)"
+                    ),
                 });
             }
         }

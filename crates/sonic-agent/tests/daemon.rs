@@ -98,6 +98,7 @@ fn request(job: &str, function: &str, args: &[&str]) -> RunRequest {
         timeout_ms: 60_000,
         inputs: Vec::new(),
         outputs: Vec::new(),
+        output_quota_mb: None,
     }
 }
 

@@ -64,6 +64,7 @@ impl Setup {
             memory_limit_bytes: 256 * MIB,
             cpus: 1.0,
             timeout: Duration::from_secs(30),
+            output_quota_bytes: 1 << 30,
         }
     }
 

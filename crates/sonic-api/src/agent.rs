@@ -107,6 +107,10 @@ pub struct RunRequest {
     pub inputs: Vec<InputSpec>,
     #[serde(default)]
     pub outputs: Vec<OutputRoute>,
+    /// Most megabytes the instance may write; the agent's own quota (`output_quota_mb` of its
+    /// configuration) applies when this is absent, and caps it when larger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_quota_mb: Option<u64>,
 }
 
 /// How an instance ended, as the agent reports it.

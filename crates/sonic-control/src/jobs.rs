@@ -364,6 +364,8 @@ pub fn stage_runs(ctx: &StageContext<'_>, i: usize) -> Result<Vec<Placement>, Pl
                 timeout_ms: (f.timeout_s * 1000.0).round().max(1.0) as u64,
                 inputs,
                 outputs,
+                // The agents' configured quota.
+                output_quota_mb: None,
             },
         });
     }

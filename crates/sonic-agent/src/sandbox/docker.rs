@@ -12,6 +12,14 @@
 //!   afterwards, so `config.work_dir` should be on the filesystem of the agent's data.
 //! - Limits: `memory` = `memory_swap` = the spec's limit (no swap), `nano_cpus` from `cpus`, no
 //!   network (`network_mode`; lambdas exchange files, not sockets).
+//! - Containment of writes: the image's root filesystem is read-only; `/tmp` is a tmpfs of at most
+//!   the output quota (its pages count against the memory limit); `RLIMIT_FSIZE` (ulimit `fsize`)
+//!   is the output quota, so no file grows past it. So a lambda can write only `/tmp`, its output
+//!   folder, the container's `out` and `ctl` mounts (and Docker's small `/dev/shm`). A watcher
+//!   sums `out` and `ctl` (outputs and the run's log) every `quota_poll` and kills the container
+//!   once they hold more than the quota (`OutputQuotaExceeded`); a run that ends over it is
+//!   refused too. After each run, anything in `out` or `ctl` that is not the run's own (a write
+//!   through `../`) fails the run as a `Violation` and the container is removed, never reused.
 //! - Warm containers are kept for `idle_timeout` after a run, keyed by warm key, image and
 //!   limits; a run that finds one is hot (`cold: false`). A container that timed out, was
 //!   OOM-killed or stopped is never reused.
@@ -33,7 +41,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
 };
@@ -42,7 +50,7 @@ use sonic_lambda::launcher::{self, Report, Request};
 use tokio::io::AsyncBufReadExt;
 
 use super::cgroup::{CGROUP_ROOT, MemoryCgroup, Version};
-use super::fsutil::{link_tree, move_tree, remove_tree, tail_file};
+use super::fsutil::{link_tree, move_tree, quota_exceeded, remove_tree, tail_file, tree_bytes};
 use super::process::{sanitize, validate};
 use super::{RunOutcome, RunSpec, Sandbox, SandboxError, Termination, sys};
 
@@ -73,6 +81,8 @@ pub struct DockerConfig {
     pub log_limit: usize,
     /// Longest wait for the engine to answer when connecting.
     pub connect_timeout: Duration,
+    /// How often a running instance's writes are summed against its output quota.
+    pub quota_poll: Duration,
 }
 
 impl Default for DockerConfig {
@@ -85,6 +95,7 @@ impl Default for DockerConfig {
             cgroup_root: PathBuf::from(CGROUP_ROOT),
             log_limit: 64 * 1024,
             connect_timeout: Duration::from_secs(5),
+            quota_poll: Duration::from_millis(100),
         }
     }
 }
@@ -96,6 +107,8 @@ struct PoolKey {
     image: String,
     memory: u64,
     nano_cpus: i64,
+    /// Fixed at creation (`/tmp`'s size, `RLIMIT_FSIZE`).
+    output_quota: u64,
 }
 
 impl PoolKey {
@@ -105,6 +118,7 @@ impl PoolKey {
             image: spec.image.clone(),
             memory: spec.memory_limit_bytes,
             nano_cpus: (spec.cpus * 1e9).round() as i64,
+            output_quota: spec.output_quota_bytes,
         }
     }
 }
@@ -153,6 +167,7 @@ enum Ending {
     Report(Report),
     Stopped,
     TimedOut,
+    OverQuota,
 }
 
 impl DockerSandbox {
@@ -371,6 +386,14 @@ impl Inner {
         ]);
         let memory = i64::try_from(spec.memory_limit_bytes)
             .map_err(|_| SandboxError::InvalidSpec("memory limit too large".into()))?;
+        // Docker takes a ulimit as an i64; beyond it, no quota means "unlimited" (-1).
+        let fsize = i64::try_from(spec.output_quota_bytes).unwrap_or(-1);
+        let tmp_size = if fsize < 0 {
+            String::new()
+        } else {
+            // tmpfs sizes are in bytes; at least a page.
+            format!(",size={}", fsize.max(4096))
+        };
         let body = ContainerCreateBody {
             image: Some(spec.image.clone()),
             cmd: Some(self.config.launcher.clone()),
@@ -387,6 +410,16 @@ impl Inner {
                 // docker-init as PID 1: reaps orphans of lambdas, ends the launcher on SIGTERM.
                 init: Some(true),
                 network_mode: self.config.network_mode.clone(),
+                readonly_rootfs: Some(true),
+                tmpfs: Some(HashMap::from([(
+                    "/tmp".to_string(),
+                    format!("rw,nosuid,nodev,mode=1777{tmp_size}"),
+                )])),
+                ulimits: Some(vec![ResourcesUlimits {
+                    name: Some("fsize".into()),
+                    soft: Some(fsize),
+                    hard: Some(fsize),
+                }]),
                 ..Default::default()
             }),
             ..Default::default()
@@ -505,6 +538,11 @@ impl Inner {
                         format!("bad report from the launcher: {e}: {line:?}")))?)
                 }
                 () = container_stopped(&self.docker, &c.id) => Ending::Stopped,
+                () = quota_exceeded(
+                    vec![c.dir.join("out"), ctl.clone()],
+                    spec.output_quota_bytes,
+                    self.config.quota_poll,
+                ) => Ending::OverQuota,
                 // From the hand-over to the launcher: creating a container is not the lambda's
                 // time (the launcher is already running when start_container returns).
                 () = tokio::time::sleep(spec.timeout) => Ending::TimedOut,
@@ -527,6 +565,11 @@ impl Inner {
             .unwrap_or_default();
         let mut start_latency = sent - t0;
         let termination = match &ending {
+            Ending::OverQuota => {
+                reusable = false;
+                self.kill(&c.id).await;
+                Termination::OutputQuotaExceeded
+            }
             Ending::TimedOut => {
                 reusable = false;
                 self.kill(&c.id).await;
@@ -591,7 +634,59 @@ impl Inner {
                 }
             }
         };
-        self.clean_run(&ctl, &run, &in_dir, &out_dir, spec).await?;
+        // What the lambda wrote besides its outputs, and whether all of it fits the quota.
+        let (stray, used) = {
+            let (dir, ctl, run, quota) = (
+                c.dir.clone(),
+                ctl.clone(),
+                run.clone(),
+                spec.output_quota_bytes,
+            );
+            tokio::task::spawn_blocking(move || {
+                (
+                    stray_entries(&dir, &ctl, &run),
+                    tree_bytes(&[dir.join("out"), ctl], quota),
+                )
+            })
+            .await
+            .map_err(|e| SandboxError::Runtime(format!("checking the run's writes: {e}")))?
+        };
+        let termination = if !stray.is_empty() {
+            reusable = false;
+            tracing::warn!(run = %spec.run_id, container = %c.name, ?stray, "lambda wrote outside its output folder");
+            Termination::Violation(format!(
+                "the lambda wrote outside its output folder: {}",
+                stray.join(", ")
+            ))
+        } else if termination != Termination::OutputQuotaExceeded
+            && (used > spec.output_quota_bytes
+                || termination == Termination::Signaled(libc::SIGXFSZ))
+        {
+            // Between two looks of the watcher, or one file stopped at the limit (SIGXFSZ).
+            reusable = false;
+            Termination::OutputQuotaExceeded
+        } else {
+            termination
+        };
+        match &termination {
+            Termination::OutputQuotaExceeded => {
+                tracing::warn!(run = %spec.run_id, container = %c.name, quota = spec.output_quota_bytes, "lambda wrote more than its output quota");
+                log.push_str(&format!(
+                    "sonic: killed for writing more than its output quota of {} bytes\n",
+                    spec.output_quota_bytes
+                ));
+            }
+            Termination::Violation(why) => log.push_str(&format!("sonic: {why}\n")),
+            _ => {}
+        }
+        // After a quota or violation the container and its folder go as a whole (the lease
+        // discards it): nothing of what it wrote reaches the output folder.
+        if !matches!(
+            termination,
+            Termination::OutputQuotaExceeded | Termination::Violation(_)
+        ) {
+            self.clean_run(&ctl, &run, &in_dir, &out_dir, spec).await?;
+        }
         tracing::info!(
             run = %spec.run_id,
             container = %c.name,
@@ -716,6 +811,39 @@ impl Inner {
     }
 }
 
+/// Entries of a container's `out` and `ctl` folders that are not run `run`'s own, shown as the
+/// lambda sees them (`/sonic/out/x`).
+fn stray_entries(dir: &Path, ctl: &Path, run: &str) -> Vec<String> {
+    let names = |d: &Path| -> Vec<String> {
+        fs::read_dir(d)
+            .map(|it| {
+                it.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let own_ctl = [
+        launcher::REQUESTS.to_string(),
+        launcher::request_file(run),
+        launcher::log_file(run),
+        launcher::done_fifo(run),
+    ];
+    let mut stray: Vec<String> = names(&dir.join("out"))
+        .into_iter()
+        .filter(|n| n != run)
+        .map(|n| format!("{OUT_DIR}/{n}"))
+        .chain(
+            names(ctl)
+                .into_iter()
+                .filter(|n| !own_ctl.contains(n))
+                .map(|n| format!("{}/{n}", launcher::CTL_DIR)),
+        )
+        .collect();
+    stray.sort();
+    stray
+}
+
 /// Resolves when the container is no longer running (or no longer exists).
 async fn container_stopped(docker: &Docker, id: &str) {
     loop {
@@ -819,6 +947,7 @@ mod tests {
             memory_limit_bytes: 1,
             cpus: 0.5,
             timeout: Duration::from_secs(1),
+            output_quota_bytes: 1 << 30,
         };
         let a = PoolKey::of(&spec);
         assert_eq!(a.nano_cpus, 500_000_000);

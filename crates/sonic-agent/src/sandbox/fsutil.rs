@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// How many files a tree operation linked or renamed, and how many it had to copy.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -90,8 +90,15 @@ pub(crate) fn move_tree(src: &Path, dst: &Path) -> io::Result<TreeStats> {
     Ok(stats)
 }
 
+/// Copies a tree; a symbolic link is copied as a link, never followed (a lambda's link may point
+/// at any host file; the agent refuses links among outputs).
 fn copy_tree(src: &Path, dst: &Path) -> io::Result<u64> {
-    if !fs::symlink_metadata(src)?.is_dir() {
+    let meta = fs::symlink_metadata(src)?;
+    if meta.file_type().is_symlink() {
+        std::os::unix::fs::symlink(fs::read_link(src)?, dst)?;
+        return Ok(1);
+    }
+    if !meta.is_dir() {
         fs::copy(src, dst)?;
         return Ok(1);
     }
@@ -102,6 +109,52 @@ fn copy_tree(src: &Path, dst: &Path) -> io::Result<u64> {
         n += copy_tree(&entry.path(), &dst.join(entry.file_name()))?;
     }
     Ok(n)
+}
+
+/// Bytes held by the trees at `roots`: per entry the larger of its length and its allocated blocks
+/// (a sparse file counts at its length), symbolic links not followed, missing roots as 0. Stops
+/// counting once past `stop_after` (the caller only needs to know it is over).
+pub(crate) fn tree_bytes(roots: &[PathBuf], stop_after: u64) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fn walk(dir: &Path, total: &mut u64, stop_after: u64) {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if *total > stop_after {
+                return;
+            }
+            let Ok(meta) = entry.metadata() else {
+                continue;
+            };
+            *total = total.saturating_add(meta.len().max(meta.blocks().saturating_mul(512)));
+            if meta.is_dir() {
+                walk(&entry.path(), total, stop_after);
+            }
+        }
+    }
+    let mut total = 0u64;
+    for root in roots {
+        walk(root, &mut total, stop_after);
+    }
+    total
+}
+
+/// Resolves once the trees at `roots` hold more than `quota` bytes, checking every `every`; never
+/// when `quota` is `u64::MAX`.
+pub(crate) async fn quota_exceeded(roots: Vec<PathBuf>, quota: u64, every: std::time::Duration) {
+    if quota == u64::MAX {
+        return std::future::pending().await;
+    }
+    let roots = std::sync::Arc::new(roots);
+    loop {
+        tokio::time::sleep(every).await;
+        let r = roots.clone();
+        match tokio::task::spawn_blocking(move || tree_bytes(&r, quota)).await {
+            Ok(used) if used > quota => return,
+            _ => {}
+        }
+    }
 }
 
 /// Removes a tree if it exists.
@@ -215,6 +268,41 @@ mod tests {
         assert_eq!(fs::read_to_string(dst.join("result/y")).unwrap(), "y");
         assert_eq!(fs::read_to_string(dst.join("result/z")).unwrap(), "z");
         assert_eq!(fs::metadata(dst.join("train/part-0")).unwrap().ino(), ino);
+    }
+
+    #[test]
+    fn copies_keep_links_as_links() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        write(&src.join("result/real"), "r");
+        std::os::unix::fs::symlink("/etc/passwd", src.join("result/passwd")).unwrap();
+        let n = copy_tree(&src, &d.path().join("dst")).unwrap();
+        assert_eq!(n, 2);
+        let link = d.path().join("dst/result/passwd");
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(fs::read_link(&link).unwrap(), Path::new("/etc/passwd"));
+    }
+
+    #[test]
+    fn tree_bytes_counts_lengths_and_sparse_files() {
+        let d = tempfile::tempdir().unwrap();
+        write(&d.path().join("a/x"), &"x".repeat(5000));
+        let sparse = fs::File::create(d.path().join("sparse")).unwrap();
+        sparse.set_len(1 << 30).unwrap();
+        std::os::unix::fs::symlink("/usr", d.path().join("a/usr")).unwrap();
+        let roots = [d.path().to_path_buf(), d.path().join("missing")];
+        let total = tree_bytes(&roots, u64::MAX);
+        assert!(total >= (1 << 30) + 5000, "{total}");
+        assert!(
+            total < (1 << 30) + 64 * 1024,
+            "a link is not followed: {total}"
+        );
+        assert!(tree_bytes(&roots, 10) > 10);
     }
 
     #[test]

@@ -45,6 +45,10 @@ pub struct RunSpec {
     pub cpus: f64,
     /// Wall-clock limit; past it the instance is killed and reported as timed out.
     pub timeout: Duration,
+    /// Most bytes the instance may write (its outputs, and in the Docker sandbox also its log);
+    /// past it the instance is killed and reported as `OutputQuotaExceeded`. No single file may
+    /// grow past it either (`RLIMIT_FSIZE`). `u64::MAX` for no quota.
+    pub output_quota_bytes: u64,
 }
 
 /// How an instance ended.
@@ -59,6 +63,11 @@ pub enum Termination {
     OutOfMemory,
     /// Killed for running past its timeout.
     TimedOut,
+    /// Killed (or refused after it ended) for writing more than `output_quota_bytes`.
+    OutputQuotaExceeded,
+    /// The instance did something its sandbox forbids (e.g. wrote outside its output folder);
+    /// what, in words. Its outputs are dropped.
+    Violation(String),
 }
 
 /// What a sandbox measured about one run.

@@ -15,6 +15,14 @@
 //!   address space, not memory, and breaks normal programs that reserve more than they touch.
 //! - The input folder is not write-protected here (the lambda runs as the agent's user); the
 //!   Docker sandbox mounts it read-only.
+//! - Output quota: `RLIMIT_FSIZE` at the quota (no file grows past it: `SIGXFSZ`), and a watcher
+//!   that sums the output folder every `quota_poll` and kills the group once it holds more than
+//!   the quota; a run that ends over it is refused too (`OutputQuotaExceeded`).
+//! - What this sandbox does NOT contain: the lambda runs as the agent's user with the agent's view
+//!   of the filesystem and network. It can read and write any file that user can (outside its
+//!   folders too: only its output folder is counted against the quota), hard-link host files into
+//!   its outputs, and open sockets. It is the fallback for machines without Docker, for trusted
+//!   lambdas (docs/security.md).
 //! - Environment: only `PATH` (the configured lambda folders first), `HOME` and `TMPDIR` (a private
 //!   folder per warm key, also the working directory), then the spec's variables: nothing of the
 //!   agent's own environment (credentials, ...) leaks into a lambda.
@@ -32,7 +40,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::cgroup::{CGROUP_ROOT, MemoryCgroup};
-use super::fsutil::{Tail, remove_tree};
+use super::fsutil::{Tail, quota_exceeded, remove_tree, tree_bytes};
 use super::{RunOutcome, RunSpec, Sandbox, SandboxError, Termination, sys};
 
 /// Whether the process sandbox uses cgroup v1 memory groups.
@@ -60,6 +68,8 @@ pub struct ProcessConfig {
     pub cgroup_parent: PathBuf,
     /// Bytes of the end of the output and error kept as the log.
     pub log_limit: usize,
+    /// How often the output folder of a running instance is summed against its quota.
+    pub quota_poll: Duration,
 }
 
 impl Default for ProcessConfig {
@@ -71,6 +81,7 @@ impl Default for ProcessConfig {
             cgroups: CgroupMode::Auto,
             cgroup_parent: PathBuf::from(CGROUP_ROOT).join("memory/sonic"),
             log_limit: 64 * 1024,
+            quota_poll: Duration::from_millis(100),
         }
     }
 }
@@ -279,6 +290,9 @@ impl ProcessSandbox {
         if let Some(f) = &procs {
             sys::join_cgroup_before_exec(&mut cmd, f.as_raw_fd());
         }
+        if spec.output_quota_bytes != u64::MAX {
+            sys::limit_file_size_before_exec(&mut cmd, spec.output_quota_bytes);
+        }
         let spawned = cmd.spawn();
         // The parent's copies of the pipe's write end must go, or the log never ends.
         drop(cmd);
@@ -327,11 +341,17 @@ impl ProcessSandbox {
         let group = sys::GroupGuard::new(pid);
         let mut waiter = tokio::task::spawn_blocking(group.waiter());
         // From the start of the command, as in the Docker sandbox.
-        let (joined, timed_out) = match tokio::time::timeout(spec.timeout, &mut waiter).await {
-            Ok(joined) => (joined, false),
-            Err(_) => {
+        let quota = spec.output_quota_bytes;
+        let watch = quota_exceeded(vec![spec.output_dir.clone()], quota, self.config.quota_poll);
+        let (joined, timed_out, mut over_quota) = tokio::select! {
+            joined = &mut waiter => (joined, false, false),
+            () = tokio::time::sleep(spec.timeout) => {
                 group.kill();
-                (waiter.await, true)
+                (waiter.await, true, false)
+            }
+            () = watch => {
+                group.kill();
+                (waiter.await, false, true)
             }
         };
         let duration = t0.elapsed();
@@ -372,7 +392,20 @@ impl ProcessSandbox {
                 peak, spec.memory_limit_bytes
             ));
         }
-        let termination = if timed_out {
+        if !over_quota && quota != u64::MAX {
+            // Between two looks of the watcher, or one file stopped at the limit by SIGXFSZ.
+            let dir = vec![spec.output_dir.clone()];
+            let used = tokio::task::spawn_blocking(move || tree_bytes(&dir, quota))
+                .await
+                .unwrap_or(0);
+            over_quota = used > quota || reaped.signal == Some(libc::SIGXFSZ);
+        }
+        let termination = if over_quota {
+            log.push_str(&format!(
+                "sonic: killed for writing more than its output quota of {quota} bytes\n"
+            ));
+            Termination::OutputQuotaExceeded
+        } else if timed_out {
             log.push_str(&format!(
                 "sonic: killed after its timeout of {:?}\n",
                 spec.timeout
@@ -537,6 +570,7 @@ mod tests {
             memory_limit_bytes: 1 << 20,
             cpus: 1.0,
             timeout: Duration::from_secs(1),
+            output_quota_bytes: u64::MAX,
         }
     }
 

@@ -157,6 +157,27 @@ pub(crate) fn mkfifo(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Makes `cmd` start with `RLIMIT_FSIZE` at `bytes` (soft and hard): no file it writes can grow
+/// past it (a write beyond gets `SIGXFSZ`, or `EFBIG` when that signal is ignored).
+pub(crate) fn limit_file_size_before_exec(cmd: &mut std::process::Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    let limit = libc::rlimit {
+        rlim_cur: bytes as libc::rlim_t,
+        rlim_max: bytes as libc::rlim_t,
+    };
+    // SAFETY: the closure runs in the forked child before exec and only calls setrlimit(2), which
+    // is async-signal-safe, on a value copied into the closure; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        });
+    }
+}
+
 /// Makes `cmd` move itself into the cgroup whose `cgroup.procs` is open as `procs_fd`, after the
 /// fork and before the exec, so that every page the lambda touches is charged to that cgroup.
 /// The caller keeps the file open until `spawn` returns.
