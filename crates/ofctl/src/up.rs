@@ -335,8 +335,8 @@ async fn choose_store(
         Ok(store) => Ok(StorePick {
             location: format!("{endpoint} bucket {}", cfg.bucket),
             bucket: Some(cfg.bucket.clone()),
+            control: Arc::new(cfg.patient(store)),
             agents: StoreChoice::S3(cfg),
-            control: Arc::new(store),
             kind: "s3",
             reason,
             seaweed_started: started,

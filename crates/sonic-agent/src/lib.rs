@@ -86,7 +86,7 @@ pub async fn make_store(
         Some(StoreChoice::S3(cfg)) => {
             let store = sonic_storage::s3::S3Store::new(cfg.clone())?.with_throttle(throttle);
             store.ensure_bucket().await?;
-            Some(Arc::new(store))
+            Some(Arc::new(cfg.patient(store)))
         }
     })
 }

@@ -23,6 +23,7 @@ use sonic_control::{
 use sonic_core::units::Seconds;
 use sonic_storage::ObjectStore;
 use sonic_storage::local::LocalStore;
+use sonic_storage::s3::{S3Config, S3Store};
 
 const TOKEN: &str = "faults-token-0123456789";
 const FILE_KEY: &str = "faults-file-key-0123456789abcdef";
@@ -66,8 +67,11 @@ fn agent_process_entry() {
     cfg.vm_type = "m5.large".into();
     cfg.control_url = Some(var("SONIC_FAULTS_CONTROL"));
     cfg.sandbox = SandboxChoice::Process;
-    cfg.store = Some(StoreChoice::Local {
-        root: PathBuf::from(var("SONIC_FAULTS_STORE")),
+    cfg.store = Some(match std::env::var("SONIC_FAULTS_S3") {
+        Ok(json) => StoreChoice::S3(serde_json::from_str(&json).expect("an S3Config")),
+        Err(_) => StoreChoice::Local {
+            root: PathBuf::from(var("SONIC_FAULTS_STORE")),
+        },
     });
     cfg.bin_dirs = vec![PathBuf::from(var("SONIC_FAULTS_BINS"))];
     cfg.heartbeat_interval_ms = 1000;
@@ -108,7 +112,9 @@ impl Drop for AgentProc {
 struct Cluster {
     control: RunningControl,
     agents: Vec<AgentProc>,
-    store: Arc<LocalStore>,
+    store: Arc<dyn ObjectStore>,
+    /// The agents' S3 store, when not the shared local folder.
+    s3: Option<S3Config>,
     http: reqwest::Client,
     dir: tempfile::TempDir,
     next: u32,
@@ -118,6 +124,15 @@ impl Cluster {
     async fn start(n: u32) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Arc::new(LocalStore::new(dir.path().join("store")).expect("store"));
+        Cluster::start_with(n, dir, store, None).await
+    }
+
+    async fn start_with(
+        n: u32,
+        dir: tempfile::TempDir,
+        store: Arc<dyn ObjectStore>,
+        s3: Option<S3Config>,
+    ) -> Cluster {
         let mut jobs = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
         jobs.backoff = Duration::from_millis(20);
         let runtime = Runtime::new(store.clone(), None, jobs);
@@ -137,6 +152,7 @@ impl Cluster {
             control,
             agents: Vec::new(),
             store,
+            s3,
             http: reqwest::Client::new(),
             dir,
             next: 1,
@@ -167,7 +183,11 @@ impl Cluster {
                 .with_extension("log"),
         )
         .unwrap();
-        let child = Command::new(std::env::current_exe().expect("this test binary"))
+        let mut cmd = Command::new(std::env::current_exe().expect("this test binary"));
+        if let Some(s3) = &self.s3 {
+            cmd.env("SONIC_FAULTS_S3", serde_json::to_string(s3).unwrap());
+        }
+        let child = cmd
             .args([
                 "--exact",
                 "agent_process_entry",
@@ -247,11 +267,15 @@ impl Cluster {
     }
 
     async fn submit(&self, dag: &str, input: &Path, params: &Value) -> String {
+        self.submit_as(dag, input, params, "direct").await
+    }
+
+    async fn submit_as(&self, dag: &str, input: &Path, params: &Value, policy: &str) -> String {
         let bytes = std::fs::read(input).unwrap();
         let name = input.file_name().unwrap().to_str().unwrap();
         let body = json!({
             "dag": dag,
-            "policy": "direct",
+            "policy": policy,
             "params": params,
             "input": { "name": name, "base64": base64(&bytes) },
         });
@@ -293,7 +317,14 @@ impl Cluster {
     async fn results(&self, s: &JobSummary) -> BTreeMap<String, Vec<u8>> {
         let mut files = BTreeMap::new();
         for out in &s.outputs {
-            let key = out.strip_prefix("store://").expect("store url");
+            let key = match out.strip_prefix("store://") {
+                Some(k) => k,
+                None => out
+                    .strip_prefix("s3://")
+                    .and_then(|r| r.split_once('/'))
+                    .map(|(_, k)| k)
+                    .expect("store or s3 url"),
+            };
             let rel = key
                 .strip_prefix(&format!("jobs/{}/result/", s.job_id))
                 .expect("under result/")
@@ -304,6 +335,37 @@ impl Cluster {
             );
         }
         files
+    }
+
+    /// Follows the job's events until `stage` shows up (or the job ends): every event seen.
+    async fn wait_stage(&self, id: &str, name: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(240);
+        let mut r = self
+            .http
+            .get(format!("{}/v1/jobs/{id}/events", self.control.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("events");
+        let mut buf = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let chunk = tokio::time::timeout(left, r.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("the events of {id} did not end"))
+                .expect("stream");
+            let Some(chunk) = chunk else { return false };
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(pos) = buf.find('\n') {
+                let line: String = buf.drain(..=pos).collect();
+                if let Some(data) = line.trim_end().strip_prefix("data:") {
+                    let e: JobEvent = serde_json::from_str(data.trim()).expect("a JobEvent");
+                    if e.stage.as_deref() == Some(name) {
+                        return true;
+                    }
+                }
+            }
+        }
     }
 
     /// Follows the job's events; when `stage` shows up, kills the agent that runs its first
@@ -591,4 +653,166 @@ async fn a_full_disk_fails_the_instance_and_the_job_runs_elsewhere() {
         "the logs name the full agent and the reason: {logs}"
     );
     c.control.stop().await;
+}
+
+/// A TCP forwarder standing between the cluster and the S3 server: taking it down refuses new
+/// connections and cuts open ones, as a store that went away would.
+struct Outage {
+    addr: SocketAddr,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    cut: Arc<tokio::sync::Notify>,
+    refused: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Outage {
+    async fn start(upstream: String) -> Outage {
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let up = Arc::new(AtomicBool::new(true));
+        let cut = Arc::new(tokio::sync::Notify::new());
+        let refused = Arc::new(AtomicU32::new(0));
+        let (up2, cut2, refused2) = (up.clone(), cut.clone(), refused.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if !up2.load(Ordering::SeqCst) {
+                    refused2.fetch_add(1, Ordering::SeqCst);
+                    drop(inbound);
+                    continue;
+                }
+                let (upstream, cut) = (upstream.clone(), cut2.clone());
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut.notified() => {}
+                    }
+                });
+            }
+        });
+        Outage {
+            addr,
+            up,
+            cut,
+            refused,
+        }
+    }
+
+    fn down(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.cut.notify_waiters();
+    }
+
+    fn restore(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The object store goes away during a `remote` job: for 2 s (shorter than the 6 s the agents
+/// and the control plane wait out), the job completes with the undisturbed results; for good,
+/// the job fails with an error naming the store. Needs the S3 server of `.ci/run`
+/// (`SONIC_S3_ENDPOINT`, default http://127.0.0.1:8333).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_store_outage_is_waited_out_or_fails_the_job_clearly() {
+    use std::sync::atomic::Ordering;
+    let endpoint =
+        std::env::var("SONIC_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:8333".into());
+    let upstream = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let outage = Outage::start(upstream).await;
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_owned());
+    let mut cfg = S3Config::new(
+        format!("http://{}", outage.addr),
+        // The shared bucket (SeaweedFS makes new buckets slowly); job keys are unique.
+        env("SONIC_S3_BUCKET", "sonic"),
+        env("SONIC_S3_ACCESS_KEY", "sonic"),
+        env("SONIC_S3_SECRET_KEY", "sonicsecret"),
+    );
+    cfg.outage_window_ms = 6_000;
+    cfg.max_attempts = 2;
+    let raw = S3Store::new(cfg.clone()).expect("s3 store");
+    raw.ensure_bucket().await.unwrap_or_else(|e| {
+        panic!("this test needs the S3 server at {endpoint} (bash deploy/seaweedfs.sh start): {e}")
+    });
+    let store: Arc<dyn ObjectStore> = Arc::new(cfg.patient(raw));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Cluster::start_with(2, dir, store, Some(cfg.clone())).await;
+    let input = c.dir.path().join("records.bin");
+    tool(
+        "sonic-gen",
+        &[
+            "sort",
+            "--bytes",
+            "3000000",
+            "--seed",
+            "13",
+            "--out",
+            input.to_str().unwrap(),
+        ],
+    );
+    c.apply("mapreduce-sort.yaml").await;
+    let params = json!({ "mappers": 3, "reducers": 2 });
+    let mut jobs = Vec::new();
+    let id = c
+        .submit_as("mapreduce-sort", &input, &params, "remote")
+        .await;
+    jobs.push(id.clone());
+    let undisturbed = c.summary(&id).await;
+    assert_eq!(
+        undisturbed.status,
+        JobStatus::Succeeded,
+        "{:?}",
+        undisturbed.error
+    );
+    let want = c.results(&undisturbed).await;
+
+    // A 2 s outage while the mappers run: waited out.
+    let id = c
+        .submit_as("mapreduce-sort", &input, &params, "remote")
+        .await;
+    jobs.push(id.clone());
+    assert!(c.wait_stage(&id, "map").await, "the map stage ran");
+    outage.down();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    outage.restore();
+    let s = c.summary(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{:?}", s.error);
+    assert_eq!(c.results(&s).await, want, "results after an outage differ");
+    let refused = outage.refused.load(Ordering::SeqCst);
+    assert!(
+        refused > 0,
+        "the outage refused no connection: it did not hit the job"
+    );
+
+    // Down for good from the map stage on: the job fails, naming the store.
+    let id = c
+        .submit_as("mapreduce-sort", &input, &params, "remote")
+        .await;
+    jobs.push(id.clone());
+    assert!(c.wait_stage(&id, "map").await, "the map stage ran");
+    outage.down();
+    let s = c.summary(&id).await;
+    assert_eq!(s.status, JobStatus::Failed);
+    let error = s.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("did not answer") && error.contains(&outage.addr.to_string()),
+        "the job's error names the store and the wait: {error}"
+    );
+    outage.restore();
+    let Cluster {
+        control, agents, ..
+    } = c;
+    control.stop().await;
+    drop(agents);
+    let raw = S3Store::new(cfg).expect("s3 store");
+    for id in jobs {
+        let _ = raw.delete_prefix(&format!("jobs/{id}/")).await;
+    }
 }

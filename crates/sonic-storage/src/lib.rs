@@ -28,6 +28,7 @@ pub mod conformance;
 mod fsutil;
 pub mod local;
 pub mod memory;
+pub mod patient;
 pub mod s3;
 
 use std::path::Path;

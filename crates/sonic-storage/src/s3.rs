@@ -45,7 +45,8 @@ const DELETE_BATCH: usize = 1000;
 /// bucket: sonic
 /// access_key: sonic
 /// secret_key: sonicsecret
-/// # optional: region (us-east-1), part_size (16 MiB, in bytes), concurrency (4), max_attempts (4)
+/// # optional: region (us-east-1), part_size (16 MiB, in bytes), concurrency (4), max_attempts (4),
+/// # outage_window_ms (30000)
 /// ```
 #[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -66,6 +67,10 @@ pub struct S3Config {
     /// Attempts per request, including the first (the SDK's standard retry mode with backoff).
     #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
+    /// How long an outage of the store is waited out (milliseconds) before an operation fails;
+    /// see [`crate::patient::Patient`], which [`S3Config::patient`] uses.
+    #[serde(default = "default_outage_window_ms")]
+    pub outage_window_ms: u64,
 }
 
 fn default_region() -> String {
@@ -79,6 +84,9 @@ fn default_concurrency() -> usize {
 }
 fn default_max_attempts() -> u32 {
     4
+}
+fn default_outage_window_ms() -> u64 {
+    30_000
 }
 
 impl S3Config {
@@ -98,7 +106,21 @@ impl S3Config {
             part_size: default_part_size(),
             concurrency: default_concurrency(),
             max_attempts: default_max_attempts(),
+            outage_window_ms: default_outage_window_ms(),
         }
+    }
+
+    /// How a store of this config waits out outages.
+    pub fn patience(&self) -> crate::patient::Patience {
+        crate::patient::Patience {
+            window: Duration::from_millis(self.outage_window_ms),
+            ..crate::patient::Patience::default()
+        }
+    }
+
+    /// `store` wrapped to ride out outages of this endpoint for `outage_window_ms`.
+    pub fn patient(&self, store: S3Store) -> crate::patient::Patient<S3Store> {
+        crate::patient::Patient::new(store, self.endpoint.clone(), self.patience())
     }
 }
 
@@ -114,6 +136,7 @@ impl std::fmt::Debug for S3Config {
             .field("part_size", &self.part_size)
             .field("concurrency", &self.concurrency)
             .field("max_attempts", &self.max_attempts)
+            .field("outage_window_ms", &self.outage_window_ms)
             .finish()
     }
 }
