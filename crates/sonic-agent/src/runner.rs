@@ -153,6 +153,34 @@ pub async fn execute(state: Arc<AgentState>, req: RunRequest) -> RunReport {
     report
 }
 
+/// Atomic visibility, checked: every staged input that names the size its sender reported must
+/// have exactly that size in the instance's input folder, or the instance does not start.
+/// Returns how many were checked.
+fn check_complete(req: &RunRequest, input_dir: &Path) -> Result<usize, RunError> {
+    let mut checked = 0;
+    for input in &req.inputs {
+        let Some(want) = input.expected_size else {
+            continue;
+        };
+        let have = std::fs::metadata(input_dir.join(&input.dest))
+            .map(|m| m.len())
+            .map_err(|e| RunError::Stage {
+                dest: input.dest.clone(),
+                message: format!("not staged: {e}"),
+            })?;
+        if have != want {
+            return Err(RunError::Stage {
+                dest: input.dest.clone(),
+                message: format!(
+                    "incomplete: {have} of the {want} bytes its sender wrote; the instance was not started"
+                ),
+            });
+        }
+        checked += 1;
+    }
+    Ok(checked)
+}
+
 async fn run_inner(
     state: &Arc<AgentState>,
     req: &RunRequest,
@@ -172,6 +200,7 @@ async fn run_inner(
         let staged = stage_input(state, &job, input, &input_dir).await?;
         report.staged.push(staged);
     }
+    let checked = check_complete(req, &input_dir)?;
 
     let mut env: Vec<(String, String)> = req
         .env
@@ -222,6 +251,12 @@ async fn run_inner(
         .peak_memory_bytes
         .map(|b| b as f64 / (1024.0 * 1024.0));
     report.log = outcome.log.clone();
+    if checked > 0 {
+        report.log.insert_str(
+            0,
+            &format!("sonic: {checked} inputs complete before the start (sizes checked)\n"),
+        );
+    }
     match outcome.termination {
         Termination::Exited(0) => {}
         Termination::Exited(code) => {

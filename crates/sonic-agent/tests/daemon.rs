@@ -197,6 +197,7 @@ async fn a_file_moves_by_every_method_byte_exact() {
         recv.inputs = vec![InputSpec {
             dest: "send/0/data.bin".into(),
             source,
+            expected_size: None,
         }];
         recv.outputs = vec![OutputRoute {
             to: "result".into(),
@@ -254,6 +255,7 @@ async fn failures_are_reported_not_crashes() {
         source: FileSource::VmStorage {
             file_path: "x/0/h/f".into(),
         },
+        expected_size: None,
     }];
     let got = c.run(&c.a, &missing).await;
     assert_eq!(got.status, RunStatus::Error);
@@ -284,6 +286,7 @@ async fn failures_are_reported_not_crashes() {
             file_path: "f/0/result/out".into(),
             token: sonic_api::token::issue(FILE_KEY.as_bytes(), job, "other/path", u64::MAX / 2),
         },
+        expected_size: None,
     }];
     sneaky.outputs = vec![OutputRoute {
         to: "result".into(),
@@ -347,6 +350,7 @@ async fn the_api_checks_tokens_and_bodies() {
     bad_dest.inputs = vec![InputSpec {
         dest: "../../x".into(),
         source: FileSource::Remote { key: "k".into() },
+        expected_size: None,
     }];
     let mut bad_env = request("j", "f", &[]);
     bad_env.env.insert("SONIC_INPUT_DIR".into(), "/".into());

@@ -68,6 +68,10 @@ pub struct InputSpec {
     /// Path under the instance's input dir, e.g. `pca/0/data.bin` or `input/data.csv`.
     pub dest: String,
     pub source: FileSource,
+    /// The size the sender reported: the agent refuses to start the instance unless the staged
+    /// file has exactly this size (atomic visibility, checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_size: Option<u64>,
 }
 
 /// Where the outputs written for one downstream function (or `result`) go after the run.

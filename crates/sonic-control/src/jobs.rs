@@ -286,6 +286,7 @@ fn edge_inputs(
         out.push(InputSpec {
             dest: format!("{from}/{}/{}", f.instance, f.name),
             source: source(ctx, method, f).map_err(&err)?,
+            expected_size: Some(f.size),
         });
     }
     Ok(())
@@ -319,6 +320,7 @@ pub fn stage_runs(ctx: &StageContext<'_>, i: usize) -> Result<Vec<Placement>, Pl
                     source: FileSource::Remote {
                         key: input.key.clone(),
                     },
+                    expected_size: None,
                 });
             }
         }

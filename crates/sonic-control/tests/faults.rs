@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sonic_agent::config::{SandboxChoice, StoreChoice, local_config};
-use sonic_api::control::{JobEvent, JobStatus, JobSummary};
+use sonic_api::control::{JobEvent, JobLogs, JobStatus, JobSummary};
 use sonic_control::{
     ControlConfig, JobsConfig, RunningControl, Runtime, SystemClock, start_with_jobs,
 };
@@ -337,6 +337,39 @@ impl Cluster {
         files
     }
 
+    /// Atomic visibility, as the agents checked it: in the job's logs, every receiving stage has
+    /// instances that started after their inputs' sizes matched the senders' (the agent writes
+    /// that line before the lambda's log), and no instance found an input incomplete.
+    async fn assert_inputs_checked(&self, id: &str, receivers: &[&str]) {
+        let logs: JobLogs = self
+            .http
+            .get(format!("{}/v1/jobs/{id}/logs", self.control.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("logs")
+            .json()
+            .await
+            .expect("logs json");
+        for l in &logs.logs {
+            assert!(
+                !l.log.contains("the instance was not started"),
+                "{id}: {} {} started with an incomplete input: {}",
+                l.function,
+                l.instance,
+                l.log
+            );
+        }
+        for stage in receivers {
+            assert!(
+                logs.logs.iter().any(|l| l.function == *stage
+                    && l.log
+                        .contains("inputs complete before the start (sizes checked)")),
+                "{id}: no {stage} instance reports its inputs checked: {logs:?}"
+            );
+        }
+    }
+
     /// Follows the job's events until `stage` shows up (or the job ends): every event seen.
     async fn wait_stage(&self, id: &str, name: &str) -> bool {
         let deadline = Instant::now() + Duration::from_secs(240);
@@ -544,6 +577,7 @@ async fn killing_an_agent_in_any_stage_of_any_application_changes_no_result() {
                 "{}: results after killing {killed} during {name} differ",
                 app.dag
             );
+            c.assert_inputs_checked(&id, &app.stages[1..]).await;
             let again = events.iter().any(|e| {
                 e.message
                     .as_deref()
