@@ -850,3 +850,263 @@ async fn an_object_store_outage_is_waited_out_or_fails_the_job_clearly() {
         let _ = raw.delete_prefix(&format!("jobs/{id}/")).await;
     }
 }
+
+/// The control plane as a process of its own: this test binary re-run with
+/// `SONIC_FAULTS_CONTROL_DIR` set serves a control plane with jobs on that data directory, the
+/// address `SONIC_FAULTS_LISTEN` and the local store `SONIC_FAULTS_STORE`, until it is killed.
+#[test]
+fn control_process_entry() {
+    let Ok(dir) = std::env::var("SONIC_FAULTS_CONTROL_DIR") else {
+        return;
+    };
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let store = Arc::new(LocalStore::new(var("SONIC_FAULTS_STORE")).expect("store"));
+        let mut jobs = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
+        jobs.backoff = Duration::from_millis(20);
+        let runtime = Runtime::new(store, None, jobs);
+        let config = ControlConfig {
+            listen: var("SONIC_FAULTS_LISTEN").parse().expect("an address"),
+            data_dir: PathBuf::from(dir),
+            token: TOKEN.into(),
+            heartbeat_timeout: Seconds(4.0),
+            max_body: sonic_core::units::ByteSize(256 << 20),
+            ..ControlConfig::default()
+        };
+        let _control = start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
+            .await
+            .expect("start control plane");
+        std::future::pending::<()>().await;
+    });
+}
+
+/// The control plane is killed (SIGKILL) while a job runs, and started again on the same
+/// database: the job is failed with a reason; the DAG, the earlier job with its summary and
+/// results, its profiling sample and the models are all still there; the agents are heard again
+/// and a new job succeeds with the same results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_killed_mid_job_loses_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let store_dir = dir.path().join("store");
+    std::fs::create_dir_all(&store_dir).unwrap();
+    let start_control = || {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.path().join("control.log"))
+            .unwrap();
+        let child = Command::new(std::env::current_exe().expect("this test binary"))
+            .args([
+                "--exact",
+                "control_process_entry",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env("SONIC_FAULTS_CONTROL_DIR", dir.path().join("control"))
+            .env("SONIC_FAULTS_LISTEN", format!("127.0.0.1:{port}"))
+            .env("SONIC_FAULTS_STORE", &store_dir)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start a control plane process");
+        AgentProc {
+            id: "control".into(),
+            child,
+        }
+    };
+    let http = reqwest::Client::new();
+    let get = |path: String| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                match http
+                    .get(format!("{url}{path}"))
+                    .bearer_auth(TOKEN)
+                    .send()
+                    .await
+                {
+                    Ok(r) => {
+                        let status = r.status();
+                        return (status, r.json::<Value>().await.unwrap_or(Value::Null));
+                    }
+                    Err(e) => {
+                        assert!(Instant::now() < deadline, "{path}: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        }
+    };
+    let mut control = start_control();
+    let mut agents = Vec::new();
+    for i in 1..=2 {
+        let id = format!("a-{i:02}");
+        let root = dir.path().join("agents").join(&id);
+        std::fs::create_dir_all(&root).unwrap();
+        let child = Command::new(std::env::current_exe().expect("this test binary"))
+            .args([
+                "--exact",
+                "agent_process_entry",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env("SONIC_FAULTS_AGENT", &id)
+            .env("SONIC_FAULTS_ROOT", &root)
+            .env("SONIC_FAULTS_CONTROL", &url)
+            .env("SONIC_FAULTS_STORE", &store_dir)
+            .env("SONIC_FAULTS_BINS", bin_dir())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start an agent process");
+        agents.push(AgentProc { id, child });
+    }
+    let alive = || async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, v) = get("/v1/agents".into()).await;
+            let n = v["agents"].as_array().map_or(0, |a| {
+                a.iter().filter(|a| a["alive"] == json!(true)).count()
+            });
+            if n == 2 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "agents: {v}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    alive().await;
+    let input = dir.path().join("records.bin");
+    tool(
+        "sonic-gen",
+        &[
+            "sort",
+            "--bytes",
+            "4000000",
+            "--seed",
+            "17",
+            "--out",
+            input.to_str().unwrap(),
+        ],
+    );
+    let yaml = std::fs::read_to_string(workspace().join("dags/mapreduce-sort.yaml")).unwrap();
+    let r = http
+        .put(format!("{url}/v1/dags"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/yaml")
+        .body(yaml)
+        .send()
+        .await
+        .expect("apply");
+    assert!(r.status().is_success(), "apply: {}", r.status());
+    let submit = || {
+        let (http, url, input) = (http.clone(), url.clone(), input.clone());
+        async move {
+            let body = json!({
+                "dag": "mapreduce-sort",
+                "policy": "direct",
+                "params": { "mappers": 3, "reducers": 2 },
+                "input": { "name": "records.bin", "base64": base64(&std::fs::read(&input).unwrap()) },
+            });
+            let r = http
+                .post(format!("{url}/v1/jobs"))
+                .bearer_auth(TOKEN)
+                .json(&body)
+                .send()
+                .await
+                .expect("submit");
+            assert_eq!(r.status(), 202);
+            let v: Value = r.json().await.expect("accepted");
+            v["job_id"].as_str().expect("job id").to_owned()
+        }
+    };
+    let ended = |id: String| async move {
+        let deadline = Instant::now() + Duration::from_secs(240);
+        loop {
+            let (_, v) = get(format!("/v1/jobs/{id}")).await;
+            if matches!(v["status"].as_str(), Some("succeeded" | "failed")) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "job {id} did not end: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let first = submit().await;
+    let before = ended(first.clone()).await;
+    assert_eq!(before["status"], "succeeded", "{before}");
+    let (_, models_before) = get("/v1/dags/mapreduce-sort/models".into()).await;
+    let samples = |m: &Value| m["samples"].as_array().map_or(0, Vec::len);
+    assert_eq!(samples(&models_before), 1, "{models_before}");
+
+    // A second job; the control plane is killed while its mappers run.
+    let second = submit().await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, v) = get(format!("/v1/jobs/{second}")).await;
+        if v["status"] == "running" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "job {second} never ran: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    control.child.kill().expect("SIGKILL the control plane");
+    control.child.wait().expect("reap it");
+    control = start_control();
+
+    let after = ended(second.clone()).await;
+    assert_eq!(after["status"], "failed", "{after}");
+    assert_eq!(after["error"], "control plane restarted", "{after}");
+    let (status, dags) = get("/v1/dags".into()).await;
+    assert_eq!(status, 200);
+    assert!(dags.to_string().contains("mapreduce-sort"), "{dags}");
+    let (_, first_again) = get(format!("/v1/jobs/{first}")).await;
+    assert_eq!(first_again["status"], "succeeded");
+    assert_eq!(
+        first_again["outputs"], before["outputs"],
+        "the earlier job's results are kept"
+    );
+    assert!(
+        models_before["models"]
+            .as_array()
+            .is_some_and(|m| !m.is_empty()),
+        "models were fitted: {models_before}"
+    );
+    let (_, models_after) = get("/v1/dags/mapreduce-sort/models".into()).await;
+    assert_eq!(
+        models_after["samples"], models_before["samples"],
+        "the samples survive"
+    );
+    assert_eq!(
+        models_after["models"], models_before["models"],
+        "the models survive"
+    );
+    let store = LocalStore::new(&store_dir).expect("store");
+    for out in before["outputs"].as_array().expect("outputs") {
+        let key = out.as_str().unwrap().strip_prefix("store://").unwrap();
+        assert!(
+            store.head(key).await.unwrap().is_some(),
+            "result {key} is kept"
+        );
+    }
+
+    // The agents are heard again, and a new job succeeds with the same results.
+    alive().await;
+    let third = submit().await;
+    let done = ended(third).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let (_, models_last) = get("/v1/dags/mapreduce-sort/models".into()).await;
+    assert_eq!(samples(&models_last), 2, "the new job adds its sample");
+    drop(agents);
+    drop(control);
+}
