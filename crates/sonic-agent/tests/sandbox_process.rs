@@ -50,6 +50,11 @@ struct Setup {
     dir: tempfile::TempDir,
 }
 
+/// The two peak-memory tests run one at a time: one holds 400 MiB in this process, which the
+/// other's measurement must not see. (Seen here: run side by side, the 200 MiB lambda was measured
+/// at 271 to 401 MiB; an open question for agents that are themselves large, see docs/agent.md.)
+static BALLAST: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn setup(cgroups: CgroupMode) -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = ProcessConfig {
@@ -253,6 +258,14 @@ async fn timeout_kills_the_whole_process_group() {
 
 #[tokio::test]
 async fn peak_memory_is_what_the_lambda_allocated() {
+    let _alone = BALLAST.lock().await;
+    // Read the binary once outside any run's cgroup: a freshly built one would otherwise be read
+    // from disk during the measured run, and a memory cgroup charges that page cache to it.
+    let warm = std::process::Command::new(lambda_dir().join("synthetic"))
+        .args(["--alloc-mb", "1"])
+        .output()
+        .expect("run synthetic once");
+    assert!(warm.status.success(), "{warm:?}");
     for mode in [CgroupMode::Auto, CgroupMode::Off] {
         let s = setup(mode);
         let mut spec = s.spec("peak", "peak", &["synthetic", "--alloc-mb", "200"]);
@@ -269,6 +282,7 @@ async fn peak_memory_is_what_the_lambda_allocated() {
 /// cluster) must not inflate what the profiler learns.
 #[tokio::test]
 async fn a_big_agent_does_not_inflate_the_lambdas_peak() {
+    let _alone = BALLAST.lock().await;
     // The "agent" (this test process) holds 400 MiB, touched.
     let ballast = vec![1u8; 400 * MIB as usize];
     let s = setup(CgroupMode::Off);
