@@ -168,7 +168,7 @@ pub async fn run(
                 }
             }
         }
-        Command::Plan { .. } | Command::Up(_) | Command::Demo { .. } => {
+        Command::Plan { .. } | Command::Up(_) | Command::Demo { .. } | Command::Bench { .. } => {
             Err(UsageError("not a server command".into()).into())
         }
     }

@@ -4,6 +4,7 @@
 //! commands talk to a control plane over HTTP ([`client`]), found through the saved configuration
 //! ([`config`]) or `--server` / `SONIC_SERVER` and `SONIC_TOKEN`.
 
+pub mod bench;
 pub mod client;
 pub mod commands;
 pub mod config;
@@ -177,6 +178,17 @@ pub enum Command {
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=20))]
         planned_jobs: u32,
     },
+    /// Run the evaluation (Fig. 7) on a cluster on this machine; writes CSV, SVG and a report.
+    Bench {
+        #[command(flatten)]
+        up: UpArgs,
+        /// A few minutes: 2 jobs per policy and at most 12 profiling jobs per application.
+        #[arg(long)]
+        quick: bool,
+        /// Where fig7.csv, fig7.svg and report.md go.
+        #[arg(long, default_value = "docs/results")]
+        out: PathBuf,
+    },
     /// Register or update a DAG.
     Apply {
         /// The DAG file (YAML).
@@ -260,6 +272,14 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 planned_jobs,
             };
             runtime()?.block_on(demo::run(up, opts, output, out))
+        }
+        Command::Bench {
+            up,
+            quick,
+            out: out_dir,
+        } => {
+            let opts = bench::BenchOptions { quick, out_dir };
+            runtime()?.block_on(bench::run(up, opts, out))
         }
         command => {
             let target = config::resolve(cli.server.as_deref())?;

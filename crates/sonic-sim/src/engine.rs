@@ -1,0 +1,1518 @@
+//! The event loop. Jobs are planned up front; then arrivals, transfers and lambdas move the
+//! simulated clock from one completion to the next.
+//!
+//! Execution rules (docs/simulator.md gives the reasons):
+//! - A stage becomes *ready* when every sender stage has ended and every `remote` input is
+//!   durable (atomic visibility), and, when it runs on the VMs of an earlier stage (vm-storage),
+//!   when those VMs have finished that stage.
+//! - The plan's `n` VMs of a stage are *slots*: slot `j` holds a contiguous block of instances
+//!   (the first `K mod n` slots one more), needs `min(c, size) * memory` MB on one VM of the
+//!   plan's type, and is granted by the resource manager (first fit in FIFO order with
+//!   backfilling, preferring a VM that does not already host this stage, then a VM with a warm
+//!   container of the function, then the VM with the fewest holders, then a seeded order).
+//! - A granted slot fetches its inputs (direct: one flow per sender VM; remote: one download),
+//!   then runs its instances `c` at a time; an instance is hot when its VM holds an idle warm
+//!   container of the same function (of any job of the same DAG), else cold.
+//! - When a slot's instances are done it uploads its `remote` outputs. Its VM stays *held* by
+//!   the job while it computes, uploads, serves a `direct` edge not yet fetched, or keeps a file
+//!   for a vm-storage receiver (which also keeps its memory).
+//! - A vm-storage receiver runs on its sender's VMs. If they lack the memory it needs, a job
+//!   with a second-best plan switches to it for every stage not yet started; a job without
+//!   one waits (its groups reserved up front the most memory their planned stages need, so
+//!   waiting cannot deadlock).
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use serde::Serialize;
+use sonic_core::catalog::{SECONDS_PER_MONTH, mbps_to_bytes_per_s};
+use sonic_core::dag::EdgeKind;
+use sonic_core::model::{Assignment, Method, Placement, PlanProblem, perf_per_dollar};
+use sonic_core::planner::{Policy, Predicted, plan};
+
+use crate::SimError;
+use crate::input::{Cluster, JobSpec, SimConfig};
+use crate::net::{Net, finish_time, time_tolerance};
+use crate::report::{
+    ClusterStats, EdgeReport, JobCost, JobReport, SimReport, StageReport, summarize,
+};
+use crate::rng::SplitMix64;
+
+const NONE: usize = usize::MAX;
+
+/// Simulates `jobs` on `cluster`. Each job is planned with its policy against the cluster's
+/// catalog, then all run together. Jobs are reported in the order given.
+pub fn simulate(
+    cluster: &Cluster,
+    jobs: &[JobSpec],
+    config: &SimConfig,
+) -> Result<SimReport, SimError> {
+    let mut sim = Sim::new(cluster, config, jobs)?;
+    sim.run()?;
+    Ok(sim.report())
+}
+
+/// The consistency check: one job alone on an idle cluster, next to the model's prediction of
+/// the plan it ran (`PlanProblem::evaluate` under the job's true parameters).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Validation {
+    pub job: JobReport,
+    pub model_latency_s: f64,
+    pub model_cost_usd: f64,
+    /// `|simulated - model| / model`.
+    pub latency_rel_error: f64,
+    pub cost_rel_error: f64,
+}
+
+/// Simulates `job` alone (arriving at 0) on an idle `cluster` and compares with the model.
+pub fn validate_alone(
+    cluster: &Cluster,
+    job: &JobSpec,
+    config: &SimConfig,
+) -> Result<Validation, SimError> {
+    let mut spec = job.clone();
+    spec.arrival_s = 0.0;
+    let report = simulate(cluster, &[spec], config)?;
+    let job = report
+        .jobs
+        .into_iter()
+        .next()
+        .ok_or_else(|| SimError::Scenario("no job reported".into()))?;
+    let rel = |sim: f64, model: f64| (sim - model).abs() / model.abs().max(f64::MIN_POSITIVE);
+    Ok(Validation {
+        model_latency_s: job.model_latency_s,
+        model_cost_usd: job.model_cost_usd,
+        latency_rel_error: rel(job.latency_s, job.model_latency_s),
+        cost_rel_error: rel(job.cost_usd, job.model_cost_usd),
+        job,
+    })
+}
+
+// ---- events ----
+
+#[derive(Debug, Clone, Copy)]
+enum EvKind {
+    Arrive(usize),
+    /// A transfer's request latency is over: its bytes start to flow.
+    Activate(usize),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Ev {
+    t: f64,
+    seq: u64,
+    kind: EvKind,
+}
+
+impl PartialEq for Ev {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Ev {}
+impl PartialOrd for Ev {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Ev {
+    /// Reversed: the heap pops the earliest, then the first scheduled.
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.t.total_cmp(&self.t).then(o.seq.cmp(&self.seq))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum FlowTag {
+    Fetch {
+        job: usize,
+        stage: usize,
+        slot: usize,
+        edge: usize,
+    },
+    Upload {
+        job: usize,
+        stage: usize,
+        slot: usize,
+        edge: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct PendingFlow {
+    bytes: f64,
+    links: Vec<u32>,
+    tag: FlowTag,
+}
+
+// ---- the cluster ----
+
+#[derive(Debug)]
+struct Vm {
+    free_mb: f64,
+    vcpus: f64,
+    usd_per_s: f64,
+    running: u32,
+    holders: u32,
+    /// Sum of the holders' weights (reserved MB).
+    weight: f64,
+    /// Dollars per unit of weight accumulated since the start (integral of price / weight).
+    acc: f64,
+    last: f64,
+    busy_s: f64,
+    /// Idle warm containers: (function key, expiry).
+    warm: Vec<(u32, f64)>,
+    rank: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Task {
+    remaining: f64,
+    vm: usize,
+    job: usize,
+    stage: usize,
+    slot: usize,
+}
+
+// ---- jobs ----
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Waiting,
+    Running,
+    Done,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    size: u32,
+    first: u32,
+    conc: u32,
+    /// MB its lambdas need at once.
+    need: f64,
+    /// MB the slot asks the resource manager for (more when reserving up front).
+    reserve: f64,
+    vm: usize,
+    granted: f64,
+    fetch_left: u32,
+    started: u32,
+    running: u32,
+    done: u32,
+    finished: bool,
+}
+
+#[derive(Debug, Clone)]
+struct StageRun {
+    state: State,
+    pl: Placement,
+    group: usize,
+    ready: f64,
+    first_grant: f64,
+    end: f64,
+    slots: Vec<Slot>,
+    slots_done: usize,
+    cold: u32,
+    hot: u32,
+}
+
+#[derive(Debug, Clone, Default)]
+struct EdgeRun {
+    /// What the sender did with its output (set when the sender starts).
+    sender_method: Option<Method>,
+    /// How the receiver got it (set when the receiver starts).
+    method: Option<Method>,
+    uploads_left: u32,
+    sender_end: f64,
+    durable: f64,
+    recv_slots_left: u32,
+    fetch_flows_left: u32,
+    fetched: Option<f64>,
+    upload_s: f64,
+    fetch_s: f64,
+}
+
+#[derive(Debug, Clone)]
+struct Lease {
+    vm: usize,
+    reserved: f64,
+    weight: f64,
+    holding: bool,
+    mark: f64,
+    uploads: u32,
+}
+
+/// The VMs one stage took, reused by later stages through vm-storage (the model's group).
+#[derive(Debug, Clone)]
+struct Group {
+    vm_type: usize,
+    n: u32,
+    leases: Vec<Lease>,
+    stages: Vec<usize>,
+    running: Option<usize>,
+    /// Reserved the most memory its planned stages need at its first grant.
+    upfront: bool,
+}
+
+#[derive(Debug, PartialEq, PartialOrd, Clone, Copy)]
+enum Need {
+    Nothing,
+    Hold,
+    Memory,
+}
+
+#[derive(Debug)]
+struct Job {
+    name: String,
+    app: String,
+    policy: Policy,
+    arrival: f64,
+    pb: PlanProblem,
+    first: Assignment,
+    assign: Assignment,
+    second: Option<Assignment>,
+    planned: Predicted,
+    model_latency: f64,
+    model_cost: f64,
+    fn_keys: Vec<u32>,
+    stages: Vec<StageRun>,
+    edges: Vec<EdgeRun>,
+    groups: Vec<Group>,
+    stages_done: usize,
+    finish: Option<f64>,
+    cost: JobCost,
+    fell_back: bool,
+}
+
+impl Job {
+    fn can_fall_back(&self) -> bool {
+        self.second.is_some()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Request {
+    Slot {
+        job: usize,
+        stage: usize,
+        slot: usize,
+    },
+    Grow {
+        job: usize,
+        stage: usize,
+    },
+}
+
+struct Sim<'a> {
+    cluster: &'a Cluster,
+    cfg: SimConfig,
+    now: f64,
+    seq: u64,
+    events: BinaryHeap<Ev>,
+    handled: u64,
+    net: Net<FlowTag>,
+    pending: Vec<Option<PendingFlow>>,
+    vms: Vec<Vm>,
+    by_type: Vec<Vec<usize>>,
+    tasks: Vec<Option<Task>>,
+    active_tasks: Vec<usize>,
+    jobs: Vec<Job>,
+    queue: Vec<Request>,
+    /// Requests or free memory changed since the resource manager last looked.
+    rm_dirty: bool,
+    aggregate_link: Option<u32>,
+    unfinished: usize,
+    running_total: u64,
+    peak_running: u64,
+    instances: u64,
+    local_price: f64,
+    remote_price: f64,
+}
+
+/// Contiguous blocks: the first `K mod n` slots get one more instance.
+fn spread(k: u32, n: u32, j: u32) -> (u32, u32) {
+    let (q, r) = (k / n, k % n);
+    let size = q + u32::from(j < r);
+    let first = j * q + j.min(r);
+    (first, size)
+}
+
+fn overlap(a: (u32, u32), b: (u32, u32)) -> u32 {
+    let lo = a.0.max(b.0);
+    let hi = (a.0 + a.1).min(b.0 + b.1);
+    hi.saturating_sub(lo)
+}
+
+fn job_err(job: &str, message: impl std::fmt::Display) -> SimError {
+    SimError::Job {
+        job: job.to_owned(),
+        message: message.to_string(),
+    }
+}
+
+/// Plans one job and sets up its run state.
+fn prepare(
+    spec: &JobSpec,
+    cluster: &Cluster,
+    fn_ids: &mut BTreeMap<(String, String), u32>,
+) -> Result<Job, SimError> {
+    let name = &spec.name;
+    if !(spec.arrival_s.is_finite() && spec.arrival_s >= 0.0) {
+        return Err(job_err(name, format!("arrival {} s", spec.arrival_s)));
+    }
+    let catalog = cluster.catalog().clone();
+    let pb = PlanProblem::from_dag(&spec.dag, &spec.params, catalog.clone(), spec.bounds)
+        .map_err(|e| job_err(name, e))?;
+    let told = match spec.policy {
+        Policy::Oracle => &spec.params,
+        _ => spec.predicted.as_ref().unwrap_or(&spec.params),
+    };
+    let plan_pb = PlanProblem::from_dag(&spec.dag, told, catalog, spec.bounds)
+        .map_err(|e| job_err(name, e))?;
+    for (a, b) in pb.stages().iter().zip(plan_pb.stages()) {
+        if a.name != b.name || a.instances != b.instances || a.memory_mb != b.memory_mb {
+            return Err(job_err(
+                name,
+                format!(
+                    "predicted parameters of {:?} differ in fanout or memory from the true ones (the simulator perturbs times and bytes only)",
+                    a.name
+                ),
+            ));
+        }
+    }
+    let out = plan(&plan_pb, spec.policy).map_err(|e| job_err(name, e))?;
+    let first = out
+        .best
+        .assignment(&plan_pb)
+        .map_err(|e| job_err(name, e))?;
+    let second = out
+        .second_best
+        .as_ref()
+        .map(|p| p.assignment(&plan_pb))
+        .transpose()
+        .map_err(|e| job_err(name, e))?;
+    let model = pb
+        .evaluate(&first)
+        .map_err(|e| job_err(name, format!("the plan does not run: {e}")))?;
+    let app = spec.dag.name.clone();
+    let fn_keys = pb
+        .stages()
+        .iter()
+        .map(|s| {
+            let next = fn_ids.len() as u32;
+            *fn_ids.entry((app.clone(), s.name.clone())).or_insert(next)
+        })
+        .collect();
+    let stages = pb
+        .stages()
+        .iter()
+        .zip(&first.placements)
+        .map(|(_, &pl)| StageRun {
+            state: State::Waiting,
+            pl,
+            group: NONE,
+            ready: 0.0,
+            first_grant: f64::INFINITY,
+            end: 0.0,
+            slots: Vec::new(),
+            slots_done: 0,
+            cold: 0,
+            hot: 0,
+        })
+        .collect();
+    Ok(Job {
+        name: name.clone(),
+        app,
+        policy: spec.policy,
+        arrival: spec.arrival_s,
+        edges: vec![EdgeRun::default(); pb.edges().len()],
+        pb,
+        assign: first.clone(),
+        first,
+        second,
+        planned: out.best.predicted,
+        model_latency: model.latency_s,
+        model_cost: model.cost_usd,
+        fn_keys,
+        stages,
+        groups: Vec::new(),
+        stages_done: 0,
+        finish: None,
+        cost: JobCost::default(),
+        fell_back: false,
+    })
+}
+
+impl<'a> Sim<'a> {
+    fn new(cluster: &'a Cluster, cfg: &SimConfig, specs: &[JobSpec]) -> Result<Self, SimError> {
+        let catalog = cluster.catalog();
+        let n = cluster.vms().len();
+        let mut rng = SplitMix64::new(cfg.seed);
+        let perm = rng.permutation(n);
+        let mut rank = vec![0; n];
+        for (r, &v) in perm.iter().enumerate() {
+            rank[v] = r;
+        }
+        let store = &catalog.remote_storage;
+        let mut caps = Vec::with_capacity(4 * n + 1);
+        let mut vms = Vec::with_capacity(n);
+        let mut by_type = vec![Vec::new(); catalog.vm_types.len()];
+        for (i, &t) in cluster.vms().iter().enumerate() {
+            let ty = &catalog.vm_types[t];
+            caps.extend([
+                ty.bandwidth_bps(),
+                ty.bandwidth_bps(),
+                mbps_to_bytes_per_s(store.write_mbps),
+                mbps_to_bytes_per_s(store.read_mbps),
+            ]);
+            vms.push(Vm {
+                free_mb: catalog.usable_mb(ty),
+                vcpus: f64::from(ty.vcpus),
+                usd_per_s: ty.usd_per_second(),
+                running: 0,
+                holders: 0,
+                weight: 0.0,
+                acc: 0.0,
+                last: 0.0,
+                busy_s: 0.0,
+                warm: Vec::new(),
+                rank: rank[i],
+            });
+            by_type[t].push(i);
+        }
+        let aggregate_link = store.aggregate_mbps.map(|a| {
+            caps.push(mbps_to_bytes_per_s(a));
+            (caps.len() - 1) as u32
+        });
+        let mut fn_ids = BTreeMap::new();
+        let jobs = specs
+            .iter()
+            .map(|s| prepare(s, cluster, &mut fn_ids))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut sim = Sim {
+            cluster,
+            cfg: *cfg,
+            now: 0.0,
+            seq: 0,
+            events: BinaryHeap::new(),
+            handled: 0,
+            net: Net::new(caps),
+            pending: Vec::new(),
+            vms,
+            by_type,
+            tasks: Vec::new(),
+            active_tasks: Vec::new(),
+            unfinished: jobs.len(),
+            jobs,
+            queue: Vec::new(),
+            rm_dirty: false,
+            aggregate_link,
+            running_total: 0,
+            peak_running: 0,
+            instances: 0,
+            local_price: catalog.local_storage.usd_per_gb_month / SECONDS_PER_MONTH / 1e9,
+            remote_price: store.usd_per_gb_month / SECONDS_PER_MONTH / 1e9,
+        };
+        for j in 0..sim.jobs.len() {
+            let t = sim.jobs[j].arrival;
+            sim.push(t, EvKind::Arrive(j));
+        }
+        Ok(sim)
+    }
+
+    fn push(&mut self, t: f64, kind: EvKind) {
+        self.seq += 1;
+        self.events.push(Ev {
+            t,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    fn task_rate(&self, vm: usize) -> f64 {
+        let v = &self.vms[vm];
+        if self.cfg.cpu_sharing && f64::from(v.running) > v.vcpus {
+            v.vcpus / f64::from(v.running)
+        } else {
+            1.0
+        }
+    }
+
+    fn run(&mut self) -> Result<(), SimError> {
+        loop {
+            self.net.update_rates();
+            let t_ev = self.events.peek().map(|e| e.t);
+            let t_flow = self.net.next_finish(self.now);
+            let t_task = self
+                .active_tasks
+                .iter()
+                .filter_map(|&id| self.tasks[id])
+                .map(|t| finish_time(self.now, t.remaining, self.task_rate(t.vm)))
+                .min_by(f64::total_cmp);
+            let Some(t) = [t_ev, t_flow, t_task]
+                .into_iter()
+                .flatten()
+                .filter(|t| t.is_finite())
+                .min_by(f64::total_cmp)
+            else {
+                break;
+            };
+            let t = t.max(self.now);
+            let flows_done = self.net.advance(self.now, t);
+            let tasks_done = self.advance_tasks(t);
+            self.now = t;
+            for (_, tag) in flows_done {
+                self.flow_done(tag);
+            }
+            for task in tasks_done {
+                self.task_done(task);
+            }
+            while let Some(ev) = self.events.peek().copied() {
+                if ev.t > self.now + time_tolerance(self.now) {
+                    break;
+                }
+                self.events.pop();
+                self.handled += 1;
+                match ev.kind {
+                    EvKind::Arrive(j) => self.arrive(j),
+                    EvKind::Activate(p) => {
+                        if let Some(pf) = self.pending[p].take() {
+                            self.net.start(pf.bytes, &pf.links, pf.tag);
+                        }
+                    }
+                }
+            }
+            if self.rm_dirty {
+                self.schedule();
+            }
+        }
+        if self.unfinished > 0 {
+            return Err(SimError::Stalled {
+                at_s: self.now,
+                unfinished: self.unfinished,
+            });
+        }
+        Ok(())
+    }
+
+    fn advance_tasks(&mut self, until: f64) -> Vec<Task> {
+        let dt = until - self.now;
+        let mut done = Vec::new();
+        for i in 0..self.active_tasks.len() {
+            let id = self.active_tasks[i];
+            let Some(t) = self.tasks[id] else { continue };
+            let rate = self.task_rate(t.vm);
+            if finish_time(self.now, t.remaining, rate) <= until + time_tolerance(until) {
+                done.push(t);
+                self.tasks[id] = None;
+            } else if let Some(t) = self.tasks[id].as_mut() {
+                t.remaining -= rate * dt;
+            }
+        }
+        if !done.is_empty() {
+            self.active_tasks.retain(|&id| self.tasks[id].is_some());
+        }
+        done
+    }
+
+    // ---- jobs and stages ----
+
+    fn arrive(&mut self, j: usize) {
+        for r in 0..self.jobs[j].stages.len() {
+            if self.jobs[j].pb.incoming(r).is_empty() {
+                self.try_ready(j, r);
+            }
+        }
+    }
+
+    fn try_ready(&mut self, j: usize, r: usize) {
+        let job = &self.jobs[j];
+        if job.stages[r].state != State::Waiting {
+            return;
+        }
+        for &e in job.pb.incoming(r) {
+            let s = job.pb.edges()[e].from;
+            if job.stages[s].state != State::Done {
+                return;
+            }
+            if job.edges[e].sender_method == Some(Method::Remote) && job.edges[e].uploads_left > 0 {
+                return;
+            }
+        }
+        self.start_stage(j, r);
+    }
+
+    /// The runtime method of each incoming edge and where the stage runs.
+    fn resolve(&self, j: usize, r: usize) -> (Vec<(usize, Method)>, Option<usize>) {
+        let job = &self.jobs[j];
+        let pl = job.assign.placements[r];
+        let mut methods: Vec<(usize, Method)> = job
+            .pb
+            .incoming(r)
+            .iter()
+            .map(|&e| {
+                let m = match job.edges[e].sender_method {
+                    Some(Method::Remote) => Method::Remote,
+                    Some(Method::VmStorage) if job.assign.methods[e] == Method::VmStorage => {
+                        Method::VmStorage
+                    }
+                    // The file is on the sender's disk: one copy is the cheapest way to move it.
+                    _ => Method::Direct,
+                };
+                (e, m)
+            })
+            .collect();
+        let groups: Vec<usize> = methods
+            .iter()
+            .filter(|(_, m)| *m == Method::VmStorage)
+            .map(|&(e, _)| job.stages[job.pb.edges()[e].from].group)
+            .collect();
+        let Some(&g) = groups.first() else {
+            return (methods, None);
+        };
+        let grp = &job.groups[g];
+        let ok = groups.iter().all(|&x| x == g)
+            && grp.vm_type == pl.vm
+            && grp.n == pl.vms
+            && (grp.n == 1
+                || methods
+                    .iter()
+                    .filter(|(_, m)| *m == Method::VmStorage)
+                    .all(|&(e, _)| job.pb.edges()[e].kind == EdgeKind::One));
+        if ok {
+            (methods, Some(g))
+        } else {
+            for (_, m) in &mut methods {
+                if *m == Method::VmStorage {
+                    *m = Method::Direct;
+                }
+            }
+            (methods, None)
+        }
+    }
+
+    fn slot_need(pb: &PlanProblem, s: usize, pl: Placement, j: u32) -> (u32, u32, u32, f64) {
+        let st = &pb.stages()[s];
+        let (first, size) = spread(st.instances, pl.vms, j);
+        let conc = pl.concurrent.min(size).max(1);
+        (first, size, conc, f64::from(conc) * st.memory_mb)
+    }
+
+    /// The most memory slot `j` of stage `r`'s group needs over the stages planned on it.
+    fn upfront_need(&self, j: usize, r: usize, slot: u32) -> f64 {
+        let job = &self.jobs[j];
+        let mut need = Self::slot_need(&job.pb, r, job.assign.placements[r], slot).3;
+        let mut stack = vec![r];
+        while let Some(s) = stack.pop() {
+            for &e in job.pb.outgoing(s) {
+                if job.assign.methods[e] == Method::VmStorage {
+                    let t = job.pb.edges()[e].to;
+                    let pl = job.assign.placements[t];
+                    if pl.vms == job.assign.placements[r].vms {
+                        need = need.max(Self::slot_need(&job.pb, t, pl, slot).3);
+                    }
+                    stack.push(t);
+                }
+            }
+        }
+        need
+    }
+
+    fn start_stage(&mut self, j: usize, r: usize) {
+        let (methods, host) = self.resolve(j, r);
+        if let Some(g) = host
+            && self.jobs[j].groups[g].running.is_some()
+        {
+            return; // retried when the group's current stage ends
+        }
+        let now = self.now;
+        let pl = self.jobs[j].assign.placements[r];
+        let upfront = !self.jobs[j].can_fall_back();
+        let mut slots = Vec::with_capacity(pl.vms as usize);
+        for i in 0..pl.vms {
+            let (first, size, conc, need) = Self::slot_need(&self.jobs[j].pb, r, pl, i);
+            let reserve = if upfront && host.is_none() {
+                self.upfront_need(j, r, i)
+            } else {
+                need
+            };
+            slots.push(Slot {
+                size,
+                first,
+                conc,
+                need,
+                reserve,
+                vm: NONE,
+                granted: 0.0,
+                fetch_left: 0,
+                started: 0,
+                running: 0,
+                done: 0,
+                finished: false,
+            });
+        }
+        let job = &mut self.jobs[j];
+        for &(e, m) in &methods {
+            let er = &mut job.edges[e];
+            er.method = Some(m);
+            if m == Method::VmStorage {
+                er.fetched = Some(now);
+            } else {
+                er.recv_slots_left = pl.vms;
+            }
+        }
+        for &e in job.pb.outgoing(r) {
+            job.edges[e].sender_method = Some(job.assign.methods[e]);
+        }
+        let st = &mut job.stages[r];
+        st.state = State::Running;
+        st.pl = pl;
+        st.ready = now;
+        st.slots = slots;
+        match host {
+            None => {
+                let g = job.groups.len();
+                job.groups.push(Group {
+                    vm_type: pl.vm,
+                    n: pl.vms,
+                    leases: (0..pl.vms)
+                        .map(|_| Lease {
+                            vm: NONE,
+                            reserved: 0.0,
+                            weight: 0.0,
+                            holding: false,
+                            mark: 0.0,
+                            uploads: 0,
+                        })
+                        .collect(),
+                    stages: vec![r],
+                    running: Some(r),
+                    upfront,
+                });
+                job.stages[r].group = g;
+                for slot in 0..pl.vms as usize {
+                    self.rm_dirty = true;
+                    self.queue.push(Request::Slot {
+                        job: j,
+                        stage: r,
+                        slot,
+                    });
+                }
+            }
+            Some(g) => {
+                job.stages[r].group = g;
+                job.groups[g].stages.push(r);
+                job.groups[g].running = Some(r);
+                if self.can_grow(j, r) {
+                    self.grant_continue(j, r);
+                } else if self.jobs[j].can_fall_back() {
+                    self.undo_start(j, r, g);
+                    self.fall_back(j);
+                    self.start_stage(j, r);
+                } else {
+                    self.rm_dirty = true;
+                    self.queue.push(Request::Grow { job: j, stage: r });
+                }
+            }
+        }
+    }
+
+    /// Takes back a vm-storage start the resource manager refused.
+    fn undo_start(&mut self, j: usize, r: usize, g: usize) {
+        let job = &mut self.jobs[j];
+        job.groups[g].stages.pop();
+        job.groups[g].running = None;
+        let st = &mut job.stages[r];
+        st.state = State::Waiting;
+        st.group = NONE;
+        st.slots.clear();
+        for &e in job.pb.incoming(r) {
+            let er = &mut job.edges[e];
+            er.method = None;
+            er.fetched = None;
+            er.recv_slots_left = 0;
+        }
+        for &e in job.pb.outgoing(r) {
+            job.edges[e].sender_method = None;
+        }
+    }
+
+    /// The job switches to its second-best plan for every stage not started yet.
+    fn fall_back(&mut self, j: usize) {
+        let job = &mut self.jobs[j];
+        if let Some(second) = job.second.take() {
+            job.assign = second;
+            job.fell_back = true;
+        }
+        for g in 0..self.jobs[j].groups.len() {
+            self.refresh_group(j, g);
+        }
+    }
+
+    /// Whether every VM of a continuing stage's group has the memory it needs.
+    fn can_grow(&self, j: usize, r: usize) -> bool {
+        let job = &self.jobs[j];
+        let grp = &job.groups[job.stages[r].group];
+        job.stages[r]
+            .slots
+            .iter()
+            .zip(&grp.leases)
+            .all(|(s, l)| s.need - l.reserved <= self.vms[l.vm].free_mb + 1e-9)
+    }
+
+    fn grant_continue(&mut self, j: usize, r: usize) {
+        let g = self.jobs[j].stages[r].group;
+        for i in 0..self.jobs[j].stages[r].slots.len() {
+            let need = self.jobs[j].stages[r].slots[i].need;
+            let lease = &self.jobs[j].groups[g].leases[i];
+            let (vm, old) = (lease.vm, lease.reserved);
+            let new = if self.jobs[j].groups[g].upfront {
+                need.max(old)
+            } else {
+                need
+            };
+            self.vms[vm].free_mb -= new - old;
+            if new < old {
+                self.rm_dirty = true;
+            }
+            self.jobs[j].groups[g].leases[i].reserved = new;
+            self.set_weight(j, g, i, new);
+            let slot = &mut self.jobs[j].stages[r].slots[i];
+            slot.vm = vm;
+            slot.granted = self.now;
+            let st = &mut self.jobs[j].stages[r];
+            st.first_grant = st.first_grant.min(self.now);
+        }
+        for i in 0..self.jobs[j].stages[r].slots.len() {
+            self.start_fetch(j, r, i);
+        }
+    }
+
+    // ---- the resource manager ----
+
+    fn schedule(&mut self) {
+        while self.rm_dirty {
+            self.rm_dirty = false;
+            let mut i = 0;
+            while i < self.queue.len() {
+                if self.try_grant(self.queue[i]) {
+                    self.queue.remove(i);
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    fn try_grant(&mut self, req: Request) -> bool {
+        match req {
+            Request::Grow { job, stage } => {
+                if self.can_grow(job, stage) {
+                    self.grant_continue(job, stage);
+                    true
+                } else {
+                    false
+                }
+            }
+            Request::Slot { job, stage, slot } => {
+                let jb = &self.jobs[job];
+                let st = &jb.stages[stage];
+                let reserve = st.slots[slot].reserve;
+                let key = jb.fn_keys[stage];
+                let now = self.now;
+                let best = self.by_type[st.pl.vm]
+                    .iter()
+                    .copied()
+                    .filter(|&v| self.vms[v].free_mb + 1e-9 >= reserve)
+                    .min_by_key(|&v| {
+                        let vm = &self.vms[v];
+                        let same_stage = st.slots.iter().any(|s| s.vm == v);
+                        let warm = vm.warm.iter().any(|&(k, exp)| k == key && exp >= now);
+                        (same_stage, !warm, vm.holders, vm.rank)
+                    });
+                match best {
+                    Some(v) => {
+                        self.grant_slot(job, stage, slot, v);
+                        true
+                    }
+                    None => false,
+                }
+            }
+        }
+    }
+
+    fn grant_slot(&mut self, j: usize, r: usize, i: usize, vm: usize) {
+        let now = self.now;
+        let g = self.jobs[j].stages[r].group;
+        let reserve = self.jobs[j].stages[r].slots[i].reserve;
+        self.vms[vm].free_mb -= reserve;
+        {
+            let lease = &mut self.jobs[j].groups[g].leases[i];
+            lease.vm = vm;
+            lease.reserved = reserve;
+            lease.weight = 0.0;
+            lease.holding = true;
+        }
+        self.settle(vm);
+        self.vms[vm].holders += 1;
+        self.jobs[j].groups[g].leases[i].mark = self.vms[vm].acc;
+        self.set_weight(j, g, i, reserve);
+        let st = &mut self.jobs[j].stages[r];
+        st.first_grant = st.first_grant.min(now);
+        let slot = &mut st.slots[i];
+        slot.vm = vm;
+        slot.granted = now;
+        self.start_fetch(j, r, i);
+    }
+
+    // ---- money ----
+
+    fn settle(&mut self, vm: usize) {
+        let now = self.now;
+        let v = &mut self.vms[vm];
+        if v.weight > 0.0 && now > v.last {
+            v.acc += v.usd_per_s * (now - v.last) / v.weight;
+            v.busy_s += now - v.last;
+        }
+        v.last = now;
+    }
+
+    /// Changes a lease's share weight, charging the job for the time at the old weight.
+    fn set_weight(&mut self, j: usize, g: usize, i: usize, w: f64) {
+        let vm = self.jobs[j].groups[g].leases[i].vm;
+        self.settle(vm);
+        let acc = self.vms[vm].acc;
+        let job = &mut self.jobs[j];
+        let lease = &mut job.groups[g].leases[i];
+        job.cost.vm_usd += lease.weight * (acc - lease.mark);
+        lease.mark = acc;
+        self.vms[vm].weight += w - lease.weight;
+        lease.weight = w;
+    }
+
+    fn release_holder(&mut self, j: usize, g: usize, i: usize) {
+        self.set_weight(j, g, i, 0.0);
+        let lease = &mut self.jobs[j].groups[g].leases[i];
+        lease.holding = false;
+        let vm = lease.vm;
+        self.vms[vm].holders -= 1;
+        if self.vms[vm].holders == 0 {
+            self.vms[vm].weight = 0.0; // no float residue on an idle VM
+        }
+    }
+
+    /// What a group must keep: its VMs (a transfer it serves), also their memory (a file a
+    /// vm-storage receiver will run on), or nothing.
+    fn group_need(&self, j: usize, g: usize) -> Need {
+        let job = &self.jobs[j];
+        let mut need = Need::Nothing;
+        for &s in &job.groups[g].stages {
+            for &e in job.pb.outgoing(s) {
+                let er = &job.edges[e];
+                let to = job.pb.edges()[e].to;
+                let n = match er.sender_method {
+                    Some(Method::Direct) if er.fetched.is_none() => Need::Hold,
+                    Some(Method::VmStorage) => match job.stages[to].state {
+                        State::Waiting if job.assign.methods[e] == Method::VmStorage => {
+                            Need::Memory
+                        }
+                        State::Waiting => Need::Hold,
+                        _ if er.method != Some(Method::VmStorage) && er.fetched.is_none() => {
+                            Need::Hold
+                        }
+                        _ => Need::Nothing,
+                    },
+                    _ => Need::Nothing,
+                };
+                if n > need {
+                    need = n;
+                }
+            }
+        }
+        need
+    }
+
+    /// Releases what a group no longer needs, VM by VM.
+    fn refresh_group(&mut self, j: usize, g: usize) {
+        let need = self.group_need(j, g);
+        for i in 0..self.jobs[j].groups[g].leases.len() {
+            let job = &self.jobs[j];
+            let grp = &job.groups[g];
+            let lease = &grp.leases[i];
+            if !lease.holding {
+                continue;
+            }
+            let busy = grp
+                .running
+                .is_some_and(|r| job.stages[r].slots.get(i).is_none_or(|s| !s.finished));
+            if busy {
+                continue;
+            }
+            let (vm, reserved, uploads) = (lease.vm, lease.reserved, lease.uploads);
+            if need != Need::Memory && reserved > 0.0 {
+                self.vms[vm].free_mb += reserved;
+                self.jobs[j].groups[g].leases[i].reserved = 0.0;
+                self.rm_dirty = true;
+            }
+            if need == Need::Nothing && uploads == 0 {
+                self.release_holder(j, g, i);
+            }
+        }
+    }
+
+    // ---- transfers ----
+
+    fn links_of(&self, first: [u32; 2], vm_side_first: bool) -> Vec<u32> {
+        let mut l = first.to_vec();
+        if let Some(a) = self.aggregate_link {
+            if vm_side_first {
+                l.push(a);
+            } else {
+                l.insert(0, a);
+            }
+        }
+        l
+    }
+
+    fn start_flow(&mut self, delay: f64, bytes: f64, links: Vec<u32>, tag: FlowTag) {
+        if delay > 0.0 {
+            let p = self.pending.len();
+            self.pending.push(Some(PendingFlow { bytes, links, tag }));
+            self.push(self.now + delay, EvKind::Activate(p));
+        } else {
+            self.net.start(bytes, &links, tag);
+        }
+    }
+
+    /// Bytes the receiving slot `rj` of edge `e` reads from sending slot `si`.
+    fn pair_bytes(&self, j: usize, e: usize, si: usize, rj: usize) -> f64 {
+        let job = &self.jobs[j];
+        let edge = job.pb.edges()[e];
+        let (s, r) = (&job.stages[edge.from], &job.stages[edge.to]);
+        let (ks, kr) = (
+            f64::from(job.pb.stages()[edge.from].instances),
+            f64::from(job.pb.stages()[edge.to].instances),
+        );
+        let a = (s.slots[si].first, s.slots[si].size);
+        let b = (r.slots[rj].first, r.slots[rj].size);
+        let t = edge.bytes;
+        match edge.kind {
+            EdgeKind::One => f64::from(overlap(a, b)) * t / ks,
+            EdgeKind::Scatter => f64::from(b.1) * t / kr,
+            EdgeKind::Broadcast => t,
+            EdgeKind::Gather => f64::from(a.1) * t / ks,
+            EdgeKind::Shuffle => f64::from(a.1) * f64::from(b.1) * t / (ks * kr),
+        }
+    }
+
+    /// The model's flow of edge `e` with the placements that ran (requests and landed bytes).
+    fn edge_flow(&self, j: usize, e: usize) -> sonic_core::model::Flow {
+        let job = &self.jobs[j];
+        let edge = job.pb.edges()[e];
+        let (ps, pr) = (job.stages[edge.from].pl, job.stages[edge.to].pl);
+        job.pb.flow(
+            e,
+            job.pb.per_vm(edge.from, ps.vms),
+            pr.vms,
+            job.pb.per_vm(edge.to, pr.vms),
+        )
+    }
+
+    fn request_delay(&self, requests: f64) -> f64 {
+        let st = &self.cluster.catalog().remote_storage;
+        st.request_latency_ms / 1e3 + requests / st.requests_per_s
+    }
+
+    fn start_fetch(&mut self, j: usize, r: usize, rj: usize) {
+        let incoming: Vec<usize> = self.jobs[j].pb.incoming(r).to_vec();
+        let vm_r = self.jobs[j].stages[r].slots[rj].vm;
+        let mut count = 0u32;
+        for e in incoming {
+            let method = self.jobs[j].edges[e].method.unwrap_or(Method::Direct);
+            let from = self.jobs[j].pb.edges()[e].from;
+            let mut n = 0u32;
+            match method {
+                Method::VmStorage => continue,
+                Method::Direct => {
+                    for si in 0..self.jobs[j].stages[from].slots.len() {
+                        let bytes = self.pair_bytes(j, e, si, rj);
+                        let vm_s = self.jobs[j].stages[from].slots[si].vm;
+                        if bytes <= 0.0 || vm_s == vm_r {
+                            continue; // nothing to move, or already on this VM's disk
+                        }
+                        let tag = FlowTag::Fetch {
+                            job: j,
+                            stage: r,
+                            slot: rj,
+                            edge: e,
+                        };
+                        let links = vec![4 * vm_s as u32, 4 * vm_r as u32 + 1];
+                        self.start_flow(0.0, bytes, links, tag);
+                        n += 1;
+                    }
+                }
+                Method::Remote => {
+                    let bytes: f64 = (0..self.jobs[j].stages[from].slots.len())
+                        .map(|si| self.pair_bytes(j, e, si, rj))
+                        .sum();
+                    // A broadcast file is read once per VM, not once per sender slot.
+                    let bytes = if self.jobs[j].pb.edges()[e].kind == EdgeKind::Broadcast {
+                        self.jobs[j].pb.edges()[e].bytes
+                    } else {
+                        bytes
+                    };
+                    let delay = self.request_delay(self.edge_flow(j, e).gets);
+                    let links = self.links_of([4 * vm_r as u32 + 3, 4 * vm_r as u32 + 1], false);
+                    let tag = FlowTag::Fetch {
+                        job: j,
+                        stage: r,
+                        slot: rj,
+                        edge: e,
+                    };
+                    self.start_flow(delay, bytes, links, tag);
+                    n += 1;
+                }
+            }
+            let er = &mut self.jobs[j].edges[e];
+            er.fetch_flows_left += n;
+            er.recv_slots_left = er.recv_slots_left.saturating_sub(1);
+            count += n;
+            self.check_fetched(j, e);
+        }
+        self.jobs[j].stages[r].slots[rj].fetch_left = count;
+        if count == 0 {
+            self.launch(j, r, rj);
+        }
+    }
+
+    fn check_fetched(&mut self, j: usize, e: usize) {
+        let er = &mut self.jobs[j].edges[e];
+        if er.fetched.is_none() && er.recv_slots_left == 0 && er.fetch_flows_left == 0 {
+            er.fetched = Some(self.now);
+            let from = self.jobs[j].pb.edges()[e].from;
+            let g = self.jobs[j].stages[from].group;
+            self.refresh_group(j, g);
+        }
+    }
+
+    fn flow_done(&mut self, tag: FlowTag) {
+        match tag {
+            FlowTag::Fetch {
+                job,
+                stage,
+                slot,
+                edge,
+            } => {
+                let granted = self.jobs[job].stages[stage].slots[slot].granted;
+                let er = &mut self.jobs[job].edges[edge];
+                er.fetch_flows_left -= 1;
+                er.fetch_s = er.fetch_s.max(self.now - granted);
+                self.check_fetched(job, edge);
+                let s = &mut self.jobs[job].stages[stage].slots[slot];
+                s.fetch_left -= 1;
+                if s.fetch_left == 0 {
+                    self.launch(job, stage, slot);
+                }
+            }
+            FlowTag::Upload {
+                job,
+                stage,
+                slot,
+                edge,
+            } => {
+                let g = self.jobs[job].stages[stage].group;
+                self.jobs[job].groups[g].leases[slot].uploads -= 1;
+                let done = self.jobs[job].stages[stage].state == State::Done;
+                let er = &mut self.jobs[job].edges[edge];
+                er.uploads_left -= 1;
+                if er.uploads_left == 0 && done {
+                    er.durable = self.now;
+                    er.upload_s = self.now - er.sender_end;
+                    let to = self.jobs[job].pb.edges()[edge].to;
+                    self.try_ready(job, to);
+                }
+                self.refresh_group(job, g);
+            }
+        }
+    }
+
+    // ---- lambdas ----
+
+    /// Starts as many of the slot's instances as its concurrency allows.
+    fn launch(&mut self, j: usize, r: usize, i: usize) {
+        loop {
+            let s = &self.jobs[j].stages[r].slots[i];
+            if s.running >= s.conc || s.started >= s.size {
+                break;
+            }
+            let vm = s.vm;
+            let key = self.jobs[j].fn_keys[r];
+            let now = self.now;
+            let warm = &mut self.vms[vm].warm;
+            warm.retain(|&(_, exp)| exp >= now);
+            let hot = match warm.iter().position(|&(k, _)| k == key) {
+                Some(p) => {
+                    warm.remove(p);
+                    true
+                }
+                None => false,
+            };
+            let stage = &self.jobs[j].pb.stages()[r];
+            let work = if hot { stage.hot_s } else { stage.cold_s };
+            let st = &mut self.jobs[j].stages[r];
+            if hot {
+                st.hot += 1;
+            } else {
+                st.cold += 1;
+            }
+            let s = &mut st.slots[i];
+            s.running += 1;
+            s.started += 1;
+            self.vms[vm].running += 1;
+            self.running_total += 1;
+            self.peak_running = self.peak_running.max(self.running_total);
+            self.tasks.push(Some(Task {
+                remaining: work,
+                vm,
+                job: j,
+                stage: r,
+                slot: i,
+            }));
+            self.active_tasks.push(self.tasks.len() - 1);
+        }
+    }
+
+    fn task_done(&mut self, t: Task) {
+        let key = self.jobs[t.job].fn_keys[t.stage];
+        let v = &mut self.vms[t.vm];
+        v.running -= 1;
+        v.warm.push((key, self.now + self.cfg.keep_alive_s));
+        self.running_total -= 1;
+        self.instances += 1;
+        let s = &mut self.jobs[t.job].stages[t.stage].slots[t.slot];
+        s.running -= 1;
+        s.done += 1;
+        if s.started < s.size {
+            self.launch(t.job, t.stage, t.slot);
+        } else if s.done == s.size {
+            self.slot_done(t.job, t.stage, t.slot);
+        }
+    }
+
+    fn slot_done(&mut self, j: usize, r: usize, i: usize) {
+        self.jobs[j].stages[r].slots[i].finished = true;
+        self.jobs[j].stages[r].slots_done += 1;
+        let g = self.jobs[j].stages[r].group;
+        let vm = self.jobs[j].stages[r].slots[i].vm;
+        let outgoing: Vec<usize> = self.jobs[j].pb.outgoing(r).to_vec();
+        for e in outgoing {
+            if self.jobs[j].edges[e].sender_method != Some(Method::Remote) {
+                continue;
+            }
+            let edge = self.jobs[j].pb.edges()[e];
+            let s = &self.jobs[j].stages[r].slots[i];
+            let ks = f64::from(self.jobs[j].pb.stages()[r].instances);
+            let bytes = match edge.kind {
+                EdgeKind::Scatter | EdgeKind::Broadcast => edge.bytes,
+                EdgeKind::One | EdgeKind::Gather | EdgeKind::Shuffle => {
+                    f64::from(s.size) * edge.bytes / ks
+                }
+            };
+            // The receiver's placement is not known yet; the PUTs do not depend on it.
+            let puts = match edge.kind {
+                EdgeKind::One | EdgeKind::Gather => ks,
+                EdgeKind::Broadcast => 1.0,
+                EdgeKind::Scatter => f64::from(self.jobs[j].pb.stages()[edge.to].instances),
+                EdgeKind::Shuffle => ks * f64::from(self.jobs[j].pb.stages()[edge.to].instances),
+            };
+            let delay = self.request_delay(puts);
+            let links = self.links_of([4 * vm as u32, 4 * vm as u32 + 2], true);
+            self.jobs[j].edges[e].uploads_left += 1;
+            self.jobs[j].groups[g].leases[i].uploads += 1;
+            let tag = FlowTag::Upload {
+                job: j,
+                stage: r,
+                slot: i,
+                edge: e,
+            };
+            self.start_flow(delay, bytes, links, tag);
+        }
+        if self.jobs[j].stages[r].slots_done == self.jobs[j].stages[r].slots.len() {
+            self.stage_done(j, r);
+        } else {
+            self.refresh_group(j, g);
+        }
+    }
+
+    fn stage_done(&mut self, j: usize, r: usize) {
+        let now = self.now;
+        let job = &mut self.jobs[j];
+        let g = job.stages[r].group;
+        job.stages[r].state = State::Done;
+        job.stages[r].end = now;
+        job.stages_done += 1;
+        job.groups[g].running = None;
+        for &e in job.pb.outgoing(r) {
+            let er = &mut job.edges[e];
+            er.sender_end = now;
+            if er.sender_method != Some(Method::Remote) || er.uploads_left == 0 {
+                er.durable = now;
+            }
+        }
+        let incoming: Vec<usize> = job.pb.incoming(r).to_vec();
+        for e in incoming {
+            self.account_storage(j, e);
+        }
+        for s in 0..self.jobs[j].stages.len() {
+            self.try_ready(j, s);
+        }
+        self.refresh_group(j, g);
+        if self.jobs[j].stages_done == self.jobs[j].stages.len() {
+            self.jobs[j].finish = Some(now);
+            self.unfinished -= 1;
+        }
+    }
+
+    /// Storage and requests of edge `e`, charged when its receiver ends (docs/model.md, Cost).
+    fn account_storage(&mut self, j: usize, e: usize) {
+        let flow = self.edge_flow(j, e);
+        let (lp, rp) = (self.local_price, self.remote_price);
+        let store = &self.cluster.catalog().remote_storage;
+        let (put, get) = (store.put_usd_per_1k / 1e3, store.get_usd_per_1k / 1e3);
+        let job = &mut self.jobs[j];
+        let edge = job.pb.edges()[e];
+        let r = &job.stages[edge.to];
+        let er = &job.edges[e];
+        let bytes = edge.bytes;
+        let fetched = er.fetched.unwrap_or(r.end);
+        let c = &mut job.cost;
+        match er.method.unwrap_or(Method::Direct) {
+            Method::VmStorage => c.local_storage_usd += bytes * (r.end - er.sender_end) * lp,
+            Method::Direct => {
+                c.local_storage_usd +=
+                    bytes * (fetched - er.sender_end) * lp + flow.fetched * (r.end - r.ready) * lp;
+            }
+            Method::Remote => {
+                c.local_storage_usd += bytes * (er.durable - er.sender_end) * lp
+                    + flow.fetched * (r.end - r.ready) * lp;
+                c.remote_storage_usd += bytes * (fetched - er.durable) * rp;
+                c.requests_usd += flow.puts * put + flow.gets * get;
+            }
+        }
+    }
+
+    // ---- the report ----
+
+    fn report(mut self) -> SimReport {
+        for v in 0..self.vms.len() {
+            self.settle(v);
+        }
+        let catalog = self.cluster.catalog();
+        let jobs: Vec<JobReport> = self
+            .jobs
+            .iter()
+            .map(|job| {
+                let finish = job.finish.unwrap_or(self.now);
+                let latency = finish - job.arrival;
+                let cost = job.cost.total();
+                let stages = job
+                    .pb
+                    .stages()
+                    .iter()
+                    .zip(&job.stages)
+                    .map(|(s, st)| StageReport {
+                        function: s.name.clone(),
+                        vm_type: catalog.vm_types[st.pl.vm].name.clone(),
+                        vms: st.pl.vms,
+                        concurrent: st.pl.concurrent,
+                        ready_s: st.ready - job.arrival,
+                        start_s: st.first_grant - job.arrival,
+                        end_s: st.end - job.arrival,
+                        instances_run: st.cold + st.hot,
+                        cold: st.cold,
+                        hot: st.hot,
+                        on_vms: st.slots.iter().map(|s| s.vm).collect(),
+                    })
+                    .collect();
+                let edges = job
+                    .pb
+                    .edges()
+                    .iter()
+                    .zip(&job.edges)
+                    .enumerate()
+                    .map(|(i, (e, er))| EdgeReport {
+                        from: job.pb.stages()[e.from].name.clone(),
+                        to: job.pb.stages()[e.to].name.clone(),
+                        kind: e.kind,
+                        bytes: e.bytes,
+                        planned: job.first.methods[i],
+                        method: er.method.unwrap_or(job.first.methods[i]),
+                        upload_s: er.upload_s,
+                        fetch_s: er.fetch_s,
+                        seconds: er.upload_s + er.fetch_s,
+                    })
+                    .collect();
+                JobReport {
+                    name: job.name.clone(),
+                    app: job.app.clone(),
+                    policy: job.policy,
+                    arrival_s: job.arrival,
+                    finish_s: finish,
+                    latency_s: latency,
+                    cost_usd: cost,
+                    cost: job.cost,
+                    perf_per_dollar: perf_per_dollar(latency, cost),
+                    planned: job.planned,
+                    model_latency_s: job.model_latency,
+                    model_cost_usd: job.model_cost,
+                    fell_back: job.fell_back,
+                    queued_s: job
+                        .stages
+                        .iter()
+                        .map(|s| (s.first_grant - s.ready).max(0.0))
+                        .sum(),
+                    stages,
+                    edges,
+                }
+            })
+            .collect();
+        SimReport {
+            config: self.cfg,
+            cluster: ClusterStats {
+                vms: self.vms.len(),
+                spec: self.cluster.spec(),
+                events: self.handled,
+                flows: self.net.started() as u64,
+                instances: self.instances,
+                end_s: self.now,
+                busy_vm_s: self.vms.iter().map(|v| v.busy_s).sum(),
+                busy_usd: self.vms.iter().map(|v| v.busy_s * v.usd_per_s).sum(),
+                peak_running: self.peak_running,
+            },
+            summary: summarize(&jobs),
+            jobs,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_cover_every_instance_once() {
+        for k in 1..40u32 {
+            for n in 1..=k {
+                let mut next = 0;
+                for j in 0..n {
+                    let (first, size) = spread(k, n, j);
+                    assert_eq!(first, next);
+                    assert!(size >= 1 && size <= k.div_ceil(n));
+                    next += size;
+                }
+                assert_eq!(next, k);
+            }
+        }
+        assert_eq!(overlap((0, 3), (2, 3)), 1);
+        assert_eq!(overlap((0, 2), (2, 3)), 0);
+    }
+}
