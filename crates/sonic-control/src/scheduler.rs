@@ -769,46 +769,6 @@ async fn unreachable_agents(rt: &Runtime, agents: &[AgentSlot]) -> Vec<String> {
         .collect()
 }
 
-/// Deletes what one execution of a job left (the agents' files, the store's objects but the
-/// job's input, the file records) before the next execution.
-async fn clear_execution(
-    state: &Arc<ControlState>,
-    rt: &Runtime,
-    job: &str,
-    agents: &[AgentSlot],
-    lost: &BTreeSet<String>,
-) {
-    for a in agents.iter().filter(|a| !lost.contains(&a.id)) {
-        let url = format!("{}/v1/jobs/{job}", a.url.trim_end_matches('/'));
-        let sent = rt
-            .http
-            .delete(url)
-            .bearer_auth(&rt.config.agent_token)
-            .timeout(rt.config.health_timeout)
-            .send()
-            .await;
-        if let Err(e) = sent {
-            tracing::warn!(job, agent = %a.id, error = %e, "agent did not clean the execution");
-        }
-    }
-    let prefix = job_prefix(job);
-    let keep = format!("{prefix}input/");
-    match rt.store.list(&prefix).await {
-        Ok(objects) => {
-            for o in objects.iter().filter(|o| !o.key.starts_with(&keep)) {
-                if let Err(e) = rt.store.delete(&o.key).await {
-                    tracing::warn!(job, key = %o.key, error = %e, "cannot delete an execution's object");
-                }
-            }
-        }
-        Err(e) => tracing::warn!(job, error = %e, "cannot list the job's objects"),
-    }
-    let id = job.to_owned();
-    if let Err(e) = state.db.run(move |db| db.delete_files(&id)).await {
-        tracing::warn!(job, error = %e, "cannot forget the execution's files");
-    }
-}
-
 /// Adds one finished instance to the progress: its run, its edges, its files.
 fn record_instance(
     dag: &Dag,
@@ -1094,15 +1054,51 @@ async fn attempt_once(
 
 /// Deletes the job's files on every agent it used and its store objects except `result/`.
 async fn cleanup(state: &Arc<ControlState>, rt: &Runtime, job: &str, agents: &[AgentSlot]) {
+    clear(state, rt, job, agents, "result/", None).await;
+}
+
+/// Deletes what one execution of a job left (the agents' files, the store's objects but the
+/// job's input, the file records) before the next execution; lost agents are not asked.
+async fn clear_execution(
+    state: &Arc<ControlState>,
+    rt: &Runtime,
+    job: &str,
+    agents: &[AgentSlot],
+    lost: &BTreeSet<String>,
+) {
+    let alive: Vec<AgentSlot> = agents
+        .iter()
+        .filter(|a| !lost.contains(&a.id))
+        .cloned()
+        .collect();
+    clear(
+        state,
+        rt,
+        job,
+        &alive,
+        "input/",
+        Some(rt.config.health_timeout),
+    )
+    .await;
+}
+
+/// Deletes the job's files on `agents` (each asked within `timeout`, if any), its store objects
+/// except those under `keep` (relative to the job's prefix), and its file records.
+async fn clear(
+    state: &Arc<ControlState>,
+    rt: &Runtime,
+    job: &str,
+    agents: &[AgentSlot],
+    keep: &str,
+    timeout: Option<Duration>,
+) {
     for a in agents {
         let url = format!("{}/v1/jobs/{job}", a.url.trim_end_matches('/'));
-        match rt
-            .http
-            .delete(url)
-            .bearer_auth(&rt.config.agent_token)
-            .send()
-            .await
-        {
+        let mut req = rt.http.delete(url).bearer_auth(&rt.config.agent_token);
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
+        match req.send().await {
             Ok(r) if r.status().is_success() || r.status() == 404 => {}
             Ok(r) => {
                 tracing::warn!(job, agent = %a.id, status = %r.status(), "agent did not clean the job")
@@ -1111,13 +1107,11 @@ async fn cleanup(state: &Arc<ControlState>, rt: &Runtime, job: &str, agents: &[A
         }
     }
     let prefix = job_prefix(job);
-    let keep = format!("{prefix}result/");
+    let keep = format!("{prefix}{keep}");
     match rt.store.list(&prefix).await {
         Ok(objects) => {
-            for o in objects {
-                if !o.key.starts_with(&keep)
-                    && let Err(e) = rt.store.delete(&o.key).await
-                {
+            for o in objects.iter().filter(|o| !o.key.starts_with(&keep)) {
+                if let Err(e) = rt.store.delete(&o.key).await {
                     tracing::warn!(job, key = %o.key, error = %e, "cannot delete an intermediate object");
                 }
             }

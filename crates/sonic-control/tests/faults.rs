@@ -211,18 +211,22 @@ impl Cluster {
         id
     }
 
-    /// The ids the control plane lists as alive.
-    async fn alive(&self) -> Vec<String> {
-        let v: Value = self
-            .http
-            .get(format!("{}/v1/agents", self.control.url()))
+    /// `GET path` on the control plane, as JSON.
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> T {
+        self.http
+            .get(format!("{}{path}", self.control.url()))
             .bearer_auth(TOKEN)
             .send()
             .await
-            .expect("agents")
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
             .json()
             .await
-            .expect("agent list");
+            .unwrap_or_else(|e| panic!("GET {path}: not the JSON expected: {e}"))
+    }
+
+    /// The ids the control plane lists as alive.
+    async fn alive(&self) -> Vec<String> {
+        let v: Value = self.get_json("/v1/agents").await;
         let mut ids: Vec<String> = v["agents"]
             .as_array()
             .expect("agents array")
@@ -295,16 +299,7 @@ impl Cluster {
     async fn summary(&self, id: &str) -> JobSummary {
         let deadline = Instant::now() + Duration::from_secs(240);
         loop {
-            let v: Value = self
-                .http
-                .get(format!("{}/v1/jobs/{id}", self.control.url()))
-                .bearer_auth(TOKEN)
-                .send()
-                .await
-                .expect("get job")
-                .json()
-                .await
-                .expect("job json");
+            let v: Value = self.get_json(&format!("/v1/jobs/{id}")).await;
             let s: JobSummary = serde_json::from_value(v.clone()).expect("summary");
             if s.status.is_terminal() {
                 return s;
@@ -341,16 +336,7 @@ impl Cluster {
     /// instances that started after their inputs' sizes matched the senders' (the agent writes
     /// that line before the lambda's log), and no instance found an input incomplete.
     async fn assert_inputs_checked(&self, id: &str, receivers: &[&str]) {
-        let logs: JobLogs = self
-            .http
-            .get(format!("{}/v1/jobs/{id}/logs", self.control.url()))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .expect("logs")
-            .json()
-            .await
-            .expect("logs json");
+        let logs: JobLogs = self.get_json(&format!("/v1/jobs/{id}/logs")).await;
         for l in &logs.logs {
             assert!(
                 !l.log.contains("the instance was not started"),
@@ -671,16 +657,7 @@ async fn a_full_disk_fails_the_instance_and_the_job_runs_elsewhere() {
     let s = c.summary(&id).await;
     assert_eq!(s.status, JobStatus::Succeeded, "{:?}", s.error);
     assert_eq!(c.results(&s).await, want, "results with a full disk differ");
-    let logs: Value = c
-        .http
-        .get(format!("{}/v1/jobs/{id}/logs", c.control.url()))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("logs")
-        .json()
-        .await
-        .expect("logs json");
+    let logs: Value = c.get_json(&format!("/v1/jobs/{id}/logs")).await;
     let text = logs.to_string().to_ascii_lowercase();
     assert!(
         text.contains(&full) && text.contains("no space left on device"),
