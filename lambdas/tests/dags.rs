@@ -42,6 +42,7 @@ fn every_dag_file_parses_and_names_our_binaries() {
     assert_eq!(
         names,
         [
+            "broadcast",
             "mapreduce-sort",
             "ml-pipeline",
             "synthetic-chain",

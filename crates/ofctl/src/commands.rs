@@ -47,6 +47,7 @@ pub async fn run(
             input,
             params,
             policy,
+            planned,
             wait,
         } => {
             let req = JobRequest {
@@ -54,6 +55,7 @@ pub async fn run(
                 input: input.map(JobInput::File),
                 params,
                 policy,
+                planned,
             };
             let accepted = submit(client, &req).await?;
             let id = accepted["job_id"]
@@ -227,6 +229,8 @@ pub struct JobRequest {
     pub input: Option<JobInput>,
     pub params: Vec<(String, Value)>,
     pub policy: Option<String>,
+    /// A forced static policy placed the way the planner places that baseline.
+    pub planned: bool,
 }
 
 /// A name the control plane accepts under `input/`: letters, digits, `.`, `_`, `-`.
@@ -262,6 +266,9 @@ pub async fn submit(client: &Client, req: &JobRequest) -> anyhow::Result<Value> 
     }
     if let Some(p) = &req.policy {
         body["policy"] = json!(p);
+    }
+    if req.planned {
+        body["planned"] = json!(true);
     }
     match &req.input {
         None => {}

@@ -377,6 +377,7 @@ async fn run_job(
         input,
         params: Vec::new(),
         policy: None,
+        planned: false,
     };
     let accepted = commands::submit(client, &req).await?;
     let id = accepted["job_id"]

@@ -5,6 +5,7 @@
 //! ([`config`]) or `--server` / `SONIC_SERVER` and `SONIC_TOKEN`.
 
 pub mod bench;
+pub mod charts;
 pub mod client;
 pub mod commands;
 pub mod config;
@@ -178,16 +179,20 @@ pub enum Command {
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=20))]
         planned_jobs: u32,
     },
-    /// Run the evaluation (Fig. 7) on a cluster on this machine; writes CSV, SVG and a report.
+    /// Run the evaluation (the paper's experiments) on a cluster on this machine and in the
+    /// simulator; writes CSV, SVG charts and a report.
     Bench {
         #[command(flatten)]
         up: UpArgs,
-        /// A few minutes: 2 jobs per policy and at most 12 profiling jobs per application.
+        /// A few minutes: fewer input sizes, fanouts and repetitions.
         #[arg(long)]
         quick: bool,
-        /// Where fig7.csv, fig7.svg and report.md go.
+        /// Where the CSV files, the SVG charts and report.md go.
         #[arg(long, default_value = "docs/results")]
         out: PathBuf,
+        /// Run only these experiments (repeatable; default: all).
+        #[arg(long, value_enum)]
+        only: Vec<bench::Experiment>,
     },
     /// Register or update a DAG.
     Apply {
@@ -205,9 +210,14 @@ pub enum Command {
         /// A parameter override, `key=value` (repeatable; values are JSON when they parse).
         #[arg(long = "param", value_parser = parse_param)]
         params: Vec<(String, serde_json::Value)>,
-        /// remote, direct, local or sonic (the default: planned once the models converged).
+        /// remote, direct, local, sonic (the default: planned once the models converged) or
+        /// oracle (planned with the parameters measured at this input size; evaluation).
         #[arg(long)]
         policy: Option<String>,
+        /// With --policy remote, direct or local: place the job the way the planner places that
+        /// baseline (VM types by predicted memory) instead of spreading it over the agents.
+        #[arg(long)]
+        planned: bool,
         /// Follow the job to its end and print its summary.
         #[arg(long)]
         wait: bool,
@@ -277,8 +287,13 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             up,
             quick,
             out: out_dir,
+            only,
         } => {
-            let opts = bench::BenchOptions { quick, out_dir };
+            let opts = bench::BenchOptions {
+                quick,
+                out_dir,
+                only,
+            };
             runtime()?.block_on(bench::run(up, opts, out))
         }
         command => {

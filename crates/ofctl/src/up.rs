@@ -45,6 +45,9 @@ pub struct ClusterOptions {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
     pub lambdas: Option<PathBuf>,
+    /// Agents see the store with the catalog's `remote_storage` request latency and
+    /// per-connection throughput (`ofctl bench`: the store here is local and fast).
+    pub emulate_store: bool,
 }
 
 /// One agent as `up` reports it.
@@ -452,6 +455,14 @@ impl Cluster {
                 cfg.control_url = Some(cluster.control.url());
                 cfg.sandbox = sandbox;
                 cfg.store = Some(store.agents.clone());
+                if opts.emulate_store {
+                    let r = &catalog.remote_storage;
+                    cfg.store_profile = Some(sonic_storage::emulated::StoreProfile {
+                        request_latency_ms: r.request_latency_ms,
+                        write_mbps: r.write_mbps,
+                        read_mbps: r.read_mbps,
+                    });
+                }
                 cfg.bin_dirs = lambdas.iter().cloned().collect();
                 cfg.heartbeat_interval_ms = 1000;
                 let agent = sonic_agent::start_from_config(cfg)
@@ -578,6 +589,7 @@ impl UpArgs {
             data_dir,
             listen,
             lambdas: self.lambdas.clone(),
+            emulate_store: false,
         }
     }
 }

@@ -61,6 +61,9 @@ pub struct AgentConfig {
     pub warm_idle_s: u64,
     pub heartbeat_interval_ms: u64,
     pub store: Option<StoreChoice>,
+    /// Makes the store answer like a remote one (request latency, one connection's throughput):
+    /// the evaluation's emulated cluster, where the store runs on the same machine. `None`: as is.
+    pub store_profile: Option<sonic_storage::emulated::StoreProfile>,
     /// Folders searched first for a command's executable by the process sandbox.
     pub bin_dirs: Vec<PathBuf>,
     /// Most megabytes one function instance may write (its outputs, its log; no single file
@@ -86,6 +89,7 @@ impl Default for AgentConfig {
             warm_idle_s: 60,
             heartbeat_interval_ms: 2000,
             store: None,
+            store_profile: None,
             bin_dirs: Vec::new(),
             output_quota_mb: DEFAULT_OUTPUT_QUOTA_MB,
         }

@@ -78,15 +78,28 @@ pub async fn make_store(
     config: &AgentConfig,
     throttle: sonic_storage::Throttle,
 ) -> Result<Option<Arc<dyn ObjectStore>>, sonic_storage::StoreError> {
+    use sonic_storage::emulated::Emulated;
+    let profile = config.store_profile;
+    if let Some(p) = &profile {
+        p.check().map_err(sonic_storage::StoreError::Other)?;
+    }
     Ok(match &config.store {
         None => None,
         Some(StoreChoice::Local { root }) => {
-            Some(Arc::new(sonic_storage::local::LocalStore::new(root)?) as Arc<dyn ObjectStore>)
+            let store = sonic_storage::local::LocalStore::new(root)?;
+            Some(match profile {
+                Some(p) => Arc::new(Emulated::new(store, p)) as Arc<dyn ObjectStore>,
+                None => Arc::new(store),
+            })
         }
         Some(StoreChoice::S3(cfg)) => {
             let store = sonic_storage::s3::S3Store::new(cfg.clone())?.with_throttle(throttle);
             store.ensure_bucket().await?;
-            Some(Arc::new(cfg.patient(store)))
+            let patient = cfg.patient(store);
+            Some(match profile {
+                Some(p) => Arc::new(Emulated::new(patient, p)) as Arc<dyn ObjectStore>,
+                None => Arc::new(patient),
+            })
         }
     })
 }

@@ -671,6 +671,13 @@ pub struct SubmitJob {
     /// DAG's models converged, `remote` (profiling) before.
     #[serde(default)]
     pub policy: Option<String>,
+    /// With a forced `remote`, `direct` or `local`: place the job the way the planner places
+    /// that baseline (the paper's OpenLambda+S3, direct passing, SAND: VM types chosen by the
+    /// models' predicted memory, lambdas per VM, the whole job on one VM for `local`) and run it
+    /// through the resource manager, mode `planned`. Without it a forced policy spreads the
+    /// instances over the agents (mode `profiling`). Needs models that predict (409 otherwise).
+    #[serde(default)]
+    pub planned: bool,
 }
 
 /// The job input: inline bytes (`base64`) or an object already in the store (`key`); the first
@@ -767,6 +774,7 @@ async fn choose(
     state: &ControlState,
     dag: Dag,
     forced: Option<Policy>,
+    planned_baseline: bool,
     input_bytes: u64,
     fanouts: Vec<sonic_core::dag::Fanout>,
 ) -> Result<Choice, ApiError> {
@@ -776,13 +784,79 @@ async fn choose(
         planned: None,
         plan,
     };
-    if let Some(p) = forced
-        && p != Policy::Sonic
-    {
-        return Ok(profiling(p, None));
+    let baseline = match forced {
+        Some(Policy::Remote) => Some(sonic_core::planner::Policy::Remote),
+        Some(Policy::Direct) => Some(sonic_core::planner::Policy::Direct),
+        Some(Policy::Local) => Some(sonic_core::planner::Policy::Local),
+        _ => None,
+    };
+    if let (Some(p), Some(base)) = (forced, baseline) {
+        if !planned_baseline {
+            return Ok(profiling(p, None));
+        }
+        let rule = state.convergence();
+        let (catalog, bandwidth) = state.planning_catalog();
+        let planned = state
+            .db
+            .run(move |db| {
+                let models = crate::learning::current(db, &dag, rule)?;
+                Ok(crate::learning::plan_for(
+                    &dag,
+                    &models,
+                    input_bytes,
+                    &fanouts,
+                    catalog,
+                    &bandwidth,
+                    base,
+                ))
+            })
+            .await?
+            .map_err(plan_error)?;
+        return Ok(Choice {
+            policy: p,
+            mode: JobMode::Planned,
+            planned: Some(planned),
+            plan: None,
+        });
+    }
+    if planned_baseline {
+        return Err(ApiError::BadRequest(
+            "planned: only with a forced remote, direct or local policy".into(),
+        ));
     }
     let rule = state.convergence();
     let (catalog, bandwidth) = state.planning_catalog();
+    if forced == Some(Policy::Oracle) {
+        let planned = state
+            .db
+            .run(move |db| {
+                let samples = db.samples(&dag.name)?;
+                Ok(
+                    crate::learning::measured_params(&dag, &samples, input_bytes).and_then(
+                        |params| {
+                            crate::learning::plan_with(
+                                &dag,
+                                params,
+                                input_bytes,
+                                &fanouts,
+                                catalog,
+                                &bandwidth,
+                                sonic_core::planner::Policy::Oracle,
+                                std::time::Instant::now(),
+                            )
+                        },
+                    ),
+                )
+            })
+            .await?
+            .map_err(plan_error)?;
+        return Ok(Choice {
+            policy: Policy::Oracle,
+            mode: JobMode::Planned,
+            planned: Some(planned),
+            plan: None,
+        });
+    }
     let forced_sonic = forced.is_some();
     let outcome = state
         .db
@@ -913,7 +987,15 @@ async fn submit_job(
         input_bytes = size;
         input = Some((file, bytes));
     }
-    let choice = choose(&state, dag.clone(), forced, input_bytes, fanouts).await?;
+    let choice = choose(
+        &state,
+        dag.clone(),
+        forced,
+        req.planned,
+        input_bytes,
+        fanouts,
+    )
+    .await?;
     let mut inputs = Vec::new();
     if let Some((file, bytes)) = input {
         if let Some(bytes) = bytes {

@@ -27,6 +27,9 @@ pub enum Policy {
     Local,
     /// The planner's choice when the DAG has converged models; `remote` (profiling) otherwise.
     Sonic,
+    /// Evaluation only: the planner fed with the parameters earlier jobs measured at this very
+    /// input size instead of the models' predictions (the paper's Oracle-SONIC).
+    Oracle,
 }
 
 impl Policy {
@@ -36,6 +39,7 @@ impl Policy {
             Policy::Direct => "direct",
             Policy::Local => "local",
             Policy::Sonic => "sonic",
+            Policy::Oracle => "oracle",
         }
     }
 }
@@ -48,9 +52,10 @@ impl FromStr for Policy {
             "direct" => Policy::Direct,
             "local" => Policy::Local,
             "sonic" => Policy::Sonic,
+            "oracle" => Policy::Oracle,
             _ => {
                 return Err(format!(
-                    "unknown policy {s:?} (remote, direct, local, sonic)"
+                    "unknown policy {s:?} (remote, direct, local, sonic, oracle)"
                 ));
             }
         })
@@ -86,7 +91,7 @@ impl Method {
 /// profiles: every edge goes through the store, which measures each function on its own.
 pub fn edge_methods(dag: &Dag, policy: Policy) -> Vec<Method> {
     let m = match policy {
-        Policy::Remote | Policy::Sonic => Method::Remote,
+        Policy::Remote | Policy::Sonic | Policy::Oracle => Method::Remote,
         Policy::Direct => Method::Direct,
         Policy::Local => Method::VmStorage,
     };

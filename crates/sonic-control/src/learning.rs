@@ -277,12 +277,113 @@ pub fn plan_for(
     policy: Policy,
 ) -> Result<Planned, PlanFailure> {
     let started = Instant::now();
-    let mut params = models
+    let params = models
         .params_for(input_bytes as f64)
         .map_err(|e| PlanFailure::NotReady {
             dag: dag.name.clone(),
             why: e.to_string(),
         })?;
+    let mut planned = plan_with(
+        dag,
+        params,
+        input_bytes,
+        fanouts,
+        catalog,
+        bandwidth,
+        policy,
+        started,
+    )?;
+    if let Some(map) = planned.report.as_object_mut() {
+        map.insert("models_converged".into(), models.converged().into());
+    }
+    Ok(planned)
+}
+
+/// The oracle's parameters: what earlier jobs of `dag` *measured* at exactly `input_bytes`
+/// (means over those samples), instead of what the regression predicts. An evaluation
+/// baseline (the paper's Oracle-SONIC): it knows the parameters of this very input.
+pub fn measured_params(
+    dag: &Dag,
+    samples: &[SampleRecord],
+    input_bytes: u64,
+) -> Result<Params, PlanFailure> {
+    let at: Vec<&SampleRecord> = samples
+        .iter()
+        .filter(|s| s.input_bytes == input_bytes)
+        .collect();
+    let not_ready = |why: String| PlanFailure::NotReady {
+        dag: dag.name.clone(),
+        why,
+    };
+    if at.is_empty() {
+        return Err(not_ready(format!(
+            "oracle: no job of this dag was measured at {input_bytes} input bytes"
+        )));
+    }
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let parts: Vec<_> = at.iter().map(|s| sample_parts(s)).collect();
+    let mut params = Params::default();
+    for f in &dag.functions {
+        let pick = |get: &dyn Fn(&FunctionSample) -> Option<f64>| -> Vec<f64> {
+            parts
+                .iter()
+                .filter_map(|(fs, _)| fs.get(&f.name).and_then(get))
+                .collect()
+        };
+        let memory = mean(&pick(&|s| s.memory_mb));
+        let cold = mean(&pick(&|s| s.cold_s));
+        let hot = mean(&pick(&|s| s.hot_s));
+        let instances = pick(&|s| s.instances.map(f64::from))
+            .into_iter()
+            .fold(0.0_f64, f64::max);
+        let (Some(memory_mb), Some(cold_s)) = (memory, cold.or(hot)) else {
+            return Err(not_ready(format!(
+                "oracle: {} has no measured memory or time at {input_bytes} input bytes",
+                f.name
+            )));
+        };
+        params.functions.insert(
+            f.name.clone(),
+            sonic_core::params::FunctionParams {
+                memory_mb,
+                cold_s,
+                hot_s: hot.unwrap_or(cold_s),
+                instances: (instances.round() as u32).max(1),
+            },
+        );
+    }
+    for e in &dag.edges {
+        let (from, to) = (&dag.functions[e.from].name, &dag.functions[e.to].name);
+        let bytes: Vec<f64> = parts
+            .iter()
+            .filter_map(|(_, es)| {
+                es.iter()
+                    .find(|x| &x.from == from && &x.to == to)
+                    .map(|x| x.bytes.0 as f64)
+            })
+            .collect();
+        params.edges.push(EdgeParams {
+            from: from.clone(),
+            to: to.clone(),
+            bytes: ByteSize(mean(&bytes).unwrap_or(0.0).round() as u64),
+        });
+    }
+    Ok(params)
+}
+
+/// Plans `dag` with given parameters (predicted or measured); the job's known `fanouts`
+/// replace the parameters' ones.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_with(
+    dag: &Dag,
+    mut params: Params,
+    input_bytes: u64,
+    fanouts: &[Fanout],
+    catalog: Catalog,
+    bandwidth: &BTreeMap<String, TypeBandwidth>,
+    policy: Policy,
+    started: Instant,
+) -> Result<Planned, PlanFailure> {
     for (f, fanout) in dag.functions.iter().zip(fanouts) {
         if let (Fanout::Known(n), Some(p)) = (fanout, params.functions.get_mut(&f.name)) {
             p.instances = *n;
@@ -301,7 +402,6 @@ pub fn plan_for(
         .map_err(|e| infeasible(format!("cannot encode the plan: {e}")))?;
     if let Some(map) = report.as_object_mut() {
         map.insert("input_bytes".into(), input_bytes.into());
-        map.insert("models_converged".into(), models.converged().into());
         map.insert(
             "network_mbps".into(),
             serde_json::to_value(bandwidth).unwrap_or_default(),

@@ -460,8 +460,12 @@ fn schemas() -> Value {
                 },
                 "params": { "type": "object", "description": "overrides of the DAG's parameters" },
                 "policy": {
-                    "type": "string", "enum": ["remote", "direct", "local", "sonic"],
-                    "description": "forces a policy; without it: sonic (planned) once the DAG's models converged, remote (profiling) before"
+                    "type": "string", "enum": ["remote", "direct", "local", "sonic", "oracle"],
+                    "description": "forces a policy; without it: sonic (planned) once the DAG's models converged, remote (profiling) before; oracle (evaluation): planned with the parameters earlier jobs measured at this input size"
+                },
+                "planned": {
+                    "type": "boolean", "default": false,
+                    "description": "with a forced remote, direct or local: placed as the planner places that baseline (VM types by predicted memory, lambdas per VM), run through the resource manager (mode planned)"
                 }
             }
         },

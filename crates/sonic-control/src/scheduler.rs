@@ -273,6 +273,8 @@ struct Finished {
     function: usize,
     instance: u32,
     agent: usize,
+    /// The plan's VM the instance ran on (see [`planned_vm`]); 0 for unplanned jobs.
+    vm: usize,
     report: RunReport,
     attempts: u32,
     started: Instant,
@@ -291,8 +293,9 @@ struct Progress {
     written: BTreeMap<usize, u64>,
     /// Per edge index: the methods the agents reported staging its files with.
     observed: BTreeMap<usize, BTreeSet<String>>,
-    /// Per agent index: when the job first and last held it.
-    spans: HashMap<usize, (Instant, Instant)>,
+    /// Per (agent index, the plan's VM on it): when the job first and last held it. Several
+    /// VMs of a plan can share one agent (a small cluster); each is charged as the VM it is.
+    spans: HashMap<(usize, usize), (Instant, Instant)>,
     agents: Vec<AgentSlot>,
     dag: Option<Dag>,
     methods: Vec<Method>,
@@ -658,6 +661,9 @@ async fn run(
             let agent = agents[p.agent].clone();
             let cancel = cancel.clone();
             let instance = p.request.instance;
+            let vm = alloc
+                .as_ref()
+                .map_or(0, |a| planned_vm(&dag, a, i, instance));
             let permit = permits.get(&p.agent).cloned();
             set.spawn(async move {
                 // Held while the instance runs: the plan's concurrency on this VM.
@@ -675,6 +681,7 @@ async fn run(
                         function: i,
                         instance,
                         agent: p.agent,
+                        vm,
                         report,
                         attempts,
                         started,
@@ -769,6 +776,28 @@ async fn unreachable_agents(rt: &Runtime, agents: &[AgentSlot]) -> Vec<String> {
         .collect()
 }
 
+/// Which of the plan's VMs instance `k` of function `i` runs on, as a number unique within
+/// the job: the VM's slot in the stage that started its vm-storage group (a receiver over
+/// vm-storage runs on its sender's VMs), offset by that stage's index.
+fn planned_vm(dag: &Dag, a: &crate::planned::Allocation, i: usize, k: u32) -> usize {
+    let mut root = i;
+    // A stage over vm-storage continues its sender's VMs; the DAG is acyclic, so this ends.
+    for _ in 0..dag.functions.len() {
+        let sender = dag
+            .edges
+            .iter()
+            .enumerate()
+            .find(|(e, edge)| edge.to == root && a.methods.get(*e) == Some(&Method::VmStorage))
+            .map(|(_, edge)| edge.from);
+        match sender {
+            Some(s) => root = s,
+            None => break,
+        }
+    }
+    let slots = a.hosts.get(i).map_or(1, |h| h.len().max(1));
+    1 + root * 100_000 + (k as usize % slots)
+}
+
 /// Adds one finished instance to the progress: its run, its edges, its files.
 fn record_instance(
     dag: &Dag,
@@ -794,7 +823,7 @@ fn record_instance(
     });
     let span = progress
         .spans
-        .entry(f.agent)
+        .entry((f.agent, f.vm))
         .or_insert((f.started, f.ended));
     span.0 = span.0.min(f.started);
     span.1 = span.1.max(f.ended);
@@ -1188,7 +1217,7 @@ fn summarize(
     let cost_usd: f64 = p
         .spans
         .iter()
-        .map(|(agent, (a, b))| {
+        .map(|((agent, _), (a, b))| {
             let vm = p.agents.get(*agent).map_or("", |s| s.vm_type.as_str());
             price_per_second(rt.catalog.as_ref(), vm) * b.duration_since(*a).as_secs_f64()
         })

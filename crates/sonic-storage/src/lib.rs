@@ -8,6 +8,8 @@
 //!   parallel ranged downloads for large files; optional bandwidth [`Throttle`].
 //! - [`local::LocalStore`]: objects as files under a root directory, written atomically.
 //! - [`memory::MemoryStore`]: a map in memory, for unit tests of other crates.
+//! - [`emulated::Emulated`]: any store made to answer with a remote store's request latency and
+//!   per-connection throughput (the evaluation's emulated cluster).
 //!
 //! Every store checks keys with [`validate_key`] (and prefixes with [`validate_prefix`]) and passes
 //! the same [`conformance`] suite (`tests/conformance.rs` runs it over all three).
@@ -25,6 +27,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod conformance;
+pub mod emulated;
 mod fsutil;
 pub mod local;
 pub mod memory;

@@ -1,0 +1,906 @@
+//! `ofctl bench`: the SONIC paper's experiments on an emulated cluster on this machine, and at
+//! the paper's scale in the simulator (docs/evaluation.md). Writes CSV, SVG charts and a
+//! markdown report into the output folder.
+//!
+//! On the emulated cluster (`ofctl up`'s cluster: agents standing for the catalog's VM types,
+//! each limited to its type's bandwidth; the store answering with the catalog's request latency
+//! and per-connection throughput): each application is profiled at varied input sizes (Fig. 10
+//! is computed from those samples), then measured under every policy (Fig. 7), the ML pipeline
+//! at fanouts 1, 3 and 12 (Fig. 2), a broadcast edge under `direct` and `remote` on two VM types
+//! (Fig. 6); the simulator reruns the lone jobs with the measured parameters (its error against
+//! the real runs) and runs the paper-scale experiments (Fig. 6, 9, 14, 15).
+
+pub mod apps;
+pub mod fig10;
+pub mod report;
+pub mod sim;
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, anyhow};
+use serde_json::Value;
+use sonic_api::control::{DagModelsView, JobMode, JobStatus, JobSummary};
+use sonic_core::catalog::Catalog;
+
+use crate::UpArgs;
+use crate::client::{Client, encode};
+use crate::commands::{self, JobInput, JobRequest};
+use crate::progress::Progress;
+use crate::up::{Cluster, ClusterInfo};
+use apps::App;
+
+/// The experiments `--only` can pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Experiment {
+    /// Profiling (and Fig. 10 from it), Fig. 7 with the overhead, the simulator's validation.
+    Fig7,
+    /// The ML pipeline at fanout 1, 3, 12 (needs fig7's profiling; runs it when absent).
+    Fig2,
+    /// direct vs remote on a broadcast edge, two VM types.
+    Fig6,
+    /// The simulator's paper-scale experiments (Fig. 6, 9, 14, 15).
+    Sim,
+}
+
+/// How much the harness runs.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// A few minutes: fewer sizes, fanouts and repetitions.
+    pub quick: bool,
+    pub out_dir: PathBuf,
+    /// Empty: every experiment.
+    pub only: Vec<Experiment>,
+}
+
+impl BenchOptions {
+    fn wants(&self, e: Experiment) -> bool {
+        self.only.is_empty() || self.only.contains(&e)
+    }
+
+    /// (training sizes, held-out sizes, repetitions per policy) of the application runs.
+    fn scale(&self) -> (usize, usize, usize) {
+        if self.quick { (6, 2, 2) } else { (12, 4, 5) }
+    }
+}
+
+/// The static policies (baselines); `sonic` and `oracle` are planned.
+pub const STATIC: [&str; 3] = ["remote", "local", "direct"];
+/// Fig. 7's policies, in the report's order.
+pub const FIG7_POLICIES: [&str; 5] = ["remote", "local", "direct", "sonic", "oracle"];
+/// Fig. 2's.
+pub const FIG2_POLICIES: [&str; 4] = ["remote", "local", "direct", "sonic"];
+
+/// One measured job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// `fig7`, `fig2` or `fig6`.
+    pub experiment: String,
+    pub app: String,
+    /// What varies within the experiment (`trees=3`, `m5.large k=4`); empty for Fig. 7.
+    pub variant: String,
+    pub policy: String,
+    pub job_id: String,
+    pub mode: String,
+    pub input_bytes: u64,
+    pub latency_s: f64,
+    pub cost_usd: f64,
+    pub perf_per_dollar: f64,
+    pub methods: String,
+    pub plan_used: String,
+    /// A planned job's placement: `function:VM type x VMs/concurrent per VM`, space-separated.
+    pub placement: String,
+    /// The longest edge's data-passing time the job summary reports (seconds).
+    pub edge_s: f64,
+    /// The planner's own time for a planned job (µs; 0 when not planned).
+    pub planning_us: f64,
+}
+
+impl Row {
+    fn from_summary(experiment: &str, variant: &str, policy: &str, s: &JobSummary) -> Row {
+        Row {
+            experiment: experiment.into(),
+            app: s.dag.clone(),
+            variant: variant.into(),
+            policy: policy.into(),
+            job_id: s.job_id.clone(),
+            mode: s.mode.to_string(),
+            input_bytes: s.input_bytes,
+            latency_s: s.latency_s,
+            cost_usd: s.cost_usd,
+            perf_per_dollar: s.perf_per_dollar,
+            methods: s
+                .edges
+                .iter()
+                .map(|e| format!("{}->{}:{}", e.from, e.to, e.method))
+                .collect::<Vec<_>>()
+                .join(" "),
+            plan_used: s.plan.as_ref().map(|p| p.used.clone()).unwrap_or_default(),
+            placement: s
+                .plan
+                .as_ref()
+                .map(|p| {
+                    p.stages
+                        .iter()
+                        .map(|h| {
+                            format!(
+                                "{}:{}x{}/c{}",
+                                h.function,
+                                h.vm_type,
+                                h.agents.len(),
+                                h.concurrent
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .unwrap_or_default(),
+            edge_s: s.edges.iter().map(|e| e.seconds).fold(0.0, f64::max),
+            planning_us: s
+                .plan
+                .as_ref()
+                .and_then(|p| p.report["planning_time_us"].as_f64())
+                .unwrap_or(0.0),
+        }
+    }
+}
+
+/// One (experiment, application, variant, policy) cell: means over its jobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cell {
+    pub experiment: String,
+    pub app: String,
+    pub variant: String,
+    pub policy: String,
+    pub jobs: usize,
+    pub latency_s: f64,
+    /// Standard deviation of the jobs' latencies (0 with one job).
+    pub latency_sd: f64,
+    pub cost_usd: f64,
+    /// `1 / (mean latency x mean cost)`, the paper's Perf/$.
+    pub perf_per_dollar: f64,
+    /// Perf/$ over the best static policy's in the same group (1 for the best static).
+    pub ratio_to_best_static: f64,
+    pub edge_s: f64,
+}
+
+/// Means per cell, in first-seen group order and the policies' first-seen order.
+pub fn aggregate(rows: &[Row]) -> Vec<Cell> {
+    let mut groups: Vec<(&str, &str, &str)> = Vec::new();
+    let mut policies: Vec<&str> = Vec::new();
+    for r in rows {
+        let g = (r.experiment.as_str(), r.app.as_str(), r.variant.as_str());
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+        if !policies.contains(&r.policy.as_str()) {
+            policies.push(&r.policy);
+        }
+    }
+    let mut cells = Vec::new();
+    for (e, app, variant) in groups {
+        let mut mine = Vec::new();
+        for p in &policies {
+            let rs: Vec<&Row> = rows
+                .iter()
+                .filter(|r| {
+                    r.experiment == e && r.app == app && r.variant == variant && r.policy == *p
+                })
+                .collect();
+            if rs.is_empty() {
+                continue;
+            }
+            let n = rs.len() as f64;
+            let lat = rs.iter().map(|r| r.latency_s).sum::<f64>() / n;
+            let sd = (rs.iter().map(|r| (r.latency_s - lat).powi(2)).sum::<f64>() / n).sqrt();
+            let cost = rs.iter().map(|r| r.cost_usd).sum::<f64>() / n;
+            let edge = rs.iter().map(|r| r.edge_s).sum::<f64>() / n;
+            mine.push(Cell {
+                experiment: e.to_owned(),
+                app: app.to_owned(),
+                variant: variant.to_owned(),
+                policy: (*p).to_owned(),
+                jobs: rs.len(),
+                latency_s: lat,
+                latency_sd: sd,
+                cost_usd: cost,
+                perf_per_dollar: if lat > 0.0 && cost > 0.0 {
+                    1.0 / (lat * cost)
+                } else {
+                    0.0
+                },
+                ratio_to_best_static: 0.0,
+                edge_s: edge,
+            });
+        }
+        let best = mine
+            .iter()
+            .filter(|c| STATIC.contains(&c.policy.as_str()))
+            .map(|c| c.perf_per_dollar)
+            .fold(0.0, f64::max);
+        for c in &mut mine {
+            c.ratio_to_best_static = if best > 0.0 {
+                c.perf_per_dollar / best
+            } else {
+                0.0
+            };
+        }
+        cells.extend(mine);
+    }
+    cells
+}
+
+/// The measured jobs as CSV (header first).
+pub fn csv(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "experiment,app,variant,policy,job_id,mode,input_bytes,latency_s,cost_usd,perf_per_dollar,edge_s,planning_us,methods,plan_used,placement\n",
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "{},{},{},{},{},{},{},{:.4},{:.8},{:.2},{:.4},{:.0},{},{},{}\n",
+            r.experiment,
+            r.app,
+            r.variant,
+            r.policy,
+            r.job_id,
+            r.mode,
+            r.input_bytes,
+            r.latency_s,
+            r.cost_usd,
+            r.perf_per_dollar,
+            r.edge_s,
+            r.planning_us,
+            r.methods,
+            r.plan_used,
+            r.placement
+        ));
+    }
+    s
+}
+
+/// One profiling job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profiled {
+    pub app: String,
+    pub job_id: String,
+    /// In the application's unit (bytes, rows, seconds).
+    pub size: u64,
+    pub input_bytes: u64,
+    pub held_out: bool,
+    pub latency_s: f64,
+    pub ok: bool,
+}
+
+/// The planner's overhead for one application.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Overhead {
+    pub app: String,
+    /// Median round trip of `GET /v1/dags/{name}/plan` (prediction + planning + HTTP), seconds.
+    pub route_s: f64,
+    /// Mean of the planner's own time in the sonic jobs' plans, seconds.
+    pub planner_s: f64,
+    /// Mean latency of the sonic jobs.
+    pub job_s: f64,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Default)]
+pub struct Results {
+    /// The clusters used, by purpose.
+    pub clusters: Vec<(String, ClusterInfo)>,
+    pub rows: Vec<Row>,
+    pub profiled: Vec<Profiled>,
+    /// Per application: profiling jobs until the models said converged (None: never).
+    pub converged_after: BTreeMap<String, Option<usize>>,
+    pub fig10: Vec<fig10::ErrorPoint>,
+    pub overhead: Vec<Overhead>,
+    pub validation: Vec<sim::ValidationRow>,
+    pub sim: Option<sim::SimResults>,
+    pub notes: Vec<String>,
+    /// Each application's measured input size (its unit) and bytes.
+    pub measured_sizes: BTreeMap<String, (u64, u64)>,
+    /// The plan report of the first job of each planned cell: (file name, `ofctl plan -o json`).
+    pub plans: Vec<(String, Value)>,
+    /// Each application's models after profiling (`GET /v1/dags/{name}/models`, samples left out).
+    pub models: BTreeMap<String, DagModelsView>,
+    /// Each application's profiling samples (as the control plane recorded them).
+    pub samples: BTreeMap<String, Vec<sonic_control::store::SampleRecord>>,
+}
+
+/// `ofctl bench`.
+pub async fn run(args: UpArgs, opts: BenchOptions, out: &mut dyn Write) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let temp = tempfile::Builder::new()
+        .prefix("sonic-bench-")
+        .tempdir()
+        .context("cannot make a temporary folder")?;
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| temp.path().to_path_buf());
+    let catalog = match &args.catalog {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read {}", p.display()))?;
+            Catalog::from_yaml(&text).with_context(|| p.display().to_string())?
+        }
+        None => Catalog::default(),
+    };
+    std::fs::create_dir_all(&opts.out_dir)
+        .with_context(|| format!("cannot create {}", opts.out_dir.display()))?;
+    let mut results = Results::default();
+    let wants_cluster = opts.wants(Experiment::Fig7) || opts.wants(Experiment::Fig2);
+    if wants_cluster {
+        cluster_experiments(&args, &opts, &catalog, &data_dir.join("main"), &mut results).await?;
+    }
+    if opts.wants(Experiment::Fig6) {
+        for vm in ["m5.large", "m5.xlarge"] {
+            if let Err(e) =
+                broadcast_experiment(&args, &opts, &catalog, vm, &data_dir, &mut results).await
+            {
+                results.notes.push(format!("fig6 on {vm}: {e:#}"));
+                eprintln!("ofctl bench: fig6 on {vm}: {e:#}");
+            }
+        }
+    }
+    if opts.wants(Experiment::Sim) {
+        eprintln!("simulator: paper-scale experiments");
+        match sim::paper_scale(&catalog, opts.quick) {
+            Ok(s) => results.sim = Some(s),
+            Err(e) => results.notes.push(format!("simulator: {e:#}")),
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let written = report::write_all(&opts, &results, seconds)?;
+    writeln!(
+        out,
+        "wrote {} files into {} in {seconds:.0} s: {}",
+        written.len(),
+        opts.out_dir.display(),
+        written.join(", ")
+    )?;
+    Ok(())
+}
+
+/// A job the harness submits.
+struct Job<'a> {
+    dag: &'a str,
+    input: Option<(String, &'a str)>,
+    params: Vec<(String, Value)>,
+    policy: Option<&'a str>,
+    planned: bool,
+}
+
+async fn run_job(client: &Client, job: Job<'_>) -> anyhow::Result<JobSummary> {
+    let req = JobRequest {
+        dag: job.dag.into(),
+        input: job.input.map(|(key, name)| JobInput::Key {
+            key,
+            name: name.into(),
+        }),
+        params: job.params,
+        policy: job.policy.map(str::to_owned),
+        planned: job.planned,
+    };
+    let accepted = commands::submit(client, &req).await?;
+    let id = accepted["job_id"]
+        .as_str()
+        .ok_or_else(|| anyhow!("POST /v1/jobs answered no job_id"))?
+        .to_owned();
+    let v = commands::wait_job(client, &id, &mut Progress::new()).await?;
+    Ok(serde_json::from_value(v)?)
+}
+
+/// Inputs put into the store once per (application, size).
+struct Inputs {
+    prefix: String,
+    stored: HashSet<String>,
+    dir: PathBuf,
+}
+
+impl Inputs {
+    async fn key(&mut self, cluster: &Cluster, app: &App, size: u64) -> anyhow::Result<String> {
+        let key = format!("{}{}/{size}/{}", self.prefix, app.name, app.input_name);
+        if self.stored.contains(&key) {
+            return Ok(key);
+        }
+        let data = apps::input(app, size)?;
+        let path = self.dir.join(format!("{}-{size}", app.name));
+        std::fs::write(&path, data).with_context(|| format!("cannot write {}", path.display()))?;
+        cluster
+            .store
+            .put_file(&key, &path)
+            .await
+            .map_err(|e| anyhow!("cannot store the input {key}: {e}"))?;
+        let _ = std::fs::remove_file(&path);
+        self.stored.insert(key.clone());
+        Ok(key)
+    }
+}
+
+/// `trees=3` -> `trees-3-`; empty stays empty.
+fn slug(variant: &str) -> String {
+    let s: String = variant
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if s.is_empty() { s } else { format!("{s}-") }
+}
+
+fn short(e: &anyhow::Error) -> String {
+    crate::one_line(e).chars().take(300).collect()
+}
+
+/// Profiling, Fig. 10, Fig. 7, the overhead, the validation and Fig. 2 on one cluster.
+async fn cluster_experiments(
+    args: &UpArgs,
+    opts: &BenchOptions,
+    catalog: &Catalog,
+    data_dir: &Path,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut options = args.options(data_dir.to_path_buf(), listen);
+    options.emulate_store = true;
+    let mut note = |line: &str| eprintln!("{line}");
+    let cluster = Cluster::start(options, &mut note).await?;
+    let mut inputs = Inputs {
+        prefix: format!("bench/{}/", std::process::id()),
+        stored: HashSet::new(),
+        dir: data_dir.to_path_buf(),
+    };
+    let outcome = measure_apps(&cluster, opts, catalog, &mut inputs, results).await;
+    if let Err(e) = cluster.store.delete_prefix(&inputs.prefix).await {
+        eprintln!("ofctl bench: cannot delete the bench inputs: {e}");
+    }
+    results
+        .clusters
+        .push(("applications (Fig. 2, 7, 10)".into(), cluster.info.clone()));
+    cluster.stop().await;
+    outcome
+}
+
+async fn measure_apps(
+    cluster: &Cluster,
+    opts: &BenchOptions,
+    catalog: &Catalog,
+    inputs: &mut Inputs,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let client = cluster.client()?;
+    let (n_train, n_test, reps) = opts.scale();
+    let all = apps::apps();
+    for app in &all {
+        commands::apply_text(&client, app.file, app.yaml.to_owned())
+            .await
+            .with_context(|| format!("apply {}", app.file))?;
+        let sizes = apps::sizes(app, n_train, n_test);
+        profile(cluster, &client, app, &sizes, opts, inputs, results).await?;
+    }
+    if opts.wants(Experiment::Fig7) {
+        for app in &all {
+            let sizes = apps::sizes(app, n_train, n_test);
+            let key = inputs.key(cluster, app, sizes.measured).await?;
+            overhead_route(&client, app, results, &key, cluster).await;
+            let total = reps * FIG7_POLICIES.len();
+            let mut k = 0;
+            for _ in 0..reps {
+                for policy in FIG7_POLICIES {
+                    k += 1;
+                    let job = Job {
+                        dag: app.name,
+                        input: Some((key.clone(), app.input_name)),
+                        params: Vec::new(),
+                        policy: Some(policy),
+                        planned: STATIC.contains(&policy),
+                    };
+                    record(&client, job, "fig7", "", policy, results, (k, total)).await;
+                }
+            }
+            finish_overhead(app, results);
+        }
+        match sim::validate(catalog, cluster, results) {
+            Ok(v) => results.validation = v,
+            Err(e) => results
+                .notes
+                .push(format!("simulator validation: {}", short(&e))),
+        }
+    }
+    if opts.wants(Experiment::Fig2) {
+        let app = all
+            .iter()
+            .find(|a| a.name == "ml-pipeline")
+            .ok_or_else(|| anyhow!("no ml-pipeline application"))?;
+        let sizes = apps::sizes(app, n_train, n_test);
+        let key = inputs.key(cluster, app, sizes.measured).await?;
+        let reps2 = if opts.quick { 1 } else { 3 };
+        let total = reps2 * 3 * FIG2_POLICIES.len();
+        let mut k = 0;
+        for _ in 0..reps2 {
+            for trees in [1u32, 3, 12] {
+                for policy in FIG2_POLICIES {
+                    k += 1;
+                    let job = Job {
+                        dag: app.name,
+                        input: Some((key.clone(), app.input_name)),
+                        params: vec![("trees".into(), Value::from(trees))],
+                        policy: Some(policy),
+                        planned: STATIC.contains(&policy),
+                    };
+                    let variant = format!("trees={trees}");
+                    record(&client, job, "fig2", &variant, policy, results, (k, total)).await;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs one measured job and records it (or a note saying why it is missing).
+async fn record(
+    client: &Client,
+    job: Job<'_>,
+    experiment: &str,
+    variant: &str,
+    policy: &str,
+    results: &mut Results,
+    (k, total): (usize, usize),
+) {
+    let app = job.dag.to_owned();
+    match run_job(client, job).await {
+        Ok(s) if s.status == JobStatus::Succeeded => {
+            eprintln!(
+                "[{experiment} {k}/{total}] {app} {variant} {policy}: {:.2} s ${:.7} ({}; {})",
+                s.latency_s,
+                s.cost_usd,
+                s.mode,
+                s.edges
+                    .iter()
+                    .map(|e| e.method.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            if (policy == "sonic" || policy == "oracle") && s.mode != JobMode::Planned {
+                results.notes.push(format!(
+                    "{experiment} {app} {policy} job {} was not planned",
+                    s.job_id
+                ));
+            }
+            // The first plan of each planned cell, as the control plane explained it.
+            if let Some(plan) = &s.plan {
+                let name = format!("{experiment}-{app}-{}{policy}.json", slug(variant));
+                if !results.plans.iter().any(|(n, _)| *n == name) {
+                    results.plans.push((name, plan.report.clone()));
+                }
+            }
+            results
+                .rows
+                .push(Row::from_summary(experiment, variant, policy, &s));
+        }
+        Ok(s) => {
+            eprintln!(
+                "[{experiment} {k}/{total}] {app} {variant} {policy}: {}",
+                s.status
+            );
+            results.notes.push(format!(
+                "{experiment} {app} {variant} {policy} job {} {}: {}",
+                s.job_id,
+                s.status,
+                s.error.unwrap_or_default()
+            ));
+        }
+        Err(e) => {
+            eprintln!(
+                "[{experiment} {k}/{total}] {app} {variant} {policy}: {}",
+                short(&e)
+            );
+            results.notes.push(format!(
+                "{experiment} {app} {variant} {policy}: not run: {}",
+                short(&e)
+            ));
+        }
+    }
+}
+
+/// Profiles `app` (forced `remote`, spread over the agents: the control plane's profiling) at
+/// the training then the held-out sizes, then until the models converge; computes Fig. 10.
+async fn profile(
+    cluster: &Cluster,
+    client: &Client,
+    app: &App,
+    sizes: &apps::Sizes,
+    opts: &BenchOptions,
+    inputs: &mut Inputs,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let extra = if opts.quick { 4 } else { 8 };
+    let planned: Vec<(u64, bool)> = sizes
+        .train
+        .iter()
+        .map(|s| (*s, false))
+        .chain(sizes.test.iter().map(|s| (*s, true)))
+        .collect();
+    let models_path = format!("/v1/dags/{}/models", encode(app.name));
+    let mut converged_after = None;
+    let mut n = 0;
+    let total = planned.len();
+    for (i, (size, held_out)) in planned
+        .iter()
+        .copied()
+        .chain(sizes.train.iter().cycle().take(extra).map(|s| (*s, false)))
+        .enumerate()
+    {
+        if i >= total && converged_after.is_some() {
+            break;
+        }
+        let key = inputs.key(cluster, app, size).await?;
+        let job = Job {
+            dag: app.name,
+            input: Some((key, app.input_name)),
+            params: Vec::new(),
+            policy: Some("remote"),
+            planned: false,
+        };
+        let s = run_job(client, job).await?;
+        n += 1;
+        let ok = s.status == JobStatus::Succeeded;
+        eprintln!(
+            "[profiling {n}] {} {size} {}{}: {} {:.2} s",
+            app.name,
+            app.unit,
+            if held_out { " (held out)" } else { "" },
+            s.status,
+            s.latency_s
+        );
+        if !ok {
+            results.notes.push(format!(
+                "profiling {} at {size} {}: job {} {}: {}",
+                app.name,
+                app.unit,
+                s.job_id,
+                s.status,
+                s.error.clone().unwrap_or_default()
+            ));
+        }
+        if size == sizes.measured {
+            results
+                .measured_sizes
+                .insert(app.name.into(), (size, s.input_bytes));
+        }
+        results.profiled.push(Profiled {
+            app: app.name.into(),
+            job_id: s.job_id.clone(),
+            size,
+            input_bytes: s.input_bytes,
+            held_out,
+            latency_s: s.latency_s,
+            ok,
+        });
+        if converged_after.is_none() {
+            let m: DagModelsView = client.get(&models_path).await?;
+            if m.converged {
+                converged_after = Some(n);
+            }
+        }
+    }
+    results
+        .converged_after
+        .insert(app.name.into(), converged_after);
+    if converged_after.is_none() {
+        results.notes.push(format!(
+            "{}: the models did not converge within {n} profiling jobs; its sonic and baseline jobs plan with what the models predict",
+            app.name
+        ));
+    }
+    // Fig. 10 from the recorded samples: training jobs in the order they ran, held-out fixed.
+    let mut m: DagModelsView = client.get(&models_path).await?;
+    let samples = fig10::samples_from_view(app.name, &std::mem::take(&mut m.samples));
+    results.models.insert(app.name.into(), m);
+    let mine: Vec<&Profiled> = results
+        .profiled
+        .iter()
+        .filter(|p| p.app == app.name && p.ok)
+        .collect();
+    let pick = |held: bool| {
+        mine.iter()
+            .filter(|p| p.held_out == held)
+            .filter_map(|p| samples.iter().find(|s| s.job == p.job_id).cloned())
+            .collect::<Vec<_>>()
+    };
+    let (train, test) = (pick(false), pick(true));
+    results
+        .fig10
+        .extend(fig10::error_curves(app.name, &train, &test));
+    let profiled: Vec<_> = train.into_iter().chain(test).collect();
+    results.samples.insert(app.name.into(), profiled);
+    Ok(())
+}
+
+/// Times the plan route (prediction + planning + HTTP) for the measured input.
+async fn overhead_route(
+    client: &Client,
+    app: &App,
+    results: &mut Results,
+    key: &str,
+    cluster: &Cluster,
+) {
+    let bytes = cluster.store.head(key).await.ok().flatten().unwrap_or(0);
+    let path = format!("/v1/dags/{}/plan?input_bytes={bytes}", encode(app.name));
+    let mut times = Vec::new();
+    for _ in 0..7 {
+        let t = Instant::now();
+        if client.get::<Value>(&path).await.is_ok() {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let route_s = times.get(times.len() / 2).copied().unwrap_or(0.0);
+    results.overhead.push(Overhead {
+        app: app.name.into(),
+        route_s,
+        planner_s: 0.0,
+        job_s: 0.0,
+    });
+}
+
+/// The sonic jobs' planner time and latency, into the application's overhead line.
+fn finish_overhead(app: &App, results: &mut Results) {
+    let sonic: Vec<&Row> = results
+        .rows
+        .iter()
+        .filter(|r| r.experiment == "fig7" && r.app == app.name && r.policy == "sonic")
+        .collect();
+    if sonic.is_empty() {
+        return;
+    }
+    let n = sonic.len() as f64;
+    let planner = sonic.iter().map(|r| r.planning_us / 1e6).sum::<f64>() / n;
+    let job = sonic.iter().map(|r| r.latency_s).sum::<f64>() / n;
+    if let Some(o) = results.overhead.iter_mut().find(|o| o.app == app.name) {
+        o.planner_s = planner;
+        o.job_s = job;
+    }
+}
+
+/// The broadcast fanouts of Fig. 6.
+fn fig6_fanouts(quick: bool) -> &'static [u32] {
+    if quick {
+        &[1, 2, 4, 8, 12]
+    } else {
+        &[1, 2, 3, 4, 6, 8, 10, 12]
+    }
+}
+
+/// Bytes the broadcast source writes in Fig. 6.
+pub const FIG6_BYTES: u64 = 20_000_000;
+
+/// Fig. 6 on a cluster of 4 agents of one VM type: the broadcast DAG at growing fanouts, every
+/// edge `direct` or `remote` (forced, spread over the agents: the source on one agent, the sinks
+/// round-robin over all four).
+async fn broadcast_experiment(
+    args: &UpArgs,
+    opts: &BenchOptions,
+    catalog: &Catalog,
+    vm: &str,
+    data_dir: &Path,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let mut one = catalog.clone();
+    one.vm_types.retain(|t| t.name == vm);
+    if one.vm_types.is_empty() {
+        anyhow::bail!("the catalog has no VM type {vm}");
+    }
+    let dir = data_dir.join(format!("fig6-{vm}"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    // JSON is YAML: the catalog reader takes it.
+    let catalog_path = dir.join("catalog.yaml");
+    std::fs::write(&catalog_path, serde_json::to_string_pretty(&one)?)
+        .with_context(|| format!("cannot write {}", catalog_path.display()))?;
+    let mut up = args.clone();
+    up.agents = 4;
+    up.catalog = Some(catalog_path);
+    let mut options = up.options(dir.join("cluster"), SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.emulate_store = true;
+    let mut note = |line: &str| eprintln!("{line}");
+    let cluster = Cluster::start(options, &mut note).await?;
+    let outcome = async {
+        let client = cluster.client()?;
+        commands::apply_text(
+            &client,
+            "dags/broadcast.yaml",
+            apps::BROADCAST_YAML.to_owned(),
+        )
+        .await?;
+        let fanouts = fig6_fanouts(opts.quick);
+        let reps = if opts.quick { 1 } else { 2 };
+        let total = reps * fanouts.len() * 2;
+        let mut k = 0;
+        for _ in 0..reps {
+            for &fanout in fanouts {
+                for method in ["direct", "remote"] {
+                    k += 1;
+                    let job = Job {
+                        dag: "broadcast",
+                        input: None,
+                        params: vec![
+                            ("fanout".into(), Value::from(fanout)),
+                            ("output_bytes".into(), Value::from(FIG6_BYTES)),
+                        ],
+                        policy: Some(method),
+                        planned: false,
+                    };
+                    let variant = format!("{vm} k={fanout}");
+                    record(&client, job, "fig6", &variant, method, results, (k, total)).await;
+                }
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    results
+        .clusters
+        .push((format!("Fig. 6 on {vm}"), cluster.info.clone()));
+    cluster.stop().await;
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(experiment: &str, variant: &str, policy: &str, lat: f64, cost: f64) -> Row {
+        Row {
+            experiment: experiment.into(),
+            app: "a".into(),
+            variant: variant.into(),
+            policy: policy.into(),
+            job_id: "j".into(),
+            mode: "planned".into(),
+            input_bytes: 0,
+            latency_s: lat,
+            cost_usd: cost,
+            perf_per_dollar: 1.0 / (lat * cost),
+            methods: String::new(),
+            plan_used: String::new(),
+            placement: String::new(),
+            edge_s: 0.0,
+            planning_us: 0.0,
+        }
+    }
+
+    #[test]
+    fn perf_per_dollar_is_relative_to_the_best_static_policy_of_its_group() {
+        let rows = vec![
+            row("fig7", "", "remote", 2.0, 1.0),
+            row("fig7", "", "local", 1.0, 1.0),
+            row("fig7", "", "local", 3.0, 1.0),
+            row("fig7", "", "sonic", 1.0, 2.0),
+            row("fig2", "trees=1", "direct", 1.0, 1.0),
+            row("fig2", "trees=1", "sonic", 0.5, 1.0),
+        ];
+        let cells = aggregate(&rows);
+        assert_eq!(cells.len(), 5);
+        let local = &cells[1];
+        assert_eq!((local.policy.as_str(), local.jobs), ("local", 2));
+        assert!((local.latency_s - 2.0).abs() < 1e-12);
+        assert!((local.latency_sd - 1.0).abs() < 1e-12);
+        // remote and local tie at 0.5; sonic 0.5 too: ratio 1.
+        assert!((cells[2].ratio_to_best_static - 1.0).abs() < 1e-12);
+        // Another group has its own best static policy.
+        let sonic2 = cells
+            .iter()
+            .find(|c| c.experiment == "fig2" && c.policy == "sonic")
+            .unwrap();
+        assert!((sonic2.ratio_to_best_static - 2.0).abs() < 1e-12);
+        assert_eq!(csv(&rows).lines().count(), 7);
+    }
+}

@@ -1,0 +1,658 @@
+//! The evaluation's outputs: CSV per experiment, SVG charts and `report.md`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use anyhow::Context;
+
+use super::{BenchOptions, Cell, FIG6_BYTES, Results, STATIC, aggregate, csv, fig10, sim as bsim};
+use crate::charts::{self, BarChart, BarGroup, LineChart, Series};
+
+/// Writes every file; returns their names.
+pub fn write_all(
+    opts: &BenchOptions,
+    results: &Results,
+    seconds: f64,
+) -> anyhow::Result<Vec<String>> {
+    let mut written = Vec::new();
+    let mut write = |name: &str, text: String| -> anyhow::Result<()> {
+        let p = opts.out_dir.join(name);
+        std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
+        written.push(name.to_owned());
+        Ok(())
+    };
+    let cells = aggregate(&results.rows);
+    if !results.rows.is_empty() {
+        write("jobs.csv", csv(&results.rows))?;
+    }
+    if !results.profiled.is_empty() {
+        write("profiling.csv", profiling_csv(results))?;
+    }
+    if !results.fig10.is_empty() {
+        write("fig10.csv", fig10::csv(&results.fig10))?;
+        for app in apps_of(results.fig10.iter().map(|p| p.app.as_str())) {
+            write(&format!("fig10-{app}.svg"), fig10_chart(results, &app)?)?;
+        }
+    }
+    if has(&cells, "fig7") {
+        write("fig7.svg", fig7_chart(&cells)?)?;
+    }
+    if has(&cells, "fig2") {
+        write("fig2.svg", fig2_chart(&cells)?)?;
+    }
+    if has(&cells, "fig6") {
+        write("fig6.svg", fig6_chart(&cells)?)?;
+    }
+    if !results.validation.is_empty() {
+        write("validation.csv", bsim::validation_csv(&results.validation))?;
+    }
+    if let Some(s) = &results.sim {
+        for (name, text) in bsim::files(s)? {
+            write(&name, text)?;
+        }
+    }
+    if !results.plans.is_empty() {
+        let dir = opts.out_dir.join("plans");
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        for (name, plan) in &results.plans {
+            write(
+                &format!("plans/{name}"),
+                serde_json::to_string_pretty(plan)?,
+            )?;
+        }
+    }
+    let md = report(opts, results, &cells, seconds);
+    write("report.md", md)?;
+    Ok(written)
+}
+
+fn has(cells: &[Cell], experiment: &str) -> bool {
+    cells.iter().any(|c| c.experiment == experiment)
+}
+
+fn apps_of<'a>(it: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for a in it {
+        if !out.iter().any(|o| o == a) {
+            out.push(a.to_owned());
+        }
+    }
+    out
+}
+
+fn profiling_csv(results: &Results) -> String {
+    let mut s = String::from("app,job_id,size,input_bytes,held_out,latency_s,ok\n");
+    for p in &results.profiled {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{:.4},{}",
+            p.app, p.job_id, p.size, p.input_bytes, p.held_out, p.latency_s, p.ok
+        );
+    }
+    s
+}
+
+fn fig10_chart(results: &Results, app: &str) -> anyhow::Result<String> {
+    let mut by: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+    for p in results.fig10.iter().filter(|p| p.app == app) {
+        by.entry(p.parameter.as_str())
+            .or_default()
+            .push((p.train_jobs as f64, p.mape));
+    }
+    let series: Vec<Series> = by
+        .into_iter()
+        .map(|(name, points)| Series {
+            name: name.to_owned(),
+            points,
+        })
+        .collect();
+    Ok(charts::line_chart(&LineChart {
+        title: &format!("Fig. 10 ({app}): prediction error vs profiling jobs"),
+        x_label: "profiling jobs the models were fitted on",
+        y_label: "MAPE on held-out jobs (%)",
+        series: &series,
+        log_x: false,
+        log_y: true,
+    })?)
+}
+
+fn fig7_chart(cells: &[Cell]) -> anyhow::Result<String> {
+    let groups: Vec<BarGroup> = apps_of(
+        cells
+            .iter()
+            .filter(|c| c.experiment == "fig7")
+            .map(|c| c.app.as_str()),
+    )
+    .into_iter()
+    .map(|app| BarGroup {
+        bars: cells
+            .iter()
+            .filter(|c| c.experiment == "fig7" && c.app == app)
+            .map(|c| (c.policy.clone(), c.ratio_to_best_static))
+            .collect(),
+        label: app,
+    })
+    .collect();
+    Ok(charts::bar_chart(&BarChart {
+        title: "Fig. 7 (emulated cluster): Perf/$ relative to the best static policy",
+        y_label: "Perf/$ / best static",
+        groups: &groups,
+        reference: Some((1.0, "best static")),
+        show_values: true,
+    })?)
+}
+
+fn fig2_chart(cells: &[Cell]) -> anyhow::Result<String> {
+    let groups: Vec<BarGroup> = cells.iter().filter(|c| c.experiment == "fig2").fold(
+        Vec::<BarGroup>::new(),
+        |mut gs, c| {
+            match gs.iter_mut().find(|g| g.label == c.variant) {
+                Some(g) => g.bars.push((c.policy.clone(), c.latency_s)),
+                None => gs.push(BarGroup {
+                    label: c.variant.clone(),
+                    bars: vec![(c.policy.clone(), c.latency_s)],
+                }),
+            }
+            gs
+        },
+    );
+    Ok(charts::bar_chart(&BarChart {
+        title: "Fig. 2 (emulated cluster): ML pipeline latency by fanout and method",
+        y_label: "job latency (s)",
+        groups: &groups,
+        reference: None,
+        show_values: true,
+    })?)
+}
+
+/// (VM type, fanout) of a Fig. 6 variant `m5.large k=4`.
+fn fig6_variant(v: &str) -> Option<(&str, u32)> {
+    let (vm, k) = v.split_once(" k=")?;
+    Some((vm, k.parse().ok()?))
+}
+
+fn fig6_chart(cells: &[Cell]) -> anyhow::Result<String> {
+    let mut by: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for c in cells.iter().filter(|c| c.experiment == "fig6") {
+        if let Some((vm, k)) = fig6_variant(&c.variant) {
+            by.entry(format!("{} {vm}", c.policy))
+                .or_default()
+                .push((f64::from(k), c.latency_s));
+        }
+    }
+    let series: Vec<Series> = by
+        .into_iter()
+        .map(|(name, mut points)| {
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            Series { name, points }
+        })
+        .collect();
+    Ok(charts::line_chart(&LineChart {
+        title: "Fig. 6 (emulated cluster): broadcast, direct vs remote",
+        x_label: "broadcast fanout (receivers)",
+        y_label: "job latency (s)",
+        series: &series,
+        log_x: false,
+        log_y: false,
+    })?)
+}
+
+/// Per VM type: the first fanout at which `remote` was faster than `direct`.
+pub fn fig6_crossovers(cells: &[Cell]) -> Vec<(String, Option<u32>)> {
+    let mut by: BTreeMap<String, BTreeMap<u32, (f64, f64)>> = BTreeMap::new();
+    for c in cells.iter().filter(|c| c.experiment == "fig6") {
+        if let Some((vm, k)) = fig6_variant(&c.variant) {
+            let e = by
+                .entry(vm.to_owned())
+                .or_default()
+                .entry(k)
+                .or_insert((f64::NAN, f64::NAN));
+            match c.policy.as_str() {
+                "direct" => e.0 = c.latency_s,
+                "remote" => e.1 = c.latency_s,
+                _ => {}
+            }
+        }
+    }
+    by.into_iter()
+        .map(|(vm, ks)| {
+            let first = ks.iter().find(|(_, (d, r))| r < d).map(|(k, _)| *k);
+            (vm, first)
+        })
+        .collect()
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores ({cpu}), {}", std::env::consts::OS)
+}
+
+/// Sonic's standing against the best static policy, one line per compared group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub experiment: String,
+    pub group: String,
+    pub sonic: f64,
+    pub best_static: String,
+    pub ratio: f64,
+}
+
+/// Verdicts of the measured experiments.
+pub fn verdicts(cells: &[Cell]) -> Vec<Verdict> {
+    cells
+        .iter()
+        .filter(|c| c.policy == "sonic")
+        .filter_map(|c| {
+            let best = cells
+                .iter()
+                .filter(|b| {
+                    b.experiment == c.experiment
+                        && b.app == c.app
+                        && b.variant == c.variant
+                        && STATIC.contains(&b.policy.as_str())
+                })
+                .max_by(|a, b| a.perf_per_dollar.total_cmp(&b.perf_per_dollar))?;
+            Some(Verdict {
+                experiment: c.experiment.clone(),
+                group: format!("{} {}", c.app, c.variant).trim().to_owned(),
+                sonic: c.perf_per_dollar,
+                best_static: best.policy.clone(),
+                ratio: c.ratio_to_best_static,
+            })
+        })
+        .collect()
+}
+
+fn report(opts: &BenchOptions, results: &Results, cells: &[Cell], seconds: f64) -> String {
+    let mut s = String::from("# Evaluation: Sonic against its baselines\n\n");
+    let argv: Vec<String> = std::env::args().collect();
+    let _ = writeln!(
+        s,
+        "Generated by `{}` ({} build) in {seconds:.0} s on {}. Mode: {}. Every figure below was \
+         measured by that run; `docs/evaluation.md` says how to read them.\n",
+        argv.join(" "),
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        machine(),
+        if opts.quick {
+            "quick (fewer sizes, fanouts and repetitions)"
+        } else {
+            "full"
+        }
+    );
+
+    // ---- verdicts ----
+    let mut all: Vec<Verdict> = verdicts(cells);
+    if let Some(sim) = &results.sim {
+        all.extend(bsim::verdicts(sim));
+    }
+    if !all.is_empty() {
+        s.push_str("## Sonic against the best static policy\n\nPerf/$ = 1 / (mean latency x mean cost). The goal: at least 0.95 of the best static policy everywhere.\n\n| experiment | case | best static | Sonic / best static | goal met |\n|---|---|---|---|---|\n");
+        for v in &all {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {:.3} | {} |",
+                v.experiment,
+                v.group,
+                v.best_static,
+                v.ratio,
+                if v.ratio >= 0.95 { "yes" } else { "**no**" }
+            );
+        }
+        s.push('\n');
+    }
+
+    // ---- the cluster ----
+    for (what, info) in &results.clusters {
+        let _ = writeln!(
+            s,
+            "## The emulated cluster: {what}\n\nOne process runs the control plane and {} agents \
+             ({} sandbox; store: {} at {}). Each agent stands for one VM of its type: its egress and \
+             ingress are limited to the type's bandwidth (catalog values, not scaled), and the agents \
+             see the store with the catalog's request latency and one connection's read and write \
+             throughput (`remote_storage`). Not emulated: compute and memory. All agents share this \
+             machine's cores and disk, so a lambda computes no faster on a larger type, and the \
+             inputs are small enough for 2 cores. Costs are the model's (catalog price x time each \
+             agent was held by the job), not a bill.\n",
+            info.agents.len(),
+            info.sandbox,
+            info.store,
+            info.store_location
+        );
+        s.push_str(
+            "| agent | VM type | vCPUs | memory MB | network Mbit/s |\n|---|---|---|---|---|\n",
+        );
+        for a in &info.agents {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} |",
+                a.agent_id, a.vm_type, a.vcpus, a.memory_mb, a.network_mbps
+            );
+        }
+        s.push('\n');
+    }
+
+    // ---- profiling, Fig. 10 ----
+    if !results.profiled.is_empty() {
+        s.push_str("## Profiling and prediction error (Fig. 10)\n\nEach application ran forced `remote` (spread over the agents, the control plane's profiling) at training sizes spread over its range, then at held-out sizes between them ([profiling.csv](profiling.csv)). The control plane fitted its models after every job. For Fig. 10 each parameter's model is refitted on the first k training jobs, in the order they ran, and scored on the held-out jobs (mean absolute percentage error).\n\n| app | input range | profiling jobs | held out | models converged after |\n|---|---|---|---|---|\n");
+        for app in super::apps::apps() {
+            let mine: Vec<_> = results
+                .profiled
+                .iter()
+                .filter(|p| p.app == app.name)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let conv = match results.converged_after.get(app.name) {
+                Some(Some(n)) => format!("{n} jobs"),
+                _ => "not converged".into(),
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {}-{} {} | {} | {} | {} |",
+                app.name,
+                app.lo,
+                app.hi,
+                app.unit,
+                mine.iter().filter(|p| !p.held_out).count(),
+                mine.iter().filter(|p| p.held_out).count(),
+                conv
+            );
+        }
+        s.push('\n');
+        if !results.models.is_empty() {
+            s.push_str("The control plane's models after profiling (a model converges at cross-validated MAPE under 15% with 5 samples; the DAG converges when every memory, cold time and fanout model does):\n\n| app | parameter | converged | samples | degree | CV MAPE % | equation (x: input MB) |\n|---|---|---|---|---|---|---|\n");
+            for (app, m) in &results.models {
+                for v in &m.models {
+                    let _ = writeln!(
+                        s,
+                        "| {app} | {} | {} | {} | {} | {} | {} |",
+                        v.parameter,
+                        if v.converged { "yes" } else { "**no**" },
+                        v.samples,
+                        v.degree.map_or("-".into(), |d| d.to_string()),
+                        v.cv_mape
+                            .map_or("-".into(), |e| format!("{:.1}", 100.0 * e)),
+                        v.equation.clone().unwrap_or_default()
+                    );
+                }
+            }
+            s.push('\n');
+        }
+        let apps = apps_of(results.fig10.iter().map(|p| p.app.as_str()));
+        for app in &apps {
+            let _ = writeln!(s, "![Fig. 10 {app}](fig10-{app}.svg)\n");
+        }
+        if !results.fig10.is_empty() {
+            s.push_str("Error with the fewest (2) and with all training jobs, per parameter ([fig10.csv](fig10.csv)):\n\n| app | parameter | MAPE % at 2 jobs | MAPE % at all | jobs |\n|---|---|---|---|---|\n");
+            let mut keys: Vec<(&str, &str)> = Vec::new();
+            for p in &results.fig10 {
+                if !keys.contains(&(p.app.as_str(), p.parameter.as_str())) {
+                    keys.push((&p.app, &p.parameter));
+                }
+            }
+            for (app, param) in keys {
+                let pts: Vec<_> = results
+                    .fig10
+                    .iter()
+                    .filter(|p| p.app == app && p.parameter == param)
+                    .collect();
+                if let (Some(first), Some(last)) = (pts.first(), pts.last()) {
+                    let _ = writeln!(
+                        s,
+                        "| {app} | {param} | {:.1} | {:.1} | {} |",
+                        first.mape, last.mape, last.train_jobs
+                    );
+                }
+            }
+            s.push('\n');
+        }
+    }
+
+    // ---- Fig. 7 ----
+    if has(cells, "fig7") {
+        s.push_str("## Each application under every policy (Fig. 7)\n\n![Fig. 7](fig7.svg)\n\nAt each application's middle training size, jobs of each policy in turn ([jobs.csv](jobs.csv) has every job). The static policies are the paper's baselines, placed as the planner places them (`\"planned\": true`): `remote` is OpenLambda+S3 (one smallest fitting VM per lambda, every edge through the store), `local` is SAND (the whole job on one largest VM, every edge vm-storage), `direct` passes every edge VM to VM. `sonic` plans with the models' predictions, `oracle` with the parameters measured at that input.\n\n");
+        cell_table(&mut s, cells, "fig7");
+    }
+
+    // ---- Fig. 2 ----
+    if has(cells, "fig2") {
+        s.push_str("## The ML pipeline at fanout 1, 3 and 12 (Fig. 2)\n\n![Fig. 2](fig2.svg)\n\n");
+        cell_table(&mut s, cells, "fig2");
+    }
+
+    // ---- Fig. 6 ----
+    if has(cells, "fig6") {
+        let _ = writeln!(
+            s,
+            "## direct vs remote as the broadcast fanout grows (Fig. 6)\n\n![Fig. 6](fig6.svg)\n\n\
+             `dags/broadcast.yaml`: one source writes {} MB, every sink receives that file; forced \
+             `direct` or `remote`, on a cluster of 4 agents of one VM type (the source on one, the \
+             sinks round-robin over all four).\n",
+            FIG6_BYTES / 1_000_000
+        );
+        s.push_str("| VM type | first fanout where remote beats direct |\n|---|---|\n");
+        for (vm, k) in fig6_crossovers(cells) {
+            let _ = writeln!(
+                s,
+                "| {vm} | {} |",
+                k.map_or("none measured".to_owned(), |k| k.to_string())
+            );
+        }
+        s.push('\n');
+        cell_table(&mut s, cells, "fig6");
+    }
+
+    // ---- validation ----
+    if !results.validation.is_empty() {
+        s.push_str("## The simulator against the real runs\n\nEach Fig. 7 job simulated alone on a cluster of the emulated cluster's VM types (64 of each: the emulated cluster runs every VM a plan asks for, several VMs sharing one agent), with the parameters the profiling jobs measured at that input ([validation.csv](validation.csv)). Alone on such a cluster the simulator reproduces the model, so the error is the model's against this machine: shared cores (lambdas of several emulated VMs compute on the same 2 cores), per-job overheads the model has no term for (container starts, staging, HTTP), and the measured parameters' own noise. `sonic` is simulated with the measured parameters (as `oracle`), so it shows the simulator's error, not the predictions'.\n\n| app | policy | real latency s | simulated s | error | real cost $ | simulated $ | error |\n|---|---|---|---|---|---|---|---|\n");
+        for r in &results.validation {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.2} | {:.2} | {:.0}% | {:.7} | {:.7} | {:.0}% |",
+                r.app,
+                r.policy,
+                r.real_latency_s,
+                r.sim_latency_s,
+                100.0 * r.latency_error(),
+                r.real_cost_usd,
+                r.sim_cost_usd,
+                100.0 * r.cost_error()
+            );
+        }
+        let n = results.validation.len() as f64;
+        let lat = results
+            .validation
+            .iter()
+            .map(bsim::ValidationRow::latency_error)
+            .sum::<f64>()
+            / n;
+        let cost = results
+            .validation
+            .iter()
+            .map(bsim::ValidationRow::cost_error)
+            .sum::<f64>()
+            / n;
+        let _ = writeln!(
+            s,
+            "\nMean error: latency {:.0}%, cost {:.0}%.\n",
+            100.0 * lat,
+            100.0 * cost
+        );
+    }
+
+    // ---- simulator ----
+    if let Some(sim) = &results.sim {
+        bsim::report(&mut s, sim);
+    }
+
+    // ---- overhead ----
+    if !results.overhead.is_empty() {
+        s.push_str("## Planner and model overhead\n\nPer application: the median round trip of `GET /v1/dags/{name}/plan` for the measured input (regression prediction, planning and HTTP: an upper bound of what a planned job spends deciding), and the planner's own time as recorded in the sonic jobs' plans, against the mean latency of those jobs.\n\n| app | plan route ms | planner ms | sonic job s | overhead % (route / job) |\n|---|---|---|---|---|\n");
+        for o in &results.overhead {
+            let pct = if o.job_s > 0.0 {
+                100.0 * o.route_s / o.job_s
+            } else {
+                f64::NAN
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {:.2} | {:.2} | {:.2} | {:.3} |",
+                o.app,
+                o.route_s * 1000.0,
+                o.planner_s * 1000.0,
+                o.job_s,
+                pct
+            );
+        }
+        s.push('\n');
+    }
+
+    // ---- where Sonic loses ----
+    let losses: Vec<&Verdict> = all.iter().filter(|v| v.ratio < 0.95).collect();
+    s.push_str("## Where Sonic loses\n\n");
+    if losses.is_empty() {
+        s.push_str("Nowhere in this run: Sonic reached at least 0.95 of the best static policy in every case above.\n\n");
+    }
+    for v in losses {
+        let _ = write!(
+            s,
+            "- {} {}: {:.3} of `{}`.",
+            v.experiment, v.group, v.ratio, v.best_static
+        );
+        let sonic = cells.iter().find(|c| {
+            c.experiment == v.experiment
+                && format!("{} {}", c.app, c.variant).trim() == v.group
+                && c.policy == "sonic"
+        });
+        let best = cells.iter().find(|c| {
+            c.experiment == v.experiment
+                && format!("{} {}", c.app, c.variant).trim() == v.group
+                && c.policy == v.best_static
+        });
+        if let (Some(a), Some(b)) = (sonic, best) {
+            let methods = |p: &str| {
+                results
+                    .rows
+                    .iter()
+                    .find(|r| {
+                        r.experiment == a.experiment
+                            && r.app == a.app
+                            && r.variant == a.variant
+                            && r.policy == p
+                    })
+                    .map(|r| format!("{}; {}", r.methods, r.placement))
+                    .unwrap_or_default()
+            };
+            let _ = write!(
+                s,
+                " Latency {:.2} s (sd {:.2}) vs {:.2} s (sd {:.2}); cost ${:.7} vs ${:.7}. Sonic ran `{}`; `{}` ran `{}`.",
+                a.latency_s,
+                a.latency_sd,
+                b.latency_s,
+                b.latency_sd,
+                a.cost_usd,
+                b.cost_usd,
+                methods("sonic"),
+                b.policy,
+                methods(&b.policy)
+            );
+            if (a.latency_s - b.latency_s).abs() < a.latency_sd + b.latency_sd {
+                s.push_str(
+                    " The latencies differ by less than their spread: within run-to-run noise.",
+                );
+            }
+        }
+        s.push('\n');
+    }
+    s.push('\n');
+
+    if !results.notes.is_empty() {
+        s.push_str("## Notes from this run\n\n");
+        for n in &results.notes {
+            let short: String = n.chars().take(400).collect();
+            let more = if short.len() < n.len() { " ..." } else { "" };
+            let _ = writeln!(s, "- {}{more}", short.replace('\n', " "));
+        }
+    }
+    s
+}
+
+fn cell_table(s: &mut String, cells: &[Cell], experiment: &str) {
+    s.push_str("| app | case | policy | jobs | latency s (sd) | cost $ | Perf/$ | / best static |\n|---|---|---|---|---|---|---|---|\n");
+    for c in cells.iter().filter(|c| c.experiment == experiment) {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.2} ({:.2}) | {:.7} | {:.0} | {:.3} |",
+            c.app,
+            c.variant,
+            c.policy,
+            c.jobs,
+            c.latency_s,
+            c.latency_sd,
+            c.cost_usd,
+            c.perf_per_dollar,
+            c.ratio_to_best_static
+        );
+    }
+    s.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::Row;
+
+    fn row(variant: &str, policy: &str, lat: f64) -> Row {
+        Row {
+            experiment: "fig6".into(),
+            app: "broadcast".into(),
+            variant: variant.into(),
+            policy: policy.into(),
+            job_id: "j".into(),
+            mode: "profiling".into(),
+            input_bytes: 0,
+            latency_s: lat,
+            cost_usd: 1.0,
+            perf_per_dollar: 1.0 / lat,
+            methods: String::new(),
+            plan_used: String::new(),
+            placement: String::new(),
+            edge_s: 0.0,
+            planning_us: 0.0,
+        }
+    }
+
+    #[test]
+    fn crossover_is_the_first_fanout_where_remote_wins() {
+        let rows = vec![
+            row("m5.large k=1", "direct", 1.0),
+            row("m5.large k=1", "remote", 2.0),
+            row("m5.large k=4", "direct", 3.0),
+            row("m5.large k=4", "remote", 2.5),
+            row("m5.xlarge k=1", "direct", 1.0),
+            row("m5.xlarge k=1", "remote", 2.0),
+        ];
+        let cells = aggregate(&rows);
+        assert_eq!(
+            fig6_crossovers(&cells),
+            vec![("m5.large".into(), Some(4)), ("m5.xlarge".into(), None)]
+        );
+        let chart = fig6_chart(&cells).unwrap();
+        assert!(chart.contains("direct m5.large"));
+    }
+}
