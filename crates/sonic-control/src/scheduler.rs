@@ -643,6 +643,21 @@ async fn run(
             for (agent, n) in a.permits(i) {
                 permits.insert(agent, Arc::new(Semaphore::new(n)));
             }
+        } else if let Some(catalog) = rt.catalog.as_ref() {
+            // Unplanned (profiling, forced policies): at most one lambda per vCPU of the VM type
+            // an agent stands for. Instances beyond that wait and then run in a warm container
+            // of this job, which is how profiling measures hot times, not only cold ones.
+            for p in &placements {
+                if let Some(t) = agents
+                    .get(p.agent)
+                    .and_then(|a| catalog.vm_type(&a.vm_type))
+                    .filter(|t| t.vcpus > 0)
+                {
+                    permits
+                        .entry(p.agent)
+                        .or_insert_with(|| Arc::new(Semaphore::new(t.vcpus as usize)));
+                }
+            }
         }
         progress.instances.insert(i, placements.len() as u32);
         progress.expected[i] = placements.len() as u32;

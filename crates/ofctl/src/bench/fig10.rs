@@ -20,8 +20,11 @@ pub struct ErrorPoint {
     pub mape: f64,
 }
 
+/// One sample's measured values: `(parameter, quantity, value)`.
+type Values = Vec<(String, Quantity, f64)>;
+
 /// One sample as pairs `(parameter, quantity, value)`.
-fn values(s: &SampleRecord) -> Vec<(String, Quantity, f64)> {
+fn values(s: &SampleRecord) -> Values {
     let (functions, edges) = sample_parts(s);
     let mut out = Vec::new();
     for (name, f) in functions {
@@ -65,11 +68,11 @@ pub fn samples_from_view(dag: &str, samples: &[Value]) -> Vec<SampleRecord> {
 /// all), scored on `test`. Parameters whose held-out values are all 0 are skipped (no relative
 /// error); so is a k where the fit fails.
 pub fn error_curves(app: &str, train: &[SampleRecord], test: &[SampleRecord]) -> Vec<ErrorPoint> {
-    let train_values: Vec<(f64, Vec<(String, Quantity, f64)>)> = train
+    let train_values: Vec<(f64, Values)> = train
         .iter()
         .map(|s| (s.input_bytes as f64, values(s)))
         .collect();
-    let test_values: Vec<(f64, Vec<(String, Quantity, f64)>)> = test
+    let test_values: Vec<(f64, Values)> = test
         .iter()
         .map(|s| (s.input_bytes as f64, values(s)))
         .collect();
