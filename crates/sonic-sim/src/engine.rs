@@ -47,7 +47,18 @@ pub fn simulate(
     jobs: &[JobSpec],
     config: &SimConfig,
 ) -> Result<SimReport, SimError> {
-    let mut sim = Sim::new(cluster, config, jobs)?;
+    simulate_plans(cluster, jobs, &[], config)
+}
+
+/// [`simulate`], with the plan of some jobs given (`forced[i]` for `jobs[i]`, in the indices of
+/// the cluster's catalog) instead of planned: the experiments force methods this way.
+pub(crate) fn simulate_plans(
+    cluster: &Cluster,
+    jobs: &[JobSpec],
+    forced: &[Option<Assignment>],
+    config: &SimConfig,
+) -> Result<SimReport, SimError> {
+    let mut sim = Sim::new(cluster, config, jobs, forced)?;
     sim.run()?;
     Ok(sim.report())
 }
@@ -72,7 +83,13 @@ pub fn validate_alone(
 ) -> Result<Validation, SimError> {
     let mut spec = job.clone();
     spec.arrival_s = 0.0;
-    let report = simulate(cluster, &[spec], config)?;
+    // Alone on an idle cluster nothing waits: load-aware admission would pick the plan best
+    // alone anyway, after planning on every set of VM types.
+    let config = SimConfig {
+        load_aware: false,
+        ..*config
+    };
+    let report = simulate(cluster, &[spec], &config)?;
     let job = report
         .jobs
         .into_iter()
@@ -165,6 +182,24 @@ struct Vm {
     rank: usize,
 }
 
+/// Memory a stage of an admitted job is predicted to take on one VM, and when.
+#[derive(Debug, Clone, Copy)]
+struct Booking {
+    job: usize,
+    stage: usize,
+    start: f64,
+    end: f64,
+    mb: f64,
+    /// Lambdas at once: the model runs one per vCPU.
+    cpus: f64,
+}
+
+/// Bookings of a plan being fitted: (VM, booking).
+type Placed = Vec<(usize, Booking)>;
+
+/// How long a stage still running past its predicted end is expected to keep its memory.
+const OVERRUN_S: f64 = 1.0;
+
 #[derive(Debug, Clone, Copy)]
 struct Task {
     remaining: f64,
@@ -199,6 +234,8 @@ struct Slot {
     running: u32,
     done: u32,
     finished: bool,
+    /// Lambdas run with the true memory: learned from a first OOM kill (or no need).
+    learned: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -213,6 +250,7 @@ struct StageRun {
     slots_done: usize,
     cold: u32,
     hot: u32,
+    batched: u32,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -274,6 +312,10 @@ struct Job {
     model_latency: f64,
     model_cost: f64,
     fn_keys: Vec<u32>,
+    /// The memory per lambda the plan was made with (the prediction): what slots reserve.
+    pred_mem: Vec<f64>,
+    /// The plans the job may run, best alone first (load-aware admission picks one).
+    candidates: Vec<Candidate>,
     stages: Vec<StageRun>,
     edges: Vec<EdgeRun>,
     groups: Vec<Group>,
@@ -313,6 +355,10 @@ struct Sim<'a> {
     pending: Vec<Option<PendingFlow>>,
     vms: Vec<Vm>,
     by_type: Vec<Vec<usize>>,
+    /// The resource manager's book: per VM, the memory the admitted jobs' unfinished stages
+    /// are predicted to take and when (load-aware admission reads it).
+    bookings: Vec<Vec<Booking>>,
+    usable_mb: Vec<f64>,
     tasks: Vec<Option<Task>>,
     active_tasks: Vec<usize>,
     jobs: Vec<Job>,
@@ -349,10 +395,44 @@ fn job_err(job: &str, message: impl std::fmt::Display) -> SimError {
     }
 }
 
+/// One plan a job may run: the planner's best on some of the cluster's VM types, with its
+/// fallback, the prediction it was chosen on and its stages' predicted windows.
+#[derive(Debug, Clone)]
+struct Candidate {
+    first: Assignment,
+    second: Option<Assignment>,
+    planned: Predicted,
+    /// Predicted `(start, end)` of every stage, seconds after the job starts.
+    windows: Vec<(f64, f64)>,
+    model_latency: f64,
+    model_cost: f64,
+}
+
+/// The sets of VM types load-aware admission plans on: every non-empty subset of the cluster's
+/// types (up to 6 types; beyond, the whole catalog and each type alone), the whole catalog
+/// first.
+fn type_subsets(types: usize) -> Vec<Vec<usize>> {
+    let all: Vec<usize> = (0..types).collect();
+    let mut out = vec![all];
+    if types <= 1 {
+        return out;
+    }
+    if types <= 6 {
+        for mask in 1u32..(1 << types) - 1 {
+            out.push((0..types).filter(|t| mask & (1 << t) != 0).collect());
+        }
+    } else {
+        out.extend((0..types).map(|t| vec![t]));
+    }
+    out
+}
+
 /// Plans one job and sets up its run state.
 fn prepare(
     spec: &JobSpec,
     cluster: &Cluster,
+    cfg: &SimConfig,
+    forced: Option<Assignment>,
     fn_ids: &mut BTreeMap<(String, String), u32>,
 ) -> Result<Job, SimError> {
     let name = &spec.name;
@@ -366,33 +446,92 @@ fn prepare(
         Policy::Oracle => &spec.params,
         _ => spec.predicted.as_ref().unwrap_or(&spec.params),
     };
-    let plan_pb = PlanProblem::from_dag(&spec.dag, told, catalog, spec.bounds)
+    let plan_pb = PlanProblem::from_dag(&spec.dag, told, catalog.clone(), spec.bounds)
         .map_err(|e| job_err(name, e))?;
     for (a, b) in pb.stages().iter().zip(plan_pb.stages()) {
-        if a.name != b.name || a.instances != b.instances || a.memory_mb != b.memory_mb {
+        if a.name != b.name || a.instances != b.instances {
             return Err(job_err(
                 name,
                 format!(
-                    "predicted parameters of {:?} differ in fanout or memory from the true ones (the simulator perturbs times and bytes only)",
+                    "predicted parameters of {:?} differ in fanout from the true ones (the simulator perturbs times, bytes and memory only)",
                     a.name
                 ),
             ));
         }
     }
-    let out = plan(&plan_pb, spec.policy).map_err(|e| job_err(name, e))?;
-    let first = out
-        .best
-        .assignment(&plan_pb)
-        .map_err(|e| job_err(name, e))?;
-    let second = out
-        .second_best
-        .as_ref()
-        .map(|p| p.assignment(&plan_pb))
-        .transpose()
-        .map_err(|e| job_err(name, e))?;
-    let model = pb
-        .evaluate(&first)
-        .map_err(|e| job_err(name, format!("the plan does not run: {e}")))?;
+    let load_aware =
+        cfg.load_aware && forced.is_none() && matches!(spec.policy, Policy::Sonic | Policy::Oracle);
+    let subsets = if load_aware {
+        type_subsets(catalog.vm_types.len())
+    } else {
+        vec![(0..catalog.vm_types.len()).collect()]
+    };
+    let mut candidates: Vec<Candidate> = Vec::new();
+    for (k, types) in subsets.iter().enumerate() {
+        let sub_pb = if k == 0 {
+            plan_pb.clone()
+        } else {
+            let mut sub = catalog.clone();
+            sub.vm_types = types.iter().map(|&t| catalog.vm_types[t].clone()).collect();
+            match PlanProblem::from_dag(&spec.dag, told, sub, spec.bounds) {
+                Ok(p) => p,
+                Err(_) => continue,
+            }
+        };
+        let out = match forced.as_ref() {
+            Some(a) => {
+                let pred = plan_pb
+                    .evaluate(a)
+                    .map_err(|e| job_err(name, format!("the given plan does not run: {e}")))?;
+                Ok(sonic_core::planner::PlanOutcome {
+                    best: sonic_core::planner::Plan::new(&plan_pb, a, &pred),
+                    second_best: None,
+                    table: Vec::new(),
+                })
+            }
+            None => plan(&sub_pb, spec.policy),
+        };
+        let out = match out {
+            Ok(o) => o,
+            Err(e) if k == 0 => return Err(job_err(name, e)),
+            Err(_) => continue, // these types cannot run the job
+        };
+        let mut plans = vec![(out.best.clone(), out.second_best.clone())];
+        if load_aware && let Some(sb) = out.second_best {
+            plans.push((sb, None));
+        }
+        for (p, fb) in plans {
+            let first = p.assignment(&plan_pb).map_err(|e| job_err(name, e))?;
+            if candidates.iter().any(|c| c.first == first) {
+                continue;
+            }
+            let second = fb
+                .map(|q| q.assignment(&plan_pb))
+                .transpose()
+                .map_err(|e| job_err(name, e))?;
+            let pred = plan_pb
+                .evaluate(&first)
+                .map_err(|e| job_err(name, format!("the plan does not run: {e}")))?;
+            // Under the truth a plan made with too little memory may not fit its VMs (the
+            // simulator then runs it in smaller batches): the model has no figure for it.
+            let (model_latency, model_cost) = pb
+                .evaluate(&first)
+                .map_or((f64::NAN, f64::NAN), |m| (m.latency_s, m.cost_usd));
+            candidates.push(Candidate {
+                windows: pred.stages.iter().map(|s| (s.start_s, s.end_s)).collect(),
+                planned: Predicted {
+                    latency_s: pred.latency_s,
+                    cost_usd: pred.cost_usd,
+                    perf_per_dollar: pred.perf_per_dollar,
+                },
+                first,
+                second,
+                model_latency,
+                model_cost,
+            });
+        }
+    }
+    let c0 = candidates[0].clone();
     let app = spec.dag.name.clone();
     let fn_keys = pb
         .stages()
@@ -402,11 +541,11 @@ fn prepare(
             *fn_ids.entry((app.clone(), s.name.clone())).or_insert(next)
         })
         .collect();
-    let stages = pb
-        .stages()
+    let stages = c0
+        .first
+        .placements
         .iter()
-        .zip(&first.placements)
-        .map(|(_, &pl)| StageRun {
+        .map(|&pl| StageRun {
             state: State::Waiting,
             pl,
             group: NONE,
@@ -417,6 +556,7 @@ fn prepare(
             slots_done: 0,
             cold: 0,
             hot: 0,
+            batched: 0,
         })
         .collect();
     Ok(Job {
@@ -425,13 +565,15 @@ fn prepare(
         policy: spec.policy,
         arrival: spec.arrival_s,
         edges: vec![EdgeRun::default(); pb.edges().len()],
+        pred_mem: plan_pb.stages().iter().map(|s| s.memory_mb).collect(),
         pb,
-        assign: first.clone(),
-        first,
-        second,
-        planned: out.best.predicted,
-        model_latency: model.latency_s,
-        model_cost: model.cost_usd,
+        assign: c0.first.clone(),
+        first: c0.first,
+        second: c0.second,
+        planned: c0.planned,
+        model_latency: c0.model_latency,
+        model_cost: c0.model_cost,
+        candidates,
         fn_keys,
         stages,
         groups: Vec::new(),
@@ -443,7 +585,12 @@ fn prepare(
 }
 
 impl<'a> Sim<'a> {
-    fn new(cluster: &'a Cluster, cfg: &SimConfig, specs: &[JobSpec]) -> Result<Self, SimError> {
+    fn new(
+        cluster: &'a Cluster,
+        cfg: &SimConfig,
+        specs: &[JobSpec],
+        forced: &[Option<Assignment>],
+    ) -> Result<Self, SimError> {
         let catalog = cluster.catalog();
         let n = cluster.vms().len();
         let mut rng = SplitMix64::new(cfg.seed);
@@ -486,7 +633,16 @@ impl<'a> Sim<'a> {
         let mut fn_ids = BTreeMap::new();
         let jobs = specs
             .iter()
-            .map(|s| prepare(s, cluster, &mut fn_ids))
+            .enumerate()
+            .map(|(i, s)| {
+                prepare(
+                    s,
+                    cluster,
+                    cfg,
+                    forced.get(i).cloned().flatten(),
+                    &mut fn_ids,
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let mut sim = Sim {
             cluster,
@@ -499,6 +655,12 @@ impl<'a> Sim<'a> {
             pending: Vec::new(),
             vms,
             by_type,
+            bookings: vec![Vec::new(); n],
+            usable_mb: cluster
+                .vms()
+                .iter()
+                .map(|&t| catalog.usable_mb(&catalog.vm_types[t]))
+                .collect(),
             tasks: Vec::new(),
             active_tasks: Vec::new(),
             unfinished: jobs.len(),
@@ -617,10 +779,141 @@ impl<'a> Sim<'a> {
     // ---- jobs and stages ----
 
     fn arrive(&mut self, j: usize) {
+        self.admit(j);
         for r in 0..self.jobs[j].stages.len() {
             if self.jobs[j].pb.incoming(r).is_empty() {
                 self.try_ready(j, r);
             }
+        }
+    }
+
+    // ---- load-aware admission ----
+
+    /// When a booking is expected to end: a stage running late keeps its memory a little more.
+    fn booking_end(&self, b: &Booking) -> f64 {
+        if b.end > self.now {
+            b.end
+        } else {
+            self.now + OVERRUN_S
+        }
+    }
+
+    /// The most memory and lambdas booked on `vm` at once during `[a, b)`, counting `extra`.
+    fn booked_peak(&self, vm: usize, a: f64, b: f64, extra: &[(usize, Booking)]) -> (f64, f64) {
+        let on: Vec<(f64, f64, f64, f64)> = self.bookings[vm]
+            .iter()
+            .map(|x| (x.start, self.booking_end(x), x.mb, x.cpus))
+            .chain(
+                extra
+                    .iter()
+                    .filter(|(v, _)| *v == vm)
+                    .map(|(_, x)| (x.start, x.end, x.mb, x.cpus)),
+            )
+            .filter(|&(s, e, _, _)| s < b && e > a)
+            .collect();
+        let (mut mb, mut cpus) = (0.0f64, 0.0f64);
+        for p in on.iter().map(|x| x.0).chain(std::iter::once(a)) {
+            let p = p.max(a);
+            let at = on.iter().filter(|&&(s, e, _, _)| s <= p && e > p);
+            mb = mb.max(at.clone().map(|x| x.2).sum());
+            cpus = cpus.max(at.map(|x| x.3).sum());
+        }
+        (mb, cpus)
+    }
+
+    /// Where candidate `k` of job `j` would fit in the book if it started at `t0`, slot by
+    /// slot (first fit, a stage's slots on distinct VMs when possible); `None` if it does not.
+    fn fit(&self, j: usize, k: usize, t0: f64) -> Option<Vec<(usize, Booking)>> {
+        let job = &self.jobs[j];
+        let c = &job.candidates[k];
+        let mut placed: Vec<(usize, Booking)> = Vec::new();
+        for (s, (&pl, &(ws, we))) in c.first.placements.iter().zip(&c.windows).enumerate() {
+            let (a, b) = (t0 + ws, (t0 + we).max(t0 + ws + 1e-6));
+            let mut used: Vec<usize> = Vec::new();
+            for i in 0..pl.vms {
+                let (_, _, conc, need) = Self::slot_need(&job.pb, job.pred_mem[s], s, pl, i);
+                let cpus = f64::from(conc);
+                let fits = |v: usize| {
+                    let (mb, used) = self.booked_peak(v, a, b, &placed);
+                    self.usable_mb[v] - mb + 1e-9 >= need
+                        && (!self.cfg.cpu_sharing || self.vms[v].vcpus - used + 1e-9 >= cpus)
+                };
+                let by = &self.by_type[pl.vm];
+                let v = by
+                    .iter()
+                    .copied()
+                    .find(|v| !used.contains(v) && fits(*v))
+                    .or_else(|| by.iter().copied().find(|&v| fits(v)))?;
+                used.push(v);
+                placed.push((
+                    v,
+                    Booking {
+                        job: j,
+                        stage: s,
+                        start: a,
+                        end: b,
+                        mb: need,
+                        cpus,
+                    },
+                ));
+            }
+        }
+        Some(placed)
+    }
+
+    /// Picks the plan job `j` runs (the best predicted Perf/$ once the wait for its VMs is
+    /// counted) and books it.
+    fn admit(&mut self, j: usize) {
+        let now = self.now;
+        let mut ends: Vec<f64> = self
+            .bookings
+            .iter()
+            .flatten()
+            .map(|b| self.booking_end(b))
+            .filter(|&e| e > now)
+            .collect();
+        ends.sort_by(f64::total_cmp);
+        ends.dedup();
+        let delays: Vec<f64> = std::iter::once(0.0)
+            .chain(ends.iter().map(|e| e - now))
+            .collect();
+        let mut best: Option<(usize, f64, Placed)> = None;
+        for k in 0..self.jobs[j].candidates.len() {
+            let p = self.jobs[j].candidates[k].planned;
+            let score = |d: f64| 1.0 / ((p.latency_s + d) * p.cost_usd);
+            for &d in &delays {
+                if best.as_ref().is_some_and(|b| score(d) <= b.1) {
+                    break;
+                }
+                if let Some(placed) = self.fit(j, k, now + d) {
+                    best = Some((k, score(d), placed));
+                    break;
+                }
+            }
+        }
+        // Nothing ever fits (a plan asks for more VMs than the cluster has): run the best
+        // plan unbooked, as before.
+        let (k, placed) = best.map_or((0, Vec::new()), |b| (b.0, b.2));
+        let c = self.jobs[j].candidates[k].clone();
+        let job = &mut self.jobs[j];
+        for (st, &pl) in job.stages.iter_mut().zip(&c.first.placements) {
+            st.pl = pl;
+        }
+        job.assign = c.first.clone();
+        job.first = c.first;
+        job.second = c.second;
+        job.planned = c.planned;
+        job.model_latency = c.model_latency;
+        job.model_cost = c.model_cost;
+        for (v, b) in placed {
+            self.bookings[v].push(b);
+        }
+    }
+
+    /// A stage ended: its bookings are over.
+    fn unbook(&mut self, j: usize, r: usize) {
+        for b in &mut self.bookings {
+            b.retain(|x| !(x.job == j && x.stage == r));
         }
     }
 
@@ -690,17 +983,25 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn slot_need(pb: &PlanProblem, s: usize, pl: Placement, j: u32) -> (u32, u32, u32, f64) {
+    /// A slot's instances and the memory it reserves (`mem` per lambda: the prediction).
+    fn slot_need(
+        pb: &PlanProblem,
+        mem: f64,
+        s: usize,
+        pl: Placement,
+        j: u32,
+    ) -> (u32, u32, u32, f64) {
         let st = &pb.stages()[s];
         let (first, size) = spread(st.instances, pl.vms, j);
         let conc = pl.concurrent.min(size).max(1);
-        (first, size, conc, f64::from(conc) * st.memory_mb)
+        (first, size, conc, f64::from(conc) * mem)
     }
 
     /// The most memory slot `j` of stage `r`'s group needs over the stages planned on it.
     fn upfront_need(&self, j: usize, r: usize, slot: u32) -> f64 {
         let job = &self.jobs[j];
-        let mut need = Self::slot_need(&job.pb, r, job.assign.placements[r], slot).3;
+        let mut need =
+            Self::slot_need(&job.pb, job.pred_mem[r], r, job.assign.placements[r], slot).3;
         let mut stack = vec![r];
         while let Some(s) = stack.pop() {
             for &e in job.pb.outgoing(s) {
@@ -708,7 +1009,7 @@ impl<'a> Sim<'a> {
                     let t = job.pb.edges()[e].to;
                     let pl = job.assign.placements[t];
                     if pl.vms == job.assign.placements[r].vms {
-                        need = need.max(Self::slot_need(&job.pb, t, pl, slot).3);
+                        need = need.max(Self::slot_need(&job.pb, job.pred_mem[t], t, pl, slot).3);
                     }
                     stack.push(t);
                 }
@@ -729,7 +1030,9 @@ impl<'a> Sim<'a> {
         let upfront = !self.jobs[j].can_fall_back();
         let mut slots = Vec::with_capacity(pl.vms as usize);
         for i in 0..pl.vms {
-            let (first, size, conc, need) = Self::slot_need(&self.jobs[j].pb, r, pl, i);
+            let job = &self.jobs[j];
+            let (first, size, conc, need) = Self::slot_need(&job.pb, job.pred_mem[r], r, pl, i);
+            let learned = job.pb.stages()[r].memory_mb <= job.pred_mem[r] * (1.0 + 1e-9);
             let reserve = if upfront && host.is_none() {
                 self.upfront_need(j, r, i)
             } else {
@@ -748,6 +1051,7 @@ impl<'a> Sim<'a> {
                 running: 0,
                 done: 0,
                 finished: false,
+                learned,
             });
         }
         let job = &mut self.jobs[j];
@@ -1239,6 +1543,9 @@ impl<'a> Sim<'a> {
 
     /// Starts as many of the slot's instances as its concurrency allows.
     fn launch(&mut self, j: usize, r: usize, i: usize) {
+        if !self.jobs[j].stages[r].slots[i].learned {
+            self.fit_true_memory(j, r, i);
+        }
         loop {
             let s = &self.jobs[j].stages[r].slots[i];
             if s.running >= s.conc || s.started >= s.size {
@@ -1298,6 +1605,31 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// The slot's lambdas need more memory than it was granted (memory under-predicted): its
+    /// VM admits them by their true footprint, as its memory allows. The slot takes what the
+    /// VM has free up to its planned concurrency at the true memory, and runs fewer lambdas at
+    /// once if that is not enough (at least one: the VM is then overcommitted until the slot
+    /// releases it). `batched` counts the lambdas that wait for a later batch because of it.
+    fn fit_true_memory(&mut self, j: usize, r: usize, i: usize) {
+        let true_mb = self.jobs[j].pb.stages()[r].memory_mb;
+        let g = self.jobs[j].stages[r].group;
+        let vm = self.jobs[j].stages[r].slots[i].vm;
+        let old = self.jobs[j].groups[g].leases[i].reserved;
+        let avail = old + self.vms[vm].free_mb.max(0.0);
+        let planned = self.jobs[j].stages[r].slots[i].conc;
+        let conc = (((avail + 1e-9) / true_mb).floor() as u32).clamp(1, planned);
+        let new = old.max(f64::from(conc) * true_mb);
+        self.vms[vm].free_mb -= new - old;
+        self.jobs[j].groups[g].leases[i].reserved = new;
+        self.set_weight(j, g, i, new);
+        let st = &mut self.jobs[j].stages[r];
+        st.batched += planned - conc;
+        let s = &mut st.slots[i];
+        s.learned = true;
+        s.conc = conc;
+        s.need = new;
+    }
+
     fn slot_done(&mut self, j: usize, r: usize, i: usize) {
         self.jobs[j].stages[r].slots[i].finished = true;
         self.jobs[j].stages[r].slots_done += 1;
@@ -1351,6 +1683,8 @@ impl<'a> Sim<'a> {
         job.stages[r].end = now;
         job.stages_done += 1;
         job.groups[g].running = None;
+        self.unbook(j, r);
+        let job = &mut self.jobs[j];
         for &e in job.pb.outgoing(r) {
             let er = &mut job.edges[e];
             er.sender_end = now;
@@ -1430,6 +1764,7 @@ impl<'a> Sim<'a> {
                         instances_run: st.cold + st.hot,
                         cold: st.cold,
                         hot: st.hot,
+                        batched: st.batched,
                         on_vms: st.slots.iter().map(|s| s.vm).collect(),
                     })
                     .collect();

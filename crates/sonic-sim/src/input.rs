@@ -113,8 +113,10 @@ pub struct JobSpec {
     /// What the job really needs and moves: the simulator runs these; `oracle` plans with them.
     pub params: Params,
     /// What the planner is told for `sonic` and the baselines (the regression's prediction);
-    /// `None`: the truth. Must have the same functions, edges, fanouts and memory as `params`
-    /// (the simulator perturbs neither: a wrong memory prediction would need an OOM model).
+    /// `None`: the truth. Must have the same functions, edges and fanouts as `params`. Times,
+    /// bytes and memory may differ: slots reserve the predicted memory; when the true footprint
+    /// is larger, a VM runs only as many lambdas at once as its memory really holds
+    /// (docs/simulator.md, Memory mispredictions).
     pub predicted: Option<Params>,
     pub arrival_s: f64,
     pub policy: Policy,
@@ -131,6 +133,12 @@ pub struct SimConfig {
     /// Lambdas on one VM share its vCPUs: with more running than vCPUs, each computes at
     /// `vcpus / running` of full speed. Off: compute never slows down.
     pub cpu_sharing: bool,
+    /// Load-aware admission of `sonic` and `oracle` jobs (docs/simulator.md): at arrival the
+    /// job runs the plan, among the planner's best on each set of the cluster's VM types, with
+    /// the best predicted Perf/$ once the wait for its VMs is counted (the resource manager's
+    /// book of the admitted jobs' predicted stages says when they free up). Off: every job
+    /// runs the planner's best plan for the whole cluster, as if alone.
+    pub load_aware: bool,
 }
 
 impl Default for SimConfig {
@@ -140,6 +148,7 @@ impl Default for SimConfig {
             // OpenLambda and AWS Lambda keep idle containers for minutes; 10 min is common.
             keep_alive_s: 600.0,
             cpu_sharing: true,
+            load_aware: true,
         }
     }
 }

@@ -12,6 +12,7 @@
 //! give the same report, bit for bit.
 
 mod engine;
+pub mod experiments;
 mod input;
 mod net;
 mod report;

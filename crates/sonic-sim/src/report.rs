@@ -44,6 +44,9 @@ pub struct StageReport {
     pub instances_run: u32,
     pub cold: u32,
     pub hot: u32,
+    /// Lambdas its VMs could not run at once because their true memory exceeds the prediction
+    /// the plan was made with (planned concurrency minus what ran, summed over its VMs).
+    pub batched: u32,
     /// The cluster VMs it ran on (index into the cluster's VM list), one per VM of the plan.
     pub on_vms: Vec<usize>,
 }

@@ -234,7 +234,13 @@ fn random_lone_chains_match_the_model() {
 #[test]
 fn sonic_is_not_beaten_by_a_static_policy_alone() {
     let c = cluster(AMPLE);
-    let config = SimConfig::default();
+    // Alone: load-aware admission would pick the plan best alone anyway; off, the planner runs
+    // once per job instead of once per set of VM types (some random chains on some sets hit
+    // the planner's slow case, docs/simulator.md).
+    let config = SimConfig {
+        load_aware: false,
+        ..SimConfig::default()
+    };
     let mut apps = scenario::builtin_apps().unwrap();
     let mut rng = SplitMix64::new(2);
     apps.extend((0..20).map(|_| random_chain(&mut rng)));

@@ -11,6 +11,7 @@ use sonic_sim::{Cluster, SimConfig, render_table, validate_alone};
 
 const USAGE: &str = "\
 usage: sonic-sim [options]
+       sonic-sim experiments --out DIR [--quick] [--seed N]
 
 Simulates the SONIC paper's Fig. 9 scenario: jobs of the three applications (video-analytics,
 ml-pipeline, mapreduce-sort) arriving together on a shared cluster, once per policy.
@@ -27,8 +28,12 @@ options:
   --params APP=FILE   parameters of one application (default: scenarios/fig9/APP.params.yaml)
   --keep-alive S      idle warm containers live S seconds (default 600)
   --no-cpu-sharing    lambdas never slow each other down on a VM
+  --no-load-aware     sonic and oracle run the plan best alone, whatever the cluster's load
   --validate          run one job of each application alone per policy, next to the model
   -o table|json       output (default table)
+
+experiments: Fig. 6, 9, 14 and 15 of the paper in the simulator, written as DIR/fig6-sim.csv,
+fig9-sim.csv, fig14-sim.csv and fig15-sim.csv (--quick: fewer points).
 ";
 
 struct Args {
@@ -78,6 +83,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
             }
             "--keep-alive" => a.config.keep_alive_s = num(&flag, it.next())?,
             "--no-cpu-sharing" => a.config.cpu_sharing = false,
+            "--no-load-aware" => a.config.load_aware = false,
             "--validate" => a.validate = true,
             "--policy" => {
                 let v = it.next().ok_or("--policy needs a value")?;
@@ -227,8 +233,47 @@ fn run(a: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// `sonic-sim experiments --out DIR [--quick] [--seed N]`.
+fn experiments(mut it: impl Iterator<Item = String>) -> Result<(), String> {
+    let (mut out, mut quick, mut seed) = (None, false, 1u64);
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--out" => out = Some(it.next().ok_or("--out needs a directory")?),
+            "--quick" => quick = true,
+            "--seed" => {
+                let v = it.next().ok_or("--seed needs a value")?;
+                seed = v
+                    .parse()
+                    .map_err(|_| format!("--seed: {v:?} is not a number"))?;
+            }
+            other => return Err(format!("experiments: unknown argument {other:?}")),
+        }
+    }
+    let out = out.ok_or("experiments needs --out DIR")?;
+    let started = Instant::now();
+    let summary = sonic_sim::experiments::write_all(std::path::Path::new(&out), quick, seed)
+        .map_err(|e| e.to_string())?;
+    print!("{summary}");
+    eprintln!(
+        "wrote {out}/fig{{6,9,14,15}}-sim.csv in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    match parse(std::env::args().skip(1)) {
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().map(String::as_str) == Some("experiments") {
+        args.next();
+        return match experiments(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sonic-sim: {e}\n\n{USAGE}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    match parse(args) {
         Ok(None) => {
             print!("{USAGE}");
             ExitCode::SUCCESS
