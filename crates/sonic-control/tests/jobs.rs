@@ -606,6 +606,41 @@ async fn shuffle_routes_each_part_to_its_reducer() {
     c.stop().await;
 }
 
+/// A profiling (unforced or forced, unplanned) job runs at most one lambda per vCPU of an
+/// agent's type at once; the rest wait and run in the job's warm containers, so profiling
+/// measures hot times too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unplanned_stages_run_one_lambda_per_vcpu_and_measure_hot_runs() {
+    let c = cluster().await;
+    c.apply(DAG).await;
+    // 6 mids over 2 agents of 2 vCPUs (m5.large): 3 per agent, at most 2 at once.
+    let input = sized_input(20_000);
+    let id = c
+        .submit(json!({
+            "dag": "fan",
+            "input": { "name": "data.bin", "base64": base64(&input) },
+            "params": { "mids": 6 },
+            "policy": "remote",
+        }))
+        .await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    let mids: Vec<_> = s.functions.iter().filter(|f| f.name == "mid").collect();
+    assert_eq!(mids.len(), 6, "{v}");
+    for agent in ["a-1", "a-2"] {
+        let on: Vec<_> = mids.iter().filter(|f| f.agent == agent).collect();
+        assert_eq!(on.len(), 3, "{agent}: {v}");
+        assert!(
+            on.iter().any(|f| !f.cold),
+            "{agent}: a third mid ran hot: {v}"
+        );
+    }
+    let (_, m) = c.get_json("/v1/dags/fan/models").await;
+    let hot = m["samples"][0]["measured"]["functions"]["mid"]["hot_s"].as_f64();
+    assert!(hot.is_some(), "the sample has a hot time: {m}");
+    c.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_job_fails_as_cancelled() {
     let c = cluster().await;
@@ -1081,5 +1116,97 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         want,
         "second-best and remote results differ"
     );
+
+    // The evaluation's policies. `oracle` plans with what jobs measured at this very size.
+    let body = |policy: &str, planned: bool, input: &[u8]| {
+        json!({
+            "dag": "fan",
+            "input": { "name": "data.bin", "base64": base64(input) },
+            "policy": policy,
+            "planned": planned,
+        })
+    };
+    let id = c.submit(body("oracle", false, &input)).await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (s.policy.as_str(), s.mode),
+        ("oracle", JobMode::Planned),
+        "{v}"
+    );
+    let plan = s.plan.clone().expect("an oracle job records its plan");
+    assert_eq!(plan.report["policy"], "oracle", "{v}");
+    assert_eq!(
+        c.results(&s).await,
+        want,
+        "oracle and remote results differ"
+    );
+    // A baseline placed the way the planner places it: planned, every edge through the store.
+    let id = c.submit(body("remote", true, &input)).await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (s.policy.as_str(), s.mode),
+        ("remote", JobMode::Planned),
+        "{v}"
+    );
+    assert_eq!(
+        s.plan.as_ref().map(|p| p.report["policy"].clone()),
+        Some(json!("remote"))
+    );
+    assert!(s.edges.iter().all(|e| e.method == "remote"), "{v}");
+    assert_eq!(
+        c.results(&s).await,
+        want,
+        "planned remote and remote results differ"
+    );
+    // One VM per lambda in this plan: each is charged for at least its lambda's run, even
+    // where two of the plan's VMs share one agent here.
+    let catalog = Catalog::from_yaml(CATALOG).expect("catalog");
+    let floor: f64 = s
+        .functions
+        .iter()
+        .map(|f| {
+            catalog
+                .vm_type(&f.vm_type)
+                .map_or(0.0, |t| t.usd_per_second())
+                * f.seconds
+        })
+        .sum();
+    assert!(s.functions.len() == 4 && floor > 0.0, "{v}");
+    assert!(
+        s.cost_usd >= floor * (1.0 - 1e-9),
+        "{} < {floor}: {v}",
+        s.cost_usd
+    );
+    // Refused, and nothing is queued: the oracle at a size never measured; `planned` without a
+    // baseline.
+    let before = c.get_json("/v1/jobs?dag=fan&limit=500").await.1["jobs"]
+        .as_array()
+        .map_or(0, Vec::len);
+    for (b, status) in [
+        (body("oracle", false, &sized_input(77_777)), 409),
+        (body("sonic", true, &input), 400),
+    ] {
+        let r = c
+            .http
+            .post(format!("{}/v1/jobs", c.control.url()))
+            .bearer_auth(TOKEN)
+            .json(&b)
+            .send()
+            .await
+            .expect("submit");
+        let code = r.status().as_u16();
+        let text = r.text().await.unwrap_or_default();
+        assert_eq!(code, status, "{text}");
+        assert!(
+            text.contains("oracle") || text.contains("planned"),
+            "{text}"
+        );
+    }
+    let after = c.get_json("/v1/jobs?dag=fan&limit=500").await.1["jobs"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert_eq!(before, after);
     c.stop().await;
 }

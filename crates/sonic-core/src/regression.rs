@@ -548,8 +548,17 @@ impl DagModels {
         let mut functions = BTreeMap::new();
         for (name, f) in &self.functions {
             let cold_s = need(&f.cold_s, format!("{name}.cold_s"))?;
+            // Hot times are small (tens of milliseconds where the cold start is seconds), so
+            // their relative error stays large however many samples there are. With enough
+            // samples the prediction is still far nearer the truth than the cold time: take it,
+            // never above the cold time. Without samples (profiling never ran a function hot),
+            // the cold time is the safe guess.
             let hot_s = if f.hot_s.converged(&self.convergence) {
                 need(&f.hot_s, format!("{name}.hot_s"))?
+            } else if f.hot_s.samples.len() >= self.convergence.min_samples {
+                f.hot_s
+                    .predict(input_bytes)
+                    .map_or(cold_s, |h| h.min(cold_s))
             } else {
                 cold_s
             };
@@ -765,6 +774,26 @@ mod tests {
         );
         assert_eq!(p.functions["train"].instances, 6);
         assert!((p.edges[0].bytes.0 as f64 - 5e8).abs() <= 1.0);
+
+        // Noisy hot times (relative error far above 15%) of a function whose cold time is
+        // seconds: not converged, yet with 5 samples they replace the cold time.
+        let mut noisy = dm.clone();
+        let f = noisy.functions.get_mut("train").unwrap();
+        for (i, x) in sizes(5).into_iter().enumerate() {
+            f.hot_s
+                .add_sample(x, [0.01, 0.09, 0.02, 0.08, 0.01][i])
+                .unwrap();
+        }
+        f.hot_s.fit().unwrap();
+        assert!(!f.hot_s.converged(&noisy.convergence));
+        let hot = noisy.params_for(1e9).unwrap().functions["train"].hot_s;
+        assert!(hot < 0.5, "{hot}");
+        // Fewer samples than the rule's minimum: the cold time.
+        let f = noisy.functions.get_mut("train").unwrap();
+        f.hot_s.samples.truncate(4);
+        f.hot_s.fit().unwrap();
+        let hot = noisy.params_for(1e9).unwrap().functions["train"].hot_s;
+        assert!((hot - 3.0).abs() < 1e-9, "{hot}");
         let summary = dm.summary();
         assert_eq!(summary.len(), 9);
         assert!(

@@ -463,8 +463,8 @@ fn report(opts: &BenchOptions, results: &Results, cells: &[Cell], seconds: f64) 
             s,
             "## direct vs remote as the broadcast fanout grows (Fig. 6)\n\n![Fig. 6](fig6.svg)\n\n\
              `dags/broadcast.yaml`: one source writes {} MB, every sink receives that file; forced \
-             `direct` or `remote`, on a cluster of 4 agents of one VM type (the source on one, the \
-             sinks round-robin over all four). The links of these clusters run at {} of the \
+             `direct` or `remote`, on a cluster of agents of one VM type (the source on one, each \
+             sink on an agent of its own: one receiver per VM). The links of these clusters run at {} of the \
              catalog's (VMs and store alike; the store's request latency kept), so that this \
              machine's own cost of moving bytes stays below the links'. `data passing s` is the \
              slowest sink's staging of the file (the job summary's edge time; for `remote` the \
