@@ -422,7 +422,7 @@ impl Inputs {
 }
 
 /// `trees=3` -> `trees-3-`; empty stays empty.
-fn slug(variant: &str) -> String {
+pub(crate) fn slug(variant: &str) -> String {
     let s: String = variant
         .chars()
         .map(|c| {

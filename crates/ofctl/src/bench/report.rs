@@ -597,6 +597,35 @@ fn report(opts: &BenchOptions, results: &Results, cells: &[Cell], seconds: f64) 
                 b.policy,
                 methods(&b.policy)
             );
+            // What the planner expected of each side's plan (the first job's recorded plan).
+            let predicted = |p: &str| {
+                let name = format!(
+                    "{}-{}-{}{p}.json",
+                    a.experiment,
+                    a.app,
+                    super::slug(&a.variant)
+                );
+                results
+                    .plans
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .and_then(|(_, r)| {
+                        Some((
+                            r["predicted"]["latency_s"].as_f64()?,
+                            r["predicted"]["cost_usd"].as_f64()?,
+                        ))
+                    })
+            };
+            if let (Some((sl, sc)), Some((bl, bc))) = (predicted("sonic"), predicted(&b.policy)) {
+                let _ = write!(
+                    s,
+                    " The planner predicted {sl:.2} s and ${sc:.7} for Sonic's plan, {bl:.2} s and ${bc:.7} for `{}`'s.",
+                    b.policy
+                );
+                if a.latency_s > 1.5 * sl && a.latency_s / sl > b.latency_s / bl {
+                    s.push_str(" Sonic's plan ran much slower than predicted, more so than the other: its parallel lambdas on separate VMs share this machine's 2 cores here (compute is not emulated).");
+                }
+            }
             if (a.latency_s - b.latency_s).abs() < a.latency_sd + b.latency_sd {
                 s.push_str(
                     " The latencies differ by less than their spread: within run-to-run noise.",
