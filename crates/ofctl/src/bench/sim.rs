@@ -316,6 +316,17 @@ fn to_series(by: BTreeMap<String, Vec<(f64, f64)>>) -> Vec<Series> {
         .collect()
 }
 
+/// The (cluster, concurrent jobs) points of Fig. 9, in the order run.
+fn fig9_points(rows: &[ex::Fig9Row]) -> Vec<(String, usize)> {
+    let mut out: Vec<(String, usize)> = Vec::new();
+    for r in rows {
+        if !out.iter().any(|(c, n)| *c == r.cluster && *n == r.jobs) {
+            out.push((r.cluster.clone(), r.jobs));
+        }
+    }
+    out
+}
+
 fn clusters(rows: &[ex::Fig9Row]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for r in rows {
@@ -332,27 +343,17 @@ const STATIC: [Policy; 3] = [Policy::Remote, Policy::Local, Policy::Direct];
 /// concurrency, Fig. 15 per ratio).
 pub fn verdicts(s: &SimResults) -> Vec<Verdict> {
     let mut out = Vec::new();
-    for cluster in clusters(&s.fig9) {
-        let mut jobs: Vec<usize> = s
+    for (cluster, n) in fig9_points(&s.fig9) {
+        let rows = s
             .fig9
             .iter()
-            .filter(|r| r.cluster == cluster)
-            .map(|r| r.jobs)
-            .collect();
-        jobs.dedup();
-        for n in jobs {
-            let rows: Vec<&ex::Fig9Row> = s
-                .fig9
-                .iter()
-                .filter(|r| r.cluster == cluster && r.jobs == n)
-                .collect();
-            if let Some(v) = verdict(
-                "fig9 (sim)",
-                format!("{cluster} cluster, {n} jobs"),
-                rows.iter().map(|r| (r.policy, r.perf_per_dollar)),
-            ) {
-                out.push(v);
-            }
+            .filter(|r| r.cluster == cluster && r.jobs == n);
+        if let Some(v) = verdict(
+            "fig9 (sim)",
+            format!("{cluster} cluster, {n} jobs"),
+            rows.map(|r| (r.policy, r.perf_per_dollar)),
+        ) {
+            out.push(v);
         }
     }
     let mut ratios: Vec<f64> = s.fig15.iter().map(|r| r.ratio).collect();
@@ -431,27 +432,19 @@ pub fn report(out: &mut String, s: &SimResults) {
             fig9_cluster_perf(r).map_or("-".into(), |v| format!("{v:.2}"))
         );
     }
-    for cluster in clusters(&s.fig9) {
-        let mut jobs: Vec<usize> = s
-            .fig9
-            .iter()
-            .filter(|r| r.cluster == cluster)
-            .map(|r| r.jobs)
-            .collect();
-        jobs.dedup();
-        for n in jobs {
-            let at = |p: Policy| {
-                s.fig9
-                    .iter()
-                    .find(|r| r.cluster == cluster && r.jobs == n && r.policy == p)
-            };
-            let (Some(sonic), Some(local)) = (at(Policy::Sonic), at(Policy::Local)) else {
-                continue;
-            };
-            if sonic.perf_per_dollar < 0.95 * local.perf_per_dollar {
-                let _ = writeln!(
-                    out,
-                    "\n**{cluster} cluster, {n} jobs: Sonic loses to `local` on Perf/$ per job** ({:.2} vs {:.2}) \
+    for (cluster, n) in fig9_points(&s.fig9) {
+        let at = |p: Policy| {
+            s.fig9
+                .iter()
+                .find(|r| r.cluster == cluster && r.jobs == n && r.policy == p)
+        };
+        let (Some(sonic), Some(local)) = (at(Policy::Sonic), at(Policy::Local)) else {
+            continue;
+        };
+        if sonic.perf_per_dollar < 0.95 * local.perf_per_dollar {
+            let _ = writeln!(
+                out,
+                "\n**{cluster} cluster, {n} jobs: Sonic loses to `local` on Perf/$ per job** ({:.2} vs {:.2}) \
                      although its jobs finish sooner (mean latency {:.1} s vs {:.1} s, makespan {:.1} s vs {:.1} s). \
                      `local` puts every job on the largest type, so the jobs queue for the few m5.2xlarge \
                      (mean queueing {:.1} s vs {:.1} s) and pack onto them: a VM's price is split among the jobs \
@@ -459,18 +452,17 @@ pub fn report(out: &mut String, s: &SimResults) {
                      find warm containers, so each job's share is small. Sonic's planner prices a plan as if \
                      its VMs were the job's alone and knows nothing of warm containers left by other jobs. \
                      Charging the whole cluster for the makespan instead, Sonic gets {} and `local` {}.",
-                    sonic.perf_per_dollar,
-                    local.perf_per_dollar,
-                    sonic.latency_mean_s,
-                    local.latency_mean_s,
-                    sonic.makespan_s,
-                    local.makespan_s,
-                    sonic.queued_mean_s,
-                    local.queued_mean_s,
-                    fig9_cluster_perf(sonic).map_or("-".into(), |v| format!("{v:.2}")),
-                    fig9_cluster_perf(local).map_or("-".into(), |v| format!("{v:.2}")),
-                );
-            }
+                sonic.perf_per_dollar,
+                local.perf_per_dollar,
+                sonic.latency_mean_s,
+                local.latency_mean_s,
+                sonic.makespan_s,
+                local.makespan_s,
+                sonic.queued_mean_s,
+                local.queued_mean_s,
+                fig9_cluster_perf(sonic).map_or("-".into(), |v| format!("{v:.2}")),
+                fig9_cluster_perf(local).map_or("-".into(), |v| format!("{v:.2}")),
+            );
         }
     }
     out.push_str("\n### Fig. 14: memory mispredicted\n\n![Fig. 14 sim](fig14-sim.svg)\n\nSonic plans with every function's memory predicted x (1 + error) and runs with the true memory (each application alone, paper cluster).\n\n| app | error | latency s | cost $ | Perf/$ / zero error | lambdas batched | VMs |\n|---|---|---|---|---|---|---|\n");
