@@ -354,15 +354,9 @@ async fn run_job(
             Some(k) => k.clone(),
             None => {
                 let key = format!("{prefix}records-{size}.bin");
-                let path = data_dir.join(format!("records-{size}.bin"));
-                std::fs::write(&path, sort_records(size, size))
-                    .with_context(|| format!("cannot write {}", path.display()))?;
                 cluster
-                    .store
-                    .put_file(&key, &path)
-                    .await
-                    .map_err(|e| anyhow!("cannot store the input {key}: {e}"))?;
-                let _ = std::fs::remove_file(&path);
+                    .put_input(&key, &sort_records(size, size), data_dir)
+                    .await?;
                 inputs.insert(size, key.clone());
                 key
             }

@@ -490,6 +490,19 @@ impl Cluster {
         }
     }
 
+    /// Puts a job input into the cluster's store under `key` (through a file in `scratch`, so a
+    /// large input goes up as a multipart upload); the file is removed afterwards.
+    pub async fn put_input(&self, key: &str, data: &[u8], scratch: &Path) -> anyhow::Result<()> {
+        let name = key.replace('/', "_");
+        let path = scratch.join(name);
+        std::fs::write(&path, data).with_context(|| format!("cannot write {}", path.display()))?;
+        let stored = self.store.put_file(key, &path).await;
+        let _ = std::fs::remove_file(&path);
+        stored
+            .map(|_| ())
+            .map_err(|e| anyhow!("cannot store the input {key}: {e}"))
+    }
+
     /// A client of this cluster's control plane.
     pub fn client(&self) -> anyhow::Result<Client> {
         Client::new(Target {

@@ -407,15 +407,9 @@ impl Inputs {
         if self.stored.contains(&key) {
             return Ok(key);
         }
-        let data = apps::input(app, size)?;
-        let path = self.dir.join(format!("{}-{size}", app.name));
-        std::fs::write(&path, data).with_context(|| format!("cannot write {}", path.display()))?;
         cluster
-            .store
-            .put_file(&key, &path)
-            .await
-            .map_err(|e| anyhow!("cannot store the input {key}: {e}"))?;
-        let _ = std::fs::remove_file(&path);
+            .put_input(&key, &apps::input(app, size)?, &self.dir)
+            .await?;
         self.stored.insert(key.clone());
         Ok(key)
     }
