@@ -143,7 +143,7 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     let url = format!("http://{addr}");
-    let http = http_client()?;
+    let http = http_client(None)?;
     let (store, store_name) = remote_store(scratch.path()).await?;
     let job = JobId::parse("j-bench")?;
     let cp_dir = scratch.path().join("cp");

@@ -101,6 +101,7 @@ async fn control(dir: &Path, url_file: &Path) -> anyhow::Result<()> {
         heartbeat_timeout: Seconds(30.0),
         catalog: None,
         max_body: ByteSize(1024 * 1024),
+        ..ControlConfig::default()
     };
     let running =
         sonic_control::start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))

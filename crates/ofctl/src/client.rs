@@ -72,7 +72,7 @@ pub struct Client {
 
 impl Client {
     pub fn new(target: Target) -> anyhow::Result<Client> {
-        let http = reqwest::Client::builder()
+        let http = sonic_daemon::tls::client_builder(target.ca_file.as_deref())?
             .connect_timeout(Duration::from_secs(5))
             .build()
             .map_err(|e| anyhow!("http client: {e}"))?;

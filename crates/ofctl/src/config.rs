@@ -1,6 +1,7 @@
-//! Where later commands find the cluster `ofctl up` started: a small JSON file per user
-//! (`$XDG_CONFIG_HOME/sonic/config.json`, else `~/.config/sonic/config.json`, mode 0600), which
-//! `--server` / `SONIC_SERVER` and `SONIC_TOKEN` override.
+//! Where later commands find the cluster `ofctl up` (or `deploy/cluster.sh up`) started: a small
+//! JSON file per user (`$XDG_CONFIG_HOME/sonic/config.json`, else `~/.config/sonic/config.json`,
+//! mode 0600: `{"server", "token", "ca_file"}`), which `--server` / `SONIC_SERVER`, `SONIC_TOKEN`
+//! and `SONIC_CA_FILE` override.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -13,6 +14,9 @@ use serde::{Deserialize, Serialize};
 pub struct Saved {
     pub server: String,
     pub token: String,
+    /// The CA the server's certificate is verified against (an `https://` cluster's own CA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Saved {
@@ -20,6 +24,7 @@ impl std::fmt::Debug for Saved {
         f.debug_struct("Saved")
             .field("server", &self.server)
             .field("token", &"<redacted>")
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -29,6 +34,8 @@ impl std::fmt::Debug for Saved {
 pub struct Target {
     pub server: String,
     pub token: Option<String>,
+    /// Verify the server against this CA (else the system's roots).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Target {
@@ -36,6 +43,7 @@ impl std::fmt::Debug for Target {
         f.debug_struct("Target")
             .field("server", &self.server)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -116,10 +124,15 @@ pub fn resolve(server: Option<&str>) -> anyhow::Result<Target> {
             ));
         }
     };
+    let env_ca = std::env::var_os("SONIC_CA_FILE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let ca_file = env_ca.or_else(|| saved.as_ref().and_then(|s| s.ca_file.clone()));
     let token = env_token.or_else(|| saved.map(|s| s.token));
     Ok(Target {
         server: server.trim_end_matches('/').to_owned(),
         token,
+        ca_file,
     })
 }
 
@@ -136,6 +149,7 @@ mod tests {
         let saved = Saved {
             server: "http://127.0.0.1:7000".into(),
             token: "0123456789abcdef".into(),
+            ca_file: Some("/etc/sonic/ca.pem".into()),
         };
         save(&p, &saved).expect("save");
         assert_eq!(load(&p).expect("load"), Some(saved.clone()));

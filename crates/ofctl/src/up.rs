@@ -14,7 +14,7 @@ use sonic_agent::config::{SandboxChoice, StoreChoice, local_config};
 use sonic_agent::sandbox::{DockerConfig, DockerSandbox, Sandbox};
 use sonic_agent::server::RunningAgent;
 use sonic_api::control::AgentList;
-use sonic_control::{ControlConfig, JobsConfig, RunningControl, Runtime, SystemClock};
+use sonic_control::{ControlConfig, RunningControl, SystemClock};
 use sonic_core::catalog::Catalog;
 use sonic_core::units::{ByteSize, Seconds};
 use sonic_storage::ObjectStore;
@@ -90,16 +90,6 @@ pub struct Cluster {
     agents: Vec<RunningAgent>,
     /// The workspace whose `deploy/seaweedfs.sh` started SeaweedFS for this cluster.
     seaweed_started: Option<PathBuf>,
-}
-
-/// A secret of 32 hex digits from the kernel's generator.
-fn secret() -> anyhow::Result<String> {
-    use std::io::Read;
-    let mut b = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .context("cannot read /dev/urandom")?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 /// The Sonic checkout this `ofctl` runs from, if any: the current folder or one above it, else
@@ -234,9 +224,8 @@ async fn answers(endpoint: &str) -> bool {
 }
 
 struct StorePick {
-    agents: StoreChoice,
-    control: Arc<dyn ObjectStore>,
-    bucket: Option<String>,
+    /// The store the control plane opens and hands to the agents when they join.
+    choice: StoreChoice,
     kind: &'static str,
     location: String,
     reason: String,
@@ -267,12 +256,8 @@ async fn choose_store(
 ) -> anyhow::Result<StorePick> {
     let local = |reason: String| -> anyhow::Result<StorePick> {
         let root = data_dir.join("store");
-        let store = sonic_storage::local::LocalStore::new(&root)
-            .with_context(|| format!("cannot open the local store {}", root.display()))?;
         Ok(StorePick {
-            agents: StoreChoice::Local { root: root.clone() },
-            control: Arc::new(store),
-            bucket: None,
+            choice: StoreChoice::Local { root: root.clone() },
             kind: "local",
             location: root.display().to_string(),
             reason,
@@ -328,6 +313,8 @@ async fn choose_store(
         env("SONIC_S3_ACCESS_KEY", S3_ACCESS_KEY),
         env("SONIC_S3_SECRET_KEY", S3_SECRET_KEY),
     );
+    // A probe, so that a refusal falls back to the local folder here (the control plane opens
+    // the store for itself).
     let opened = async {
         let store = S3Store::new(cfg.clone())?;
         store.ensure_bucket().await?;
@@ -335,11 +322,9 @@ async fn choose_store(
     }
     .await;
     match opened {
-        Ok(store) => Ok(StorePick {
+        Ok(_) => Ok(StorePick {
             location: format!("{endpoint} bucket {}", cfg.bucket),
-            bucket: Some(cfg.bucket.clone()),
-            control: Arc::new(cfg.patient(store)),
-            agents: StoreChoice::S3(cfg),
+            choice: StoreChoice::S3(cfg),
             kind: "s3",
             reason,
             seaweed_started: started,
@@ -382,8 +367,9 @@ impl Cluster {
         let data_dir = data_dir
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", data_dir.display()))?;
-        let token = secret()?;
-        let file_key = secret()?;
+        let token = sonic_daemon::secret::random_hex(16).context("cannot read /dev/urandom")?;
+        let join_token =
+            sonic_daemon::secret::random_hex(16).context("cannot read /dev/urandom")?;
 
         let (sandbox, sandbox_reason) =
             choose_sandbox(opts.sandbox, &data_dir.join("docker-probe")).await?;
@@ -393,25 +379,22 @@ impl Cluster {
         };
         let store = choose_store(opts.store, &data_dir, note).await?;
 
-        let mut jobs = JobsConfig::new(token.clone(), file_key.as_bytes());
-        jobs.bucket = store.bucket.clone();
-        let runtime = Runtime::new(store.control.clone(), Some(catalog.clone()), jobs);
+        // The same daemons as on real hosts: the control plane runs jobs from its configuration
+        // (the store, the catalog; the agents' token and the file key it generates and keeps in
+        // its data folder), and every agent joins it with the join token.
         let config = ControlConfig {
             listen: opts.listen,
             data_dir: data_dir.join("control"),
             token: token.clone(),
+            join_token: join_token.clone(),
+            store: Some(store.choice.clone()),
             heartbeat_timeout: Seconds(10.0),
             catalog: catalog_path,
             // Job inputs come inline (base64) from `ofctl run --input`.
             max_body: ByteSize(1024 * 1024 * 1024),
+            ..ControlConfig::default()
         };
-        let control = match sonic_control::start_with_jobs(
-            config,
-            Arc::new(SystemClock),
-            Some(Arc::new(runtime)),
-        )
-        .await
-        {
+        let control = match sonic_control::start(config, Arc::new(SystemClock)).await {
             Ok(c) => c,
             Err(e) => {
                 if let Some(root) = &store.seaweed_started {
@@ -420,6 +403,12 @@ impl Cluster {
                 return Err(anyhow!("control plane: {e}"));
             }
         };
+        let control_store = control
+            .state
+            .jobs
+            .as_ref()
+            .map(|rt| rt.store.clone())
+            .ok_or_else(|| anyhow!("the control plane started without its object store"))?;
         let mut cluster = Cluster {
             info: ClusterInfo {
                 server: control.url(),
@@ -437,7 +426,7 @@ impl Cluster {
                 agents: Vec::new(),
             },
             token: token.clone(),
-            store: store.control.clone(),
+            store: control_store,
             control,
             agents: Vec::new(),
             seaweed_started: store.seaweed_started.clone(),
@@ -446,15 +435,14 @@ impl Cluster {
             for i in 0..opts.agents as usize {
                 let vm = &catalog.vm_types[i % catalog.vm_types.len()];
                 let id = format!("a-{}", i + 1);
-                let mut cfg =
-                    local_config(&id, &data_dir.join("agents").join(&id), &token, &file_key);
+                let mut cfg = local_config(&id, &data_dir.join("agents").join(&id), "", "");
+                cfg.join_token = join_token.clone();
                 cfg.vm_type = vm.name.clone();
                 cfg.vcpus = vm.vcpus;
                 cfg.memory_mb = vm.memory_mb;
                 cfg.network_mbps = Some(vm.network_mbps);
                 cfg.control_url = Some(cluster.control.url());
                 cfg.sandbox = sandbox;
-                cfg.store = Some(store.agents.clone());
                 if opts.emulate_store {
                     let r = &catalog.remote_storage;
                     cfg.store_profile = Some(sonic_storage::emulated::StoreProfile {
@@ -508,6 +496,7 @@ impl Cluster {
         Client::new(Target {
             server: self.info.server.clone(),
             token: Some(self.token.clone()),
+            ca_file: None,
         })
     }
 
@@ -624,6 +613,7 @@ pub async fn run(args: UpArgs, output: Output, out: &mut dyn Write) -> anyhow::R
         &Saved {
             server: cluster.info.server.clone(),
             token: cluster.token.clone(),
+            ca_file: None,
         },
     );
     if let Err(e) = saved {

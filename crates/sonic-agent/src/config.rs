@@ -4,6 +4,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use sonic_daemon::TlsFiles;
+
+pub use sonic_daemon::ConfigError;
 
 /// Which sandbox runs the lambdas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
@@ -16,15 +19,18 @@ pub enum SandboxChoice {
     Process,
 }
 
-/// Where `remote` files go.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "lowercase", deny_unknown_fields)]
-pub enum StoreChoice {
-    /// An S3-compatible endpoint.
-    S3(sonic_storage::s3::S3Config),
-    /// A directory shared by every agent of this machine (tests, single-machine clusters).
-    Local { root: PathBuf },
+impl SandboxChoice {
+    /// As written in a configuration file.
+    pub fn name(self) -> &'static str {
+        match self {
+            SandboxChoice::Auto => "auto",
+            SandboxChoice::Docker => "docker",
+            SandboxChoice::Process => "process",
+        }
+    }
 }
+
+pub use sonic_storage::StoreChoice;
 
 /// The default of `output_quota_mb`: 10 GiB per instance.
 pub const DEFAULT_OUTPUT_QUOTA_MB: u64 = 10 * 1024;
@@ -53,9 +59,19 @@ pub struct AgentConfig {
     /// The control plane to register with and send heartbeats to; `None` runs standalone.
     pub control_url: Option<String>,
     /// Bearer token the control plane presents on every call (and the agent on registration).
+    /// Empty with a `join_token`: the control plane hands it out when the agent joins.
     pub token: String,
-    /// Key of the HMAC file tokens the control plane issues for `direct` transfers.
+    /// Key of the HMAC file tokens the control plane issues for `direct` transfers. Empty with a
+    /// `join_token`: the control plane hands it out when the agent joins.
     pub file_key: String,
+    /// The secret that lets this agent join the control plane at `control_url`; what the agent
+    /// needs for jobs (the token, the file key, the store) comes back over that channel.
+    pub join_token: String,
+    /// Serve HTTPS with this certificate and key (peers and the control plane verify it).
+    pub tls: Option<TlsFiles>,
+    /// The CA that signed the control plane's and the peers' certificates; without it, the
+    /// system's roots.
+    pub ca_file: Option<PathBuf>,
     pub sandbox: SandboxChoice,
     /// How long a warm container is kept after its last run.
     pub warm_idle_s: u64,
@@ -85,6 +101,9 @@ impl Default for AgentConfig {
             control_url: None,
             token: String::new(),
             file_key: String::new(),
+            join_token: String::new(),
+            tls: None,
+            ca_file: None,
             sandbox: SandboxChoice::Auto,
             warm_idle_s: 60,
             heartbeat_interval_ms: 2000,
@@ -94,20 +113,6 @@ impl Default for AgentConfig {
             output_quota_mb: DEFAULT_OUTPUT_QUOTA_MB,
         }
     }
-}
-
-/// Why a configuration was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("{path}: {message}")]
-    Parse { path: String, message: String },
-    #[error("invalid configuration: {0}")]
-    Invalid(String),
 }
 
 /// Command-line flags and environment variables; each overrides the file.
@@ -142,6 +147,18 @@ pub struct AgentArgs {
     pub token: Option<String>,
     #[arg(long, env = "SONIC_FILE_KEY", hide_env_values = true)]
     pub file_key: Option<String>,
+    /// The secret to join the control plane with (at least 16 characters).
+    #[arg(long, env = "SONIC_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
+    /// PEM certificate to serve HTTPS with (with --tls-key).
+    #[arg(long, env = "SONIC_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "SONIC_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) the control plane's and peers' certificates are verified against.
+    #[arg(long, env = "SONIC_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
     #[arg(long, env = "SONIC_AGENT_SANDBOX", value_enum)]
     pub sandbox: Option<SandboxChoice>,
     /// A local directory standing in for the object store.
@@ -158,59 +175,36 @@ pub struct AgentArgs {
 impl AgentConfig {
     /// Parses a YAML configuration; `path` names it in errors.
     pub fn from_yaml(path: &str, text: &str) -> Result<AgentConfig, ConfigError> {
-        serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_owned(),
-            message: e
-                .to_string()
-                .lines()
-                .next()
-                .unwrap_or("invalid YAML")
-                .to_owned(),
-        })
+        sonic_daemon::Layers::new().yaml_str(path, text).extract()
     }
 
-    /// The file named by `args.config` (if any), then every flag or variable that is set.
+    /// Defaults, then the file named by `args.config` (if any), then every flag or variable that
+    /// is set; checked.
     pub fn load(args: &AgentArgs) -> Result<AgentConfig, ConfigError> {
-        let mut cfg = match &args.config {
-            Some(path) => {
-                let shown = path.display().to_string();
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                    path: shown.clone(),
-                    source,
-                })?;
-                AgentConfig::from_yaml(&shown, &text)?
-            }
-            None => AgentConfig::default(),
-        };
-        macro_rules! set {
-            ($($f:ident),*) => { $( if let Some(v) = &args.$f { cfg.$f = v.clone(); } )* };
-        }
-        set!(
-            id,
-            listen,
-            data_dir,
-            vm_type,
-            vcpus,
-            memory_mb,
-            token,
-            file_key,
-            sandbox,
-            output_quota_mb
-        );
-        if args.advertise_url.is_some() {
-            cfg.advertise_url = args.advertise_url.clone();
-        }
-        if args.network_mbps.is_some() {
-            cfg.network_mbps = args.network_mbps;
-        }
-        if args.control_url.is_some() {
-            cfg.control_url = args.control_url.clone();
-        }
+        let a = args;
+        let mut cfg: AgentConfig = sonic_daemon::Layers::new()
+            .yaml_file(a.config.as_deref())
+            .set("id", a.id.as_ref())
+            .set("listen", a.listen)
+            .set("advertise_url", a.advertise_url.as_ref())
+            .set("data_dir", a.data_dir.as_ref())
+            .set("vm_type", a.vm_type.as_ref())
+            .set("vcpus", a.vcpus)
+            .set("memory_mb", a.memory_mb)
+            .set("network_mbps", a.network_mbps)
+            .set("control_url", a.control_url.as_ref())
+            .set("token", a.token.as_ref())
+            .set("file_key", a.file_key.as_ref())
+            .set("join_token", a.join_token.as_ref())
+            .set("tls.cert", a.tls_cert.as_ref())
+            .set("tls.key", a.tls_key.as_ref())
+            .set("ca_file", a.ca_file.as_ref())
+            .set("sandbox", a.sandbox.map(SandboxChoice::name))
+            .set("store.local.root", a.store_dir.as_ref())
+            .set("output_quota_mb", a.output_quota_mb)
+            .extract()?;
         if !args.bin_dirs.is_empty() {
             cfg.bin_dirs = args.bin_dirs.clone();
-        }
-        if let Some(root) = &args.store_dir {
-            cfg.store = Some(StoreChoice::Local { root: root.clone() });
         }
         cfg.check()?;
         Ok(cfg)
@@ -239,20 +233,42 @@ impl AgentConfig {
         {
             return bad("network_mbps must be a positive number");
         }
-        if self.token.len() < 16 {
-            return bad("token: set a secret of at least 16 characters (SONIC_AGENT_TOKEN)");
+        if self.joins() {
+            sonic_daemon::secret::check("join_token (SONIC_JOIN_TOKEN)", &self.join_token)?;
+            if self.control_url.is_none() {
+                return bad(
+                    "join_token needs control_url: the control plane to join (SONIC_CONTROL_URL)",
+                );
+            }
+        } else {
+            sonic_daemon::secret::check(
+                "token (SONIC_AGENT_TOKEN), or a join_token (SONIC_JOIN_TOKEN) to get it from the control plane",
+                &self.token,
+            )?;
+            sonic_daemon::secret::check("file_key (SONIC_FILE_KEY)", &self.file_key)?;
         }
-        if self.file_key.len() < 16 {
-            return bad("file_key: set a secret of at least 16 characters (SONIC_FILE_KEY)");
+        if let Some(url) = &self.advertise_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return bad("advertise_url must start with http:// or https://");
         }
         Ok(())
     }
 
+    /// Whether this agent joins with a join token (and learns its token and file key then).
+    pub fn joins(&self) -> bool {
+        !self.join_token.is_empty()
+    }
+
     /// The URL this agent is reached at.
     pub fn url(&self) -> String {
-        self.advertise_url
-            .clone()
-            .unwrap_or_else(|| format!("http://{}", self.listen))
+        self.advertise_url.clone().unwrap_or_else(|| {
+            format!(
+                "{}://{}",
+                sonic_daemon::tls::scheme(self.tls.is_some()),
+                self.listen
+            )
+        })
     }
 
     pub fn jobs_dir(&self) -> PathBuf {

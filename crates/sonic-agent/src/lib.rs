@@ -25,6 +25,8 @@ pub enum StartError {
     Store(#[from] sonic_storage::StoreError),
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    #[error("joining the control plane: {0}")]
+    Join(String),
 }
 
 /// The image `deploy/build-images.sh` builds and the sample DAGs name.
@@ -83,31 +85,50 @@ pub async fn make_store(
     if let Some(p) = &profile {
         p.check().map_err(sonic_storage::StoreError::Other)?;
     }
-    Ok(match &config.store {
-        None => None,
-        Some(StoreChoice::Local { root }) => {
-            let store = sonic_storage::local::LocalStore::new(root)?;
-            Some(match profile {
-                Some(p) => Arc::new(Emulated::new(store, p)) as Arc<dyn ObjectStore>,
-                None => Arc::new(store),
-            })
-        }
-        Some(StoreChoice::S3(cfg)) => {
-            let store = sonic_storage::s3::S3Store::new(cfg.clone())?.with_throttle(throttle);
-            store.ensure_bucket().await?;
-            let patient = cfg.patient(store);
-            Some(match profile {
-                Some(p) => Arc::new(Emulated::new(patient, p)) as Arc<dyn ObjectStore>,
-                None => Arc::new(patient),
-            })
-        }
-    })
+    let Some(choice) = &config.store else {
+        return Ok(None);
+    };
+    let store = choice.open(Some(throttle)).await?;
+    Ok(Some(match profile {
+        Some(p) => Arc::new(Emulated::new(store, p)) as Arc<dyn ObjectStore>,
+        None => store,
+    }))
 }
 
-/// Starts an agent from its configuration: sandbox, store, HTTP API, registration.
-pub async fn start_from_config(config: AgentConfig) -> Result<server::RunningAgent, StartError> {
+/// Starts an agent from its configuration: sandbox, listener, joining the control plane (with a
+/// join token: the agent's token, file key and, unless configured, store come back from it),
+/// store, HTTP API, heartbeats.
+pub async fn start_from_config(
+    mut config: AgentConfig,
+) -> Result<server::RunningAgent, StartError> {
     let sandbox = make_sandbox(&config).await?;
     let throttle = throttle::AgentThrottle::from_mbps(config.network_mbps);
+    let tls = server::load_tls(&config).await?;
+    let listener = server::bind(&mut config).await?;
+    if config.joins() {
+        let control = config
+            .control_url
+            .clone()
+            .ok_or_else(|| StartError::Join("join_token needs control_url".into()))?;
+        let http = transfer::http_client(config.ca_file.as_deref())
+            .map_err(|e| StartError::Join(e.to_string()))?;
+        let capacity = server::capacity_of(&config, sandbox.kind());
+        let secrets = register::join(&http, &control, &config.join_token, &capacity)
+            .await
+            .map_err(StartError::Join)?;
+        config.token = secrets.agent_token;
+        config.file_key = secrets.file_key;
+        if config.store.is_none() {
+            config.store = secrets.store.as_ref().map(StoreChoice::from_spec);
+        }
+        tracing::info!(
+            store = config
+                .store
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), StoreChoice::describe),
+            "joined: credentials received"
+        );
+    }
     let store = make_store(&config, throttle.storage_throttle()).await?;
-    Ok(server::start(config, sandbox, store, &throttle).await?)
+    Ok(server::start_on(listener, tls, config, sandbox, store, &throttle).await?)
 }

@@ -14,7 +14,11 @@ async fn main() -> anyhow::Result<()> {
     let config = AgentConfig::load(&args)?;
     let agent = sonic_agent::start_from_config(config).await?;
     tracing::info!(url = %agent.url(), "sonic-agent ready");
-    tokio::signal::ctrl_c().await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
     tracing::info!("stopping");
     agent.stop().await;
     Ok(())

@@ -3,16 +3,17 @@
 use std::time::Duration;
 
 use sonic_api::agent::{Capacity, Heartbeat};
+use sonic_api::control::{JoinSecrets, Joined};
 
 /// Registers `capacity` at `control_url`, retrying with backoff until it is accepted or `attempts`
-/// run out.
+/// run out. Returns what the control plane hands a joining agent, when it does.
 pub async fn register(
     client: &reqwest::Client,
     control_url: &str,
     token: &str,
     capacity: &Capacity,
     attempts: u32,
-) -> Result<(), String> {
+) -> Result<Option<JoinSecrets>, String> {
     let url = format!("{}/v1/agents/register", control_url.trim_end_matches('/'));
     let mut delay = Duration::from_millis(100);
     let mut last = String::new();
@@ -26,13 +27,17 @@ pub async fn register(
         {
             Ok(r) if r.status().is_success() => {
                 tracing::info!(control = control_url, agent = %capacity.agent_id, "registered");
-                return Ok(());
+                // An older control plane answers the bare record: no secrets.
+                let joined: Option<Joined> = r.json().await.ok();
+                return Ok(joined.and_then(|j| j.join));
             }
             Ok(r) if r.status().is_client_error() => {
                 // A refusal (bad token, bad body) will not change by retrying.
+                let status = r.status();
+                let why = r.text().await.unwrap_or_default();
                 return Err(format!(
-                    "control plane refused registration: {}",
-                    r.status()
+                    "control plane refused registration: {status} {}",
+                    why.trim()
                 ));
             }
             Ok(r) => last = format!("control plane answered {}", r.status()),
@@ -43,6 +48,23 @@ pub async fn register(
         delay = (delay * 2).min(Duration::from_secs(5));
     }
     Err(last)
+}
+
+/// Joins the control plane with the join token: registers (retrying until the control plane
+/// answers) and returns the secrets it hands out. A control plane that hands out none (it runs
+/// no jobs) is an error: the agent could not take part in any.
+pub async fn join(
+    client: &reqwest::Client,
+    control_url: &str,
+    join_token: &str,
+    capacity: &Capacity,
+) -> Result<JoinSecrets, String> {
+    tracing::info!(control = control_url, agent = %capacity.agent_id, "joining the control plane");
+    register(client, control_url, join_token, capacity, u32::MAX)
+        .await?
+        .ok_or_else(|| {
+            format!("the control plane at {control_url} runs no jobs: it handed out no file key")
+        })
 }
 
 /// Why a heartbeat was not taken.

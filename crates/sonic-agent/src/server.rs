@@ -53,7 +53,7 @@ impl AgentState {
             files,
             throttle,
             meter: BandwidthMeter::default(),
-            http: crate::transfer::http_client()
+            http: crate::transfer::http_client(config.ca_file.as_deref())
                 .map_err(|e| std::io::Error::other(e.to_string()))?,
             running: AtomicU32::new(0),
             fetch_locks: FetchLocks::default(),
@@ -70,16 +70,25 @@ impl AgentState {
 
     pub fn capacity(&self) -> Capacity {
         Capacity {
-            agent_id: self.config.id.clone(),
-            url: self.config.url(),
-            vm_type: self.config.vm_type.clone(),
-            vcpus: self.config.vcpus,
-            memory_mb: self.config.memory_mb,
-            network_mbps: self.config.network_mbps,
-            sandbox: self.sandbox.kind().to_owned(),
             running: self.running.load(Ordering::SeqCst),
             bandwidth: self.meter.report(),
+            ..capacity_of(&self.config, self.sandbox.kind())
         }
+    }
+}
+
+/// What an agent of `config` offers, idle (the body of its registration).
+pub fn capacity_of(config: &AgentConfig, sandbox: &str) -> Capacity {
+    Capacity {
+        agent_id: config.id.clone(),
+        url: config.url(),
+        vm_type: config.vm_type.clone(),
+        vcpus: config.vcpus,
+        memory_mb: config.memory_mb,
+        network_mbps: config.network_mbps,
+        sandbox: sandbox.to_owned(),
+        running: 0,
+        bandwidth: sonic_api::agent::BandwidthReport::default(),
     }
 }
 
@@ -319,8 +328,9 @@ pub struct RunningAgent {
 }
 
 impl RunningAgent {
+    /// The URL this agent advertises (`https://` when it serves TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.state.config.url()
     }
 
     /// Stops serving and removes warm containers.
@@ -336,17 +346,55 @@ impl RunningAgent {
 }
 
 /// Binds, serves, registers with the control plane (if configured) and keeps sending heartbeats.
+/// Serves HTTPS when the configuration names a certificate.
 pub async fn start(
     mut config: AgentConfig,
     sandbox: Arc<dyn Sandbox>,
     store: Option<Arc<dyn ObjectStore>>,
     throttle: &AgentThrottle,
 ) -> std::io::Result<RunningAgent> {
+    let tls = load_tls(&config).await?;
+    let listener = bind(&mut config).await?;
+    start_on(listener, tls, config, sandbox, store, throttle).await
+}
+
+/// The certificate and key of the configuration, read and checked.
+pub async fn load_tls(
+    config: &AgentConfig,
+) -> std::io::Result<Option<axum_server::tls_rustls::RustlsConfig>> {
+    match &config.tls {
+        Some(files) => Ok(Some(
+            files
+                .load()
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))?,
+        )),
+        None => Ok(None),
+    }
+}
+
+/// Binds the configured address; an agent without an `advertise_url` advertises the bound one.
+pub async fn bind(config: &mut AgentConfig) -> std::io::Result<tokio::net::TcpListener> {
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
     if config.advertise_url.is_none() {
-        config.advertise_url = Some(format!("http://{addr}"));
+        let scheme = sonic_daemon::tls::scheme(config.tls.is_some());
+        config.advertise_url = Some(format!("{scheme}://{addr}"));
     }
+    Ok(listener)
+}
+
+/// Serves on a bound listener (see [`bind`]), then registers and sends heartbeats.
+pub async fn start_on(
+    listener: tokio::net::TcpListener,
+    tls: Option<axum_server::tls_rustls::RustlsConfig>,
+    config: AgentConfig,
+    sandbox: Arc<dyn Sandbox>,
+    store: Option<Arc<dyn ObjectStore>>,
+    throttle: &AgentThrottle,
+) -> std::io::Result<RunningAgent> {
+    let addr = listener.local_addr()?;
+    sonic_daemon::tls::log_transport("agent", addr, config.tls.as_ref());
     let state = Arc::new(
         AgentState::new(config, sandbox, store, throttle)
             .map_err(|e| std::io::Error::other(e.to_string()))?,
@@ -355,7 +403,7 @@ pub async fn start(
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let bg_state = state.clone();
     let task = tokio::spawn(async move {
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async {
+        let serve = sonic_daemon::serve(listener, app, tls, async {
             let _ = rx.await;
         });
         let beats = heartbeat_loop(bg_state);
@@ -364,7 +412,7 @@ pub async fn start(
             () = beats => {}
         }
     });
-    tracing::info!(%addr, agent = %state.config.id, sandbox = state.sandbox.kind(), "agent listening");
+    tracing::info!(%addr, agent = %state.config.id, url = %state.config.url(), sandbox = state.sandbox.kind(), "agent listening");
     Ok(RunningAgent {
         addr,
         state,
@@ -377,10 +425,18 @@ async fn heartbeat_loop(state: Arc<AgentState>) {
     let Some(control) = state.config.control_url.clone() else {
         return std::future::pending().await;
     };
-    let token = state.config.token.clone();
-    // Retries until the control plane answers; a refusal (bad token) will not change by retrying.
-    if let Err(e) =
-        crate::register::register(&state.http, &control, &token, &state.capacity(), u32::MAX).await
+    // An agent that joined presents the join token; else the shared token.
+    let token = if state.config.joins() {
+        state.config.join_token.clone()
+    } else {
+        state.config.token.clone()
+    };
+    // A joining agent registered before it served (it needed the secrets); the others register
+    // now, retrying until the control plane answers (a refusal will not change by retrying).
+    if !state.config.joins()
+        && let Err(e) =
+            crate::register::register(&state.http, &control, &token, &state.capacity(), u32::MAX)
+                .await
     {
         tracing::error!(error = %e, "registration refused; not retrying");
         return std::future::pending().await;
@@ -399,11 +455,20 @@ async fn heartbeat_loop(state: Arc<AgentState>) {
                 // The control plane forgot this agent (a restart with a fresh database, or it
                 // expired it): register again.
                 tracing::warn!("control plane does not know this agent; registering again");
-                if let Err(e) =
-                    crate::register::register(&state.http, &control, &token, &state.capacity(), 5)
-                        .await
+                match crate::register::register(&state.http, &control, &token, &state.capacity(), 5)
+                    .await
                 {
-                    tracing::warn!(error = %e, "registering again failed");
+                    Ok(Some(secrets))
+                        if secrets.agent_token != state.config.token
+                            || secrets.file_key != state.config.file_key =>
+                    {
+                        tracing::error!(
+                            "the control plane now hands out other secrets (its data folder was \
+                             replaced?): restart this agent to take part in jobs again"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "registering again failed"),
                 }
             }
             Err(e) => tracing::warn!(error = %e, "heartbeat"),

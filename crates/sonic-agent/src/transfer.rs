@@ -138,8 +138,9 @@ pub struct DirectSource<'a> {
 /// An HTTP client suited to agent-to-agent transfers: no proxy from the environment (peers are on
 /// the private network), Nagle off, bounded connect time, and a read timeout that catches a
 /// stalled peer without bounding a long transfer. Build one per agent and share it.
-pub fn http_client() -> Result<reqwest::Client, TransferError> {
-    reqwest::Client::builder()
+pub fn http_client(ca_file: Option<&std::path::Path>) -> Result<reqwest::Client, TransferError> {
+    sonic_daemon::tls::client_builder(ca_file)
+        .map_err(|e| TransferError::Protocol(e.to_string()))?
         .no_proxy()
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(10))

@@ -159,7 +159,7 @@ fn every_passing_method_is_byte_exact() {
         World {
             a: TestAgent::start(AgentThrottle::unlimited()).await,
             b: TestAgent::start(AgentThrottle::unlimited()).await,
-            http: sonic_agent::transfer::http_client().expect("client"),
+            http: sonic_agent::transfer::http_client(None).expect("client"),
             memory: MemoryStore::new(),
             local: LocalStore::new(store_dir.path()).expect("local store"),
             _store_dir: store_dir,
@@ -219,7 +219,7 @@ async fn a_cut_transfer_resumes_with_range() {
         path: "map/0/reduce/part-0",
         token: &tok,
     };
-    let http = sonic_agent::transfer::http_client().expect("client");
+    let http = sonic_agent::transfer::http_client(None).expect("client");
     let meter = BandwidthMeter::default();
     let stats = fetch_direct_with(&http, &src, &dest, None, &meter, &quick_retry())
         .await
@@ -262,7 +262,7 @@ async fn a_corrupted_transfer_starts_over_then_gives_up() {
             token: tok,
         }
     }
-    let http = sonic_agent::transfer::http_client().expect("client");
+    let http = sonic_agent::transfer::http_client(None).expect("client");
     let meter = BandwidthMeter::default();
     let dest = b
         .files
@@ -325,7 +325,7 @@ async fn a_dead_peer_exhausts_bounded_attempts() {
         path: "a/b",
         token: "t",
     };
-    let http = sonic_agent::transfer::http_client().expect("client");
+    let http = sonic_agent::transfer::http_client(None).expect("client");
     let policy = RetryPolicy {
         max_attempts: 3,
         ..quick_retry()

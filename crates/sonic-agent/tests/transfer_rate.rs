@@ -75,7 +75,7 @@ async fn agents_get_their_own_limits_and_share_them_across_streams() {
     a.put("src/1/dst/big", &content[..SIZE / 2]);
     a.put("src/2/dst/big", &content[SIZE / 2..SIZE]);
     c.put("src/0/dst/big", &content);
-    let http = sonic_agent::transfer::http_client().expect("client");
+    let http = sonic_agent::transfer::http_client(None).expect("client");
 
     // B fetches from A: A's egress (40 MB/s) is the bottleneck.
     let rate = fetch(&http, &a, &b, "src/0/dst/big", SIZE, "from-a").await;

@@ -334,7 +334,7 @@ async fn the_client_gives_up_at_once_on_a_refusal() {
     let b = TestAgent::start(AgentThrottle::unlimited()).await;
     let path = "pca/0/train/data.bin";
     let dest = b.files.prepare_write(&job(), &fpath(path)).expect("dest");
-    let http = sonic_agent::transfer::http_client().expect("client");
+    let http = sonic_agent::transfer::http_client(None).expect("client");
     let wrong = token("pca/0/train/other.bin");
     let err = fetch_direct(
         &http,

@@ -379,3 +379,70 @@ mod tests {
         assert!("done".parse::<JobStatus>().is_err());
     }
 }
+
+/// Where a cluster's `remote` files live, as the control plane tells a joining agent (the agent's
+/// own store setting, if any, wins).
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum StoreSpec {
+    /// An S3-compatible endpoint.
+    S3 {
+        endpoint: String,
+        region: String,
+        bucket: String,
+        access_key: String,
+        secret_key: String,
+    },
+    /// A folder: only agents on the control plane's machine can use it.
+    Local { root: String },
+}
+
+impl fmt::Debug for StoreSpec {
+    // Hand-written so the secret key never reaches a log.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreSpec::S3 {
+                endpoint, bucket, ..
+            } => f
+                .debug_struct("S3")
+                .field("endpoint", endpoint)
+                .field("bucket", bucket)
+                .field("secret_key", &"<redacted>")
+                .finish(),
+            StoreSpec::Local { root } => f.debug_struct("Local").field("root", root).finish(),
+        }
+    }
+}
+
+/// What a joining agent needs to take part in jobs, handed out at registration to an agent that
+/// presented the join token (or the API token).
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct JoinSecrets {
+    /// The bearer token the control plane presents on every call to an agent.
+    pub agent_token: String,
+    /// The key of the HMAC file tokens of `direct` transfers.
+    pub file_key: String,
+    /// Where `remote` files go.
+    pub store: Option<StoreSpec>,
+}
+
+impl fmt::Debug for JoinSecrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JoinSecrets")
+            .field("agent_token", &"<redacted>")
+            .field("file_key", &"<redacted>")
+            .field("store", &self.store)
+            .finish()
+    }
+}
+
+/// The answer to `POST /v1/agents/register`: the agent's record and, from a control plane that
+/// runs jobs, what the agent needs to take part in them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Joined {
+    #[serde(flatten)]
+    pub agent: AgentInfo,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join: Option<JoinSecrets>,
+}

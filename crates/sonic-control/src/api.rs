@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use sonic_api::agent::{Capacity, Heartbeat};
 use sonic_api::control::{
     AgentInfo, AgentList, ControlHealth, DagDetail, DagList, DagModelsView, DagSummary, JobEvent,
-    JobLogs, JobMode, JobPlan, JobStatus, JobSummary,
+    JobLogs, JobMode, JobPlan, JobStatus, JobSummary, Joined,
 };
 use sonic_core::catalog::Catalog;
 use sonic_core::dag::{Dag, valid_dag_name};
@@ -40,6 +40,9 @@ use crate::store::{AgentRecord, Applied, DagRecord, Db, JobRecord};
 pub struct Settings {
     /// The bearer token every route but health requires.
     pub token: String,
+    /// The secret agents may present instead on the agent routes (registration, heartbeats);
+    /// empty: none.
+    pub join_token: String,
     pub heartbeat_timeout: Duration,
     pub max_body_bytes: usize,
 }
@@ -48,6 +51,7 @@ impl std::fmt::Debug for Settings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Settings")
             .field("token", &"<redacted>")
+            .field("join_token", &"<redacted>")
             .field("heartbeat_timeout", &self.heartbeat_timeout)
             .field("max_body_bytes", &self.max_body_bytes)
             .finish()
@@ -58,6 +62,7 @@ impl Settings {
     pub fn from_config(c: &ControlConfig) -> Settings {
         Settings {
             token: c.token.clone(),
+            join_token: c.join_token.clone(),
             heartbeat_timeout: c.heartbeat_timeout(),
             max_body_bytes: c.max_body_bytes(),
         }
@@ -159,6 +164,8 @@ pub struct RouteInfo {
     pub path: &'static str,
     /// Whether the route requires the bearer token.
     pub auth: bool,
+    /// Whether the join token opens it too (the routes agents call).
+    pub agents: bool,
 }
 
 type Shared = Arc<ControlState>;
@@ -174,9 +181,29 @@ where
     T: 'static,
 {
     (
-        RouteInfo { verb, path, auth },
+        RouteInfo {
+            verb,
+            path,
+            auth,
+            agents: false,
+        },
         axum::routing::on(verb.filter(), handler),
     )
+}
+
+/// A route agents call: the API token or the join token opens it.
+fn agent_entry<H, T>(
+    verb: Verb,
+    path: &'static str,
+    handler: H,
+) -> (RouteInfo, MethodRouter<Shared>)
+where
+    H: axum::handler::Handler<T, Shared>,
+    T: 'static,
+{
+    let (mut info, route) = entry(verb, path, true, handler);
+    info.agents = true;
+    (info, route)
 }
 
 /// The route table: each route once, with its handler.
@@ -194,8 +221,8 @@ fn table() -> Vec<(RouteInfo, MethodRouter<Shared>)> {
         entry(Get, "/v1/dags/{name}/models", true, dag_models),
         entry(Get, "/v1/dags/{name}/plan", true, dag_plan),
         entry(Get, "/v1/agents", true, list_agents),
-        entry(Post, "/v1/agents/register", true, register_agent),
-        entry(Post, "/v1/agents/{id}/heartbeat", true, heartbeat),
+        agent_entry(Post, "/v1/agents/register", register_agent),
+        agent_entry(Post, "/v1/agents/{id}/heartbeat", heartbeat),
         entry(Get, "/v1/jobs", true, list_jobs),
         entry(Post, "/v1/jobs", true, submit_job),
         entry(Get, "/v1/jobs/{id}", true, get_job),
@@ -215,8 +242,11 @@ pub fn routes() -> Vec<RouteInfo> {
 pub fn router(state: Shared) -> Router {
     let mut public = Router::new();
     let mut guarded = Router::new();
+    let mut agents = Router::new();
     for (info, handler) in table() {
-        if info.auth {
+        if info.agents {
+            agents = agents.route(info.path, handler);
+        } else if info.auth {
             guarded = guarded.route(info.path, handler);
         } else {
             public = public.route(info.path, handler);
@@ -225,8 +255,13 @@ pub fn router(state: Shared) -> Router {
     // route_layer: the token is checked only on matched routes, before any extractor reads the
     // body, so an unauthenticated client cannot make the server buffer anything.
     let guarded = guarded.route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    let agents = agents.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        require_agent_token,
+    ));
     public
         .merge(guarded)
+        .merge(agents)
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(state.settings.max_body_bytes))
@@ -266,6 +301,17 @@ pub fn authorized(headers: &HeaderMap, expected: &str) -> bool {
 
 async fn require_token(State(state): State<Shared>, req: Request, next: Next) -> Response {
     if authorized(req.headers(), &state.settings.token) {
+        next.run(req).await
+    } else {
+        ApiError::Unauthorized.into_response()
+    }
+}
+
+/// The agent routes: the API token or the join token.
+async fn require_agent_token(State(state): State<Shared>, req: Request, next: Next) -> Response {
+    if authorized(req.headers(), &state.settings.token)
+        || authorized(req.headers(), &state.settings.join_token)
+    {
         next.run(req).await
     } else {
         ApiError::Unauthorized.into_response()
@@ -603,7 +649,7 @@ async fn list_agents(State(state): State<Shared>) -> Result<Json<AgentList>, Api
 async fn register_agent(
     State(state): State<Shared>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<AgentInfo>, ApiError> {
+) -> Result<Json<Joined>, ApiError> {
     let capacity: Capacity = json_body(body, state.settings.max_body_bytes)?;
     check_capacity(&capacity)?;
     let now = state.clock.now_ms();
@@ -615,11 +661,10 @@ async fn register_agent(
         .bandwidth
         .observe(&record.id, &record.vm_type, &record.capacity.bandwidth);
     tracing::info!(agent = %record.id, url = %record.url, vm_type = %record.vm_type, "agent registered");
-    Ok(Json(agent_info(
-        record,
-        now,
-        state.settings.heartbeat_timeout,
-    )))
+    Ok(Json(Joined {
+        agent: agent_info(record, now, state.settings.heartbeat_timeout),
+        join: state.jobs.as_ref().map(|rt| rt.join_secrets()),
+    }))
 }
 
 async fn heartbeat(

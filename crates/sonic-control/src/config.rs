@@ -6,9 +6,13 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use sonic_core::units::{ByteSize, Seconds};
+use sonic_daemon::TlsFiles;
+use sonic_storage::StoreChoice;
+
+pub use sonic_daemon::ConfigError;
 
 /// The shortest token accepted: a guessable secret protects nothing.
-pub const MIN_TOKEN_LEN: usize = 16;
+pub const MIN_TOKEN_LEN: usize = sonic_daemon::secret::MIN_SECRET_LEN;
 
 /// Everything the control plane needs to start.
 #[derive(Clone, Deserialize)]
@@ -16,10 +20,28 @@ pub const MIN_TOKEN_LEN: usize = 16;
 pub struct ControlConfig {
     /// Address the HTTP API listens on.
     pub listen: SocketAddr,
-    /// Where the SQLite database (`sonic.db`) lives.
+    /// Where the SQLite database (`sonic.db`) lives, and the secrets it generates.
     pub data_dir: PathBuf,
-    /// The bearer token every client (ofctl, agents) presents.
+    /// The bearer token clients (`ofctl`, scripts) present.
     pub token: String,
+    /// The secret an agent presents to join (register and send heartbeats); empty: agents join
+    /// with `token` only.
+    pub join_token: String,
+    /// The bearer token the control plane presents to agents (handed to them when they join);
+    /// `None`: generated once and kept in `<data_dir>/agent-token`.
+    pub agent_token: Option<String>,
+    /// The key of the HMAC file tokens of `direct` transfers (handed to agents when they join).
+    pub file_key: Option<String>,
+    /// A file holding the file key; with neither, it is generated once and kept in
+    /// `<data_dir>/file-key`.
+    pub file_key_file: Option<PathBuf>,
+    /// Where job inputs, `remote` files and results live; `None`: a folder under `data_dir`,
+    /// which only agents on this machine can use (a fallback, said so in the log).
+    pub store: Option<StoreChoice>,
+    /// Serve HTTPS with this certificate and key.
+    pub tls: Option<TlsFiles>,
+    /// The CA the agents' certificates are verified against; without it, the system's roots.
+    pub ca_file: Option<PathBuf>,
     /// An agent silent for longer than this is not alive (`10s`, `1500ms`, ...).
     pub heartbeat_timeout: Seconds,
     /// The VM catalog file (interfaces.md); read by the planner once jobs run.
@@ -34,6 +56,13 @@ impl Default for ControlConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7000)),
             data_dir: PathBuf::from("/var/lib/sonic-control"),
             token: String::new(),
+            join_token: String::new(),
+            agent_token: None,
+            file_key: None,
+            file_key_file: None,
+            store: None,
+            tls: None,
+            ca_file: None,
             heartbeat_timeout: Seconds(10.0),
             catalog: None,
             max_body: ByteSize(1024 * 1024),
@@ -42,31 +71,22 @@ impl Default for ControlConfig {
 }
 
 impl std::fmt::Debug for ControlConfig {
-    // Hand-written so the token never reaches a log.
+    // Hand-written so no secret reaches a log.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ControlConfig")
             .field("listen", &self.listen)
             .field("data_dir", &self.data_dir)
             .field("token", &"<redacted>")
+            .field("join_token", &"<redacted>")
+            .field("file_key_file", &self.file_key_file)
+            .field("store", &self.store.as_ref().map(StoreChoice::describe))
+            .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
             .field("heartbeat_timeout", &self.heartbeat_timeout)
             .field("catalog", &self.catalog)
             .field("max_body", &self.max_body)
             .finish()
     }
-}
-
-/// Why a configuration was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("{path}: {message}")]
-    Parse { path: String, message: String },
-    #[error("invalid configuration: {0}")]
-    Invalid(String),
 }
 
 /// Command-line flags and environment variables; each overrides the file.
@@ -85,9 +105,39 @@ pub struct ControlArgs {
     /// Directory of the SQLite database.
     #[arg(long, env = "SONIC_CONTROL_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Bearer token clients and agents present (at least 16 characters).
+    /// Bearer token clients present (at least 16 characters).
     #[arg(long, env = "SONIC_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The secret agents present to join (at least 16 characters).
+    #[arg(long, env = "SONIC_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
+    /// A file holding the key of direct-transfer file tokens (else generated in the data folder).
+    #[arg(long, env = "SONIC_FILE_KEY_FILE")]
+    pub file_key_file: Option<PathBuf>,
+    /// The S3-compatible endpoint of the object store, e.g. http://store:8333.
+    #[arg(long, env = "SONIC_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+    /// The bucket (with --s3-endpoint).
+    #[arg(long, env = "SONIC_S3_BUCKET")]
+    pub s3_bucket: Option<String>,
+    #[arg(long, env = "SONIC_S3_ACCESS_KEY", hide_env_values = true)]
+    pub s3_access_key: Option<String>,
+    #[arg(long, env = "SONIC_S3_SECRET_KEY", hide_env_values = true)]
+    pub s3_secret_key: Option<String>,
+    #[arg(long, env = "SONIC_S3_REGION")]
+    pub s3_region: Option<String>,
+    /// A local folder as the object store (one machine only).
+    #[arg(long, env = "SONIC_STORE_DIR")]
+    pub store_dir: Option<PathBuf>,
+    /// PEM certificate to serve HTTPS with (with --tls-key).
+    #[arg(long, env = "SONIC_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "SONIC_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) the agents' certificates are verified against.
+    #[arg(long, env = "SONIC_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
     /// Agent heartbeat timeout, e.g. 10s.
     #[arg(long, env = "SONIC_HEARTBEAT_TIMEOUT")]
     pub heartbeat_timeout: Option<Seconds>,
@@ -102,58 +152,48 @@ pub struct ControlArgs {
 impl ControlConfig {
     /// Parses a YAML configuration; `path` names it in errors.
     pub fn from_yaml(path: &str, text: &str) -> Result<ControlConfig, ConfigError> {
-        serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_owned(),
-            message: e
-                .to_string()
-                .lines()
-                .next()
-                .unwrap_or("invalid YAML")
-                .to_owned(),
-        })
+        sonic_daemon::Layers::new().yaml_str(path, text).extract()
     }
 
-    /// The file named by `args.config` (if any), then every flag or variable that is set; checked.
+    /// Defaults, then the file named by `args.config` (if any), then every flag or variable that
+    /// is set; checked.
     pub fn load(args: &ControlArgs) -> Result<ControlConfig, ConfigError> {
-        let mut cfg = match &args.config {
-            Some(path) => {
-                let shown = path.display().to_string();
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                    path: shown.clone(),
-                    source,
-                })?;
-                ControlConfig::from_yaml(&shown, &text)?
-            }
-            None => ControlConfig::default(),
-        };
-        if let Some(v) = args.listen {
-            cfg.listen = v;
-        }
-        if let Some(v) = &args.data_dir {
-            cfg.data_dir = v.clone();
-        }
-        if let Some(v) = &args.token {
-            cfg.token = v.clone();
-        }
-        if let Some(v) = args.heartbeat_timeout {
-            cfg.heartbeat_timeout = v;
-        }
-        if let Some(v) = &args.catalog {
-            cfg.catalog = Some(v.clone());
-        }
-        if let Some(v) = args.max_body {
-            cfg.max_body = v;
-        }
+        let a = args;
+        let cfg: ControlConfig = sonic_daemon::Layers::new()
+            .yaml_file(a.config.as_deref())
+            .set("listen", a.listen)
+            .set("data_dir", a.data_dir.as_ref())
+            .set("token", a.token.as_ref())
+            .set("join_token", a.join_token.as_ref())
+            .set("file_key_file", a.file_key_file.as_ref())
+            .set("store.s3.endpoint", a.s3_endpoint.as_ref())
+            .set("store.s3.bucket", a.s3_bucket.as_ref())
+            .set("store.s3.access_key", a.s3_access_key.as_ref())
+            .set("store.s3.secret_key", a.s3_secret_key.as_ref())
+            .set("store.s3.region", a.s3_region.as_ref())
+            .set("store.local.root", a.store_dir.as_ref())
+            .set("tls.cert", a.tls_cert.as_ref())
+            .set("tls.key", a.tls_key.as_ref())
+            .set("ca_file", a.ca_file.as_ref())
+            .set("heartbeat_timeout", a.heartbeat_timeout)
+            .set("catalog", a.catalog.as_ref())
+            .set("max_body", a.max_body)
+            .extract()?;
         cfg.check()?;
         Ok(cfg)
     }
 
     /// Refuses settings the control plane cannot run with.
     pub fn check(&self) -> Result<(), ConfigError> {
-        if self.token.len() < MIN_TOKEN_LEN {
-            return Err(ConfigError::Invalid(format!(
-                "token: set a secret of at least {MIN_TOKEN_LEN} characters (SONIC_TOKEN)"
-            )));
+        sonic_daemon::secret::check("token (SONIC_TOKEN)", &self.token)?;
+        if !self.join_token.is_empty() {
+            sonic_daemon::secret::check("join_token (SONIC_JOIN_TOKEN)", &self.join_token)?;
+        }
+        if let Some(t) = &self.agent_token {
+            sonic_daemon::secret::check("agent_token", t)?;
+        }
+        if let Some(k) = &self.file_key {
+            sonic_daemon::secret::check("file_key", k)?;
         }
         let t = self.heartbeat_timeout.0;
         if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
@@ -216,5 +256,73 @@ mod tests {
             ControlConfig::from_yaml("c.yaml", "listne: 1.2.3.4:5\n"),
             Err(ConfigError::Parse { path, .. }) if path == "c.yaml"
         ));
+    }
+
+    #[test]
+    fn store_tls_and_join_from_flags() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = ControlArgs {
+            token: Some("0123456789abcdef".into()),
+            join_token: Some("join-0123456789abcdef".into()),
+            data_dir: Some(dir.path().to_path_buf()),
+            ..ControlArgs::default()
+        };
+        let args = ControlArgs {
+            s3_endpoint: Some("http://sonic-store:8333".into()),
+            s3_bucket: Some("sonic".into()),
+            s3_access_key: Some("ak".into()),
+            s3_secret_key: Some("sk-secret".into()),
+            tls_cert: Some("c.pem".into()),
+            tls_key: Some("k.pem".into()),
+            ca_file: Some("ca.pem".into()),
+            heartbeat_timeout: Some(Seconds(3.0)),
+            ..base.clone()
+        };
+        let cfg = ControlConfig::load(&args).expect("load");
+        let Some(StoreChoice::S3(s3)) = &cfg.store else {
+            panic!("an S3 store: {cfg:?}");
+        };
+        assert_eq!(s3.endpoint, "http://sonic-store:8333");
+        assert_eq!(s3.secret_key, "sk-secret");
+        assert_eq!(
+            cfg.tls,
+            Some(TlsFiles {
+                cert: "c.pem".into(),
+                key: "k.pem".into()
+            })
+        );
+        assert_eq!(cfg.heartbeat_timeout(), Duration::from_secs(3));
+        assert!(
+            !format!("{cfg:?}").contains("sk-secret"),
+            "secret key redacted"
+        );
+        assert!(
+            !format!("{cfg:?}").contains("join-0123"),
+            "join token redacted"
+        );
+
+        let half = ControlArgs {
+            tls_cert: Some("c.pem".into()),
+            ..base.clone()
+        };
+        assert!(
+            matches!(ControlConfig::load(&half), Err(ConfigError::Parse { path, .. }) if path.contains("tls")),
+            "a certificate without its key"
+        );
+        let no_keys = ControlArgs {
+            s3_endpoint: Some("http://s:8333".into()),
+            ..base.clone()
+        };
+        assert!(
+            ControlConfig::load(&no_keys).is_err(),
+            "S3 without credentials"
+        );
+        let weak_join = ControlArgs {
+            join_token: Some("short".into()),
+            ..base
+        };
+        assert!(
+            matches!(ControlConfig::load(&weak_join), Err(ConfigError::Invalid(m)) if m.contains("join_token"))
+        );
     }
 }

@@ -199,12 +199,12 @@ pub fn document() -> Value {
             },
             "/v1/agents/register": {
                 "post": {
-                    "summary": "Register (or re-register) an agent",
+                    "summary": "Register (or re-register) an agent: the join token (or the API token) opens it; the answer hands a joining agent its token, the file key and the store",
                     "operationId": "registerAgent",
                     "tags": ["agents"],
                     "requestBody": json_request("Capacity"),
                     "responses": guarded(json!({
-                        "200": json_response("registered", "AgentInfo"),
+                        "200": json_response("registered", "Joined"),
                         "400": error_response("invalid JSON, agent id, URL or VM type"),
                         "413": error_response("body over the size limit")
                     }))
@@ -212,7 +212,7 @@ pub fn document() -> Value {
             },
             "/v1/agents/{id}/heartbeat": {
                 "post": {
-                    "summary": "An agent's heartbeat",
+                    "summary": "An agent's heartbeat (the join token or the API token opens it)",
                     "operationId": "heartbeat",
                     "tags": ["agents"],
                     "parameters": [id_param],
@@ -437,6 +437,25 @@ fn schemas() -> Value {
                 "heartbeat_age_ms": int.clone(),
                 "capacity": { "$ref": "#/components/schemas/Capacity" }
             }
+        },
+        "Joined": {
+            "description": "an AgentInfo, plus what a joining agent needs from a control plane that runs jobs",
+            "allOf": [
+                { "$ref": "#/components/schemas/AgentInfo" },
+                {
+                    "type": "object",
+                    "properties": {
+                        "join": {
+                            "type": "object", "required": ["agent_token", "file_key"],
+                            "properties": {
+                                "agent_token": { "type": "string" },
+                                "file_key": { "type": "string" },
+                                "store": { "type": ["object", "null"], "description": "{\"s3\": {endpoint, region, bucket, access_key, secret_key}} or {\"local\": {root}}" }
+                            }
+                        }
+                    }
+                }
+            ]
         },
         "AgentList": {
             "type": "object", "required": ["agents", "heartbeat_timeout_ms"],

@@ -42,6 +42,8 @@ pub struct JobsConfig {
     pub file_key: Vec<u8>,
     /// The S3 bucket, to name outputs `s3://<bucket>/<key>`; `None` names them `store://<key>`.
     pub bucket: Option<String>,
+    /// The store joining agents are told to use (`None`: they must have their own).
+    pub agent_store: Option<sonic_api::control::StoreSpec>,
     /// Attempts per instance, the first included.
     pub max_attempts: u32,
     /// The wait before the second attempt; it doubles for each further one.
@@ -83,6 +85,7 @@ impl JobsConfig {
             agent_token: agent_token.into(),
             file_key: file_key.into(),
             bucket: None,
+            agent_store: None,
             max_attempts: 3,
             backoff: Duration::from_millis(200),
             poll_interval: Duration::from_millis(25),
@@ -126,6 +129,21 @@ impl Runtime {
             events: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             models: Mutex::new(()),
+        }
+    }
+
+    /// Calls agents with `http` (a client that trusts the cluster's CA).
+    pub fn with_http(mut self, http: reqwest::Client) -> Runtime {
+        self.http = http;
+        self
+    }
+
+    /// What a joining agent is handed: the token, the file key, the store.
+    pub fn join_secrets(&self) -> sonic_api::control::JoinSecrets {
+        sonic_api::control::JoinSecrets {
+            agent_token: self.config.agent_token.clone(),
+            file_key: String::from_utf8_lossy(&self.config.file_key).into_owned(),
+            store: self.config.agent_store.clone(),
         }
     }
 

@@ -3,10 +3,13 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use sonic_core::catalog::Catalog;
+use sonic_storage::StoreChoice;
+
 use crate::api::{ControlState, Settings, router};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, ControlConfig};
-use crate::scheduler::Runtime;
+use crate::scheduler::{JobsConfig, Runtime};
 use crate::store::{Db, StoreError};
 
 /// Why the control plane could not start.
@@ -23,6 +26,15 @@ pub enum ServeError {
     },
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Tls(#[from] sonic_daemon::tls::TlsError),
+    #[error("object store {location}: {source}")]
+    ObjectStore {
+        location: String,
+        source: sonic_storage::StoreError,
+    },
+    #[error("catalog {path}: {message}")]
+    Catalog { path: String, message: String },
 }
 
 /// A control plane serving in the background.
@@ -30,6 +42,8 @@ pub enum ServeError {
 pub struct RunningControl {
     /// The bound address (the real port when the configuration asked for port 0).
     pub addr: SocketAddr,
+    /// Whether it serves HTTPS.
+    pub tls: bool,
     pub state: Arc<ControlState>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
@@ -37,7 +51,7 @@ pub struct RunningControl {
 
 impl RunningControl {
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", sonic_daemon::tls::scheme(self.tls), self.addr)
     }
 
     /// Stops accepting, lets requests in flight finish, and returns when the server is down.
@@ -51,12 +65,90 @@ impl RunningControl {
     }
 }
 
-/// Checks the configuration, opens the database, binds and serves in a background task.
+/// Checks the configuration, opens the object store and the database, binds and serves in a
+/// background task: a control plane that runs jobs from its own configuration (what
+/// `sonic-control` and `ofctl up` both run).
 pub async fn start(
     config: ControlConfig,
     clock: Arc<dyn Clock>,
 ) -> Result<RunningControl, ServeError> {
-    start_with_jobs(config, clock, None).await
+    config.check()?;
+    let runtime = runtime_from_config(&config).await?;
+    start_with_jobs(config, clock, Some(Arc::new(runtime))).await
+}
+
+/// The object store the configuration names, or the fallback: a folder in the data folder.
+pub fn store_choice(config: &ControlConfig) -> StoreChoice {
+    config.store.clone().unwrap_or_else(|| StoreChoice::Local {
+        root: config.data_dir.join("store"),
+    })
+}
+
+/// What running jobs needs, from the configuration: the object store (opened, its bucket made),
+/// the catalog, the agents' token and the file key (configured, else generated once and kept in
+/// the data folder, so that a restart hands joining agents the same ones), a client that trusts
+/// the configured CA.
+pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, ServeError> {
+    let choice = store_choice(config);
+    if config.store.is_none() {
+        tracing::warn!(
+            folder = %choice.describe(),
+            "no object store configured: using a folder, which only agents on this machine can \
+             use (a fallback); configure store.s3 (SONIC_S3_ENDPOINT, ...) for a cluster"
+        );
+    }
+    let store = choice
+        .open(None)
+        .await
+        .map_err(|source| ServeError::ObjectStore {
+            location: choice.describe(),
+            source,
+        })?;
+    let catalog = match &config.catalog {
+        Some(path) => {
+            let text = tokio::fs::read_to_string(path)
+                .await
+                .map_err(|e| ServeError::Catalog {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+            Catalog::from_yaml(&text).map_err(|e| ServeError::Catalog {
+                path: path.clone(),
+                message: e.to_string(),
+            })?
+        }
+        None => Catalog::default(),
+    };
+    let file_key = match (&config.file_key, &config.file_key_file) {
+        (Some(k), _) => k.clone(),
+        (None, Some(path)) => sonic_daemon::secret::read_file("file_key_file", path)?,
+        (None, None) => {
+            let path = config.data_dir.join("file-key");
+            let (key, made) = sonic_daemon::secret::load_or_create("file key", &path)?;
+            if made {
+                tracing::info!(path = %path.display(), "generated the file key");
+            }
+            key
+        }
+    };
+    let agent_token = match &config.agent_token {
+        Some(t) => t.clone(),
+        None => {
+            sonic_daemon::secret::load_or_create(
+                "agent token",
+                &config.data_dir.join("agent-token"),
+            )?
+            .0
+        }
+    };
+    let http = sonic_daemon::tls::client_builder(config.ca_file.as_deref())?
+        .build()
+        .map_err(|e| sonic_daemon::tls::TlsError::Client(e.to_string()))?;
+    let mut jobs = JobsConfig::new(agent_token, file_key.into_bytes());
+    jobs.bucket = choice.bucket().map(str::to_owned);
+    jobs.agent_store = Some(choice.to_spec());
+    tracing::info!(store = %choice.describe(), "object store open");
+    Ok(Runtime::new(store, Some(catalog), jobs).with_http(http))
 }
 
 /// [`start`], able to run jobs with `jobs`. Jobs a previous process left running are failed
@@ -79,6 +171,10 @@ pub async fn start_with_jobs(
     })
     .await
     .map_err(|e| StoreError::Task(e.to_string()))??;
+    let tls = match &config.tls {
+        Some(files) => Some(files.load().await?),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServeError::Bind {
@@ -89,12 +185,13 @@ pub async fn start_with_jobs(
     let state = ControlState::with_jobs(db, clock, Settings::from_config(&config), jobs);
     let app = router(state.clone());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    sonic_daemon::tls::log_transport("control plane", addr, config.tls.as_ref());
+    let tls_on = tls.is_some();
     let task = tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = rx.await;
-            })
-            .await;
+        let served = sonic_daemon::serve(listener, app, tls, async {
+            let _ = rx.await;
+        })
+        .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "control plane server failed");
         }
@@ -108,6 +205,7 @@ pub async fn start_with_jobs(
     );
     Ok(RunningControl {
         addr,
+        tls: tls_on,
         state,
         shutdown: Some(tx),
         task,

@@ -51,6 +51,7 @@ fn open(dir: &Path, clock: Arc<ManualClock>) -> Cp {
     let db = Db::open_dir(dir).expect("open db");
     let settings = Settings {
         token: TOKEN.into(),
+        join_token: String::new(),
         heartbeat_timeout: TIMEOUT,
         max_body_bytes: LIMIT,
     };

@@ -66,6 +66,7 @@ async fn setup() -> Cp {
     let db = Db::open_dir(dir.path()).expect("open db");
     let settings = Settings {
         token: TOKEN.into(),
+        join_token: String::new(),
         heartbeat_timeout: Duration::from_secs(3600),
         max_body_bytes: LIMIT,
     };

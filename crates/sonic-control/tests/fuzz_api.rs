@@ -67,6 +67,7 @@ fn harness() -> Harness {
     let db = Db::open_dir(dir.path()).expect("db");
     let settings = Settings {
         token: TOKEN.into(),
+        join_token: String::new(),
         heartbeat_timeout: Duration::from_secs(3600),
         max_body_bytes: LIMIT,
     };

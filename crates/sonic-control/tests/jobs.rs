@@ -681,6 +681,7 @@ functions:
 
 #[tokio::test]
 async fn without_an_object_store_jobs_are_refused_clearly() {
+    // The library's control plane with no job runtime (sonic_control::start always opens one).
     let dir = tempfile::tempdir().expect("tempdir");
     let config = ControlConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -688,7 +689,7 @@ async fn without_an_object_store_jobs_are_refused_clearly() {
         token: TOKEN.into(),
         ..ControlConfig::default()
     };
-    let control = sonic_control::start(config, Arc::new(SystemClock))
+    let control = start_with_jobs(config, Arc::new(SystemClock), None)
         .await
         .expect("start");
     let r = reqwest::Client::new()

@@ -26,6 +26,7 @@
 // Unit tests may unwrap: a panic there is the failure report.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod choice;
 pub mod conformance;
 pub mod emulated;
 mod fsutil;
@@ -35,6 +36,8 @@ pub mod patient;
 pub mod s3;
 
 use std::path::Path;
+
+pub use choice::StoreChoice;
 
 use bytes::Bytes;
 
@@ -87,6 +90,35 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     async fn delete(&self, key: &str) -> Result<(), StoreError>;
     /// Deletes every object under `prefix`; returns how many.
     async fn delete_prefix(&self, prefix: &str) -> Result<usize, StoreError>;
+}
+
+/// A shared store is a store: wrappers (such as [`emulated::Emulated`]) take one as it is.
+#[async_trait::async_trait]
+impl<T: ObjectStore + ?Sized> ObjectStore for std::sync::Arc<T> {
+    async fn put_file(&self, key: &str, path: &Path) -> Result<u64, StoreError> {
+        (**self).put_file(key, path).await
+    }
+    async fn get_file(&self, key: &str, path: &Path) -> Result<u64, StoreError> {
+        (**self).get_file(key, path).await
+    }
+    async fn put_bytes(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
+        (**self).put_bytes(key, data).await
+    }
+    async fn get_bytes(&self, key: &str) -> Result<Bytes, StoreError> {
+        (**self).get_bytes(key).await
+    }
+    async fn head(&self, key: &str) -> Result<Option<u64>, StoreError> {
+        (**self).head(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        (**self).list(prefix).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        (**self).delete(key).await
+    }
+    async fn delete_prefix(&self, prefix: &str) -> Result<usize, StoreError> {
+        (**self).delete_prefix(prefix).await
+    }
 }
 
 /// The longest key S3 accepts, in bytes.

@@ -1,0 +1,14 @@
+//! What Sonic's daemons (`sonic-control`, `sonic-agent`) and `ofctl` share:
+//!
+//! - [`config`]: one loader for every daemon's configuration: defaults, then a YAML file, then
+//!   flags and environment variables (clap folds both into the same arguments), each layer
+//!   overriding the one before it, with errors that name the file or the flag.
+//! - [`secret`]: secrets from files, generated secrets kept in a data folder.
+//! - [`tls`]: HTTPS for the daemons' servers (rustls) and clients that verify a private CA.
+
+pub mod config;
+pub mod secret;
+pub mod tls;
+
+pub use config::{ConfigError, Layers};
+pub use tls::{TlsFiles, serve};

@@ -1,0 +1,177 @@
+//! HTTPS for the daemons (rustls through axum-server) and HTTP clients that verify a private CA
+//! (`deploy/certs.sh` makes one for a cluster). Without a certificate a daemon serves plain HTTP,
+//! for loopback development, and says so in its log.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use axum::Router;
+use axum_server::tls_rustls::RustlsConfig;
+use serde::{Deserialize, Serialize};
+
+/// A server's certificate (PEM, the chain after the leaf) and private key (PEM).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Why TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("TLS certificate {cert} / key {key}: {message}")]
+    Server {
+        cert: String,
+        key: String,
+        message: String,
+    },
+    #[error("CA file {path}: {message}")]
+    Ca { path: String, message: String },
+    #[error("HTTP client: {0}")]
+    Client(String),
+}
+
+impl TlsFiles {
+    /// Both halves, or neither: a certificate without its key (or the reverse) is an error.
+    pub fn pair(
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+    ) -> Result<Option<TlsFiles>, crate::ConfigError> {
+        match (cert, key) {
+            (Some(cert), Some(key)) => Ok(Some(TlsFiles { cert, key })),
+            (None, None) => Ok(None),
+            _ => Err(crate::ConfigError::Invalid(
+                "tls: give both the certificate and its key (tls.cert and tls.key)".into(),
+            )),
+        }
+    }
+
+    /// Reads and checks the certificate and key: a daemon refuses to start on a bad pair rather
+    /// than failing every handshake later.
+    pub async fn load(&self) -> Result<RustlsConfig, TlsError> {
+        RustlsConfig::from_pem_file(&self.cert, &self.key)
+            .await
+            .map_err(|e| TlsError::Server {
+                cert: self.cert.display().to_string(),
+                key: self.key.display().to_string(),
+                message: e.to_string(),
+            })
+    }
+}
+
+/// `https` with TLS, else `http`.
+pub fn scheme(tls: bool) -> &'static str {
+    if tls { "https" } else { "http" }
+}
+
+/// Serves `app` on `listener` until `shutdown` completes, over TLS when `tls` is given; then
+/// lets requests in flight finish (at most 10 s with TLS).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    tls: Option<RustlsConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    match tls {
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        Some(config) => {
+            let handle = axum_server::Handle::new();
+            let stopper = handle.clone();
+            tokio::spawn(async move {
+                shutdown.await;
+                stopper.graceful_shutdown(Some(Duration::from_secs(10)));
+            });
+            axum_server::from_tcp_rustls(listener.into_std()?, config)?
+                .handle(handle)
+                .serve(app.into_make_service())
+                .await
+        }
+    }
+}
+
+/// Logs how a daemon serves: HTTPS with its certificate, or plain HTTP (development only).
+pub fn log_transport(daemon: &str, addr: std::net::SocketAddr, tls: Option<&TlsFiles>) {
+    match tls {
+        Some(t) => tracing::info!(%addr, cert = %t.cert.display(), "{daemon} serves HTTPS"),
+        None => tracing::warn!(
+            %addr,
+            "{daemon} serves plain HTTP (no TLS certificate configured): for loopback development \
+             only; give tls.cert and tls.key (SONIC_TLS_CERT, SONIC_TLS_KEY) anywhere else"
+        ),
+    }
+}
+
+/// The certificates of a CA file (PEM, one or more).
+pub fn read_ca(path: &Path) -> Result<Vec<reqwest::Certificate>, TlsError> {
+    let pem = std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| TlsError::Ca {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    if certs.is_empty() {
+        return Err(TlsError::Ca {
+            path: path.display().to_string(),
+            message: "no PEM certificate in it".into(),
+        });
+    }
+    Ok(certs)
+}
+
+/// An HTTP client builder that, given a CA file, trusts that CA and nothing else (a cluster's
+/// private CA); without one, the system's roots.
+pub fn client_builder(ca_file: Option<&Path>) -> Result<reqwest::ClientBuilder, TlsError> {
+    let builder = reqwest::Client::builder();
+    Ok(match ca_file {
+        Some(path) => builder.tls_certs_only(read_ca(path)?),
+        None => builder,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_and_schemes() {
+        assert_eq!(TlsFiles::pair(None, None).expect("none"), None);
+        assert!(TlsFiles::pair(Some("c.pem".into()), None).is_err());
+        assert!(TlsFiles::pair(None, Some("k.pem".into())).is_err());
+        assert!(
+            TlsFiles::pair(Some("c".into()), Some("k".into()))
+                .expect("pair")
+                .is_some()
+        );
+        assert_eq!(scheme(true), "https");
+        assert_eq!(scheme(false), "http");
+    }
+
+    #[tokio::test]
+    async fn bad_files_are_refused_with_their_names() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate").expect("write");
+        let files = TlsFiles {
+            cert: junk.clone(),
+            key: junk.clone(),
+        };
+        let err = files.load().await.expect_err("junk refused");
+        assert!(err.to_string().contains("junk.pem"), "{err}");
+        let err = read_ca(&junk).expect_err("junk CA refused");
+        assert!(err.to_string().contains("junk.pem"), "{err}");
+        assert!(read_ca(&dir.path().join("missing.pem")).is_err());
+    }
+}

@@ -1,0 +1,123 @@
+//! Which store a daemon uses, as its configuration names it, and how it is told to a joining
+//! agent ([`sonic_api::control::StoreSpec`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use sonic_api::control::StoreSpec;
+
+use crate::s3::{S3Config, S3Store};
+use crate::{ObjectStore, StoreError, Throttle};
+
+/// Where `remote` files go: the `store` setting of the control plane and of the agents.
+///
+/// ```yaml
+/// store: { s3: { endpoint: http://store:8333, bucket: sonic, access_key: ..., secret_key: ... } }
+/// # or, on one machine only:
+/// store: { local: { root: /var/lib/sonic/store } }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum StoreChoice {
+    /// An S3-compatible endpoint.
+    S3(S3Config),
+    /// A directory shared by every daemon of this machine (tests, single-machine clusters).
+    Local { root: PathBuf },
+}
+
+impl StoreChoice {
+    /// Opens the store (for S3: makes the bucket if it is missing, and rides out outages for
+    /// `outage_window_ms`); S3 traffic goes through `throttle` when given.
+    pub async fn open(
+        &self,
+        throttle: Option<Throttle>,
+    ) -> Result<Arc<dyn ObjectStore>, StoreError> {
+        Ok(match self {
+            StoreChoice::Local { root } => Arc::new(crate::local::LocalStore::new(root)?),
+            StoreChoice::S3(cfg) => {
+                let mut store = S3Store::new(cfg.clone())?;
+                if let Some(t) = throttle {
+                    store = store.with_throttle(t);
+                }
+                store.ensure_bucket().await?;
+                Arc::new(cfg.patient(store))
+            }
+        })
+    }
+
+    /// The S3 bucket, if any (outputs are named `s3://<bucket>/<key>`).
+    pub fn bucket(&self) -> Option<&str> {
+        match self {
+            StoreChoice::S3(cfg) => Some(&cfg.bucket),
+            StoreChoice::Local { .. } => None,
+        }
+    }
+
+    /// Where the store is, for logs and reports (no credentials).
+    pub fn describe(&self) -> String {
+        match self {
+            StoreChoice::S3(cfg) => format!("{} bucket {}", cfg.endpoint, cfg.bucket),
+            StoreChoice::Local { root } => root.display().to_string(),
+        }
+    }
+
+    /// As told to a joining agent.
+    pub fn to_spec(&self) -> StoreSpec {
+        match self {
+            StoreChoice::S3(cfg) => StoreSpec::S3 {
+                endpoint: cfg.endpoint.clone(),
+                region: cfg.region.clone(),
+                bucket: cfg.bucket.clone(),
+                access_key: cfg.access_key.clone(),
+                secret_key: cfg.secret_key.clone(),
+            },
+            StoreChoice::Local { root } => StoreSpec::Local {
+                root: root.display().to_string(),
+            },
+        }
+    }
+
+    /// What a joining agent was told (the tunables an agent keeps at their defaults).
+    pub fn from_spec(spec: &StoreSpec) -> StoreChoice {
+        match spec {
+            StoreSpec::S3 {
+                endpoint,
+                region,
+                bucket,
+                access_key,
+                secret_key,
+            } => {
+                let mut cfg = S3Config::new(endpoint, bucket, access_key, secret_key);
+                cfg.region = region.clone();
+                StoreChoice::S3(cfg)
+            }
+            StoreSpec::Local { root } => StoreChoice::Local {
+                root: PathBuf::from(root),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_round_trip_and_yaml() {
+        let s3 = StoreChoice::S3(S3Config::new("http://s:8333", "b", "ak", "sk"));
+        assert_eq!(StoreChoice::from_spec(&s3.to_spec()), s3);
+        assert_eq!(s3.bucket(), Some("b"));
+        assert!(!s3.describe().contains("sk"), "no secret in descriptions");
+        let local = StoreChoice::Local {
+            root: PathBuf::from("/x"),
+        };
+        assert_eq!(StoreChoice::from_spec(&local.to_spec()), local);
+        let parsed: StoreChoice = serde_saphyr::from_str(
+            "s3: { endpoint: 'http://s:8333', bucket: b, access_key: ak, secret_key: sk }\n",
+        )
+        .unwrap();
+        assert_eq!(parsed, s3);
+        assert!(serde_saphyr::from_str::<StoreChoice>("ftp: {}\n").is_err());
+    }
+}
