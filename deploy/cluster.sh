@@ -1,0 +1,714 @@
+#!/usr/bin/env bash
+# A Sonic cluster of containers on this machine (interfaces.md §4): every container is a host with
+# its own address on the private Docker network `sonic`.
+#
+#   bash deploy/cluster.sh up [--agents N] [--sandbox process|docker] [--scale F] [--tls]
+#                             [--lambdas DIR] [--release] [--catalog FILE] [--no-build]
+#   bash deploy/cluster.sh status [-o table|json]
+#   bash deploy/cluster.sh down
+#
+# Containers (names fixed: scripts kill, cut off and restart them by name):
+#   sonic-store                    SeaweedFS (`weed mini`), S3 on sonic-store:8333 (not published)
+#   sonic-control                  the control plane; its database on the volume sonic-control-data,
+#                                  so `docker restart sonic-control` keeps it; port 7000 published on
+#                                  127.0.0.1:PORT (7000 when free, else a free one; SONIC_CLUSTER_PORT
+#                                  forces one)
+#   sonic-agent-1 ... sonic-agent-N  one agent each (agent id = container name), VM types in catalog
+#                                  order, repeating
+#
+# up: builds the images when their content changed (deploy/images/build.sh; with --sandbox docker
+#     also sonic-lambdas:latest with deploy/build-images.sh), creates what is missing or differs and
+#     keeps what already runs as asked (so `up` twice is quick), waits until every agent has joined
+#     (SONIC_CLUSTER_TIMEOUT seconds, default 180), saves the ofctl context
+#     (${XDG_CONFIG_HOME:-~/.config}/sonic/config.json) and prints the server URL as its last line.
+#   --agents N        agents (default 4, as `ofctl up`)
+#   --sandbox S       process (default): lambdas run as processes inside the agent's container;
+#                     docker: as sibling containers of sonic-lambdas:latest (the Docker socket and
+#                     the agent's data folder .ci-data/cluster/agent-N are mounted at the same path)
+#   --scale F         each agent container gets --cpus vcpus*F, --memory memory_mb*F (>= 256 MiB)
+#                     and an egress/ingress limit of network_mbps*F; it still declares its type's
+#                     vCPUs and memory. Default: min(1, cores / sum of the agents' vCPUs)
+#   --tls             certificates from deploy/certs.sh in .ci-data/cluster/tls; each daemon gets
+#                     ca.pem and its own NAME.pem/NAME.key read-only in /etc/sonic/tls (never
+#                     ca.key); every URL is https://, the ofctl context names the CA (ca_file)
+#   --lambdas DIR     mounted read-only at the same path in every agent, searched first for commands
+#   --release         binaries from target/release (default target/debug)
+#   --catalog FILE    VM types (default deploy/catalog.yaml); mounted into the control plane
+#   --no-build        skip cargo build (use the binaries in target/)
+# Secrets (API token, join token) are kept in .ci-data/cluster/secrets.env (mode 0600) and reused.
+# SONIC_CLUSTER_STORE_PORT=P publishes the store's S3 port on 127.0.0.1:P (debugging only).
+# The control plane takes request bodies up to 1GiB (`ofctl run --input FILE` sends the file inline,
+# base64, as with `ofctl up`); SONIC_CLUSTER_MAX_BODY changes that. SONIC_CLUSTER_LOG sets RUST_LOG.
+# down: removes the containers (and the lambda containers agents started), the network, the
+#     volumes and the agents' folders; keeps the secrets and certificates; exit 0 when nothing is there.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE="$ROOT/.ci-data/cluster"
+SECRETS="$STATE/secrets.env"
+STATE_FILE="$STATE/cluster.json"
+NET=sonic
+STORE=sonic-store
+CONTROL=sonic-control
+AGENT_IMAGE=sonic-agent-host:latest
+CONTROL_IMAGE=sonic-control:latest
+STORE_IMAGE=sonic-store:latest
+LAMBDA_IMAGE=sonic-lambdas:latest
+LABEL=sonic.cluster=1
+AGENT_PORT=7070
+CONTROL_PORT=7000
+TLS_IN=/etc/sonic/tls
+
+log() { echo "cluster: $*" >&2; }
+die() { echo "cluster: $*" >&2; exit 1; }
+usage() { sed -n '2,40p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+
+need() {
+    command -v docker >/dev/null || die "docker is not installed"
+    docker version --format '{{.Server.Version}}' >/dev/null 2>&1 ||
+        die "the Docker engine does not answer: start it (e.g. 'service docker start')"
+    command -v python3 >/dev/null || die "python3 is needed (catalog, JSON)"
+    command -v curl >/dev/null || die "curl is needed (apt-get install curl)"
+}
+
+exists() { docker container inspect "$1" >/dev/null 2>&1; }
+running() { [ "$(docker container inspect -f '{{.State.Running}}' "$1" 2>/dev/null)" = true ]; }
+
+# The containers of a cluster, by label and by name (labels could be missing on a hand-made one).
+cluster_containers() {
+    {
+        docker ps -aq --filter "label=$LABEL"
+        docker ps -aq --filter "name=^/${STORE}\$" --filter "name=^/${CONTROL}\$"
+        docker ps -aq --filter 'name=^/sonic-agent-[0-9]+$'
+    } | sort -u
+}
+
+# --- secrets and state ---------------------------------------------------------------------------
+
+hex32() { od -An -N16 -tx1 /dev/urandom | tr -d ' \n'; }
+
+load_secrets() {
+    mkdir -p "$STATE"
+    chmod 0700 "$STATE"
+    if [ ! -s "$SECRETS" ]; then
+        (
+            umask 077
+            {
+                echo "SONIC_TOKEN=$(hex32)"
+                echo "SONIC_JOIN_TOKEN=$(hex32)"
+                echo "SONIC_FILE_KEY=$(hex32)"
+            } >"$SECRETS.tmp"
+            mv "$SECRETS.tmp" "$SECRETS"
+        )
+        log "generated secrets in $SECRETS"
+    fi
+    chmod 0600 "$SECRETS"
+    API_TOKEN="$(sed -n 's/^SONIC_TOKEN=//p' "$SECRETS")"
+    JOIN_TOKEN="$(sed -n 's/^SONIC_JOIN_TOKEN=//p' "$SECRETS")"
+    FILE_KEY="$(sed -n 's/^SONIC_FILE_KEY=//p' "$SECRETS")"
+    if [ -z "$API_TOKEN" ] || [ -z "$JOIN_TOKEN" ] || [ -z "$FILE_KEY" ]; then
+        die "$SECRETS is incomplete: remove it and run up again"
+    fi
+}
+
+# state_get KEY: a field of .ci-data/cluster/cluster.json (empty when absent).
+state_get() {
+    [ -f "$STATE_FILE" ] || return 0
+    python3 -c 'import json,sys; v=json.load(open(sys.argv[1])).get(sys.argv[2]); print("" if v is None else (str(v).lower() if isinstance(v,bool) else v))' \
+        "$STATE_FILE" "$1" 2>/dev/null || true
+}
+
+# --- the catalog ---------------------------------------------------------------------------------
+
+# Prints "name vcpus memory_mb network_mbps" per VM type, in catalog order.
+catalog_types() {
+    python3 - "$1" <<'PY'
+import re, sys
+path = sys.argv[1]
+text = open(path).read()
+try:
+    import yaml
+    vms = yaml.safe_load(text)["vm_types"]
+except ImportError:
+    # No PyYAML: the catalog's own style, one flow mapping per item, or block mappings.
+    vms, cur, inside = [], None, False
+    for line in text.splitlines():
+        s = line.split("#", 1)[0].rstrip()
+        if not s.strip():
+            continue
+        if re.match(r"^vm_types:\s*$", s):
+            inside = True
+            continue
+        if inside and re.match(r"^\S", s):
+            break
+        if not inside:
+            continue
+        m = re.match(r"^\s*-\s*(.*)$", s)
+        body = m.group(1) if m else s.strip()
+        if m:
+            cur = {}
+            vms.append(cur)
+        body = body.strip().strip("{}")
+        for part in body.split(","):
+            if ":" in part:
+                k, v = part.split(":", 1)
+                cur[k.strip()] = v.strip().strip("'\"")
+except Exception as e:  # noqa: BLE001
+    sys.exit(f"{path}: {e}")
+if not vms:
+    sys.exit(f"{path}: no vm_types")
+for vm in vms:
+    try:
+        print(vm["name"], int(vm["vcpus"]), int(vm["memory_mb"]), float(vm["network_mbps"]))
+    except (KeyError, ValueError) as e:
+        sys.exit(f"{path}: a vm_type lacks name, vcpus, memory_mb or network_mbps: {vm}")
+PY
+}
+
+# --- ports ---------------------------------------------------------------------------------------
+
+port_free() {
+    python3 - "$1" <<'PY'
+import socket, sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)
+PY
+}
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# The host port of a running control container, if any.
+published_port() {
+    docker port "$CONTROL" "$CONTROL_PORT/tcp" 2>/dev/null | sed -n 's/^127\.0\.0\.1:\([0-9]*\)$/\1/p' | head -n 1
+}
+
+choose_port() {
+    local p
+    if [ -n "${SONIC_CLUSTER_PORT:-}" ]; then
+        p="$SONIC_CLUSTER_PORT"
+        if [ "$(published_port)" != "$p" ] && ! port_free "$p"; then
+            die "SONIC_CLUSTER_PORT=$p is taken on 127.0.0.1"
+        fi
+        echo "$p"
+        return
+    fi
+    p="$(published_port)"
+    if [ -n "$p" ]; then echo "$p"; return; fi
+    p="$(state_get port)"
+    if [ -n "$p" ] && port_free "$p"; then echo "$p"; return; fi
+    if port_free 7000; then echo 7000; return; fi
+    p="$(free_port)"
+    log "127.0.0.1:7000 is taken; the control plane gets 127.0.0.1:$p"
+    echo "$p"
+}
+
+# --- HTTP to the control plane -------------------------------------------------------------------
+
+# control_get PATH: GET on the published control plane with the API token; body on stdout.
+control_get() {
+    local args=(-sS --fail --max-time 5 -H "Authorization: Bearer $API_TOKEN")
+    if [ "$TLS" = 1 ]; then args+=(--cacert "$STATE/tls/ca.pem"); fi
+    curl "${args[@]}" "$SERVER$1"
+}
+
+# joined_agents: the ids of the agents the control plane lists as alive and registered since
+# their container last started (an agent replaced a moment ago still shows alive until its
+# heartbeat times out), one a line.
+joined_agents() {
+    local ids started
+    ids="$(docker ps -q --filter 'name=^/sonic-agent-[0-9]+$')"
+    started=""
+    if [ -n "$ids" ]; then
+        # shellcheck disable=SC2086
+        started="$(docker inspect -f '{{.Name}} {{.State.StartedAt}}' $ids 2>/dev/null || true)"
+    fi
+    control_get /v1/agents 2>/dev/null | STARTED="$started" python3 -c '
+import datetime, json, os, sys
+started = {}
+for line in os.environ.get("STARTED", "").splitlines():
+    name, _, at = line.strip().lstrip("/").partition(" ")
+    try:
+        day, _, frac = at.rstrip("Z").partition(".")
+        t = datetime.datetime.fromisoformat(day).replace(tzinfo=datetime.timezone.utc).timestamp()
+        started[name] = (t + float("0." + (frac or "0")[:6])) * 1000
+    except ValueError:
+        pass
+try:
+    doc = json.load(sys.stdin)
+except ValueError:
+    sys.exit(0)
+for a in doc.get("agents", []) if isinstance(doc, dict) else []:
+    name = a.get("agent_id") or ""
+    if not a.get("alive", True) or name not in started:
+        continue
+    if (a.get("registered_at_ms") or 0) + 50 < started[name]:
+        continue  # the registration of the container this one replaced
+    print(name)
+' || true
+}
+
+# --- container creation --------------------------------------------------------------------------
+
+# ensure NAME IMAGE ARGS... -- CMD...: the container runs with exactly these settings. A running
+# container made from the same settings and image is kept; otherwise it is (re)created.
+ensure() {
+    local name="$1" image="$2"
+    shift 2
+    local args=() cmd=()
+    while [ "$#" -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
+    [ "$#" -gt 0 ] && shift
+    cmd=("$@")
+    local image_id spec current
+    image_id="$(docker image inspect -f '{{.Id}}' "$image")"
+    spec="$(printf '%s\n' "$image_id" "${args[@]}" -- "${cmd[@]}" | sha256sum | cut -c1-16)"
+    current="$(docker container inspect -f '{{index .Config.Labels "sonic.spec"}}' "$name" 2>/dev/null || true)"
+    if [ "$current" = "$spec" ] && running "$name"; then
+        log "$name: running as asked"
+        return
+    fi
+    if exists "$name"; then
+        log "$name: recreating"
+        docker rm -f "$name" >/dev/null
+    else
+        log "$name: starting"
+    fi
+    docker run -d --name "$name" --hostname "$name" --network "$NET" \
+        --label "$LABEL" --label "sonic.spec=$spec" \
+        --log-opt max-size=20m --log-opt max-file=2 \
+        "${args[@]}" "$image" "${cmd[@]}" >/dev/null
+}
+
+ensure_network() {
+    if docker network inspect "$NET" >/dev/null 2>&1; then return; fi
+    log "creating network $NET"
+    docker network create --driver bridge --label "$LABEL" "$NET" >/dev/null
+}
+
+ensure_volume() {
+    if docker volume inspect "$1" >/dev/null 2>&1; then return; fi
+    docker volume create --label "$LABEL" "$1" >/dev/null
+}
+
+# Last log lines of a container, for an error.
+show_logs() {
+    local name="$1"
+    echo "---- $name ($(docker container inspect -f '{{.State.Status}} exit={{.State.ExitCode}}' "$name" 2>/dev/null || echo missing)): last log lines" >&2
+    docker logs --tail 25 "$name" 2>&1 | sed 's/^/    /' >&2 || true
+}
+
+save_context() {
+    local dir file tmp
+    dir="${XDG_CONFIG_HOME:-$HOME/.config}/sonic"
+    file="$dir/config.json"
+    mkdir -p "$dir"
+    tmp="$dir/.config.json.$$"
+    (
+        umask 077
+        python3 - "$tmp" "$SERVER" "$API_TOKEN" "$([ "$TLS" = 1 ] && echo "$STATE/tls/ca.pem")" <<'PY'
+import json, sys
+path, server, token, ca = sys.argv[1:5]
+doc = {"server": server, "token": token}
+if ca:
+    doc["ca_file"] = ca
+with open(path, "w") as f:
+    json.dump(doc, f, indent=2)
+    f.write("\n")
+PY
+    )
+    chmod 0600 "$tmp"
+    mv "$tmp" "$file"
+    log "saved the ofctl context in $file"
+}
+
+# --- up ------------------------------------------------------------------------------------------
+
+cmd_up() {
+    local agents=4 sandbox=process scale="" lambdas="" profile=debug build=1
+    local catalog="$ROOT/deploy/catalog.yaml"
+    TLS=0
+    while [ "$#" -gt 0 ]; do
+        case "$1" in
+            --agents | --sandbox | --scale | --lambdas | --catalog)
+                [ "$#" -ge 2 ] || { log "$1 needs a value"; exit 2; } ;;
+        esac
+        case "$1" in
+            --agents) agents="${2:-}"; shift 2 ;;
+            --sandbox) sandbox="${2:-}"; shift 2 ;;
+            --scale) scale="${2:-}"; shift 2 ;;
+            --tls) TLS=1; shift ;;
+            --lambdas) lambdas="${2:-}"; shift 2 ;;
+            --release) profile=release; shift ;;
+            --debug) profile=debug; shift ;;
+            --catalog) catalog="${2:-}"; shift 2 ;;
+            --no-build) build=0; shift ;;
+            -h | --help) usage 0 ;;
+            *) log "up: unknown argument $1"; usage 2 ;;
+        esac
+    done
+    [[ "$agents" =~ ^[1-9][0-9]*$ ]] || { log "--agents takes a positive number"; exit 2; }
+    case "$sandbox" in process | docker) ;; *) log "--sandbox is process or docker"; exit 2 ;; esac
+    if [ -n "$scale" ] && ! python3 -c 'import sys; f=float(sys.argv[1]); sys.exit(0 if 0<f<=64 else 1)' "$scale" 2>/dev/null; then
+        log "--scale takes a number in (0, 64]"
+        exit 2
+    fi
+    if [ -n "$lambdas" ]; then
+        [ -d "$lambdas" ] || die "--lambdas $lambdas is not a folder"
+        lambdas="$(cd "$lambdas" && pwd -P)"
+    fi
+    [ -f "$catalog" ] || die "no catalog at $catalog"
+    catalog="$(cd "$(dirname "$catalog")" && pwd -P)/$(basename "$catalog")"
+    need
+    local t0=$SECONDS
+
+    # Images.
+    local build_flags=(--"$profile")
+    [ "$build" = 0 ] && build_flags+=(--no-build)
+    if [ "$sandbox" = docker ]; then
+        # First: it builds sonic-agent too (always), so the agent image below gets that binary.
+        log "building $LAMBDA_IMAGE (deploy/build-images.sh --$profile)"
+        bash "$ROOT/deploy/build-images.sh" --"$profile" >&2
+    fi
+    bash "$ROOT/deploy/images/build.sh" "${build_flags[@]}"
+
+    log "images ready in $((SECONDS - t0)) s"
+    load_secrets
+
+    # VM types, catalog order, repeating; the scale.
+    local types=()
+    mapfile -t types < <(catalog_types "$catalog")
+    [ "${#types[@]}" -gt 0 ] || die "$catalog: no VM types"
+    local cores sum_vcpus=0 i
+    cores="$(nproc)"
+    for ((i = 0; i < agents; i++)); do
+        read -r _ v _ _ <<<"${types[i % ${#types[@]}]}"
+        sum_vcpus=$((sum_vcpus + v))
+    done
+    if [ -z "$scale" ]; then
+        scale="$(python3 -c 'import sys; import math; print(math.floor(min(1.0, int(sys.argv[1]) / int(sys.argv[2])) * 10000) / 10000)' "$cores" "$sum_vcpus")"
+        log "scale $scale: $cores cores for $sum_vcpus vCPUs of $agents agents (at most 1)"
+    else
+        log "scale $scale (given): $sum_vcpus vCPUs of $agents agents on $cores cores"
+    fi
+
+    # TLS material.
+    local scheme=http
+    if [ "$TLS" = 1 ]; then
+        scheme=https
+        [ -f "$ROOT/deploy/certs.sh" ] || die "--tls needs deploy/certs.sh"
+        local names=(--name "$CONTROL")
+        for ((i = 1; i <= agents; i++)); do names+=(--name "sonic-agent-$i"); done
+        bash "$ROOT/deploy/certs.sh" --out "$STATE/tls" "${names[@]}" >&2
+        [ -f "$STATE/tls/ca.pem" ] || die "deploy/certs.sh wrote no $STATE/tls/ca.pem"
+    fi
+
+    local port
+    port="$(choose_port)"
+    if [ "$TLS" = 1 ]; then SERVER="https://localhost:$port"; else SERVER="http://127.0.0.1:$port"; fi
+
+    ensure_network
+
+    # The store.
+    ensure_volume sonic-store-data
+    local store_args=(-v sonic-store-data:/data --label sonic.role=store)
+    if [ -n "${SONIC_CLUSTER_STORE_PORT:-}" ]; then
+        store_args+=(-p "127.0.0.1:$SONIC_CLUSTER_STORE_PORT:8333")
+    fi
+    ensure "$STORE" "$STORE_IMAGE" "${store_args[@]}" --
+
+    # TLS settings of one daemon: the CA certificate and its own certificate and key, read-only
+    # (not the folder: it holds the CA's key and every other daemon's key).
+    tls_env() {
+        if [ "$TLS" = 1 ]; then
+            local f
+            for f in ca.pem "$1.pem" "$1.key"; do
+                [ -f "$STATE/tls/$f" ] || die "deploy/certs.sh wrote no $STATE/tls/$f"
+                printf '%s\n' -v "$STATE/tls/$f:$TLS_IN/$f:ro"
+            done
+            printf '%s\n' -e "SONIC_TLS_CERT=$TLS_IN/$1.pem" -e "SONIC_TLS_KEY=$TLS_IN/$1.key" \
+                -e "SONIC_CA_FILE=$TLS_IN/ca.pem"
+        fi
+    }
+    local tls_args=()
+
+    # The control plane.
+    ensure_volume sonic-control-data
+    mapfile -t tls_args < <(tls_env "$CONTROL")
+    ensure "$CONTROL" "$CONTROL_IMAGE" \
+        --label sonic.role=control \
+        -p "127.0.0.1:$port:$CONTROL_PORT" \
+        -v sonic-control-data:/var/lib/sonic-control \
+        -v "$catalog:/etc/sonic/catalog.yaml:ro" \
+        -e "SONIC_CONTROL_LISTEN=0.0.0.0:$CONTROL_PORT" \
+        -e SONIC_CONTROL_DATA_DIR=/var/lib/sonic-control \
+        -e "SONIC_TOKEN=$API_TOKEN" \
+        -e "SONIC_JOIN_TOKEN=$JOIN_TOKEN" \
+        -e SONIC_CATALOG=/etc/sonic/catalog.yaml \
+        -e "SONIC_MAX_BODY=${SONIC_CLUSTER_MAX_BODY:-1GiB}" \
+        -e "SONIC_S3_ENDPOINT=http://$STORE:8333" \
+        -e SONIC_S3_BUCKET=sonic \
+        -e SONIC_S3_ACCESS_KEY=sonic \
+        -e SONIC_S3_SECRET_KEY=sonicsecret \
+        -e "RUST_LOG=${SONIC_CLUSTER_LOG:-info}" -e NO_COLOR=1 \
+        "${tls_args[@]}" --
+
+    # The agents. Until the daemons speak the join protocol, an agent needs the API token and the
+    # file key instead of the join token (the image says which: label sonic.joins).
+    local joins
+    joins="$(docker image inspect -f '{{index .Config.Labels "sonic.joins"}}' "$AGENT_IMAGE")"
+    local legacy=()
+    if [ "$joins" != 1 ]; then
+        legacy=(-e "SONIC_AGENT_TOKEN=$API_TOKEN" -e "SONIC_FILE_KEY=$FILE_KEY")
+        log "this sonic-agent does not take SONIC_JOIN_TOKEN yet: agents get the API token and a file key"
+    fi
+    local n name vm vcpus mem mbps cpus mem_limit rate data_dir args cmd
+    for ((n = 1; n <= agents; n++)); do
+        name="sonic-agent-$n"
+        read -r vm vcpus mem mbps <<<"${types[(n - 1) % ${#types[@]}]}"
+        # Docker refuses a quota above the machine's cores: such an agent gets them all.
+        read -r cpus mem_limit rate < <(python3 -c '
+import sys
+v, m, b, f, cores = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+print(f"{min(cores, max(0.01, v * f)):.3f}".rstrip("0").rstrip("."), max(256, int(m * f)), f"{b * f:.3f}".rstrip("0").rstrip("."))
+' "$vcpus" "$mem" "$mbps" "$scale" "$cores")
+        if python3 -c 'import sys; sys.exit(0 if int(sys.argv[1]) * float(sys.argv[2]) > int(sys.argv[3]) else 1)' "$vcpus" "$scale" "$cores"; then
+            log "$name: $vcpus vCPUs x $scale is more than the $cores cores here: --cpus $cpus"
+        fi
+        # --init: an init as pid 1 reaps what lambdas leave behind (the agent is not an init).
+        args=(--init --label sonic.role=agent --label "sonic.vm_type=$vm" --label "sonic.vcpus=$vcpus"
+            --label "sonic.memory_mb=$mem" --label "sonic.network_mbps=$rate"
+            --cpus "$cpus" --memory "${mem_limit}m" --memory-swap "${mem_limit}m"
+            -e "SONIC_AGENT_ID=$name"
+            -e "SONIC_AGENT_LISTEN=0.0.0.0:$AGENT_PORT"
+            -e "SONIC_AGENT_ADVERTISE_URL=$scheme://$name:$AGENT_PORT"
+            -e "SONIC_AGENT_VM_TYPE=$vm"
+            -e "SONIC_AGENT_VCPUS=$vcpus"
+            -e "SONIC_AGENT_MEMORY_MB=$mem"
+            -e "SONIC_AGENT_NETWORK_MBPS=$rate"
+            -e "SONIC_CONTROL_URL=$scheme://$CONTROL:$CONTROL_PORT"
+            -e "SONIC_JOIN_TOKEN=$JOIN_TOKEN"
+            -e "SONIC_AGENT_SANDBOX=$sandbox"
+            -e "RUST_LOG=${SONIC_CLUSTER_LOG:-info}" -e NO_COLOR=1)
+        args+=("${legacy[@]}")
+        if [ "$sandbox" = docker ]; then
+            # Sibling containers bind-mount host paths: the data folder has the same path inside.
+            # --pid host: the Docker sandbox tells its own lambda containers from those of a gone
+            # agent by the owner's pid and start time, which must be unique across the agents
+            # sharing this engine (in separate pid namespaces they would all have the same small pids).
+            data_dir="$STATE/agent-$n"
+            mkdir -p "$data_dir"
+            args+=(-v /var/run/docker.sock:/var/run/docker.sock -v "$data_dir:$data_dir"
+                --pid host -e "SONIC_AGENT_DATA_DIR=$data_dir")
+        else
+            data_dir=/var/lib/sonic-agent
+            ensure_volume "$name-data"
+            args+=(-v "$name-data:$data_dir" -e "SONIC_AGENT_DATA_DIR=$data_dir")
+        fi
+        cmd=(sonic-agent)
+        if [ -n "$lambdas" ]; then
+            args+=(-v "$lambdas:$lambdas:ro")
+            cmd+=(--bin-dir "$lambdas")
+        fi
+        mapfile -t tls_args < <(tls_env "$name")
+        args+=("${tls_args[@]}")
+        ensure "$name" "$AGENT_IMAGE" "${args[@]}" -- "${cmd[@]}"
+    done
+
+    # Agents beyond N from an earlier, larger cluster.
+    local extra
+    for extra in $(docker ps -a --filter 'name=^/sonic-agent-[0-9]+$' --format '{{.Names}}'); do
+        if [ "${extra#sonic-agent-}" -gt "$agents" ]; then
+            log "$extra: removing (beyond --agents $agents)"
+            docker rm -f "$extra" >/dev/null
+            docker volume rm "$extra-data" >/dev/null 2>&1 || true
+        fi
+    done
+
+    python3 - "$STATE_FILE" "$port" "$SERVER" "$agents" "$sandbox" "$scale" "$TLS" "$profile" "$lambdas" "$catalog" <<'PY'
+import json, sys
+path, port, server, agents, sandbox, scale, tls, profile, lambdas, catalog = sys.argv[1:]
+json.dump({"port": int(port), "server": server, "agents": int(agents), "sandbox": sandbox,
+           "scale": float(scale), "tls": tls == "1", "profile": profile,
+           "lambdas": lambdas or None, "catalog": catalog}, open(path, "w"), indent=2)
+PY
+
+    # Wait until every agent has joined.
+    local timeout="${SONIC_CLUSTER_TIMEOUT:-180}" deadline joined missing c t1=$SECONDS
+    deadline=$((SECONDS + timeout))
+    log "waiting for $agents agents to join $SERVER (at most $timeout s)"
+    while :; do
+        joined="$(joined_agents)"
+        missing=()
+        for ((n = 1; n <= agents; n++)); do
+            grep -qx "sonic-agent-$n" <<<"$joined" || missing+=("sonic-agent-$n")
+        done
+        [ "${#missing[@]}" = 0 ] && break
+        for c in "$STORE" "$CONTROL" "${missing[@]}"; do
+            if ! running "$c"; then
+                show_logs "$c"
+                die "$c stopped while the cluster was starting (logs above)"
+            fi
+        done
+        if ((SECONDS >= deadline)); then
+            if ! control_get /v1/agents >/dev/null 2>&1; then
+                log "the control plane does not answer on $SERVER"
+                show_logs "$CONTROL"
+            fi
+            for c in "${missing[@]}"; do show_logs "$c"; done
+            die "timed out after $timeout s: not joined: ${missing[*]} (logs above)"
+        fi
+        sleep 0.5
+    done
+    log "all $agents agents joined after $((SECONDS - t1)) s of waiting ($((SECONDS - t0)) s in all)"
+    # Cluster images replaced by this run's build and no longer used by a container.
+    docker image prune -f --filter label=sonic.cluster.image >/dev/null 2>&1 || true
+
+    save_context
+    echo "$SERVER"
+}
+
+# --- status --------------------------------------------------------------------------------------
+
+cmd_status() {
+    local out=table
+    while [ "$#" -gt 0 ]; do
+        case "$1" in
+            -o) out="${2:-}"; shift 2 ;;
+            -o=* | --output=*) out="${1#*=}"; shift ;;
+            --output) out="${2:-}"; shift 2 ;;
+            -h | --help) usage 0 ;;
+            *) log "status: unknown argument $1"; usage 2 ;;
+        esac
+    done
+    case "$out" in table | json) ;; *) log "-o is table or json"; exit 2 ;; esac
+    need
+    SERVER="$(state_get server)"
+    TLS=0
+    [ "$(state_get tls)" = true ] && TLS=1
+    local joined="" answers=false
+    if [ -n "$SERVER" ] && [ -s "$SECRETS" ] && running "$CONTROL"; then
+        load_secrets
+        if control_get /v1/agents >/dev/null 2>&1; then
+            answers=true
+            joined="$(joined_agents | tr '\n' ' ')"
+        fi
+    fi
+    local ids=()
+    mapfile -t ids < <(cluster_containers)
+    local rows=""
+    if [ "${#ids[@]}" -gt 0 ]; then
+        rows="$(docker inspect -f '{{.Name}}	{{.State.Status}}	{{with index .NetworkSettings.Networks "sonic"}}{{.IPAddress}}{{end}}	{{index .Config.Labels "sonic.role"}}	{{index .Config.Labels "sonic.vm_type"}}	{{index .Config.Labels "sonic.vcpus"}}	{{index .Config.Labels "sonic.memory_mb"}}	{{index .Config.Labels "sonic.network_mbps"}}	{{.HostConfig.NanoCpus}}	{{.HostConfig.Memory}}' "${ids[@]}")"
+    fi
+    local network=false
+    docker network inspect "$NET" >/dev/null 2>&1 && network=true
+    ROWS="$rows" python3 - "$out" "$SERVER" "$answers" "$joined" "$network" "$(state_get sandbox)" "$(state_get scale)" <<'PY'
+import os
+import json, sys
+out, server, answers, joined, network, sandbox, scale = sys.argv[1:8]
+joined = set(joined.split())
+rows = []
+for line in os.environ.get("ROWS", "").splitlines():
+    if not line.strip():
+        continue
+    fields = [("" if f == "<no value>" else f) for f in line.split("\t")]
+    name, state, addr, role, vm, vcpus, mem, mbps, nano, memlim = fields
+    name = name.lstrip("/")
+    if not role:
+        role = "store" if name == "sonic-store" else "control" if name == "sonic-control" else "agent"
+    r = {"name": name, "role": role, "state": state, "address": addr or None,
+         "vm_type": vm or None,
+         "cpus": round(int(nano) / 1e9, 3) if nano and int(nano) else None,
+         "memory_mb": int(memlim) // (1024 * 1024) if memlim and int(memlim) else None}
+    if role == "agent":
+        r["vcpus"] = int(vcpus) if vcpus else None
+        r["declared_memory_mb"] = int(mem) if mem else None
+        r["network_mbps"] = float(mbps) if mbps else None
+        r["joined"] = (name in joined) if answers == "true" else None
+    rows.append(r)
+order = {"store": 0, "control": 1, "agent": 2}
+def key(r):
+    n = r["name"].rsplit("-", 1)[-1]
+    return (order.get(r["role"], 3), int(n) if n.isdigit() else 0, r["name"])
+rows.sort(key=key)
+doc = {"network": "sonic" if network == "true" else None, "server": server or None,
+       "control_answers": answers == "true", "sandbox": sandbox or None,
+       "scale": float(scale) if scale else None, "containers": rows}
+if out == "json":
+    print(json.dumps(doc, indent=2))
+    sys.exit(0)
+if not rows:
+    print("no cluster (bash deploy/cluster.sh up starts one)")
+    sys.exit(0)
+def fmt(v):
+    return "-" if v is None else ("yes" if v is True else "no" if v is False else str(v))
+head = ["CONTAINER", "STATE", "ADDRESS", "VM TYPE", "CPUS", "MEMORY", "NET MBPS", "JOINED"]
+table = [head] + [[r["name"], r["state"], fmt(r["address"]), fmt(r["vm_type"]), fmt(r["cpus"]),
+                   fmt(r["memory_mb"]) + ("M" if r["memory_mb"] else ""),
+                   fmt(r.get("network_mbps")), fmt(r.get("joined"))] for r in rows]
+w = [max(len(row[i]) for row in table) for i in range(len(head))]
+for row in table:
+    print("  ".join(c.ljust(w[i]) for i, c in enumerate(row)).rstrip())
+print(f"server: {server or '-'} ({'answers' if answers == 'true' else 'not answering'}), network sonic: {'yes' if network == 'true' else 'no'}")
+PY
+}
+
+# --- down ----------------------------------------------------------------------------------------
+
+cmd_down() {
+    [ "$#" = 0 ] || { log "down takes no arguments"; exit 2; }
+    command -v docker >/dev/null || die "docker is not installed"
+    docker version --format '{{.Server.Version}}' >/dev/null 2>&1 || die "the Docker engine does not answer"
+    local ids=() c
+    mapfile -t ids < <(cluster_containers)
+    if [ "${#ids[@]}" -gt 0 ]; then
+        log "removing ${#ids[@]} containers"
+        docker rm -f "${ids[@]}" >/dev/null
+    fi
+    # Lambda containers the agents of --sandbox docker started (their folder is under ours).
+    local lambda_ids=()
+    while read -r c dir; do
+        [ -n "$c" ] || continue
+        case "$dir" in "$STATE"/agent-*) lambda_ids+=("$c") ;; esac
+    done < <(docker ps -a --filter label=sonic.sandbox=docker --format '{{.ID}} {{.Label "sonic.dir"}}')
+    if [ "${#lambda_ids[@]}" -gt 0 ]; then
+        log "removing ${#lambda_ids[@]} lambda containers of the agents"
+        docker rm -f "${lambda_ids[@]}" >/dev/null
+    fi
+    if docker network inspect "$NET" >/dev/null 2>&1; then
+        log "removing network $NET"
+        docker network rm "$NET" >/dev/null ||
+            die "network $NET is still used by: $(docker network inspect -f '{{range .Containers}}{{.Name}} {{end}}' "$NET")"
+    fi
+    local vols=()
+    mapfile -t vols < <({
+        docker volume ls -q --filter "label=$LABEL"
+        docker volume ls -q | grep -Ex 'sonic-(store|control|agent-[0-9]+)-data' || true
+    } | sort -u)
+    if [ "${#vols[@]}" -gt 0 ]; then
+        log "removing volumes: ${vols[*]}"
+        docker volume rm "${vols[@]}" >/dev/null
+    fi
+    local dirs=()
+    mapfile -t dirs < <(compgen -G "$STATE/agent-*" || true)
+    if [ "${#dirs[@]}" -gt 0 ]; then
+        # Lambda containers write as root there: without root, a container removes what is left.
+        if ! rm -rf "${dirs[@]}" 2>/dev/null; then
+            docker run --rm -v "$STATE:/cluster" sonic-base:bookworm \
+                bash -c 'rm -rf /cluster/agent-*' >/dev/null 2>&1 || log "could not remove all of ${dirs[*]}"
+        fi
+    fi
+    rm -f "$STATE_FILE"
+    log "down"
+}
+
+case "${1:-}" in
+    up) shift; cmd_up "$@" ;;
+    status) shift; cmd_status "$@" ;;
+    down) shift; cmd_down "$@" ;;
+    -h | --help | help) usage 0 ;;
+    *) usage 2 ;;
+esac
