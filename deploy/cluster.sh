@@ -39,6 +39,8 @@
 # SONIC_CLUSTER_STORE_PORT=P publishes the store's S3 port on 127.0.0.1:P (debugging only).
 # The control plane takes request bodies up to 1GiB (`ofctl run --input FILE` sends the file inline,
 # base64, as with `ofctl up`); SONIC_CLUSTER_MAX_BODY changes that. SONIC_CLUSTER_LOG sets RUST_LOG.
+# SONIC_CLUSTER_STORE_OUTAGE_MS: how long the control plane and (told when they join) the agents
+# wait out a store outage before failing (default 30000).
 # down: removes the containers (and the lambda containers agents started), the network, the
 #     volumes and the agents' folders; keeps the secrets and certificates; exit 0 when nothing is there.
 set -euo pipefail
@@ -453,6 +455,7 @@ cmd_up() {
         -e SONIC_S3_BUCKET=sonic \
         -e SONIC_S3_ACCESS_KEY=sonic \
         -e SONIC_S3_SECRET_KEY=sonicsecret \
+        -e "SONIC_S3_OUTAGE_WINDOW_MS=${SONIC_CLUSTER_STORE_OUTAGE_MS:-30000}" \
         -e "RUST_LOG=${SONIC_CLUSTER_LOG:-info}" -e NO_COLOR=1 \
         "${tls_args[@]}" --
 

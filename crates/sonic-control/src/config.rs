@@ -126,6 +126,10 @@ pub struct ControlArgs {
     pub s3_secret_key: Option<String>,
     #[arg(long, env = "SONIC_S3_REGION")]
     pub s3_region: Option<String>,
+    /// How long a store outage is waited out before operations fail, in milliseconds (default
+    /// 30000); joining agents are told the same.
+    #[arg(long, env = "SONIC_S3_OUTAGE_WINDOW_MS")]
+    pub s3_outage_window_ms: Option<u64>,
     /// A local folder as the object store (one machine only).
     #[arg(long, env = "SONIC_STORE_DIR")]
     pub store_dir: Option<PathBuf>,
@@ -171,6 +175,7 @@ impl ControlConfig {
             .set("store.s3.access_key", a.s3_access_key.as_ref())
             .set("store.s3.secret_key", a.s3_secret_key.as_ref())
             .set("store.s3.region", a.s3_region.as_ref())
+            .set("store.s3.outage_window_ms", a.s3_outage_window_ms)
             .set("store.local.root", a.store_dir.as_ref())
             .set("tls.cert", a.tls_cert.as_ref())
             .set("tls.key", a.tls_key.as_ref())

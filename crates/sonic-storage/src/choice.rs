@@ -71,6 +71,7 @@ impl StoreChoice {
                 bucket: cfg.bucket.clone(),
                 access_key: cfg.access_key.clone(),
                 secret_key: cfg.secret_key.clone(),
+                outage_window_ms: cfg.outage_window_ms,
             },
             StoreChoice::Local { root } => StoreSpec::Local {
                 root: root.display().to_string(),
@@ -87,9 +88,11 @@ impl StoreChoice {
                 bucket,
                 access_key,
                 secret_key,
+                outage_window_ms,
             } => {
                 let mut cfg = S3Config::new(endpoint, bucket, access_key, secret_key);
                 cfg.region = region.clone();
+                cfg.outage_window_ms = *outage_window_ms;
                 StoreChoice::S3(cfg)
             }
             StoreSpec::Local { root } => StoreChoice::Local {
@@ -105,8 +108,15 @@ mod tests {
 
     #[test]
     fn spec_round_trip_and_yaml() {
-        let s3 = StoreChoice::S3(S3Config::new("http://s:8333", "b", "ak", "sk"));
-        assert_eq!(StoreChoice::from_spec(&s3.to_spec()), s3);
+        let mut cfg = S3Config::new("http://s:8333", "b", "ak", "sk");
+        let s3 = StoreChoice::S3(cfg.clone());
+        cfg.outage_window_ms = 5_000;
+        let short = StoreChoice::S3(cfg);
+        assert_eq!(
+            StoreChoice::from_spec(&short.to_spec()),
+            short,
+            "the window travels too"
+        );
         assert_eq!(s3.bucket(), Some("b"));
         assert!(!s3.describe().contains("sk"), "no secret in descriptions");
         let local = StoreChoice::Local {

@@ -775,7 +775,9 @@ impl Inner {
         }
     }
 
-    /// Removes the containers of sandboxes whose process is gone (an agent that crashed).
+    /// Removes the containers of sandboxes whose process is gone (an agent that crashed). Only
+    /// containers made under this sandbox's own work folder are considered: other agents of the
+    /// same Docker engine (in containers of their own, with their own process ids) keep theirs.
     async fn remove_stale(&self) -> Result<(), SandboxError> {
         let filters = HashMap::from([("label", vec![format!("{LABEL_SANDBOX}=docker")])]);
         let options = ListContainersOptionsBuilder::default()
@@ -794,17 +796,16 @@ impl Inner {
             let Some(owner) = labels.get(LABEL_OWNER) else {
                 continue;
             };
-            if owner_alive(owner) {
-                continue;
-            }
-            tracing::info!(id = %id, owner = %owner, "removing a container of a gone agent");
             let dir = labels.get(LABEL_DIR).map(PathBuf::from).unwrap_or_default();
             // Only our own kind of folder: a label is not a licence to delete anything.
             let ours = dir.starts_with(&self.config.work_dir)
                 && dir
                     .file_name()
                     .is_some_and(|n| n.to_string_lossy().starts_with("sonic-"));
-            let dir = if ours { dir } else { PathBuf::new() };
+            if !ours || owner_alive(owner) {
+                continue;
+            }
+            tracing::info!(id = %id, owner = %owner, "removing a container of a gone agent");
             self.remove(id, dir).await;
         }
         Ok(())
