@@ -167,6 +167,20 @@ impl Client {
         Ok((status, decode(&what, r).await?))
     }
 
+    /// `POST path` without a body; the answer as JSON.
+    pub async fn post_empty<T: DeserializeOwned>(&self, path: &str) -> Result<T, RequestError> {
+        let what = format!("POST {}", route_of(path));
+        let r = self.send(&what, self.request(Method::POST, path)).await?;
+        decode(&what, r).await
+    }
+
+    /// `DELETE path`; the answer's status.
+    pub async fn delete(&self, path: &str) -> Result<StatusCode, RequestError> {
+        let what = format!("DELETE {}", route_of(path));
+        let r = self.send(&what, self.request(Method::DELETE, path)).await?;
+        Ok(r.status())
+    }
+
     /// `GET path`, the response itself (for streams: events, downloads).
     pub async fn get_raw(&self, path: &str) -> Result<Response, RequestError> {
         let what = format!("GET {}", route_of(path));

@@ -1,5 +1,5 @@
 //! The commands that talk to a running control plane: apply, run, get, describe, models, logs,
-//! fetch.
+//! fetch, cancel, delete, open.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ use sonic_api::control::{
 
 use crate::client::{Client, RequestError, encode, encode_path};
 use crate::progress::Progress;
-use crate::{Command, DescribeKind, JobFailed, Kind, Output, UsageError, render};
+use crate::{Command, DeleteKind, DescribeKind, JobFailed, Kind, Output, UsageError, render};
 
 /// `GET /v1/jobs`.
 #[derive(Debug, Deserialize)]
@@ -170,10 +170,49 @@ pub async fn run(
                 }
             }
         }
+        Command::Cancel { job } => {
+            let v: Value = client
+                .post_empty(&format!("/v1/jobs/{}/cancel", encode(&job)))
+                .await?;
+            match output {
+                Output::Json => print_json(out, &v),
+                Output::Table => Ok(writeln!(
+                    out,
+                    "job {job} cancel requested: it ends failed (cancelled); follow it with `ofctl describe job {job}`"
+                )?),
+            }
+        }
+        Command::Delete {
+            kind: DeleteKind::Dag,
+            name,
+        } => {
+            client
+                .delete(&format!("/v1/dags/{}", encode(&name)))
+                .await?;
+            match output {
+                Output::Json => print_json(out, &json!({ "kind": "dag", "deleted": name })),
+                Output::Table => Ok(writeln!(
+                    out,
+                    "dag {name} deleted (its jobs, samples and models stay: applying it again keeps what was learned)"
+                )?),
+            }
+        }
+        Command::Open => {
+            let url = dashboard_url(client.server());
+            match output {
+                Output::Json => print_json(out, &json!({ "url": url })),
+                Output::Table => Ok(writeln!(out, "{url}")?),
+            }
+        }
         Command::Plan { .. } | Command::Up(_) | Command::Demo { .. } | Command::Bench { .. } => {
             Err(UsageError("not a server command".into()).into())
         }
     }
+}
+
+/// The dashboard's address: the control plane's own root (same port, same token).
+pub fn dashboard_url(server: &str) -> String {
+    format!("{}/", server.trim_end_matches('/'))
 }
 
 /// `ofctl apply -f FILE`.
@@ -520,6 +559,15 @@ mod tests {
         assert_eq!(check("store://jobs/j-1/result/../x"), None);
         assert_eq!(check("store://jobs/j-1/result/a//b"), None);
         assert_eq!(check("store://jobs/j-1/result/"), None);
+    }
+
+    #[test]
+    fn dashboard_urls() {
+        assert_eq!(
+            dashboard_url("http://127.0.0.1:7000"),
+            "http://127.0.0.1:7000/"
+        );
+        assert_eq!(dashboard_url("https://sonic:7000/"), "https://sonic:7000/");
     }
 
     #[test]

@@ -122,6 +122,12 @@ pub enum DescribeKind {
     Job,
 }
 
+/// What `ofctl delete` removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeleteKind {
+    Dag,
+}
+
 /// The flags of `ofctl up` (and the cluster part of `ofctl demo`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct UpArgs {
@@ -246,6 +252,16 @@ pub enum Command {
         #[arg(long)]
         to: PathBuf,
     },
+    /// Cancel a queued or running job (it ends `failed`, with the reason `cancelled`).
+    Cancel { job: String },
+    /// Delete a DAG's definition (its jobs, samples and models stay).
+    Delete {
+        #[arg(value_enum)]
+        kind: DeleteKind,
+        name: String,
+    },
+    /// Print the web dashboard's URL (log in there with the token).
+    Open,
 }
 
 /// `key=value`; the value is JSON when it parses as JSON (numbers, booleans), else a string.

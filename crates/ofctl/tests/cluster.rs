@@ -501,3 +501,83 @@ fn demo_learns_plans_and_prints_one_json_document() {
         .to_owned();
     assert!(std::net::TcpStream::connect(server).is_err());
 }
+
+/// One slow function: long enough to be cancelled while it runs.
+const SLOW: &str = r#"
+name: slow
+functions:
+  - { name: nap, image: sonic-lambdas:latest, command: [synthetic, run, --sleep-ms, "20000"], timeout: 60s }
+"#;
+
+#[test]
+fn cancel_delete_and_open() {
+    let up = Up::start(1);
+
+    // open: the dashboard is the control plane's own root.
+    let open = up.ofctl(&["open"]);
+    assert_eq!(open.code, 0, "{open:?}");
+    assert_eq!(open.stdout.trim(), format!("{}/", up.server));
+    let open = up.ofctl(&["open", "-o", "json"]).json();
+    assert_eq!(open["url"], format!("{}/", up.server));
+
+    // cancel: a running job ends failed, "cancelled".
+    let slow = up.file("slow.yaml", SLOW);
+    assert_eq!(up.ofctl(&["apply", "-f", slow.to_str().unwrap()]).code, 0);
+    let accepted = up.ofctl(&["run", "slow", "-o", "json"]).json();
+    let job = str_of(&accepted, "job_id").to_owned();
+    let cancelled = up.ofctl(&["cancel", &job, "-o", "json"]).json();
+    assert_eq!(cancelled["job_id"], job.as_str(), "{cancelled}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ended = loop {
+        let v = up.ofctl(&["describe", "job", &job, "-o", "json"]).json();
+        if v["status"] == "failed" || v["status"] == "succeeded" {
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled job did not end: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(ended["status"], "failed", "{ended}");
+    assert!(
+        ended["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cancelled")),
+        "{ended}"
+    );
+    // The table form says what happens; a job that ended cannot be cancelled again (exit 1).
+    let again = up.ofctl(&["cancel", &job]);
+    assert!(again.refused().contains("already failed"), "{again:?}");
+    assert!(up.ofctl(&["cancel", "j-0000"]).refused().contains("j-0000"));
+
+    // delete dag: gone from the list; its job stays; a second delete is refused.
+    let deleted = up.ofctl(&["delete", "dag", "slow", "-o", "json"]).json();
+    assert_eq!(deleted["deleted"], "slow");
+    let dags = up.ofctl(&["get", "dags", "-o", "json"]).json();
+    assert!(
+        dags["dags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["name"] != "slow"),
+        "{dags}"
+    );
+    let kept = up.ofctl(&["describe", "job", &job, "-o", "json"]).json();
+    assert_eq!(kept["job_id"], job.as_str());
+    assert!(
+        up.ofctl(&["delete", "dag", "slow"])
+            .refused()
+            .contains("slow")
+    );
+    let table = up.ofctl(&["apply", "-f", slow.to_str().unwrap()]);
+    assert_eq!(table.code, 0, "{table:?}");
+    let table = up.ofctl(&["delete", "dag", "slow"]);
+    assert!(table.stdout.contains("dag slow deleted"), "{table:?}");
+
+    // Bad usage: exit 2.
+    assert_eq!(up.ofctl(&["delete", "job", "x"]).code, 2);
+    assert_eq!(up.ofctl(&["cancel"]).code, 2);
+
+    up.stop();
+}
