@@ -91,7 +91,8 @@ pub struct Cli {
 /// Which sandbox the agents of `ofctl up` run lambdas in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum SandboxArg {
-    /// Docker when an engine answers and the lambda image exists, else processes.
+    /// Docker when an engine answers (building the lambda image when it is missing), else
+    /// processes (a fallback, said so).
     #[default]
     Auto,
     Docker,
@@ -101,7 +102,8 @@ pub enum SandboxArg {
 /// Which object store `ofctl up` uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum StoreArg {
-    /// SeaweedFS (S3) when it answers or is installed, else a local directory.
+    /// SeaweedFS (S3) when it answers, else installed and started; a local directory is the
+    /// fallback (said so).
     #[default]
     Auto,
     S3,
