@@ -41,13 +41,32 @@ pub async fn register(
                 ));
             }
             Ok(r) => last = format!("control plane answered {}", r.status()),
-            Err(e) => last = format!("control plane unreachable: {e}"),
+            Err(e) => {
+                let cause = root_cause(&e);
+                // An untrusted certificate will not become trusted by retrying.
+                if cause.to_ascii_lowercase().contains("certificate") {
+                    return Err(format!(
+                        "the control plane's certificate is not trusted ({cause}): is ca_file the cluster's CA?"
+                    ));
+                }
+                last = format!("control plane unreachable: {e}: {cause}");
+            }
         }
         tracing::warn!(attempt, error = %last, "registration failed, retrying");
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(5));
     }
     Err(last)
+}
+
+/// The innermost error of a chain (for reqwest, the TLS or socket error under "error sending
+/// request").
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
 }
 
 /// Joins the control plane with the join token: registers (retrying until the control plane

@@ -342,6 +342,17 @@ async fn wrong_credentials_and_untrusting_clients_are_refused() {
         .expect_err("a wrong join token is refused");
     assert!(err.to_string().contains("401"), "{err}");
 
+    // An agent that does not trust the control plane's certificate stops with a clear error
+    // instead of retrying for ever.
+    let other = dir.path().join("other-ca");
+    certificates(&other, &["x"]);
+    let mut cfg = agent_config("a-3", dir.path(), &c.certs, &c.control.url(), JOIN);
+    cfg.ca_file = Some(other.join("ca.pem"));
+    let err = sonic_agent::start_from_config(cfg)
+        .await
+        .expect_err("an untrusted control plane is refused");
+    assert!(err.to_string().contains("certificate"), "{err}");
+
     // The join token opens the agent routes only, never the API.
     for (path, token) in [
         ("/v1/agents", JOIN),
@@ -374,8 +385,6 @@ async fn wrong_credentials_and_untrusting_clients_are_refused() {
         assert!(e.is_connect(), "{url}: {e}");
     }
     // Another CA's client is refused just the same.
-    let other = dir.path().join("other-ca");
-    certificates(&other, &["x"]);
     let foreign = sonic_daemon::tls::client_builder(Some(&other.join("ca.pem")))
         .expect("CA")
         .build()
