@@ -3,6 +3,7 @@
 pub mod config;
 pub mod files;
 pub mod fileserver;
+pub mod metrics;
 pub mod register;
 pub mod runner;
 pub mod sandbox;

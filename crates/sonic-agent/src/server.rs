@@ -35,6 +35,8 @@ pub struct AgentState {
     pub http: reqwest::Client,
     pub running: AtomicU32,
     pub fetch_locks: FetchLocks,
+    /// What `GET /metrics` shows.
+    pub metrics: crate::metrics::AgentMetrics,
     runs: Mutex<HashMap<String, RunReport>>,
 }
 
@@ -57,6 +59,7 @@ impl AgentState {
                 .map_err(|e| std::io::Error::other(e.to_string()))?,
             running: AtomicU32::new(0),
             fetch_locks: FetchLocks::default(),
+            metrics: crate::metrics::AgentMetrics::default(),
             runs: Mutex::new(HashMap::new()),
             sandbox,
             store,
@@ -192,6 +195,10 @@ fn table() -> Vec<(RouteInfo, MethodRouter<Arc<AgentState>>)> {
             r(Method::DELETE, "/v1/jobs/{job_id}", Guard::ControlToken),
             delete(delete_job),
         ),
+        (
+            r(Method::GET, "/metrics", Guard::ControlToken),
+            get(render_metrics),
+        ),
     ]
 }
 
@@ -244,6 +251,18 @@ async fn capacity(State(state): State<Arc<AgentState>>) -> Json<Capacity> {
     Json(state.capacity())
 }
 
+async fn render_metrics(State(state): State<Arc<AgentState>>) -> Response {
+    let text = state.metrics.render(&state);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            sonic_daemon::metrics::CONTENT_TYPE,
+        )],
+        text,
+    )
+        .into_response()
+}
+
 async fn start_run(
     State(state): State<Arc<AgentState>>,
     body: Result<Json<RunRequest>, axum::extract::rejection::JsonRejection>,
@@ -280,6 +299,7 @@ async fn start_run(
     tokio::spawn(async move {
         let report = runner::execute(task_state.clone(), req).await;
         tracing::info!(run = %id, status = ?report.status, "run ended");
+        task_state.metrics.run_ended(&report);
         task_state.runs().insert(id, report);
     });
     Ok((StatusCode::ACCEPTED, Json(RunAccepted { run_id })))

@@ -504,19 +504,38 @@ async fn openapi() -> Json<serde_json::Value> {
 async fn render_metrics(State(state): State<Shared>) -> Result<Response, ApiError> {
     let now = state.clock.now_ms();
     let timeout = state.settings.heartbeat_timeout;
-    let gauges = state
+    let mut gauges = state
         .db
         .run(move |db| {
             let dags = db.count_dags()?;
             let agents = db.list_agents()?;
-            let alive = agents.iter().filter(|a| a.alive(now, timeout)).count() as u64;
+            let mut capacity = std::collections::BTreeMap::<String, (u64, u64)>::new();
+            let mut alive = 0;
+            for a in agents.iter().filter(|a| a.alive(now, timeout)) {
+                alive += 1;
+                let c = capacity.entry(a.vm_type.clone()).or_default();
+                c.0 += u64::from(a.capacity.running);
+                c.1 += u64::from(a.capacity.vcpus);
+            }
             Ok(Gauges {
                 dags,
                 agents_alive: alive,
                 agents_dead: agents.len() as u64 - alive,
+                capacity,
+                ..Gauges::default()
             })
         })
         .await?;
+    if let Some(rt) = &state.jobs {
+        for ev in rt.progress() {
+            match ev.status {
+                JobStatus::Queued => gauges.jobs_queued += 1,
+                JobStatus::Running => gauges.jobs_running += 1,
+                _ => {}
+            }
+        }
+        gauges.store_retries = rt.store.retries();
+    }
     let text = state.metrics.render(gauges);
     Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response())
 }
@@ -1070,6 +1089,13 @@ async fn submit_job(
     };
     let stored = record.clone();
     state.db.run(move |db| db.insert_job(&stored)).await?;
+    state
+        .metrics
+        .job_submitted(choice.policy.as_str(), choice.mode.as_str());
+    if let Some(p) = &choice.planned {
+        let us = p.report["planning_time_us"].as_f64().unwrap_or(0.0);
+        state.metrics.planned(choice.policy.as_str(), us / 1e6);
+    }
     tracing::info!(job = %job_id, dag = %record.dag, policy = %choice.policy, mode = %choice.mode, input_bytes, "job submitted");
     // Registered before the task starts: a cancel that comes right after the 202 reaches it.
     let cancel = rt.register(&job_id);

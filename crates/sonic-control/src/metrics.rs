@@ -1,94 +1,278 @@
-//! A small counter registry rendered in the Prometheus text format (`GET /metrics`).
+//! The control plane's metrics (`GET /metrics`, Prometheus text format): requests, jobs, stages,
+//! instances, data passing, planning, prediction error, queue, cluster capacity, store retries.
 //!
-//! Hand-rolled because the control plane needs one counter family and a few gauges; the `metrics`
-//! crates would add a recorder, a global and their dependencies for that.
+//! Built on [`sonic_daemon::metrics::Registry`] (one per control plane, so that `ofctl up`'s
+//! agents in the same process keep their own). Every name is documented in docs/api.md. Label
+//! values come from bounded sets: route templates, statuses, policies, modes, methods, VM types,
+//! and DAG and function names (as many as the DAGs applied); never a job id or a raw path.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
 
-/// Request counters, by method, route template and status.
-#[derive(Debug, Default)]
+use sonic_api::control::{JobStatus, JobSummary};
+use sonic_daemon::metrics::{Desc, RATIO_BUCKETS, Registry, SECONDS_BUCKETS};
+
+pub use sonic_daemon::metrics::CONTENT_TYPE;
+
+pub const HTTP_REQUESTS: Desc = Desc::counter(
+    "sonic_http_requests_total",
+    "HTTP requests answered, by method, route template and status.",
+    &["method", "route", "status"],
+);
+pub const DAGS: Desc = Desc::gauge("sonic_dags", "DAGs registered.", &[]);
+pub const AGENTS: Desc = Desc::gauge(
+    "sonic_agents",
+    "Agents registered, by liveness.",
+    &["state"],
+);
+pub const JOBS: Desc = Desc::gauge(
+    "sonic_jobs",
+    "Jobs this control plane is executing now, by status (queued, running).",
+    &["status"],
+);
+pub const JOBS_SUBMITTED: Desc = Desc::counter(
+    "sonic_jobs_submitted_total",
+    "Jobs accepted, by policy and mode.",
+    &["policy", "mode"],
+);
+pub const JOBS_ENDED: Desc = Desc::counter(
+    "sonic_jobs_ended_total",
+    "Jobs that ended, by status (succeeded, failed) and policy.",
+    &["status", "policy"],
+);
+pub const JOB_SECONDS: Desc = Desc::histogram(
+    "sonic_job_duration_seconds",
+    "Latency of the jobs that succeeded, from start to end, by DAG and policy.",
+    &["dag", "policy"],
+    SECONDS_BUCKETS,
+);
+pub const STAGE_SECONDS: Desc = Desc::histogram(
+    "sonic_stage_duration_seconds",
+    "Latency of the stages that succeeded, from their first instance sent to their last one ended, by DAG and function.",
+    &["dag", "function"],
+    SECONDS_BUCKETS,
+);
+pub const INSTANCES_STARTED: Desc = Desc::counter(
+    "sonic_instances_started_total",
+    "Instances that ran to a report in jobs that ended, by start (cold: a new container or process environment; hot: a warm one) and VM type.",
+    &["start", "vm_type"],
+);
+pub const PASSING_BYTES: Desc = Desc::counter(
+    "sonic_data_passing_bytes_total",
+    "Bytes the receivers of an edge staged, by the edge's data-passing method, in jobs that ended.",
+    &["method"],
+);
+pub const PASSING_SECONDS: Desc = Desc::counter(
+    "sonic_data_passing_seconds_total",
+    "Seconds of data passing per edge (the slowest receiving instance's staging), by method, in jobs that ended.",
+    &["method"],
+);
+pub const PLANNING_SECONDS: Desc = Desc::histogram(
+    "sonic_planning_seconds",
+    "Time the planner took for a planned job at submission, by policy.",
+    &["policy"],
+    &[
+        0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0,
+    ],
+);
+pub const PREDICTION_ERROR: Desc = Desc::histogram(
+    "sonic_prediction_error_ratio",
+    "Relative error of the plan's prediction, |predicted - measured| / measured, of planned jobs that succeeded, by quantity (latency, cost).",
+    &["quantity"],
+    RATIO_BUCKETS,
+);
+pub const INSTANCES_QUEUED: Desc = Desc::gauge(
+    "sonic_instances_queued",
+    "Instances waiting for a concurrency slot on their agent (the plan's concurrency, or one per vCPU).",
+    &[],
+);
+pub const CLUSTER_RUNNING: Desc = Desc::gauge(
+    "sonic_cluster_running_instances",
+    "Instances running on the alive agents (their last heartbeats), by VM type.",
+    &["vm_type"],
+);
+pub const CLUSTER_VCPUS: Desc = Desc::gauge(
+    "sonic_cluster_vcpus",
+    "vCPUs of the alive agents, by VM type.",
+    &["vm_type"],
+);
+pub const STORE_RETRIES: Desc = Desc::counter(
+    "sonic_store_retries_total",
+    "Object-store operations of the control plane tried again during an outage.",
+    &[],
+);
+
+const FAMILIES: &[Desc] = &[
+    HTTP_REQUESTS,
+    DAGS,
+    AGENTS,
+    JOBS,
+    JOBS_SUBMITTED,
+    JOBS_ENDED,
+    JOB_SECONDS,
+    STAGE_SECONDS,
+    INSTANCES_STARTED,
+    PASSING_BYTES,
+    PASSING_SECONDS,
+    PLANNING_SECONDS,
+    PREDICTION_ERROR,
+    INSTANCES_QUEUED,
+    CLUSTER_RUNNING,
+    CLUSTER_VCPUS,
+    STORE_RETRIES,
+];
+
+/// The data-passing methods, shown from the first scrape.
+const METHODS: [&str; 3] = ["vm-storage", "direct", "remote"];
+
+/// The control plane's metrics.
+#[derive(Debug)]
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, String, u16), u64>>,
+    reg: Registry,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let reg = Registry::new(FAMILIES);
+        for m in METHODS {
+            reg.touch(&PASSING_BYTES, &[m]);
+            reg.touch(&PASSING_SECONDS, &[m]);
+        }
+        for s in ["succeeded", "failed"] {
+            for p in ["sonic", "remote", "direct", "local", "oracle"] {
+                reg.touch(&JOBS_ENDED, &[s, p]);
+            }
+        }
+        for s in ["queued", "running"] {
+            reg.touch(&JOBS, &[s]);
+        }
+        Metrics { reg }
+    }
 }
 
 /// Values read at scrape time.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Gauges {
     pub dags: u64,
     pub agents_alive: u64,
     pub agents_dead: u64,
+    pub jobs_queued: u64,
+    pub jobs_running: u64,
+    /// Per VM type of the alive agents: instances running, vCPUs.
+    pub capacity: BTreeMap<String, (u64, u64)>,
+    /// The control plane's object store's retries so far.
+    pub store_retries: u64,
 }
 
-/// The content type of the text format.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// Counts one instance waiting for a concurrency slot while it lives.
+#[derive(Debug)]
+pub struct Waiting<'a>(&'a Registry);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.add(&INSTANCES_QUEUED, &[], -1.0);
+    }
+}
 
 impl Metrics {
+    /// The registry, to read a series back (tests, the dashboard).
+    pub fn registry(&self) -> &Registry {
+        &self.reg
+    }
+
     /// Counts one answered request. `route` must be a route template (or a fixed word), never the
     /// raw path: raw paths would grow one series per URL a client invents.
     pub fn count_request(&self, method: &str, route: &str, status: u16) {
-        let mut map = self.requests.lock().unwrap_or_else(|p| p.into_inner());
-        *map.entry((method.to_owned(), route.to_owned(), status))
-            .or_default() += 1;
+        self.reg
+            .inc(&HTTP_REQUESTS, &[method, route, &status.to_string()]);
     }
 
     /// How many requests were counted for this method, route and status.
     pub fn requests(&self, method: &str, route: &str, status: u16) -> u64 {
-        let map = self.requests.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(&(method.to_owned(), route.to_owned(), status))
-            .copied()
-            .unwrap_or(0)
+        self.reg
+            .value(&HTTP_REQUESTS, &[method, route, &status.to_string()]) as u64
     }
 
-    /// The whole exposition.
-    pub fn render(&self, gauges: Gauges) -> String {
-        let mut out = String::new();
-        out.push_str("# HELP sonic_http_requests_total HTTP requests answered, by method, route and status.\n");
-        out.push_str("# TYPE sonic_http_requests_total counter\n");
-        {
-            let map = self.requests.lock().unwrap_or_else(|p| p.into_inner());
-            for ((method, route, status), n) in map.iter() {
-                let _ = writeln!(
-                    out,
-                    "sonic_http_requests_total{{method=\"{}\",route=\"{}\",status=\"{status}\"}} {n}",
-                    escape(method),
-                    escape(route)
-                );
+    /// A job was accepted.
+    pub fn job_submitted(&self, policy: &str, mode: &str) {
+        self.reg.inc(&JOBS_SUBMITTED, &[policy, mode]);
+    }
+
+    /// A job was planned at submission, in `seconds` of planner time.
+    pub fn planned(&self, policy: &str, seconds: f64) {
+        self.reg.observe(&PLANNING_SECONDS, &[policy], seconds);
+    }
+
+    /// A stage of a job succeeded after `seconds`.
+    pub fn stage_ended(&self, dag: &str, function: &str, seconds: f64) {
+        self.reg.observe(&STAGE_SECONDS, &[dag, function], seconds);
+    }
+
+    /// One instance waits for a concurrency slot until the guard is dropped.
+    pub fn waiting(&self) -> Waiting<'_> {
+        self.reg.add(&INSTANCES_QUEUED, &[], 1.0);
+        Waiting(&self.reg)
+    }
+
+    /// A job ended: its status, latency, instances, edges and, for a planned job that succeeded,
+    /// how far the plan's prediction was from what it measured.
+    pub fn job_ended(&self, s: &JobSummary) {
+        let policy = s.policy.as_str();
+        self.reg.inc(&JOBS_ENDED, &[s.status.as_str(), policy]);
+        for f in &s.functions {
+            let start = if f.cold { "cold" } else { "hot" };
+            self.reg.inc(&INSTANCES_STARTED, &[start, &f.vm_type]);
+        }
+        for e in &s.edges {
+            self.reg.add(&PASSING_BYTES, &[&e.method], e.bytes as f64);
+            self.reg.add(&PASSING_SECONDS, &[&e.method], e.seconds);
+        }
+        if s.status != JobStatus::Succeeded {
+            return;
+        }
+        self.reg
+            .observe(&JOB_SECONDS, &[&s.dag, policy], s.latency_s);
+        let predicted = s.plan.as_ref().map(|p| &p.report["predicted"]);
+        if let Some(p) = predicted {
+            for (quantity, measured, key) in [
+                ("latency", s.latency_s, "latency_s"),
+                ("cost", s.cost_usd, "cost_usd"),
+            ] {
+                if let Some(pred) = p[key].as_f64()
+                    && measured > 0.0
+                {
+                    self.reg.observe(
+                        &PREDICTION_ERROR,
+                        &[quantity],
+                        (pred - measured).abs() / measured,
+                    );
+                }
             }
         }
-        out.push_str("# HELP sonic_dags DAGs registered.\n# TYPE sonic_dags gauge\n");
-        let _ = writeln!(out, "sonic_dags {}", gauges.dags);
-        out.push_str(
-            "# HELP sonic_agents Agents registered, by liveness.\n# TYPE sonic_agents gauge\n",
-        );
-        let _ = writeln!(
-            out,
-            "sonic_agents{{state=\"alive\"}} {}",
-            gauges.agents_alive
-        );
-        let _ = writeln!(out, "sonic_agents{{state=\"dead\"}} {}", gauges.agents_dead);
-        out
     }
-}
 
-/// Escapes a label value as the text format requires.
-fn escape(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
+    /// The whole exposition, with the values read at scrape time.
+    pub fn render(&self, g: Gauges) -> String {
+        let r = &self.reg;
+        r.set(&DAGS, &[], g.dags as f64);
+        r.set(&AGENTS, &["alive"], g.agents_alive as f64);
+        r.set(&AGENTS, &["dead"], g.agents_dead as f64);
+        r.set(&JOBS, &["queued"], g.jobs_queued as f64);
+        r.set(&JOBS, &["running"], g.jobs_running as f64);
+        r.clear(&CLUSTER_RUNNING);
+        r.clear(&CLUSTER_VCPUS);
+        for (vm_type, (running, vcpus)) in &g.capacity {
+            r.set(&CLUSTER_RUNNING, &[vm_type], *running as f64);
+            r.set(&CLUSTER_VCPUS, &[vm_type], *vcpus as f64);
         }
+        r.set(&STORE_RETRIES, &[], g.store_retries as f64);
+        r.render()
     }
-    s
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sonic_api::control::{EdgeRun, FunctionRun, JobMode, JobPlan};
 
     #[test]
     fn renders_counters_and_gauges() {
@@ -102,20 +286,89 @@ mod tests {
             dags: 3,
             agents_alive: 1,
             agents_dead: 2,
+            capacity: [("m5.large".to_owned(), (1, 2))].into_iter().collect(),
+            ..Gauges::default()
         });
-        assert!(text.contains(
-            "sonic_http_requests_total{method=\"GET\",route=\"/v1/dags\",status=\"200\"} 2\n"
-        ));
-        assert!(text.contains(
-            "sonic_http_requests_total{method=\"PUT\",route=\"/v1/dags\",status=\"400\"} 1\n"
-        ));
-        assert!(text.contains("route=\"a\\\"b\\\\c\\nd\""));
-        assert!(text.contains("sonic_dags 3\n"));
-        assert!(text.contains("sonic_agents{state=\"dead\"} 2\n"));
-        // Every sample line is `name{labels} value` or `name value`.
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let value = line.rsplit(' ').next().unwrap_or("");
-            assert!(value.parse::<f64>().is_ok(), "bad sample line {line:?}");
+        for line in [
+            "sonic_http_requests_total{method=\"GET\",route=\"/v1/dags\",status=\"200\"} 2",
+            "sonic_http_requests_total{method=\"PUT\",route=\"/v1/dags\",status=\"400\"} 1",
+            "sonic_dags 3",
+            "sonic_agents{state=\"dead\"} 2",
+            "sonic_cluster_vcpus{vm_type=\"m5.large\"} 2",
+            "sonic_data_passing_bytes_total{method=\"direct\"} 0",
+            "sonic_instances_queued 0",
+            "sonic_store_retries_total 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?}:\n{text}");
         }
+        assert!(text.contains("route=\"a\\\"b\\\\c\\nd\""));
+    }
+
+    #[test]
+    fn a_planned_job_moves_its_series() {
+        let m = Metrics::default();
+        m.job_submitted("sonic", "planned");
+        m.planned("sonic", 0.002);
+        m.stage_ended("fan", "gen", 0.5);
+        {
+            let _w = m.waiting();
+            assert_eq!(m.registry().value(&INSTANCES_QUEUED, &[]), 1.0);
+        }
+        assert_eq!(m.registry().value(&INSTANCES_QUEUED, &[]), 0.0);
+        let run = |cold| FunctionRun {
+            name: "gen".into(),
+            instance: 0,
+            agent: "a-1".into(),
+            vm_type: "m5.large".into(),
+            cold,
+            seconds: 1.0,
+            peak_memory_mb: None,
+            attempts: 1,
+        };
+        let summary = JobSummary {
+            job_id: "j-1".into(),
+            dag: "fan".into(),
+            status: JobStatus::Succeeded,
+            policy: "sonic".into(),
+            mode: JobMode::Planned,
+            input_bytes: 10,
+            latency_s: 2.0,
+            cost_usd: 0.001,
+            perf_per_dollar: 500.0,
+            edges: vec![EdgeRun {
+                from: "gen".into(),
+                to: "mid".into(),
+                method: "direct".into(),
+                bytes: 1000,
+                seconds: 0.25,
+            }],
+            functions: vec![run(true), run(false), run(false)],
+            outputs: Vec::new(),
+            error: None,
+            plan: Some(JobPlan {
+                used: "best".into(),
+                notes: Vec::new(),
+                report: serde_json::json!({"predicted": {"latency_s": 2.5, "cost_usd": 0.001}}),
+                stages: Vec::new(),
+            }),
+        };
+        m.job_ended(&summary);
+        let r = m.registry();
+        assert_eq!(r.value(&JOBS_ENDED, &["succeeded", "sonic"]), 1.0);
+        assert_eq!(r.value(&INSTANCES_STARTED, &["cold", "m5.large"]), 1.0);
+        assert_eq!(r.value(&INSTANCES_STARTED, &["hot", "m5.large"]), 2.0);
+        assert_eq!(r.value(&PASSING_BYTES, &["direct"]), 1000.0);
+        assert_eq!(r.value(&PASSING_SECONDS, &["direct"]), 0.25);
+        assert_eq!(r.value(&JOB_SECONDS, &["fan", "sonic"]), 1.0);
+        assert_eq!(r.value(&PREDICTION_ERROR, &["latency"]), 1.0);
+        assert_eq!(r.value(&PREDICTION_ERROR, &["cost"]), 1.0);
+        let text = m.render(Gauges::default());
+        assert!(
+            text.contains(
+                "sonic_prediction_error_ratio_bucket{quantity=\"latency\",le=\"0.25\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("sonic_planning_seconds_count{policy=\"sonic\"} 1\n"));
     }
 }

@@ -116,7 +116,7 @@ pub fn document() -> Value {
                     "operationId": "metrics",
                     "tags": ["system"],
                     "responses": guarded(json!({
-                        "200": { "description": "requests by route and status; DAG and agent counts", "content": { "text/plain": { "schema": { "type": "string" } } } }
+                        "200": { "description": "requests, jobs, stages, instances, data passing, planning, prediction error, queue, capacity, store retries (docs/api.md, Metrics)", "content": { "text/plain": { "schema": { "type": "string" } } } }
                     }))
                 }
             },

@@ -181,6 +181,14 @@ impl Runtime {
         self.events().get(job).map(watch::Sender::subscribe)
     }
 
+    /// The progress of every job this process is executing now.
+    pub fn progress(&self) -> Vec<JobEvent> {
+        self.events()
+            .values()
+            .map(|tx| tx.borrow().clone())
+            .collect()
+    }
+
     /// Updates a running job's progress (subscribers see the newest state).
     fn publish(&self, job: &str, f: impl FnOnce(&mut JobEvent)) {
         if let Some(tx) = self.events().get(job) {
@@ -418,6 +426,7 @@ pub async fn execute(
         Ok(()) => (JobStatus::Succeeded, None),
         Err(e) => (JobStatus::Failed, Some(e.clone())),
     };
+    state.metrics.job_ended(&summary);
     tracing::info!(job = %job.id, %status, latency_s, error = error.as_deref().unwrap_or(""), "job ended");
     // The sample and the refit are recorded before the job shows as ended, so that a client
     // that waits for it and submits again is planned with what it taught.
@@ -687,6 +696,7 @@ async fn run(
             e.message = None;
         });
         tracing::info!(job = %job.id, function = %stage, instances = placements.len(), "stage starts");
+        let stage_started = Instant::now();
         let mut set = tokio::task::JoinSet::new();
         for p in placements {
             let rt = rt.clone();
@@ -701,11 +711,14 @@ async fn run(
             set.spawn(async move {
                 // Held while the instance runs: the plan's concurrency on this VM.
                 let _permit = match permit {
-                    Some(s) => Some(s.acquire_owned().await.map_err(|_| InstanceFailure {
-                        message: "concurrency limit closed".to_owned(),
-                        disk_full: false,
-                        agent: agent.id.clone(),
-                    })?),
+                    Some(s) => {
+                        let _waiting = state.metrics.waiting();
+                        Some(s.acquire_owned().await.map_err(|_| InstanceFailure {
+                            message: "concurrency limit closed".to_owned(),
+                            disk_full: false,
+                            agent: agent.id.clone(),
+                        })?)
+                    }
                     None => None,
                 };
                 run_instance(&state, &rt, &agent, p.request, &cancel)
@@ -786,6 +799,9 @@ async fn run(
                 message: f.message,
             });
         }
+        state
+            .metrics
+            .stage_ended(&job.dag, &stage, stage_started.elapsed().as_secs_f64());
     }
     Ok(())
 }

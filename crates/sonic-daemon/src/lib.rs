@@ -5,8 +5,11 @@
 //!   overriding the one before it, with errors that name the file or the flag.
 //! - [`secret`]: secrets from files, generated secrets kept in a data folder.
 //! - [`tls`]: HTTPS for the daemons' servers (rustls) and clients that verify a private CA.
+//! - [`metrics`]: a per-daemon registry of counters, gauges and histograms in the Prometheus
+//!   text format.
 
 pub mod config;
+pub mod metrics;
 pub mod secret;
 pub mod tls;
 

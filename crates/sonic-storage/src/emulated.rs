@@ -144,6 +144,10 @@ impl<S: ObjectStore> ObjectStore for Emulated<S> {
         self.request().await;
         self.inner.delete_prefix(prefix).await
     }
+
+    fn retries(&self) -> u64 {
+        self.inner.retries()
+    }
 }
 
 #[cfg(test)]

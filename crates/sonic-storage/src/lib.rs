@@ -90,6 +90,11 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     async fn delete(&self, key: &str) -> Result<(), StoreError>;
     /// Deletes every object under `prefix`; returns how many.
     async fn delete_prefix(&self, prefix: &str) -> Result<usize, StoreError>;
+    /// Operations tried again because the store was unavailable (see [`patient::Patient`]),
+    /// since the store was opened; stores that never try again say 0. For metrics.
+    fn retries(&self) -> u64 {
+        0
+    }
 }
 
 /// A shared store is a store: wrappers (such as [`emulated::Emulated`]) take one as it is.
@@ -118,6 +123,9 @@ impl<T: ObjectStore + ?Sized> ObjectStore for std::sync::Arc<T> {
     }
     async fn delete_prefix(&self, prefix: &str) -> Result<usize, StoreError> {
         (**self).delete_prefix(prefix).await
+    }
+    fn retries(&self) -> u64 {
+        (**self).retries()
     }
 }
 

@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -42,6 +43,8 @@ pub struct Patient<S> {
     patience: Patience,
     /// Names the store in errors (for example its endpoint).
     name: String,
+    /// Operations tried again so far.
+    retries: AtomicU64,
 }
 
 impl<S: ObjectStore> Patient<S> {
@@ -50,6 +53,7 @@ impl<S: ObjectStore> Patient<S> {
             inner,
             patience,
             name: name.into(),
+            retries: AtomicU64::new(0),
         }
     }
 
@@ -79,6 +83,7 @@ impl<S: ObjectStore> Patient<S> {
                         )));
                     }
                     tracing::warn!(store = %self.name, what, key, tries, error = %e, "object store unavailable; trying again");
+                    self.retries.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(self.patience.max_backoff);
                 }
@@ -124,6 +129,10 @@ impl<S: ObjectStore> ObjectStore for Patient<S> {
     async fn delete_prefix(&self, prefix: &str) -> Result<usize, StoreError> {
         self.retry("DELETE", prefix, || self.inner.delete_prefix(prefix))
             .await
+    }
+
+    fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed) + self.inner.retries()
     }
 }
 
@@ -212,6 +221,7 @@ mod tests {
         let s = patient(5, 60_000);
         s.put_bytes("a/b", Bytes::from_static(b"x")).await.unwrap();
         assert_eq!(*s.inner().calls.lock().unwrap(), 6);
+        assert_eq!(s.retries(), 5, "each try after a failure counts");
         assert_eq!(s.get_bytes("a/b").await.unwrap(), Bytes::from_static(b"x"));
     }
 

@@ -257,6 +257,10 @@ impl Sandbox for DockerSandbox {
         "docker"
     }
 
+    fn warm(&self) -> Option<usize> {
+        Some(self.warm_containers())
+    }
+
     async fn run(&self, spec: RunSpec) -> Result<RunOutcome, SandboxError> {
         let t0 = Instant::now();
         let wall0 = SystemTime::now();

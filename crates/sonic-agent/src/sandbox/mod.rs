@@ -116,4 +116,9 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
     async fn run(&self, spec: RunSpec) -> Result<RunOutcome, SandboxError>;
     /// Stops and removes warm containers or processes kept for reuse.
     async fn shutdown(&self) -> Result<(), SandboxError>;
+    /// Warm containers (or process environments) kept for reuse and idle now, when the sandbox
+    /// knows; for metrics.
+    fn warm(&self) -> Option<usize> {
+        None
+    }
 }

@@ -134,6 +134,20 @@ impl ProcessSandbox {
         self.use_cgroups
     }
 
+    /// Warm environments idle now and not yet expired: the next run of their key is hot.
+    pub fn warm_environments(&self) -> usize {
+        let now = Instant::now();
+        let idle = self.config.idle_timeout;
+        self.envs
+            .lock()
+            .map(|m| {
+                m.values()
+                    .filter(|e| e.busy == 0 && now.duration_since(e.last_used) < idle)
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
     /// The warm key's folder, and whether this run is cold. Also drops folders idle too long.
     fn acquire_env(&self, key: &str) -> Result<(PathBuf, bool), SandboxError> {
         let now = Instant::now();
@@ -474,6 +488,10 @@ impl Drop for CgroupCleanup {
 impl Sandbox for ProcessSandbox {
     fn kind(&self) -> &'static str {
         "process"
+    }
+
+    fn warm(&self) -> Option<usize> {
+        Some(self.warm_environments())
     }
 
     async fn run(&self, spec: RunSpec) -> Result<RunOutcome, SandboxError> {
