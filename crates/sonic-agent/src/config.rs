@@ -170,6 +170,9 @@ pub struct AgentArgs {
     /// Most megabytes one function instance may write before it is killed.
     #[arg(long, env = "SONIC_AGENT_OUTPUT_QUOTA_MB")]
     pub output_quota_mb: Option<u64>,
+    /// How log lines are written: text, or json (one object per line, with the run's span).
+    #[arg(long, env = "SONIC_LOG_FORMAT", default_value = "text")]
+    pub log_format: sonic_daemon::logging::LogFormat,
 }
 
 impl AgentConfig {

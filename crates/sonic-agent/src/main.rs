@@ -5,12 +5,8 @@ use sonic_agent::config::{AgentArgs, AgentConfig};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     let args = AgentArgs::parse();
+    sonic_daemon::logging::init(args.log_format, "info").map_err(anyhow::Error::msg)?;
     let config = AgentConfig::load(&args)?;
     let agent = sonic_agent::start_from_config(config).await?;
     tracing::info!(url = %agent.url(), "sonic-agent ready");

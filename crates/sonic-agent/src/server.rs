@@ -293,15 +293,25 @@ async fn start_run(
             },
         );
     }
-    tracing::info!(run = %run_id, image = %req.image, "run accepted");
+    // Every event of the run (staging, the sandbox, routing outputs) carries its span.
+    let span = tracing::info_span!(
+        "run",
+        run = %run_id,
+        job = %req.job_id,
+        function = %req.function,
+        instance = req.instance,
+        attempt = req.attempt
+    );
+    span.in_scope(|| tracing::info!(image = %req.image, "run accepted"));
     let task_state = state.clone();
     let id = run_id.clone();
-    tokio::spawn(async move {
+    let task = async move {
         let report = runner::execute(task_state.clone(), req).await;
-        tracing::info!(run = %id, status = ?report.status, "run ended");
+        tracing::info!(status = ?report.status, cold = report.cold, seconds = report.seconds, "run ended");
         task_state.metrics.run_ended(&report);
         task_state.runs().insert(id, report);
-    });
+    };
+    tokio::spawn(tracing::Instrument::instrument(task, span));
     Ok((StatusCode::ACCEPTED, Json(RunAccepted { run_id })))
 }
 

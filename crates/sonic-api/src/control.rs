@@ -216,6 +216,13 @@ pub struct FunctionRun {
     pub seconds: f64,
     pub peak_memory_mb: Option<f64>,
     pub attempts: u32,
+    /// When the control plane sent the instance's first attempt, in seconds since the job
+    /// started (absent in summaries recorded before it was measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_s: Option<f64>,
+    /// When its report came back, in seconds since the job started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_s: Option<f64>,
 }
 
 /// The job summary of interfaces.md (`ofctl run --wait -o json`).

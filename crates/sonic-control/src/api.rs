@@ -80,6 +80,8 @@ pub struct ControlState {
     pub jobs: Option<Arc<Runtime>>,
     /// The bandwidth the agents measure, per VM type, for the planner.
     pub bandwidth: BandwidthBook,
+    /// What the web dashboard keeps (whether cookies must be `Secure`).
+    pub dashboard: crate::dashboard::DashboardState,
 }
 
 impl ControlState {
@@ -101,6 +103,7 @@ impl ControlState {
             metrics: Metrics::default(),
             jobs,
             bandwidth: BandwidthBook::default(),
+            dashboard: crate::dashboard::DashboardState::default(),
         })
     }
 
@@ -146,7 +149,7 @@ impl Verb {
         }
     }
 
-    fn filter(self) -> MethodFilter {
+    pub(crate) fn filter(self) -> MethodFilter {
         match self {
             Verb::Get => MethodFilter::GET,
             Verb::Put => MethodFilter::PUT,
@@ -262,6 +265,7 @@ pub fn router(state: Shared) -> Router {
     public
         .merge(guarded)
         .merge(agents)
+        .merge(crate::dashboard::router(state.clone()))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(state.settings.max_body_bytes))
@@ -272,7 +276,7 @@ pub fn router(state: Shared) -> Router {
 // ---- middleware ----
 
 /// Compares in time independent of where (or whether) the strings differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let mut diff = a.len() ^ b.len();
     for i in 0..a.len().max(b.len()) {
         let x = a.get(i).copied().unwrap_or(0);
@@ -372,7 +376,7 @@ fn path_param(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError
         .map_err(|e| ApiError::BadRequest(format!("bad path: {}", e.body_text())))
 }
 
-fn checked_dag_name(name: String) -> Result<String, ApiError> {
+pub(crate) fn checked_dag_name(name: String) -> Result<String, ApiError> {
     if valid_dag_name(&name) {
         Ok(name)
     } else {
@@ -437,7 +441,7 @@ fn check_capacity(c: &Capacity) -> Result<(), ApiError> {
 
 // ---- conversions ----
 
-fn dag_summary(r: &DagRecord) -> DagSummary {
+pub(crate) fn dag_summary(r: &DagRecord) -> DagSummary {
     // Read from the stored JSON by field name, so rows written by an older `Dag` still list.
     let functions = r.parsed["functions"]
         .as_array()
@@ -458,7 +462,7 @@ fn dag_summary(r: &DagRecord) -> DagSummary {
     }
 }
 
-fn agent_info(a: AgentRecord, now_ms: i64, timeout: Duration) -> AgentInfo {
+pub(crate) fn agent_info(a: AgentRecord, now_ms: i64, timeout: Duration) -> AgentInfo {
     AgentInfo {
         alive: a.alive(now_ms, timeout),
         heartbeat_age_ms: now_ms.saturating_sub(a.last_heartbeat_ms),
@@ -976,6 +980,12 @@ async fn submit_job(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: SubmitJob = json_body(body, state.settings.max_body_bytes)?;
+    let accepted = submit(&state, req).await?;
+    Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
+}
+
+/// Checks, plans and starts a job: what `POST /v1/jobs` and the dashboard's run form do.
+pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted, ApiError> {
     let rt = state.jobs.clone().ok_or_else(|| {
         ApiError::Unavailable("this control plane runs no jobs: it has no object store".into())
     })?;
@@ -1051,8 +1061,8 @@ async fn submit_job(
         input_bytes = size;
         input = Some((file, bytes));
     }
-    let choice = choose(
-        &state,
+    let mut choice = choose(
+        state,
         dag.clone(),
         forced,
         req.planned,
@@ -1060,6 +1070,14 @@ async fn submit_job(
         fanouts,
     )
     .await?;
+    if let Some(p) = choice.planned.as_mut() {
+        // Why this plan: what the baselines would predict at the same parameters.
+        let (catalog, _) = state.planning_catalog();
+        let baselines = crate::dashboard::why::baselines(&dag, &p.params, catalog);
+        if let Some(map) = p.report.as_object_mut() {
+            map.insert("baselines".into(), baselines);
+        }
+    }
     let mut inputs = Vec::new();
     if let Some((file, bytes)) = input {
         if let Some(bytes) = bytes {
@@ -1099,22 +1117,17 @@ async fn submit_job(
     tracing::info!(job = %job_id, dag = %record.dag, policy = %choice.policy, mode = %choice.mode, input_bytes, "job submitted");
     // Registered before the task starts: a cancel that comes right after the 202 reaches it.
     let cancel = rt.register(&job_id);
-    tokio::spawn(crate::scheduler::execute(
-        state.clone(),
-        rt,
-        record,
-        inputs,
-        cancel,
-        choice.planned,
+    // Every event of the job (its stages, instances, cleanup) carries the job's span.
+    let span =
+        tracing::info_span!("job", job = %job_id, dag = %record.dag, policy = %choice.policy);
+    tokio::spawn(tracing::Instrument::instrument(
+        crate::scheduler::execute(state.clone(), rt, record, inputs, cancel, choice.planned),
+        span,
     ));
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(JobAccepted {
-            job_id,
-            status: JobStatus::Queued,
-        }),
-    )
-        .into_response())
+    Ok(JobAccepted {
+        job_id,
+        status: JobStatus::Queued,
+    })
 }
 
 async fn list_jobs(
@@ -1133,7 +1146,7 @@ async fn list_jobs(
     }))
 }
 
-fn checked_job_id(id: String) -> Result<String, ApiError> {
+pub(crate) fn checked_job_id(id: String) -> Result<String, ApiError> {
     if id.starts_with("j-") && valid_ident(&id) {
         Ok(id)
     } else {
@@ -1160,6 +1173,12 @@ async fn cancel_job(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let id = checked_job_id(path_param(id)?)?;
+    let job = cancel(&state, id).await?;
+    Ok((StatusCode::ACCEPTED, Json(job)).into_response())
+}
+
+/// Asks the executor to stop a job that has not ended (a job nothing executes ends now).
+pub(crate) async fn cancel(state: &Shared, id: String) -> Result<JobSummary, ApiError> {
     let lookup = id.clone();
     let job = state
         .db
@@ -1188,7 +1207,7 @@ async fn cancel_job(
         .run(move |db| db.get_job(&id))
         .await?
         .ok_or_else(|| ApiError::Internal("job vanished".into()))?;
-    Ok((StatusCode::ACCEPTED, Json(job_view(job))).into_response())
+    Ok(job_view(job))
 }
 
 /// `GET /v1/jobs/{id}/results/{*key}`: one result object of a job (`key` is its path under the
@@ -1418,7 +1437,7 @@ async fn next_event(
 
 /// `GET /v1/jobs/{id}/events`: server-sent events, each `data:` one [`JobEvent`]; the first is
 /// the job's state now, and the stream ends after the event with a terminal status.
-async fn job_events(
+pub(crate) async fn job_events(
     State(state): State<Shared>,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {

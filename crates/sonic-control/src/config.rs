@@ -151,6 +151,10 @@ pub struct ControlArgs {
     /// Largest request body, e.g. 1MiB.
     #[arg(long, env = "SONIC_MAX_BODY")]
     pub max_body: Option<ByteSize>,
+    /// How log lines are written: text, or json (one object per line, with the job's and the
+    /// run's spans).
+    #[arg(long, env = "SONIC_LOG_FORMAT", default_value = "text")]
+    pub log_format: sonic_daemon::logging::LogFormat,
 }
 
 impl ControlConfig {
@@ -248,6 +252,19 @@ mod tests {
             !format!("{cfg:?}").contains("0123456789abcdef"),
             "token redacted"
         );
+    }
+
+    #[test]
+    fn log_format_flag() {
+        use clap::Parser;
+        use sonic_daemon::logging::LogFormat;
+        let parse = |args: &[&str]| ControlArgs::try_parse_from(args).map(|a| a.log_format);
+        assert_eq!(parse(&["sonic-control"]).ok(), Some(LogFormat::Text));
+        assert_eq!(
+            parse(&["sonic-control", "--log-format", "json"]).ok(),
+            Some(LogFormat::Json)
+        );
+        assert!(parse(&["sonic-control", "--log-format", "xml"]).is_err());
     }
 
     #[test]

@@ -3,12 +3,13 @@
 //! Jobs run through [`scheduler`] with decisions from [`jobs`]. Every finished job refits its
 //! DAG's models ([`learning`]); once they converge, jobs are planned for their input size and
 //! placed by the resource manager ([`planned`]) with the bandwidth the agents measure
-//! ([`bandwidth`]).
+//! ([`bandwidth`]). The web [`dashboard`] shares the API's port and token.
 
 pub mod api;
 pub mod bandwidth;
 pub mod clock;
 pub mod config;
+pub mod dashboard;
 pub mod error;
 pub mod jobs;
 pub mod learning;

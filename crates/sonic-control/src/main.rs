@@ -5,12 +5,8 @@ use sonic_control::{ControlArgs, ControlConfig};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     let args = ControlArgs::parse();
+    sonic_daemon::logging::init(args.log_format, "info").map_err(anyhow::Error::msg)?;
     let config = ControlConfig::load(&args)?;
     sonic_control::serve(config).await?;
     Ok(())

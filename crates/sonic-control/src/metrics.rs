@@ -324,6 +324,8 @@ mod tests {
             seconds: 1.0,
             peak_memory_mb: None,
             attempts: 1,
+            started_s: Some(0.0),
+            ended_s: Some(1.0),
         };
         let summary = JobSummary {
             job_id: "j-1".into(),

@@ -138,6 +138,11 @@ impl Runtime {
         self
     }
 
+    /// The client that calls agents (it trusts the cluster's CA).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
     /// What a joining agent is handed: the token, the file key, the store.
     pub fn join_secrets(&self) -> sonic_api::control::JoinSecrets {
         sonic_api::control::JoinSecrets {
@@ -331,6 +336,8 @@ struct Progress {
     /// Per stage: its instances (known fanouts first, the real count once it starts).
     expected: Vec<u32>,
     done: u32,
+    /// When the job started: instances' times are given from it.
+    origin: Option<Instant>,
 }
 
 /// Runs a submitted job to its end and records it. Never fails: errors become a failed job.
@@ -362,6 +369,7 @@ pub async fn execute(
     let (outcome, mut progress) = loop {
         let mut progress = Progress {
             lost: lost.clone(),
+            origin: Some(started),
             ..Progress::default()
         };
         let outcome = run(
@@ -708,32 +716,37 @@ async fn run(
                 .as_ref()
                 .map_or(0, |a| planned_vm(&dag, a, i, instance));
             let permit = permits.get(&p.agent).cloned();
-            set.spawn(async move {
-                // Held while the instance runs: the plan's concurrency on this VM.
-                let _permit = match permit {
-                    Some(s) => {
-                        let _waiting = state.metrics.waiting();
-                        Some(s.acquire_owned().await.map_err(|_| InstanceFailure {
-                            message: "concurrency limit closed".to_owned(),
-                            disk_full: false,
-                            agent: agent.id.clone(),
-                        })?)
-                    }
-                    None => None,
-                };
-                run_instance(&state, &rt, &agent, p.request, &cancel)
-                    .await
-                    .map(|(report, attempts, started, ended)| Finished {
-                        function: i,
-                        instance,
-                        agent: p.agent,
-                        vm,
-                        report,
-                        attempts,
-                        started,
-                        ended,
-                    })
-            });
+            // A child of the job's span: the instance's events carry both.
+            let span = tracing::info_span!("run", function = %stage, instance);
+            set.spawn(tracing::Instrument::instrument(
+                async move {
+                    // Held while the instance runs: the plan's concurrency on this VM.
+                    let _permit = match permit {
+                        Some(s) => {
+                            let _waiting = state.metrics.waiting();
+                            Some(s.acquire_owned().await.map_err(|_| InstanceFailure {
+                                message: "concurrency limit closed".to_owned(),
+                                disk_full: false,
+                                agent: agent.id.clone(),
+                            })?)
+                        }
+                        None => None,
+                    };
+                    run_instance(&state, &rt, &agent, p.request, &cancel)
+                        .await
+                        .map(|(report, attempts, started, ended)| Finished {
+                            function: i,
+                            instance,
+                            agent: p.agent,
+                            vm,
+                            report,
+                            attempts,
+                            started,
+                            ended,
+                        })
+                },
+                span,
+            ));
         }
         let mut failure: Option<InstanceFailure> = None;
         let mut finished = Vec::new();
@@ -869,6 +882,12 @@ fn record_instance(
         seconds: r.seconds.unwrap_or(0.0),
         peak_memory_mb: r.peak_memory_mb,
         attempts: f.attempts,
+        started_s: progress
+            .origin
+            .map(|o| f.started.saturating_duration_since(o).as_secs_f64()),
+        ended_s: progress
+            .origin
+            .map(|o| f.ended.saturating_duration_since(o).as_secs_f64()),
     });
     let span = progress
         .spans
@@ -995,6 +1014,7 @@ async fn run_instance(
         keep_log(state, &req, agent, log).await;
         match outcome {
             Ok(report) if report.status == RunStatus::Succeeded => {
+                tracing::debug!(agent = %agent.id, attempt, cold = report.cold, seconds = report.seconds, "instance ended");
                 return Ok((report, attempt, started, Instant::now()));
             }
             Ok(report) => {

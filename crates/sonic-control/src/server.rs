@@ -183,6 +183,7 @@ pub async fn start_with_jobs(
         })?;
     let addr = listener.local_addr()?;
     let state = ControlState::with_jobs(db, clock, Settings::from_config(&config), jobs);
+    state.dashboard.set_tls(tls.is_some());
     let app = router(state.clone());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     sonic_daemon::tls::log_transport("control plane", addr, config.tls.as_ref());

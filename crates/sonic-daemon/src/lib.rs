@@ -5,10 +5,12 @@
 //!   overriding the one before it, with errors that name the file or the flag.
 //! - [`secret`]: secrets from files, generated secrets kept in a data folder.
 //! - [`tls`]: HTTPS for the daemons' servers (rustls) and clients that verify a private CA.
+//! - [`logging`]: text or JSON log lines (`--log-format`), with the job and run spans.
 //! - [`metrics`]: a per-daemon registry of counters, gauges and histograms in the Prometheus
 //!   text format.
 
 pub mod config;
+pub mod logging;
 pub mod metrics;
 pub mod secret;
 pub mod tls;

@@ -1,0 +1,1411 @@
+//! The dashboard's pages: what each reads from the database and the executor, and the HTML.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use axum::extract::rejection::{FormRejection, PathRejection, QueryRejection};
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::Value;
+use sonic_api::control::{AgentInfo, InstanceLog, JobEvent, JobStatus, JobSummary};
+use sonic_core::dag::{Dag, Instances};
+use sonic_core::regression::Model;
+
+use super::html::{self, esc, page, url};
+use super::svg::{self, Bar, EdgeLabel};
+use super::{Shared, local_path, over_tls, see_other, session_cookie, signed_in};
+use crate::api::{
+    JobInput, SubmitJob, agent_info, checked_dag_name, checked_job_id, constant_time_eq,
+    dag_summary, job_view,
+};
+use crate::error::ApiError;
+use crate::store::JobRecord;
+
+/// A refusal as a page: the status, and what went wrong in words (internals only in the log).
+pub struct PageError(ApiError);
+
+impl From<ApiError> for PageError {
+    fn from(e: ApiError) -> Self {
+        PageError(e)
+    }
+}
+
+impl From<crate::store::StoreError> for PageError {
+    fn from(e: crate::store::StoreError) -> Self {
+        PageError(e.into())
+    }
+}
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        let status = self.0.status();
+        let message = match self.0 {
+            ApiError::Internal(detail) => {
+                tracing::error!(error = %detail, "dashboard: internal error");
+                "internal error (the details are in the control plane's log)".to_owned()
+            }
+            ApiError::InvalidDag(e) => e.to_string(),
+            ApiError::BadRequest(m)
+            | ApiError::NotFound(m)
+            | ApiError::Conflict(m)
+            | ApiError::Unprocessable(m)
+            | ApiError::UnsupportedMediaType(m)
+            | ApiError::Unavailable(m) => m,
+            other => other.status().canonical_reason().unwrap_or("").to_owned(),
+        };
+        let body = format!(
+            "<h1>{} {}</h1><p class=\"error\" role=\"alert\">{}</p><p><a href=\"/\">Back to the overview</a></p>",
+            status.as_u16(),
+            esc(status.canonical_reason().unwrap_or("")),
+            esc(&message)
+        );
+        (status, Html(page("Error", &body, true))).into_response()
+    }
+}
+
+type PageResult = Result<Html<String>, PageError>;
+
+fn path_value(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    p.map(|Path(v)| v)
+        .map_err(|e| ApiError::BadRequest(format!("bad path: {}", e.body_text())))
+}
+
+// ---- login ----
+
+#[derive(Debug, Deserialize)]
+pub struct LoginQuery {
+    next: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct LoginForm {
+    #[serde(default)]
+    token: String,
+    #[serde(default)]
+    next: String,
+}
+
+fn login_page(next: &str, error: Option<&str>) -> String {
+    let mut body = String::from("<h1>Log in</h1>");
+    if let Some(e) = error {
+        let _ = write!(body, "<p class=\"error\" role=\"alert\">{}</p>", esc(e));
+    }
+    let _ = write!(
+        body,
+        "<p>The dashboard opens with the control plane's token.</p>\
+         <form method=\"post\" action=\"/login\">\
+         <label for=\"token\">Token</label>\
+         <input id=\"token\" name=\"token\" type=\"password\" autocomplete=\"current-password\" required size=\"40\" aria-describedby=\"token-hint\">\
+         <p class=\"hint\" id=\"token-hint\">The control plane's <code>SONIC_TOKEN</code>; after <code>ofctl up</code>, the <code>token</code> of <code>~/.config/sonic/config.json</code>. It is kept in a cookie of this site only.</p>\
+         <input type=\"hidden\" name=\"next\" value=\"{}\">\
+         <button class=\"primary\" type=\"submit\">Log in</button></form>",
+        esc(next)
+    );
+    page("Log in", &body, false)
+}
+
+pub async fn login_form(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    query: Result<Query<LoginQuery>, QueryRejection>,
+) -> Response {
+    let next = query
+        .ok()
+        .and_then(|Query(q)| q.next)
+        .and_then(|n| local_path(&n).map(str::to_owned))
+        .unwrap_or_else(|| "/".to_owned());
+    if signed_in(&headers, &state.settings.token) {
+        return see_other(&next);
+    }
+    Html(login_page(&next, None)).into_response()
+}
+
+pub async fn login(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    form: Result<Form<LoginForm>, FormRejection>,
+) -> Response {
+    let Ok(Form(f)) = form else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Html(login_page("/", Some("The form could not be read."))),
+        )
+            .into_response();
+    };
+    let next = local_path(&f.next).unwrap_or("/").to_owned();
+    let expected = &state.settings.token;
+    let token = f.token.trim();
+    if expected.is_empty() || !constant_time_eq(token.as_bytes(), expected.as_bytes()) {
+        tracing::warn!("dashboard login refused: wrong token");
+        return (
+            StatusCode::UNAUTHORIZED,
+            Html(login_page(
+                &next,
+                Some("That is not the control plane's token."),
+            )),
+        )
+            .into_response();
+    }
+    let cookie = session_cookie(Some(token), over_tls(&state, &headers));
+    (
+        StatusCode::SEE_OTHER,
+        [(header::LOCATION, next), (header::SET_COOKIE, cookie)],
+    )
+        .into_response()
+}
+
+pub async fn logout(State(state): State<Shared>, headers: HeaderMap) -> Response {
+    let cookie = session_cookie(None, over_tls(&state, &headers));
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::LOCATION, "/login".to_owned()),
+            (header::SET_COOKIE, cookie),
+        ],
+    )
+        .into_response()
+}
+
+pub async fn script() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/javascript; charset=utf-8",
+        )],
+        include_str!("dashboard.js"),
+    )
+        .into_response()
+}
+
+// ---- shared pieces ----
+
+fn job_rows(jobs: &[JobRecord]) -> Vec<Vec<String>> {
+    jobs.iter()
+        .map(|r| {
+            let s = job_view(r.clone());
+            let ended = s.status.is_terminal() && s.latency_s > 0.0;
+            vec![
+                format!("<a href=\"/jobs/{0}\">{0}</a>", esc(&s.job_id)),
+                format!("<a href=\"/dags/{}\">{}</a>", url(&s.dag), esc(&s.dag)),
+                html::status(s.status),
+                esc(s.mode.as_str()),
+                esc(&s.policy),
+                html::bytes(s.input_bytes as f64),
+                html::when(r.created_ms),
+                if ended {
+                    html::secs(s.latency_s)
+                } else {
+                    "-".into()
+                },
+                if ended {
+                    html::usd(s.cost_usd)
+                } else {
+                    "-".into()
+                },
+                if ended && s.perf_per_dollar > 0.0 {
+                    html::num(s.perf_per_dollar)
+                } else {
+                    "-".into()
+                },
+            ]
+        })
+        .collect()
+}
+
+const JOB_HEADERS: [&str; 10] = [
+    "Job",
+    "DAG",
+    "Status",
+    "Mode",
+    "Policy",
+    "Input ",
+    "Submitted",
+    "Latency ",
+    "Cost ",
+    "Perf/$ ",
+];
+
+fn decode_dag(parsed: Value) -> Result<Dag, ApiError> {
+    serde_json::from_value(parsed)
+        .map_err(|e| ApiError::Internal(format!("stored dag does not decode: {e}")))
+}
+
+/// How many instances each function runs, when the file says: `× 3`, `× params.trees`
+/// (nothing for one, or when it follows its incoming edge).
+fn instances_notes(dag: &Dag) -> Vec<String> {
+    dag.functions
+        .iter()
+        .map(|f| match &f.instances {
+            Instances::Fixed(1) | Instances::Follow => String::new(),
+            Instances::Fixed(n) => format!("× {n}"),
+            Instances::Param(p) => format!("× params.{p}"),
+        })
+        .collect()
+}
+
+fn kind_name(k: sonic_core::dag::EdgeKind) -> String {
+    serde_json::to_value(k)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+// ---- overview ----
+
+pub async fn index(State(state): State<Shared>) -> PageResult {
+    let now = state.clock.now_ms();
+    let timeout = state.settings.heartbeat_timeout;
+    let (dags, jobs, agents) = state
+        .db
+        .run(|db| Ok((db.list_dags()?, db.list_jobs(None, 10)?, db.list_agents()?)))
+        .await?;
+    let alive = agents.iter().filter(|a| a.alive(now, timeout)).count();
+    let running = state.jobs.as_ref().map_or(0, |rt| rt.progress().len());
+    let mut body = String::from("<h1>Overview</h1><div class=\"cards\">");
+    for (n, what, href) in [
+        (dags.len(), "DAGs", "/dags"),
+        (running, "jobs running", "/jobs?status=running"),
+        (alive, "agents alive", "/agents"),
+    ] {
+        let _ = write!(
+            body,
+            "<a class=\"card\" href=\"{href}\"><b>{n}</b>{what}</a>"
+        );
+    }
+    if agents.len() > alive {
+        let _ = write!(
+            body,
+            "<a class=\"card\" href=\"/agents\"><b>{}</b>agents not answering</a>",
+            agents.len() - alive
+        );
+    }
+    body.push_str("</div>");
+    if state.jobs.is_none() {
+        body.push_str(
+            "<p class=\"error\">This control plane runs no jobs: it has no object store.</p>",
+        );
+    }
+    body.push_str("<h2>DAGs</h2>");
+    body.push_str(&dag_table(&dags));
+    body.push_str("<h2>Recent jobs</h2>");
+    body.push_str(&html::table("", &JOB_HEADERS, &job_rows(&jobs)));
+    body.push_str("<p><a href=\"/jobs\">Every job, with filters</a></p>");
+    Ok(Html(page("Overview", &body, true)))
+}
+
+fn dag_table(dags: &[crate::store::DagRecord]) -> String {
+    let rows: Vec<Vec<String>> = dags
+        .iter()
+        .map(|r| {
+            let s = dag_summary(r);
+            vec![
+                format!("<a href=\"/dags/{}\">{}</a>", url(&s.name), esc(&s.name)),
+                esc(&s.functions.join(" → ")),
+                s.edges.to_string(),
+                s.revision.to_string(),
+                html::when(s.updated_at_ms),
+                format!("<span class=\"muted\">{}</span>", esc(&s.description)),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        return "<p>No DAG yet: <code>ofctl apply -f dag.yaml</code>.</p>".into();
+    }
+    html::table(
+        "",
+        &[
+            "DAG",
+            "Functions",
+            "Edges ",
+            "Revision ",
+            "Updated",
+            "Description",
+        ],
+        &rows,
+    )
+}
+
+pub async fn dags(State(state): State<Shared>) -> PageResult {
+    let dags = state.db.run(|db| db.list_dags()).await?;
+    let body = format!("<h1>DAGs</h1>{}", dag_table(&dags));
+    Ok(Html(page("DAGs", &body, true)))
+}
+
+// ---- one DAG ----
+
+/// A model's parameter, how it reads, its unit.
+fn models_of(
+    dag: &Dag,
+    m: &sonic_core::regression::DagModels,
+) -> Vec<(String, &'static str, Model)> {
+    let mut out = Vec::new();
+    for f in &dag.functions {
+        if let Some(fm) = m.functions.get(&f.name) {
+            out.push((format!("{}.memory_mb", f.name), "MB", fm.memory_mb.clone()));
+            out.push((format!("{}.cold_s", f.name), "s", fm.cold_s.clone()));
+            out.push((format!("{}.hot_s", f.name), "s", fm.hot_s.clone()));
+            out.push((
+                format!("{}.instances", f.name),
+                "instances",
+                fm.instances.clone(),
+            ));
+        }
+    }
+    for e in &m.edges {
+        out.push((
+            format!("{}->{}.bytes", e.from, e.to),
+            "bytes",
+            e.bytes.clone(),
+        ));
+    }
+    out
+}
+
+pub async fn dag(
+    State(state): State<Shared>,
+    name: Result<Path<String>, PathRejection>,
+) -> PageResult {
+    let name = checked_dag_name(path_value(name)?)?;
+    Ok(Html(dag_page(&state, &name, None).await?))
+}
+
+async fn dag_page(state: &Shared, name: &str, error: Option<&str>) -> Result<String, PageError> {
+    let rule = state.convergence();
+    let lookup = name.to_owned();
+    let found = state
+        .db
+        .run(move |db| {
+            let Some(record) = db.get_dag(&lookup)? else {
+                return Ok(None);
+            };
+            let jobs = db.list_jobs(Some(&lookup), 20)?;
+            Ok(Some((record, jobs)))
+        })
+        .await?;
+    let (record, jobs) = found.ok_or_else(|| ApiError::NotFound(format!("no dag named {name}")))?;
+    let dag = decode_dag(record.parsed.clone())?;
+    let for_models = dag.clone();
+    let models = state
+        .db
+        .run(move |db| crate::learning::current(db, &for_models, rule))
+        .await?;
+    let summary = dag_summary(&record);
+    let mut body = String::new();
+    let _ = write!(body, "<h1>DAG {}</h1>", esc(name));
+    if let Some(e) = error {
+        let _ = write!(
+            body,
+            "<p class=\"error\" role=\"alert\">The job was not started: {}</p>",
+            esc(e)
+        );
+    }
+    let _ = write!(
+        body,
+        "<dl class=\"facts\"><dt>Description</dt><dd>{}</dd><dt>Revision</dt><dd>{}</dd><dt>Updated</dt><dd>{}</dd><dt>Models</dt><dd>{} ({} jobs learned)</dd></dl>",
+        esc(if summary.description.is_empty() {
+            "-"
+        } else {
+            &summary.description
+        }),
+        summary.revision,
+        html::when(summary.updated_at_ms),
+        html::flag(models.converged(), "converged", "not converged"),
+        models.jobs
+    );
+
+    // The run form.
+    let _ = write!(
+        body,
+        "<form method=\"post\" action=\"/dags/{}/run\" id=\"run-form\"><fieldset><legend>Run a job</legend>\
+         <label for=\"policy\">Policy</label>\
+         <select id=\"policy\" name=\"policy\" aria-describedby=\"policy-hint\">\
+         <option value=\"\">automatic</option><option value=\"remote\">remote</option><option value=\"direct\">direct</option><option value=\"local\">local</option><option value=\"sonic\">sonic</option></select>\
+         <p class=\"hint\" id=\"policy-hint\">Automatic: profiling with <code>remote</code> until the models converge, then planned (<code>sonic</code>).</p>\
+         <label for=\"input_bytes\">Input size (bytes)</label>\
+         <input id=\"input_bytes\" name=\"input_bytes\" type=\"number\" min=\"0\" max=\"67108864\" step=\"1\" value=\"100000\" aria-describedby=\"input-hint\">\
+         <p class=\"hint\" id=\"input-hint\">A generated input of this size (0: none), unless a store key is given below.</p>\
+         <label for=\"key\">Or an object of the store (key)</label>\
+         <input id=\"key\" name=\"key\" type=\"text\" size=\"40\" placeholder=\"inputs/records.bin\">\
+         <label for=\"params\">Parameters (key=value, one per line)</label>\
+         <textarea id=\"params\" name=\"params\" rows=\"2\" cols=\"40\"></textarea>\
+         <div><button class=\"primary\" type=\"submit\" id=\"run\">Run</button></div></fieldset></form>",
+        url(name)
+    );
+
+    // The graph.
+    body.push_str("<h2>Graph</h2>");
+    let labels: Vec<EdgeLabel> = dag
+        .edges
+        .iter()
+        .map(|e| EdgeLabel {
+            text: kind_name(e.kind),
+            method: None,
+        })
+        .collect();
+    let notes = instances_notes(&dag);
+    let _ = write!(
+        body,
+        "<figure>{}<figcaption>Functions top to bottom; each arrow is an edge, labelled with its kind.</figcaption></figure>",
+        svg::dag_graph("dag", &dag, &labels, &notes)
+    );
+    let rows: Vec<Vec<String>> = dag
+        .edges
+        .iter()
+        .map(|e| {
+            vec![
+                esc(&dag.functions[e.from].name),
+                esc(&dag.functions[e.to].name),
+                esc(&kind_name(e.kind)),
+            ]
+        })
+        .collect();
+    body.push_str(&html::table("Edges", &["From", "To", "Kind"], &rows));
+
+    // The models.
+    let _ = write!(
+        body,
+        "<h2>Models</h2><p>Each parameter is a polynomial in the input size <var>x</var> (bytes), fitted to one sample per job that succeeded; \
+         a model converges with at least {} samples and a cross-validated error under {}. The DAG's models are {}.</p>",
+        rule.min_samples,
+        html::pct(rule.max_mape),
+        if models.converged() {
+            "converged: jobs without a forced policy run planned"
+        } else {
+            "not converged yet: jobs profile"
+        }
+    );
+    let all = models_of(&dag, &models);
+    let rows: Vec<Vec<String>> = all
+        .iter()
+        .map(|(p, _, m)| {
+            let fit = m.fit.as_ref();
+            vec![
+                esc(p),
+                html::flag(m.converged(&rule), "converged", "not converged"),
+                m.samples.len().to_string(),
+                fit.map_or("-".into(), |f| f.degree.to_string()),
+                fit.map_or("-".into(), |f| html::pct(f.cv_mape)),
+                fit.map_or("-".into(), |f| format!("<code>{}</code>", esc(&f.equation))),
+            ]
+        })
+        .collect();
+    body.push_str(&html::table(
+        "",
+        &[
+            "Parameter",
+            "State",
+            "Samples ",
+            "Degree ",
+            "CV error ",
+            "Equation",
+        ],
+        &rows,
+    ));
+    body.push_str("<div class=\"charts\">");
+    for (k, (p, unit, m)) in all.iter().enumerate() {
+        if m.samples.is_empty() {
+            continue;
+        }
+        let chart = svg::model_chart(&format!("model-{k}"), p, unit, &m.samples, &|x| {
+            m.predict(x)
+        });
+        let caption = match &m.fit {
+            Some(f) => format!(
+                "<b>{}</b>: <code>{}</code>, CV error {}, {}",
+                esc(p),
+                esc(&f.equation),
+                html::pct(f.cv_mape),
+                html::flag(m.converged(&rule), "converged", "not converged")
+            ),
+            None => format!("<b>{}</b>: no fit yet", esc(p)),
+        };
+        let _ = write!(
+            body,
+            "<figure>{chart}<figcaption>{caption}</figcaption></figure>"
+        );
+    }
+    body.push_str("</div>");
+    if models.jobs == 0 {
+        body.push_str("<p>Nothing learned yet: run a job.</p>");
+    }
+
+    body.push_str("<h2>Recent jobs</h2>");
+    body.push_str(&html::table("", &JOB_HEADERS, &job_rows(&jobs)));
+    let _ = write!(
+        body,
+        "<p><a href=\"/jobs?dag={}\">Every job of {}</a></p>",
+        url(name),
+        esc(name)
+    );
+    let _ = write!(
+        body,
+        "<details><summary>The DAG file</summary><pre>{}</pre></details>",
+        esc(&record.yaml)
+    );
+    Ok(page(&format!("DAG {name}"), &body, true))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RunForm {
+    #[serde(default)]
+    policy: String,
+    #[serde(default)]
+    input_bytes: String,
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    params: String,
+}
+
+/// The most bytes of generated input the run form makes.
+const MAX_GENERATED: u64 = 64 * 1024 * 1024;
+
+fn parse_params(text: &str) -> Result<serde_json::Map<String, Value>, String> {
+    let mut out = serde_json::Map::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| format!("parameter {line:?} is not key=value"))?;
+        let v = v.trim();
+        let value = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_owned()));
+        out.insert(k.trim().to_owned(), value);
+    }
+    Ok(out)
+}
+
+/// Standard base64 with padding (the API's inline input).
+fn base64(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+pub async fn run(
+    State(state): State<Shared>,
+    name: Result<Path<String>, PathRejection>,
+    form: Result<Form<RunForm>, FormRejection>,
+) -> Result<Response, PageError> {
+    let name = checked_dag_name(path_value(name)?)?;
+    let Form(f) = form.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let refuse = |why: String| ApiError::BadRequest(why);
+    let submitted = async {
+        let params = parse_params(&f.params).map_err(refuse)?;
+        let key = f.key.trim();
+        let size = f.input_bytes.trim();
+        let size: u64 = if size.is_empty() {
+            0
+        } else {
+            size.parse()
+                .map_err(|_| refuse(format!("input size {size:?} is not a number of bytes")))?
+        };
+        if size > MAX_GENERATED {
+            return Err(refuse(format!(
+                "a generated input is at most {MAX_GENERATED} bytes"
+            )));
+        }
+        let input = if !key.is_empty() {
+            Some(JobInput {
+                name: None,
+                base64: None,
+                key: Some(key.to_owned()),
+            })
+        } else if size > 0 {
+            let data: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+            Some(JobInput {
+                name: Some("input.bin".into()),
+                base64: Some(base64(&data)),
+                key: None,
+            })
+        } else {
+            None
+        };
+        let policy = Some(f.policy.trim().to_owned()).filter(|p| !p.is_empty());
+        crate::api::submit(
+            &state,
+            SubmitJob {
+                dag: name.clone(),
+                input,
+                params,
+                policy,
+                planned: false,
+            },
+        )
+        .await
+    }
+    .await;
+    match submitted {
+        Ok(accepted) => {
+            tracing::info!(job = %accepted.job_id, dag = %name, "job started from the dashboard");
+            Ok(see_other(&format!("/jobs/{}", url(&accepted.job_id))))
+        }
+        Err(e @ ApiError::Internal(_)) | Err(e @ ApiError::NotFound(_)) => Err(e.into()),
+        Err(e) => {
+            let status = e.status();
+            let message = PageError(e).message();
+            let page = dag_page(&state, &name, Some(&message)).await?;
+            Ok((status, Html(page)).into_response())
+        }
+    }
+}
+
+impl PageError {
+    /// What a person is told (internals only in the log).
+    fn message(&self) -> String {
+        match &self.0 {
+            ApiError::BadRequest(m)
+            | ApiError::NotFound(m)
+            | ApiError::Conflict(m)
+            | ApiError::Unprocessable(m)
+            | ApiError::UnsupportedMediaType(m)
+            | ApiError::Unavailable(m) => m.clone(),
+            other => other.status().canonical_reason().unwrap_or("").to_owned(),
+        }
+    }
+}
+
+// ---- jobs ----
+
+#[derive(Debug, Deserialize)]
+pub struct JobsQuery {
+    dag: Option<String>,
+    status: Option<String>,
+    policy: Option<String>,
+    limit: Option<u32>,
+}
+
+fn select(id: &str, label: &str, options: &[String], chosen: &str) -> String {
+    let mut out = format!(
+        "<div><label for=\"{id}\">{label}</label><select id=\"{id}\" name=\"{id}\"><option value=\"\">any</option>"
+    );
+    for o in options {
+        let sel = if o == chosen { " selected" } else { "" };
+        let _ = write!(out, "<option{sel}>{}</option>", esc(o));
+    }
+    out.push_str("</select></div>");
+    out
+}
+
+pub async fn jobs(
+    State(state): State<Shared>,
+    query: Result<Query<JobsQuery>, QueryRejection>,
+) -> PageResult {
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let dag = q
+        .dag
+        .filter(|d| !d.is_empty())
+        .map(checked_dag_name)
+        .transpose()?;
+    let status: Option<JobStatus> = q
+        .status
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse())
+        .transpose()
+        .map_err(|e: sonic_api::control::UnknownName| ApiError::BadRequest(e.to_string()))?;
+    let policy = q.policy.filter(|p| !p.is_empty());
+    let limit = q.limit.unwrap_or(50).clamp(1, 500) as usize;
+    let lookup = dag.clone();
+    let (all, dags) = state
+        .db
+        .run(move |db| Ok((db.list_jobs(lookup.as_deref(), 1000)?, db.list_dags()?)))
+        .await?;
+    let shown: Vec<JobRecord> = all
+        .into_iter()
+        .filter(|j| status.is_none_or(|s| j.status == s))
+        .filter(|j| policy.as_deref().is_none_or(|p| j.policy == p))
+        .take(limit)
+        .collect();
+    let names: Vec<String> = dags.iter().map(|d| d.name.clone()).collect();
+    let statuses: Vec<String> = ["queued", "running", "succeeded", "failed"]
+        .map(String::from)
+        .to_vec();
+    let policies: Vec<String> = ["sonic", "remote", "direct", "local", "oracle"]
+        .map(String::from)
+        .to_vec();
+    let mut body = String::from("<h1>Jobs</h1>");
+    let _ = write!(
+        body,
+        "<form method=\"get\" action=\"/jobs\" class=\"cards\" aria-label=\"Filters\">{}{}{}\
+         <div><label for=\"limit\">At most</label><input id=\"limit\" name=\"limit\" type=\"number\" min=\"1\" max=\"500\" value=\"{limit}\"></div>\
+         <div><button class=\"primary\" type=\"submit\">Filter</button></div></form>",
+        select("dag", "DAG", &names, dag.as_deref().unwrap_or("")),
+        select(
+            "status",
+            "Status",
+            &statuses,
+            status.map_or("", JobStatus::as_str)
+        ),
+        select(
+            "policy",
+            "Policy",
+            &policies,
+            policy.as_deref().unwrap_or("")
+        ),
+    );
+    if shown.is_empty() {
+        body.push_str("<p>No job matches.</p>");
+    } else {
+        body.push_str(&html::table(
+            &format!("{} jobs, newest first", shown.len()),
+            &JOB_HEADERS,
+            &job_rows(&shown),
+        ));
+    }
+    Ok(Html(page("Jobs", &body, true)))
+}
+
+/// Everything a job's page shows.
+struct JobView {
+    record: JobRecord,
+    summary: JobSummary,
+    dag: Option<Dag>,
+    logs: Vec<InstanceLog>,
+    live: Option<JobEvent>,
+}
+
+async fn load_job(state: &Shared, id: String) -> Result<JobView, PageError> {
+    let lookup = id.clone();
+    let found = state
+        .db
+        .run(move |db| {
+            let Some(record) = db.get_job(&lookup)? else {
+                return Ok(None);
+            };
+            let dag = db.get_dag(&record.dag)?;
+            let logs = db.logs(&lookup, None)?;
+            Ok(Some((record, dag, logs)))
+        })
+        .await?;
+    let (record, dag, logs) = found.ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    let dag = dag.and_then(|d| serde_json::from_value::<Dag>(d.parsed).ok());
+    let live = state
+        .jobs
+        .as_ref()
+        .and_then(|rt| rt.subscribe(&id))
+        .map(|rx| rx.borrow().clone());
+    Ok(JobView {
+        summary: job_view(record.clone()),
+        record,
+        dag,
+        logs,
+        live,
+    })
+}
+
+pub async fn job(
+    State(state): State<Shared>,
+    id: Result<Path<String>, PathRejection>,
+) -> PageResult {
+    let id = checked_job_id(path_value(id)?)?;
+    let v = load_job(&state, id.clone()).await?;
+    let body = format!(
+        "<h1>Job {}</h1><div id=\"job\" data-job=\"{}\" data-status=\"{}\">{}</div>",
+        esc(&id),
+        esc(&id),
+        v.summary.status.as_str(),
+        job_body(&v)
+    );
+    Ok(Html(page(&format!("Job {id}"), &body, true)))
+}
+
+/// The part of a job's page its script reloads when the job moves on.
+pub async fn job_live(
+    State(state): State<Shared>,
+    id: Result<Path<String>, PathRejection>,
+) -> PageResult {
+    let id = checked_job_id(path_value(id)?)?;
+    let v = load_job(&state, id).await?;
+    Ok(Html(job_body(&v)))
+}
+
+pub async fn cancel(
+    State(state): State<Shared>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, PageError> {
+    let id = checked_job_id(path_value(id)?)?;
+    crate::api::cancel(&state, id.clone()).await?;
+    Ok(see_other(&format!("/jobs/{}", url(&id))))
+}
+
+fn predicted(report: &Value, key: &str) -> Option<f64> {
+    report["predicted"][key].as_f64()
+}
+
+fn job_body(v: &JobView) -> String {
+    let s = &v.summary;
+    let r = &v.record;
+    let ended = s.status.is_terminal();
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<dl class=\"facts\"><dt>Status</dt><dd id=\"job-status\">{}</dd><dt>DAG</dt><dd><a href=\"/dags/{}\">{}</a></dd>\
+         <dt>Policy</dt><dd>{} ({})</dd><dt>Input</dt><dd>{}</dd><dt>Submitted</dt><dd>{}</dd>",
+        html::status(s.status),
+        url(&s.dag),
+        esc(&s.dag),
+        esc(&s.policy),
+        esc(s.mode.as_str()),
+        html::bytes(s.input_bytes as f64),
+        html::when(r.created_ms)
+    );
+    if let Some(t) = r.started_ms {
+        let _ = write!(out, "<dt>Started</dt><dd>{}</dd>", html::when(t));
+    }
+    if let Some(t) = r.finished_ms {
+        let _ = write!(out, "<dt>Ended</dt><dd>{}</dd>", html::when(t));
+    }
+    if ended && s.latency_s > 0.0 {
+        let _ = write!(
+            out,
+            "<dt>Latency</dt><dd>{}</dd><dt>Cost</dt><dd>{}</dd><dt>Perf/$</dt><dd>{}</dd>",
+            html::secs(s.latency_s),
+            html::usd(s.cost_usd),
+            html::num(s.perf_per_dollar)
+        );
+    }
+    if let Some(e) = &s.error {
+        let _ = write!(
+            out,
+            "<dt>Error</dt><dd class=\"bad\" style=\"white-space:pre-wrap\">{}</dd>",
+            esc(e)
+        );
+    }
+    out.push_str("</dl>");
+
+    // Progress, which the script keeps current from the job's event stream.
+    let (stage, done, total, message) = match &v.live {
+        Some(e) => (
+            e.stage.clone().unwrap_or_default(),
+            e.done_instances,
+            e.total_instances,
+            e.message.clone().unwrap_or_default(),
+        ),
+        None => (String::new(), 0, 0, String::new()),
+    };
+    if !ended {
+        let _ = write!(
+            out,
+            "<section id=\"live\" aria-live=\"polite\"><h2>Progress</h2>\
+             <p>Stage <b id=\"live-stage\">{}</b>: <span id=\"live-done\">{done}</span> of <span id=\"live-total\">{total}</span> instances done. <span id=\"live-message\" class=\"muted\">{}</span></p>\
+             <progress id=\"live-progress\" max=\"{}\" value=\"{done}\" aria-label=\"instances done\"></progress>\
+             <noscript><p>Reload the page to see the job move on.</p></noscript>\
+             <form method=\"post\" action=\"/jobs/{}/cancel\" class=\"inline\"><button class=\"danger\" type=\"submit\">Cancel the job</button></form></section>",
+            esc(if stage.is_empty() { "-" } else { &stage }),
+            esc(&message),
+            total.max(1),
+            url(&s.job_id)
+        );
+    }
+
+    let report = s.plan.as_ref().map(|p| &p.report).filter(|r| r.is_object());
+
+    // Predicted against measured.
+    if let Some(rep) = report {
+        out.push_str("<h2>Predicted and measured</h2>");
+        let mut rows = Vec::new();
+        for (what, key, measured, fmt) in [
+            (
+                "Latency",
+                "latency_s",
+                s.latency_s,
+                html::secs as fn(f64) -> String,
+            ),
+            ("Cost", "cost_usd", s.cost_usd, html::usd),
+            ("Perf/$", "perf_per_dollar", s.perf_per_dollar, html::num),
+        ] {
+            let p = predicted(rep, key);
+            let have = ended && measured > 0.0;
+            let err = match (p, have) {
+                (Some(p), true) => html::pct((p - measured).abs() / measured),
+                _ => "-".into(),
+            };
+            rows.push(vec![
+                what.to_owned(),
+                p.map_or("-".into(), fmt),
+                if have { fmt(measured) } else { "-".into() },
+                err,
+            ]);
+        }
+        out.push_str(&html::table(
+            "The plan's prediction at this input size, and what the job measured",
+            &["", "Predicted ", "Measured ", "Error "],
+            &rows,
+        ));
+    }
+
+    // The plan and why.
+    if let Some(plan) = &s.plan {
+        out.push_str("<h2>Plan</h2>");
+        let used = match plan.used.as_str() {
+            "best" => "the best plan",
+            "second_best" => {
+                "the second-best plan (the resource manager refused the best one's vm-storage placement)"
+            }
+            "none" => "no plan: planning failed and the job profiled",
+            other => other,
+        };
+        let _ = write!(out, "<p>It ran {}.</p>", esc(used));
+        if !plan.notes.is_empty() {
+            out.push_str("<ul>");
+            for n in &plan.notes {
+                let _ = write!(out, "<li>{}</li>", esc(n));
+            }
+            out.push_str("</ul>");
+        }
+        if let Some(rep) = report {
+            let mut rows = Vec::new();
+            let row = |name: String, p: &Value| -> Vec<String> {
+                let get = |k: &str| p[k].as_f64();
+                match p["error"].as_str() {
+                    Some(e) => vec![
+                        name,
+                        "-".into(),
+                        "-".into(),
+                        format!("<span class=\"muted\">{}</span>", esc(e)),
+                    ],
+                    None => vec![
+                        name,
+                        get("latency_s").map_or("-".into(), html::secs),
+                        get("cost_usd").map_or("-".into(), html::usd),
+                        get("perf_per_dollar").map_or("-".into(), html::num),
+                    ],
+                }
+            };
+            rows.push(row(
+                format!("<b>the plan that ran ({})</b>", esc(&s.policy)),
+                &rep["predicted"],
+            ));
+            if plan.used == "second_best" {
+                rows.push(row(
+                    "the best plan (refused)".into(),
+                    &rep["best"]["predicted"],
+                ));
+            } else if rep["second_best"].is_object() {
+                rows.push(row(
+                    "second best (no vm-storage where the best uses it)".into(),
+                    &rep["second_best"]["predicted"],
+                ));
+            }
+            if let Some(b) = rep["baselines"].as_object() {
+                for (policy, p) in b {
+                    let what = match policy.as_str() {
+                        "remote" => "remote: every edge through the store (OpenLambda + S3)",
+                        "direct" => "direct: every edge VM to VM",
+                        "local" => "local: one VM, vm-storage (SAND)",
+                        other => other,
+                    };
+                    rows.push(row(format!("baseline {}", esc(what)), p));
+                }
+            }
+            out.push_str(&html::table(
+                "Why this plan: predicted at the same DAG parameters",
+                &["Plan", "Latency ", "Cost ", "Perf/$ "],
+                &rows,
+            ));
+            if rep.get("baselines").is_none() {
+                out.push_str("<p class=\"muted\">The baselines' predictions were not recorded for this job.</p>");
+            }
+        }
+        let stage_rows: Vec<Vec<String>> = plan
+            .stages
+            .iter()
+            .map(|st| {
+                let vms = report
+                    .and_then(|r| r["stages"].as_array())
+                    .and_then(|a| a.iter().find(|x| x["function"] == st.function.as_str()));
+                vec![
+                    esc(&st.function),
+                    esc(&st.vm_type),
+                    vms.and_then(|x| x["vms"].as_u64())
+                        .map_or_else(|| st.agents.len().to_string(), |n| n.to_string()),
+                    vms.and_then(|x| x["per_vm"].as_u64())
+                        .map_or("-".into(), |n| n.to_string()),
+                    st.concurrent.to_string(),
+                    format!("{} MB", st.memory_limit_mb),
+                    esc(&st.agents.join(", ")),
+                ]
+            })
+            .collect();
+        if !stage_rows.is_empty() {
+            out.push_str(&html::table(
+                "Where each stage ran",
+                &[
+                    "Function",
+                    "VM type",
+                    "VMs ",
+                    "Per VM ",
+                    "Concurrent ",
+                    "Memory limit ",
+                    "Agents",
+                ],
+                &stage_rows,
+            ));
+        }
+    }
+
+    // Edges: the graph with each edge's method, and the numbers.
+    if let Some(dag) = &v.dag {
+        out.push_str("<h2>Data passing</h2>");
+        let planned_method = |from: &str, to: &str| -> Option<String> {
+            report
+                .and_then(|r| r["edges"].as_array())
+                .and_then(|a| a.iter().find(|e| e["from"] == from && e["to"] == to))
+                .and_then(|e| e["method"].as_str().map(str::to_owned))
+        };
+        let predicted_s = |from: &str, to: &str| -> Option<f64> {
+            report
+                .and_then(|r| r["edges"].as_array())
+                .and_then(|a| a.iter().find(|e| e["from"] == from && e["to"] == to))
+                .and_then(|e| e["predicted_s"].as_f64())
+        };
+        let mut labels = Vec::new();
+        let mut rows = Vec::new();
+        for e in &dag.edges {
+            let (from, to) = (&dag.functions[e.from].name, &dag.functions[e.to].name);
+            let measured = s.edges.iter().find(|x| &x.from == from && &x.to == to);
+            let method = measured
+                .map(|m| m.method.clone())
+                .or_else(|| planned_method(from, to));
+            labels.push(EdgeLabel {
+                text: method.clone().unwrap_or_else(|| kind_name(e.kind)),
+                method: method.clone(),
+            });
+            rows.push(vec![
+                esc(from),
+                esc(to),
+                esc(&kind_name(e.kind)),
+                format!(
+                    "<span data-edge=\"{}-&gt;{}\">{}</span>",
+                    esc(from),
+                    esc(to),
+                    esc(method.as_deref().unwrap_or("pending"))
+                ),
+                measured.map_or("-".into(), |m| html::bytes(m.bytes as f64)),
+                measured.map_or("-".into(), |m| html::secs(m.seconds)),
+                predicted_s(from, to).map_or("-".into(), html::secs),
+            ]);
+        }
+        let notes = instances_notes(dag);
+        let _ = write!(
+            out,
+            "<figure>{}<figcaption>Each edge labelled with how its data moved: <b>vm-storage</b> (thick), <b>direct</b> (solid), <b>remote</b> (dashed).</figcaption></figure>",
+            svg::dag_graph("job-dag", dag, &labels, &notes)
+        );
+        out.push_str(&html::table(
+            "Per edge: bytes the receivers staged; seconds of the slowest receiving instance",
+            &[
+                "From",
+                "To",
+                "Kind",
+                "Method",
+                "Bytes ",
+                "Seconds ",
+                "Predicted ",
+            ],
+            &rows,
+        ));
+    } else if !s.edges.is_empty() {
+        let rows: Vec<Vec<String>> = s
+            .edges
+            .iter()
+            .map(|e| {
+                vec![
+                    esc(&e.from),
+                    esc(&e.to),
+                    format!(
+                        "<span data-edge=\"{}-&gt;{}\">{}</span>",
+                        esc(&e.from),
+                        esc(&e.to),
+                        esc(&e.method)
+                    ),
+                    html::bytes(e.bytes as f64),
+                    html::secs(e.seconds),
+                ]
+            })
+            .collect();
+        out.push_str("<h2>Data passing</h2>");
+        out.push_str(&html::table(
+            "",
+            &["From", "To", "Method", "Bytes ", "Seconds "],
+            &rows,
+        ));
+    }
+
+    // Instances on a timeline by agent.
+    if !s.functions.is_empty() {
+        out.push_str("<h2>Instances</h2>");
+        let agents: Vec<String> = s
+            .functions
+            .iter()
+            .map(|f| f.agent.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let bars: Vec<Bar> = s
+            .functions
+            .iter()
+            .filter_map(|f| {
+                Some(Bar {
+                    agent: f.agent.clone(),
+                    start: f.started_s?,
+                    end: f.ended_s?,
+                    label: format!("{}[{}]", f.name, f.instance),
+                    cold: f.cold,
+                })
+            })
+            .collect();
+        if !bars.is_empty() {
+            let _ = write!(
+                out,
+                "<figure>{}<figcaption>From the first attempt sent to the report back (staging, the run, routing). Dark: cold start; light: hot (a warm container).</figcaption></figure>",
+                svg::timeline("timeline", &agents, &bars)
+            );
+        }
+        let cold = s.functions.iter().filter(|f| f.cold).count();
+        let _ = write!(
+            out,
+            "<p>{} instances: {cold} cold, {} hot.</p>",
+            s.functions.len(),
+            s.functions.len() - cold
+        );
+        let rows: Vec<Vec<String>> = s
+            .functions
+            .iter()
+            .map(|f| {
+                vec![
+                    esc(&f.name),
+                    f.instance.to_string(),
+                    esc(&f.agent),
+                    esc(&f.vm_type),
+                    if f.cold { "cold" } else { "hot" }.into(),
+                    f.started_s.map_or("-".into(), html::secs),
+                    f.ended_s.map_or("-".into(), html::secs),
+                    html::secs(f.seconds),
+                    f.peak_memory_mb
+                        .map_or("-".into(), |m| format!("{} MB", html::num(m))),
+                    f.attempts.to_string(),
+                ]
+            })
+            .collect();
+        out.push_str(&html::table(
+            "",
+            &[
+                "Function",
+                "Instance ",
+                "Agent",
+                "VM type",
+                "Start",
+                "From ",
+                "To ",
+                "Run ",
+                "Peak memory ",
+                "Attempts ",
+            ],
+            &rows,
+        ));
+    }
+
+    if !s.outputs.is_empty() {
+        out.push_str("<h2>Results</h2><ul>");
+        for o in &s.outputs {
+            let _ = write!(out, "<li><code>{}</code></li>", esc(o));
+        }
+        out.push_str(
+            "</ul><p class=\"hint\">Download them with <code>ofctl fetch JOB --to DIR</code>.</p>",
+        );
+    }
+
+    if !v.logs.is_empty() {
+        let _ = write!(
+            out,
+            "<h2>Logs</h2><details><summary>{} instance attempts</summary>",
+            v.logs.len()
+        );
+        for l in &v.logs {
+            let _ = write!(
+                out,
+                "<h3>{}[{}], attempt {} on {}</h3><pre>{}</pre>",
+                esc(&l.function),
+                l.instance,
+                l.attempt,
+                esc(&l.agent),
+                esc(l.log.trim_end())
+            );
+        }
+        out.push_str("</details>");
+    }
+    out
+}
+
+// ---- agents ----
+
+/// What an agent's own metrics say about its warm environments (`None` when it does not answer
+/// or does not know).
+async fn warm_of(http: &reqwest::Client, token: &str, a: &AgentInfo) -> Option<f64> {
+    let url = format!("{}/metrics", a.url.trim_end_matches('/'));
+    let text = http
+        .get(url)
+        .bearer_auth(token)
+        .timeout(Duration::from_millis(800))
+        .send()
+        .await
+        .ok()?
+        .error_for_status()
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    sonic_daemon::metrics::sample(&text, "sonic_agent_warm_environments", &[])
+}
+
+fn mbit(bytes_per_s: f64) -> String {
+    format!("{} Mbit/s", html::num(bytes_per_s * 8.0 / 1e6))
+}
+
+pub async fn agents(State(state): State<Shared>) -> PageResult {
+    let now = state.clock.now_ms();
+    let timeout = state.settings.heartbeat_timeout;
+    let records = state.db.run(|db| db.list_agents()).await?;
+    let infos: Vec<AgentInfo> = records
+        .into_iter()
+        .map(|a| agent_info(a, now, timeout))
+        .collect();
+    let warm: Vec<Option<f64>> = match &state.jobs {
+        Some(rt) => {
+            let token = rt.config.agent_token.clone();
+            futures::future::join_all(infos.iter().map(|a| {
+                let token = token.clone();
+                async move {
+                    if a.alive {
+                        warm_of(rt.http(), &token, a).await
+                    } else {
+                        None
+                    }
+                }
+            }))
+            .await
+        }
+        None => vec![None; infos.len()],
+    };
+    let rows: Vec<Vec<String>> = infos
+        .iter()
+        .zip(&warm)
+        .map(|(a, warm)| {
+            let c = &a.capacity;
+            let in_use = if c.vcpus > 0 {
+                f64::from(c.running) / f64::from(c.vcpus)
+            } else {
+                0.0
+            };
+            let nominal = c.network_mbps.map(|m| m * 1e6 / 8.0);
+            let measured = [c.bandwidth.egress_bps, c.bandwidth.ingress_bps]
+                .into_iter()
+                .flatten()
+                .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+            vec![
+                esc(&a.agent_id),
+                esc(&a.vm_type),
+                format!(
+                    "{} <span class=\"muted\">{} ago</span>",
+                    html::flag(a.alive, "alive", "not answering"),
+                    html::secs(a.heartbeat_age_ms as f64 / 1000.0)
+                ),
+                esc(&c.sandbox),
+                c.vcpus.to_string(),
+                format!("{} MB", c.memory_mb),
+                format!(
+                    "<meter min=\"0\" max=\"1\" value=\"{in_use:.2}\" aria-label=\"capacity in use\"></meter> {} of {} ({})",
+                    c.running,
+                    c.vcpus,
+                    html::pct(in_use)
+                ),
+                warm.map_or("unknown".into(), |w| format!("{w:.0}")),
+                nominal.map_or("unlimited".into(), mbit),
+                c.bandwidth.egress_bps.map_or("-".into(), mbit),
+                c.bandwidth.ingress_bps.map_or("-".into(), mbit),
+                match (measured, nominal) {
+                    (Some(m), Some(n)) if n > 0.0 => html::pct(m / n),
+                    _ => "-".into(),
+                },
+            ]
+        })
+        .collect();
+    let mut body = String::from("<h1>Agents</h1>");
+    if rows.is_empty() {
+        body.push_str("<p>No agent registered yet.</p>");
+    } else {
+        body.push_str(&html::table(
+            "One agent per VM; bandwidth measured over completed transfers (moving average) against the VM type's nominal",
+            &[
+                "Agent",
+                "VM type",
+                "State",
+                "Sandbox",
+                "vCPUs ",
+                "Memory ",
+                "Capacity in use",
+                "Warm ",
+                "Nominal ",
+                "Egress ",
+                "Ingress ",
+                "Measured / nominal ",
+            ],
+            &rows,
+        ));
+    }
+    let (_, bandwidth) = state.planning_catalog();
+    let per_type: BTreeMap<String, _> = bandwidth.into_iter().collect();
+    if !per_type.is_empty() {
+        let rows: Vec<Vec<String>> = per_type
+            .iter()
+            .map(|(t, b)| {
+                vec![
+                    esc(t),
+                    format!("{} Mbit/s", html::num(b.network_mbps)),
+                    esc(b.source),
+                    b.reports.to_string(),
+                ]
+            })
+            .collect();
+        body.push_str("<h2>What the planner uses</h2>");
+        body.push_str(&html::table(
+            "Per VM type: the agents' measured average, or the catalog's nominal value when nobody measured it",
+            &["VM type", "Bandwidth ", "Source", "Reports "],
+            &rows,
+        ));
+    }
+    Ok(Html(page("Agents", &body, true)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_form_parameters() {
+        let p = parse_params("mids=3\n\n name = x \nflag=true").expect("params");
+        assert_eq!(p["mids"], 3);
+        assert_eq!(p["name"], "x");
+        assert_eq!(p["flag"], true);
+        assert!(parse_params("novalue").is_err());
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+        assert_eq!(base64(b"fo"), "Zm8=");
+    }
+}
