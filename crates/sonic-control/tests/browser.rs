@@ -483,25 +483,34 @@ async fn a_browser_logs_in_runs_a_job_and_watches_it_succeed() {
     }
     save(&shots, "job.png", &d.screenshot(1280).await);
 
-    // At phone width the page does not scroll sideways (wide tables scroll in their box).
+    // At phone width no page scrolls sideways (wide tables scroll in their own box).
     d.resize(390, 844).await;
-    let overflow = d
-        .script("return document.documentElement.scrollWidth - window.innerWidth;")
-        .await
-        .as_i64()
-        .unwrap_or(999);
-    if overflow > 0 {
-        let wide = d
-            .script(
-                "return Array.from(document.querySelectorAll('body *'))\
-                 .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)\
-                 .filter(e => !e.closest('.scroll'))\
-                 .slice(0, 8).map(e => e.tagName + '.' + e.className + ' ' + (e.textContent || '').slice(0, 60));",
-            )
-            .await;
-        panic!("the job's page is {overflow}px too wide for a phone: {wide}");
-    }
     save(&shots, "job-phone.png", &d.screenshot(390).await);
+    for path in [
+        format!("/jobs/{job}"),
+        "/".into(),
+        "/dags/fan".into(),
+        "/jobs".into(),
+        "/agents".into(),
+    ] {
+        d.goto(&format!("{base}{path}")).await;
+        let overflow = d
+            .script("return document.documentElement.scrollWidth - window.innerWidth;")
+            .await
+            .as_i64()
+            .unwrap_or(999);
+        if overflow > 0 {
+            let wide = d
+                .script(
+                    "return Array.from(document.querySelectorAll('body *'))\
+                     .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)\
+                     .filter(e => !e.closest('.scroll'))\
+                     .slice(0, 8).map(e => e.tagName + '.' + e.className + ' ' + (e.textContent || '').slice(0, 60));",
+                )
+                .await;
+            panic!("{path} is {overflow}px too wide for a phone: {wide}");
+        }
+    }
     d.resize(1280, 1000).await;
 
     // The agents.

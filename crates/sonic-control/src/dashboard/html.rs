@@ -71,7 +71,7 @@ svg{max-width:100%;height:auto}svg.dag{display:block;margin:0 auto}
 .charts figure{width:21.5rem}
 caption{text-align:left;padding:0 .6rem}
 form.inline{display:inline}
-fieldset{border:1px solid #d9e2ec;border-radius:6px;margin:0 0 1rem;padding:.5rem 1rem 1rem}
+fieldset{border:1px solid #d9e2ec;border-radius:6px;margin:0 0 1rem;padding:.5rem 1rem 1rem;min-width:0}
 label{display:block;font-weight:600;margin:.5rem 0 .15rem}
 input,select,textarea{font:inherit;padding:.35rem .5rem;border:1px solid #52606d;border-radius:4px;max-width:100%}
 .hint{font-size:.85rem;color:#52606d;margin:.1rem 0}
