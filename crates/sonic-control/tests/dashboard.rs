@@ -461,3 +461,49 @@ async fn the_pages_show_a_dag_a_job_started_from_the_form_and_the_agents() {
     assert!(page.contains("no job j-ffffffffffffffff"));
     c.stop().await;
 }
+
+#[tokio::test]
+async fn what_users_wrote_is_shown_as_text_never_as_markup() {
+    let (_dir, app) = app();
+    let bearer = format!("Bearer {TOKEN}");
+    let yaml = "name: xss\ndescription: \"<script>alert(1)</script> & <img src=x onerror=alert(2)>\"\nfunctions:\n  - { name: f, image: i, command: [x] }\n";
+    let a = call(
+        &app,
+        Method::PUT,
+        "/v1/dags",
+        &[
+            ("authorization", &bearer),
+            ("content-type", "application/yaml"),
+        ],
+        yaml,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.body);
+    for page in ["/", "/dags", "/dags/xss"] {
+        let a = call(&app, Method::GET, page, &[("authorization", &bearer)], "").await;
+        assert_eq!(a.status, StatusCode::OK, "{page}");
+        assert!(
+            !a.body.contains("<script>alert"),
+            "{page} runs the description"
+        );
+        assert!(
+            !a.body.contains("<img src=x"),
+            "{page} renders the description"
+        );
+        assert!(
+            a.body
+                .contains("&lt;script&gt;alert(1)&lt;/script&gt; &amp;"),
+            "{page}"
+        );
+    }
+    // The login page's way back is a value, escaped.
+    let a = call(
+        &app,
+        Method::GET,
+        "/login?next=/%22%3E%3Cscript%3E",
+        &[],
+        "",
+    )
+    .await;
+    assert!(!a.body.contains("\"><script>"), "{}", a.body);
+}
