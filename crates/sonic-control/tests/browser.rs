@@ -30,7 +30,10 @@ const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 /// A chromedriver process and one headless Chromium session.
 struct Driver {
     http: reqwest::Client,
+    /// The session's URL.
     base: String,
+    port: u16,
+    session: String,
     child: Child,
     _profile: tempfile::TempDir,
 }
@@ -87,6 +90,8 @@ impl Driver {
         let mut d = Driver {
             http: reqwest::Client::new(),
             base: format!("http://127.0.0.1:{port}"),
+            port,
+            session: String::new(),
             child,
             _profile: profile,
         };
@@ -131,6 +136,7 @@ impl Driver {
             .unwrap_or_else(|| panic!("no session: {r}"))
             .to_owned();
         d.base = format!("{}/session/{id}", d.base);
+        d.session = id;
         Some(d)
     }
 
@@ -292,7 +298,23 @@ impl Driver {
 }
 
 impl Drop for Driver {
+    /// Ends the session (chromedriver then stops the browser), also after a failed assertion,
+    /// then chromedriver itself.
     fn drop(&mut self) {
+        use std::io::{Read, Write};
+        if !self.session.is_empty()
+            && let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port))
+        {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(20)));
+            let req = format!(
+                "DELETE /session/{} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                self.session, self.port
+            );
+            if s.write_all(req.as_bytes()).is_ok() {
+                let mut answer = Vec::new();
+                let _ = s.read_to_end(&mut answer);
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
