@@ -356,6 +356,8 @@ edges:
                 predicted: predicted(),
             }),
             table: Vec::new(),
+            exact: true,
+            stopped: None,
         }
     }
 

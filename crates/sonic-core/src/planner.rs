@@ -1,7 +1,9 @@
 //! The planner: for every stage a placement (VM type, VM count, concurrency) and for every edge
 //! a data-passing method, chosen to maximize Perf/$ = 1 / (latency * cost) under the user's
-//! bounds, exactly (see [`dp`] and docs/model.md); and the baseline policies.
+//! bounds, exactly (see [`dp`] and docs/model.md), within a [`Budget`]; and the baseline
+//! policies.
 
+mod budget;
 mod chain;
 mod dp;
 mod explain;
@@ -15,7 +17,12 @@ use serde::{Deserialize, Serialize};
 use crate::dag::Bounds;
 use crate::model::{Assignment, Method, Placement, PlanProblem, Prediction, ProblemError};
 
+pub use budget::{
+    Budget, CLOCK_EVERY, DEFAULT_MAX_MEMORY, Limit, Stopped, StoppedSearch, Stopwatch,
+};
 pub use explain::{MethodAlternative, OptionRow, StageDecision};
+
+use budget::{Frozen, Meter};
 
 /// How a job is planned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -119,6 +126,11 @@ pub struct PlanOutcome {
     pub second_best: Option<Plan>,
     /// Per stage, what was considered and why the choice was made.
     pub table: Vec<StageDecision>,
+    /// Whether `best` is what the policy asks for exactly: for `sonic` and `oracle`, the
+    /// optimum, proven by a search that ran to its end within the budget.
+    pub exact: bool,
+    /// The limit that cut a search short, and which search, when one did.
+    pub stopped: Option<Stopped>,
 }
 
 /// The document `ofctl plan -o json` prints (interfaces.md §3).
@@ -131,6 +143,11 @@ pub struct PlanReport {
     pub predicted: Predicted,
     pub second_best: Option<Plan>,
     pub planning_time_us: u64,
+    /// Whether the plan is proven optimal (`false`: a limit of the planning budget stopped the
+    /// search and this is the best plan found within it; `stopped` says which).
+    pub exact: bool,
+    /// The limit that stopped a search (`null` when none did).
+    pub stopped: Option<Stopped>,
 }
 
 impl PlanOutcome {
@@ -144,6 +161,8 @@ impl PlanOutcome {
             predicted: self.best.predicted,
             second_best: self.second_best.clone(),
             planning_time_us,
+            exact: self.exact,
+            stopped: self.stopped,
         }
     }
 }
@@ -172,6 +191,19 @@ pub enum PlanError {
         stage: String,
         edges: usize,
         max: usize,
+    },
+    #[error(
+        "planning stopped at {limit} before {what} ({stages} stages, {edges} edges, up to {placements} placements of a stage, {evaluated} candidates evaluated); raise the planning budget or loosen the bounds"
+    )]
+    Budget {
+        limit: Limit,
+        /// What the search had not found yet.
+        what: String,
+        stages: usize,
+        edges: usize,
+        /// The most (VM type, VM count) placements of one stage.
+        placements: usize,
+        evaluated: u64,
     },
     #[error("internal error: {0}")]
     Internal(String),
@@ -260,29 +292,46 @@ impl Plan {
     }
 }
 
-/// Plans a job under `policy`. Baseline policies ignore the bounds (they are what they are);
-/// `sonic` and `oracle` meet them or say which one cannot be met and what is achievable.
+/// Plans a job under `policy` within the default [`Budget`] (no time limit, a cap on memory).
+/// Baseline policies ignore the bounds (they are what they are); `sonic` and `oracle` meet them
+/// or say which one cannot be met and what is achievable.
 pub fn plan(pb: &PlanProblem, policy: Policy) -> Result<PlanOutcome, PlanError> {
+    plan_within(pb, policy, Budget::default(), &Frozen)
+}
+
+/// [`plan`] within `budget`, its time read from `clock` (e.g. the [`std::time::Instant`]
+/// planning started at). The searches check the budget as they go; past it, the best plan
+/// found so far comes back with `exact: false` and the limit in `stopped`, or, when none meets
+/// the bounds yet, [`PlanError::Budget`].
+pub fn plan_within(
+    pb: &PlanProblem,
+    policy: Policy,
+    budget: Budget,
+    clock: &dyn Stopwatch,
+) -> Result<PlanOutcome, PlanError> {
     match policy {
-        Policy::Sonic | Policy::Oracle => plan_exact(pb),
+        Policy::Sonic | Policy::Oracle => plan_exact(pb, &Meter::new(budget, clock)),
         Policy::Remote | Policy::Direct | Policy::Local => {
             let a = baseline(pb, policy);
             let pred = pb
                 .evaluate(&a)
                 .map_err(|e| PlanError::Internal(format!("{policy} plan: {e}")))?;
-            let table = explain::table(pb, &a, &pred, None);
+            let table = explain::table(pb, &a, &pred, None, false);
             Ok(PlanOutcome {
                 best: Plan::new(pb, &a, &pred),
                 second_best: None,
                 table,
+                exact: true,
+                stopped: None,
             })
         }
     }
 }
 
-/// The exact searches of one problem, built when first needed.
+/// The exact searches of one problem, built when first needed, and the budget they share.
 struct Solvers<'a> {
     pb: &'a PlanProblem,
+    meter: &'a Meter<'a>,
     chain: Option<chain::Chain<'a>>,
     search: OnceCell<Result<dp::Search<'a>, PlanError>>,
     /// The chain search without bans, which warm-starts the searches with bans.
@@ -290,9 +339,10 @@ struct Solvers<'a> {
 }
 
 impl<'a> Solvers<'a> {
-    fn new(pb: &'a PlanProblem) -> Self {
+    fn new(pb: &'a PlanProblem, meter: &'a Meter<'a>) -> Self {
         Solvers {
             pb,
+            meter,
             chain: chain::is_chain(pb).then(|| chain::Chain::new(pb)),
             search: OnceCell::new(),
             unbanned: OnceCell::new(),
@@ -308,17 +358,21 @@ impl<'a> Solvers<'a> {
 
     /// The best plan meeting the bounds with no vm-storage on `banned` edges. A chain is solved
     /// by its hull search; when that optimum breaks a bound, the label search decides, seeded
-    /// with every hull vertex found as a candidate.
+    /// with every hull vertex found as a candidate. When the budget stops a search, the best
+    /// complete plan known (`self.meter.stopped()` says so).
     fn best(&self, banned: &[bool]) -> Result<Option<(Assignment, dp::Stats)>, PlanError> {
         let b = self.pb.bounds();
+        let meter = self.meter;
         let mut extra = Vec::new();
         let chain_result = self.chain.as_ref().and_then(|c| {
             if banned.iter().any(|&x| x) {
                 let no_ban = vec![false; banned.len()];
-                let warm = self.unbanned.get_or_init(|| c.run(&no_ban, None));
-                c.run(banned, warm.as_ref())
+                let warm = self.unbanned.get_or_init(|| c.run(&no_ban, None, meter));
+                c.run(banned, warm.as_ref(), meter)
             } else {
-                self.unbanned.get_or_init(|| c.run(banned, None)).clone()
+                self.unbanned
+                    .get_or_init(|| c.run(banned, None, meter))
+                    .clone()
             }
         });
         if let Some(res) = chain_result {
@@ -327,8 +381,10 @@ impl<'a> Solvers<'a> {
                 .iter()
                 .find(|p| p.2 == res.best)
                 .map(|p| (p.0, p.1));
+            // A stopped hull search's best is only a candidate among the baselines.
             if let Some((l, c)) = found
                 && meets(&b, l, c)
+                && meter.stopped().is_none()
             {
                 return Ok(Some((res.best, res.stats)));
             }
@@ -339,18 +395,49 @@ impl<'a> Solvers<'a> {
                 .map(|p| p.2)
                 .collect();
         }
-        let solved = self.search()?.solve(banned, true, &extra);
+        let solved = self.search()?.solve(banned, true, &extra, meter);
         Ok(solved.best.map(|a| (a, solved.stats)))
+    }
+
+    /// The budget stopped the searches before they found `what`.
+    fn budget_error(&self, limit: Limit, what: &str) -> PlanError {
+        let pb = self.pb;
+        let types = pb.catalog().vm_types.len();
+        let placements = (0..pb.stages().len())
+            .map(|s| {
+                let fits = (0..types).filter(|&v| pb.max_concurrent(s, v) > 0).count();
+                fits * pb.vm_counts(s).len()
+            })
+            .max()
+            .unwrap_or(0);
+        PlanError::Budget {
+            limit,
+            what: what.to_owned(),
+            stages: pb.stages().len(),
+            edges: pb.edges().len(),
+            placements,
+            evaluated: self.meter.expansions(),
+        }
     }
 
     /// No plan meets the bounds: which bound fails, and what is achievable.
     fn bound_error(&self) -> Result<PlanError, PlanError> {
         let b = self.pb.bounds();
         let no_ban = vec![false; self.pb.edges().len()];
-        let (min_latency, min_cost) = match self.chain.as_ref().and_then(|c| c.extremes(&no_ban)) {
+        let meter = self.meter;
+        let what = "finding what the bounds allow (no plan meets them)";
+        let cut = |limit| self.budget_error(limit, what);
+        let extremes = self.chain.as_ref().and_then(|c| c.extremes(&no_ban, meter));
+        if let Some(limit) = meter.stopped() {
+            return Ok(cut(limit));
+        }
+        let (min_latency, min_cost) = match extremes {
             Some(x) => x,
             None => {
-                let front = self.search()?.front(&no_ban, Bounds::default());
+                let front = match self.search()?.front(&no_ban, Bounds::default(), meter) {
+                    Ok(front) => front,
+                    Err(limit) => return Ok(cut(limit)),
+                };
                 (
                     front.iter().map(|x| x.0).fold(f64::INFINITY, f64::min),
                     front.iter().map(|x| x.1).fold(f64::INFINITY, f64::min),
@@ -367,13 +454,17 @@ impl<'a> Solvers<'a> {
                 best_usd: min_cost,
             },
             (Some(l), Some(c)) => {
-                let within = self.search()?.front(
+                let within = match self.search()?.front(
                     &no_ban,
                     Bounds {
                         max_latency_s: Some(l),
                         max_cost_usd: None,
                     },
-                );
+                    meter,
+                ) {
+                    Ok(within) => within,
+                    Err(limit) => return Ok(cut(limit)),
+                };
                 let best_usd = within.iter().map(|x| x.1).fold(f64::INFINITY, f64::min);
                 PlanError::Both {
                     bound_s: l,
@@ -386,12 +477,16 @@ impl<'a> Solvers<'a> {
     }
 }
 
-fn plan_exact(pb: &PlanProblem) -> Result<PlanOutcome, PlanError> {
-    let solvers = Solvers::new(pb);
+fn plan_exact(pb: &PlanProblem, meter: &Meter<'_>) -> Result<PlanOutcome, PlanError> {
+    let solvers = Solvers::new(pb, meter);
     let no_ban = vec![false; pb.edges().len()];
     let Some((best, stats)) = solvers.best(&no_ban)? else {
+        if let Some(limit) = meter.stopped() {
+            return Err(solvers.budget_error(limit, "finding a plan that meets the bounds"));
+        }
         return Err(solvers.bound_error()?);
     };
+    let cut_best = meter.stopped();
     let pred = pb
         .evaluate(&best)
         .map_err(|e| PlanError::Internal(format!("planned an infeasible plan: {e}")))?;
@@ -413,11 +508,24 @@ fn plan_exact(pb: &PlanProblem) -> Result<PlanOutcome, PlanError> {
     } else {
         None
     };
-    let table = explain::table(pb, &best, &pred, Some(&stats));
+    let stopped = match (cut_best, meter.stopped()) {
+        (Some(limit), _) => Some(Stopped {
+            limit,
+            search: StoppedSearch::Best,
+        }),
+        (None, Some(limit)) => Some(Stopped {
+            limit,
+            search: StoppedSearch::SecondBest,
+        }),
+        (None, None) => None,
+    };
+    let table = explain::table(pb, &best, &pred, Some(&stats), cut_best.is_some());
     Ok(PlanOutcome {
         best: Plan::new(pb, &best, &pred),
         second_best,
         table,
+        exact: cut_best.is_none(),
+        stopped,
     })
 }
 

@@ -323,6 +323,11 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     match plan(&pb, Policy::Sonic) {
         Ok(out) => {
             prop_assert!(
+                out.exact && out.stopped.is_none(),
+                "the default budget never cuts these: {:?}",
+                out.stopped
+            );
+            prop_assert!(
                 want.found,
                 "the planner found a plan the brute force did not: {:?}",
                 out.best

@@ -487,6 +487,8 @@ fn prepare(
                     best: sonic_core::planner::Plan::new(&plan_pb, a, &pred),
                     second_best: None,
                     table: Vec::new(),
+                    exact: true,
+                    stopped: None,
                 })
             }
             None => plan(&sub_pb, spec.policy),

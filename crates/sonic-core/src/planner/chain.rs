@@ -18,6 +18,7 @@
 
 use crate::dag::EdgeKind;
 use crate::model::{Assignment, Method, Placement, PlanProblem};
+use crate::planner::budget::Meter;
 use crate::planner::dp::{Opt, Seen, Stats, options};
 
 /// Below this many placements on a side, `direct` is scored pairwise.
@@ -361,8 +362,17 @@ impl<'a> Chain<'a> {
     }
 
     /// The plan minimizing `wl * latency + wc * cost` with no vm-storage on `banned` edges.
-    /// Its table is left in `sc.cells`.
-    fn solve(&self, wl: f64, wc: f64, banned: &[bool], sc: &mut Scratch) -> Option<Assignment> {
+    /// Its table is left in `sc.cells`. `None` also when `meter` stops it (each stage's
+    /// placements count as candidates).
+    fn solve(
+        &self,
+        wl: f64,
+        wc: f64,
+        banned: &[bool],
+        sc: &mut Scratch,
+        meter: &Meter<'_>,
+    ) -> Option<Assignment> {
+        meter.expand(self.opts[0].len() as u64).ok()?;
         let n = self.opts.len();
         let mut cells = std::mem::take(&mut sc.cells);
         cells.resize_with(n, Vec::new);
@@ -384,6 +394,10 @@ impl<'a> Chain<'a> {
             let l = &self.links[i];
             let comp = &self.comp[i + 1];
             let nt = comp.len();
+            if meter.expand((self.opts[i].len() + nt) as u64).is_err() {
+                sc.cells = cells;
+                return None;
+            }
             // Best (value, sender, method) per receiver placement.
             let best = &mut sc.best;
             best.clear();
@@ -542,8 +556,15 @@ impl<'a> Chain<'a> {
         })
     }
 
-    fn point(&self, wl: f64, wc: f64, banned: &[bool], sc: &mut Scratch) -> Option<Point> {
-        let a = self.solve(wl, wc, banned, sc)?;
+    fn point(
+        &self,
+        wl: f64,
+        wc: f64,
+        banned: &[bool],
+        sc: &mut Scratch,
+        meter: &Meter<'_>,
+    ) -> Option<Point> {
+        let a = self.solve(wl, wc, banned, sc, meter)?;
         let p = self.pb.evaluate(&a).ok()?;
         Some(Point {
             l: p.latency_s,
@@ -552,12 +573,13 @@ impl<'a> Chain<'a> {
         })
     }
 
-    /// The least latency and the least cost any plan reaches (each on its own).
-    pub fn extremes(&self, banned: &[bool]) -> Option<(f64, f64)> {
+    /// The least latency and the least cost any plan reaches (each on its own); `None` also
+    /// when `meter` stops it.
+    pub fn extremes(&self, banned: &[bool], meter: &Meter<'_>) -> Option<(f64, f64)> {
         let sc = &mut Scratch::default();
         Some((
-            self.point(1.0, 0.0, banned, sc)?.l,
-            self.point(0.0, 1.0, banned, sc)?.c,
+            self.point(1.0, 0.0, banned, sc, meter)?.l,
+            self.point(0.0, 1.0, banned, sc, meter)?.c,
         ))
     }
 
@@ -574,7 +596,15 @@ impl<'a> Chain<'a> {
     ///
     /// `warm`: a run on a superset of these plans (fewer banned edges): its cuts hold here too,
     /// and its plans that respect `banned` are candidates.
-    pub fn run(&self, banned: &[bool], warm: Option<&ChainResult>) -> Option<ChainResult> {
+    ///
+    /// When `meter` stops it, the best plan found until then (`None` if none was): the caller
+    /// sees `meter.stopped()`.
+    pub fn run(
+        &self,
+        banned: &[bool],
+        warm: Option<&ChainResult>,
+        meter: &Meter<'_>,
+    ) -> Option<ChainResult> {
         let sc = &mut Scratch::default();
         let product = |p: &Point| p.l * p.c;
         // Start from lower bounds no plan beats: every stage computes at least its cold time
@@ -637,7 +667,12 @@ impl<'a> Chain<'a> {
             } else {
                 (1.0, 0.0)
             };
-            let q = self.point(w.0, w.1, banned, sc)?;
+            let Some(q) = self.point(w.0, w.1, banned, sc, meter) else {
+                if meter.stopped().is_some() {
+                    break;
+                }
+                return None;
+            };
             let (vq, vv) = (w.0 * q.l + w.1 * q.c, w.0 * vl + w.1 * vc);
             let improved = product(&q) < best_product;
             let cut = vq > vv * (1.0 + 1e-12);
@@ -807,7 +842,8 @@ mod tests {
                 let mut values = Vec::new();
                 for mode in [DirectMode::Auto, DirectMode::LiChao, DirectMode::Pairwise] {
                     auto.direct = mode;
-                    auto.solve(wl, wc, &banned, &mut sc).unwrap();
+                    auto.solve(wl, wc, &banned, &mut sc, &Meter::unlimited())
+                        .unwrap();
                     let v: Vec<f64> = sc.cells.last().unwrap().iter().map(|c| c.v).collect();
                     values.push(v);
                 }
@@ -832,10 +868,11 @@ mod tests {
         for seed in 0..6 {
             let pb = chain(100 + seed, 3, 30 + seed as u32 * 5);
             let banned = vec![false; pb.edges().len()];
-            let fast = Chain::new(&pb).run(&banned, None).unwrap();
+            let meter = Meter::unlimited();
+            let fast = Chain::new(&pb).run(&banned, None, &meter).unwrap();
             let slow = crate::planner::dp::Search::new(&pb)
                 .unwrap()
-                .solve(&banned, false, &[])
+                .solve(&banned, false, &[], &meter)
                 .best
                 .unwrap();
             let (a, b) = (

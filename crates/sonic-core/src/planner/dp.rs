@@ -19,6 +19,7 @@ use std::collections::HashMap;
 
 use crate::dag::Bounds;
 use crate::model::{Assignment, Groups, Host, Method, Placement, PlanProblem, Sender};
+use crate::planner::budget::{Limit, Meter};
 use crate::planner::{PlanError, Policy, baseline, local_on};
 
 /// More incoming edges than this make the method enumeration (2^edges) unreasonable.
@@ -116,6 +117,7 @@ pub(crate) struct Stats {
 
 pub(crate) struct Solved {
     pub best: Option<Assignment>,
+    /// What the search saw; when a limit stopped it, what it saw until then.
     pub stats: Stats,
 }
 
@@ -143,6 +145,10 @@ pub(crate) struct Search<'a> {
     /// Enumerate every concurrency; on a chain the largest one dominates (docs/model.md).
     all_c: bool,
 }
+
+/// What a state costs besides its key's ids: the key's and the label list's headers and the
+/// hash table's slot, roughly.
+const STATE_BYTES: usize = 64;
 
 /// Labels of one layer, grouped by state key.
 struct Layer {
@@ -352,7 +358,15 @@ impl<'a> Search<'a> {
     /// The best plan (min latency * cost) meeting the bounds with no vm-storage on `banned`
     /// edges; `prune`: use the bounds and the baselines to cut the search.
     /// `extra`: more candidate plans for the incumbent (e.g. the chain search's hull vertices).
-    pub fn solve(&self, banned: &[bool], prune: bool, extra: &[Assignment]) -> Solved {
+    /// When `meter` stops the search, the best of those candidates and the baselines (the
+    /// incumbent), if one meets the bounds: the caller sees `meter.stopped()`.
+    pub fn solve(
+        &self,
+        banned: &[bool],
+        prune: bool,
+        extra: &[Assignment],
+        meter: &Meter<'_>,
+    ) -> Solved {
         let bounds = if prune {
             self.pb.bounds()
         } else {
@@ -363,7 +377,15 @@ impl<'a> Search<'a> {
         } else {
             (f64::INFINITY, None)
         };
-        let (last, backs, stats) = self.run(banned, bounds, incumbent);
+        let (last, backs, stats) = match self.run(banned, bounds, incumbent, meter) {
+            Ok(done) => done,
+            Err((_, stats)) => {
+                return Solved {
+                    best: inc_plan,
+                    stats,
+                };
+            }
+        };
         let mut best: Option<(f64, u32)> = None;
         if let Some(ids) = last.keys.get(&Vec::new()) {
             for &id in ids {
@@ -384,17 +406,25 @@ impl<'a> Search<'a> {
     }
 
     /// Every (latency, cost) at the end of a search cut only by `bounds`: the Pareto front of
-    /// the plans within them.
-    pub fn front(&self, banned: &[bool], bounds: Bounds) -> Vec<(f64, f64)> {
-        let (last, _, _) = self.run(banned, bounds, f64::INFINITY);
-        last.keys
+    /// the plans within them; or the limit that stopped the search.
+    pub fn front(
+        &self,
+        banned: &[bool],
+        bounds: Bounds,
+        meter: &Meter<'_>,
+    ) -> Result<Vec<(f64, f64)>, Limit> {
+        let (last, _, _) = self
+            .run(banned, bounds, f64::INFINITY, meter)
+            .map_err(|(limit, _)| limit)?;
+        Ok(last
+            .keys
             .get(&Vec::new())
             .map(|ids| {
                 ids.iter()
                     .map(|&id| (last.label(id)[0], last.label(id)[1]))
                     .collect()
             })
-            .unwrap_or_default()
+            .unwrap_or_default())
     }
 
     /// The best baseline-like plan that is allowed and meets the bounds: its latency * cost
@@ -477,13 +507,16 @@ impl<'a> Search<'a> {
         }
     }
 
-    /// The layers of the search; returns the last one, every layer's back pointers, and stats.
+    /// The layers of the search; returns the last one, every layer's back pointers, and stats;
+    /// or the limit that stopped it, with the stats until then.
+    #[allow(clippy::type_complexity)]
     fn run(
         &self,
         banned: &[bool],
         bounds: Bounds,
         incumbent: f64,
-    ) -> (Layer, Vec<Vec<Back>>, Stats) {
+        meter: &Meter<'_>,
+    ) -> Result<(Layer, Vec<Vec<Back>>, Stats), (Limit, Stats)> {
         let pb = self.pb;
         let n = pb.stages().len();
         let types = pb.catalog().vm_types.len();
@@ -498,17 +531,27 @@ impl<'a> Search<'a> {
             back: Vec::new(),
         };
         layer.keys.insert(Vec::new(), vec![0]);
+        meter.new_search();
+        if let Err(limit) = meter.check() {
+            return Err((limit, stats));
+        }
         let mut backs = Vec::with_capacity(n);
         for r in 0..n {
-            let mut next = self.advance(r, &layer, banned, bounds, incumbent, &mut stats);
+            let mut next =
+                match self.advance(r, &layer, banned, bounds, incumbent, &mut stats, meter) {
+                    Ok(next) => next,
+                    Err(limit) => return Err((limit, stats)),
+                };
             backs.push(std::mem::take(&mut next.back));
             layer = next;
         }
         // The last layer has no open stage: its labels are (M, C) = (latency, cost).
-        (layer, backs, stats)
+        Ok((layer, backs, stats))
     }
 
-    /// Places stage `r` in every way from every label of `prev`.
+    /// Places stage `r` in every way from every label of `prev`, each candidate and each label
+    /// kept counted by `meter`, which may stop it.
+    #[allow(clippy::too_many_arguments)]
     fn advance(
         &self,
         r: usize,
@@ -517,7 +560,8 @@ impl<'a> Search<'a> {
         bounds: Bounds,
         incumbent: f64,
         stats: &mut Stats,
-    ) -> Layer {
+        meter: &Meter<'_>,
+    ) -> Result<Layer, Limit> {
         let pb = self.pb;
         let d = prev.d;
         let before: &[usize] = if r == 0 { &[] } else { &self.open[r - 1] };
@@ -666,6 +710,7 @@ impl<'a> Search<'a> {
                                 };
                                 let out = pb.step(r, pl, host, &senders, &mut groups, &mut times);
                                 stats.evaluated[r] += 1;
+                                meter.expand(1)?;
                                 let cost = v[3 * d + 1] + out.cost;
                                 let mut m = v[3 * d];
                                 if !self.has_children[r] {
@@ -704,7 +749,7 @@ impl<'a> Search<'a> {
                                     pl,
                                     methods: bits,
                                 };
-                                if next.insert(
+                                if let Some(bytes) = next.insert(
                                     &key2,
                                     &cand,
                                     back,
@@ -713,6 +758,7 @@ impl<'a> Search<'a> {
                                     &canon2,
                                     shift,
                                 ) {
+                                    meter.keep(bytes)?;
                                     let seen = &mut stats.seen[r][o.vm];
                                     let labels = seen.map_or(0, |s| s.labels) + 1;
                                     if seen.is_none_or(|s| out.end * cost < s.end * s.cost) {
@@ -733,12 +779,13 @@ impl<'a> Search<'a> {
                 }
             }
         }
-        next
+        Ok(next)
     }
 }
 
 impl Layer {
-    /// Adds a label unless one of its state dominates it; drops the ones it dominates.
+    /// Adds a label unless one of its state dominates it; drops the ones it dominates (their
+    /// values stay until the layer is dropped). Returns the bytes the layer grew by, if added.
     #[allow(clippy::too_many_arguments)]
     fn insert(
         &mut self,
@@ -749,18 +796,23 @@ impl Layer {
         w_h: &[f64],
         canon: &[u32],
         shift: bool,
-    ) -> bool {
+    ) -> Option<u64> {
         let d = self.d;
         let stride = self.stride();
         let vals = &self.vals;
+        // A label's values, back pointer and id; a new state's key and map entry.
+        let mut bytes = (stride * size_of::<f64>() + size_of::<Back>() + size_of::<u32>()) as u64;
         let list = match self.keys.get_mut(key) {
             Some(list) => list,
-            None => self.keys.entry(key.to_vec()).or_default(),
+            None => {
+                bytes += (size_of_val(key) + STATE_BYTES) as u64;
+                self.keys.entry(key.to_vec()).or_default()
+            }
         };
         for &id in list.iter() {
             let v = &vals[id as usize * stride..(id as usize + 1) * stride];
             if dominates(v, cand, d, w_e, w_h, canon, shift) {
-                return false;
+                return None;
             }
         }
         list.retain(|&id| {
@@ -771,6 +823,6 @@ impl Layer {
         list.push(id);
         self.vals.extend_from_slice(cand);
         self.back.push(back);
-        true
+        Some(bytes)
     }
 }

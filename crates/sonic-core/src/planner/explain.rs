@@ -75,12 +75,14 @@ fn row(
     }
 }
 
-/// The explanation of `best` (predicted as `pred`); `stats` from the search, if one ran.
+/// The explanation of `best` (predicted as `pred`); `stats` from the search, if one ran;
+/// `cut`: a budget stopped it before it saw every placement.
 pub(crate) fn table(
     pb: &PlanProblem,
     best: &Assignment,
     pred: &Prediction,
     stats: Option<&Stats>,
+    cut: bool,
 ) -> Vec<StageDecision> {
     let mut out = Vec::with_capacity(pb.stages().len());
     for (s, st) in pb.stages().iter().enumerate() {
@@ -133,7 +135,9 @@ pub(crate) fn table(
                     end_s: None,
                     cost_so_far_usd: None,
                     chosen: false,
-                    note: if stats.is_some() {
+                    note: if cut {
+                        "not reached: the search stopped at its budget".into()
+                    } else if stats.is_some() {
                         "every placement was dominated, over a bound, or could not beat the best plan".into()
                     } else {
                         "not considered by this policy".into()
