@@ -116,9 +116,16 @@ fn write_table(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "DAG {}  policy {}  planned in {} us\n",
-        report.dag, report.policy, report.planning_time_us
+        "DAG {}  policy {}  planned in {} us  {}",
+        report.dag,
+        report.policy,
+        report.planning_time_us,
+        if report.exact { "exact" } else { "NOT EXACT" }
     )?;
+    if let Some(stopped) = &report.stopped {
+        writeln!(out, "  {stopped}")?;
+    }
+    writeln!(out)?;
     write_plan("BEST PLAN", &outcome.best, out)?;
     match &outcome.second_best {
         Some(p) => write_plan(

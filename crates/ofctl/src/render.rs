@@ -351,6 +351,14 @@ pub fn plan(p: &serde_json::Value, indent: &str, out: &mut dyn Write) -> io::Res
             pr["perf_per_dollar"].as_f64().unwrap_or(0.0)
         )?;
     }
+    if p["exact"] == false {
+        let why = serde_json::from_value::<sonic_core::planner::Stopped>(p["stopped"].clone())
+            .map_or_else(
+                |_| "a limit of the planning budget stopped the search".into(),
+                |s| s.to_string(),
+            );
+        writeln!(out, "{indent}not exact: {why}")?;
+    }
     Ok(())
 }
 

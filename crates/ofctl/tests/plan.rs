@@ -82,6 +82,8 @@ fn json_has_every_named_field() {
     }
     assert!(plan.get("second_best").is_some());
     assert!(plan["planning_time_us"].is_u64());
+    assert_eq!(plan["exact"], true, "planned within the default budget");
+    assert!(plan["stopped"].is_null());
     let p = &plan["predicted"];
     let ppd = 1.0 / (p["latency_s"].as_f64().unwrap() * p["cost_usd"].as_f64().unwrap());
     assert!((ppd - p["perf_per_dollar"].as_f64().unwrap()).abs() / ppd < 1e-9);
@@ -153,6 +155,7 @@ fn the_table_explains_the_choice() {
     ]);
     assert_eq!(code, 0);
     for needle in [
+        "us  exact\n",
         "BEST PLAN",
         "pca -> train",
         "direct",
