@@ -264,6 +264,11 @@ pub struct JobPlan {
     /// Per stage, the agents the plan's VMs were mapped onto.
     #[serde(default)]
     pub stages: Vec<StageHosts>,
+    /// Whether the plan is proven optimal: `false` when the planning budget stopped the search
+    /// and the job runs the best plan found within it (`report.stopped` says which limit);
+    /// absent when nothing was planned, or from a control plane that did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<bool>,
 }
 
 /// Where one stage of a planned job ran.
@@ -384,6 +389,26 @@ mod tests {
             assert_eq!(m.as_str().parse::<JobMode>(), Ok(m));
         }
         assert!("done".parse::<JobStatus>().is_err());
+    }
+
+    #[test]
+    fn a_job_plan_without_exact_still_reads_and_none_is_not_written() {
+        let old = r#"{"used": "best", "notes": [], "report": {}, "stages": []}"#;
+        let p: JobPlan = serde_json::from_str(old).expect("parse");
+        assert_eq!(p.exact, None);
+        assert!(
+            serde_json::to_value(&p)
+                .expect("json")
+                .get("exact")
+                .is_none()
+        );
+        let cut = JobPlan {
+            exact: Some(false),
+            ..p
+        };
+        let v = serde_json::to_value(&cut).expect("json");
+        assert_eq!(v["exact"], false);
+        assert_eq!(serde_json::from_value::<JobPlan>(v).expect("parse"), cut);
     }
 }
 

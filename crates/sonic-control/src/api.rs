@@ -114,6 +114,14 @@ impl ControlState {
             .map_or_else(Convergence::default, |rt| rt.config.convergence)
     }
 
+    /// What planning one request may spend (the job runtime's, or the default without one).
+    /// Planning runs on the blocking pool and stops inside its searches at this budget.
+    pub fn plan_budget(&self) -> sonic_core::planner::Budget {
+        self.jobs
+            .as_ref()
+            .map_or_else(crate::learning::default_budget, |rt| rt.config.planning)
+    }
+
     /// The catalog planning uses, with the measured bandwidths in place of the nominal ones.
     pub fn planning_catalog(
         &self,
@@ -864,6 +872,7 @@ async fn choose(
         }
         let rule = state.convergence();
         let (catalog, bandwidth) = state.planning_catalog();
+        let budget = state.plan_budget();
         let planned = state
             .db
             .run(move |db| {
@@ -876,6 +885,7 @@ async fn choose(
                     catalog,
                     &bandwidth,
                     base,
+                    budget,
                 ))
             })
             .await?
@@ -894,6 +904,7 @@ async fn choose(
     }
     let rule = state.convergence();
     let (catalog, bandwidth) = state.planning_catalog();
+    let budget = state.plan_budget();
     if forced == Some(Policy::Oracle) {
         let planned = state
             .db
@@ -910,6 +921,7 @@ async fn choose(
                                 catalog,
                                 &bandwidth,
                                 sonic_core::planner::Policy::Oracle,
+                                budget,
                                 std::time::Instant::now(),
                             )
                         },
@@ -941,6 +953,7 @@ async fn choose(
                 catalog,
                 &bandwidth,
                 sonic_core::planner::Policy::Sonic,
+                budget,
             )))
         })
         .await?;
@@ -962,6 +975,7 @@ async fn choose(
                     notes: vec![format!("{e}: the job profiles with remote instead")],
                     report: serde_json::Value::Null,
                     stages: Vec::new(),
+                    exact: None,
                 }),
             ))
         }
@@ -971,7 +985,9 @@ async fn choose(
 fn plan_error(e: PlanFailure) -> ApiError {
     match e {
         PlanFailure::NotReady { .. } => ApiError::Conflict(e.to_string()),
-        PlanFailure::Infeasible { .. } => ApiError::Unprocessable(e.to_string()),
+        PlanFailure::Infeasible { .. } | PlanFailure::Budget { .. } => {
+            ApiError::Unprocessable(e.to_string())
+        }
     }
 }
 
@@ -1316,6 +1332,7 @@ async fn dag_plan(
         ));
     }
     let rule = state.convergence();
+    let budget = state.plan_budget();
     let (catalog, bandwidth) = state.planning_catalog();
     let lookup = name.clone();
     let planned = state
@@ -1346,6 +1363,7 @@ async fn dag_plan(
                     catalog,
                     &bandwidth,
                     policy,
+                    budget,
                 )
                 .map_err(plan_error),
             ))

@@ -48,6 +48,11 @@ pub struct ControlConfig {
     pub catalog: Option<String>,
     /// Request bodies larger than this are refused with 413 (`1MiB`, ...).
     pub max_body: ByteSize,
+    /// How long planning one job (or one `GET /v1/dags/{name}/plan`) may take (`2s`, ...); past
+    /// it the best plan found so far is used, marked not exact (docs/model.md).
+    pub plan_budget: Seconds,
+    /// The memory one planning search's labels may take (`256MiB`, ...).
+    pub plan_memory: ByteSize,
 }
 
 impl Default for ControlConfig {
@@ -66,6 +71,8 @@ impl Default for ControlConfig {
             heartbeat_timeout: Seconds(10.0),
             catalog: None,
             max_body: ByteSize(1024 * 1024),
+            plan_budget: Seconds(crate::learning::PLAN_TIME.as_secs_f64()),
+            plan_memory: ByteSize(crate::learning::PLAN_MEMORY),
         }
     }
 }
@@ -85,6 +92,8 @@ impl std::fmt::Debug for ControlConfig {
             .field("heartbeat_timeout", &self.heartbeat_timeout)
             .field("catalog", &self.catalog)
             .field("max_body", &self.max_body)
+            .field("plan_budget", &self.plan_budget)
+            .field("plan_memory", &self.plan_memory)
             .finish()
     }
 }
@@ -151,6 +160,12 @@ pub struct ControlArgs {
     /// Largest request body, e.g. 1MiB.
     #[arg(long, env = "SONIC_MAX_BODY")]
     pub max_body: Option<ByteSize>,
+    /// How long planning a job may take, e.g. 2s (then the best plan found so far is used).
+    #[arg(long, env = "SONIC_PLAN_BUDGET")]
+    pub plan_budget: Option<Seconds>,
+    /// The memory a planning search may take, e.g. 256MiB.
+    #[arg(long, env = "SONIC_PLAN_MEMORY")]
+    pub plan_memory: Option<ByteSize>,
     /// How log lines are written: text, or json (one object per line, with the job's and the
     /// run's spans).
     #[arg(long, env = "SONIC_LOG_FORMAT", default_value = "text")]
@@ -187,6 +202,8 @@ impl ControlConfig {
             .set("heartbeat_timeout", a.heartbeat_timeout)
             .set("catalog", a.catalog.as_ref())
             .set("max_body", a.max_body)
+            .set("plan_budget", a.plan_budget)
+            .set("plan_memory", a.plan_memory)
             .extract()?;
         cfg.check()?;
         Ok(cfg)
@@ -215,7 +232,27 @@ impl ControlConfig {
                 "max_body must be between 1KiB and 1GiB".into(),
             ));
         }
+        let t = self.plan_budget.0;
+        if !(t.is_finite() && t > 0.0 && t <= 3_600.0) {
+            return Err(ConfigError::Invalid(
+                "plan_budget must be positive and at most an hour".into(),
+            ));
+        }
+        if self.plan_memory.0 < 1024 * 1024 {
+            return Err(ConfigError::Invalid(
+                "plan_memory must be at least 1MiB".into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// What planning one job may spend.
+    pub fn plan_budget(&self) -> sonic_core::planner::Budget {
+        sonic_core::planner::Budget {
+            time: Some(Duration::from_secs_f64(self.plan_budget.0.max(0.0))),
+            max_memory_bytes: Some(self.plan_memory.0),
+            max_expansions: None,
+        }
     }
 
     pub fn heartbeat_timeout(&self) -> Duration {
@@ -233,7 +270,7 @@ mod tests {
 
     #[test]
     fn file_then_flags() {
-        let yaml = "listen: 127.0.0.1:7123\ntoken: 0123456789abcdef\nheartbeat_timeout: 1500ms\nmax_body: 2MiB\ncatalog: catalog.yaml\n";
+        let yaml = "listen: 127.0.0.1:7123\ntoken: 0123456789abcdef\nheartbeat_timeout: 1500ms\nmax_body: 2MiB\ncatalog: catalog.yaml\nplan_budget: 500ms\n";
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("control.yaml");
         std::fs::write(&path, yaml).expect("write");
@@ -246,6 +283,11 @@ mod tests {
         assert_eq!(cfg.listen.port(), 7123);
         assert_eq!(cfg.heartbeat_timeout(), Duration::from_millis(1500));
         assert_eq!(cfg.max_body_bytes(), 2 * 1024 * 1024);
+        assert_eq!(cfg.plan_budget().time, Some(Duration::from_millis(500)));
+        assert_eq!(
+            cfg.plan_budget().max_memory_bytes,
+            Some(crate::learning::PLAN_MEMORY)
+        );
         assert_eq!(cfg.catalog.as_deref(), Some("catalog.yaml"));
         assert_eq!(cfg.data_dir, dir.path().join("data"));
         assert!(

@@ -2,18 +2,20 @@
 //! DAG's models ([`refit`]); a DAG whose models converged is planned for each job's input size
 //! ([`plan_for`]); the models and plans as the API shows them.
 //!
-//! Everything here blocks (fitting, JSON of every sample); async code calls it through
-//! [`crate::store::Db::run`].
+//! Everything here blocks (fitting, JSON of every sample, planning); async code calls it
+//! through [`crate::store::Db::run`], on the blocking pool. Planning stops inside its searches
+//! at the job runtime's budget ([`crate::JobsConfig::planning`]), so a request holds a
+//! blocking thread for at most that long.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sonic_api::control::{DagModelsView, ModelView};
 use sonic_core::catalog::Catalog;
 use sonic_core::dag::{Dag, Fanout};
 use sonic_core::model::PlanProblem;
 use sonic_core::params::{EdgeParams, Params};
-use sonic_core::planner::{self, PlanOutcome, Policy};
+use sonic_core::planner::{self, Budget, PlanError, PlanOutcome, Policy};
 use sonic_core::regression::{Convergence, DagModels, FunctionSample, Model};
 use sonic_core::units::ByteSize;
 
@@ -22,6 +24,21 @@ use crate::store::{Db, ModelRecord, SampleRecord, StoreError};
 
 /// Seeds the models' cross-validation folds: a fit is a pure function of its samples.
 pub const SEED: u64 = 0x5013_1c5e_ed00_0001;
+
+/// How long planning one job may take by default (`plan_budget`).
+pub const PLAN_TIME: Duration = Duration::from_secs(2);
+
+/// The memory one planning search may take by default (`plan_memory`): 256 MiB.
+pub const PLAN_MEMORY: u64 = 256 << 20;
+
+/// The planning budget of a control plane configured with the defaults.
+pub fn default_budget() -> Budget {
+    Budget {
+        time: Some(PLAN_TIME),
+        max_memory_bytes: Some(PLAN_MEMORY),
+        max_expansions: None,
+    }
+}
 
 /// One stored sample as the models take it: per function measurements, per edge bytes.
 pub fn sample_parts(s: &SampleRecord) -> (BTreeMap<String, FunctionSample>, Vec<EdgeParams>) {
@@ -251,6 +268,13 @@ pub enum PlanFailure {
         input_bytes: u64,
         why: String,
     },
+    /// The planning budget ran out before any plan meeting the bounds was found.
+    #[error("dag {dag} could not be planned at {input_bytes} input bytes: {why}")]
+    Budget {
+        dag: String,
+        input_bytes: u64,
+        why: String,
+    },
 }
 
 /// A plan for one job.
@@ -266,7 +290,9 @@ pub struct Planned {
 
 /// Plans `dag` for a job of `input_bytes` with the fitted models. `fanouts` are the job's own
 /// (from its parameters): a known fanout replaces the predicted one. `catalog` already carries
-/// the measured bandwidths described by `bandwidth`.
+/// the measured bandwidths described by `bandwidth`. Planning stops at `budget`, counted from
+/// this call.
+#[allow(clippy::too_many_arguments)]
 pub fn plan_for(
     dag: &Dag,
     models: &DagModels,
@@ -275,6 +301,7 @@ pub fn plan_for(
     catalog: Catalog,
     bandwidth: &BTreeMap<String, TypeBandwidth>,
     policy: Policy,
+    budget: Budget,
 ) -> Result<Planned, PlanFailure> {
     let started = Instant::now();
     let params = models
@@ -291,6 +318,7 @@ pub fn plan_for(
         catalog,
         bandwidth,
         policy,
+        budget,
         started,
     )?;
     if let Some(map) = planned.report.as_object_mut() {
@@ -372,7 +400,9 @@ pub fn measured_params(
 }
 
 /// Plans `dag` with given parameters (predicted or measured); the job's known `fanouts`
-/// replace the parameters' ones.
+/// replace the parameters' ones. Planning stops at `budget`, its time counted from `started`;
+/// past it, the best plan found so far (its report says `"exact": false`), or
+/// [`PlanFailure::Budget`] when none meets the bounds yet.
 #[allow(clippy::too_many_arguments)]
 pub fn plan_with(
     dag: &Dag,
@@ -382,6 +412,7 @@ pub fn plan_with(
     catalog: Catalog,
     bandwidth: &BTreeMap<String, TypeBandwidth>,
     policy: Policy,
+    budget: Budget,
     started: Instant,
 ) -> Result<Planned, PlanFailure> {
     for (f, fanout) in dag.functions.iter().zip(fanouts) {
@@ -396,8 +427,26 @@ pub fn plan_with(
     };
     let problem = PlanProblem::from_dag(dag, &params, catalog, dag.bounds)
         .map_err(|e| infeasible(e.to_string()))?;
-    let outcome = planner::plan(&problem, policy).map_err(|e| infeasible(e.to_string()))?;
+    let outcome =
+        planner::plan_within(&problem, policy, budget, &started).map_err(|e| match e {
+            PlanError::Budget { .. } => PlanFailure::Budget {
+                dag: dag.name.clone(),
+                input_bytes,
+                why: e.to_string(),
+            },
+            e => infeasible(e.to_string()),
+        })?;
     let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    if let Some(stopped) = &outcome.stopped {
+        tracing::warn!(
+            dag = %dag.name,
+            input_bytes,
+            exact = outcome.exact,
+            planning_time_us = us,
+            stopped = %stopped,
+            "planning stopped at its budget"
+        );
+    }
     let mut report = serde_json::to_value(outcome.report(&dag.name, policy, us))
         .map_err(|e| infeasible(format!("cannot encode the plan: {e}")))?;
     if let Some(map) = report.as_object_mut() {
@@ -541,6 +590,7 @@ edges:
             catalog.clone(),
             &bw,
             Policy::Sonic,
+            default_budget(),
         )
         .expect_err("nothing fitted");
         assert!(matches!(err, PlanFailure::NotReady { .. }), "{err}");
@@ -556,11 +606,13 @@ edges:
             catalog,
             &bw,
             Policy::Sonic,
+            default_budget(),
         )
         .expect("plan");
         // The job asks for 3 mids; the models only ever saw 2.
         assert_eq!(planned.params.functions["mid"].instances, 3);
         let r = &planned.report;
+        assert_eq!(r["exact"], true, "within the default budget");
         assert_eq!(r["dag"], "fan");
         assert_eq!(r["policy"], "sonic");
         assert_eq!(r["input_bytes"], 25_000_000);
@@ -589,8 +641,42 @@ edges:
             catalog,
             &bw,
             Policy::Sonic,
+            default_budget(),
         )
         .expect_err("does not fit");
         assert!(matches!(err, PlanFailure::Infeasible { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_spent_budget_plans_with_the_best_plan_known_and_says_so() {
+        let dag = dag();
+        let samples: Vec<SampleRecord> = (0..5)
+            .map(|i| sample(i, (i as u64 + 1) * 10_000_000))
+            .collect();
+        let models = fit_all(&dag, &samples, Convergence::default());
+        let (catalog, bw) = crate::bandwidth::BandwidthBook::default().apply(&Catalog::default());
+        let fanouts = [Fanout::Known(1), Fanout::Known(40), Fanout::Known(1)];
+        // One candidate: the searches stop at their first step (deterministic, no clock).
+        let spent = Budget {
+            max_expansions: Some(1),
+            ..default_budget()
+        };
+        let planned = plan_for(
+            &dag,
+            &models,
+            25_000_000,
+            &fanouts,
+            catalog,
+            &bw,
+            Policy::Sonic,
+            spent,
+        )
+        .expect("the best plan known");
+        assert!(!planned.outcome.exact);
+        let r = &planned.report;
+        assert_eq!(r["exact"], false);
+        assert_eq!(r["stopped"]["limit"], "expansions");
+        assert_eq!(r["stopped"]["search"], "best");
+        assert_eq!(r["stages"].as_array().map(Vec::len), Some(3));
     }
 }

@@ -352,6 +352,7 @@ mod tests {
                 notes: Vec::new(),
                 report: serde_json::json!({"predicted": {"latency_s": 2.5, "cost_usd": 0.001}}),
                 stages: Vec::new(),
+                exact: None,
             }),
         };
         m.job_ended(&summary);

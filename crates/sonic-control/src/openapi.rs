@@ -523,7 +523,8 @@ fn schemas() -> Value {
                 "used": { "type": "string", "enum": ["best", "second_best", "none"], "description": "second_best: a vm-storage placement of the best plan could not be granted; none: planning failed and the job profiled" },
                 "notes": { "type": "array", "items": { "type": "string" }, "description": "why: refused vm-storage, substituted VM types, shared VMs" },
                 "report": { "$ref": "#/components/schemas/PlanReport" },
-                "stages": { "type": "array", "items": { "$ref": "#/components/schemas/StageHosts" } }
+                "stages": { "type": "array", "items": { "$ref": "#/components/schemas/StageHosts" } },
+                "exact": { "type": "boolean", "description": "false: the planning budget stopped the search and the job runs the best plan found within it (report.stopped says which limit); absent when nothing was planned" }
             }
         },
         "StageHosts": {
@@ -548,6 +549,8 @@ fn schemas() -> Value {
                 "predicted": { "type": "object" },
                 "second_best": { "type": "object", "nullable": true },
                 "planning_time_us": int.clone(),
+                "exact": { "type": "boolean", "description": "whether the plan is proven optimal; false: a limit of the planning budget stopped the search and this is the best plan found within it" },
+                "stopped": { "type": "object", "nullable": true, "description": "the limit that stopped a search: limit (time with ms, memory with bytes, expansions with max) and search (best, second_best)" },
                 "input_bytes": int,
                 "models_converged": { "type": "boolean" },
                 "network_mbps": { "type": "object" }

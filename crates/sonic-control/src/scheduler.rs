@@ -57,6 +57,8 @@ pub struct JobsConfig {
     pub report_slack: Duration,
     /// When a DAG's models are good enough to plan its jobs with.
     pub convergence: Convergence,
+    /// What planning one job may spend (time, memory): past it, the best plan found so far.
+    pub planning: sonic_core::planner::Budget,
     /// Executions per job, the first included: when an agent the job uses is lost (it stops
     /// answering, or its disk is full), the job runs again from its input without that agent.
     pub job_attempts: u32,
@@ -73,6 +75,7 @@ impl std::fmt::Debug for JobsConfig {
             .field("max_attempts", &self.max_attempts)
             .field("backoff", &self.backoff)
             .field("convergence", &self.convergence)
+            .field("planning", &self.planning)
             .field("job_attempts", &self.job_attempts)
             .field("health_timeout", &self.health_timeout)
             .finish()
@@ -92,6 +95,7 @@ impl JobsConfig {
             max_poll_interval: Duration::from_millis(500),
             report_slack: Duration::from_secs(120),
             convergence: Convergence::default(),
+            planning: crate::learning::default_budget(),
             job_attempts: 3,
             health_timeout: Duration::from_secs(3),
         }
@@ -497,9 +501,20 @@ fn job_plan(
         }
         map.insert("best".into(), best);
     }
+    // Planning that the budget cut short says so, in the record as in the report.
+    let exact = report.get("exact").and_then(serde_json::Value::as_bool);
+    let mut notes = alloc.notes.clone();
+    match serde_json::from_value::<sonic_core::planner::Stopped>(report["stopped"].clone()) {
+        Ok(stopped) => notes.push(format!("planning budget: {stopped}")),
+        Err(_) if exact == Some(false) => {
+            notes.push("planning budget: the plan is not proven optimal".to_owned())
+        }
+        Err(_) => {}
+    }
     JobPlan {
+        exact,
         used: alloc.used.as_str().to_owned(),
-        notes: alloc.notes.clone(),
+        notes,
         report,
         stages: dag
             .functions

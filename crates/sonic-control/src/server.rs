@@ -147,6 +147,7 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
     let mut jobs = JobsConfig::new(agent_token, file_key.into_bytes());
     jobs.bucket = choice.bucket().map(str::to_owned);
     jobs.agent_store = Some(choice.to_spec());
+    jobs.planning = config.plan_budget();
     tracing::info!(store = %choice.describe(), "object store open");
     Ok(Runtime::new(store, Some(catalog), jobs).with_http(http))
 }

@@ -1313,6 +1313,7 @@ mod tests {
             notes: vec!["vm-storage refused".into()],
             report: json!({"dag": "ml"}),
             stages: vec![],
+            exact: None,
         };
         assert!(db.set_job_plan("j-1", &plan, 2).expect("plan"));
         assert!(!db.set_job_plan("j-9", &plan, 2).expect("no such job"));
