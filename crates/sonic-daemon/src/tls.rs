@@ -71,8 +71,12 @@ pub fn scheme(tls: bool) -> &'static str {
     if tls { "https" } else { "http" }
 }
 
+/// How long requests in flight may finish after a shutdown begins. Long-lived requests (a job's
+/// event stream) would otherwise hold a stopping daemon until its supervisor kills it.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// Serves `app` on `listener` until `shutdown` completes, over TLS when `tls` is given; then
-/// lets requests in flight finish (at most 10 s with TLS).
+/// lets requests in flight finish for at most [`SHUTDOWN_GRACE`] and closes the rest.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
@@ -81,16 +85,35 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     match tls {
         None => {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
+            let (stopping_tx, stopping) = tokio::sync::oneshot::channel::<()>();
+            let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+                shutdown.await;
+                let _ = stopping_tx.send(());
+            });
+            let grace_over = async move {
+                if stopping.await.is_ok() {
+                    tokio::time::sleep(SHUTDOWN_GRACE).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                served = server => served,
+                () = grace_over => {
+                    tracing::warn!(
+                        grace_s = SHUTDOWN_GRACE.as_secs(),
+                        "requests still open after the shutdown grace: closed"
+                    );
+                    Ok(())
+                }
+            }
         }
         Some(config) => {
             let handle = axum_server::Handle::new();
             let stopper = handle.clone();
             tokio::spawn(async move {
                 shutdown.await;
-                stopper.graceful_shutdown(Some(Duration::from_secs(10)));
+                stopper.graceful_shutdown(Some(SHUTDOWN_GRACE));
             });
             axum_server::from_tcp_rustls(listener.into_std()?, config)?
                 .handle(handle)
@@ -173,5 +196,43 @@ mod tests {
         let err = read_ca(&junk).expect_err("junk CA refused");
         assert!(err.to_string().contains("junk.pem"), "{err}");
         assert!(read_ca(&dir.path().join("missing.pem")).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_request_that_never_ends_does_not_hold_the_shutdown() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let app = Router::new().route(
+            "/stream",
+            axum::routing::get(|| async {
+                // A body that never ends, like a job's event stream.
+                let body = axum::body::Body::from_stream(futures::stream::pending::<
+                    Result<axum::body::Bytes, std::io::Error>,
+                >());
+                body
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, app, None, async {
+            let _ = rx.await;
+        }));
+        let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        client
+            .write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut head = [0u8; 12];
+        client.read_exact(&mut head).await.expect("headers");
+        assert_eq!(&head, b"HTTP/1.1 200");
+        let _ = tx.send(());
+        // The server ends although the stream is still open (a generous deadline, not a timing).
+        tokio::time::timeout(SHUTDOWN_GRACE * 6, server)
+            .await
+            .expect("the server stops after the grace")
+            .expect("task")
+            .expect("served");
     }
 }
