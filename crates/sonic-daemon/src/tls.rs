@@ -205,10 +205,9 @@ mod tests {
             "/stream",
             axum::routing::get(|| async {
                 // A body that never ends, like a job's event stream.
-                let body = axum::body::Body::from_stream(futures::stream::pending::<
+                axum::body::Body::from_stream(futures::stream::pending::<
                     Result<axum::body::Bytes, std::io::Error>,
-                >());
-                body
+                >())
             }),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
