@@ -861,9 +861,7 @@ async fn choose(
         plan,
     };
     let baseline = match forced {
-        Some(Policy::Remote) => Some(sonic_core::planner::Policy::Remote),
-        Some(Policy::Direct) => Some(sonic_core::planner::Policy::Direct),
-        Some(Policy::Local) => Some(sonic_core::planner::Policy::Local),
+        Some(p @ (Policy::Remote | Policy::Direct | Policy::Local)) => Some(p),
         _ => None,
     };
     if let (Some(p), Some(base)) = (forced, baseline) {
@@ -920,7 +918,7 @@ async fn choose(
                                 &fanouts,
                                 catalog,
                                 &bandwidth,
-                                sonic_core::planner::Policy::Oracle,
+                                Policy::Oracle,
                                 budget,
                                 std::time::Instant::now(),
                             )
@@ -952,7 +950,7 @@ async fn choose(
                 &fanouts,
                 catalog,
                 &bandwidth,
-                sonic_core::planner::Policy::Sonic,
+                Policy::Sonic,
                 budget,
             )))
         })
@@ -1319,13 +1317,13 @@ async fn dag_plan(
     let input_bytes = q.input_bytes.ok_or_else(|| {
         ApiError::BadRequest("input_bytes is required: the job input size to plan for".into())
     })?;
-    let policy: sonic_core::planner::Policy = q
+    let policy: Policy = q
         .policy
         .as_deref()
         .unwrap_or("sonic")
         .parse()
         .map_err(ApiError::BadRequest)?;
-    if policy == sonic_core::planner::Policy::Oracle {
+    if policy == Policy::Oracle {
         return Err(ApiError::BadRequest(
             "oracle plans with measured parameters: use `ofctl plan --params FILE --policy oracle`"
                 .into(),

@@ -5,87 +5,16 @@
 //! it ended, because a `scatter` receiver's fanout is only known from what its sender wrote.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
 use sonic_api::agent::{FileSource, InputSpec, OutputRoute, RunRequest};
 use sonic_core::dag::{Dag, EdgeKind, Fanout};
 
 /// Memory limit given to an instance while nothing was learned about the function.
 pub const DEFAULT_MEMORY_MB: u64 = 1024;
 
-/// How a job chooses its data-passing methods.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Policy {
-    /// Every edge through the object store.
-    Remote,
-    /// Receivers fetch from the sender's agent.
-    Direct,
-    /// Everything on one agent, files passed by hard link.
-    Local,
-    /// The planner's choice when the DAG has converged models; `remote` (profiling) otherwise.
-    Sonic,
-    /// Evaluation only: the planner fed with the parameters earlier jobs measured at this very
-    /// input size instead of the models' predictions (the paper's Oracle-SONIC).
-    Oracle,
-}
-
-impl Policy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Policy::Remote => "remote",
-            Policy::Direct => "direct",
-            Policy::Local => "local",
-            Policy::Sonic => "sonic",
-            Policy::Oracle => "oracle",
-        }
-    }
-}
-
-impl FromStr for Policy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "remote" => Policy::Remote,
-            "direct" => Policy::Direct,
-            "local" => Policy::Local,
-            "sonic" => Policy::Sonic,
-            "oracle" => Policy::Oracle,
-            _ => {
-                return Err(format!(
-                    "unknown policy {s:?} (remote, direct, local, sonic, oracle)"
-                ));
-            }
-        })
-    }
-}
-
-impl fmt::Display for Policy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// How one edge's files move.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Method {
-    VmStorage,
-    Direct,
-    Remote,
-}
-
-impl Method {
-    /// The name the summary and the agent's staging report use.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Method::VmStorage => "vm-storage",
-            Method::Direct => "direct",
-            Method::Remote => "remote",
-        }
-    }
-}
+// One vocabulary: the policies and the data-passing methods are sonic-core's.
+pub use sonic_core::model::Method;
+pub use sonic_core::planner::Policy;
 
 /// The method of every edge (by edge index) under a fixed policy. `sonic` without a usable plan
 /// profiles: every edge goes through the store, which measures each function on its own.

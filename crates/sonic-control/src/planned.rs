@@ -15,7 +15,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use sonic_core::dag::Dag;
-use sonic_core::model::Method as PlanMethod;
 use sonic_core::params::Params;
 use sonic_core::planner::{Plan, PlanOutcome};
 
@@ -87,14 +86,6 @@ impl Allocation {
     }
 }
 
-fn method(m: PlanMethod) -> Method {
-    match m {
-        PlanMethod::VmStorage => Method::VmStorage,
-        PlanMethod::Direct => Method::Direct,
-        PlanMethod::Remote => Method::Remote,
-    }
-}
-
 /// A plan mapped onto agents, or why a vm-storage placement cannot be granted.
 struct Mapped {
     hosts: Vec<Vec<usize>>,
@@ -122,7 +113,7 @@ fn map_plan(
             .iter()
             .find(|pe| &pe.from == from && &pe.to == to)
             .ok_or_else(|| format!("the plan has no method for edge {from} -> {to}"))?;
-        methods.push(method(pe.method));
+        methods.push(pe.method);
     }
     let n = dag.functions.len();
     let mut hosts: Vec<Vec<usize>> = Vec::with_capacity(n);
@@ -310,7 +301,7 @@ edges:
         }
     }
 
-    fn edge(from: &str, to: &str, method: PlanMethod) -> PlanEdge {
+    fn edge(from: &str, to: &str, method: Method) -> PlanEdge {
         PlanEdge {
             from: from.into(),
             to: to.into(),
@@ -338,8 +329,8 @@ edges:
                     stage("c", "m5.xlarge", 1, 1),
                 ],
                 edges: vec![
-                    edge("a", "b", PlanMethod::Direct),
-                    edge("b", "c", PlanMethod::VmStorage),
+                    edge("a", "b", Method::Direct),
+                    edge("b", "c", Method::VmStorage),
                 ],
                 predicted: predicted(),
             },
@@ -350,8 +341,8 @@ edges:
                     stage("c", "m5.large", 1, 1),
                 ],
                 edges: vec![
-                    edge("a", "b", PlanMethod::Direct),
-                    edge("b", "c", PlanMethod::Direct),
+                    edge("a", "b", Method::Direct),
+                    edge("b", "c", Method::Direct),
                 ],
                 predicted: predicted(),
             }),

@@ -74,7 +74,7 @@ impl FromStr for Policy {
         Policy::ALL
             .into_iter()
             .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("{s:?} is not a policy (sonic, remote, local, direct, oracle)"))
+            .ok_or_else(|| format!("unknown policy {s:?} (sonic, remote, local, direct, oracle)"))
     }
 }
 
