@@ -9,6 +9,11 @@
 //!   latency, which sends the search to the label DP.
 //! - `diamond/<fanout>`: a fork and a join (the label DP over frontiers).
 //! - `evaluate`: one prediction of an 8-stage plan, the unit of every search.
+//! - `budget/<problem>/<budget>`: pathological problems under the control plane's default
+//!   budget (`sonic_control::learning::default_budget`: 2 s, 256 MiB) and under `plan`'s (no
+//!   time limit, 1 GiB): a diamond of four fanout-1,000 stages joined by `one` edges, and one
+//!   stage gathering 16 stages of fanout 4. Each case first prints whether its plan is exact,
+//!   the limit that stopped it and its Perf/$ (stderr).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -17,7 +22,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use sonic_core::catalog::Catalog;
 use sonic_core::dag::{Bounds, EdgeKind};
 use sonic_core::model::{EdgeSpec, PlanProblem, Stage};
-use sonic_core::planner::{Policy, baseline, plan};
+use sonic_core::planner::{Budget, Policy, baseline, plan, plan_within};
 
 fn stage(i: usize, k: u32) -> Stage {
     Stage {
@@ -77,6 +82,66 @@ fn diamond(k: u32) -> PlanProblem {
     PlanProblem::new(stages, edges, Catalog::default(), Bounds::default()).expect("valid diamond")
 }
 
+/// Four stages of fanout `k` joined by `one` edges: a fork and a join.
+fn one_diamond(k: u32) -> PlanProblem {
+    let stages = (0..4).map(|i| stage(i, k)).collect();
+    let edges = vec![
+        edge(0, 1, EdgeKind::One, 3e8),
+        edge(0, 2, EdgeKind::One, 3e8),
+        edge(1, 3, EdgeKind::One, 1e8),
+        edge(2, 3, EdgeKind::One, 1e8),
+    ];
+    PlanProblem::new(stages, edges, Catalog::default(), Bounds::default()).expect("valid diamond")
+}
+
+/// One stage gathering `inputs` stages of fanout `k`.
+fn join(inputs: usize, k: u32) -> PlanProblem {
+    let mut stages: Vec<Stage> = (0..inputs).map(|i| stage(i % 8, k)).collect();
+    for (i, s) in stages.iter_mut().enumerate() {
+        s.name = format!("s{i}");
+    }
+    stages.push(Stage {
+        name: format!("s{inputs}"),
+        ..stage(0, 1)
+    });
+    let edges = (0..inputs)
+        .map(|i| edge(i, inputs, EdgeKind::Gather, 1e8))
+        .collect();
+    PlanProblem::new(stages, edges, Catalog::default(), Bounds::default()).expect("valid join")
+}
+
+fn budgets(c: &mut Criterion) {
+    let control = sonic_control::learning::default_budget();
+    let mut g = c.benchmark_group("budget");
+    g.sample_size(10);
+    for (name, pb) in [
+        ("diamond-1000", one_diamond(1000)),
+        ("join-16", join(16, 4)),
+    ] {
+        for (label, budget) in [("control", control), ("plan", Budget::default())] {
+            let started = std::time::Instant::now();
+            match plan_within(&pb, Policy::Sonic, budget, &started) {
+                Ok(o) => eprintln!(
+                    "budget/{name}/{label}: {:.2} s, exact {}, stopped {}, perf/$ {:.4e}",
+                    started.elapsed().as_secs_f64(),
+                    o.exact,
+                    o.stopped
+                        .map_or_else(|| "-".to_owned(), |s| s.limit.to_string()),
+                    o.best.predicted.perf_per_dollar
+                ),
+                Err(e) => eprintln!("budget/{name}/{label}: {e}"),
+            }
+            g.bench_with_input(BenchmarkId::new(name, label), &pb, |b, pb| {
+                b.iter(|| {
+                    let started = std::time::Instant::now();
+                    plan_within(black_box(pb), Policy::Sonic, budget, &started)
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
 fn benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("chain");
     for n in [2usize, 4, 8] {
@@ -122,4 +187,9 @@ criterion_group! {
     config = Criterion::default().sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
     targets = benches
 }
-criterion_main!(planner);
+criterion_group! {
+    name = planner_budget;
+    config = Criterion::default().warm_up_time(Duration::from_millis(1)).measurement_time(Duration::from_secs(1));
+    targets = budgets
+}
+criterion_main!(planner, planner_budget);
