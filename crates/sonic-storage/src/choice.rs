@@ -27,8 +27,10 @@ pub enum StoreChoice {
 }
 
 impl StoreChoice {
-    /// Opens the store (for S3: makes the bucket if it is missing, and rides out outages for
-    /// `outage_window_ms`); S3 traffic goes through `throttle` when given.
+    /// Opens the store (for S3: makes the bucket if it is missing, waiting up to
+    /// `outage_window_ms` for a store that does not answer yet — a daemon may start before its
+    /// store — and rides out later outages as long); S3 traffic goes through `throttle` when
+    /// given.
     pub async fn open(
         &self,
         throttle: Option<Throttle>,
@@ -40,7 +42,26 @@ impl StoreChoice {
                 if let Some(t) = throttle {
                     store = store.with_throttle(t);
                 }
-                store.ensure_bucket().await?;
+                let deadline = std::time::Instant::now()
+                    + std::time::Duration::from_millis(cfg.outage_window_ms);
+                let mut delay = std::time::Duration::from_millis(100);
+                loop {
+                    match store.ensure_bucket().await {
+                        Ok(()) => break,
+                        Err(StoreError::Unavailable(why))
+                            if std::time::Instant::now() + delay < deadline =>
+                        {
+                            tracing::warn!(
+                                endpoint = %cfg.endpoint,
+                                error = %why,
+                                "the object store does not answer yet: waiting"
+                            );
+                            tokio::time::sleep(delay).await;
+                            delay = (delay * 2).min(std::time::Duration::from_secs(2));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
                 Arc::new(cfg.patient(store))
             }
         })
@@ -129,5 +150,49 @@ mod tests {
         .unwrap();
         assert_eq!(parsed, s3);
         assert!(serde_saphyr::from_str::<StoreChoice>("ftp: {}\n").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_store_that_never_answers_fails_after_the_window() {
+        // Nothing listens on port 9 of loopback: every attempt is refused at once.
+        let mut cfg = S3Config::new("http://127.0.0.1:9", "b", "ak", "sk");
+        cfg.outage_window_ms = 300;
+        cfg.max_attempts = 1;
+        let err = StoreChoice::S3(cfg)
+            .open(None)
+            .await
+            .expect_err("no store answers");
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_store_that_starts_late_is_waited_for() {
+        // A port that is free now; an S3-ish server starts on it after a moment: any HTTP
+        // answer to the bucket check that is not a connection refusal ends the wait.
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let mut cfg = S3Config::new(format!("http://{addr}"), "b", "ak", "sk");
+        cfg.outage_window_ms = 20_000;
+        cfg.max_attempts = 1;
+        let late = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+            let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+            // Answer every request 200 with an empty body (HEAD bucket: it exists).
+            loop {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = [0u8; 4096];
+                    let _ = sock.read(&mut buf).await;
+                    let _ = sock
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                });
+            }
+        });
+        let opened = StoreChoice::S3(cfg).open(None).await;
+        late.abort();
+        assert!(opened.is_ok(), "waited for the store: {:?}", opened.err());
     }
 }
