@@ -7,7 +7,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -17,6 +16,10 @@ use sonic_api::control::{AgentList, JobStatus, JobSummary};
 use sonic_control::{ControlConfig, RunningControl, SystemClock};
 use sonic_daemon::TlsFiles;
 use sonic_storage::StoreChoice;
+
+mod support;
+
+use support::{base64, lambda_dir};
 
 const TOKEN: &str = "api-token-0123456789abcdef";
 const JOIN: &str = "join-token-0123456789abcdef";
@@ -34,24 +37,6 @@ edges:
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// `target/debug` after building the synthetic lambda in it.
-fn lambda_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let status = std::process::Command::new(&cargo)
-            .args(["build", "-p", "sonic-lambdas", "--bin", "synthetic"])
-            .current_dir(workspace())
-            .status()
-            .expect("run cargo to build the synthetic lambda");
-        assert!(status.success(), "`cargo build -p sonic-lambdas` failed");
-        std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| workspace().join("target"))
-            .join("debug")
-    })
 }
 
 /// A CA and certificates for `names` (SANs: the name, localhost, 127.0.0.1) by deploy/certs.sh.
@@ -255,27 +240,6 @@ impl Cluster {
         }
         self.control.stop().await;
     }
-}
-
-fn base64(data: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 #[tokio::test]
