@@ -6,6 +6,7 @@
 //! policies, the simulator — goes through [`PlanProblem::step`], the one place where a stage's
 //! timing and the costs it adds are computed, so they cannot disagree.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -136,6 +137,8 @@ pub enum ProblemError {
         usable_mb: f64,
         reserve_mb: u64,
     },
+    #[error("function {function:?} fits no VM type within the limits ({limits})")]
+    NoVmWithinLimits { function: String, limits: String },
     #[error(transparent)]
     Catalog(#[from] CatalogError),
     #[error("parameters: {0}")]
@@ -190,6 +193,9 @@ pub struct PlanProblem {
     /// `[stage][vm]`: most lambdas of the stage that run at once on one VM of that type (memory
     /// and vCPUs); 0 when one does not fit.
     cmax: Vec<Vec<u32>>,
+    /// Per VM type: the most VMs of that type one stage may use (the pool a resource manager
+    /// can give), `None`: no limit. See [`PlanProblem::with_vm_limits`].
+    vm_limits: Vec<Option<u32>>,
     /// Local storage price per byte-second.
     local_price: f64,
     /// Remote storage price per byte-second.
@@ -503,6 +509,7 @@ impl PlanProblem {
         }
         let local_price = catalog.local_storage.usd_per_gb_month / SECONDS_PER_MONTH / 1e9;
         let remote_price = catalog.remote_storage.usd_per_gb_month / SECONDS_PER_MONTH / 1e9;
+        let vm_limits = vec![None; catalog.vm_types.len()];
         Ok(PlanProblem {
             stages,
             edges,
@@ -511,6 +518,7 @@ impl PlanProblem {
             incoming,
             outgoing,
             cmax,
+            vm_limits,
             local_price,
             remote_price,
         })
@@ -599,6 +607,54 @@ impl PlanProblem {
             bounds,
             ..self.clone()
         })
+    }
+
+    /// The same problem where a stage uses at most `limits[name]` VMs of the VM type `name`
+    /// (e.g. the agents of that type a resource manager has); a limit of 0 removes the type.
+    /// Types not named keep no limit; names the catalog does not know are ignored. Every
+    /// search and [`PlanProblem::check_placement`] respect the limits. Fails when a stage
+    /// then fits no VM type.
+    pub fn with_vm_limits(
+        &self,
+        limits: &BTreeMap<String, u32>,
+    ) -> Result<PlanProblem, ProblemError> {
+        let mut pb = self.clone();
+        for (vm, t) in pb.catalog.vm_types.iter().enumerate() {
+            pb.vm_limits[vm] = limits.get(&t.name).copied();
+        }
+        for (s, row) in pb.cmax.iter_mut().enumerate() {
+            for (vm, c) in row.iter_mut().enumerate() {
+                if pb.vm_limits[vm] == Some(0) {
+                    *c = 0;
+                }
+            }
+            if row.iter().all(|&c| c == 0) {
+                return Err(ProblemError::NoVmWithinLimits {
+                    function: pb.stages[s].name.clone(),
+                    limits: limits
+                        .iter()
+                        .map(|(t, n)| format!("{n} {t}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        }
+        Ok(pb)
+    }
+
+    /// The most VMs of type `vm` one stage may use (`None`: no limit).
+    pub fn vm_limit(&self, vm: usize) -> Option<u32> {
+        self.vm_limits.get(vm).copied().flatten()
+    }
+
+    /// The largest VM count of stage `s` (one of [`PlanProblem::vm_counts`]) that is at most
+    /// `want` and within the limit of type `vm`.
+    pub fn fit_vms(&self, s: usize, vm: usize, want: u32) -> u32 {
+        let cap = self.vm_limit(vm).map_or(want, |l| want.min(l));
+        self.vm_counts(s)
+            .into_iter()
+            .find(|&n| n <= cap)
+            .unwrap_or(1)
     }
 
     pub fn stage_index(&self, name: &str) -> Option<usize> {
@@ -919,6 +975,14 @@ impl PlanProblem {
         let k = self.stages[s].instances;
         if pl.vms == 0 || pl.vms > k {
             return Err(bad(format!("{} VMs for {k} instances", pl.vms)));
+        }
+        if let Some(limit) = self.vm_limit(pl.vm)
+            && pl.vms > limit
+        {
+            return Err(bad(format!(
+                "{} {} VMs, at most {limit} of that type",
+                pl.vms, vm.name
+            )));
         }
         if ceil_div(k, self.per_vm(s, pl.vms)) != pl.vms {
             return Err(bad(format!(

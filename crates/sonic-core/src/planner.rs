@@ -551,6 +551,7 @@ fn smallest_fitting(pb: &PlanProblem, s: usize) -> usize {
 fn largest(pb: &PlanProblem) -> usize {
     let vms = &pb.catalog().vm_types;
     (0..vms.len())
+        .filter(|&v| pb.vm_limit(v) != Some(0))
         .max_by(|&a, &b| {
             vms[a]
                 .memory_mb
@@ -575,11 +576,16 @@ pub fn baseline(pb: &PlanProblem, policy: Policy) -> Assignment {
             } else {
                 Method::Remote
             };
+            // One VM per lambda, or as many as the type's VM limit allows.
             let placements = (0..n)
-                .map(|s| Placement {
-                    vm: smallest_fitting(pb, s),
-                    vms: pb.stages()[s].instances,
-                    concurrent: 1,
+                .map(|s| {
+                    let vm = smallest_fitting(pb, s);
+                    let vms = pb.fit_vms(s, vm, pb.stages()[s].instances);
+                    Placement {
+                        vm,
+                        vms,
+                        concurrent: pb.per_vm(s, vms).min(pb.max_concurrent(s, vm)).max(1),
+                    }
                 })
                 .collect();
             Assignment {

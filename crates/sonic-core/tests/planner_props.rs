@@ -1,7 +1,10 @@
 //! The planner against brute force: on random small DAGs (chains, forks, joins, diamonds; 2-4
 //! stages; fanouts 1-6; 1-3 VM types; with and without bounds) the planner's best Perf/$ equals
 //! the best over an enumeration of every plan under the same `evaluate`, its plan meets the
-//! bounds, and its second-best equals the best plan without vm-storage where the best has it.
+//! bounds, and its second-best equals the best plan without vm-storage where the best has it;
+//! the same under random limits on VMs per type (a resource manager's pool).
+
+use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use sonic_core::catalog::{Catalog, LocalStorage, RemoteStorage, VmType};
@@ -307,8 +310,15 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
 }
 
-fn check(c: &Case) -> Result<(), TestCaseError> {
+fn check(c: &Case, limits: &BTreeMap<String, u32>) -> Result<(), TestCaseError> {
     let free = problem(c, Bounds::default());
+    let free = match free.with_vm_limits(limits) {
+        Ok(pb) => pb,
+        Err(_) => {
+            prop_assume!(false, "no VM type left within the limits");
+            unreachable!()
+        }
+    };
     prop_assume!(size(&free) <= 60_000.0);
     let unbounded = brute(&free, &vec![false; free.edges().len()]);
     prop_assert!(unbounded.found, "every generated problem has a plan");
@@ -337,6 +347,16 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
                 .assignment(&pb)
                 .expect("the plan names the problem's stages");
             let p = pb.evaluate(&a).expect("the chosen plan is feasible");
+            for st in &out.best.stages {
+                prop_assert!(
+                    limits.get(&st.vm_type).is_none_or(|&l| st.vms <= l),
+                    "{} uses {} {} VMs over the limit {:?}",
+                    st.function,
+                    st.vms,
+                    st.vm_type,
+                    limits
+                );
+            }
             prop_assert!(
                 bounds.max_latency_s.is_none_or(|x| p.latency_s <= x),
                 "latency bound broken"
@@ -422,8 +442,73 @@ proptest! {
 
     #[test]
     fn planner_equals_brute_force(c in case()) {
-        check(&c)?;
+        check(&c, &BTreeMap::new())?;
     }
+
+    #[test]
+    fn planner_equals_brute_force_within_vm_limits(
+        c in case(),
+        limits in prop::collection::vec(prop::option::of(0u32..=3), 3),
+    ) {
+        let limits: BTreeMap<String, u32> = limits
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.map(|l| (format!("t{i}"), l)))
+            .collect();
+        check(&c, &limits)?;
+    }
+}
+
+/// A limit of 2 VMs of the only type: a stage of 6 instances plans 2 VMs (3 lambdas each), not
+/// 6; a limit of 0 on a type removes it; the `remote` baseline keeps within the limit too.
+#[test]
+fn vm_limits_bound_every_stage() {
+    let c = Case {
+        shape: 0,
+        n: 2,
+        fanouts: vec![6, 6, 1, 1],
+        kinds: vec![1, 0, 0, 0],
+        stages: vec![(1000.0, 5.0, 0.5); 4],
+        bytes: vec![1e6; 4],
+        types: vec![(2, 8192, 750.0, 0.1), (4, 8192, 750.0, 0.1)],
+        reserve: 512,
+        local_usd: 0.08,
+        remote: (600.0, 400.0, 25.0, 3500.0, None, 0.023),
+        bounds: (0, 1.0, 1.0),
+    };
+    let pb = problem(&c, Bounds::default());
+    let unlimited = plan(&pb, Policy::Remote).expect("plan");
+    assert!(unlimited.best.stages.iter().all(|s| s.vms == 6));
+    let limits = BTreeMap::from([("t0".to_owned(), 0), ("t1".to_owned(), 2)]);
+    let limited = pb.with_vm_limits(&limits).expect("t1 fits");
+    for policy in [Policy::Sonic, Policy::Remote, Policy::Direct, Policy::Local] {
+        let out = plan(&limited, policy).expect("plan");
+        for st in &out.best.stages {
+            assert_eq!(st.vm_type, "t1", "{policy}: t0 is removed");
+            assert!(st.vms <= 2, "{policy}: {st:?}");
+        }
+    }
+    assert_eq!(limited.vm_limit(1), Some(2));
+    assert_eq!(limited.fit_vms(0, 1, 6), 2);
+    assert!(
+        limited
+            .check_placement(
+                0,
+                Placement {
+                    vm: 1,
+                    vms: 3,
+                    concurrent: 1
+                }
+            )
+            .is_err()
+    );
+    let none = BTreeMap::from([("t0".to_owned(), 0), ("t1".to_owned(), 0)]);
+    let err = pb.with_vm_limits(&none).expect_err("nothing left");
+    assert!(
+        err.to_string()
+            .contains("fits no VM type within the limits"),
+        "{err}"
+    );
 }
 
 /// The enumeration itself: a chain of two K=2 stages on one VM type with 2 vCPUs has

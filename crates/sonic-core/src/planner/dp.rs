@@ -41,20 +41,22 @@ pub(crate) struct Opt {
 pub(crate) struct OptIndex {
     /// The stage's VM counts, descending.
     counts: Vec<u32>,
-    /// Per VM type, the index of its first option (`None`: the stage does not fit it).
-    base: Vec<Option<u32>>,
+    /// Per VM type, the index of its first option and how many of the largest `counts` the
+    /// type's VM limit leaves out (`None`: the stage does not fit it).
+    base: Vec<Option<(u32, usize)>>,
 }
 
 impl OptIndex {
     pub fn get(&self, vm: usize, vms: u32) -> Option<u32> {
-        let base = (*self.base.get(vm)?)?;
+        let (base, skip) = (*self.base.get(vm)?)?;
         let pos = self.counts.binary_search_by(|c| vms.cmp(c)).ok()?;
+        let pos = pos.checked_sub(skip)?;
         Some(base + pos as u32)
     }
 }
 
-/// Every placement class of every stage (VM types it fits x the VM counts its fanout allows),
-/// and an index from (VM type, VM count) to its position.
+/// Every placement class of every stage (VM types it fits x the VM counts its fanout and the
+/// type's VM limit allow), and an index from (VM type, VM count) to its position.
 pub(crate) fn options(pb: &PlanProblem) -> (Vec<Vec<Opt>>, Vec<OptIndex>) {
     let n = pb.stages().len();
     let types = pb.catalog().vm_types.len();
@@ -69,8 +71,15 @@ pub(crate) fn options(pb: &PlanProblem) -> (Vec<Vec<Opt>>, Vec<OptIndex>) {
             if cm == 0 {
                 continue;
             }
-            *slot = Some(row.len() as u32);
-            for &vms in &counts {
+            // Counts are descending: those over the type's limit are a prefix.
+            let skip = pb
+                .vm_limit(vm)
+                .map_or(0, |l| counts.iter().take_while(|&&c| c > l).count());
+            if skip == counts.len() {
+                continue;
+            }
+            *slot = Some((row.len() as u32, skip));
+            for &vms in &counts[skip..] {
                 let per_vm = pb.per_vm(s, vms);
                 row.push(Opt {
                     vm,
