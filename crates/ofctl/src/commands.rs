@@ -9,7 +9,8 @@ use anyhow::{Context, anyhow, bail};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sonic_api::control::{
-    AgentList, DagList, DagModelsView, DagSummary, JobEvent, JobLogs, JobStatus, JobSummary,
+    AgentList, DagList, DagModelsView, DagSummary, JobAccepted, JobEvent, JobLogs, JobStatus,
+    JobSummary, SubmitJob,
 };
 
 use crate::client::{Client, RequestError, encode, encode_path};
@@ -299,27 +300,30 @@ fn input_name(path: &Path) -> String {
 
 /// `POST /v1/jobs`; the 202 answer.
 pub async fn submit(client: &Client, req: &JobRequest) -> anyhow::Result<Value> {
-    let mut body = json!({ "dag": req.dag });
-    if !req.params.is_empty() {
-        body["params"] = Value::Object(req.params.iter().cloned().collect());
-    }
-    if let Some(p) = &req.policy {
-        body["policy"] = json!(p);
-    }
-    if req.planned {
-        body["planned"] = json!(true);
-    }
-    match &req.input {
-        None => {}
+    let input = match &req.input {
+        None => None,
         Some(JobInput::File(path)) => {
             let data =
                 std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-            body["input"] = json!({ "name": input_name(path), "base64": base64(&data) });
+            Some(sonic_api::control::JobInput {
+                name: Some(input_name(path)),
+                base64: Some(base64(&data)),
+                key: None,
+            })
         }
-        Some(JobInput::Key { key, name }) => {
-            body["input"] = json!({ "name": name, "key": key });
-        }
-    }
+        Some(JobInput::Key { key, name }) => Some(sonic_api::control::JobInput {
+            name: Some(name.clone()),
+            base64: None,
+            key: Some(key.clone()),
+        }),
+    };
+    let body = SubmitJob {
+        dag: req.dag.clone(),
+        input,
+        params: req.params.iter().cloned().collect(),
+        policy: req.policy.clone(),
+        planned: req.planned,
+    };
     let v: Value = client.post("/v1/jobs", &body).await.map_err(|e| {
         match e.status() {
             Some(s) if s == reqwest::StatusCode::PAYLOAD_TOO_LARGE => anyhow!(
@@ -328,6 +332,9 @@ pub async fn submit(client: &Client, req: &JobRequest) -> anyhow::Result<Value> 
             _ => anyhow::Error::new(e),
         }
     })?;
+    // The answer is kept as sent (for `-o json`), once it is known to be an acceptance.
+    serde_json::from_value::<JobAccepted>(v.clone())
+        .with_context(|| format!("unexpected answer to POST /v1/jobs: {v}"))?;
     Ok(v)
 }
 

@@ -486,3 +486,53 @@ pub struct Joined {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub join: Option<JoinSecrets>,
 }
+
+/// `POST /v1/jobs`: run a DAG.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitJob {
+    /// The name of an applied DAG.
+    pub dag: String,
+    /// The job's input; none for a DAG whose first functions read nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<JobInput>,
+    /// Overrides of the DAG's parameters.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub params: serde_json::Map<String, serde_json::Value>,
+    /// Forces `remote`, `direct`, `local` or `sonic`. Without it: `sonic` (planned) once the
+    /// DAG's models converged, `remote` (profiling) before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// With a forced `remote`, `direct` or `local`: place the job the way the planner places
+    /// that baseline (the paper's OpenLambda+S3, direct passing, SAND: VM types chosen by the
+    /// models' predicted memory, lambdas per VM, the whole job on one VM for `local`) and run it
+    /// through the control plane's resource manager, mode `planned`. Without it a forced policy spreads the
+    /// instances over the agents (mode `profiling`). Needs models that predict (409 otherwise).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub planned: bool,
+}
+
+/// The job input: inline bytes (`base64`) or an object already in the store (`key`); the first
+/// functions see it as `input/<name>`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JobInput {
+    /// The file name under `input/` (default `input`, or the key's last segment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The file's bytes, base64 (standard alphabet, padded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base64: Option<String>,
+    /// The key of an object already in the cluster's store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// The 202 answer to a submitted job.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobAccepted {
+    /// The new job's id (`j-...`).
+    pub job_id: String,
+    /// `queued` on acceptance.
+    pub status: JobStatus,
+}

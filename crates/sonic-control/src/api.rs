@@ -733,49 +733,7 @@ async fn heartbeat(
 
 // ---- jobs ----
 
-/// `POST /v1/jobs`: run a DAG.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct SubmitJob {
-    pub dag: String,
-    #[serde(default)]
-    pub input: Option<JobInput>,
-    /// Overrides of the DAG's parameters.
-    #[serde(default)]
-    pub params: serde_json::Map<String, serde_json::Value>,
-    /// Forces `remote`, `direct`, `local` or `sonic`. Without it: `sonic` (planned) once the
-    /// DAG's models converged, `remote` (profiling) before.
-    #[serde(default)]
-    pub policy: Option<String>,
-    /// With a forced `remote`, `direct` or `local`: place the job the way the planner places
-    /// that baseline (the paper's OpenLambda+S3, direct passing, SAND: VM types chosen by the
-    /// models' predicted memory, lambdas per VM, the whole job on one VM for `local`) and run it
-    /// through the resource manager, mode `planned`. Without it a forced policy spreads the
-    /// instances over the agents (mode `profiling`). Needs models that predict (409 otherwise).
-    #[serde(default)]
-    pub planned: bool,
-}
-
-/// The job input: inline bytes (`base64`) or an object already in the store (`key`); the first
-/// functions see it as `input/<name>`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct JobInput {
-    /// The file name under `input/` (default `input`, or the key's last segment).
-    #[serde(default)]
-    pub name: Option<String>,
-    #[serde(default)]
-    pub base64: Option<String>,
-    #[serde(default)]
-    pub key: Option<String>,
-}
-
-/// The 202 answer to a submitted job.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct JobAccepted {
-    pub job_id: String,
-    pub status: JobStatus,
-}
+pub use sonic_api::control::{JobAccepted, JobInput, SubmitJob};
 
 /// `GET /v1/jobs`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

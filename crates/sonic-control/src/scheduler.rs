@@ -657,181 +657,263 @@ async fn run(
         .collect();
     let total: u32 = progress.expected.iter().sum();
     rt.publish(&job.id, |e| e.total_instances = total);
-    let mut produced: Vec<Vec<Produced>> = vec![Vec::new(); dag.functions.len()];
+    let n = dag.functions.len();
+    let mut produced: Vec<Vec<Produced>> = vec![Vec::new(); n];
     let expiry = unix_now() + 24 * 3600;
-    for i in 0..dag.functions.len() {
-        if cancel.load(Ordering::SeqCst) {
-            return Err(Failure::Job("cancelled".into()));
-        }
-        if let Some(a) = &alloc {
-            check_vm_storage_senders(state, &dag, a, &agents, i)
-                .await
-                .map_err(Failure::Job)?;
-        }
-        let ctx = StageContext {
-            job_id: &job.id,
-            dag: &dag,
-            params: &params,
-            fanouts: &fanouts,
-            methods: &methods,
-            policy,
-            agents: &agents,
-            produced: &produced,
-            inputs,
-            file_key: &rt.config.file_key,
-            token_expiry: expiry,
-        };
-        let mut placements = stage_runs(&ctx, i).map_err(|e| Failure::Job(e.to_string()))?;
-        // A planned stage runs where the resource manager put its VMs, as many at once per VM
-        // as the plan says.
-        let mut permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
-        if let Some(a) = &alloc {
-            for p in &mut placements {
-                p.agent = a.host(i, p.request.instance);
-                p.request.memory_limit_mb = a.memory_limit_mb[i];
+    // Unplanned (profiling, forced policies): at most one lambda per vCPU of the VM type an
+    // agent stands for, across every stage of the job that runs at once. Instances beyond that
+    // wait and then run in a warm container of this job, which is how profiling measures hot
+    // times, not only cold ones.
+    let mut vcpu_permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
+    // Stages start as soon as every stage they read from has ended, so independent branches of
+    // the DAG run at once; the instances of every running stage are in one set.
+    let mut started = vec![false; n];
+    let mut ended = vec![false; n];
+    let mut remaining = vec![0usize; n];
+    let mut stage_clock: Vec<Option<Instant>> = vec![None; n];
+    let mut finished: Vec<Vec<Finished>> = (0..n).map(|_| Vec::new()).collect();
+    let mut set: tokio::task::JoinSet<Result<Finished, InstanceFailure>> =
+        tokio::task::JoinSet::new();
+    let mut failure: Option<InstanceFailure> = None;
+    loop {
+        for i in 0..n {
+            if started[i] || !dag.incoming(i).all(|e| ended[e.from]) {
+                continue;
             }
-            for (agent, n) in a.permits(i) {
-                permits.insert(agent, Arc::new(Semaphore::new(n)));
+            if cancel.load(Ordering::SeqCst) {
+                set.abort_all();
+                return Err(Failure::Job("cancelled".into()));
             }
-        } else if let Some(catalog) = rt.catalog.as_ref() {
-            // Unplanned (profiling, forced policies): at most one lambda per vCPU of the VM type
-            // an agent stands for. Instances beyond that wait and then run in a warm container
-            // of this job, which is how profiling measures hot times, not only cold ones.
-            for p in &placements {
-                if let Some(t) = agents
-                    .get(p.agent)
-                    .and_then(|a| catalog.vm_type(&a.vm_type))
-                    .filter(|t| t.vcpus > 0)
-                {
-                    permits
-                        .entry(p.agent)
-                        .or_insert_with(|| Arc::new(Semaphore::new(t.vcpus as usize)));
+            if let Some(a) = &alloc {
+                check_vm_storage_senders(state, &dag, a, &agents, i)
+                    .await
+                    .map_err(Failure::Job)?;
+            }
+            let ctx = StageContext {
+                job_id: &job.id,
+                dag: &dag,
+                params: &params,
+                fanouts: &fanouts,
+                methods: &methods,
+                policy,
+                agents: &agents,
+                produced: &produced,
+                inputs,
+                file_key: &rt.config.file_key,
+                token_expiry: expiry,
+            };
+            let mut placements = stage_runs(&ctx, i).map_err(|e| Failure::Job(e.to_string()))?;
+            // A planned stage runs where the resource manager put its VMs, as many at once per
+            // VM as the plan says.
+            let mut permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
+            if let Some(a) = &alloc {
+                for p in &mut placements {
+                    p.agent = a.host(i, p.request.instance);
+                    p.request.memory_limit_mb = a.memory_limit_mb[i];
+                }
+                for (agent, n) in a.permits(i) {
+                    permits.insert(agent, Arc::new(Semaphore::new(n)));
+                }
+            } else if let Some(catalog) = rt.catalog.as_ref() {
+                for p in &placements {
+                    if let Some(t) = agents
+                        .get(p.agent)
+                        .and_then(|a| catalog.vm_type(&a.vm_type))
+                        .filter(|t| t.vcpus > 0)
+                    {
+                        let s = vcpu_permits
+                            .entry(p.agent)
+                            .or_insert_with(|| Arc::new(Semaphore::new(t.vcpus as usize)));
+                        permits.insert(p.agent, s.clone());
+                    }
                 }
             }
+            started[i] = true;
+            remaining[i] = placements.len();
+            stage_clock[i] = Some(Instant::now());
+            progress.instances.insert(i, placements.len() as u32);
+            progress.expected[i] = placements.len() as u32;
+            let total: u32 = progress.expected.iter().sum();
+            let stage = dag.functions[i].name.clone();
+            let running = running_stages(&dag, &started, &ended);
+            rt.publish(&job.id, |e| {
+                e.stage = running;
+                e.total_instances = total;
+                e.message = None;
+            });
+            tracing::info!(job = %job.id, function = %stage, instances = placements.len(), "stage starts");
+            for p in placements {
+                let rt = rt.clone();
+                let state = state.clone();
+                let agent = agents[p.agent].clone();
+                let cancel = cancel.clone();
+                let instance = p.request.instance;
+                let vm = alloc
+                    .as_ref()
+                    .map_or(0, |a| planned_vm(&dag, a, i, instance));
+                let permit = permits.get(&p.agent).cloned();
+                // A child of the job's span: the instance's events carry both.
+                let span = tracing::info_span!("run", function = %stage, instance);
+                set.spawn(tracing::Instrument::instrument(
+                    async move {
+                        // Held while the instance runs: the plan's concurrency on this VM.
+                        let _permit = match permit {
+                            Some(s) => {
+                                let _waiting = state.metrics.waiting();
+                                Some(s.acquire_owned().await.map_err(|_| InstanceFailure {
+                                    message: "concurrency limit closed".to_owned(),
+                                    disk_full: false,
+                                    agent: agent.id.clone(),
+                                })?)
+                            }
+                            None => None,
+                        };
+                        run_instance(&state, &rt, &agent, p.request, &cancel)
+                            .await
+                            .map(|(report, attempts, started, ended)| Finished {
+                                function: i,
+                                instance,
+                                agent: p.agent,
+                                vm,
+                                report,
+                                attempts,
+                                started,
+                                ended,
+                            })
+                    },
+                    span,
+                ));
+            }
         }
-        progress.instances.insert(i, placements.len() as u32);
-        progress.expected[i] = placements.len() as u32;
-        let total: u32 = progress.expected.iter().sum();
-        let stage = dag.functions[i].name.clone();
-        rt.publish(&job.id, |e| {
-            e.stage = Some(stage.clone());
-            e.total_instances = total;
-            e.message = None;
-        });
-        tracing::info!(job = %job.id, function = %stage, instances = placements.len(), "stage starts");
-        let stage_started = Instant::now();
-        let mut set = tokio::task::JoinSet::new();
-        for p in placements {
-            let rt = rt.clone();
-            let state = state.clone();
-            let agent = agents[p.agent].clone();
-            let cancel = cancel.clone();
-            let instance = p.request.instance;
-            let vm = alloc
-                .as_ref()
-                .map_or(0, |a| planned_vm(&dag, a, i, instance));
-            let permit = permits.get(&p.agent).cloned();
-            // A child of the job's span: the instance's events carry both.
-            let span = tracing::info_span!("run", function = %stage, instance);
-            set.spawn(tracing::Instrument::instrument(
-                async move {
-                    // Held while the instance runs: the plan's concurrency on this VM.
-                    let _permit = match permit {
-                        Some(s) => {
-                            let _waiting = state.metrics.waiting();
-                            Some(s.acquire_owned().await.map_err(|_| InstanceFailure {
-                                message: "concurrency limit closed".to_owned(),
-                                disk_full: false,
-                                agent: agent.id.clone(),
-                            })?)
-                        }
-                        None => None,
-                    };
-                    run_instance(&state, &rt, &agent, p.request, &cancel)
-                        .await
-                        .map(|(report, attempts, started, ended)| Finished {
-                            function: i,
-                            instance,
-                            agent: p.agent,
-                            vm,
-                            report,
-                            attempts,
-                            started,
-                            ended,
-                        })
-                },
-                span,
+        if ended.iter().all(|&e| e) {
+            break;
+        }
+        let Some(joined) = set.join_next().await else {
+            // Nothing runs and some stage has not ended: its inputs can never complete.
+            return Err(Failure::Job(
+                "no stage can start: the DAG's stages wait on each other".into(),
             ));
-        }
-        let mut failure: Option<InstanceFailure> = None;
-        let mut finished = Vec::new();
-        while let Some(joined) = set.join_next().await {
-            match joined {
-                Ok(Ok(f)) => {
-                    finished.push(f);
-                    progress.done += 1;
-                    let done = progress.done;
-                    rt.publish(&job.id, |e| e.done_instances = done);
-                }
-                Ok(Err(e)) => {
-                    // The first failure fails the job; the stage's other runs are not waited on.
-                    failure.get_or_insert(e);
-                    set.abort_all();
-                }
-                Err(e) if e.is_cancelled() => {}
-                Err(e) => {
-                    failure.get_or_insert(InstanceFailure {
-                        message: format!("instance task failed: {e}"),
-                        disk_full: false,
-                        agent: String::new(),
-                    });
-                }
+        };
+        let f = match joined {
+            Ok(Ok(f)) => f,
+            Ok(Err(e)) => {
+                // The first failure fails the job; the other runs are not waited on.
+                failure = Some(e);
+                break;
             }
+            Err(e) if e.is_cancelled() => continue,
+            Err(e) => {
+                failure = Some(InstanceFailure {
+                    message: format!("instance task failed: {e}"),
+                    disk_full: false,
+                    agent: String::new(),
+                });
+                break;
+            }
+        };
+        progress.done += 1;
+        let done = progress.done;
+        rt.publish(&job.id, |e| e.done_instances = done);
+        let i = f.function;
+        finished[i].push(f);
+        remaining[i] = remaining[i].saturating_sub(1);
+        if remaining[i] > 0 {
+            continue;
         }
-        let mut files = Vec::new();
-        for f in &finished {
-            record_instance(
+        // The stage ended: its files are recorded before any stage that reads them starts.
+        let files = record_stage(&dag, &agents, &finished[i], progress, &mut produced, &job.id);
+        put_files(state, files).await?;
+        ended[i] = true;
+        finished[i].clear();
+        if let Some(t) = stage_clock[i] {
+            let stage = &dag.functions[i].name;
+            state
+                .metrics
+                .stage_ended(&job.dag, stage, t.elapsed().as_secs_f64());
+        }
+        let running = running_stages(&dag, &started, &ended);
+        rt.publish(&job.id, |e| e.stage = running);
+    }
+    let Some(f) = failure else {
+        return Ok(());
+    };
+    set.abort_all();
+    // What ended before the failure is recorded, for the summary and the cleanup.
+    let mut files = Vec::new();
+    for i in 0..n {
+        if !finished[i].is_empty() {
+            files.extend(record_stage(
                 &dag,
                 &agents,
-                f,
+                &finished[i],
                 progress,
                 &mut produced,
                 &job.id,
-                &mut files,
-            );
+            ));
         }
-        let now = state.clock.now_ms();
-        for r in &mut files {
-            r.created_ms = now;
-        }
-        state
-            .db
-            .run(move |db| files.iter().try_for_each(|r| db.put_file(r)))
-            .await
-            .map_err(|e| format!("database: {e}"))?;
-        if let Some(f) = failure {
-            if cancel.load(Ordering::SeqCst) {
-                return Err(Failure::Job(f.message));
-            }
-            // A lambda's own failure fails the job; a lost agent (it or a peer it fetched from
-            // stopped answering, or its disk is full) is worth another execution without it.
-            let mut gone = unreachable_agents(rt, &agents).await;
-            if f.disk_full && !f.agent.is_empty() && !gone.contains(&f.agent) {
-                gone.push(f.agent.clone());
-            }
-            if gone.is_empty() {
-                return Err(Failure::Job(f.message));
-            }
-            return Err(Failure::AgentsLost {
-                agents: gone,
-                message: f.message,
-            });
-        }
-        state
-            .metrics
-            .stage_ended(&job.dag, &stage, stage_started.elapsed().as_secs_f64());
     }
-    Ok(())
+    put_files(state, files).await?;
+    if cancel.load(Ordering::SeqCst) {
+        return Err(Failure::Job(f.message));
+    }
+    // A lambda's own failure fails the job; a lost agent (it or a peer it fetched from stopped
+    // answering, or its disk is full) is worth another execution without it.
+    let mut gone = unreachable_agents(rt, &agents).await;
+    if f.disk_full && !f.agent.is_empty() && !gone.contains(&f.agent) {
+        gone.push(f.agent.clone());
+    }
+    if gone.is_empty() {
+        return Err(Failure::Job(f.message));
+    }
+    Err(Failure::AgentsLost {
+        agents: gone,
+        message: f.message,
+    })
+}
+
+/// The stages running now, by name, for the job's progress (`a, b` while two branches run).
+fn running_stages(dag: &Dag, started: &[bool], ended: &[bool]) -> Option<String> {
+    let names: Vec<&str> = dag
+        .functions
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| started[*i] && !ended[*i])
+        .map(|(_, f)| f.name.as_str())
+        .collect();
+    (!names.is_empty()).then(|| names.join(", "))
+}
+
+/// Adds a stage's finished instances to the progress and `produced`; returns the file records
+/// to keep (with the time left for the caller to set).
+fn record_stage(
+    dag: &Dag,
+    agents: &[AgentSlot],
+    finished: &[Finished],
+    progress: &mut Progress,
+    produced: &mut [Vec<Produced>],
+    job: &str,
+) -> Vec<FileRecord> {
+    let mut files = Vec::new();
+    for f in finished {
+        record_instance(dag, agents, f, progress, produced, job, &mut files);
+    }
+    files
+}
+
+/// Records where a stage's files are, before the stages that read them start.
+async fn put_files(state: &Arc<ControlState>, mut files: Vec<FileRecord>) -> Result<(), Failure> {
+    if files.is_empty() {
+        return Ok(());
+    }
+    let now = state.clock.now_ms();
+    for r in &mut files {
+        r.created_ms = now;
+    }
+    state
+        .db
+        .run(move |db| files.iter().try_for_each(|r| db.put_file(r)))
+        .await
+        .map_err(|e| Failure::Job(format!("database: {e}")))
 }
 
 /// The agents of `agents` that do not answer `GET /v1/health` in time.

@@ -425,6 +425,68 @@ async fn a_dag_runs_under_every_policy_with_identical_results() {
     c.stop().await;
 }
 
+/// split sends the input to two branches that sleep, then join gathers both: the branches
+/// depend on nothing but split, so they run at the same time.
+const DIAMOND: &str = r#"
+name: diamond
+functions:
+  - { name: split, image: sonic-lambdas:latest, command: [synthetic, copy, --to, "left,right"], timeout: 30s }
+  - { name: left, image: sonic-lambdas:latest, command: [synthetic, copy, --to, join, --sleep-ms, "700"], timeout: 30s }
+  - { name: right, image: sonic-lambdas:latest, command: [synthetic, copy, --to, join, --sleep-ms, "700"], timeout: 30s }
+  - { name: join, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }
+edges:
+  - { from: split, to: left, kind: one }
+  - { from: split, to: right, kind: one }
+  - { from: left, to: join, kind: one }
+  - { from: right, to: join, kind: one }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diamonds_two_branches_overlap_in_time() {
+    let c = cluster().await;
+    c.apply(DIAMOND).await;
+    let input = input_bytes();
+    for policy in ["remote", "direct", "local"] {
+        let id = c
+            .submit(json!({
+                "dag": "diamond",
+                "policy": policy,
+                "input": { "name": "data.bin", "base64": base64(&input) },
+            }))
+            .await;
+        let (v, s) = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
+        let span = |name: &str| {
+            let f = s
+                .functions
+                .iter()
+                .find(|f| f.name == name)
+                .unwrap_or_else(|| panic!("{policy}: no run of {name}: {v}"));
+            (
+                f.started_s.expect("started_s"),
+                f.ended_s.expect("ended_s"),
+            )
+        };
+        let (split, left, right, join) = (span("split"), span("left"), span("right"), span("join"));
+        // Run one after the other, one branch would start after the other ended.
+        assert!(
+            left.0 < right.1 && right.0 < left.1,
+            "{policy}: left {left:?} and right {right:?} did not overlap: {v}"
+        );
+        // Each stage still starts only after the stages it reads from ended.
+        assert!(split.1 <= left.0 && split.1 <= right.0, "{policy}: {v}");
+        assert!(left.1 <= join.0 && right.1 <= join.0, "{policy}: {v}");
+        // join copied what both branches passed on: the input, twice.
+        assert_eq!(s.outputs.len(), 2, "{policy}: {v}");
+        for out in &s.outputs {
+            let key = out.strip_prefix("store://").expect("store url");
+            let data = c.store.get_bytes(key).await.expect("result");
+            assert_eq!(data.as_ref(), input.as_slice(), "{policy}: {key}");
+        }
+    }
+    c.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_lambda_fails_the_job_after_its_retries() {
     let c = cluster().await;

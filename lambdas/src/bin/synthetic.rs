@@ -2,8 +2,8 @@
 //! chosen status, so the sandboxes, the agent and the models can be tested and measured.
 //!
 //! ```text
-//! synthetic [MODE] [--compute-ms N] [--alloc-mb N] [--output-bytes N] [--to NAME] [--name FILE]
-//!           [--cold-start-ms N] [--sleep-ms N] [--exit-code N] [--mode run|noop|copy]
+//! synthetic [MODE] [--compute-ms N] [--alloc-mb N] [--output-bytes N] [--to NAME[,NAME...]]
+//!           [--name FILE] [--cold-start-ms N] [--sleep-ms N] [--exit-code N] [--mode run|noop|copy]
 //! ```
 //!
 //! Every option can also come from `SONIC_PARAMS` (`alloc_mb`, ...; a `<function>.alloc_mb` key wins
@@ -196,8 +196,21 @@ fn pattern(instance: u32, offset: u64) -> u8 {
 }
 
 fn write_generated(ctx: &Context, opts: &Options) -> anyhow::Result<u64> {
+    let mut written = 0;
+    for to in targets(opts) {
+        written += write_generated_to(ctx, opts, to)?;
+    }
+    Ok(written)
+}
+
+/// The receivers `--to` names: one, or several separated by commas (every one gets the output).
+fn targets(opts: &Options) -> impl Iterator<Item = &str> {
+    opts.to.split(',').map(str::trim).filter(|t| !t.is_empty())
+}
+
+fn write_generated_to(ctx: &Context, opts: &Options, to: &str) -> anyhow::Result<u64> {
     // A shuffle edge: split the bytes over `part-<j>`, one per receiver.
-    let names: Vec<(String, u64)> = match ctx.fanout(&opts.to) {
+    let names: Vec<(String, u64)> = match ctx.fanout(to) {
         Ok(parts) if parts > 0 => {
             let each = opts.output_bytes / u64::from(parts);
             (0..parts)
@@ -216,7 +229,7 @@ fn write_generated(ctx: &Context, opts: &Options) -> anyhow::Result<u64> {
     let mut written = 0;
     let mut chunk = vec![0u8; 64 * 1024];
     for (name, len) in names {
-        let mut w = ctx.create_output(&opts.to, &name)?;
+        let mut w = ctx.create_output(to, &name)?;
         let mut offset = 0u64;
         while offset < len {
             let n = chunk
@@ -237,10 +250,13 @@ fn write_generated(ctx: &Context, opts: &Options) -> anyhow::Result<u64> {
 fn copy_inputs(ctx: &Context, opts: &Options) -> anyhow::Result<u64> {
     let mut copied = 0;
     for (rel, path) in ctx.all_inputs()? {
-        let mut src = std::fs::File::open(&path).with_context(|| format!("{}", path.display()))?;
-        let mut w = ctx.create_output(&opts.to, &rel)?;
-        copied += std::io::copy(&mut src, &mut w)?;
-        w.commit()?;
+        for to in targets(opts) {
+            let mut src =
+                std::fs::File::open(&path).with_context(|| format!("{}", path.display()))?;
+            let mut w = ctx.create_output(to, &rel)?;
+            copied += std::io::copy(&mut src, &mut w)?;
+            w.commit()?;
+        }
     }
     Ok(copied)
 }
