@@ -228,14 +228,35 @@ fn edge_inputs(
 
 /// The placements and requests of every instance of function `i` (attempt 1).
 pub fn stage_runs(ctx: &StageContext<'_>, i: usize) -> Result<Vec<Placement>, PlanError> {
+    let n = stage_fanout(ctx, i);
+    if n == 0 {
+        return Err(PlanError::Empty(ctx.dag.functions[i].name.clone()));
+    }
+    instance_runs(ctx, i, n, 0..n)
+}
+
+/// Whether an instance of function `i` can start as soon as its own inputs are complete: every
+/// edge into it is `one` (instance `k` reads sender instance `k`'s files only) and its fanout is
+/// known. `gather`, `broadcast`, `scatter` and `shuffle` receivers wait for all their senders.
+pub fn starts_per_instance(dag: &Dag, fanouts: &[Fanout], i: usize) -> bool {
+    let mut incoming = dag.incoming(i).peekable();
+    incoming.peek().is_some()
+        && incoming.all(|e| e.kind == EdgeKind::One)
+        && matches!(fanouts.get(i), Some(Fanout::Known(n)) if *n > 0)
+}
+
+/// The placements and requests of `instances` of function `i`, which has `n` instances in all
+/// (attempt 1). Their senders' files must be in `ctx.produced`.
+pub fn instance_runs(
+    ctx: &StageContext<'_>,
+    i: usize,
+    n: u32,
+    instances: impl IntoIterator<Item = u32>,
+) -> Result<Vec<Placement>, PlanError> {
     if ctx.agents.is_empty() {
         return Err(PlanError::NoAgents);
     }
     let f = &ctx.dag.functions[i];
-    let n = stage_fanout(ctx, i);
-    if n == 0 {
-        return Err(PlanError::Empty(f.name.clone()));
-    }
     let mut fanout_env = BTreeMap::new();
     for e in ctx.dag.outgoing(i) {
         if e.kind == EdgeKind::Shuffle
@@ -244,8 +265,8 @@ pub fn stage_runs(ctx: &StageContext<'_>, i: usize) -> Result<Vec<Placement>, Pl
             fanout_env.insert(ctx.dag.functions[e.to].name.clone(), *r);
         }
     }
-    let mut out = Vec::with_capacity(n as usize);
-    for k in 0..n {
+    let mut out = Vec::new();
+    for k in instances {
         let mut inputs = Vec::new();
         if ctx.dag.incoming(i).next().is_none() {
             for input in ctx.inputs {

@@ -23,8 +23,8 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::api::ControlState;
 use crate::jobs::{
-    AgentSlot, JobInputFile, Method, Policy, Produced, StageContext, edge_methods, job_prefix,
-    stage_runs,
+    AgentSlot, JobInputFile, Method, Policy, Produced, StageContext, edge_methods, instance_runs,
+    job_prefix, stage_fanout, stage_runs, starts_per_instance,
 };
 use crate::learning::Planned;
 use crate::planned::Allocation;
@@ -665,26 +665,59 @@ async fn run(
     // wait and then run in a warm container of this job, which is how profiling measures hot
     // times, not only cold ones.
     let mut vcpu_permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
-    // Stages start as soon as every stage they read from has ended, so independent branches of
-    // the DAG run at once; the instances of every running stage are in one set.
+    // A planned stage's concurrency per VM, made when its first instance starts.
+    let mut stage_permits: Vec<Option<HashMap<usize, Arc<Semaphore>>>> = vec![None; n];
+    // A stage starts as soon as every stage it reads from has ended, so independent branches of
+    // the DAG run at once; a stage fed only by `one` edges starts each instance as soon as that
+    // instance's own senders ended. The instances of every running stage are in one set.
+    let per_instance: Vec<bool> = (0..n)
+        .map(|i| starts_per_instance(&dag, &fanouts, i))
+        .collect();
     let mut started = vec![false; n];
     let mut ended = vec![false; n];
-    let mut remaining = vec![0usize; n];
+    // Per stage, once it started: its instance count, which instances were sent, which ended.
+    let mut count = vec![0u32; n];
+    let mut launched: Vec<Vec<bool>> = vec![Vec::new(); n];
+    let mut done: Vec<Vec<bool>> = vec![Vec::new(); n];
     let mut stage_clock: Vec<Option<Instant>> = vec![None; n];
-    let mut finished: Vec<Vec<Finished>> = (0..n).map(|_| Vec::new()).collect();
     let mut set: tokio::task::JoinSet<Result<Finished, InstanceFailure>> =
         tokio::task::JoinSet::new();
     let mut failure: Option<InstanceFailure> = None;
     loop {
+        // What can start now: whole stages, or single instances of per-instance stages.
+        let mut ready: Vec<(usize, Option<Vec<u32>>)> = Vec::new();
         for i in 0..n {
-            if started[i] || !dag.incoming(i).all(|e| ended[e.from]) {
+            if ended[i] {
                 continue;
             }
+            if per_instance[i] {
+                let Some(Fanout::Known(fan)) = fanouts.get(i).copied() else {
+                    continue;
+                };
+                let ks: Vec<u32> = (0..fan)
+                    .filter(|&k| !launched[i].get(k as usize).copied().unwrap_or(false))
+                    .filter(|&k| {
+                        dag.incoming(i).all(|e| {
+                            ended[e.from]
+                                || done[e.from].get(k as usize).copied().unwrap_or(false)
+                        })
+                    })
+                    .collect();
+                if !ks.is_empty() {
+                    ready.push((i, Some(ks)));
+                }
+            } else if !started[i] && dag.incoming(i).all(|e| ended[e.from]) {
+                ready.push((i, None));
+            }
+        }
+        for (i, which) in ready {
             if cancel.load(Ordering::SeqCst) {
                 set.abort_all();
                 return Err(Failure::Job("cancelled".into()));
             }
-            if let Some(a) = &alloc {
+            if !started[i]
+                && let Some(a) = &alloc
+            {
                 check_vm_storage_senders(state, &dag, a, &agents, i)
                     .await
                     .map_err(Failure::Job)?;
@@ -702,18 +735,48 @@ async fn run(
                 file_key: &rt.config.file_key,
                 token_expiry: expiry,
             };
-            let mut placements = stage_runs(&ctx, i).map_err(|e| Failure::Job(e.to_string()))?;
-            // A planned stage runs where the resource manager put its VMs, as many at once per
-            // VM as the plan says.
+            let mut placements = match &which {
+                None => stage_runs(&ctx, i),
+                Some(ks) => instance_runs(&ctx, i, stage_fanout(&ctx, i), ks.iter().copied()),
+            }
+            .map_err(|e| Failure::Job(e.to_string()))?;
+            if !started[i] {
+                started[i] = true;
+                count[i] = match &which {
+                    None => placements.len() as u32,
+                    Some(_) => stage_fanout(&ctx, i),
+                };
+                launched[i] = vec![false; count[i] as usize];
+                done[i] = vec![false; count[i] as usize];
+                stage_clock[i] = Some(Instant::now());
+                progress.instances.insert(i, count[i]);
+                progress.expected[i] = count[i];
+                // A planned stage runs where the resource manager put its VMs, as many at once
+                // per VM as the plan says.
+                if let Some(a) = &alloc {
+                    stage_permits[i] = Some(
+                        a.permits(i)
+                            .into_iter()
+                            .map(|(agent, n)| (agent, Arc::new(Semaphore::new(n))))
+                            .collect(),
+                    );
+                }
+                let total: u32 = progress.expected.iter().sum();
+                let running = running_stages(&dag, &started, &ended);
+                rt.publish(&job.id, |e| {
+                    e.stage = running;
+                    e.total_instances = total;
+                    e.message = None;
+                });
+                tracing::info!(job = %job.id, function = %dag.functions[i].name, instances = count[i], "stage starts");
+            }
             let mut permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
             if let Some(a) = &alloc {
                 for p in &mut placements {
                     p.agent = a.host(i, p.request.instance);
                     p.request.memory_limit_mb = a.memory_limit_mb[i];
                 }
-                for (agent, n) in a.permits(i) {
-                    permits.insert(agent, Arc::new(Semaphore::new(n)));
-                }
+                permits = stage_permits[i].clone().unwrap_or_default();
             } else if let Some(catalog) = rt.catalog.as_ref() {
                 for p in &placements {
                     if let Some(t) = agents
@@ -728,26 +791,16 @@ async fn run(
                     }
                 }
             }
-            started[i] = true;
-            remaining[i] = placements.len();
-            stage_clock[i] = Some(Instant::now());
-            progress.instances.insert(i, placements.len() as u32);
-            progress.expected[i] = placements.len() as u32;
-            let total: u32 = progress.expected.iter().sum();
             let stage = dag.functions[i].name.clone();
-            let running = running_stages(&dag, &started, &ended);
-            rt.publish(&job.id, |e| {
-                e.stage = running;
-                e.total_instances = total;
-                e.message = None;
-            });
-            tracing::info!(job = %job.id, function = %stage, instances = placements.len(), "stage starts");
             for p in placements {
                 let rt = rt.clone();
                 let state = state.clone();
                 let agent = agents[p.agent].clone();
                 let cancel = cancel.clone();
                 let instance = p.request.instance;
+                if let Some(l) = launched[i].get_mut(instance as usize) {
+                    *l = true;
+                }
                 let vm = alloc
                     .as_ref()
                     .map_or(0, |a| planned_vm(&dag, a, i, instance));
@@ -812,47 +865,50 @@ async fn run(
             }
         };
         progress.done += 1;
-        let done = progress.done;
-        rt.publish(&job.id, |e| e.done_instances = done);
-        let i = f.function;
-        finished[i].push(f);
-        remaining[i] = remaining[i].saturating_sub(1);
-        if remaining[i] > 0 {
-            continue;
-        }
-        // The stage ended: its files are recorded before any stage that reads them starts.
-        let files = record_stage(&dag, &agents, &finished[i], progress, &mut produced, &job.id);
+        let finished = progress.done;
+        rt.publish(&job.id, |e| e.done_instances = finished);
+        let (i, k) = (f.function, f.instance);
+        // The instance's files are recorded before any instance that reads them starts.
+        let mut files = Vec::new();
+        record_instance(
+            &dag,
+            &agents,
+            &f,
+            progress,
+            &mut produced,
+            &job.id,
+            &mut files,
+        );
         put_files(state, files).await?;
-        ended[i] = true;
-        finished[i].clear();
-        if let Some(t) = stage_clock[i] {
-            let stage = &dag.functions[i].name;
-            state
-                .metrics
-                .stage_ended(&job.dag, stage, t.elapsed().as_secs_f64());
+        if let Some(d) = done[i].get_mut(k as usize) {
+            *d = true;
         }
-        let running = running_stages(&dag, &started, &ended);
-        rt.publish(&job.id, |e| e.stage = running);
+        if done[i].iter().all(|&d| d) {
+            ended[i] = true;
+            if let Some(t) = stage_clock[i] {
+                let stage = &dag.functions[i].name;
+                state
+                    .metrics
+                    .stage_ended(&job.dag, stage, t.elapsed().as_secs_f64());
+            }
+            let running = running_stages(&dag, &started, &ended);
+            rt.publish(&job.id, |e| e.stage = running);
+        }
     }
+    // The summary lists runs stage by stage, as the DAG orders them.
+    let order: HashMap<&str, usize> = dag
+        .functions
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.name.as_str(), i))
+        .collect();
+    progress
+        .functions
+        .sort_by_key(|r| (order.get(r.name.as_str()).copied(), r.instance));
     let Some(f) = failure else {
         return Ok(());
     };
     set.abort_all();
-    // What ended before the failure is recorded, for the summary and the cleanup.
-    let mut files = Vec::new();
-    for i in 0..n {
-        if !finished[i].is_empty() {
-            files.extend(record_stage(
-                &dag,
-                &agents,
-                &finished[i],
-                progress,
-                &mut produced,
-                &job.id,
-            ));
-        }
-    }
-    put_files(state, files).await?;
     if cancel.load(Ordering::SeqCst) {
         return Err(Failure::Job(f.message));
     }
@@ -883,24 +939,7 @@ fn running_stages(dag: &Dag, started: &[bool], ended: &[bool]) -> Option<String>
     (!names.is_empty()).then(|| names.join(", "))
 }
 
-/// Adds a stage's finished instances to the progress and `produced`; returns the file records
-/// to keep (with the time left for the caller to set).
-fn record_stage(
-    dag: &Dag,
-    agents: &[AgentSlot],
-    finished: &[Finished],
-    progress: &mut Progress,
-    produced: &mut [Vec<Produced>],
-    job: &str,
-) -> Vec<FileRecord> {
-    let mut files = Vec::new();
-    for f in finished {
-        record_instance(dag, agents, f, progress, produced, job, &mut files);
-    }
-    files
-}
-
-/// Records where a stage's files are, before the stages that read them start.
+/// Records where finished instances' files are, before the instances that read them start.
 async fn put_files(state: &Arc<ControlState>, mut files: Vec<FileRecord>) -> Result<(), Failure> {
     if files.is_empty() {
         return Ok(());

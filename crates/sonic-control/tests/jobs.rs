@@ -487,6 +487,62 @@ async fn a_diamonds_two_branches_overlap_in_time() {
     c.stop().await;
 }
 
+/// Two instances of `first`, the second much slower; `then` reads them over a `one` edge.
+const PIPELINE: &str = r#"
+name: pipeline
+functions:
+  - { name: first, image: sonic-lambdas:latest, command: [synthetic, copy, --to, then, --sleep-per-instance-ms, "1500"], instances: 2, timeout: 30s }
+  - { name: then, image: sonic-lambdas:latest, command: [synthetic, copy, --to, last], instances: 2, timeout: 30s }
+  - { name: last, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }
+edges:
+  - { from: first, to: then, kind: one }
+  - { from: then, to: last, kind: gather }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_edge_starts_each_receiver_when_its_own_sender_ends() {
+    let c = cluster().await;
+    c.apply(PIPELINE).await;
+    let input = input_bytes();
+    for policy in ["remote", "direct", "local"] {
+        let id = c
+            .submit(json!({
+                "dag": "pipeline",
+                "policy": policy,
+                "input": { "name": "data.bin", "base64": base64(&input) },
+            }))
+            .await;
+        let (v, s) = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
+        let span = |name: &str, k: u32| {
+            let f = s
+                .functions
+                .iter()
+                .find(|f| f.name == name && f.instance == k)
+                .unwrap_or_else(|| panic!("{policy}: no run of {name} {k}: {v}"));
+            (f.started_s.expect("started_s"), f.ended_s.expect("ended_s"))
+        };
+        // `then` 0 needs only `first` 0: it starts before the slow `first` 1 has ended...
+        assert!(
+            span("then", 0).0 < span("first", 1).1,
+            "{policy}: then 0 waited for the whole first stage: {v}"
+        );
+        // ... and never before its own sender ended.
+        for k in 0..2 {
+            assert!(span("first", k).1 <= span("then", k).0, "{policy}: {v}");
+        }
+        // A gather waits for every sender.
+        assert!(span("then", 1).1 <= span("last", 0).0, "{policy}: {v}");
+        assert_eq!(s.outputs.len(), 2, "{policy}: {v}");
+        for out in &s.outputs {
+            let key = out.strip_prefix("store://").expect("store url");
+            let data = c.store.get_bytes(key).await.expect("result");
+            assert_eq!(data.as_ref(), input.as_slice(), "{policy}: {key}");
+        }
+    }
+    c.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_lambda_fails_the_job_after_its_retries() {
     let c = cluster().await;

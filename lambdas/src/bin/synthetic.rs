@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! synthetic [MODE] [--compute-ms N] [--alloc-mb N] [--output-bytes N] [--to NAME[,NAME...]]
-//!           [--name FILE] [--cold-start-ms N] [--sleep-ms N] [--exit-code N] [--mode run|noop|copy]
+//!           [--name FILE] [--cold-start-ms N] [--sleep-ms N] [--sleep-per-instance-ms N]
+//!           [--exit-code N] [--mode run|noop|copy]
 //! ```
 //!
 //! Every option can also come from `SONIC_PARAMS` (`alloc_mb`, ...; a `<function>.alloc_mb` key wins
@@ -47,10 +48,13 @@ struct Options {
     name: String,
     cold_start_ms: u64,
     sleep_ms: u64,
+    /// Added to the sleep once per instance number: instance k sleeps `sleep_ms + k * this`,
+    /// so a stage's instances end one after the other.
+    sleep_per_instance_ms: u64,
     exit_code: i32,
 }
 
-const KEYS: [&str; 9] = [
+const KEYS: [&str; 10] = [
     "mode",
     "compute_ms",
     "alloc_mb",
@@ -59,6 +63,7 @@ const KEYS: [&str; 9] = [
     "name",
     "cold_start_ms",
     "sleep_ms",
+    "sleep_per_instance_ms",
     "exit_code",
 ];
 
@@ -150,6 +155,7 @@ fn options(args: &BTreeMap<String, String>, ctx: Option<&Context>) -> anyhow::Re
         name: text("name", "out")?,
         cold_start_ms: number("cold_start_ms")?,
         sleep_ms: number("sleep_ms")?,
+        sleep_per_instance_ms: number("sleep_per_instance_ms")?,
         exit_code,
     })
 }
@@ -296,7 +302,11 @@ fn run() -> anyhow::Result<i32> {
     let cold = cold_start(opts.cold_start_ms)?;
     let held = allocate(opts.alloc_mb)?;
     compute(opts.compute_ms);
-    std::thread::sleep(Duration::from_millis(opts.sleep_ms));
+    let instance = ctx.as_ref().map_or(0, |c| c.instance);
+    let extra = opts
+        .sleep_per_instance_ms
+        .saturating_mul(u64::from(instance));
+    std::thread::sleep(Duration::from_millis(opts.sleep_ms.saturating_add(extra)));
     let bytes = match (&ctx, opts.mode) {
         (Some(ctx), Mode::Copy) => copy_inputs(ctx, &opts)?,
         (Some(ctx), _) if opts.output_bytes > 0 => write_generated(ctx, &opts)?,
