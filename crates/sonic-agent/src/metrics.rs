@@ -78,8 +78,15 @@ pub const STORE_RETRIES: Desc = Desc::counter(
     &[],
 );
 
+pub const REPORTS_PUSHED: Desc = Desc::counter(
+    "sonic_agent_reports_pushed_total",
+    "Run reports pushed to the control plane when a run ended, by outcome (taken; refused: a 4xx, the control plane waits for no such run; failed: unreachable after the retries, the control plane's slow poll finds the report).",
+    &["outcome"],
+);
+
 const FAMILIES: &[Desc] = &[
     RUNS,
+    REPORTS_PUSHED,
     STARTS,
     RUN_SECONDS,
     START_SECONDS,
@@ -112,6 +119,9 @@ impl Default for AgentMetrics {
         for s in ["cold", "hot"] {
             reg.touch(&STARTS, &[s]);
         }
+        for o in PUSH_OUTCOMES {
+            reg.touch(&REPORTS_PUSHED, &[o]);
+        }
         AgentMetrics { reg }
     }
 }
@@ -127,9 +137,22 @@ fn status_name(s: &RunStatus) -> &'static str {
     }
 }
 
+/// What became of a pushed report: `REPORTS_PUSHED`'s labels.
+const PUSH_OUTCOMES: [&str; 3] = ["taken", "refused", "failed"];
+
 impl AgentMetrics {
     pub fn registry(&self) -> &Registry {
         &self.reg
+    }
+
+    /// A run's report was pushed to the control plane (or given up on).
+    pub fn report_pushed(&self, outcome: &crate::register::PushOutcome) {
+        let label = match outcome {
+            crate::register::PushOutcome::Taken => PUSH_OUTCOMES[0],
+            crate::register::PushOutcome::Refused(_) => PUSH_OUTCOMES[1],
+            crate::register::PushOutcome::Failed(_) => PUSH_OUTCOMES[2],
+        };
+        self.reg.inc(&REPORTS_PUSHED, &[label]);
     }
 
     /// A run ended with this report.

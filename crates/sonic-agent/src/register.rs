@@ -1,8 +1,9 @@
-//! Registration with the control plane and the heartbeats after it.
+//! Registration with the control plane, the heartbeats after it, and the run reports an agent
+//! pushes when a run ends.
 
 use std::time::Duration;
 
-use sonic_api::agent::{Capacity, Heartbeat};
+use sonic_api::agent::{Capacity, Heartbeat, RunReport};
 use sonic_api::control::{JoinSecrets, Joined};
 
 /// Registers `capacity` at `control_url`, retrying with backoff until it is accepted or `attempts`
@@ -120,4 +121,68 @@ pub async fn heartbeat(
         reqwest::StatusCode::NOT_FOUND => Err(BeatError::UnknownAgent),
         s => Err(BeatError::Failed(format!("refused: {s}"))),
     }
+}
+
+/// What became of a pushed run report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PushOutcome {
+    Taken,
+    /// The control plane answered 4xx (it waits for no such run from this agent, or the token
+    /// is wrong): final, retrying would not change it.
+    Refused(String),
+    /// Unreachable or 5xx after every attempt: the control plane's slow poll reads the report.
+    Failed(String),
+}
+
+/// Attempts of one push, the first included; the waits between them double from 50 ms (about
+/// 1.5 s in all): a control plane that is briefly busy still hears at once, and one that is
+/// gone costs little (its slow poll is the fallback).
+pub const PUSH_ATTEMPTS: u32 = 6;
+
+/// Pushes the report of run `report.run_id` to the control plane at `control_url`:
+/// `POST /v1/agents/{agent_id}/runs/{run_id}/report` with the agents' token, retrying with
+/// backoff while it fails in a way that may pass.
+pub async fn push_report(
+    client: &reqwest::Client,
+    control_url: &str,
+    token: &str,
+    agent_id: &str,
+    report: &RunReport,
+    attempts: u32,
+) -> PushOutcome {
+    let url = format!(
+        "{}/v1/agents/{agent_id}/runs/{}/report",
+        control_url.trim_end_matches('/'),
+        report.run_id
+    );
+    let mut delay = Duration::from_millis(50);
+    let mut last = String::new();
+    for attempt in 1..=attempts.max(1) {
+        let sent = client
+            .post(&url)
+            .bearer_auth(token)
+            .timeout(Duration::from_secs(10))
+            .json(report)
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().is_success() => return PushOutcome::Taken,
+            Ok(r)
+                if r.status().is_client_error()
+                    && r.status() != reqwest::StatusCode::TOO_MANY_REQUESTS =>
+            {
+                let status = r.status();
+                let why = r.text().await.unwrap_or_default();
+                return PushOutcome::Refused(format!("{status} {}", why.trim()));
+            }
+            Ok(r) => last = format!("control plane answered {}", r.status()),
+            Err(e) => last = format!("control plane unreachable: {e}: {}", root_cause(&e)),
+        }
+        if attempt < attempts {
+            tracing::debug!(attempt, error = %last, "report push failed, retrying");
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+        }
+    }
+    PushOutcome::Failed(last)
 }

@@ -31,10 +31,7 @@ pub enum RunError {
 
 /// The id of a run: one per (job, function, instance, attempt), so a repeated request is idempotent.
 pub fn run_id(req: &RunRequest) -> String {
-    format!(
-        "{}.{}.{}.{}",
-        req.job_id, req.function, req.instance, req.attempt
-    )
+    req.run_id()
 }
 
 /// Checks what the control plane sent before anything is touched.

@@ -305,14 +305,44 @@ async fn start_run(
     span.in_scope(|| tracing::info!(image = %req.image, "run accepted"));
     let task_state = state.clone();
     let id = run_id.clone();
+    let report_url = req.report_url.clone();
     let task = async move {
         let report = runner::execute(task_state.clone(), req).await;
         tracing::info!(status = ?report.status, cold = report.cold, seconds = report.seconds, "run ended");
         task_state.metrics.run_ended(&report);
-        task_state.runs().insert(id, report);
+        // Kept first: `GET /v1/runs/{id}` answers with it whatever becomes of the push.
+        task_state.runs().insert(id, report.clone());
+        if let Some(url) = report_url {
+            push_report(&task_state, &url, &report).await;
+        }
     };
     tokio::spawn(tracing::Instrument::instrument(task, span));
     Ok((StatusCode::ACCEPTED, Json(RunAccepted { run_id })))
+}
+
+/// Pushes a run's report to the control plane that asked for it: at the agent's own
+/// `control_url` when it has one (where it joined), else at the URL the request named.
+async fn push_report(state: &AgentState, requested: &str, report: &RunReport) {
+    let base = state.config.control_url.as_deref().unwrap_or(requested);
+    let outcome = crate::register::push_report(
+        &state.http,
+        base,
+        &state.config.token,
+        &state.config.id,
+        report,
+        crate::register::PUSH_ATTEMPTS,
+    )
+    .await;
+    match &outcome {
+        crate::register::PushOutcome::Taken => tracing::debug!("report pushed"),
+        crate::register::PushOutcome::Refused(why) => {
+            tracing::warn!(control = base, error = %why, "report push refused")
+        }
+        crate::register::PushOutcome::Failed(why) => {
+            tracing::warn!(control = base, error = %why, "report push failed; the control plane will poll")
+        }
+    }
+    state.metrics.report_pushed(&outcome);
 }
 
 async fn get_run(

@@ -307,6 +307,7 @@ fn request(job: &str, command: &[&str]) -> RunRequest {
             upload_prefix: None,
         }],
         output_quota_mb: None,
+        report_url: None,
     }
 }
 

@@ -99,6 +99,7 @@ fn request(job: &str, function: &str, args: &[&str]) -> RunRequest {
         inputs: Vec::new(),
         outputs: Vec::new(),
         output_quota_mb: None,
+        report_url: None,
     }
 }
 

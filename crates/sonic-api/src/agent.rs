@@ -115,6 +115,24 @@ pub struct RunRequest {
     /// configuration) applies when this is absent, and caps it when larger.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_quota_mb: Option<u64>,
+    /// Asks the agent to push its report when the run ends (the control plane waits for it
+    /// rather than polling): `POST {base}/v1/agents/{agent_id}/runs/{run_id}/report` with the
+    /// agents' token, where `base` is the agent's own `control_url` when it has one (where it
+    /// joined, reachable across hosts), else this URL (the control plane's own, for agents it
+    /// registered in one process). Absent: the control plane polls `GET /v1/runs/{run_id}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report_url: Option<String>,
+}
+
+impl RunRequest {
+    /// The id of this run: one per (job, function, instance, attempt), so a repeated request is
+    /// idempotent and the control plane knows the id before the agent answers.
+    pub fn run_id(&self) -> String {
+        format!(
+            "{}.{}.{}.{}",
+            self.job_id, self.function, self.instance, self.attempt
+        )
+    }
 }
 
 /// How an instance ended, as the agent reports it.
@@ -154,7 +172,8 @@ pub struct OutputFile {
     pub upload_seconds: Option<f64>,
 }
 
-/// `GET /v1/runs/{run_id}`: the state or result of a run.
+/// `GET /v1/runs/{run_id}`: the state or result of a run; also the body an agent pushes to
+/// `POST {control}/v1/agents/{agent_id}/runs/{run_id}/report` when the run ends.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RunReport {
     pub run_id: String,

@@ -323,6 +323,8 @@ pub fn instance_runs(
                 outputs,
                 // The agents' configured quota.
                 output_quota_mb: None,
+                // Set by the executor when it sends the run (it knows where it listens).
+                report_url: None,
             },
         });
     }
