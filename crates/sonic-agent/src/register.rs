@@ -186,3 +186,90 @@ pub async fn push_report(
     }
     PushOutcome::Failed(last)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use axum::http::{HeaderMap, StatusCode, Uri};
+    use sonic_api::agent::RunStatus;
+
+    use super::*;
+
+    fn report() -> RunReport {
+        RunReport {
+            run_id: "j-1.f.0.1".into(),
+            status: RunStatus::Succeeded,
+            cold: Some(true),
+            seconds: Some(0.1),
+            start_latency_s: None,
+            peak_memory_mb: None,
+            exit_code: Some(0),
+            error: None,
+            staged: Vec::new(),
+            outputs: Vec::new(),
+            log: String::new(),
+        }
+    }
+
+    /// A control plane that answers the i-th push with `answers[i]` (the last one after), and
+    /// records the path and authorization of each.
+    async fn control(answers: Vec<StatusCode>) -> (String, Arc<Mutex<Vec<(String, String)>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let n = Arc::new(AtomicU32::new(0));
+        let log = seen.clone();
+        let app = axum::Router::new().fallback(move |uri: Uri, headers: HeaderMap| {
+            let log = log.clone();
+            let n = n.clone();
+            let answers = answers.clone();
+            async move {
+                let auth = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                log.lock().unwrap().push((uri.path().to_owned(), auth));
+                let i = n.fetch_add(1, Ordering::SeqCst) as usize;
+                answers[i.min(answers.len() - 1)]
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, seen)
+    }
+
+    #[tokio::test]
+    async fn a_push_retries_what_may_pass_and_stops_at_a_refusal() {
+        let client = reqwest::Client::new();
+        let busy = vec![
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::NO_CONTENT,
+        ];
+        let (url, seen) = control(busy).await;
+        let out = push_report(&client, &url, "agents-token", "a-1", &report(), 6).await;
+        assert_eq!(out, PushOutcome::Taken);
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        for (path, auth) in &seen {
+            assert_eq!(path, "/v1/agents/a-1/runs/j-1.f.0.1/report");
+            assert_eq!(auth, "Bearer agents-token");
+        }
+
+        let (url, seen) = control(vec![StatusCode::NOT_FOUND]).await;
+        let out = push_report(&client, &url, "agents-token", "a-1", &report(), 6).await;
+        assert!(
+            matches!(out, PushOutcome::Refused(ref why) if why.starts_with("404")),
+            "{out:?}"
+        );
+        assert_eq!(seen.lock().unwrap().len(), 1, "a refusal is not retried");
+
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let out = push_report(&client, &dead, "agents-token", "a-1", &report(), 2).await;
+        assert!(matches!(out, PushOutcome::Failed(_)), "{out:?}");
+    }
+}
