@@ -18,6 +18,8 @@ pub enum ApiError {
     InvalidDag(DagError),
     /// No token, or the wrong one. Says nothing more.
     Unauthorized,
+    /// A valid token, but not for this (an agent reporting a run sent to another agent).
+    Forbidden(String),
     NotFound(String),
     /// The resource is not in a state that allows the request (a DAG whose models cannot
     /// predict yet).
@@ -39,6 +41,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) | ApiError::InvalidDag(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -72,6 +75,7 @@ impl IntoResponse for ApiError {
                 return (status, Json(body)).into_response();
             }
             ApiError::BadRequest(m)
+            | ApiError::Forbidden(m)
             | ApiError::NotFound(m)
             | ApiError::Conflict(m)
             | ApiError::Unprocessable(m)

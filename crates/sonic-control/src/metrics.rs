@@ -101,6 +101,12 @@ pub const STORE_RETRIES: Desc = Desc::counter(
     &[],
 );
 
+pub const RUN_REPORTS: Desc = Desc::counter(
+    "sonic_run_reports_total",
+    "Run reports the executor received, by how (push: the agent posted it when the run ended; poll: the executor read it, the fallback when a push is lost).",
+    &["via"],
+);
+
 const FAMILIES: &[Desc] = &[
     HTTP_REQUESTS,
     DAGS,
@@ -119,6 +125,7 @@ const FAMILIES: &[Desc] = &[
     CLUSTER_RUNNING,
     CLUSTER_VCPUS,
     STORE_RETRIES,
+    RUN_REPORTS,
 ];
 
 /// The data-passing methods, shown from the first scrape.
@@ -144,6 +151,9 @@ impl Default for Metrics {
         }
         for s in ["queued", "running"] {
             reg.touch(&JOBS, &[s]);
+        }
+        for via in ["push", "poll"] {
+            reg.touch(&RUN_REPORTS, &[via]);
         }
         Metrics { reg }
     }
@@ -193,6 +203,11 @@ impl Metrics {
     }
 
     /// A job was accepted.
+    /// A run's report came to the executor, `via` `push` or `poll`.
+    pub fn report_received(&self, via: &'static str) {
+        self.reg.inc(&RUN_REPORTS, &[via]);
+    }
+
     pub fn job_submitted(&self, policy: &str, mode: &str) {
         self.reg.inc(&JOBS_SUBMITTED, &[policy, mode]);
     }

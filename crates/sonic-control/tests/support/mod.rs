@@ -110,6 +110,15 @@ impl Cluster {
     }
 
     pub async fn start_on(listen: SocketAddr, convergence: Convergence) -> Cluster {
+        Cluster::start_tuned(listen, convergence, |_| {}).await
+    }
+
+    /// [`Cluster::start_on`] with the executor's configuration changed by `tune`.
+    pub async fn start_tuned(
+        listen: SocketAddr,
+        convergence: Convergence,
+        tune: impl FnOnce(&mut JobsConfig),
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Arc::new(LocalStore::new(dir.path().join("store")).expect("store"));
         let a = agent("a-1", "m5.large", dir.path(), store.clone()).await;
@@ -117,6 +126,7 @@ impl Cluster {
         let mut jobs = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
         jobs.backoff = Duration::from_millis(20);
         jobs.convergence = convergence;
+        tune(&mut jobs);
         let runtime = Runtime::new(
             store.clone(),
             Some(Catalog::from_yaml(CATALOG).expect("catalog")),
