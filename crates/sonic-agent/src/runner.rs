@@ -105,6 +105,22 @@ fn output_quota_mb(state: &AgentState, req: &RunRequest) -> u64 {
     req.output_quota_mb.map_or(own, |q| q.min(own))
 }
 
+/// One run in the agent's `running` count, until dropped.
+struct Running<'a>(&'a std::sync::atomic::AtomicU32);
+
+impl<'a> Running<'a> {
+    fn count(n: &'a std::sync::atomic::AtomicU32) -> Running<'a> {
+        n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Running(n)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// One lock per file being fetched, so two instances on this agent that need the same file (a
 /// broadcast) fetch it once and share it: one network copy per VM, not per lambda.
 #[derive(Debug, Default)]
@@ -233,13 +249,11 @@ async fn run_inner(
         timeout: std::time::Duration::from_millis(req.timeout_ms),
         output_quota_bytes: output_quota_mb(state, req).saturating_mul(1024 * 1024),
     };
-    state
-        .running
-        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let outcome = state.sandbox.run(spec).await;
-    state
-        .running
-        .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    let outcome = {
+        // Counted while the sandbox runs, however the run ends (a stopped run is dropped here).
+        let _running = Running::count(&state.running);
+        state.sandbox.run(spec).await
+    };
     let outcome = outcome?;
     report.cold = Some(outcome.cold);
     report.seconds = Some(outcome.duration.as_secs_f64());

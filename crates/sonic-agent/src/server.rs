@@ -38,6 +38,8 @@ pub struct AgentState {
     /// What `GET /metrics` shows.
     pub metrics: crate::metrics::AgentMetrics,
     runs: Mutex<HashMap<String, RunReport>>,
+    /// The runs going on, to stop them: run id -> its task.
+    tasks: Mutex<HashMap<String, tokio::task::AbortHandle>>,
 }
 
 impl AgentState {
@@ -61,6 +63,7 @@ impl AgentState {
             fetch_locks: FetchLocks::default(),
             metrics: crate::metrics::AgentMetrics::default(),
             runs: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(HashMap::new()),
             sandbox,
             store,
             config,
@@ -69,6 +72,33 @@ impl AgentState {
 
     fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunReport>> {
         self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn tasks(&self) -> std::sync::MutexGuard<'_, HashMap<String, tokio::task::AbortHandle>> {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops the runs going on whose ids `which` selects: the lambda's process group is killed
+    /// (or its container removed) and the run's report says it was stopped. Returns how many.
+    pub fn stop_runs(&self, which: impl Fn(&str) -> bool) -> usize {
+        let stopped: Vec<(String, tokio::task::AbortHandle)> = {
+            let mut tasks = self.tasks();
+            let ids: Vec<String> = tasks.keys().filter(|id| which(id)).cloned().collect();
+            ids.into_iter()
+                .filter_map(|id| tasks.remove(&id).map(|t| (id, t)))
+                .collect()
+        };
+        let mut runs = self.runs();
+        for (id, task) in &stopped {
+            task.abort();
+            if let Some(r) = runs.get_mut(id)
+                && r.status == RunStatus::Running
+            {
+                r.status = RunStatus::Error;
+                r.error = Some("stopped by the control plane".to_owned());
+            }
+        }
+        stopped.len()
     }
 
     pub fn capacity(&self) -> Capacity {
@@ -103,6 +133,7 @@ pub enum ApiError {
     Rejected(StatusCode, String),
     Unauthorized,
     NotFound(String),
+    Conflict(String),
     Internal,
 }
 
@@ -116,6 +147,7 @@ impl IntoResponse for ApiError {
                 "missing or wrong token".to_owned(),
             ),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m),
+            ApiError::Conflict(m) => (StatusCode::CONFLICT, m),
             ApiError::Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal error".to_owned(),
@@ -190,6 +222,10 @@ fn table() -> Vec<(RouteInfo, MethodRouter<Arc<AgentState>>)> {
         (
             r(Method::GET, "/v1/runs/{run_id}", Guard::ControlToken),
             get(get_run),
+        ),
+        (
+            r(Method::DELETE, "/v1/runs/{run_id}", Guard::ControlToken),
+            delete(stop_run),
         ),
         (
             r(Method::DELETE, "/v1/jobs/{job_id}", Guard::ControlToken),
@@ -311,12 +347,19 @@ async fn start_run(
         tracing::info!(status = ?report.status, cold = report.cold, seconds = report.seconds, "run ended");
         task_state.metrics.run_ended(&report);
         // Kept first: `GET /v1/runs/{id}` answers with it whatever becomes of the push.
-        task_state.runs().insert(id, report.clone());
+        task_state.runs().insert(id.clone(), report.clone());
+        task_state.tasks().remove(&id);
         if let Some(url) = report_url {
             push_report(&task_state, &url, &report).await;
         }
     };
-    tokio::spawn(tracing::Instrument::instrument(task, span));
+    // Held under the tasks' lock: a stop that comes now finds the task.
+    let mut tasks = state.tasks();
+    let handle = tokio::spawn(tracing::Instrument::instrument(task, span)).abort_handle();
+    if !handle.is_finished() {
+        tasks.insert(run_id.clone(), handle);
+    }
+    drop(tasks);
     Ok((StatusCode::ACCEPTED, Json(RunAccepted { run_id })))
 }
 
@@ -357,11 +400,33 @@ async fn get_run(
         .ok_or_else(|| ApiError::NotFound(format!("no run {run_id:?} on this agent")))
 }
 
+/// `DELETE /v1/runs/{run_id}`: stops a run going on (204), keeping its report; 404 for a run
+/// this agent does not know; 409 for one that already ended.
+async fn stop_run(
+    State(state): State<Arc<AgentState>>,
+    Path(run_id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if state.stop_runs(|id| id == run_id) > 0 {
+        tracing::info!(run = %run_id, "run stopped");
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    match state.runs().get(&run_id) {
+        Some(_) => Err(ApiError::Conflict(format!("run {run_id} already ended"))),
+        None => Err(ApiError::NotFound(format!("no run {run_id}"))),
+    }
+}
+
 async fn delete_job(
     State(state): State<Arc<AgentState>>,
     Path(job_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let job = JobId::parse(&job_id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    // Its runs still going on (a cancelled job, an abandoned execution) stop first.
+    let prefix = format!("{job_id}.");
+    let stopped = state.stop_runs(|id| id.starts_with(&prefix));
+    if stopped > 0 {
+        tracing::info!(job = %job_id, runs = stopped, "stopped the job's runs");
+    }
     let files = state.files.clone();
     let result = tokio::task::spawn_blocking(move || files.delete_job(&job)).await;
     match result {

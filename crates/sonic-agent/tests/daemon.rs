@@ -299,6 +299,99 @@ async fn failures_are_reported_not_crashes() {
     c.b.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_stops_runs_one_by_one_or_by_job() {
+    let c = cluster().await;
+    let job = "j-daemon-stop";
+    let post = |req: RunRequest| {
+        let http = c.http.clone();
+        let url = format!("{}/v1/runs", c.a.url());
+        async move {
+            let r = http
+                .post(url)
+                .bearer_auth(TOKEN)
+                .json(&req)
+                .send()
+                .await
+                .expect("post run");
+            assert!(r.status().is_success(), "{}", r.status());
+            r.json::<RunAccepted>().await.expect("accepted").run_id
+        }
+    };
+    let status = |path: String| {
+        let http = c.http.clone();
+        let url = format!("{}{path}", c.a.url());
+        async move {
+            http.delete(url)
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .expect("delete")
+                .status()
+                .as_u16()
+        }
+    };
+    let wait_running = |n: u32| {
+        let state = c.a.state.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while state.running.load(std::sync::atomic::Ordering::SeqCst) != n {
+                assert!(Instant::now() < deadline, "never {n} running");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    // One run, stopped by its id: the lambda (sleeping 60 s) is gone at once.
+    let one = post(request(job, "f", &["--sleep-ms", "60000"])).await;
+    wait_running(1).await;
+    assert_eq!(status(format!("/v1/runs/{one}")).await, 204);
+    wait_running(0).await;
+    let report: RunReport = c
+        .http
+        .get(format!("{}/v1/runs/{one}", c.a.url()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("report");
+    assert_eq!(report.status, RunStatus::Error);
+    assert!(report.error.as_deref().unwrap_or("").contains("stopped"), "{report:?}");
+    // Stopped already, or never there.
+    assert_eq!(status(format!("/v1/runs/{one}")).await, 409);
+    assert_eq!(status(format!("/v1/runs/{job}.nope.0.1")).await, 404);
+    // Deleting the job stops what it still runs, and only that.
+    let _g = post(request(job, "g", &["--sleep-ms", "60000"])).await;
+    let mut other = request("j-daemon-other", "h", &["--sleep-ms", "1500"]);
+    other.outputs = Vec::new();
+    let other_id = post(other).await;
+    wait_running(2).await;
+    assert_eq!(status(format!("/v1/jobs/{job}")).await, 204);
+    wait_running(1).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r: RunReport = c
+            .http
+            .get(format!("{}/v1/runs/{other_id}", c.a.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("report");
+        if r.status != RunStatus::Running {
+            assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the other job's run did not end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.a.stop().await;
+    c.b.stop().await;
+}
+
 #[tokio::test]
 async fn the_api_checks_tokens_and_bodies() {
     let c = cluster().await;
