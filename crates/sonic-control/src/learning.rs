@@ -463,6 +463,56 @@ pub fn plan_with(
     })
 }
 
+/// `planned` again, with at most `limits[type]` VMs of each VM type in a stage (what the
+/// resource manager's pool can give; a type not in the catalog's names keeps no limit), under
+/// the same parameters, `policy` and `budget`. The report keeps what the first one added
+/// (input size, bandwidths, convergence, baselines) and gains `vm_limits`.
+pub fn replan(
+    dag: &Dag,
+    planned: &Planned,
+    catalog: Catalog,
+    policy: Policy,
+    budget: Budget,
+    limits: &BTreeMap<String, u32>,
+) -> Result<Planned, PlanFailure> {
+    let started = Instant::now();
+    let input_bytes = planned.report["input_bytes"].as_u64().unwrap_or(0);
+    let infeasible = |why: String| PlanFailure::Infeasible {
+        dag: dag.name.clone(),
+        input_bytes,
+        why,
+    };
+    let problem = PlanProblem::from_dag(dag, &planned.params, catalog, dag.bounds)
+        .and_then(|p| p.with_vm_limits(limits))
+        .map_err(|e| infeasible(e.to_string()))?;
+    let outcome =
+        planner::plan_within(&problem, policy, budget, &started).map_err(|e| match e {
+            PlanError::Budget { .. } => PlanFailure::Budget {
+                dag: dag.name.clone(),
+                input_bytes,
+                why: e.to_string(),
+            },
+            e => infeasible(e.to_string()),
+        })?;
+    let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    let mut report = serde_json::to_value(outcome.report(&dag.name, policy, us))
+        .map_err(|e| infeasible(format!("cannot encode the plan: {e}")))?;
+    if let (Some(map), Some(old)) = (report.as_object_mut(), planned.report.as_object()) {
+        for (k, v) in old {
+            map.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        map.insert(
+            "vm_limits".into(),
+            serde_json::to_value(limits).unwrap_or_default(),
+        );
+    }
+    Ok(Planned {
+        outcome,
+        params: planned.params.clone(),
+        report,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,7 @@
-//! The resource manager of planned (`sonic`) jobs, without a network: maps the planner's VMs onto
-//! the alive agents, grants or refuses the plan's `vm-storage` placements, and falls back to the
-//! planner's second-best plan when a placement cannot be granted.
+//! How a planned (`sonic`) job gets its agents: [`admit`] offers its plans to the cluster's
+//! [`ResourceManager`] (grant; refusal, then the second-best plan; or the capacity the pool has,
+//! then a plan within it) and turns the grant into an [`Allocation`]. [`allocate`] is the older
+//! per-job mapping with no accounting across jobs, kept for tools that place one job alone.
 //!
 //! A plan's stage asks for `vms` VMs of one type. Its instance `k` runs on VM `k % vms` (lambdas
 //! spread evenly, as the model assumes), so a stage that continues a `vm-storage` group (same VMs
@@ -18,7 +19,11 @@ use sonic_core::dag::Dag;
 use sonic_core::params::Params;
 use sonic_core::planner::{Plan, PlanOutcome};
 
+use std::sync::Arc;
+
 use crate::jobs::{AgentSlot, DEFAULT_MEMORY_MB, Method};
+use crate::learning::Planned;
+use crate::resources::{Answer, Grant, Offer, ResourceManager};
 
 /// Memory limit headroom over the predicted peak: predictions have errors.
 pub const MEMORY_HEADROOM: f64 = 1.5;
@@ -246,19 +251,7 @@ pub fn allocate(
         },
     };
     notes.extend(mapped.notes);
-    let memory_limit_mb = dag
-        .functions
-        .iter()
-        .map(|f| {
-            let predicted = params.functions.get(&f.name).map_or(0.0, |p| p.memory_mb);
-            let want = (predicted * MEMORY_HEADROOM).ceil();
-            if want.is_finite() && want > DEFAULT_MEMORY_MB as f64 {
-                want as u64
-            } else {
-                DEFAULT_MEMORY_MB
-            }
-        })
-        .collect();
+    let memory_limit_mb = memory_limits(dag, params);
     Ok(Allocation {
         used,
         plan: plan.clone(),
@@ -269,6 +262,169 @@ pub fn allocate(
         methods: mapped.methods,
         held: mapped.held,
     })
+}
+
+/// Per DAG function: the memory limit of one lambda, the predicted peak with headroom.
+pub fn memory_limits(dag: &Dag, params: &Params) -> Vec<u64> {
+    dag.functions
+        .iter()
+        .map(|f| {
+            let predicted = params.functions.get(&f.name).map_or(0.0, |p| p.memory_mb);
+            let want = (predicted * MEMORY_HEADROOM).ceil();
+            if want.is_finite() && want > DEFAULT_MEMORY_MB as f64 {
+                want as u64
+            } else {
+                DEFAULT_MEMORY_MB
+            }
+        })
+        .collect()
+}
+
+/// A granted plan as the executor runs it.
+fn from_grant(
+    dag: &Dag,
+    plan: &Plan,
+    used: Used,
+    grant: Grant,
+    memory_limit_mb: Vec<u64>,
+    agents: &[AgentSlot],
+    mut notes: Vec<String>,
+) -> Result<Allocation, String> {
+    let mut methods = Vec::with_capacity(dag.edges.len());
+    for e in &dag.edges {
+        let (from, to) = (&dag.functions[e.from].name, &dag.functions[e.to].name);
+        let pe = plan
+            .edges
+            .iter()
+            .find(|pe| &pe.from == from && &pe.to == to)
+            .ok_or_else(|| format!("the plan has no method for edge {from} -> {to}"))?;
+        methods.push(pe.method);
+    }
+    let mut hosts = Vec::with_capacity(dag.functions.len());
+    let mut concurrent = Vec::with_capacity(dag.functions.len());
+    for (i, f) in dag.functions.iter().enumerate() {
+        let ps = plan
+            .stages
+            .iter()
+            .find(|s| s.function == f.name)
+            .ok_or_else(|| format!("the plan has no placement for {}", f.name))?;
+        concurrent.push(ps.concurrent.max(1));
+        let ids = grant
+            .hosts
+            .get(i)
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| format!("the resource manager granted no agent for {}", f.name))?;
+        let h = ids
+            .iter()
+            .map(|id| {
+                agents.iter().position(|a| &a.id == id).ok_or_else(|| {
+                    format!("the resource manager granted agent {id}, which is not alive")
+                })
+            })
+            .collect::<Result<Vec<usize>, String>>()?;
+        hosts.push(h);
+    }
+    notes.extend(grant.notes);
+    Ok(Allocation {
+        used,
+        plan: plan.clone(),
+        notes,
+        hosts,
+        concurrent,
+        memory_limit_mb,
+        methods,
+        held: BTreeSet::new(),
+    })
+}
+
+/// "1 m5.large, 0 t2.large": a capacity answer's limits, for the job's notes.
+fn limits_text(vms: &BTreeMap<String, u32>) -> String {
+    vms.iter()
+        .map(|(t, n)| format!("{n} {t}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Offers a planned job to `manager` until it is granted: the best plan with the second-best
+/// as a hint; after a refusal, the second-best; after a capacity answer, the plan `replan`
+/// makes within those limits (once). `waiting` hears why the job waits. Returns the allocation
+/// and the plans it came from (re-planned or not).
+pub async fn admit(
+    manager: &dyn ResourceManager,
+    job: &str,
+    dag: &Dag,
+    planned: &Planned,
+    agents: &[AgentSlot],
+    waiting: &(dyn Fn(&str) + Send + Sync),
+    replan: &(dyn Fn(&BTreeMap<String, u32>) -> Result<Planned, String> + Send + Sync),
+) -> Result<(Allocation, Planned), String> {
+    let shared = Arc::new(dag.clone());
+    let mut current = planned.clone();
+    let mut notes = Vec::new();
+    let mut replanned = false;
+    loop {
+        let memory_limit_mb = memory_limits(dag, &current.params);
+        let mut offer = Offer {
+            job: job.to_owned(),
+            dag: shared.clone(),
+            plan: current.outcome.best.clone(),
+            second_best: current.outcome.second_best.clone(),
+            memory_limit_mb: memory_limit_mb.clone(),
+            agents: agents.to_vec(),
+        };
+        let mut used = Used::Best;
+        let mut answer = manager
+            .offer(&offer, waiting)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Answer::RefuseBest { why } = &answer {
+            let Some(second) = offer.second_best.take() else {
+                return Err(format!(
+                    "the resource manager refused the plan ({why}) and there is no second-best plan"
+                ));
+            };
+            notes.push(format!(
+                "best plan refused ({why}): the second-best plan runs"
+            ));
+            offer.plan = second;
+            used = Used::SecondBest;
+            answer = manager
+                .offer(&offer, waiting)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        match answer {
+            Answer::Grant(grant) => {
+                let alloc = from_grant(
+                    dag,
+                    &offer.plan,
+                    used,
+                    grant,
+                    memory_limit_mb,
+                    agents,
+                    notes,
+                )?;
+                return Ok((alloc, current));
+            }
+            Answer::RefuseBest { why } => {
+                return Err(format!("the resource manager refused both plans: {why}"));
+            }
+            Answer::Capacity { vms, why } => {
+                if replanned {
+                    return Err(format!(
+                        "the pool cannot hold the job re-planned for at most {}: {why}",
+                        limits_text(&vms)
+                    ));
+                }
+                current = replan(&vms)?;
+                replanned = true;
+                notes.push(format!(
+                    "re-planned for at most {}: {why}",
+                    limits_text(&vms)
+                ));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

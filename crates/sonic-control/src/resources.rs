@@ -1,0 +1,1175 @@
+//! The cluster-wide resource manager: the seam where a host platform decides which of its
+//! machines run a job's VMs ([`ResourceManager`]), and the built-in implementation over the
+//! registered agents ([`Pool`]), which accounts every agent's vCPU slots and memory across all
+//! jobs and queues the jobs it cannot admit yet.
+//!
+//! # How the control plane uses it
+//!
+//! A planned job is *offered* to the manager before it runs ([`ResourceManager::offer`]): its
+//! best plan with the second-best one as a hint (the best without `vm-storage` where the best
+//! has it). The manager answers with an [`Answer`]:
+//!
+//! - [`Answer::Grant`]: which agents host which of the plan's VMs; the job runs there and keeps
+//!   them until it ends, when [`ResourceManager::release`] is called (success, failure,
+//!   cancellation, or lost agents before the job runs again without them).
+//! - [`Answer::RefuseBest`]: the best plan cannot be granted (e.g. its `vm-storage` group needs
+//!   a VM that is busy); the second-best plan is offered next.
+//! - [`Answer::Capacity`]: the pool can never give what the plan asks for; the answer says how
+//!   many VMs of each type it can give, the job is re-planned under that limit and offered
+//!   again.
+//!
+//! The future returned by `offer` may take its time: the built-in manager keeps it pending
+//! while the job waits in its queue (the job shows as `queued`, with the reason the manager
+//! passes to the `waiting` callback). Dropping the future (the job was cancelled) withdraws the
+//! offer.
+//!
+//! Jobs that are not planned (profiling, forced policies) have no plan to offer: each of their
+//! instances asks for one [`Slot`] on the agent it runs on ([`ResourceManager::slot`]) and
+//! holds it while it runs.
+//!
+//! # Implementing it in a host platform
+//!
+//! A host that starts machines on demand implements the trait over its own inventory: in
+//! `offer`, start (or pick) one machine per VM of each stage whose VM type the plan names,
+//! wait until each runs a `sonic-agent` that joined the control plane, and answer with their
+//! agent ids; in `release`, stop or recycle them. A stage that continues a `vm-storage` group
+//! ([`Offer::vm_group`]) must be granted its sender's agents, in the same order: the files are
+//! there. Two VMs of one stage must be different agents. The implementation is installed with
+//! [`crate::Runtime::with_resources`].
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use sonic_core::catalog::Catalog;
+use sonic_core::dag::Dag;
+use sonic_core::model::Method;
+use sonic_core::planner::{Plan, PlanStage};
+use tokio::sync::Notify;
+
+use crate::jobs::AgentSlot;
+
+/// A boxed future, so that [`ResourceManager`] stays object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// How many planned jobs the built-in manager lets wait at once by default.
+pub const DEFAULT_MAX_QUEUED: usize = 256;
+
+/// A plan offered to the manager for one job.
+#[derive(Debug, Clone)]
+pub struct Offer {
+    /// The job's id (the key of [`ResourceManager::release`]).
+    pub job: String,
+    /// The job's DAG; its functions are in topological order.
+    pub dag: Arc<Dag>,
+    /// The plan to grant.
+    pub plan: Plan,
+    /// The hint: the plan that is offered next if this one is refused, when there is one.
+    pub second_best: Option<Plan>,
+    /// Per DAG function index: the memory limit of one lambda, MB.
+    pub memory_limit_mb: Vec<u64>,
+    /// The agents the control plane can run on now (alive, not lost by this job), by id.
+    pub agents: Vec<AgentSlot>,
+}
+
+impl Offer {
+    /// The plan's placement of DAG function `i`.
+    pub fn stage(&self, i: usize) -> Option<&PlanStage> {
+        stage_of(&self.dag, &self.plan, i)
+    }
+
+    /// The function whose VMs DAG function `i` runs on (its `vm-storage` sender), if any: a
+    /// grant must give `i` the same agents as that sender, in the same order.
+    pub fn vm_group(&self, i: usize) -> Option<usize> {
+        vm_sender(&self.dag, &self.plan, i)
+    }
+}
+
+fn stage_of<'a>(dag: &Dag, plan: &'a Plan, i: usize) -> Option<&'a PlanStage> {
+    let f = dag.functions.get(i)?;
+    plan.stages.iter().find(|s| s.function == f.name)
+}
+
+fn vm_sender(dag: &Dag, plan: &Plan, i: usize) -> Option<usize> {
+    dag.edges
+        .iter()
+        .filter(|e| e.to == i)
+        .find(|e| {
+            let (from, to) = (&dag.functions[e.from].name, &dag.functions[e.to].name);
+            plan.edges
+                .iter()
+                .any(|pe| &pe.from == from && &pe.to == to && pe.method == Method::VmStorage)
+        })
+        .map(|e| e.from)
+}
+
+/// Where a granted plan's VMs run.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Grant {
+    /// Per DAG function index: one agent id per VM of the stage (`vms` of them, all
+    /// different).
+    pub hosts: Vec<Vec<String>>,
+    /// What the job's summary says about the grant (e.g. how long it waited and behind what).
+    pub notes: Vec<String>,
+}
+
+/// The manager's answer to an [`Offer`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// The plan runs on these agents until the job is released.
+    Grant(Grant),
+    /// The offered plan cannot be granted; the second-best plan is offered next.
+    RefuseBest {
+        /// Why, for the job's summary.
+        why: String,
+    },
+    /// The pool can never grant the plan: at most `vms[type]` VMs of each type (a type not
+    /// named: none). The job is re-planned within these limits.
+    Capacity {
+        vms: BTreeMap<String, u32>,
+        /// Why, for the job's summary.
+        why: String,
+    },
+}
+
+/// Why the manager cannot take a job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResourceError {
+    /// Too many jobs wait already.
+    #[error(
+        "{waiting} jobs already wait for resources (the bound is {bound}): the job is not queued"
+    )]
+    QueueFull { waiting: usize, bound: usize },
+    /// The manager cannot run the job at all.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// One instance's place on an agent, held until dropped.
+pub struct Slot {
+    release: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl Slot {
+    /// A slot that runs `release` when dropped.
+    pub fn new(release: impl FnOnce() + Send + Sync + 'static) -> Slot {
+        Slot {
+            release: Some(Box::new(release)),
+        }
+    }
+
+    /// A slot that accounts nothing (a manager that does not limit unplanned jobs).
+    pub fn unlimited() -> Slot {
+        Slot { release: None }
+    }
+}
+
+impl fmt::Debug for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Slot")
+            .field("held", &self.release.is_some())
+            .finish()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(r) = self.release.take() {
+            r();
+        }
+    }
+}
+
+/// What a host platform implements to decide where jobs run (see the module's documentation).
+/// Object-safe: the control plane holds an `Arc<dyn ResourceManager>`.
+pub trait ResourceManager: Send + Sync + fmt::Debug {
+    /// Offers a job's plan. The future resolves with the answer; it may stay pending while the
+    /// job waits for capacity, calling `waiting` with why (shown as the job's message). A
+    /// dropped future withdraws the offer.
+    fn offer<'a>(
+        &'a self,
+        offer: &'a Offer,
+        waiting: &'a (dyn Fn(&str) + Send + Sync),
+    ) -> BoxFuture<'a, Result<Answer, ResourceError>>;
+
+    /// The job's VMs are free again (it ended, or it runs again without lost agents). Called
+    /// for every job that ends, granted or not; releasing twice does nothing.
+    fn release(&self, job: &str);
+
+    /// One instance of an unplanned job runs on `agent` with `memory_mb` of memory: resolves
+    /// with its slot once the agent has one free (one vCPU and the memory).
+    fn slot<'a>(
+        &'a self,
+        job: &'a str,
+        agent: &'a AgentSlot,
+        memory_mb: u64,
+    ) -> BoxFuture<'a, Result<Slot, ResourceError>>;
+}
+
+/// vCPU slots and memory on one agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Use {
+    pub slots: u32,
+    pub memory_mb: u64,
+}
+
+impl Use {
+    fn max(self, o: Use) -> Use {
+        Use {
+            slots: self.slots.max(o.slots),
+            memory_mb: self.memory_mb.max(o.memory_mb),
+        }
+    }
+
+    fn min(self, o: Use) -> Use {
+        Use {
+            slots: self.slots.min(o.slots),
+            memory_mb: self.memory_mb.min(o.memory_mb),
+        }
+    }
+
+    fn plus(self, o: Use) -> Use {
+        Use {
+            slots: self.slots.saturating_add(o.slots),
+            memory_mb: self.memory_mb.saturating_add(o.memory_mb),
+        }
+    }
+
+    fn minus(self, o: Use) -> Use {
+        Use {
+            slots: self.slots.saturating_sub(o.slots),
+            memory_mb: self.memory_mb.saturating_sub(o.memory_mb),
+        }
+    }
+
+    fn within(self, cap: Use) -> bool {
+        self.slots <= cap.slots && self.memory_mb <= cap.memory_mb
+    }
+}
+
+/// Who waits in the queue.
+#[derive(Debug, Clone)]
+struct Waiter {
+    ticket: u64,
+    /// A planned job (counted against the bound), or an unplanned instance's slot.
+    planned: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Per agent id: what every grant and slot holds on it.
+    used: HashMap<String, Use>,
+    /// Per job: what its grant holds, per agent id.
+    grants: HashMap<String, Vec<(String, Use)>>,
+    /// Per slot ticket: (agent id, what it holds).
+    slots: HashMap<u64, (String, Use)>,
+    /// First come, first served.
+    queue: VecDeque<Waiter>,
+    next: u64,
+}
+
+impl State {
+    fn add(&mut self, agent: &str, u: Use) {
+        let e = self.used.entry(agent.to_owned()).or_default();
+        *e = e.plus(u);
+    }
+
+    fn sub(&mut self, agent: &str, u: Use) {
+        if let Some(e) = self.used.get_mut(agent) {
+            *e = e.minus(u);
+        }
+    }
+
+    fn at_head(&self, ticket: u64) -> bool {
+        self.queue.front().is_some_and(|w| w.ticket == ticket)
+    }
+
+    fn dequeue(&mut self, ticket: u64) {
+        self.queue.retain(|w| w.ticket != ticket);
+    }
+
+    fn ahead(&self, ticket: u64) -> usize {
+        self.queue
+            .iter()
+            .position(|w| w.ticket == ticket)
+            .unwrap_or(0)
+    }
+}
+
+/// The built-in [`ResourceManager`] over the registered agents: every agent offers its VM
+/// type's vCPUs as slots and its usable memory (the catalog's), shared by every job. A grant
+/// reserves, on each agent it uses, the most any of the job's stages needs there (slots: the
+/// plan's concurrent lambdas per VM; memory: that many times the stage's memory limit; capped
+/// at the agent's capacity); a slot of an unplanned instance holds one vCPU and its memory.
+/// Two VMs of one stage are never one agent. Requests are served first come, first served: one
+/// that does not fit waits, and so does every later one (a small job never overtakes a big
+/// one for ever); at most `max_queued` planned jobs wait. Agents whose VM type the catalog does
+/// not know are not limited.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    /// Per VM type: what one agent of it offers.
+    capacity: BTreeMap<String, Use>,
+    max_queued: usize,
+    state: Arc<Mutex<State>>,
+    changed: Arc<Notify>,
+}
+
+impl Pool {
+    /// A pool whose agents offer what `catalog` says of their VM type; at most `max_queued`
+    /// planned jobs wait.
+    pub fn new(catalog: Option<&Catalog>, max_queued: usize) -> Pool {
+        let capacity = catalog
+            .map(|c| {
+                c.vm_types
+                    .iter()
+                    .map(|v| {
+                        (
+                            v.name.clone(),
+                            Use {
+                                slots: v.vcpus.max(1),
+                                memory_mb: c.usable_mb(v) as u64,
+                            },
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Pool {
+            capacity,
+            max_queued,
+            state: Arc::new(Mutex::new(State::default())),
+            changed: Arc::new(Notify::new()),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn cap(&self, agent: &AgentSlot) -> Option<Use> {
+        self.capacity.get(&agent.vm_type).copied()
+    }
+
+    /// What every agent holds now (for tests and the dashboard).
+    pub fn usage(&self) -> BTreeMap<String, Use> {
+        self.state()
+            .used
+            .iter()
+            .map(|(a, u)| (a.clone(), *u))
+            .collect()
+    }
+
+    /// How many requests wait.
+    pub fn waiting(&self) -> usize {
+        self.state().queue.len()
+    }
+
+    /// When `plan` asks for more VMs of a type than the pool has agents of it: how many of
+    /// each type it has (every type of the catalog, 0 for those no agent has).
+    fn short(&self, offer: &Offer) -> Option<(BTreeMap<String, u32>, String)> {
+        let mut have: BTreeMap<String, u32> =
+            self.capacity.keys().map(|t| (t.clone(), 0)).collect();
+        for a in &offer.agents {
+            *have.entry(a.vm_type.clone()).or_default() += 1;
+        }
+        let mut why = Vec::new();
+        for i in 0..offer.dag.functions.len() {
+            if offer.vm_group(i).is_some() {
+                continue;
+            }
+            let Some(st) = offer.stage(i) else { continue };
+            let n = have.get(&st.vm_type).copied().unwrap_or(0);
+            if st.vms.max(1) > n {
+                why.push(format!(
+                    "{} wants {} {} VMs, the pool has {n}",
+                    st.function,
+                    st.vms.max(1),
+                    st.vm_type
+                ));
+            }
+        }
+        (!why.is_empty()).then(|| (have, why.join("; ")))
+    }
+
+    /// Places `plan` on the agents now, or says why not: per function, agent indices; per
+    /// agent index, what the job reserves there.
+    #[allow(clippy::type_complexity)]
+    fn place(
+        &self,
+        st: &State,
+        offer: &Offer,
+        plan: &Plan,
+    ) -> Result<(Vec<Vec<usize>>, BTreeMap<usize, Use>), String> {
+        let agents = &offer.agents;
+        let free = |a: usize| -> Option<Use> {
+            let cap = self.cap(&agents[a])?;
+            Some(cap.minus(st.used.get(&agents[a].id).copied().unwrap_or_default()))
+        };
+        let dag = &offer.dag;
+        let mut hosts: Vec<Vec<usize>> = Vec::with_capacity(dag.functions.len());
+        let mut need: BTreeMap<usize, Use> = BTreeMap::new();
+        for (i, f) in dag.functions.iter().enumerate() {
+            let ps = stage_of(dag, plan, i)
+                .ok_or_else(|| format!("the plan has no placement for {}", f.name))?;
+            let mem = offer.memory_limit_mb.get(i).copied().unwrap_or(0);
+            let concurrent = ps.concurrent.max(1);
+            let per = Use {
+                slots: concurrent,
+                memory_mb: mem.saturating_mul(u64::from(concurrent)),
+            };
+            let fits = |a: usize, need: &BTreeMap<usize, Use>| -> bool {
+                let Some(cap) = self.cap(&agents[a]) else {
+                    return true;
+                };
+                // What the job would hold there in all, against what other holders left.
+                let after = need.get(&a).copied().unwrap_or_default().max(per.min(cap));
+                free(a).is_some_and(|fr| after.within(fr))
+            };
+            if let Some(s) = vm_sender(dag, plan, i) {
+                let h = hosts[s].clone();
+                for &a in &h {
+                    if !fits(a, &need) {
+                        return Err(format!(
+                            "{} (over vm-storage from {}) needs {} slots and {} MB on agent {}",
+                            f.name, dag.functions[s].name, per.slots, per.memory_mb, agents[a].id
+                        ));
+                    }
+                    let cap = self.cap(&agents[a]).unwrap_or(per);
+                    let e = need.entry(a).or_default();
+                    *e = e.max(per.min(cap));
+                }
+                hosts.push(h);
+                continue;
+            }
+            // The job's own agents first (a reservation there may already cover the stage),
+            // then the freest.
+            let mut typed: Vec<usize> = (0..agents.len())
+                .filter(|&a| agents[a].vm_type == ps.vm_type)
+                .collect();
+            typed.sort_by_key(|&a| {
+                let fr = free(a).unwrap_or(Use {
+                    slots: u32::MAX,
+                    memory_mb: u64::MAX,
+                });
+                (
+                    !need.contains_key(&a),
+                    std::cmp::Reverse(fr.slots),
+                    std::cmp::Reverse(fr.memory_mb),
+                    a,
+                )
+            });
+            let vms = ps.vms.max(1) as usize;
+            let mut h = Vec::with_capacity(vms);
+            for a in typed {
+                if h.len() == vms {
+                    break;
+                }
+                if fits(a, &need) {
+                    let cap = self.cap(&agents[a]).unwrap_or(per);
+                    let e = need.entry(a).or_default();
+                    *e = e.max(per.min(cap));
+                    h.push(a);
+                }
+            }
+            if h.len() < vms {
+                return Err(format!(
+                    "{} needs {vms} {} VMs with {} free slots and {} MB each, {} are free",
+                    f.name,
+                    ps.vm_type,
+                    per.slots,
+                    per.memory_mb,
+                    h.len()
+                ));
+            }
+            hosts.push(h);
+        }
+        Ok((hosts, need))
+    }
+
+    async fn offer_inner(
+        &self,
+        offer: &Offer,
+        waiting: &(dyn Fn(&str) + Send + Sync),
+    ) -> Result<Answer, ResourceError> {
+        if offer.agents.is_empty() {
+            return Err(ResourceError::Unavailable(
+                "no alive agent to run on".into(),
+            ));
+        }
+        if let Some((vms, why)) = self.short(offer) {
+            return Ok(Answer::Capacity { vms, why });
+        }
+        let ticket = {
+            let mut st = self.state();
+            let queued = st.queue.iter().filter(|w| w.planned).count();
+            if queued >= self.max_queued {
+                return Err(ResourceError::QueueFull {
+                    waiting: queued,
+                    bound: self.max_queued,
+                });
+            }
+            st.next += 1;
+            let ticket = st.next;
+            st.queue.push_back(Waiter {
+                ticket,
+                planned: true,
+            });
+            ticket
+        };
+        let _queued = Dequeue { pool: self, ticket };
+        let since = Instant::now();
+        let mut behind = 0usize;
+        let mut said = String::new();
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let why = {
+                let mut st = self.state();
+                if st.at_head(ticket) {
+                    match self.place(&st, offer, &offer.plan) {
+                        Ok((hosts, need)) => {
+                            let reserved: Vec<(String, Use)> = need
+                                .iter()
+                                .filter(|(a, _)| self.cap(&offer.agents[**a]).is_some())
+                                .map(|(a, u)| (offer.agents[*a].id.clone(), *u))
+                                .collect();
+                            for (a, u) in &reserved {
+                                st.add(a, *u);
+                            }
+                            st.grants
+                                .entry(offer.job.clone())
+                                .or_default()
+                                .extend(reserved);
+                            st.dequeue(ticket);
+                            drop(st);
+                            self.changed.notify_waiters();
+                            let mut notes = Vec::new();
+                            if behind > 0 {
+                                notes.push(format!(
+                                    "queued {:.1} s behind {behind} job{}",
+                                    since.elapsed().as_secs_f64(),
+                                    if behind == 1 { "" } else { "s" }
+                                ));
+                            }
+                            let hosts = hosts
+                                .iter()
+                                .map(|h| h.iter().map(|&a| offer.agents[a].id.clone()).collect())
+                                .collect();
+                            return Ok(Answer::Grant(Grant { hosts, notes }));
+                        }
+                        Err(why) => {
+                            if let Some(second) = &offer.second_best
+                                && self.place(&st, offer, second).is_ok()
+                            {
+                                st.dequeue(ticket);
+                                drop(st);
+                                self.changed.notify_waiters();
+                                return Ok(Answer::RefuseBest {
+                                    why: format!("not grantable now: {why}"),
+                                });
+                            }
+                            behind = behind.max(st.grants.len());
+                            format!(
+                                "queued: {why} ({} job{} hold{} resources)",
+                                st.grants.len(),
+                                if st.grants.len() == 1 { "" } else { "s" },
+                                if st.grants.len() == 1 { "s" } else { "" }
+                            )
+                        }
+                    }
+                } else {
+                    let ahead = st.ahead(ticket);
+                    behind = behind.max(ahead + st.grants.len());
+                    format!(
+                        "queued behind {ahead} earlier request{} for resources",
+                        if ahead == 1 { "" } else { "s" }
+                    )
+                }
+            };
+            if why != said {
+                waiting(&why);
+                said = why;
+            }
+            notified.await;
+        }
+    }
+
+    async fn slot_inner(&self, agent: &AgentSlot, memory_mb: u64) -> Result<Slot, ResourceError> {
+        let Some(cap) = self.cap(agent) else {
+            return Ok(Slot::unlimited());
+        };
+        let want = Use {
+            slots: 1,
+            memory_mb,
+        }
+        .min(cap);
+        let ticket = {
+            let mut st = self.state();
+            st.next += 1;
+            let ticket = st.next;
+            st.queue.push_back(Waiter {
+                ticket,
+                planned: false,
+            });
+            ticket
+        };
+        let _queued = Dequeue { pool: self, ticket };
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut st = self.state();
+                let used = st.used.get(&agent.id).copied().unwrap_or_default();
+                if st.at_head(ticket) && used.plus(want).within(cap) {
+                    st.add(&agent.id, want);
+                    st.slots.insert(ticket, (agent.id.clone(), want));
+                    st.dequeue(ticket);
+                    drop(st);
+                    self.changed.notify_waiters();
+                    let (state, changed) = (self.state.clone(), self.changed.clone());
+                    return Ok(Slot::new(move || {
+                        {
+                            let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+                            if let Some((a, u)) = st.slots.remove(&ticket) {
+                                st.sub(&a, u);
+                            }
+                        }
+                        changed.notify_waiters();
+                    }));
+                }
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Takes a request out of the queue when it is withdrawn (its future dropped).
+struct Dequeue<'a> {
+    pool: &'a Pool,
+    ticket: u64,
+}
+
+impl Drop for Dequeue<'_> {
+    fn drop(&mut self) {
+        self.pool.state().dequeue(self.ticket);
+        self.pool.changed.notify_waiters();
+    }
+}
+
+impl ResourceManager for Pool {
+    fn offer<'a>(
+        &'a self,
+        offer: &'a Offer,
+        waiting: &'a (dyn Fn(&str) + Send + Sync),
+    ) -> BoxFuture<'a, Result<Answer, ResourceError>> {
+        Box::pin(self.offer_inner(offer, waiting))
+    }
+
+    fn release(&self, job: &str) {
+        {
+            let mut st = self.state();
+            let Some(held) = st.grants.remove(job) else {
+                return;
+            };
+            for (a, u) in held {
+                st.sub(&a, u);
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    fn slot<'a>(
+        &'a self,
+        _job: &'a str,
+        agent: &'a AgentSlot,
+        memory_mb: u64,
+    ) -> BoxFuture<'a, Result<Slot, ResourceError>> {
+        Box::pin(self.slot_inner(agent, memory_mb))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+    use proptest::prelude::*;
+    use sonic_core::planner::{PlanEdge, Predicted};
+
+    const CATALOG: &str = r#"
+vm_types:
+  - { name: m5.large,  vcpus: 2, memory_mb: 8192,  network_mbps: 750,  usd_per_hour: 0.107 }
+  - { name: m5.xlarge, vcpus: 4, memory_mb: 16384, network_mbps: 1250, usd_per_hour: 0.214 }
+local_storage:  { usd_per_gb_month: 0.12 }
+remote_storage: { write_mbps: 600, read_mbps: 400, request_latency_ms: 25,
+                  put_usd_per_1k: 0.0055, get_usd_per_1k: 0.00044, usd_per_gb_month: 0.026,
+                  requests_per_s: 3500 }
+"#;
+
+    const DAG: &str = r#"
+name: chain
+functions:
+  - { name: a, image: i, command: [x], instances: 4 }
+  - { name: b, image: i, command: [x], instances: 4 }
+  - { name: c, image: i, command: [x] }
+edges:
+  - { from: a, to: b, kind: one }
+  - { from: b, to: c, kind: gather }
+"#;
+
+    fn catalog() -> Catalog {
+        Catalog::from_yaml(CATALOG).expect("catalog")
+    }
+
+    fn agents(types: &[&str]) -> Vec<AgentSlot> {
+        types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| AgentSlot {
+                id: format!("a-{i}"),
+                url: format!("http://127.0.0.1:{}", 7000 + i),
+                vm_type: (*t).into(),
+            })
+            .collect()
+    }
+
+    /// (vm type, vms, concurrent) per function a, b, c; `ab_vm_storage`: a -> b over vm-storage
+    /// (then b's placement is a's).
+    fn plan(stages: [(&str, u32, u32); 3], ab_vm_storage: bool) -> Plan {
+        let names = ["a", "b", "c"];
+        let method = |m: bool| if m { Method::VmStorage } else { Method::Direct };
+        Plan {
+            stages: names
+                .iter()
+                .zip(stages)
+                .map(|(f, (t, vms, c))| PlanStage {
+                    function: (*f).into(),
+                    vm_type: t.into(),
+                    vms,
+                    per_vm: 1,
+                    concurrent: c,
+                })
+                .collect(),
+            edges: vec![
+                PlanEdge {
+                    from: "a".into(),
+                    to: "b".into(),
+                    method: method(ab_vm_storage),
+                    predicted_s: 0.0,
+                },
+                PlanEdge {
+                    from: "b".into(),
+                    to: "c".into(),
+                    method: Method::Direct,
+                    predicted_s: 0.0,
+                },
+            ],
+            predicted: Predicted {
+                latency_s: 1.0,
+                cost_usd: 1.0,
+                perf_per_dollar: 1.0,
+            },
+        }
+    }
+
+    fn offer(job: &str, plan: Plan, memory_mb: u64, agents: &[AgentSlot]) -> Offer {
+        Offer {
+            job: job.into(),
+            dag: Arc::new(Dag::from_yaml("chain.yaml", DAG).expect("dag")),
+            plan,
+            second_best: None,
+            memory_limit_mb: vec![memory_mb; 3],
+            agents: agents.to_vec(),
+        }
+    }
+
+    fn quiet(_: &str) {}
+
+    fn granted(a: Result<Answer, ResourceError>) -> Grant {
+        match a {
+            Ok(Answer::Grant(g)) => g,
+            other => panic!("not granted: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_grant_spreads_a_stage_over_different_agents_and_reserves_the_most_a_stage_needs() {
+        let pool = Pool::new(Some(&catalog()), 4);
+        let ag = agents(&["m5.large", "m5.large", "m5.xlarge"]);
+        let o = offer(
+            "j1",
+            plan(
+                [("m5.large", 2, 2), ("m5.large", 2, 1), ("m5.xlarge", 1, 1)],
+                true,
+            ),
+            1024,
+            &ag,
+        );
+        let g = granted(pool.offer(&o, &quiet).now_or_never().expect("at once"));
+        assert_eq!(g.hosts[0].len(), 2);
+        assert_ne!(g.hosts[0][0], g.hosts[0][1], "two VMs, two agents");
+        assert_eq!(g.hosts[1], g.hosts[0], "vm-storage continues on a's VMs");
+        assert_eq!(g.hosts[2], vec!["a-2".to_owned()]);
+        assert!(g.notes.is_empty(), "{:?}", g.notes);
+        let used = pool.usage();
+        // a needs 2 slots and 2 GB on each large agent; b (1 at once) fits inside that.
+        for id in ["a-0", "a-1"] {
+            assert_eq!(
+                used[id],
+                Use {
+                    slots: 2,
+                    memory_mb: 2048
+                }
+            );
+        }
+        assert_eq!(used["a-2"].slots, 1);
+        pool.release("j1");
+        pool.release("j1");
+        assert!(pool.usage().values().all(|u| *u == Use::default()));
+    }
+
+    #[test]
+    fn a_plan_the_pool_can_never_hold_is_answered_with_its_capacity() {
+        let pool = Pool::new(Some(&catalog()), 4);
+        let ag = agents(&["m5.large"]);
+        let o = offer(
+            "j1",
+            plan(
+                [("m5.large", 2, 1), ("m5.xlarge", 1, 1), ("m5.large", 1, 1)],
+                false,
+            ),
+            1024,
+            &ag,
+        );
+        match pool.offer(&o, &quiet).now_or_never().expect("at once") {
+            Ok(Answer::Capacity { vms, why }) => {
+                assert_eq!(
+                    vms,
+                    BTreeMap::from([("m5.large".to_owned(), 1), ("m5.xlarge".to_owned(), 0)])
+                );
+                assert!(
+                    why.contains("a wants 2 m5.large VMs, the pool has 1"),
+                    "{why}"
+                );
+                assert!(
+                    why.contains("b wants 1 m5.xlarge VMs, the pool has 0"),
+                    "{why}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(pool.waiting(), 0);
+    }
+
+    #[test]
+    fn a_busy_vm_storage_group_refuses_the_best_plan_when_the_second_best_fits() {
+        let pool = Pool::new(Some(&catalog()), 4);
+        let ag = agents(&["m5.large", "m5.xlarge"]);
+        // Another job holds both slots of the large agent.
+        let other = offer(
+            "j0",
+            plan(
+                [("m5.large", 1, 2), ("m5.large", 1, 2), ("m5.large", 1, 1)],
+                true,
+            ),
+            1024,
+            &ag,
+        );
+        granted(pool.offer(&other, &quiet).now_or_never().expect("at once"));
+        let mut o = offer(
+            "j1",
+            plan(
+                [("m5.large", 1, 1), ("m5.large", 1, 1), ("m5.xlarge", 1, 1)],
+                true,
+            ),
+            1024,
+            &ag,
+        );
+        o.second_best = Some(plan(
+            [
+                ("m5.xlarge", 1, 1),
+                ("m5.xlarge", 1, 1),
+                ("m5.xlarge", 1, 1),
+            ],
+            false,
+        ));
+        match pool.offer(&o, &quiet).now_or_never().expect("at once") {
+            Ok(Answer::RefuseBest { why }) => assert!(why.contains("a needs 1 m5.large"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(pool.waiting(), 0, "a refusal leaves the queue");
+    }
+
+    /// Every job wants all 4 slots of the only xlarge agent but the small one, which wants 1.
+    #[tokio::test]
+    async fn jobs_are_admitted_first_come_first_served_and_a_small_one_does_not_overtake() {
+        let pool = Pool::new(Some(&catalog()), 8);
+        let ag = agents(&["m5.xlarge"]);
+        let big = |job: &str| {
+            offer(
+                job,
+                plan(
+                    [
+                        ("m5.xlarge", 1, 4),
+                        ("m5.xlarge", 1, 4),
+                        ("m5.xlarge", 1, 1),
+                    ],
+                    false,
+                ),
+                1024,
+                &ag,
+            )
+        };
+        let small = offer(
+            "small",
+            plan(
+                [
+                    ("m5.xlarge", 1, 1),
+                    ("m5.xlarge", 1, 1),
+                    ("m5.xlarge", 1, 1),
+                ],
+                false,
+            ),
+            1024,
+            &ag,
+        );
+        granted(pool.offer(&big("first"), &quiet).await);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let messages = Arc::new(Mutex::new(Vec::<String>::new()));
+        let mut tasks = Vec::new();
+        for o in [big("second"), small] {
+            let (mine, tx, messages) = (pool.clone(), tx.clone(), messages.clone());
+            tasks.push(tokio::spawn(async move {
+                let say = move |m: &str| messages.lock().expect("lock").push(m.to_owned());
+                let g = granted(mine.offer(&o, &say).await);
+                tx.send((o.job.clone(), g)).expect("send");
+            }));
+            // Queued in this order.
+            while pool.waiting() < tasks.len() {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert!(rx.try_recv().is_err(), "nothing fits while first runs");
+        let said = messages.lock().expect("lock").clone();
+        assert!(
+            said.iter()
+                .any(|m| m.contains("queued: a needs 1 m5.xlarge")),
+            "{said:?}"
+        );
+        assert!(
+            said.iter()
+                .any(|m| m.contains("queued behind 1 earlier request")),
+            "{said:?}"
+        );
+        pool.release("first");
+        let (job, g) = rx.recv().await.expect("granted");
+        assert_eq!(job, "second", "first come, first served");
+        assert!(g.notes[0].starts_with("queued "), "{:?}", g.notes);
+        assert!(g.notes[0].ends_with("behind 1 job"), "{:?}", g.notes);
+        // second holds every slot: small still waits.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(rx.try_recv().is_err());
+        pool.release("second");
+        let (job, _) = rx.recv().await.expect("granted");
+        assert_eq!(job, "small");
+        for t in tasks {
+            t.await.expect("task");
+        }
+    }
+
+    #[tokio::test]
+    async fn past_the_bound_a_job_is_refused_and_a_withdrawn_offer_leaves_the_queue() {
+        let pool = Pool::new(Some(&catalog()), 1);
+        let ag = agents(&["m5.large"]);
+        let full = |job: &str| {
+            offer(
+                job,
+                plan(
+                    [("m5.large", 1, 2), ("m5.large", 1, 2), ("m5.large", 1, 1)],
+                    false,
+                ),
+                1024,
+                &ag,
+            )
+        };
+        granted(pool.offer(&full("j1"), &quiet).await);
+        let j2 = full("j2");
+        let mut waiting = pool.offer(&j2, &quiet);
+        assert!((&mut waiting).now_or_never().is_none(), "j2 waits");
+        let err = pool
+            .offer(&full("j3"), &quiet)
+            .now_or_never()
+            .expect("at once")
+            .expect_err("past the bound");
+        assert_eq!(
+            err,
+            ResourceError::QueueFull {
+                waiting: 1,
+                bound: 1
+            }
+        );
+        assert!(err.to_string().contains("the bound is 1"), "{err}");
+        drop(waiting);
+        assert_eq!(pool.waiting(), 0, "a dropped offer is withdrawn");
+        let j3 = full("j3");
+        let mut j3 = pool.offer(&j3, &quiet);
+        assert!((&mut j3).now_or_never().is_none(), "j3 queues now");
+    }
+
+    #[tokio::test]
+    async fn unplanned_slots_share_the_agents_with_grants() {
+        let pool = Pool::new(Some(&catalog()), 4);
+        let ag = agents(&["m5.large"]);
+        let s1 = pool.slot("p", &ag[0], 1024).await.expect("slot");
+        let o = offer(
+            "j1",
+            plan(
+                [("m5.large", 1, 2), ("m5.large", 1, 1), ("m5.large", 1, 1)],
+                false,
+            ),
+            1024,
+            &ag,
+        );
+        let mut grant = pool.offer(&o, &quiet);
+        assert!(
+            (&mut grant).now_or_never().is_none(),
+            "1 of 2 slots is taken"
+        );
+        let mut s2 = pool.slot("p", &ag[0], 1024);
+        assert!(
+            (&mut s2).now_or_never().is_none(),
+            "a slot waits behind the queued job"
+        );
+        drop(s1);
+        let g = granted(grant.await);
+        drop(s2);
+        assert_eq!(g.hosts[0], vec!["a-0".to_owned()]);
+        assert!(pool.slot("p", &ag[0], 1024).now_or_never().is_none());
+        pool.release("j1");
+        let held = pool.slot("p", &ag[0], 100_000).await.expect("slot");
+        assert_eq!(
+            pool.usage()["a-0"],
+            Use {
+                slots: 1,
+                memory_mb: 7680
+            },
+            "capped at the agent's usable memory"
+        );
+        drop(held);
+        assert_eq!(pool.usage()["a-0"], Use::default());
+        // An agent of a type the catalog does not know is not limited.
+        let odd = agents(&["t9.huge"]);
+        let _a = pool.slot("p", &odd[0], 1).await.expect("slot");
+        let _b = pool.slot("p", &odd[0], 1).await.expect("slot");
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Offer {
+            stages: [(bool, u32, u32); 3],
+            memory_mb: u64,
+            vm_storage: bool,
+        },
+        Release(usize),
+        Slot {
+            agent: usize,
+            memory_mb: u64,
+        },
+        Drop(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (
+                prop::array::uniform3((any::<bool>(), 1u32..=3, 1u32..=4)),
+                prop_oneof![Just(512u64), Just(1024), Just(3000), Just(9000)],
+                any::<bool>()
+            )
+                .prop_map(|(stages, memory_mb, vm_storage)| Op::Offer {
+                    stages,
+                    memory_mb,
+                    vm_storage
+                }),
+            (0usize..8).prop_map(Op::Release),
+            (0usize..5, prop_oneof![Just(512u64), Just(4096)])
+                .prop_map(|(agent, memory_mb)| Op::Slot { agent, memory_mb }),
+            (0usize..8).prop_map(Op::Drop),
+        ]
+    }
+
+    proptest! {
+        /// Random offers (granted at once or withdrawn), releases and unplanned slots,
+        /// interleaved: no agent ever holds more slots or memory than it has, no stage gets two
+        /// VMs on one agent, and what the agents hold is what the grants and slots hold.
+        #[test]
+        fn the_pool_never_oversubscribes_an_agent(ops in prop::collection::vec(op(), 1..60)) {
+            let cat = catalog();
+            let pool = Pool::new(Some(&cat), 4);
+            let ag = agents(&["m5.large", "m5.large", "m5.large", "m5.xlarge", "m5.xlarge"]);
+            let mut jobs: Vec<String> = Vec::new();
+            let mut slots: Vec<Slot> = Vec::new();
+            for (n, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Offer { stages, memory_mb, vm_storage } => {
+                        let t = |x: bool| if x { "m5.xlarge" } else { "m5.large" };
+                        let mut s = stages.map(|(x, vms, c)| (t(x), vms, c));
+                        if vm_storage {
+                            s[1] = s[0];
+                        }
+                        let job = format!("j{n}");
+                        let o = offer(&job, plan(s, vm_storage), memory_mb, &ag);
+                        if let Some(Ok(Answer::Grant(g))) = pool.offer(&o, &quiet).now_or_never() {
+                            for (i, h) in g.hosts.iter().enumerate() {
+                                let mut d = h.clone();
+                                d.sort();
+                                d.dedup();
+                                prop_assert_eq!(d.len(), h.len(), "stage {} on {:?}", i, h);
+                                prop_assert_eq!(h.len() as u32, s[i].1);
+                                for id in h {
+                                    let a = ag.iter().find(|a| &a.id == id).expect("known");
+                                    prop_assert_eq!(a.vm_type.as_str(), s[i].0);
+                                }
+                            }
+                            if vm_storage {
+                                prop_assert_eq!(&g.hosts[1], &g.hosts[0]);
+                            }
+                            jobs.push(job);
+                        }
+                    }
+                    Op::Release(k) if !jobs.is_empty() => {
+                        let job = jobs.remove(k % jobs.len());
+                        pool.release(&job);
+                    }
+                    Op::Slot { agent, memory_mb } => {
+                        if let Some(Ok(s)) = pool.slot("p", &ag[agent], memory_mb).now_or_never() {
+                            slots.push(s);
+                        }
+                    }
+                    Op::Drop(k) if !slots.is_empty() => {
+                        slots.remove(k % slots.len());
+                    }
+                    _ => {}
+                }
+                prop_assert_eq!(pool.waiting(), 0, "withdrawn offers leave the queue");
+                let st = pool.state();
+                let mut sum: HashMap<String, Use> = HashMap::new();
+                for (a, u) in st.grants.values().flatten().chain(st.slots.values()) {
+                    let e = sum.entry(a.clone()).or_default();
+                    *e = e.plus(*u);
+                }
+                for a in &ag {
+                    let used = st.used.get(&a.id).copied().unwrap_or_default();
+                    let cap = pool.capacity[&a.vm_type];
+                    prop_assert!(used.within(cap), "{}: {:?} over {:?}", a.id, used, cap);
+                    prop_assert_eq!(used, sum.get(&a.id).copied().unwrap_or_default());
+                }
+            }
+        }
+    }
+}
