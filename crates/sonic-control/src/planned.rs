@@ -345,6 +345,9 @@ fn limits_text(vms: &BTreeMap<String, u32>) -> String {
         .join(", ")
 }
 
+/// Plans a job again with at most so many VMs of each type (a capacity answer's limits).
+pub type Replan<'a> = dyn Fn(&BTreeMap<String, u32>) -> Result<Planned, String> + Send + Sync + 'a;
+
 /// Offers a planned job to `manager` until it is granted: the best plan with the second-best
 /// as a hint; after a refusal, the second-best; after a capacity answer, the plan `replan`
 /// makes within those limits (once). `waiting` hears why the job waits. Returns the allocation
@@ -356,7 +359,7 @@ pub async fn admit(
     planned: &Planned,
     agents: &[AgentSlot],
     waiting: &(dyn Fn(&str) + Send + Sync),
-    replan: &(dyn Fn(&BTreeMap<String, u32>) -> Result<Planned, String> + Send + Sync),
+    replan: &Replan<'_>,
 ) -> Result<(Allocation, Planned), String> {
     let shared = Arc::new(dag.clone());
     let mut current = planned.clone();
