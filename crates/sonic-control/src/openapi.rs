@@ -225,6 +225,25 @@ pub fn document() -> Value {
                     }))
                 }
             },
+            "/v1/agents/{id}/runs/{run_id}/report": {
+                "post": {
+                    "summary": "An agent pushes the report of a run that ended, to the executor waiting for it (the agents' token, the join token or the API token opens it)",
+                    "operationId": "reportRun",
+                    "tags": ["agents"],
+                    "parameters": [
+                        id_param.clone(),
+                        { "name": "run_id", "in": "path", "required": true, "schema": { "type": "string", "maxLength": 512 } }
+                    ],
+                    "requestBody": json_request("RunReport"),
+                    "responses": guarded(json!({
+                        "204": { "description": "taken: the waiting executor has the report" },
+                        "400": error_response("invalid JSON, agent id or run id; the body's run_id differs from the path; status running"),
+                        "403": error_response("the run was sent to another agent"),
+                        "404": error_response("no run of that id waits for a report (unknown, stale attempt, already reported), or the control plane runs no jobs"),
+                        "413": error_response("body over the size limit")
+                    }))
+                }
+            },
             "/v1/jobs": {
                 "get": {
                     "summary": "List jobs, newest first",
@@ -422,6 +441,22 @@ fn schemas() -> Value {
                 "agent_id": { "type": "string" },
                 "running": { "type": "integer" },
                 "bandwidth": { "$ref": "#/components/schemas/BandwidthReport" }
+            }
+        },
+        "RunReport": {
+            "type": "object", "required": ["run_id", "status"],
+            "properties": {
+                "run_id": { "type": "string" },
+                "status": { "type": "string", "enum": ["running", "succeeded", "failed", "out_of_memory", "timed_out", "error"] },
+                "cold": { "type": "boolean", "nullable": true },
+                "seconds": { "type": "number", "nullable": true },
+                "start_latency_s": { "type": "number", "nullable": true },
+                "peak_memory_mb": { "type": "number", "nullable": true },
+                "exit_code": { "type": "integer", "nullable": true },
+                "error": { "type": "string", "nullable": true },
+                "staged": { "type": "array", "items": { "type": "object" } },
+                "outputs": { "type": "array", "items": { "type": "object" } },
+                "log": { "type": "string" }
             }
         },
         "AgentInfo": {
