@@ -37,6 +37,8 @@
 //! there. Two VMs of one stage must be different agents. The implementation is installed with
 //! [`crate::Runtime::with_resources`].
 
+#![warn(missing_docs)]
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
@@ -129,6 +131,7 @@ pub enum Answer {
     /// The pool can never grant the plan: at most `vms[type]` VMs of each type (a type not
     /// named: none). The job is re-planned within these limits.
     Capacity {
+        /// Per VM type: the most VMs of it one stage can get.
         vms: BTreeMap<String, u32>,
         /// Why, for the job's summary.
         why: String,
@@ -142,7 +145,12 @@ pub enum ResourceError {
     #[error(
         "{waiting} jobs already wait for resources (the bound is {bound}): the job is not queued"
     )]
-    QueueFull { waiting: usize, bound: usize },
+    QueueFull {
+        /// Planned jobs waiting now.
+        waiting: usize,
+        /// The most that may wait.
+        bound: usize,
+    },
     /// The manager cannot run the job at all.
     #[error("{0}")]
     Unavailable(String),
@@ -212,7 +220,9 @@ pub trait ResourceManager: Send + Sync + fmt::Debug {
 /// vCPU slots and memory on one agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Use {
+    /// vCPU slots: one lambda runs on each.
     pub slots: u32,
+    /// Memory, MB.
     pub memory_mb: u64,
 }
 

@@ -2,9 +2,11 @@
 //! failed instances, records where files are, cleans the job's intermediate data, and writes the
 //! job summary and the profiling sample, then refits the DAG's models.
 //!
-//! A planned (`sonic`) job runs its plan: the resource manager ([`crate::planned`]) maps the
-//! plan's VMs onto agents, each edge moves data by the plan's method, and at most the plan's
-//! concurrency of a stage's instances run at once on one VM.
+//! A planned (`sonic`) job runs its plan: the cluster's resource manager
+//! ([`crate::resources`], through [`crate::planned::admit`]) grants the plan's VMs on agents, the
+//! job waiting `queued` until it does; each edge moves data by the plan's method, and at most the
+//! plan's concurrency of a stage's instances run at once on one VM. An unplanned job's instance
+//! holds one slot of its agent from the same manager while it runs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +30,7 @@ use crate::jobs::{
 };
 use crate::learning::Planned;
 use crate::planned::Allocation;
+use crate::resources::{DEFAULT_MAX_QUEUED, Pool, ResourceManager};
 use crate::store::{Db, FileRecord, JobRecord, LocalCopy, SampleRecord, StoreError};
 
 /// The reason a job that was running when the control plane stopped is failed with.
@@ -112,8 +115,11 @@ pub struct Runtime {
     cancels: Mutex<HashMap<String, Arc<AtomicBool>>>,
     /// The progress of every job this process runs, for `GET /v1/jobs/{id}/events`.
     events: Mutex<HashMap<String, watch::Sender<JobEvent>>>,
-    /// Agents held by a running job's vm-storage groups: agent id -> job id.
-    held: Mutex<HashMap<String, String>>,
+    /// Where jobs run: the cluster's resource manager (the built-in [`Pool`] unless a host
+    /// platform installed its own, [`Runtime::with_resources`]).
+    resources: Arc<dyn ResourceManager>,
+    /// Jobs running on a grant: their instances need no slot of their own.
+    granted: Mutex<BTreeSet<String>>,
     /// One refit at a time: two jobs of a DAG ending together must not both extend the same fit.
     models: Mutex<()>,
 }
@@ -124,6 +130,8 @@ impl Runtime {
         catalog: Option<Catalog>,
         config: JobsConfig,
     ) -> Runtime {
+        let resources: Arc<dyn ResourceManager> =
+            Arc::new(Pool::new(catalog.as_ref(), DEFAULT_MAX_QUEUED));
         Runtime {
             store,
             catalog,
@@ -131,7 +139,8 @@ impl Runtime {
             http: reqwest::Client::new(),
             cancels: Mutex::new(HashMap::new()),
             events: Mutex::new(HashMap::new()),
-            held: Mutex::new(HashMap::new()),
+            resources,
+            granted: Mutex::new(BTreeSet::new()),
             models: Mutex::new(()),
         }
     }
@@ -140,6 +149,18 @@ impl Runtime {
     pub fn with_http(mut self, http: reqwest::Client) -> Runtime {
         self.http = http;
         self
+    }
+
+    /// Places jobs with `resources` instead of the built-in [`Pool`] over the registered agents
+    /// (a host platform's own manager, e.g. one that starts machines on demand).
+    pub fn with_resources(mut self, resources: Arc<dyn ResourceManager>) -> Runtime {
+        self.resources = resources;
+        self
+    }
+
+    /// The resource manager jobs are admitted by.
+    pub fn resources(&self) -> &Arc<dyn ResourceManager> {
+        &self.resources
     }
 
     /// The client that calls agents (it trusts the cluster's CA).
@@ -164,8 +185,8 @@ impl Runtime {
         self.events.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    fn granted(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.granted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Registers a job about to be executed, so that a cancel from now on reaches it and its
@@ -205,33 +226,66 @@ impl Runtime {
         }
     }
 
-    /// Grants a planned job's agents, holding its vm-storage groups' agents until it ends.
-    fn allocate(
+    /// Admits a planned job through the resource manager ([`crate::planned::admit`]): until it
+    /// is granted the job stays `queued`, its message saying why; then it shows as running.
+    /// Returns the allocation and the plans it came from (re-planned when the pool was short).
+    async fn admit(
         &self,
-        job: &str,
+        state: &ControlState,
+        job: &JobRecord,
         dag: &Dag,
         planned: &Planned,
         agents: &[AgentSlot],
-    ) -> Result<Allocation, String> {
-        let mut held = self.held();
-        let busy: BTreeSet<String> = held
-            .iter()
-            .filter(|(_, j)| j.as_str() != job)
-            .map(|(a, _)| a.clone())
-            .collect();
-        let alloc =
-            crate::planned::allocate(dag, &planned.outcome, &planned.params, agents, &busy)?;
-        for a in &alloc.held {
-            held.insert(a.clone(), job.to_owned());
-        }
-        Ok(alloc)
+        cancel: &AtomicBool,
+    ) -> Result<(Allocation, Planned), String> {
+        let policy: Policy = job.policy.parse()?;
+        let id = job.id.clone();
+        let waiting = |why: &str| {
+            tracing::info!(job = %id, why, "job queued");
+            self.publish(&id, |e| {
+                e.status = JobStatus::Queued;
+                e.message = Some(why.to_owned());
+            });
+        };
+        let replan = |limits: &BTreeMap<String, u32>| {
+            let (catalog, _) = state.planning_catalog();
+            crate::learning::replan(dag, planned, catalog, policy, state.plan_budget(), limits)
+                .map_err(|e| e.to_string())
+        };
+        let admitted = crate::planned::admit(
+            self.resources.as_ref(),
+            &job.id,
+            dag,
+            planned,
+            agents,
+            &waiting,
+            &replan,
+        );
+        let admitted = until_cancelled(admitted, cancel)
+            .await
+            .ok_or_else(|| "cancelled".to_owned())??;
+        self.granted().insert(job.id.clone());
+        let (id, now) = (job.id.clone(), state.clock.now_ms());
+        state
+            .db
+            .run(move |db| db.set_job_status(&id, JobStatus::Running, now))
+            .await
+            .map_err(|e| format!("database: {e}"))?;
+        self.publish(&job.id, |e| e.status = JobStatus::Running);
+        Ok(admitted)
     }
 
-    /// Forgets a job that ended: its cancel flag, its progress, the agents it held.
+    /// Gives what a job holds back to the resource manager.
+    fn release(&self, job: &str) {
+        self.granted().remove(job);
+        self.resources.release(job);
+    }
+
+    /// Forgets a job that ended: its cancel flag, its progress, what it holds.
     fn forget(&self, job: &str) {
         self.cancels().remove(job);
         self.events().remove(job);
-        self.held().retain(|_, j| j != job);
+        self.release(job);
     }
 
     /// Asks a job this process is running to stop; false when it runs nothing by that id.
@@ -355,16 +409,19 @@ pub async fn execute(
     planned: Option<Planned>,
 ) {
     let started = Instant::now();
-    let now = state.clock.now_ms();
-    let id = job.id.clone();
-    if let Err(e) = state
-        .db
-        .run(move |db| db.set_job_status(&id, JobStatus::Running, now))
-        .await
-    {
-        tracing::error!(job = %job.id, error = %e, "cannot mark the job running");
+    // A planned job shows as running once the resource manager admits it (`Runtime::admit`).
+    if planned.is_none() {
+        let now = state.clock.now_ms();
+        let id = job.id.clone();
+        if let Err(e) = state
+            .db
+            .run(move |db| db.set_job_status(&id, JobStatus::Running, now))
+            .await
+        {
+            tracing::error!(job = %job.id, error = %e, "cannot mark the job running");
+        }
+        rt.publish(&job.id, |e| e.status = JobStatus::Running);
     }
-    rt.publish(&job.id, |e| e.status = JobStatus::Running);
     // Every agent any execution used, for the final cleanup.
     let mut used: Vec<AgentSlot> = Vec::new();
     let mut lost: BTreeSet<String> = BTreeSet::new();
@@ -409,7 +466,7 @@ pub async fn execute(
                 lost.extend(agents);
                 // The next execution starts from the job's input: this one's files go.
                 clear_execution(&state, &rt, &job.id, &progress.agents, &lost).await;
-                rt.held().retain(|_, j| j != &job.id);
+                rt.release(&job.id);
                 execution += 1;
             }
             other => break (other.map_err(|f| f.message()), progress),
@@ -624,8 +681,9 @@ async fn run(
     let policy: Policy = job.policy.parse().map_err(Failure::Job)?;
     let alloc = match planned {
         Some(p) => {
-            let alloc = rt
-                .allocate(&job.id, &dag, p, &agents)
+            let (alloc, p) = rt
+                .admit(state, job, &dag, p, &agents, cancel)
+                .await
                 .map_err(Failure::Job)?;
             let plan = job_plan(&dag, &alloc, &agents, &p.report);
             tracing::info!(job = %job.id, used = %plan.used, notes = ?plan.notes, "plan granted");
@@ -955,6 +1013,19 @@ async fn put_files(state: &Arc<ControlState>, mut files: Vec<FileRecord>) -> Res
         .map_err(|e| Failure::Job(format!("database: {e}")))
 }
 
+/// `f`, or `None` once `cancel` is set (checked every 50 ms).
+async fn until_cancelled<F: std::future::Future>(f: F, cancel: &AtomicBool) -> Option<F::Output> {
+    let cancelled = async {
+        while !cancel.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::select! {
+        out = f => Some(out),
+        () = cancelled => None,
+    }
+}
+
 /// The agents of `agents` that do not answer `GET /v1/health` in time.
 async fn unreachable_agents(rt: &Runtime, agents: &[AgentSlot]) -> Vec<String> {
     let probes = agents.iter().map(|a| {
@@ -1129,6 +1200,23 @@ async fn run_instance(
     mut req: RunRequest,
     cancel: &AtomicBool,
 ) -> Result<(RunReport, u32, Instant, Instant), InstanceFailure> {
+    // An unplanned job's instance holds one slot of its agent while it runs, so that planned
+    // and unplanned jobs together never oversubscribe it (a planned job's grant covers its own).
+    let _slot = if rt.granted().contains(&req.job_id) {
+        None
+    } else {
+        let slot = rt.resources.slot(&req.job_id, agent, req.memory_limit_mb);
+        let failed = |message: String| InstanceFailure {
+            message,
+            disk_full: false,
+            agent: agent.id.clone(),
+        };
+        match until_cancelled(slot, cancel).await {
+            Some(Ok(s)) => Some(s),
+            Some(Err(e)) => return Err(failed(e.to_string())),
+            None => return Err(failed("cancelled".into())),
+        }
+    };
     let started = Instant::now();
     let max = rt.config.max_attempts.max(1);
     let mut last = String::new();

@@ -1187,9 +1187,9 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         "{v}"
     );
 
-    // Now the agents say they are m5.xlarge VMs: the best plan's vm-storage group has no
-    // m5.large agent to run on, so the resource manager refuses it, the second-best plan runs,
-    // on the agents there are, and the job says why. Same bytes out.
+    // Now the agents say they are m5.xlarge VMs: the pool can never give the best plan's
+    // m5.large VM, so the resource manager answers with what it has and the job is re-planned
+    // for m5.xlarge only, and says why. Same bytes out.
     for a in &c.agents {
         let mut cap = a.state.capacity();
         cap.vm_type = "m5.xlarge".into();
@@ -1211,29 +1211,28 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         ("sonic", JobMode::Planned),
         "{v}"
     );
-    let second = s.plan.clone().expect("plan");
-    assert_eq!(second.used, "second_best", "{v}");
+    let replanned = s.plan.clone().expect("plan");
+    assert_eq!(replanned.used, "best", "{v}");
     assert!(
-        second.notes[0].contains("no alive m5.large agent"),
+        replanned.notes[0].starts_with("re-planned for at most 0 m5.large, 2 m5.xlarge: ")
+            && replanned.notes[0].contains("m5.large VMs, the pool has 0"),
         "{:?}",
-        second.notes
+        replanned.notes
     );
-    assert!(
-        second.report["best"]["edges"]
-            .as_array()
-            .expect("the best plan is kept")
-            .iter()
-            .any(|e| e["method"] == "vm-storage"),
+    assert_eq!(
+        replanned.report["vm_limits"],
+        json!({ "m5.large": 0, "m5.xlarge": 2 }),
         "{v}"
     );
-    for e in &s.edges {
-        assert_ne!(e.method, "vm-storage", "{v}");
-    }
+    assert!(
+        replanned.stages.iter().all(|st| st.vm_type == "m5.xlarge"),
+        "{v}"
+    );
     assert!(s.functions.iter().all(|f| f.vm_type == "m5.xlarge"), "{v}");
     assert_eq!(
         c.results(&s).await,
         want,
-        "second-best and remote results differ"
+        "re-planned and remote results differ"
     );
 
     // The evaluation's policies. `oracle` plans with what jobs measured at this very size.

@@ -1,0 +1,115 @@
+//! The cluster-wide resource manager on a real cluster in this process (process sandbox, two
+//! agents: a-1 m5.large with 2 vCPUs, a-2 m5.xlarge with 4): two planned jobs that each need
+//! every vCPU of the xlarge agent are queued one behind the other, never run side by side.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use serde_json::json;
+use sonic_api::control::{JobMode, JobStatus, JobSummary};
+use sonic_core::regression::Convergence;
+use support::{Cluster, DAG, base64, sized_input};
+
+/// A forced `local` baseline planned with the models: the whole job on one m5.xlarge, its 4
+/// mids at once (4 of the agent's 4 slots). The mids sleep so that the first job still holds
+/// the agent when the second is offered.
+fn local_job(n: usize) -> serde_json::Value {
+    json!({
+        "dag": "fan",
+        "policy": "local",
+        "planned": true,
+        "params": { "mids": 4, "mid.sleep_ms": 600 },
+        "input": { "name": "data.bin", "base64": base64(&sized_input(n)) },
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_jobs_whose_plans_exceed_the_pool_are_queued_not_oversubscribed() {
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 3,
+    };
+    let c = Cluster::start(rule).await;
+    c.apply(DAG).await;
+    // Profiling (unplanned, each instance holding a slot of its agent): the models to plan with.
+    for n in [30_000usize, 90_000, 150_000] {
+        let id = c
+            .submit(json!({
+                "dag": "fan",
+                "params": { "mids": 4 },
+                "input": { "name": "data.bin", "base64": base64(&sized_input(n)) },
+            }))
+            .await;
+        let s = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{:?}", s.error);
+    }
+
+    let first = c.submit(local_job(60_000)).await;
+    let second = c.submit(local_job(60_000)).await;
+    let mut summaries: Vec<JobSummary> = Vec::new();
+    for id in [&first, &second] {
+        let s = c.wait(id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{id}: {:?}", s.error);
+        assert_eq!(s.mode, JobMode::Planned);
+        summaries.push(s);
+    }
+    for s in &summaries {
+        let plan = s.plan.as_ref().expect("a planned job records its grant");
+        for st in &plan.stages {
+            assert_eq!(st.vm_type, "m5.xlarge", "{plan:?}");
+            assert_eq!(st.agents, vec!["a-2".to_owned()], "{plan:?}");
+        }
+        let mid = plan
+            .stages
+            .iter()
+            .find(|st| st.function == "mid")
+            .expect("mid");
+        assert_eq!(mid.concurrent, 4, "every slot of a-2: {plan:?}");
+    }
+    // Whichever was admitted second waited for the first to release a-2, and says so.
+    let db = c.control.state.db.clone();
+    let (a, b) = (first.clone(), second.clone());
+    let (ra, rb) = db
+        .run(move |db| Ok((db.get_job(&a)?, db.get_job(&b)?)))
+        .await
+        .expect("db");
+    let (ra, rb) = (ra.expect("first"), rb.expect("second"));
+    let (earlier, later, later_summary) = if ra.started_ms <= rb.started_ms {
+        (&ra, &rb, &summaries[1])
+    } else {
+        (&rb, &ra, &summaries[0])
+    };
+    let ended = earlier.finished_ms.expect("ended");
+    let started = later.started_ms.expect("started");
+    assert!(
+        started >= ended,
+        "the later job started at {started} ms, before the earlier one ended at {ended} ms: they overlapped on a-2"
+    );
+    let notes = &later_summary.plan.as_ref().expect("plan").notes;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("queued ") && n.ends_with("behind 1 job")),
+        "{notes:?}"
+    );
+    // Nothing is held once both ended.
+    let rt = c.control.state.jobs.clone().expect("runtime");
+    let probe = sonic_control::jobs::AgentSlot {
+        id: "a-2".into(),
+        url: String::new(),
+        vm_type: "m5.xlarge".into(),
+    };
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let slot = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            rt.resources().slot("probe", &probe, 1024),
+        )
+        .await
+        .expect("every slot of a-2 is free again");
+        held.push(slot.expect("a slot"));
+    }
+    drop(held);
+    c.stop().await;
+}
