@@ -1,25 +1,18 @@
 //! How a planned (`sonic`) job gets its agents: [`admit`] offers its plans to the cluster's
 //! [`ResourceManager`] (grant; refusal, then the second-best plan; or the capacity the pool has,
-//! then a plan within it) and turns the grant into an [`Allocation`]. [`allocate`] is the older
-//! per-job mapping with no accounting across jobs, kept for tools that place one job alone.
+//! then a plan within it) and turns the grant into an [`Allocation`].
 //!
 //! A plan's stage asks for `vms` VMs of one type. Its instance `k` runs on VM `k % vms` (lambdas
 //! spread evenly, as the model assumes), so a stage that continues a `vm-storage` group (same VMs
-//! as its sender) finds instance `k`'s input where instance `k` of the sender wrote it.
-//!
-//! A stage that starts a `vm-storage` group keeps its agents for the whole job: they are *held*
-//! and no other planned job can start a group on them. The group needs an alive, unheld agent of
-//! the plan's VM type; when there is none (every one is gone or held), the vm-storage placement
-//! is refused and the second-best plan (no vm-storage where the best had it) runs instead. A
-//! stage whose VM type has no alive agent at all runs on other agents, and the plan says why.
+//! as its sender) finds instance `k`'s input where instance `k` of the sender wrote it. The
+//! manager grants such a stage its sender's agents, in the same order.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use sonic_core::dag::Dag;
 use sonic_core::params::Params;
-use sonic_core::planner::{Plan, PlanOutcome};
-
-use std::sync::Arc;
+use sonic_core::planner::Plan;
 
 use crate::jobs::{AgentSlot, DEFAULT_MEMORY_MB, Method};
 use crate::learning::Planned;
@@ -59,8 +52,6 @@ pub struct Allocation {
     pub memory_limit_mb: Vec<u64>,
     /// Per DAG edge index.
     pub methods: Vec<Method>,
-    /// Agent ids this job holds for its vm-storage groups.
-    pub held: BTreeSet<String>,
 }
 
 impl Allocation {
@@ -89,179 +80,6 @@ impl Allocation {
             .map(|(_, edge)| (edge.from, self.hosts[edge.from].as_slice()))
             .collect()
     }
-}
-
-/// A plan mapped onto agents, or why a vm-storage placement cannot be granted.
-struct Mapped {
-    hosts: Vec<Vec<usize>>,
-    concurrent: Vec<u32>,
-    methods: Vec<Method>,
-    notes: Vec<String>,
-    held: BTreeSet<String>,
-}
-
-/// Maps `plan` onto `agents` (alive, in a stable order). `busy`: agents other jobs hold. With
-/// `strict`, a vm-storage group that cannot get an alive, unheld agent of its type refuses the
-/// plan; without, it takes what there is and says so.
-fn map_plan(
-    dag: &Dag,
-    plan: &Plan,
-    agents: &[AgentSlot],
-    busy: &BTreeSet<String>,
-    strict: bool,
-) -> Result<Mapped, String> {
-    let mut methods = Vec::with_capacity(dag.edges.len());
-    for e in &dag.edges {
-        let (from, to) = (&dag.functions[e.from].name, &dag.functions[e.to].name);
-        let pe = plan
-            .edges
-            .iter()
-            .find(|pe| &pe.from == from && &pe.to == to)
-            .ok_or_else(|| format!("the plan has no method for edge {from} -> {to}"))?;
-        methods.push(pe.method);
-    }
-    let n = dag.functions.len();
-    let mut hosts: Vec<Vec<usize>> = Vec::with_capacity(n);
-    let mut concurrent = Vec::with_capacity(n);
-    let mut notes = Vec::new();
-    let mut held = BTreeSet::new();
-    for (i, f) in dag.functions.iter().enumerate() {
-        let ps = plan
-            .stages
-            .iter()
-            .find(|s| s.function == f.name)
-            .ok_or_else(|| format!("the plan has no placement for {}", f.name))?;
-        concurrent.push(ps.concurrent.max(1));
-        // Continuing a vm-storage group: the sender's VMs (the model puts every vm-storage
-        // sender of a stage in one group).
-        let continued = dag
-            .edges
-            .iter()
-            .enumerate()
-            .find(|(e, edge)| edge.to == i && methods[*e] == Method::VmStorage)
-            .map(|(_, edge)| hosts[edge.from].clone());
-        if let Some(h) = continued {
-            hosts.push(h);
-            continue;
-        }
-        let starts_group = dag
-            .edges
-            .iter()
-            .enumerate()
-            .any(|(e, edge)| edge.from == i && methods[e] == Method::VmStorage);
-        let typed: Vec<usize> = (0..agents.len())
-            .filter(|&a| agents[a].vm_type == ps.vm_type)
-            .collect();
-        let candidates: Vec<usize> = if starts_group {
-            let free: Vec<usize> = typed
-                .iter()
-                .copied()
-                .filter(|&a| !busy.contains(&agents[a].id))
-                .collect();
-            if !free.is_empty() {
-                free
-            } else {
-                let why = if typed.is_empty() {
-                    format!("vm-storage from {}: no alive {} agent", f.name, ps.vm_type)
-                } else {
-                    format!(
-                        "vm-storage from {}: every alive {} agent holds another job's vm-storage data",
-                        f.name, ps.vm_type
-                    )
-                };
-                if strict {
-                    return Err(why);
-                }
-                notes.push(format!("{why}: granted on other agents"));
-                if typed.is_empty() {
-                    (0..agents.len()).collect()
-                } else {
-                    typed
-                }
-            }
-        } else if typed.is_empty() {
-            notes.push(format!(
-                "no alive {} agent: {} runs on agents of other types",
-                ps.vm_type, f.name
-            ));
-            (0..agents.len()).collect()
-        } else {
-            typed
-        };
-        if candidates.is_empty() {
-            return Err("no alive agent to run on".into());
-        }
-        let vms = ps.vms.max(1) as usize;
-        if candidates.len() < vms {
-            notes.push(format!(
-                "{}: the plan wants {vms} {} VMs, {} available: VMs share agents",
-                f.name,
-                ps.vm_type,
-                candidates.len()
-            ));
-        }
-        // Shifted by the stage index, so consecutive stages of a chain land on different agents.
-        let h: Vec<usize> = (0..vms)
-            .map(|v| candidates[(i + v) % candidates.len()])
-            .collect();
-        if starts_group {
-            held.extend(h.iter().map(|&a| agents[a].id.clone()));
-        }
-        hosts.push(h);
-    }
-    Ok(Mapped {
-        hosts,
-        concurrent,
-        methods,
-        notes,
-        held,
-    })
-}
-
-/// Grants `outcome` on `agents`: the best plan when its vm-storage placements can be granted,
-/// else the second-best one. `busy`: agents other jobs hold for their vm-storage groups.
-pub fn allocate(
-    dag: &Dag,
-    outcome: &PlanOutcome,
-    params: &Params,
-    agents: &[AgentSlot],
-    busy: &BTreeSet<String>,
-) -> Result<Allocation, String> {
-    if agents.is_empty() {
-        return Err("no alive agent to run on".into());
-    }
-    let (used, plan, mapped, mut notes) = match map_plan(dag, &outcome.best, agents, busy, true) {
-        Ok(m) => (Used::Best, &outcome.best, m, Vec::new()),
-        Err(why) => match &outcome.second_best {
-            Some(second) => {
-                let note = format!("best plan refused ({why}): the second-best plan runs");
-                let m = match map_plan(dag, second, agents, busy, true) {
-                    Ok(m) => m,
-                    Err(_) => map_plan(dag, second, agents, busy, false)?,
-                };
-                (Used::SecondBest, second, m, vec![note])
-            }
-            None => {
-                let note = format!(
-                    "best plan's vm-storage cannot be granted ({why}) and there is no second-best plan: it runs on the agents there are"
-                );
-                let m = map_plan(dag, &outcome.best, agents, busy, false)?;
-                (Used::Best, &outcome.best, m, vec![note])
-            }
-        },
-    };
-    notes.extend(mapped.notes);
-    let memory_limit_mb = memory_limits(dag, params);
-    Ok(Allocation {
-        used,
-        plan: plan.clone(),
-        notes,
-        hosts: mapped.hosts,
-        concurrent: mapped.concurrent,
-        memory_limit_mb,
-        methods: mapped.methods,
-        held: mapped.held,
-    })
 }
 
 /// Per DAG function: the memory limit of one lambda, the predicted peak with headroom.
@@ -333,7 +151,6 @@ fn from_grant(
         concurrent,
         memory_limit_mb,
         methods,
-        held: BTreeSet::new(),
     })
 }
 
@@ -433,7 +250,8 @@ pub async fn admit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sonic_core::planner::{PlanEdge, PlanStage, Predicted};
+    use crate::resources::Pool;
+    use sonic_core::planner::{PlanEdge, PlanOutcome, PlanStage, Predicted};
 
     const DAG: &str = r#"
 name: chain
@@ -539,85 +357,200 @@ edges:
         }
     }
 
-    #[test]
-    fn the_best_plan_runs_when_its_vm_storage_is_granted() {
+    fn planned(with_second: bool) -> Planned {
+        Planned {
+            outcome: outcome(with_second),
+            params: params(2000.0),
+            report: serde_json::Value::Null,
+        }
+    }
+
+    fn quiet(_: &str) {}
+
+    fn pool() -> Pool {
+        let catalog = sonic_core::catalog::Catalog::from_yaml(
+            r#"
+vm_types:
+  - { name: m5.large,  vcpus: 2, memory_mb: 8192,  network_mbps: 750,  usd_per_hour: 0.107 }
+  - { name: m5.xlarge, vcpus: 4, memory_mb: 16384, network_mbps: 1250, usd_per_hour: 0.214 }
+local_storage:  { usd_per_gb_month: 0.12 }
+remote_storage: { write_mbps: 600, read_mbps: 400, request_latency_ms: 25,
+                  put_usd_per_1k: 0.0055, get_usd_per_1k: 0.00044, usd_per_gb_month: 0.026,
+                  requests_per_s: 3500 }
+"#,
+        )
+        .expect("catalog");
+        Pool::new(Some(&catalog), 8)
+    }
+
+    fn no_replan(_: &BTreeMap<String, u32>) -> Result<Planned, String> {
+        Err("not expected".into())
+    }
+
+    #[tokio::test]
+    async fn the_best_plan_runs_where_the_pool_grants_it() {
         let d = dag();
         let ag = agents(&["m5.large", "m5.large", "m5.xlarge"]);
-        let a = allocate(&d, &outcome(true), &params(2000.0), &ag, &BTreeSet::new())
-            .expect("allocated");
+        let (a, ran) = admit(&pool(), "j", &d, &planned(true), &ag, &quiet, &no_replan)
+            .await
+            .expect("admitted");
         assert_eq!(a.used, Used::Best);
         assert!(a.notes.is_empty(), "{:?}", a.notes);
-        assert_eq!(a.hosts[0], vec![0, 1], "both large agents");
+        assert_eq!(ran.outcome.best, outcome(true).best);
+        let mut both = a.hosts[0].clone();
+        both.sort();
+        assert_eq!(both, vec![0, 1], "both large agents, one VM each");
         assert_eq!(a.hosts[1], vec![2]);
-        assert_eq!(
-            a.hosts[2], a.hosts[1],
-            "vm-storage continues on the sender's VM"
-        );
-        assert_eq!(
-            a.methods,
-            vec![Method::Direct, Method::VmStorage],
-            "by dag edge"
-        );
-        assert_eq!(a.held, BTreeSet::from(["a-2".to_owned()]));
-        assert_eq!((a.host(0, 0), a.host(0, 1), a.host(0, 2)), (0, 1, 0));
+        assert_eq!(a.hosts[2], a.hosts[1], "vm-storage continues on b's VM");
+        assert_eq!(a.methods, vec![Method::Direct, Method::VmStorage]);
         assert_eq!(
             a.memory_limit_mb,
             vec![DEFAULT_MEMORY_MB, 3000, DEFAULT_MEMORY_MB]
         );
         assert_eq!(a.vm_storage_senders(&d, 2), vec![(1, &[2usize][..])]);
-        assert!(a.vm_storage_senders(&d, 1).is_empty());
+        assert_eq!(a.permits(0).values().sum::<usize>(), 2);
     }
 
-    #[test]
-    fn a_refused_vm_storage_placement_falls_back_to_the_second_best_plan() {
+    #[tokio::test]
+    async fn a_short_pool_re_plans_within_what_it_has() {
         let d = dag();
-        // The only xlarge agent is held by another job: busy.
-        let ag = agents(&["m5.large", "m5.large", "m5.xlarge"]);
-        let busy = BTreeSet::from(["a-2".to_owned()]);
-        let a = allocate(&d, &outcome(true), &params(10.0), &ag, &busy).expect("allocated");
-        assert_eq!(a.used, Used::SecondBest);
-        assert!(a.notes[0].contains("holds another job"), "{:?}", a.notes);
-        assert_eq!(a.methods, vec![Method::Direct, Method::Direct]);
-        assert!(a.held.is_empty());
-        // b still runs on its xlarge type (no vm-storage: sharing is fine); c on a large one.
-        assert_eq!(a.hosts[1], vec![2]);
-        assert_eq!(ag[a.hosts[2][0]].vm_type, "m5.large");
-
-        // No xlarge agent at all: refused too, and b runs on another type, said so.
+        // No xlarge agent: the best plan's b and c can never be granted.
         let ag = agents(&["m5.large", "m5.large"]);
-        let a =
-            allocate(&d, &outcome(true), &params(10.0), &ag, &BTreeSet::new()).expect("allocated");
-        assert_eq!(a.used, Used::SecondBest);
-        assert!(
-            a.notes[0].contains("no alive m5.xlarge agent"),
-            "{:?}",
-            a.notes
+        let asked = std::sync::Mutex::new(Vec::new());
+        let replan = |limits: &BTreeMap<String, u32>| {
+            asked.lock().expect("lock").push(limits.clone());
+            let mut p = planned(false);
+            for st in &mut p.outcome.best.stages {
+                st.vm_type = "m5.large".into();
+            }
+            Ok(p)
+        };
+        let (a, ran) = admit(&pool(), "j", &d, &planned(true), &ag, &quiet, &replan)
+            .await
+            .expect("admitted");
+        assert_eq!(
+            asked.lock().expect("lock").clone(),
+            vec![BTreeMap::from([
+                ("m5.large".to_owned(), 2),
+                ("m5.xlarge".to_owned(), 0)
+            ])]
         );
         assert!(
-            a.notes
+            ran.outcome
+                .best
+                .stages
                 .iter()
-                .any(|n| n.contains("b runs on agents of other types")),
+                .all(|s| s.vm_type == "m5.large")
+        );
+        assert_eq!(a.used, Used::Best);
+        assert!(
+            a.notes[0].starts_with("re-planned for at most 2 m5.large, 0 m5.xlarge: b wants 1 m5.xlarge VMs, the pool has 0"),
             "{:?}",
             a.notes
         );
+        assert!(a.hosts.iter().flatten().all(|&h| h < 2));
     }
 
-    #[test]
-    fn without_a_second_best_plan_the_best_runs_where_it_can() {
+    /// A host platform's manager, scripted: its answers in order, and the offers it saw.
+    #[derive(Debug, Default)]
+    struct Scripted {
+        answers: std::sync::Mutex<Vec<Answer>>,
+        offered: std::sync::Mutex<Vec<(Plan, bool)>>,
+    }
+
+    impl ResourceManager for Scripted {
+        fn offer<'a>(
+            &'a self,
+            offer: &'a Offer,
+            _waiting: &'a (dyn Fn(&str) + Send + Sync),
+        ) -> crate::resources::BoxFuture<'a, Result<Answer, crate::resources::ResourceError>>
+        {
+            self.offered
+                .lock()
+                .expect("lock")
+                .push((offer.plan.clone(), offer.second_best.is_some()));
+            let a = self.answers.lock().expect("lock").remove(0);
+            Box::pin(async move { Ok(a) })
+        }
+
+        fn release(&self, _job: &str) {}
+
+        fn slot<'a>(
+            &'a self,
+            _job: &'a str,
+            _agent: &'a AgentSlot,
+            _memory_mb: u64,
+        ) -> crate::resources::BoxFuture<
+            'a,
+            Result<crate::resources::Slot, crate::resources::ResourceError>,
+        > {
+            Box::pin(async { Ok(crate::resources::Slot::unlimited()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_best_plan_is_followed_by_the_second_best() {
         let d = dag();
-        let ag = agents(&["m5.large"]);
-        let a =
-            allocate(&d, &outcome(false), &params(10.0), &ag, &BTreeSet::new()).expect("allocated");
-        assert_eq!(a.used, Used::Best);
-        assert!(a.notes[0].contains("no second-best plan"), "{:?}", a.notes);
-        assert!(
-            a.notes.iter().any(|n| n.contains("VMs share agents")),
-            "2 VMs of a on 1 agent: {:?}",
-            a.notes
+        let ag = agents(&["m5.large", "m5.large", "m5.xlarge"]);
+        let ids = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let host = Scripted {
+            answers: std::sync::Mutex::new(vec![
+                Answer::RefuseBest {
+                    why: "the xlarge machine is booked".into(),
+                },
+                Answer::Grant(Grant {
+                    hosts: vec![ids(&["a-1", "a-0"]), ids(&["a-2"]), ids(&["a-0"])],
+                    notes: vec!["started 1 machine".into()],
+                }),
+            ]),
+            ..Scripted::default()
+        };
+        let (a, _) = admit(&host, "j", &d, &planned(true), &ag, &quiet, &no_replan)
+            .await
+            .expect("admitted");
+        let offered = host.offered.lock().expect("lock").clone();
+        assert_eq!(offered.len(), 2);
+        assert_eq!(
+            offered[0],
+            (outcome(true).best, true),
+            "best, with the hint"
         );
-        assert_eq!(a.hosts[0], vec![0, 0]);
-        assert_eq!(a.permits(0), BTreeMap::from([(0, 2)]));
-        assert_eq!(a.hosts[2], a.hosts[1]);
-        assert!(allocate(&d, &outcome(true), &params(1.0), &[], &BTreeSet::new()).is_err());
+        assert_eq!(
+            offered[1].0,
+            outcome(true).second_best.expect("second"),
+            "then the second-best"
+        );
+        assert_eq!(a.used, Used::SecondBest);
+        assert_eq!(a.hosts, vec![vec![1, 0], vec![2], vec![0]]);
+        assert_eq!(a.methods, vec![Method::Direct, Method::Direct]);
+        assert_eq!(
+            a.notes,
+            vec![
+                "best plan refused (the xlarge machine is booked): the second-best plan runs"
+                    .to_owned(),
+                "started 1 machine".to_owned()
+            ]
+        );
+
+        // Refused with no second-best plan, or a grant naming an agent that is not alive.
+        let host = Scripted {
+            answers: std::sync::Mutex::new(vec![Answer::RefuseBest { why: "no".into() }]),
+            ..Scripted::default()
+        };
+        let err = admit(&host, "j", &d, &planned(false), &ag, &quiet, &no_replan)
+            .await
+            .expect_err("refused");
+        assert!(err.contains("there is no second-best plan"), "{err}");
+        let host = Scripted {
+            answers: std::sync::Mutex::new(vec![Answer::Grant(Grant {
+                hosts: vec![ids(&["a-0", "a-9"]), ids(&["a-2"]), ids(&["a-2"])],
+                notes: Vec::new(),
+            })]),
+            ..Scripted::default()
+        };
+        let err = admit(&host, "j", &d, &planned(false), &ag, &quiet, &no_replan)
+            .await
+            .expect_err("unknown agent");
+        assert!(err.contains("agent a-9, which is not alive"), "{err}");
     }
 }
