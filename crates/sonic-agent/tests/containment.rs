@@ -292,6 +292,7 @@ fn request(job: &str, command: &[&str]) -> RunRequest {
         instance: 0,
         instances: 1,
         attempt: 1,
+        execution: 1,
         image: IMAGE.into(),
         command: command.iter().map(|s| s.to_string()).collect(),
         env: Default::default(),

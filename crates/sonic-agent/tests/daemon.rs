@@ -85,6 +85,7 @@ fn request(job: &str, function: &str, args: &[&str]) -> RunRequest {
         instance: 0,
         instances: 1,
         attempt: 1,
+        execution: 1,
         image: "sonic-lambdas:latest".into(),
         command: std::iter::once("synthetic")
             .chain(args.iter().copied())
@@ -357,7 +358,10 @@ async fn the_control_plane_stops_runs_one_by_one_or_by_job() {
         .await
         .expect("report");
     assert_eq!(report.status, RunStatus::Error);
-    assert!(report.error.as_deref().unwrap_or("").contains("stopped"), "{report:?}");
+    assert!(
+        report.error.as_deref().unwrap_or("").contains("stopped"),
+        "{report:?}"
+    );
     // Stopped already, or never there.
     assert_eq!(status(format!("/v1/runs/{one}")).await, 409);
     assert_eq!(status(format!("/v1/runs/{job}.nope.0.1")).await, 404);

@@ -93,6 +93,14 @@ pub struct RunRequest {
     pub instance: u32,
     pub instances: u32,
     pub attempt: u32,
+    /// Which execution of the job this run belongs to (a job runs again, from its input, without
+    /// agents it lost): run ids differ across executions, so a late report of an abandoned
+    /// execution is never taken for the new one's.
+    #[serde(
+        default = "first_execution",
+        skip_serializing_if = "is_first_execution"
+    )]
+    pub execution: u32,
     pub image: String,
     pub command: Vec<String>,
     /// Extra environment (the agent sets the ABI's `SONIC_*` variables itself).
@@ -124,14 +132,28 @@ pub struct RunRequest {
     pub report_url: Option<String>,
 }
 
+fn first_execution() -> u32 {
+    1
+}
+
+fn is_first_execution(n: &u32) -> bool {
+    *n == 1
+}
+
 impl RunRequest {
-    /// The id of this run: one per (job, function, instance, attempt), so a repeated request is
-    /// idempotent and the control plane knows the id before the agent answers.
+    /// The id of this run: one per (job, function, instance, attempt, execution), so a repeated
+    /// request is idempotent and the control plane knows the id before the agent answers:
+    /// `<job>.<function>.<instance>.<attempt>`, with `.x<execution>` after it from the second
+    /// execution on.
     pub fn run_id(&self) -> String {
-        format!(
+        let mut id = format!(
             "{}.{}.{}.{}",
             self.job_id, self.function, self.instance, self.attempt
-        )
+        );
+        if self.execution > 1 {
+            id.push_str(&format!(".x{}", self.execution));
+        }
+        id
     }
 }
 
@@ -203,4 +225,33 @@ pub struct RunAccepted {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ErrorBody {
     pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_differ_across_attempts_and_executions() {
+        let body = serde_json::json!({
+            "job_id": "j-1", "function": "map", "instance": 3, "instances": 4, "attempt": 2,
+            "image": "i", "command": ["x"], "memory_limit_mb": 512, "cpus": 1.0,
+            "timeout_ms": 1000,
+        });
+        // A request without `execution` (an older control plane) is the first execution's.
+        let mut req: RunRequest = serde_json::from_value(body).expect("request");
+        assert_eq!(req.execution, 1);
+        assert_eq!(req.run_id(), "j-1.map.3.2");
+        assert!(
+            serde_json::to_value(&req)
+                .expect("json")
+                .get("execution")
+                .is_none()
+        );
+        req.execution = 2;
+        assert_eq!(req.run_id(), "j-1.map.3.2.x2");
+        let again: RunRequest =
+            serde_json::from_value(serde_json::to_value(&req).expect("json")).expect("request");
+        assert_eq!(again.run_id(), "j-1.map.3.2.x2");
+    }
 }

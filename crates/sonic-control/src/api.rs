@@ -234,6 +234,11 @@ fn table() -> Vec<(RouteInfo, MethodRouter<Shared>)> {
         entry(Get, "/v1/agents", true, list_agents),
         agent_entry(Post, "/v1/agents/register", register_agent),
         agent_entry(Post, "/v1/agents/{id}/heartbeat", heartbeat),
+        agent_entry(
+            Post,
+            "/v1/agents/{id}/runs/{run_id}/report",
+            crate::reports::report_run,
+        ),
         entry(Get, "/v1/jobs", true, list_jobs),
         entry(Post, "/v1/jobs", true, submit_job),
         entry(Get, "/v1/jobs/{id}", true, get_job),
@@ -319,10 +324,15 @@ async fn require_token(State(state): State<Shared>, req: Request, next: Next) ->
     }
 }
 
-/// The agent routes: the API token or the join token.
+/// The agent routes: the API token, the join token, or the agents' token (which joining hands
+/// out, so it opens no more than the join token does; agents push run reports with it).
 async fn require_agent_token(State(state): State<Shared>, req: Request, next: Next) -> Response {
     if authorized(req.headers(), &state.settings.token)
         || authorized(req.headers(), &state.settings.join_token)
+        || state
+            .jobs
+            .as_ref()
+            .is_some_and(|rt| authorized(req.headers(), &rt.config.agent_token))
     {
         next.run(req).await
     } else {
@@ -364,7 +374,7 @@ fn body_error(e: BytesRejection, limit: usize) -> ApiError {
     }
 }
 
-fn json_body<T: DeserializeOwned>(
+pub(crate) fn json_body<T: DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
     limit: usize,
 ) -> Result<T, ApiError> {
@@ -402,7 +412,7 @@ fn valid_ident(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
 }
 
-fn checked_agent_id(id: &str) -> Result<(), ApiError> {
+pub(crate) fn checked_agent_id(id: &str) -> Result<(), ApiError> {
     if valid_ident(id) {
         Ok(())
     } else {
@@ -1092,8 +1102,15 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
     // Every event of the job (its stages, instances, cleanup) carries the job's span.
     let span =
         tracing::info_span!("job", job = %job_id, dag = %record.dag, policy = %choice.policy);
-    tokio::spawn(tracing::Instrument::instrument(
-        crate::scheduler::execute(state.clone(), rt, record, inputs, cancel, choice.planned),
+    rt.spawn_job(tracing::Instrument::instrument(
+        crate::scheduler::execute(
+            state.clone(),
+            rt.clone(),
+            record,
+            inputs,
+            cancel,
+            choice.planned,
+        ),
         span,
     ));
     Ok(JobAccepted {

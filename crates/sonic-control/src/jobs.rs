@@ -311,6 +311,7 @@ pub fn instance_runs(
                 instance: k,
                 instances: n,
                 attempt: 1,
+                execution: 1,
                 image: f.image.clone(),
                 command: f.command.clone(),
                 env: BTreeMap::new(),

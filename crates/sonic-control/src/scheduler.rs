@@ -31,7 +31,10 @@ use crate::jobs::{
 use crate::learning::Planned;
 use crate::planned::Allocation;
 use crate::resources::{DEFAULT_MAX_QUEUED, Pool, ResourceManager};
-use crate::store::{Db, FileRecord, JobRecord, LocalCopy, SampleRecord, StoreError};
+use crate::store::{
+    Db, ExecutionRecord, FileRecord, InstanceRunRecord, JobRecord, LocalCopy, SampleRecord,
+    StoreError,
+};
 
 /// The reason a job that was running when the control plane stopped is failed with.
 pub const RESTARTED: &str = "control plane restarted";
@@ -51,11 +54,23 @@ pub struct JobsConfig {
     pub max_attempts: u32,
     /// The wait before the second attempt; it doubles for each further one.
     pub backoff: Duration,
-    /// The first wait between two reads of a running instance's report; each further wait is
-    /// half as long again, up to `max_poll_interval` (1,000 instances polled every 25 ms were
-    /// 40,000 requests a second: docs/load.md).
+    /// Without pushed reports (no `report_url` known): the first wait between two reads of a
+    /// running instance's report; each further wait is half as long again, up to
+    /// `max_poll_interval` (1,000 instances polled every 25 ms were 40,000 requests a second:
+    /// docs/load.md).
     pub poll_interval: Duration,
     pub max_poll_interval: Duration,
+    /// The control plane's URL as agents reach it, sent in every run request so that the agent
+    /// pushes the report when the run ends (an agent with its own `control_url` uses that).
+    /// `None`: where the control plane listens, once it does ([`Runtime::listening_at`]).
+    pub report_url: Option<String>,
+    /// Whether agents are asked to push reports at all (`false`: the executor polls, as it did
+    /// before pushes; for measuring the difference, or agents that cannot reach the control
+    /// plane).
+    pub push_reports: bool,
+    /// With pushed reports, how often the executor still reads a running instance's report
+    /// itself, in case a push is lost (at once when the agent's push is known to have failed).
+    pub fallback_poll: Duration,
     /// Added to a function's timeout for staging and routing before a run is given up on.
     pub report_slack: Duration,
     /// When a DAG's models are good enough to plan its jobs with.
@@ -96,6 +111,9 @@ impl JobsConfig {
             backoff: Duration::from_millis(200),
             poll_interval: Duration::from_millis(25),
             max_poll_interval: Duration::from_millis(500),
+            report_url: None,
+            push_reports: true,
+            fallback_poll: Duration::from_secs(2),
             report_slack: Duration::from_secs(120),
             convergence: Convergence::default(),
             planning: crate::learning::default_budget(),
@@ -122,6 +140,12 @@ pub struct Runtime {
     granted: Mutex<BTreeSet<String>>,
     /// One refit at a time: two jobs of a DAG ending together must not both extend the same fit.
     models: Mutex<()>,
+    /// Runs waiting for their agent's pushed report (`POST /v1/agents/{id}/runs/{run}/report`).
+    pub reports: crate::reports::Waiters,
+    /// Where agents push reports: `JobsConfig::report_url`, else where the server listens.
+    report_url: std::sync::OnceLock<String>,
+    /// The tasks executing jobs, stopped with the control plane ([`Runtime::stop_jobs`]).
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 impl Runtime {
@@ -132,6 +156,10 @@ impl Runtime {
     ) -> Runtime {
         let resources: Arc<dyn ResourceManager> =
             Arc::new(Pool::new(catalog.as_ref(), DEFAULT_MAX_QUEUED));
+        let report_url = std::sync::OnceLock::new();
+        if let Some(url) = &config.report_url {
+            let _ = report_url.set(url.trim_end_matches('/').to_owned());
+        }
         Runtime {
             store,
             catalog,
@@ -142,7 +170,46 @@ impl Runtime {
             resources,
             granted: Mutex::new(BTreeSet::new()),
             models: Mutex::new(()),
+            reports: crate::reports::Waiters::default(),
+            report_url,
+            tasks: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Runs a job's execution ([`execute`] or [`resume`]) in a task of its own, stopped by
+    /// [`Runtime::stop_jobs`].
+    pub fn spawn_job<F>(&self, execution: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let handle = tokio::spawn(execution).abort_handle();
+        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(handle);
+    }
+
+    /// Stops executing every job, recording nothing more: what was recorded stays, so that the
+    /// next control plane on the same database resumes them ([`resume`]). Runs already sent go
+    /// on on their agents and are adopted then.
+    pub fn stop_jobs(&self) {
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in tasks {
+            t.abort();
+        }
+    }
+
+    /// The server of this runtime listens at `url`: agents push reports there unless
+    /// `JobsConfig::report_url` names another URL (the first call wins).
+    pub fn listening_at(&self, url: &str) {
+        let _ = self.report_url.set(url.trim_end_matches('/').to_owned());
+    }
+
+    /// Where agents push run reports, once known.
+    pub fn report_url(&self) -> Option<&str> {
+        if !self.config.push_reports {
+            return None;
+        }
+        self.report_url.get().map(String::as_str)
     }
 
     /// Calls agents with `http` (a client that trusts the cluster's CA).
@@ -309,16 +376,33 @@ impl Runtime {
 }
 
 /// Fails every job that was queued or running when the control plane stopped (it cannot resume
-/// them yet). Returns how many.
+/// them). Returns how many.
 pub fn fail_interrupted(db: &Db, now_ms: i64) -> Result<usize, StoreError> {
-    let mut n = 0;
+    Ok(interrupted(db, now_ms, false)?.0)
+}
+
+/// The jobs a previous control plane left queued or running: with `resume`, those [`resumable`]
+/// are returned to go on with; every other one is failed with [`RESTARTED`]. Returns how many
+/// were failed, and the jobs to resume.
+pub fn interrupted(
+    db: &Db,
+    now_ms: i64,
+    resume: bool,
+) -> Result<(usize, Vec<JobRecord>), StoreError> {
+    let mut failed = 0;
+    let mut kept = Vec::new();
     for job in db.list_jobs(None, u32::MAX)? {
-        if !job.status.is_terminal() {
+        if job.status.is_terminal() {
+            continue;
+        }
+        if resume && resumable(db, &job)? {
+            kept.push(job);
+        } else {
             db.finish_job(&job.id, JobStatus::Failed, None, Some(RESTARTED), now_ms)?;
-            n += 1;
+            failed += 1;
         }
     }
-    Ok(n)
+    Ok((failed, kept))
 }
 
 /// Why one execution of a job stopped.
@@ -408,7 +492,127 @@ pub async fn execute(
     cancel: Arc<AtomicBool>,
     planned: Option<Planned>,
 ) {
-    let started = Instant::now();
+    execute_from(state, rt, job, inputs, cancel, planned, None).await;
+}
+
+/// Records which execution a job is in and what it needs to go on after a restart.
+async fn record_execution(
+    state: &ControlState,
+    job: &str,
+    number: u32,
+    inputs: &[JobInputFile],
+    lost: &BTreeSet<String>,
+) {
+    let record = ExecutionRecord {
+        number,
+        inputs: inputs
+            .iter()
+            .map(|i| (i.name.clone(), i.key.clone()))
+            .collect(),
+        lost: lost.iter().cloned().collect(),
+        placement: None,
+    };
+    let (id, now) = (job.to_owned(), state.clock.now_ms());
+    if let Err(e) = state
+        .db
+        .run(move |db| db.set_job_execution(&id, &record, now))
+        .await
+    {
+        tracing::warn!(job, error = %e, "cannot record the job's execution");
+    }
+}
+
+/// Where a job a previous control plane was running goes on from.
+struct Resumed {
+    execution: ExecutionRecord,
+    runs: Vec<InstanceRunRecord>,
+}
+
+/// Whether [`resume`] can take a job a previous control plane left unfinished: it recorded the
+/// job's execution, and the job is not placed by a plan (a planned job's grant is not recorded
+/// yet: it fails with [`RESTARTED`]).
+pub fn resumable(db: &Db, job: &JobRecord) -> Result<bool, StoreError> {
+    Ok(!job.status.is_terminal()
+        && job.mode != sonic_api::control::JobMode::Planned
+        && db.job_execution(&job.id)?.is_some())
+}
+
+/// Goes on with a job a previous control plane left unfinished, from what it recorded: the
+/// instances it saw succeed are not run again, those it had sent are asked for again (an agent
+/// that still has the run answers with it), the rest run as usual. Register the job first
+/// ([`Runtime::register`]) and pass its cancel flag.
+pub async fn resume(
+    state: Arc<ControlState>,
+    rt: Arc<Runtime>,
+    job: JobRecord,
+    cancel: Arc<AtomicBool>,
+) {
+    let id = job.id.clone();
+    let loaded = state
+        .db
+        .run(move |db| {
+            let Some(execution) = db.job_execution(&id)? else {
+                return Ok(None);
+            };
+            let runs = db.instance_runs(&id, execution.number)?;
+            Ok(Some(Resumed { execution, runs }))
+        })
+        .await;
+    match loaded {
+        Ok(Some(resumed)) => {
+            let inputs = resumed
+                .execution
+                .inputs
+                .iter()
+                .map(|(name, key)| JobInputFile {
+                    name: name.clone(),
+                    key: key.clone(),
+                })
+                .collect();
+            tracing::info!(job = %job.id, execution = resumed.execution.number, recorded = resumed.runs.len(), "resuming the job");
+            execute_from(state, rt, job, inputs, cancel, None, Some(resumed)).await;
+        }
+        other => {
+            let why = match other {
+                Err(e) => format!("{RESTARTED}; its execution cannot be read: {e}"),
+                _ => format!("{RESTARTED}; nothing of its execution was recorded"),
+            };
+            let (id, now) = (job.id.clone(), state.clock.now_ms());
+            let reason = why.clone();
+            if let Err(e) = state
+                .db
+                .run(move |db| db.finish_job(&id, JobStatus::Failed, None, Some(&reason), now))
+                .await
+            {
+                tracing::error!(job = %job.id, error = %e, "cannot record the job's end");
+            }
+            rt.publish(&job.id, |e| {
+                e.status = JobStatus::Failed;
+                e.message = Some(why);
+            });
+            rt.forget(&job.id);
+        }
+    }
+}
+
+async fn execute_from(
+    state: Arc<ControlState>,
+    rt: Arc<Runtime>,
+    job: JobRecord,
+    inputs: Vec<JobInputFile>,
+    cancel: Arc<AtomicBool>,
+    planned: Option<Planned>,
+    mut resumed: Option<Resumed>,
+) {
+    // A resumed job's latency counts from when it first started.
+    let started = match (&resumed, job.started_ms) {
+        (Some(_), Some(ms)) => instant_at(&state, ms),
+        _ => Instant::now(),
+    };
+    // Recorded before the job shows as running: a job a restart finds running can go on.
+    if resumed.is_none() {
+        record_execution(&state, &job.id, 1, &inputs, &BTreeSet::new()).await;
+    }
     // A planned job shows as running once the resource manager admits it (`Runtime::admit`).
     if planned.is_none() {
         let now = state.clock.now_ms();
@@ -424,15 +628,21 @@ pub async fn execute(
     }
     // Every agent any execution used, for the final cleanup.
     let mut used: Vec<AgentSlot> = Vec::new();
-    let mut lost: BTreeSet<String> = BTreeSet::new();
+    let mut lost: BTreeSet<String> = resumed
+        .as_ref()
+        .map(|r| r.execution.lost.iter().cloned().collect())
+        .unwrap_or_default();
     let max_executions = rt.config.job_attempts.max(1);
-    let mut execution = 1;
+    let mut execution = resumed.as_ref().map_or(1, |r| r.execution.number.max(1));
     let (outcome, mut progress) = loop {
         let mut progress = Progress {
             lost: lost.clone(),
             origin: Some(started),
             ..Progress::default()
         };
+        // What this execution needs to go on after a restart, before it sends anything.
+        record_execution(&state, &job.id, execution, &inputs, &lost).await;
+        let recorded = resumed.take().map(|r| r.runs).unwrap_or_default();
         let outcome = run(
             &state,
             &rt,
@@ -441,6 +651,8 @@ pub async fn execute(
             &cancel,
             planned.as_ref(),
             &mut progress,
+            execution,
+            recorded,
         )
         .await;
         for a in &progress.agents {
@@ -523,7 +735,12 @@ pub async fn execute(
     let final_error = error.clone();
     let recorded = state
         .db
-        .run(move |db| db.finish_job(&id, status, Some(&summary), error.as_deref(), now))
+        .run(move |db| {
+            let found = db.finish_job(&id, status, Some(&summary), error.as_deref(), now)?;
+            // An ended job is never resumed: what its executions sent is forgotten.
+            db.delete_instance_runs(&id)?;
+            Ok(found)
+        })
         .await;
     if let Err(e) = recorded {
         tracing::error!(job = %job.id, error = %e, "cannot record the job's end");
@@ -631,6 +848,7 @@ async fn check_vm_storage_senders(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run(
     state: &Arc<ControlState>,
     rt: &Arc<Runtime>,
@@ -639,6 +857,8 @@ async fn run(
     cancel: &Arc<AtomicBool>,
     planned: Option<&Planned>,
     progress: &mut Progress,
+    execution: u32,
+    recorded: Vec<InstanceRunRecord>,
 ) -> Result<(), Failure> {
     let lost = progress.lost.clone();
     let dag_name = job.dag.clone();
@@ -741,6 +961,16 @@ async fn run(
     let mut set: tokio::task::JoinSet<Result<Finished, InstanceFailure>> =
         tokio::task::JoinSet::new();
     let mut failure: Option<InstanceFailure> = None;
+    // What a previous control plane recorded of this execution, by (function, instance); the
+    // instances it saw succeed, once their stage starts again, end at once.
+    let mut recorded: HashMap<(usize, u32), InstanceRunRecord> = recorded
+        .into_iter()
+        .filter_map(|r| {
+            let i = dag.functions.iter().position(|f| f.name == r.function)?;
+            Some(((i, r.instance), r))
+        })
+        .collect();
+    let mut restored: Vec<Finished> = Vec::new();
     loop {
         // What can start now: whole stages, or single instances of per-instance stages.
         let mut ready: Vec<(usize, Option<Vec<u32>>)> = Vec::new();
@@ -756,8 +986,7 @@ async fn run(
                     .filter(|&k| !launched[i].get(k as usize).copied().unwrap_or(false))
                     .filter(|&k| {
                         dag.incoming(i).all(|e| {
-                            ended[e.from]
-                                || done[e.from].get(k as usize).copied().unwrap_or(false)
+                            ended[e.from] || done[e.from].get(k as usize).copied().unwrap_or(false)
                         })
                     })
                     .collect();
@@ -850,11 +1079,8 @@ async fn run(
                 }
             }
             let stage = dag.functions[i].name.clone();
-            for p in placements {
-                let rt = rt.clone();
-                let state = state.clone();
-                let agent = agents[p.agent].clone();
-                let cancel = cancel.clone();
+            for mut p in placements {
+                p.request.execution = execution;
                 let instance = p.request.instance;
                 if let Some(l) = launched[i].get_mut(instance as usize) {
                     *l = true;
@@ -862,6 +1088,42 @@ async fn run(
                 let vm = alloc
                     .as_ref()
                     .map_or(0, |a| planned_vm(&dag, a, i, instance));
+                let mut sent = Sent {
+                    execution,
+                    first_attempt: 1,
+                    started_ms: state.clock.now_ms(),
+                };
+                // What a previous control plane sent of this execution: an instance that
+                // succeeded is not run again; one that was running is asked for again on the
+                // same agent by the same attempt (adopted, not repeated).
+                if let Some(r) = recorded.remove(&(i, instance))
+                    && let Some(a) = agents.iter().position(|a| a.id == r.agent)
+                {
+                    p.agent = a;
+                    match r.report {
+                        Some(report) => {
+                            restored.push(Finished {
+                                function: i,
+                                instance,
+                                agent: a,
+                                vm,
+                                report,
+                                attempts: r.attempt,
+                                started: instant_at(state, r.started_ms),
+                                ended: instant_at(state, r.ended_ms.unwrap_or(r.started_ms)),
+                            });
+                            continue;
+                        }
+                        None => {
+                            sent.first_attempt = r.attempt;
+                            sent.started_ms = r.started_ms;
+                        }
+                    }
+                }
+                let rt = rt.clone();
+                let state = state.clone();
+                let agent = agents[p.agent].clone();
+                let cancel = cancel.clone();
                 let permit = permits.get(&p.agent).cloned();
                 // A child of the job's span: the instance's events carry both.
                 let span = tracing::info_span!("run", function = %stage, instance);
@@ -879,7 +1141,7 @@ async fn run(
                             }
                             None => None,
                         };
-                        run_instance(&state, &rt, &agent, p.request, &cancel)
+                        run_instance(&state, &rt, &agent, p.request, &cancel, sent)
                             .await
                             .map(|(report, attempts, started, ended)| Finished {
                                 function: i,
@@ -899,7 +1161,11 @@ async fn run(
         if ended.iter().all(|&e| e) {
             break;
         }
-        let Some(joined) = set.join_next().await else {
+        let next = match restored.pop() {
+            Some(f) => Some(Ok(Ok(f))),
+            None => set.join_next().await,
+        };
+        let Some(joined) = next else {
             // Nothing runs and some stage has not ended: its inputs can never complete.
             return Err(Failure::Job(
                 "no stage can start: the DAG's stages wait on each other".into(),
@@ -937,7 +1203,18 @@ async fn run(
             &job.id,
             &mut files,
         );
-        put_files(state, files).await?;
+        let ended_run = InstanceRunRecord {
+            job: job.id.clone(),
+            execution,
+            function: dag.functions[i].name.clone(),
+            instance: k,
+            attempt: f.attempts,
+            agent: agents[f.agent].id.clone(),
+            report: Some(f.report.clone()),
+            started_ms: ms_at(state, f.started),
+            ended_ms: Some(ms_at(state, f.ended)),
+        };
+        put_files(state, files, Some(ended_run)).await?;
         if let Some(d) = done[i].get_mut(k as usize) {
             *d = true;
         }
@@ -997,20 +1274,42 @@ fn running_stages(dag: &Dag, started: &[bool], ended: &[bool]) -> Option<String>
     (!names.is_empty()).then(|| names.join(", "))
 }
 
-/// Records where finished instances' files are, before the instances that read them start.
-async fn put_files(state: &Arc<ControlState>, mut files: Vec<FileRecord>) -> Result<(), Failure> {
-    if files.is_empty() {
-        return Ok(());
-    }
+/// Records where a finished instance's files are, then that it ended, before the instances
+/// that read them start (a restart between the two asks the agent for its report again).
+async fn put_files(
+    state: &Arc<ControlState>,
+    mut files: Vec<FileRecord>,
+    ended: Option<InstanceRunRecord>,
+) -> Result<(), Failure> {
     let now = state.clock.now_ms();
     for r in &mut files {
         r.created_ms = now;
     }
     state
         .db
-        .run(move |db| files.iter().try_for_each(|r| db.put_file(r)))
+        .run(move |db| {
+            files.iter().try_for_each(|r| db.put_file(r))?;
+            match &ended {
+                Some(e) => db.put_instance_run(e),
+                None => Ok(()),
+            }
+        })
         .await
         .map_err(|e| Failure::Job(format!("database: {e}")))
+}
+
+/// The monotonic instant of a wall-clock time in ms (for runs a previous process recorded).
+fn instant_at(state: &ControlState, ms: i64) -> Instant {
+    let ago = Duration::from_millis(u64::try_from(state.clock.now_ms() - ms).unwrap_or(0));
+    Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
+}
+
+/// The wall-clock time in ms of a monotonic instant.
+fn ms_at(state: &ControlState, at: Instant) -> i64 {
+    let now = Instant::now();
+    let ago = now.saturating_duration_since(at).as_millis() as i64;
+    let ahead = at.saturating_duration_since(now).as_millis() as i64;
+    state.clock.now_ms() - ago + ahead
 }
 
 /// `f`, or `None` once `cancel` is set (checked every 50 ms).
@@ -1199,6 +1498,7 @@ async fn run_instance(
     agent: &AgentSlot,
     mut req: RunRequest,
     cancel: &AtomicBool,
+    sent: Sent,
 ) -> Result<(RunReport, u32, Instant, Instant), InstanceFailure> {
     // An unplanned job's instance holds one slot of its agent while it runs, so that planned
     // and unplanned jobs together never oversubscribe it (a planned job's grant covers its own).
@@ -1218,10 +1518,10 @@ async fn run_instance(
         }
     };
     let started = Instant::now();
-    let max = rt.config.max_attempts.max(1);
+    let max = rt.config.max_attempts.max(1).max(sent.first_attempt);
     let mut last = String::new();
     let mut full = false;
-    for attempt in 1..=max {
+    for attempt in sent.first_attempt.max(1)..=max {
         if cancel.load(Ordering::SeqCst) {
             return Err(InstanceFailure {
                 message: "cancelled".into(),
@@ -1230,7 +1530,23 @@ async fn run_instance(
             });
         }
         req.attempt = attempt;
-        let outcome = attempt_once(rt, agent, &req, cancel).await;
+        // Recorded before it is sent: after a restart, the run is asked for again by the same
+        // attempt (an agent answers a repeated attempt with the run it already has).
+        let record = InstanceRunRecord {
+            job: req.job_id.clone(),
+            execution: sent.execution,
+            function: req.function.clone(),
+            instance: req.instance,
+            attempt,
+            agent: agent.id.clone(),
+            report: None,
+            started_ms: sent.started_ms,
+            ended_ms: None,
+        };
+        if let Err(e) = state.db.run(move |db| db.put_instance_run(&record)).await {
+            tracing::warn!(job = %req.job_id, function = %req.function, error = %e, "cannot record the run");
+        }
+        let outcome = attempt_once(state, rt, agent, &req, cancel).await;
         let log = match &outcome {
             Ok(report) => report.log.clone(),
             Err(e) => format!("[sonic-control] no report from agent {}: {e}\n", agent.id),
@@ -1272,6 +1588,16 @@ async fn run_instance(
     })
 }
 
+/// Which execution an instance belongs to and where its attempts start: 1, or the attempt a
+/// previous control plane sent last (adopted after a restart).
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    execution: u32,
+    first_attempt: u32,
+    /// When the instance was first sent (wall clock, ms).
+    started_ms: i64,
+}
+
 /// An instance that failed every attempt.
 struct InstanceFailure {
     message: String,
@@ -1309,18 +1635,29 @@ fn describe(r: &RunReport) -> String {
     s
 }
 
+/// Sends one attempt to its agent and waits for its report: pushed by the agent when the run
+/// ends (a waiter registered before the run is sent, so no push comes too early), read with a
+/// slow poll in case the push is lost, and read at once when the agent says the run already
+/// existed (it will not push again). Without a report URL it polls with backoff, as before.
 async fn attempt_once(
+    state: &ControlState,
     rt: &Runtime,
     agent: &AgentSlot,
     req: &RunRequest,
     cancel: &AtomicBool,
 ) -> Result<RunReport, String> {
     let base = agent.url.trim_end_matches('/');
+    let run_id = req.run_id();
+    let mut waiter = rt.report_url().map(|_| rt.reports.wait(&run_id, &agent.id));
+    let mut sent = std::borrow::Cow::Borrowed(req);
+    if let Some(url) = rt.report_url() {
+        sent.to_mut().report_url = Some(url.to_owned());
+    }
     let r = rt
         .http
         .post(format!("{base}/v1/runs"))
         .bearer_auth(&rt.config.agent_token)
-        .json(req)
+        .json(&*sent)
         .send()
         .await
         .map_err(|e| format!("agent {}: {e}", agent.id))?;
@@ -1332,16 +1669,54 @@ async fn attempt_once(
             agent.id
         ));
     }
+    // 200, not 202: the agent already had this run (a repeated request), and pushed its report
+    // then, if ever: read it now.
+    let existed = r.status() == reqwest::StatusCode::OK;
     let accepted: RunAccepted = r
         .json()
         .await
         .map_err(|e| format!("agent {}: bad answer: {e}", agent.id))?;
+    if accepted.run_id != run_id {
+        // An agent that names runs otherwise cannot be waited for by id: poll it.
+        waiter = None;
+    }
     let deadline = Instant::now() + Duration::from_millis(req.timeout_ms) + rt.config.report_slack;
     let mut wait = rt.config.poll_interval;
+    let mut poll_now = existed || waiter.is_none();
     loop {
         if cancel.load(Ordering::SeqCst) {
             return Err("cancelled".into());
         }
+        match waiter.as_mut() {
+            _ if poll_now => {}
+            Some(w) => {
+                // Woken by the push, or by the slow poll's timer; the cancel flag is read at
+                // least every 250 ms.
+                let next_poll = Instant::now() + rt.config.fallback_poll;
+                let tick = Duration::from_millis(250);
+                loop {
+                    let left = next_poll.saturating_duration_since(Instant::now());
+                    if left.is_zero() || cancel.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    match tokio::time::timeout(left.min(tick), w.rx.recv()).await {
+                        Ok(Some(crate::reports::Push::Report(report))) => return Ok(report),
+                        Ok(Some(crate::reports::Push::PollNow)) => break,
+                        // The waiter was replaced (a later execution reuses this run id).
+                        Ok(None) => break,
+                        Err(_) => {}
+                    }
+                }
+                if cancel.load(Ordering::SeqCst) {
+                    continue;
+                }
+            }
+            None => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 3 / 2).min(rt.config.max_poll_interval.max(rt.config.poll_interval));
+            }
+        }
+        poll_now = false;
         let r = rt
             .http
             .get(format!("{base}/v1/runs/{}", accepted.run_id))
@@ -1361,6 +1736,7 @@ async fn attempt_once(
             .await
             .map_err(|e| format!("agent {}: bad report: {e}", agent.id))?;
         if report.status != RunStatus::Running {
+            state.metrics.report_received("poll");
             return Ok(report);
         }
         if Instant::now() > deadline {
@@ -1369,8 +1745,6 @@ async fn attempt_once(
                 agent.id, accepted.run_id
             ));
         }
-        tokio::time::sleep(wait).await;
-        wait = (wait * 3 / 2).min(rt.config.max_poll_interval.max(rt.config.poll_interval));
     }
 }
 

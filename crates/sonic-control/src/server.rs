@@ -62,6 +62,10 @@ impl RunningControl {
         if let Err(e) = (&mut self.task).await {
             tracing::error!(error = %e, "control plane task failed");
         }
+        // Jobs in flight stop here and resume at the next start on the same database.
+        if let Some(rt) = &self.state.jobs {
+            rt.stop_jobs();
+        }
     }
 }
 
@@ -162,13 +166,14 @@ pub async fn start_with_jobs(
     config.check()?;
     let data_dir = config.data_dir.clone();
     let now = clock.now_ms();
-    let db = tokio::task::spawn_blocking(move || {
+    let can_resume = jobs.is_some();
+    let (db, resumed) = tokio::task::spawn_blocking(move || {
         let db = Db::open_dir(&data_dir)?;
-        let failed = crate::scheduler::fail_interrupted(&db, now)?;
+        let (failed, resumed) = crate::scheduler::interrupted(&db, now, can_resume)?;
         if failed > 0 {
             tracing::warn!(jobs = failed, "failed jobs interrupted by a restart");
         }
-        Ok::<_, StoreError>(db)
+        Ok::<_, StoreError>((db, resumed))
     })
     .await
     .map_err(|e| StoreError::Task(e.to_string()))??;
@@ -183,7 +188,34 @@ pub async fn start_with_jobs(
             source,
         })?;
     let addr = listener.local_addr()?;
+    if let Some(rt) = &jobs {
+        // Agents without a control URL of their own (registered in this process) push run
+        // reports here; a wildcard address is reached on loopback.
+        let mut reach = addr;
+        if reach.ip().is_unspecified() {
+            reach.set_ip(match reach {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        rt.listening_at(&format!(
+            "{}://{reach}",
+            sonic_daemon::tls::scheme(tls.is_some())
+        ));
+    }
     let state = ControlState::with_jobs(db, clock, Settings::from_config(&config), jobs);
+    // Jobs a previous process was running go on from what it recorded.
+    if let Some(rt) = &state.jobs {
+        for job in resumed {
+            let cancel = rt.register(&job.id);
+            let span =
+                tracing::info_span!("job", job = %job.id, dag = %job.dag, policy = %job.policy);
+            rt.spawn_job(tracing::Instrument::instrument(
+                crate::scheduler::resume(state.clone(), rt.clone(), job, cancel),
+                span,
+            ));
+        }
+    }
     state.dashboard.set_tls(tls.is_some());
     let app = router(state.clone());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

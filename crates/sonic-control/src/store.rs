@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use rusqlite::types::Type;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sonic_api::agent::{Capacity, Heartbeat};
+use serde::{Deserialize, Serialize};
+use sonic_api::agent::{Capacity, Heartbeat, RunReport};
 use sonic_api::control::{InstanceLog, JobMode, JobPlan, JobStatus, JobSummary};
 
 /// The database's file name inside the data directory.
@@ -110,6 +110,24 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (job, function, instance, attempt)
     ) STRICT;
     "#,
+    // 3: durable execution: what a running job's execution needs to resume after a restart
+    // (its inputs, its number, the agents it lost, its placement), and every instance it sent.
+    r#"
+    ALTER TABLE jobs ADD COLUMN execution TEXT;
+
+    CREATE TABLE instance_runs (
+        job         TEXT NOT NULL,
+        execution   INTEGER NOT NULL,
+        function    TEXT NOT NULL,
+        instance    INTEGER NOT NULL,
+        attempt     INTEGER NOT NULL,
+        agent       TEXT NOT NULL,
+        report      TEXT,
+        started_ms  INTEGER NOT NULL,
+        ended_ms    INTEGER,
+        PRIMARY KEY (job, execution, function, instance)
+    ) STRICT;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -184,6 +202,38 @@ pub struct JobRecord {
     pub updated_ms: i64,
     /// How a planned job was planned and placed; set when its execution starts.
     pub plan: Option<JobPlan>,
+}
+
+/// What a job's current execution needs to go on after a control-plane restart, recorded when it
+/// starts (and again when its placement is granted).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutionRecord {
+    /// 1 for the first execution; one more for each run again without lost agents.
+    pub number: u32,
+    /// The job's input objects: `(name under input/, object key)`.
+    pub inputs: Vec<(String, String)>,
+    /// Agents earlier executions lost.
+    #[serde(default)]
+    pub lost: Vec<String>,
+    /// A planned job's placement once granted (the executor's own encoding).
+    #[serde(default)]
+    pub placement: Option<serde_json::Value>,
+}
+
+/// One instance an execution sent to an agent: running (no report yet) or succeeded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceRunRecord {
+    pub job: String,
+    pub execution: u32,
+    pub function: String,
+    pub instance: u32,
+    /// The attempt sent last (the agent's run id names it).
+    pub attempt: u32,
+    pub agent: String,
+    /// Set once the instance succeeded.
+    pub report: Option<RunReport>,
+    pub started_ms: i64,
+    pub ended_ms: Option<i64>,
 }
 
 /// What one profiled job measured: the DAG parameters at its input size. One per job: recording a
@@ -647,6 +697,97 @@ impl Db {
         ))?;
         let rows = stmt.query_map(params![dag, limit], job_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Records the execution a job is in. Returns whether the job exists.
+    pub fn set_job_execution(
+        &self,
+        id: &str,
+        execution: &ExecutionRecord,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let text = to_json(execution, "job execution")?;
+        let n = self.conn().execute(
+            "UPDATE jobs SET execution = ?2, updated_ms = ?3 WHERE id = ?1",
+            params![id, text, now_ms],
+        )?;
+        Ok(n > 0)
+    }
+
+    /// The execution a job is in, as last recorded.
+    pub fn job_execution(&self, id: &str) -> Result<Option<ExecutionRecord>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT execution FROM jobs WHERE id = ?1",
+                params![id],
+                |r| opt_json_col(r, 0),
+            )
+            .optional()?
+            .flatten())
+    }
+
+    /// Records an instance sent (or sent again, or ended), replacing its earlier row.
+    pub fn put_instance_run(&self, r: &InstanceRunRecord) -> Result<(), StoreError> {
+        let report = r
+            .report
+            .as_ref()
+            .map(|x| to_json(x, "run report"))
+            .transpose()?;
+        self.conn().execute(
+            "INSERT INTO instance_runs (job, execution, function, instance, attempt, agent, report, \
+               started_ms, ended_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+             ON CONFLICT (job, execution, function, instance) DO UPDATE SET \
+               attempt = excluded.attempt, agent = excluded.agent, report = excluded.report, \
+               started_ms = excluded.started_ms, ended_ms = excluded.ended_ms",
+            params![
+                r.job,
+                r.execution,
+                r.function,
+                r.instance,
+                r.attempt,
+                r.agent,
+                report,
+                r.started_ms,
+                r.ended_ms
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// The instances one execution of a job sent, by function and instance.
+    pub fn instance_runs(
+        &self,
+        job: &str,
+        execution: u32,
+    ) -> Result<Vec<InstanceRunRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT job, execution, function, instance, attempt, agent, report, started_ms, \
+               ended_ms FROM instance_runs WHERE job = ?1 AND execution = ?2 \
+             ORDER BY function, instance",
+        )?;
+        let rows = stmt.query_map(params![job, execution], |r| {
+            Ok(InstanceRunRecord {
+                job: r.get(0)?,
+                execution: r.get(1)?,
+                function: r.get(2)?,
+                instance: r.get(3)?,
+                attempt: r.get(4)?,
+                agent: r.get(5)?,
+                report: opt_json_col(r, 6)?,
+                started_ms: r.get(7)?,
+                ended_ms: r.get(8)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Forgets what a job's executions sent (once it ended); returns how many rows.
+    pub fn delete_instance_runs(&self, job: &str) -> Result<usize, StoreError> {
+        Ok(self
+            .conn()
+            .execute("DELETE FROM instance_runs WHERE job = ?1", params![job])?)
     }
 
     // ---- samples ----
@@ -1356,5 +1497,59 @@ mod tests {
         assert_eq!(all[3].log, "ok again, replaced");
         assert_eq!(db.logs("j-1", Some("pca")).expect("logs").len(), 1);
         assert!(db.logs("j-1", Some("nope")).expect("logs").is_empty());
+    }
+
+    #[test]
+    fn an_execution_and_its_runs_survive_a_reopen_until_forgotten() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open_dir(dir.path()).expect("open");
+        db.insert_job(&job("j-1", "ml", 1)).expect("job");
+        assert_eq!(db.job_execution("j-1").expect("read"), None);
+        let exec = ExecutionRecord {
+            number: 2,
+            inputs: vec![("data.bin".into(), "jobs/j-1/input/data.bin".into())],
+            lost: vec!["a-9".into()],
+            placement: None,
+        };
+        assert!(db.set_job_execution("j-1", &exec, 5).expect("set"));
+        assert!(!db.set_job_execution("j-nope", &exec, 5).expect("set"));
+        let mut run = InstanceRunRecord {
+            job: "j-1".into(),
+            execution: 2,
+            function: "pca".into(),
+            instance: 3,
+            attempt: 1,
+            agent: "a-1".into(),
+            report: None,
+            started_ms: 10,
+            ended_ms: None,
+        };
+        db.put_instance_run(&run).expect("sent");
+        // Sent again (attempt 2), then ended: one row, the newest.
+        run.attempt = 2;
+        db.put_instance_run(&run).expect("sent again");
+        run.report = Some(RunReport {
+            run_id: "j-1.pca.3.2".into(),
+            status: sonic_api::agent::RunStatus::Succeeded,
+            cold: Some(true),
+            seconds: Some(0.5),
+            start_latency_s: None,
+            peak_memory_mb: None,
+            exit_code: Some(0),
+            error: None,
+            staged: Vec::new(),
+            outputs: Vec::new(),
+            log: String::new(),
+        });
+        run.ended_ms = Some(20);
+        db.put_instance_run(&run).expect("ended");
+        drop(db);
+
+        let db = Db::open_dir(dir.path()).expect("reopen");
+        assert_eq!(db.job_execution("j-1").expect("read"), Some(exec));
+        assert_eq!(db.instance_runs("j-1", 2).expect("runs"), vec![run]);
+        assert!(db.instance_runs("j-1", 1).expect("runs").is_empty());
+        assert_eq!(db.delete_instance_runs("j-1").expect("forget"), 1);
+        assert!(db.instance_runs("j-1", 2).expect("runs").is_empty());
     }
 }

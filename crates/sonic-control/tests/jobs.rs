@@ -462,10 +462,7 @@ async fn a_diamonds_two_branches_overlap_in_time() {
                 .iter()
                 .find(|f| f.name == name)
                 .unwrap_or_else(|| panic!("{policy}: no run of {name}: {v}"));
-            (
-                f.started_s.expect("started_s"),
-                f.ended_s.expect("ended_s"),
-            )
+            (f.started_s.expect("started_s"), f.ended_s.expect("ended_s"))
         };
         let (split, left, right, join) = (span("split"), span("left"), span("right"), span("join"));
         // Run one after the other, one branch would start after the other ended.
@@ -679,6 +676,98 @@ async fn a_job_running_at_restart_is_failed() {
     control.stop().await;
 }
 
+/// mid sleeps long enough for the control plane to be stopped while it runs.
+const SLOW: &str = r#"
+name: slow
+functions:
+  - { name: gen, image: sonic-lambdas:latest, command: [synthetic, copy, --to, mid], timeout: 30s }
+  - { name: mid, image: sonic-lambdas:latest, command: [synthetic, copy, --to, sink, --sleep-ms, "1500"], instances: 2, timeout: 30s }
+  - { name: sink, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }
+edges:
+  - { from: gen, to: mid, kind: broadcast }
+  - { from: mid, to: sink, kind: gather }
+"#;
+
+/// Runs that ended on the cluster's agents, as their metrics count them.
+fn runs_ended(c: &Cluster) -> u64 {
+    c.agents
+        .iter()
+        .map(|a| {
+            a.state
+                .metrics
+                .render(&a.state)
+                .lines()
+                .filter(|l| l.starts_with("sonic_agent_runs_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_survives_a_control_plane_restart_mid_stage() {
+    let mut c = cluster().await;
+    c.apply(SLOW).await;
+    let input = input_bytes();
+    for policy in ["remote", "direct"] {
+        let before = runs_ended(&c);
+        let id = c
+            .submit(json!({
+                "dag": "slow",
+                "policy": policy,
+                "input": { "name": "data.bin", "base64": base64(&input) },
+            }))
+            .await;
+        // Stopped once gen has ended and both mids were sent to their agents.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let runs = c.control.state.db.instance_runs(&id, 1).expect("runs");
+            let gen_done = runs
+                .iter()
+                .any(|r| r.function == "gen" && r.report.is_some());
+            let mids_sent = runs.iter().filter(|r| r.function == "mid").count();
+            if gen_done && mids_sent == 2 {
+                assert!(
+                    runs.iter()
+                        .all(|r| r.function != "mid" || r.report.is_none()),
+                    "{policy}: the mids ended before the restart: {runs:?}"
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "{policy}: mid never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        c = c.restart().await;
+        let (v, s) = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
+        // Nothing ran twice: gen was not run again and the mids were adopted, not repeated.
+        assert_eq!(s.functions.len(), 4, "{policy}: {v}");
+        assert!(s.functions.iter().all(|f| f.attempts == 1), "{policy}: {v}");
+        assert_eq!(
+            runs_ended(&c) - before,
+            4,
+            "{policy}: each instance runs once on the agents"
+        );
+        // The same outputs as a run without a restart: the input, once per mid.
+        assert_eq!(s.outputs.len(), 2, "{policy}: {v}");
+        for out in &s.outputs {
+            let key = out.strip_prefix("store://").expect("store url");
+            let data = c.store.get_bytes(key).await.expect("result");
+            assert_eq!(data.as_ref(), input.as_slice(), "{policy}: {key}");
+        }
+        // Once ended, nothing of its execution is kept to resume.
+        assert!(
+            c.control
+                .state
+                .db
+                .instance_runs(&id, 1)
+                .expect("runs")
+                .is_empty()
+        );
+    }
+    c.stop().await;
+}
+
 /// Two mappers write `part-<j>` for two reducers (`SONIC_FANOUT_RED`); reducer j gets part j of
 /// every mapper, the same bytes whether they move directly or through the store.
 const SHUFFLE: &str = r#"
@@ -766,11 +855,23 @@ async fn a_cancelled_job_fails_as_cancelled() {
         r#"
 name: slow
 functions:
-  - { name: nap, image: sonic-lambdas:latest, command: [synthetic, run, --sleep-ms, "2000"], timeout: 30s }
+  - { name: nap, image: sonic-lambdas:latest, command: [synthetic, run, --sleep-ms, "60000"], timeout: 120s }
 "#,
     )
     .await;
     let id = c.submit(json!({ "dag": "slow", "policy": "remote" })).await;
+    let running = |c: &Cluster| -> u32 {
+        c.agents
+            .iter()
+            .map(|a| a.state.running.load(std::sync::atomic::Ordering::SeqCst))
+            .sum()
+    };
+    // Cancelled while its lambda runs on an agent.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while running(&c) == 0 {
+        assert!(Instant::now() < deadline, "the lambda never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let r = c
         .http
         .post(format!("{}/v1/jobs/{id}/cancel", c.control.url()))
@@ -785,6 +886,15 @@ functions:
         s.error.as_deref().unwrap_or("").contains("cancelled"),
         "{v}"
     );
+    // The lambda was stopped on its agent, not left to sleep its minute.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while running(&c) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled job's lambda still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // A finished job cannot be cancelled again.
     let again = c
         .http
