@@ -948,6 +948,31 @@ async fn choose(
     }
 }
 
+/// Plans a planned job again as it was chosen at submission (its policy, its input size, its
+/// parameters), with the models and bandwidths there are now: a job a restarted control plane
+/// resumes.
+pub(crate) async fn plan_again(state: &ControlState, job: &JobRecord) -> Result<Planned, String> {
+    let lookup = job.dag.clone();
+    let record = state
+        .db
+        .run(move |db| db.get_dag(&lookup))
+        .await
+        .map_err(|e| format!("database: {e}"))?
+        .ok_or_else(|| format!("dag {} no longer exists", job.dag))?;
+    let dag: Dag = serde_json::from_value(record.parsed)
+        .map_err(|e| format!("stored dag {} does not decode: {e}", job.dag))?;
+    let overrides = job.params.clone().into_iter().collect();
+    let fanouts = dag.fanouts(&dag.job_params(&overrides))?;
+    let policy: Policy = job.policy.parse()?;
+    let baseline = matches!(policy, Policy::Remote | Policy::Direct | Policy::Local);
+    let choice = choose(state, dag, Some(policy), baseline, job.input_bytes, fanouts)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    choice
+        .planned
+        .ok_or_else(|| format!("{} plans nothing", job.policy))
+}
+
 fn plan_error(e: PlanFailure) -> ApiError {
     match e {
         PlanFailure::NotReady { .. } => ApiError::Conflict(e.to_string()),

@@ -178,6 +178,22 @@ pub async fn admit(
     waiting: &(dyn Fn(&str) + Send + Sync),
     replan: &Replan<'_>,
 ) -> Result<(Allocation, Planned), String> {
+    admit_preferring(manager, job, dag, planned, agents, &[], waiting, replan).await
+}
+
+/// [`admit`], telling the manager which agents the job ran each stage on before
+/// ([`Offer::prefer`]: a job resumed after a restart).
+#[allow(clippy::too_many_arguments)]
+pub async fn admit_preferring(
+    manager: &dyn ResourceManager,
+    job: &str,
+    dag: &Dag,
+    planned: &Planned,
+    agents: &[AgentSlot],
+    prefer: &[Vec<String>],
+    waiting: &(dyn Fn(&str) + Send + Sync),
+    replan: &Replan<'_>,
+) -> Result<(Allocation, Planned), String> {
     let shared = Arc::new(dag.clone());
     let mut current = planned.clone();
     let mut notes = Vec::new();
@@ -191,6 +207,7 @@ pub async fn admit(
             second_best: current.outcome.second_best.clone(),
             memory_limit_mb: memory_limit_mb.clone(),
             agents: agents.to_vec(),
+            prefer: prefer.to_vec(),
         };
         let mut used = Used::Best;
         let mut answer = manager

@@ -75,6 +75,11 @@ pub struct Offer {
     pub memory_limit_mb: Vec<u64>,
     /// The agents the control plane can run on now (alive, not lost by this job), by id.
     pub agents: Vec<AgentSlot>,
+    /// Per DAG function index, the agent ids the job ran that stage on before (a job a
+    /// restarted control plane resumes: its files are there), in VM order; empty where there
+    /// is no preference. A hint: a manager that grants these keeps the job's recorded progress,
+    /// one that grants others makes it start again from its input.
+    pub prefer: Vec<Vec<String>>,
 }
 
 impl Offer {
@@ -454,8 +459,15 @@ impl Pool {
                 hosts.push(h);
                 continue;
             }
-            // The job's own agents first (a reservation there may already cover the stage),
-            // then the freest.
+            // The agents the job ran this stage on before, in their order; then the job's own
+            // agents (a reservation there may already cover the stage); then the freest.
+            let preferred = |a: usize| {
+                offer
+                    .prefer
+                    .get(i)
+                    .and_then(|p| p.iter().position(|id| *id == agents[a].id))
+                    .unwrap_or(usize::MAX)
+            };
             let mut typed: Vec<usize> = (0..agents.len())
                 .filter(|&a| agents[a].vm_type == ps.vm_type)
                 .collect();
@@ -465,6 +477,7 @@ impl Pool {
                     memory_mb: u64::MAX,
                 });
                 (
+                    preferred(a),
                     !need.contains_key(&a),
                     std::cmp::Reverse(fr.slots),
                     std::cmp::Reverse(fr.memory_mb),
@@ -794,6 +807,7 @@ edges:
             second_best: None,
             memory_limit_mb: vec![memory_mb; 3],
             agents: agents.to_vec(),
+            prefer: Vec::new(),
         }
     }
 
@@ -840,6 +854,30 @@ edges:
         pool.release("j1");
         pool.release("j1");
         assert!(pool.usage().values().all(|u| *u == Use::default()));
+    }
+
+    #[test]
+    fn a_resumed_job_gets_the_agents_it_ran_on_in_their_order() {
+        let pool = Pool::new(Some(&catalog()), 4);
+        let ag = agents(&["m5.large", "m5.large", "m5.large", "m5.xlarge"]);
+        let mut o = offer(
+            "j1",
+            plan(
+                [("m5.large", 2, 1), ("m5.large", 2, 1), ("m5.xlarge", 1, 1)],
+                true,
+            ),
+            1024,
+            &ag,
+        );
+        // Without a preference the freest come first, by index.
+        let g = granted(pool.offer(&o, &quiet).now_or_never().expect("at once"));
+        assert_eq!(g.hosts[0], vec!["a-0".to_owned(), "a-1".to_owned()]);
+        pool.release("j1");
+        o.prefer = vec![vec!["a-2".into(), "a-0".into()], Vec::new(), Vec::new()];
+        let g = granted(pool.offer(&o, &quiet).now_or_never().expect("at once"));
+        assert_eq!(g.hosts[0], vec!["a-2".to_owned(), "a-0".to_owned()]);
+        assert_eq!(g.hosts[1], g.hosts[0], "vm-storage continues on a's VMs");
+        pool.release("j1");
     }
 
     #[test]

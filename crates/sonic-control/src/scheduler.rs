@@ -296,6 +296,8 @@ impl Runtime {
     /// Admits a planned job through the resource manager ([`crate::planned::admit`]): until it
     /// is granted the job stays `queued`, its message saying why; then it shows as running.
     /// Returns the allocation and the plans it came from (re-planned when the pool was short).
+    /// `prefer`: the agents a resumed job ran each stage on ([`crate::resources::Offer::prefer`]).
+    #[allow(clippy::too_many_arguments)]
     async fn admit(
         &self,
         state: &ControlState,
@@ -303,6 +305,7 @@ impl Runtime {
         dag: &Dag,
         planned: &Planned,
         agents: &[AgentSlot],
+        prefer: &[Vec<String>],
         cancel: &AtomicBool,
     ) -> Result<(Allocation, Planned), String> {
         let policy: Policy = job.policy.parse()?;
@@ -319,12 +322,13 @@ impl Runtime {
             crate::learning::replan(dag, planned, catalog, policy, state.plan_budget(), limits)
                 .map_err(|e| e.to_string())
         };
-        let admitted = crate::planned::admit(
+        let admitted = crate::planned::admit_preferring(
             self.resources.as_ref(),
             &job.id,
             dag,
             planned,
             agents,
+            prefer,
             &waiting,
             &replan,
         );
@@ -528,13 +532,26 @@ struct Resumed {
     runs: Vec<InstanceRunRecord>,
 }
 
+/// What [`run`] goes on from: the instances a previous control plane sent in this execution,
+/// and the agents a planned job's stages were granted (agent ids per function, in VM order).
+#[derive(Debug, Default)]
+struct Recorded {
+    runs: Vec<InstanceRunRecord>,
+    hosts: Vec<Vec<String>>,
+}
+
+/// The agents a recorded placement names, per function.
+fn placement_hosts(placement: Option<&serde_json::Value>) -> Vec<Vec<String>> {
+    placement
+        .and_then(|p| p.get("hosts"))
+        .and_then(|h| serde_json::from_value(h.clone()).ok())
+        .unwrap_or_default()
+}
+
 /// Whether [`resume`] can take a job a previous control plane left unfinished: it recorded the
-/// job's execution, and the job is not placed by a plan (a planned job's grant is not recorded
-/// yet: it fails with [`RESTARTED`]).
+/// job's execution.
 pub fn resumable(db: &Db, job: &JobRecord) -> Result<bool, StoreError> {
-    Ok(!job.status.is_terminal()
-        && job.mode != sonic_api::control::JobMode::Planned
-        && db.job_execution(&job.id)?.is_some())
+    Ok(!job.status.is_terminal() && db.job_execution(&job.id)?.is_some())
 }
 
 /// Goes on with a job a previous control plane left unfinished, from what it recorded: the
@@ -569,14 +586,37 @@ pub async fn resume(
                     key: key.clone(),
                 })
                 .collect();
+            // A planned job is planned again (the models and the catalog are in the database);
+            // the resource manager is asked for the agents it ran on before.
+            let planned = if job.mode == sonic_api::control::JobMode::Planned {
+                match crate::api::plan_again(&state, &job).await {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        let why = format!("{RESTARTED}; the job cannot be planned again: {e}");
+                        return fail_unresumed(&state, &rt, &job, why).await;
+                    }
+                }
+            } else {
+                None
+            };
             tracing::info!(job = %job.id, execution = resumed.execution.number, recorded = resumed.runs.len(), "resuming the job");
-            execute_from(state, rt, job, inputs, cancel, None, Some(resumed)).await;
+            execute_from(state, rt, job, inputs, cancel, planned, Some(resumed)).await;
         }
         other => {
             let why = match other {
                 Err(e) => format!("{RESTARTED}; its execution cannot be read: {e}"),
                 _ => format!("{RESTARTED}; nothing of its execution was recorded"),
             };
+            fail_unresumed(&state, &rt, &job, why).await;
+        }
+    }
+}
+
+/// Fails a job a previous control plane left unfinished that cannot go on, saying why.
+async fn fail_unresumed(state: &ControlState, rt: &Runtime, job: &JobRecord, why: String) {
+    {
+        {
+            tracing::warn!(job = %job.id, "{why}");
             let (id, now) = (job.id.clone(), state.clock.now_ms());
             let reason = why.clone();
             if let Err(e) = state
@@ -642,7 +682,13 @@ async fn execute_from(
         };
         // What this execution needs to go on after a restart, before it sends anything.
         record_execution(&state, &job.id, execution, &inputs, &lost).await;
-        let recorded = resumed.take().map(|r| r.runs).unwrap_or_default();
+        let recorded = resumed
+            .take()
+            .map(|r| Recorded {
+                hosts: placement_hosts(r.execution.placement.as_ref()),
+                runs: r.runs,
+            })
+            .unwrap_or_default();
         let outcome = run(
             &state,
             &rt,
@@ -858,8 +904,12 @@ async fn run(
     planned: Option<&Planned>,
     progress: &mut Progress,
     execution: u32,
-    recorded: Vec<InstanceRunRecord>,
+    recorded: Recorded,
 ) -> Result<(), Failure> {
+    let Recorded {
+        runs: mut recorded,
+        hosts: recorded_hosts,
+    } = recorded;
     let lost = progress.lost.clone();
     let dag_name = job.dag.clone();
     let now = state.clock.now_ms();
@@ -902,9 +952,34 @@ async fn run(
     let alloc = match planned {
         Some(p) => {
             let (alloc, p) = rt
-                .admit(state, job, &dag, p, &agents, cancel)
+                .admit(state, job, &dag, p, &agents, &recorded_hosts, cancel)
                 .await
                 .map_err(Failure::Job)?;
+            let hosts: Vec<Vec<String>> = alloc
+                .hosts
+                .iter()
+                .map(|h| h.iter().map(|&a| agents[a].id.clone()).collect())
+                .collect();
+            if !recorded_hosts.is_empty() && hosts != recorded_hosts && !recorded.is_empty() {
+                // Granted elsewhere than before the restart: what the old grant's agents hold
+                // cannot be placed on, so this execution starts over from the input.
+                tracing::warn!(job = %job.id, before = ?recorded_hosts, now = ?hosts, "resumed on other agents: the execution starts over");
+                recorded.clear();
+            }
+            // Recorded so that after a restart the job asks for the same agents again.
+            let (id, now) = (job.id.clone(), state.clock.now_ms());
+            let placement = serde_json::json!({ "hosts": hosts });
+            state
+                .db
+                .run(move |db| {
+                    if let Some(mut e) = db.job_execution(&id)? {
+                        e.placement = Some(placement);
+                        db.set_job_execution(&id, &e, now)?;
+                    }
+                    Ok(())
+                })
+                .await
+                .map_err(|e| format!("database: {e}"))?;
             let plan = job_plan(&dag, &alloc, &agents, &p.report);
             tracing::info!(job = %job.id, used = %plan.used, notes = ?plan.notes, "plan granted");
             let (id, stored, now) = (job.id.clone(), plan.clone(), state.clock.now_ms());

@@ -768,6 +768,86 @@ async fn a_job_survives_a_control_plane_restart_mid_stage() {
     c.stop().await;
 }
 
+/// The same, for a planned job: models learned from four profiling jobs, then a `sonic` job
+/// stopped while its mids run; the new control plane plans it again, is granted the agents it
+/// ran on, and goes on from what was recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_job_survives_a_control_plane_restart_mid_stage() {
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 4,
+    };
+    let mut c = cluster_with(rule).await;
+    c.apply(SLOW).await;
+    let body = |input: &[u8]| {
+        json!({
+            "dag": "slow",
+            "input": { "name": "data.bin", "base64": base64(input) },
+        })
+    };
+    for n in [30_000usize, 90_000, 150_000, 210_000] {
+        let id = c.submit(body(&sized_input(n))).await;
+        let (v, s) = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    }
+    let input = sized_input(120_000);
+    let before = runs_ended(&c);
+    let id = c.submit(body(&input)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let runs = c.control.state.db.instance_runs(&id, 1).expect("runs");
+        let gen_done = runs
+            .iter()
+            .any(|r| r.function == "gen" && r.report.is_some());
+        if gen_done && runs.iter().filter(|r| r.function == "mid").count() == 2 {
+            assert!(
+                runs.iter()
+                    .all(|r| r.function != "mid" || r.report.is_none()),
+                "the mids ended before the restart: {runs:?}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "mid never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let granted = c
+        .control
+        .state
+        .db
+        .get_job(&id)
+        .expect("get")
+        .expect("job")
+        .plan;
+    c = c.restart().await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (s.policy.as_str(), s.mode),
+        ("sonic", JobMode::Planned),
+        "{v}"
+    );
+    assert_eq!(s.functions.len(), 4, "{v}");
+    assert!(s.functions.iter().all(|f| f.attempts == 1), "{v}");
+    assert_eq!(runs_ended(&c) - before, 4, "each instance runs once: {v}");
+    // The same agents as before the restart.
+    let hosts = |p: &Option<sonic_api::control::JobPlan>| {
+        p.as_ref().map(|p| {
+            p.stages
+                .iter()
+                .map(|s| s.agents.clone())
+                .collect::<Vec<_>>()
+        })
+    };
+    assert_eq!(hosts(&s.plan), hosts(&granted), "{v}");
+    assert_eq!(s.outputs.len(), 2, "{v}");
+    for out in &s.outputs {
+        let key = out.strip_prefix("store://").expect("store url");
+        let data = c.store.get_bytes(key).await.expect("result");
+        assert_eq!(data.as_ref(), input.as_slice(), "{key}");
+    }
+    c.stop().await;
+}
+
 /// Two mappers write `part-<j>` for two reducers (`SONIC_FANOUT_RED`); reducer j gets part j of
 /// every mapper, the same bytes whether they move directly or through the store.
 const SHUFFLE: &str = r#"
