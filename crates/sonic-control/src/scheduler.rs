@@ -1020,6 +1020,22 @@ async fn run(
     let mut vcpu_permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
     // A planned stage's concurrency per VM, made when its first instance starts.
     let mut stage_permits: Vec<Option<HashMap<usize, Arc<Semaphore>>>> = vec![None; n];
+    // A planned job holds on each agent what its grant reserved there: the most one stage runs
+    // at once on it. Stages of independent branches running together share that.
+    let mut job_permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
+    if let Some(a) = &alloc {
+        let mut most: HashMap<usize, usize> = HashMap::new();
+        for i in 0..n {
+            for (agent, k) in a.permits(i) {
+                let m = most.entry(agent).or_insert(0);
+                *m = (*m).max(k);
+            }
+        }
+        job_permits = most
+            .into_iter()
+            .map(|(agent, k)| (agent, Arc::new(Semaphore::new(k))))
+            .collect();
+    }
     // A stage starts as soon as every stage it reads from has ended, so independent branches of
     // the DAG run at once; a stage fed only by `one` edges starts each instance as soon as that
     // instance's own senders ended. The instances of every running stage are in one set.
@@ -1200,6 +1216,7 @@ async fn run(
                 let agent = agents[p.agent].clone();
                 let cancel = cancel.clone();
                 let permit = permits.get(&p.agent).cloned();
+                let job_permit = job_permits.get(&p.agent).cloned();
                 // A child of the job's span: the instance's events carry both.
                 let span = tracing::info_span!("run", function = %stage, instance);
                 set.spawn(tracing::Instrument::instrument(
@@ -1210,6 +1227,17 @@ async fn run(
                                 let _waiting = state.metrics.waiting();
                                 Some(s.acquire_owned().await.map_err(|_| InstanceFailure {
                                     message: "concurrency limit closed".to_owned(),
+                                    disk_full: false,
+                                    agent: agent.id.clone(),
+                                })?)
+                            }
+                            None => None,
+                        };
+                        // And the job's reservation on the agent (taken after the stage's).
+                        let _reserved = match job_permit {
+                            Some(s) => {
+                                Some(s.acquire_owned().await.map_err(|_| InstanceFailure {
+                                    message: "reservation limit closed".to_owned(),
                                     disk_full: false,
                                     agent: agent.id.clone(),
                                 })?)
