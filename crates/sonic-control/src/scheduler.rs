@@ -614,25 +614,21 @@ pub async fn resume(
 
 /// Fails a job a previous control plane left unfinished that cannot go on, saying why.
 async fn fail_unresumed(state: &ControlState, rt: &Runtime, job: &JobRecord, why: String) {
+    tracing::warn!(job = %job.id, "{why}");
+    let (id, now) = (job.id.clone(), state.clock.now_ms());
+    let reason = why.clone();
+    if let Err(e) = state
+        .db
+        .run(move |db| db.finish_job(&id, JobStatus::Failed, None, Some(&reason), now))
+        .await
     {
-        {
-            tracing::warn!(job = %job.id, "{why}");
-            let (id, now) = (job.id.clone(), state.clock.now_ms());
-            let reason = why.clone();
-            if let Err(e) = state
-                .db
-                .run(move |db| db.finish_job(&id, JobStatus::Failed, None, Some(&reason), now))
-                .await
-            {
-                tracing::error!(job = %job.id, error = %e, "cannot record the job's end");
-            }
-            rt.publish(&job.id, |e| {
-                e.status = JobStatus::Failed;
-                e.message = Some(why);
-            });
-            rt.forget(&job.id);
-        }
+        tracing::error!(job = %job.id, error = %e, "cannot record the job's end");
     }
+    rt.publish(&job.id, |e| {
+        e.status = JobStatus::Failed;
+        e.message = Some(why);
+    });
+    rt.forget(&job.id);
 }
 
 async fn execute_from(

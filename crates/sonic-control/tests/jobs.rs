@@ -425,6 +425,16 @@ async fn a_dag_runs_under_every_policy_with_identical_results() {
     c.stop().await;
 }
 
+/// When instance `k` of `function` started and ended, in seconds from the job's start.
+fn span(s: &JobSummary, function: &str, k: u32) -> (f64, f64) {
+    let f = s
+        .functions
+        .iter()
+        .find(|f| f.name == function && f.instance == k)
+        .unwrap_or_else(|| panic!("no run of {function} {k}: {s:?}"));
+    (f.started_s.expect("started_s"), f.ended_s.expect("ended_s"))
+}
+
 /// split sends the input to two branches that sleep, then join gathers both: the branches
 /// depend on nothing but split, so they run at the same time.
 const DIAMOND: &str = r#"
@@ -447,24 +457,8 @@ async fn a_diamonds_two_branches_overlap_in_time() {
     c.apply(DIAMOND).await;
     let input = input_bytes();
     for policy in ["remote", "direct", "local"] {
-        let id = c
-            .submit(json!({
-                "dag": "diamond",
-                "policy": policy,
-                "input": { "name": "data.bin", "base64": base64(&input) },
-            }))
-            .await;
-        let (v, s) = c.wait(&id).await;
-        assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
-        let span = |name: &str| {
-            let f = s
-                .functions
-                .iter()
-                .find(|f| f.name == name)
-                .unwrap_or_else(|| panic!("{policy}: no run of {name}: {v}"));
-            (f.started_s.expect("started_s"), f.ended_s.expect("ended_s"))
-        };
-        let (split, left, right, join) = (span("split"), span("left"), span("right"), span("join"));
+        let (v, s) = c.run_ok("diamond", Some(policy), &input).await;
+        let [split, left, right, join] = ["split", "left", "right", "join"].map(|f| span(&s, f, 0));
         // Run one after the other, one branch would start after the other ended.
         assert!(
             left.0 < right.1 && right.0 < left.1,
@@ -474,12 +468,7 @@ async fn a_diamonds_two_branches_overlap_in_time() {
         assert!(split.1 <= left.0 && split.1 <= right.0, "{policy}: {v}");
         assert!(left.1 <= join.0 && right.1 <= join.0, "{policy}: {v}");
         // join copied what both branches passed on: the input, twice.
-        assert_eq!(s.outputs.len(), 2, "{policy}: {v}");
-        for out in &s.outputs {
-            let key = out.strip_prefix("store://").expect("store url");
-            let data = c.store.get_bytes(key).await.expect("result");
-            assert_eq!(data.as_ref(), input.as_slice(), "{policy}: {key}");
-        }
+        c.assert_copies(&s, 2, &input).await;
     }
     c.stop().await;
 }
@@ -502,23 +491,8 @@ async fn a_one_edge_starts_each_receiver_when_its_own_sender_ends() {
     c.apply(PIPELINE).await;
     let input = input_bytes();
     for policy in ["remote", "direct", "local"] {
-        let id = c
-            .submit(json!({
-                "dag": "pipeline",
-                "policy": policy,
-                "input": { "name": "data.bin", "base64": base64(&input) },
-            }))
-            .await;
-        let (v, s) = c.wait(&id).await;
-        assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
-        let span = |name: &str, k: u32| {
-            let f = s
-                .functions
-                .iter()
-                .find(|f| f.name == name && f.instance == k)
-                .unwrap_or_else(|| panic!("{policy}: no run of {name} {k}: {v}"));
-            (f.started_s.expect("started_s"), f.ended_s.expect("ended_s"))
-        };
+        let (v, s) = c.run_ok("pipeline", Some(policy), &input).await;
+        let span = |name: &str, k: u32| span(&s, name, k);
         // `then` 0 needs only `first` 0: it starts before the slow `first` 1 has ended...
         assert!(
             span("then", 0).0 < span("first", 1).1,
@@ -530,12 +504,7 @@ async fn a_one_edge_starts_each_receiver_when_its_own_sender_ends() {
         }
         // A gather waits for every sender.
         assert!(span("then", 1).1 <= span("last", 0).0, "{policy}: {v}");
-        assert_eq!(s.outputs.len(), 2, "{policy}: {v}");
-        for out in &s.outputs {
-            let key = out.strip_prefix("store://").expect("store url");
-            let data = c.store.get_bytes(key).await.expect("result");
-            assert_eq!(data.as_ref(), input.as_slice(), "{policy}: {key}");
-        }
+        c.assert_copies(&s, 2, &input).await;
     }
     c.stop().await;
 }
@@ -719,24 +688,7 @@ async fn a_job_survives_a_control_plane_restart_mid_stage() {
             }))
             .await;
         // Stopped once gen has ended and both mids were sent to their agents.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let runs = c.control.state.db.instance_runs(&id, 1).expect("runs");
-            let gen_done = runs
-                .iter()
-                .any(|r| r.function == "gen" && r.report.is_some());
-            let mids_sent = runs.iter().filter(|r| r.function == "mid").count();
-            if gen_done && mids_sent == 2 {
-                assert!(
-                    runs.iter()
-                        .all(|r| r.function != "mid" || r.report.is_none()),
-                    "{policy}: the mids ended before the restart: {runs:?}"
-                );
-                break;
-            }
-            assert!(Instant::now() < deadline, "{policy}: mid never started");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        c.wait_mids_sent(&id).await;
         c = c.restart().await;
         let (v, s) = c.wait(&id).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
@@ -749,12 +701,7 @@ async fn a_job_survives_a_control_plane_restart_mid_stage() {
             "{policy}: each instance runs once on the agents"
         );
         // The same outputs as a run without a restart: the input, once per mid.
-        assert_eq!(s.outputs.len(), 2, "{policy}: {v}");
-        for out in &s.outputs {
-            let key = out.strip_prefix("store://").expect("store url");
-            let data = c.store.get_bytes(key).await.expect("result");
-            assert_eq!(data.as_ref(), input.as_slice(), "{policy}: {key}");
-        }
+        c.assert_copies(&s, 2, &input).await;
         // Once ended, nothing of its execution is kept to resume.
         assert!(
             c.control
@@ -793,23 +740,7 @@ async fn a_planned_job_survives_a_control_plane_restart_mid_stage() {
     let input = sized_input(120_000);
     let before = runs_ended(&c);
     let id = c.submit(body(&input)).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let runs = c.control.state.db.instance_runs(&id, 1).expect("runs");
-        let gen_done = runs
-            .iter()
-            .any(|r| r.function == "gen" && r.report.is_some());
-        if gen_done && runs.iter().filter(|r| r.function == "mid").count() == 2 {
-            assert!(
-                runs.iter()
-                    .all(|r| r.function != "mid" || r.report.is_none()),
-                "the mids ended before the restart: {runs:?}"
-            );
-            break;
-        }
-        assert!(Instant::now() < deadline, "mid never started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    c.wait_mids_sent(&id).await;
     let granted = c
         .control
         .state
@@ -839,12 +770,7 @@ async fn a_planned_job_survives_a_control_plane_restart_mid_stage() {
         })
     };
     assert_eq!(hosts(&s.plan), hosts(&granted), "{v}");
-    assert_eq!(s.outputs.len(), 2, "{v}");
-    for out in &s.outputs {
-        let key = out.strip_prefix("store://").expect("store url");
-        let data = c.store.get_bytes(key).await.expect("result");
-        assert_eq!(data.as_ref(), input.as_slice(), "{key}");
-    }
+    c.assert_copies(&s, 2, &input).await;
     c.stop().await;
 }
 
@@ -1078,6 +1004,52 @@ impl Cluster {
         }
         files.sort();
         files
+    }
+
+    /// Runs `dag` on `input` (under `policy`, or as the control plane chooses) to its end.
+    async fn run_ok(&self, dag: &str, policy: Option<&str>, input: &[u8]) -> (Value, JobSummary) {
+        let mut body = json!({
+            "dag": dag,
+            "input": { "name": "data.bin", "base64": base64(input) },
+        });
+        if let Some(p) = policy {
+            body["policy"] = json!(p);
+        }
+        let id = self.submit(body).await;
+        let (v, s) = self.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{policy:?}: {v}");
+        (v, s)
+    }
+
+    /// Every result of the job is a copy of `input`, and there are `n` of them.
+    async fn assert_copies(&self, s: &JobSummary, n: usize, input: &[u8]) {
+        assert_eq!(s.outputs.len(), n, "{s:?}");
+        for out in &s.outputs {
+            let key = out.strip_prefix("store://").expect("store url");
+            let data = self.store.get_bytes(key).await.expect("result");
+            assert_eq!(data.as_ref(), input, "{key}");
+        }
+    }
+
+    /// Waits until `gen` of job `id` ended and both its `mid`s were sent (and still run).
+    async fn wait_mids_sent(&self, id: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let runs = self.control.state.db.instance_runs(id, 1).expect("runs");
+            let gen_done = runs
+                .iter()
+                .any(|r| r.function == "gen" && r.report.is_some());
+            if gen_done && runs.iter().filter(|r| r.function == "mid").count() == 2 {
+                assert!(
+                    runs.iter()
+                        .all(|r| r.function != "mid" || r.report.is_none()),
+                    "the mids ended before the restart: {runs:?}"
+                );
+                return;
+            }
+            assert!(Instant::now() < deadline, "mid never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     async fn submit_input(&self, policy: Option<&str>, input: &[u8]) -> String {
