@@ -107,6 +107,12 @@ fn request(job: &str, function: &str, args: &[&str]) -> RunRequest {
 impl Cluster {
     /// Submits a run and polls its report until it ends (deadline, no fixed sleeps).
     async fn run(&self, agent: &RunningAgent, req: &RunRequest) -> RunReport {
+        let id = self.start(agent, req).await;
+        self.wait_report(agent, &id).await
+    }
+
+    /// Submits a run; its id.
+    async fn start(&self, agent: &RunningAgent, req: &RunRequest) -> String {
         let r = self
             .http
             .post(format!("{}/v1/runs", agent.url()))
@@ -120,19 +126,27 @@ impl Cluster {
             "run refused: {}",
             r.text().await.unwrap_or_default()
         );
-        let accepted: RunAccepted = r.json().await.expect("accepted");
+        r.json::<RunAccepted>().await.expect("accepted").run_id
+    }
+
+    /// The report of run `id` as it stands.
+    async fn report(&self, agent: &RunningAgent, id: &str) -> RunReport {
+        self.http
+            .get(format!("{}/v1/runs/{id}", agent.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("get run")
+            .json()
+            .await
+            .expect("report")
+    }
+
+    /// Polls the report of run `id` until it ends (deadline, no fixed sleeps).
+    async fn wait_report(&self, agent: &RunningAgent, id: &str) -> RunReport {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let report: RunReport = self
-                .http
-                .get(format!("{}/v1/runs/{}", agent.url(), accepted.run_id))
-                .bearer_auth(TOKEN)
-                .send()
-                .await
-                .expect("get run")
-                .json()
-                .await
-                .expect("report");
+            let report = self.report(agent, id).await;
             if report.status != RunStatus::Running {
                 return report;
             }
@@ -304,21 +318,6 @@ async fn failures_are_reported_not_crashes() {
 async fn the_control_plane_stops_runs_one_by_one_or_by_job() {
     let c = cluster().await;
     let job = "j-daemon-stop";
-    let post = |req: RunRequest| {
-        let http = c.http.clone();
-        let url = format!("{}/v1/runs", c.a.url());
-        async move {
-            let r = http
-                .post(url)
-                .bearer_auth(TOKEN)
-                .json(&req)
-                .send()
-                .await
-                .expect("post run");
-            assert!(r.status().is_success(), "{}", r.status());
-            r.json::<RunAccepted>().await.expect("accepted").run_id
-        }
-    };
     let status = |path: String| {
         let http = c.http.clone();
         let url = format!("{}{path}", c.a.url());
@@ -343,20 +342,13 @@ async fn the_control_plane_stops_runs_one_by_one_or_by_job() {
         }
     };
     // One run, stopped by its id: the lambda (sleeping 60 s) is gone at once.
-    let one = post(request(job, "f", &["--sleep-ms", "60000"])).await;
+    let one = c
+        .start(&c.a, &request(job, "f", &["--sleep-ms", "60000"]))
+        .await;
     wait_running(1).await;
     assert_eq!(status(format!("/v1/runs/{one}")).await, 204);
     wait_running(0).await;
-    let report: RunReport = c
-        .http
-        .get(format!("{}/v1/runs/{one}", c.a.url()))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("report");
+    let report = c.report(&c.a, &one).await;
     assert_eq!(report.status, RunStatus::Error);
     assert!(
         report.error.as_deref().unwrap_or("").contains("stopped"),
@@ -366,32 +358,16 @@ async fn the_control_plane_stops_runs_one_by_one_or_by_job() {
     assert_eq!(status(format!("/v1/runs/{one}")).await, 409);
     assert_eq!(status(format!("/v1/runs/{job}.nope.0.1")).await, 404);
     // Deleting the job stops what it still runs, and only that.
-    let _g = post(request(job, "g", &["--sleep-ms", "60000"])).await;
-    let mut other = request("j-daemon-other", "h", &["--sleep-ms", "1500"]);
-    other.outputs = Vec::new();
-    let other_id = post(other).await;
+    let _g = c
+        .start(&c.a, &request(job, "g", &["--sleep-ms", "60000"]))
+        .await;
+    let other = request("j-daemon-other", "h", &["--sleep-ms", "1500"]);
+    let other_id = c.start(&c.a, &other).await;
     wait_running(2).await;
     assert_eq!(status(format!("/v1/jobs/{job}")).await, 204);
     wait_running(1).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let r: RunReport = c
-            .http
-            .get(format!("{}/v1/runs/{other_id}", c.a.url()))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .expect("get")
-            .json()
-            .await
-            .expect("report");
-        if r.status != RunStatus::Running {
-            assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the other job's run did not end");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let r = c.wait_report(&c.a, &other_id).await;
+    assert_eq!(r.status, RunStatus::Succeeded, "{r:?}");
     c.a.stop().await;
     c.b.stop().await;
 }

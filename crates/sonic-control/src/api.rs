@@ -959,8 +959,7 @@ pub(crate) async fn plan_again(state: &ControlState, job: &JobRecord) -> Result<
         .await
         .map_err(|e| format!("database: {e}"))?
         .ok_or_else(|| format!("dag {} no longer exists", job.dag))?;
-    let dag: Dag = serde_json::from_value(record.parsed)
-        .map_err(|e| format!("stored dag {} does not decode: {e}", job.dag))?;
+    let dag = record.dag()?;
     let overrides = job.params.clone().into_iter().collect();
     let fanouts = dag.fanouts(&dag.job_params(&overrides))?;
     let policy: Policy = job.policy.parse()?;
@@ -1271,13 +1270,9 @@ async fn dag_models(
         .run(move |db| {
             let samples = db.samples(&lookup)?;
             let models = match db.get_dag(&lookup)? {
-                Some(r) => match serde_json::from_value::<Dag>(r.parsed) {
+                Some(r) => match r.dag() {
                     Ok(dag) => Some(crate::learning::current(db, &dag, rule)?),
-                    Err(e) => {
-                        return Ok(Err(ApiError::Internal(format!(
-                            "stored dag {lookup} does not decode: {e}"
-                        ))));
-                    }
+                    Err(e) => return Ok(Err(ApiError::Internal(e))),
                 },
                 // A deleted DAG's models stay, as they were last fitted.
                 None => db
@@ -1339,13 +1334,9 @@ async fn dag_plan(
             let Some(record) = db.get_dag(&lookup)? else {
                 return Ok(None);
             };
-            let dag: Dag = match serde_json::from_value(record.parsed) {
+            let dag = match record.dag() {
                 Ok(d) => d,
-                Err(e) => {
-                    return Ok(Some(Err(ApiError::Internal(format!(
-                        "stored dag {lookup} does not decode: {e}"
-                    )))));
-                }
+                Err(e) => return Ok(Some(Err(ApiError::Internal(e)))),
             };
             let models = crate::learning::current(db, &dag, rule)?;
             // The DAG's default parameters fix what fanouts they can; the models predict the rest.

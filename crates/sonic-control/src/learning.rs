@@ -427,16 +427,7 @@ pub fn plan_with(
     };
     let problem = PlanProblem::from_dag(dag, &params, catalog, dag.bounds)
         .map_err(|e| infeasible(e.to_string()))?;
-    let outcome =
-        planner::plan_within(&problem, policy, budget, &started).map_err(|e| match e {
-            PlanError::Budget { .. } => PlanFailure::Budget {
-                dag: dag.name.clone(),
-                input_bytes,
-                why: e.to_string(),
-            },
-            e => infeasible(e.to_string()),
-        })?;
-    let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    let (outcome, us, mut report) = solve(dag, input_bytes, &problem, policy, budget, &started)?;
     if let Some(stopped) = &outcome.stopped {
         tracing::warn!(
             dag = %dag.name,
@@ -447,8 +438,6 @@ pub fn plan_with(
             "planning stopped at its budget"
         );
     }
-    let mut report = serde_json::to_value(outcome.report(&dag.name, policy, us))
-        .map_err(|e| infeasible(format!("cannot encode the plan: {e}")))?;
     if let Some(map) = report.as_object_mut() {
         map.insert("input_bytes".into(), input_bytes.into());
         map.insert(
@@ -461,6 +450,35 @@ pub fn plan_with(
         params,
         report,
     })
+}
+
+/// Plans `problem` within `budget` (counted from `started`): the outcome, the planning time in
+/// µs, and the outcome's report (the document `ofctl plan -o json` prints).
+fn solve(
+    dag: &Dag,
+    input_bytes: u64,
+    problem: &PlanProblem,
+    policy: Policy,
+    budget: Budget,
+    started: &Instant,
+) -> Result<(PlanOutcome, u64, serde_json::Value), PlanFailure> {
+    let infeasible = |why: String| PlanFailure::Infeasible {
+        dag: dag.name.clone(),
+        input_bytes,
+        why,
+    };
+    let outcome = planner::plan_within(problem, policy, budget, started).map_err(|e| match e {
+        PlanError::Budget { .. } => PlanFailure::Budget {
+            dag: dag.name.clone(),
+            input_bytes,
+            why: e.to_string(),
+        },
+        e => infeasible(e.to_string()),
+    })?;
+    let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    let report = serde_json::to_value(outcome.report(&dag.name, policy, us))
+        .map_err(|e| infeasible(format!("cannot encode the plan: {e}")))?;
+    Ok((outcome, us, report))
 }
 
 /// `planned` again, with at most `limits[type]` VMs of each VM type in a stage (what the
@@ -485,18 +503,7 @@ pub fn replan(
     let problem = PlanProblem::from_dag(dag, &planned.params, catalog, dag.bounds)
         .and_then(|p| p.with_vm_limits(limits))
         .map_err(|e| infeasible(e.to_string()))?;
-    let outcome =
-        planner::plan_within(&problem, policy, budget, &started).map_err(|e| match e {
-            PlanError::Budget { .. } => PlanFailure::Budget {
-                dag: dag.name.clone(),
-                input_bytes,
-                why: e.to_string(),
-            },
-            e => infeasible(e.to_string()),
-        })?;
-    let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-    let mut report = serde_json::to_value(outcome.report(&dag.name, policy, us))
-        .map_err(|e| infeasible(format!("cannot encode the plan: {e}")))?;
+    let (outcome, _, mut report) = solve(dag, input_bytes, &problem, policy, budget, &started)?;
     if let (Some(map), Some(old)) = (report.as_object_mut(), planned.report.as_object()) {
         for (k, v) in old {
             map.entry(k.clone()).or_insert_with(|| v.clone());

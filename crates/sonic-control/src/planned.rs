@@ -268,6 +268,7 @@ pub async fn admit_preferring(
 mod tests {
     use super::*;
     use crate::resources::Pool;
+    use crate::resources::tests::{agents, catalog};
     use sonic_core::planner::{PlanEdge, PlanOutcome, PlanStage, Predicted};
 
     const DAG: &str = r#"
@@ -346,18 +347,6 @@ edges:
         }
     }
 
-    fn agents(types: &[&str]) -> Vec<AgentSlot> {
-        types
-            .iter()
-            .enumerate()
-            .map(|(i, t)| AgentSlot {
-                id: format!("a-{i}"),
-                url: format!("http://127.0.0.1:{}", 7000 + i),
-                vm_type: (*t).into(),
-            })
-            .collect()
-    }
-
     fn params(memory_mb: f64) -> Params {
         let p = |m| sonic_core::params::FunctionParams {
             memory_mb: m,
@@ -385,19 +374,7 @@ edges:
     fn quiet(_: &str) {}
 
     fn pool() -> Pool {
-        let catalog = sonic_core::catalog::Catalog::from_yaml(
-            r#"
-vm_types:
-  - { name: m5.large,  vcpus: 2, memory_mb: 8192,  network_mbps: 750,  usd_per_hour: 0.107 }
-  - { name: m5.xlarge, vcpus: 4, memory_mb: 16384, network_mbps: 1250, usd_per_hour: 0.214 }
-local_storage:  { usd_per_gb_month: 0.12 }
-remote_storage: { write_mbps: 600, read_mbps: 400, request_latency_ms: 25,
-                  put_usd_per_1k: 0.0055, get_usd_per_1k: 0.00044, usd_per_gb_month: 0.026,
-                  requests_per_s: 3500 }
-"#,
-        )
-        .expect("catalog");
-        Pool::new(Some(&catalog), 8)
+        Pool::new(Some(&catalog()), 8)
     }
 
     fn no_replan(_: &BTreeMap<String, u32>) -> Result<Planned, String> {

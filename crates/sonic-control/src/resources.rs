@@ -717,7 +717,7 @@ impl ResourceManager for Pool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use futures::FutureExt;
     use proptest::prelude::*;
@@ -744,11 +744,13 @@ edges:
   - { from: b, to: c, kind: gather }
 "#;
 
-    fn catalog() -> Catalog {
+    /// m5.large and m5.xlarge, as the catalog's example has them.
+    pub(crate) fn catalog() -> Catalog {
         Catalog::from_yaml(CATALOG).expect("catalog")
     }
 
-    fn agents(types: &[&str]) -> Vec<AgentSlot> {
+    /// One agent per type given, `a-<i>`.
+    pub(crate) fn agents(types: &[&str]) -> Vec<AgentSlot> {
         types
             .iter()
             .enumerate()

@@ -499,7 +499,8 @@ pub async fn execute(
     execute_from(state, rt, job, inputs, cancel, planned, None).await;
 }
 
-/// Records which execution a job is in and what it needs to go on after a restart.
+/// Records which execution a job is in and what it needs to go on after a restart (its grant
+/// is added once granted).
 async fn record_execution(
     state: &ControlState,
     job: &str,
@@ -514,7 +515,7 @@ async fn record_execution(
             .map(|i| (i.name.clone(), i.key.clone()))
             .collect(),
         lost: lost.iter().cloned().collect(),
-        placement: None,
+        hosts: Vec::new(),
     };
     let (id, now) = (job.to_owned(), state.clock.now_ms());
     if let Err(e) = state
@@ -538,14 +539,6 @@ struct Resumed {
 struct Recorded {
     runs: Vec<InstanceRunRecord>,
     hosts: Vec<Vec<String>>,
-}
-
-/// The agents a recorded placement names, per function.
-fn placement_hosts(placement: Option<&serde_json::Value>) -> Vec<Vec<String>> {
-    placement
-        .and_then(|p| p.get("hosts"))
-        .and_then(|h| serde_json::from_value(h.clone()).ok())
-        .unwrap_or_default()
 }
 
 /// Whether [`resume`] can take a job a previous control plane left unfinished: it recorded the
@@ -676,12 +669,10 @@ async fn execute_from(
             origin: Some(started),
             ..Progress::default()
         };
-        // What this execution needs to go on after a restart, before it sends anything.
-        record_execution(&state, &job.id, execution, &inputs, &lost).await;
         let recorded = resumed
             .take()
             .map(|r| Recorded {
-                hosts: placement_hosts(r.execution.placement.as_ref()),
+                hosts: r.execution.hosts,
                 runs: r.runs,
             })
             .unwrap_or_default();
@@ -722,6 +713,9 @@ async fn execute_from(
                 clear_execution(&state, &rt, &job.id, &progress.agents, &lost).await;
                 rt.release(&job.id);
                 execution += 1;
+                // What the next execution needs to go on after a restart, before it sends
+                // anything.
+                record_execution(&state, &job.id, execution, &inputs, &lost).await;
             }
             other => break (other.map_err(|f| f.message()), progress),
         }
@@ -916,8 +910,7 @@ async fn run(
         .await
         .map_err(|e| format!("database: {e}"))?;
     let record = record.ok_or_else(|| format!("dag {} no longer exists", job.dag))?;
-    let dag: Dag = serde_json::from_value(record.parsed)
-        .map_err(|e| format!("stored dag {} does not decode: {e}", job.dag))?;
+    let dag = record.dag()?;
     let mut agents: Vec<AgentSlot> = agents
         .into_iter()
         .filter(|a| a.alive(now, timeout) && !lost.contains(&a.id))
@@ -964,12 +957,11 @@ async fn run(
             }
             // Recorded so that after a restart the job asks for the same agents again.
             let (id, now) = (job.id.clone(), state.clock.now_ms());
-            let placement = serde_json::json!({ "hosts": hosts });
             state
                 .db
                 .run(move |db| {
                     if let Some(mut e) = db.job_execution(&id)? {
-                        e.placement = Some(placement);
+                        e.hosts = hosts;
                         db.set_job_execution(&id, &e, now)?;
                     }
                     Ok(())
@@ -1040,8 +1032,7 @@ async fn run(
         .collect();
     let mut started = vec![false; n];
     let mut ended = vec![false; n];
-    // Per stage, once it started: its instance count, which instances were sent, which ended.
-    let mut count = vec![0u32; n];
+    // Per stage, once it started: which instances were sent, which ended.
     let mut launched: Vec<Vec<bool>> = vec![Vec::new(); n];
     let mut done: Vec<Vec<bool>> = vec![Vec::new(); n];
     let mut stage_clock: Vec<Option<Instant>> = vec![None; n];
@@ -1116,15 +1107,15 @@ async fn run(
             .map_err(|e| Failure::Job(e.to_string()))?;
             if !started[i] {
                 started[i] = true;
-                count[i] = match &which {
+                let count = match &which {
                     None => placements.len() as u32,
                     Some(_) => stage_fanout(&ctx, i),
                 };
-                launched[i] = vec![false; count[i] as usize];
-                done[i] = vec![false; count[i] as usize];
+                launched[i] = vec![false; count as usize];
+                done[i] = vec![false; count as usize];
                 stage_clock[i] = Some(Instant::now());
-                progress.instances.insert(i, count[i]);
-                progress.expected[i] = count[i];
+                progress.instances.insert(i, count);
+                progress.expected[i] = count;
                 // A planned stage runs where the resource manager put its VMs, as many at once
                 // per VM as the plan says.
                 if let Some(a) = &alloc {
@@ -1142,7 +1133,7 @@ async fn run(
                     e.total_instances = total;
                     e.message = None;
                 });
-                tracing::info!(job = %job.id, function = %dag.functions[i].name, instances = count[i], "stage starts");
+                tracing::info!(job = %job.id, function = %dag.functions[i].name, instances = count, "stage starts");
             }
             let mut permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
             if let Some(a) = &alloc {

@@ -184,6 +184,14 @@ pub struct DagRecord {
     pub updated_ms: i64,
 }
 
+impl DagRecord {
+    /// The checked DAG this record holds; an error naming it when it no longer decodes.
+    pub fn dag(&self) -> Result<sonic_core::dag::Dag, String> {
+        serde_json::from_value(self.parsed.clone())
+            .map_err(|e| format!("stored dag {} does not decode: {e}", self.name))
+    }
+}
+
 /// A job row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobRecord {
@@ -215,9 +223,10 @@ pub struct ExecutionRecord {
     /// Agents earlier executions lost.
     #[serde(default)]
     pub lost: Vec<String>,
-    /// A planned job's placement once granted (the executor's own encoding).
+    /// A planned job's grant, once granted: per DAG function, the agent ids of its VMs in
+    /// order (empty before, and for unplanned jobs).
     #[serde(default)]
-    pub placement: Option<serde_json::Value>,
+    pub hosts: Vec<Vec<String>>,
 }
 
 /// One instance an execution sent to an agent: running (no report yet) or succeeded.
@@ -1509,7 +1518,7 @@ mod tests {
             number: 2,
             inputs: vec![("data.bin".into(), "jobs/j-1/input/data.bin".into())],
             lost: vec!["a-9".into()],
-            placement: None,
+            hosts: vec![vec!["a-1".into(), "a-2".into()]],
         };
         assert!(db.set_job_execution("j-1", &exec, 5).expect("set"));
         assert!(!db.set_job_execution("j-nope", &exec, 5).expect("set"));
