@@ -62,6 +62,11 @@ pub const WARM: Desc = Desc::gauge(
     "Warm containers (or process environments) idle and kept for reuse; absent when the sandbox does not know.",
     &[],
 );
+pub const PREWARMED: Desc = Desc::counter(
+    "sonic_agent_prewarmed_total",
+    "Containers (or process environments) started ahead of their runs by POST /v1/prewarm (state started), and those a run then took (state used); absent when the sandbox does not prewarm.",
+    &["state"],
+);
 pub const BANDWIDTH: Desc = Desc::gauge(
     "sonic_agent_bandwidth_bytes_per_second",
     "Measured bandwidth (moving average over completed transfers), by direction; absent before the first transfer.",
@@ -96,6 +101,7 @@ const FAMILIES: &[Desc] = &[
     VCPUS,
     IN_USE,
     WARM,
+    PREWARMED,
     BANDWIDTH,
     NOMINAL,
     STORE_RETRIES,
@@ -196,6 +202,11 @@ impl AgentMetrics {
         r.clear(&WARM);
         if let Some(w) = state.sandbox.warm() {
             r.set(&WARM, &[], w as f64);
+        }
+        r.clear(&PREWARMED);
+        if let Some(p) = state.sandbox.prewarm_stats() {
+            r.set(&PREWARMED, &["started"], p.started as f64);
+            r.set(&PREWARMED, &["used"], p.used as f64);
         }
         let bw = state.meter.report();
         r.clear(&BANDWIDTH);

@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use sonic_api::agent::{FileSource, OutputFile, RunReport, RunRequest, RunStatus, StagedInput};
+use sonic_api::agent::{
+    FileSource, MAX_PREWARM, OutputFile, PrewarmRequest, Prewarmed, RunReport, RunRequest,
+    RunStatus, StagedInput,
+};
 
 use crate::files::{FilePath, JobId, link_local, move_local};
 use crate::sandbox::{RunSpec, Termination};
@@ -42,6 +45,9 @@ pub fn check_request(req: &RunRequest) -> Result<JobId, RunError> {
             "invalid function name {:?}",
             req.function
         )));
+    }
+    if let Some(key) = &req.function_key {
+        sonic_api::agent::check_function_key(key).map_err(RunError::Invalid)?;
     }
     if req.instances == 0 || req.instance >= req.instances {
         return Err(RunError::Invalid("instance must be below instances".into()));
@@ -101,8 +107,70 @@ pub fn check_request(req: &RunRequest) -> Result<JobId, RunError> {
 
 /// The quota of an instance: what the request asks, at most the agent's own.
 fn output_quota_mb(state: &AgentState, req: &RunRequest) -> u64 {
+    quota_mb(state, req.output_quota_mb)
+}
+
+fn quota_mb(state: &AgentState, asked: Option<u64>) -> u64 {
     let own = state.config.output_quota_mb;
-    req.output_quota_mb.map_or(own, |q| q.min(own))
+    asked.map_or(own, |q| q.min(own))
+}
+
+/// Checks a prewarm request against this agent before anything starts; the number of
+/// containers (environments) to have warm: the count asked, at most what the agent's memory
+/// holds at the request's memory limit.
+pub fn check_prewarm(state: &AgentState, req: &PrewarmRequest) -> Result<usize, RunError> {
+    let invalid = |m: String| Err(RunError::Invalid(m));
+    sonic_api::agent::check_function_key(&req.function_key).map_err(RunError::Invalid)?;
+    if req.command.is_empty() || req.command.iter().any(|a| a.contains('\0')) {
+        return invalid("command needs an executable and no NUL".into());
+    }
+    if req.image.contains('\0') {
+        return invalid("image must have no NUL".into());
+    }
+    if req.count == 0 || req.count > MAX_PREWARM {
+        return invalid(format!("count must be 1 to {MAX_PREWARM}"));
+    }
+    let memory = state.config.memory_mb;
+    if req.memory_limit_mb == 0 || req.memory_limit_mb > memory {
+        return invalid(format!(
+            "memory_limit_mb must be 1 to this agent's {memory} MB"
+        ));
+    }
+    let vcpus = f64::from(state.config.vcpus.max(1));
+    if !(req.cpus.is_finite() && req.cpus > 0.0 && req.cpus <= vcpus) {
+        return invalid(format!("cpus must be above 0 and at most {vcpus}"));
+    }
+    if req.output_quota_mb == Some(0) {
+        return invalid("output_quota_mb must be positive".into());
+    }
+    let fits = usize::try_from(memory / req.memory_limit_mb).unwrap_or(usize::MAX);
+    Ok((req.count as usize).min(fits))
+}
+
+/// `POST /v1/prewarm`: makes `count` containers (environments) of the function warm and idle on
+/// this agent, with the limits its runs will have, so that its next runs are hot.
+pub async fn prewarm(state: &AgentState, req: &PrewarmRequest) -> Result<Prewarmed, RunError> {
+    let count = check_prewarm(state, req)?;
+    let spec = RunSpec {
+        run_id: format!("prewarm.{}", req.function_key),
+        warm_key: req.warm_key(),
+        image: req.image.clone(),
+        command: req.command.clone(),
+        env: Vec::new(),
+        input_dir: PathBuf::new(),
+        output_dir: PathBuf::new(),
+        memory_limit_bytes: req.memory_limit_mb.saturating_mul(1024 * 1024),
+        cpus: req.cpus,
+        // Not used: nothing runs.
+        timeout: std::time::Duration::from_secs(1),
+        output_quota_bytes: quota_mb(state, req.output_quota_mb).saturating_mul(1024 * 1024),
+    };
+    let (started, warm) = state.sandbox.prewarm(&spec, count).await?;
+    tracing::info!(key = %spec.warm_key, asked = req.count, started, warm, "prewarmed");
+    Ok(Prewarmed {
+        started: u32::try_from(started).unwrap_or(u32::MAX),
+        warm: u32::try_from(warm).unwrap_or(u32::MAX),
+    })
 }
 
 /// One run in the agent's `running` count, until dropped.
@@ -233,12 +301,7 @@ async fn run_inner(
     }
     let spec = RunSpec {
         run_id: report.run_id.clone(),
-        warm_key: format!(
-            "{}|{}|{}",
-            req.job_id,
-            req.image,
-            req.command.join("\u{1f}")
-        ),
+        warm_key: req.warm_key(),
         image: req.image.clone(),
         command: req.command.clone(),
         env,

@@ -13,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post};
 use axum::{Json, Router};
 use sonic_api::agent::{
-    Capacity, ErrorBody, Health, Heartbeat, RunAccepted, RunReport, RunRequest, RunStatus,
+    Capacity, ErrorBody, Health, Heartbeat, PrewarmRequest, Prewarmed, RunAccepted, RunReport,
+    RunRequest, RunStatus,
 };
 use sonic_storage::ObjectStore;
 
@@ -220,6 +221,10 @@ fn table() -> Vec<(RouteInfo, MethodRouter<Arc<AgentState>>)> {
             post(start_run),
         ),
         (
+            r(Method::POST, "/v1/prewarm", Guard::ControlToken),
+            post(prewarm),
+        ),
+        (
             r(Method::GET, "/v1/runs/{run_id}", Guard::ControlToken),
             get(get_run),
         ),
@@ -361,6 +366,27 @@ async fn start_run(
     }
     drop(tasks);
     Ok((StatusCode::ACCEPTED, Json(RunAccepted { run_id })))
+}
+
+/// `POST /v1/prewarm`: containers (environments) for a function's next runs, started before
+/// the answer. Input the checks refuse, or an image the engine does not have: 400, nothing started.
+async fn prewarm(
+    State(state): State<Arc<AgentState>>,
+    body: Result<Json<PrewarmRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Prewarmed>, ApiError> {
+    use crate::sandbox::SandboxError;
+    let Json(req) = body.map_err(|e| ApiError::Rejected(e.status(), e.body_text()))?;
+    match runner::prewarm(&state, &req).await {
+        Ok(done) => Ok(Json(done)),
+        Err(runner::RunError::Invalid(m)) => Err(ApiError::BadRequest(m)),
+        Err(runner::RunError::Sandbox(
+            e @ (SandboxError::ImageNotFound(_) | SandboxError::InvalidSpec(_)),
+        )) => Err(ApiError::BadRequest(e.to_string())),
+        Err(e) => {
+            tracing::warn!(key = %req.function_key, error = %e, "prewarm failed");
+            Err(ApiError::Internal)
+        }
+    }
 }
 
 /// Pushes a run's report to the control plane that asked for it: at the agent's own

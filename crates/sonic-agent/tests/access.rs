@@ -201,3 +201,110 @@ async fn an_agent_with_an_empty_token_accepts_no_one() {
         }
     }
 }
+
+#[tokio::test]
+async fn prewarm_checks_its_input_and_starts_nothing_it_refuses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = local_config("a-1", &dir.path().join("agent"), TOKEN, FILE_KEY);
+    cfg.memory_mb = 1024;
+    cfg.vcpus = 2;
+    let sandbox = ProcessSandbox::new(ProcessConfig {
+        work_dir: dir.path().join("processes"),
+        ..ProcessConfig::default()
+    })
+    .expect("process sandbox");
+    let state = Arc::new(
+        AgentState::new(cfg, Arc::new(sandbox), None, &AgentThrottle::unlimited())
+            .expect("agent state"),
+    );
+    let app = sonic_agent::server::router(state.clone());
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = [("authorization", bearer.as_str())];
+    let good = serde_json::json!({
+        "function_key": "d.f@0011223344556677", "image": "i", "command": ["true"],
+        "count": 2, "memory_limit_mb": 256, "cpus": 1.0,
+    });
+    let check = |edit: fn(&mut Value), expect: &'static str| {
+        let mut body = good.clone();
+        edit(&mut body);
+        (body, expect)
+    };
+    let bad = [
+        check(|b| b["count"] = 0.into(), "count"),
+        check(|b| b["count"] = 65.into(), "count"),
+        check(|b| b["memory_limit_mb"] = 0.into(), "memory_limit_mb"),
+        check(|b| b["memory_limit_mb"] = 2048.into(), "memory_limit_mb"),
+        check(|b| b["cpus"] = 0.0.into(), "cpus"),
+        check(|b| b["cpus"] = 3.0.into(), "cpus"),
+        check(|b| b["command"] = serde_json::json!([]), "command"),
+        check(|b| b["function_key"] = "".into(), "function_key"),
+        check(|b| b["function_key"] = "a b".into(), "function_key"),
+        check(|b| b["output_quota_mb"] = 0.into(), "output_quota_mb"),
+    ];
+    for (body, expect) in bad {
+        let (status, answer) = call(
+            &app,
+            axum::http::Method::POST,
+            "/v1/prewarm",
+            &auth,
+            body.to_string().into_bytes(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        let error = answer["error"].as_str().unwrap_or_default();
+        assert!(error.contains(expect), "{body}: {error}");
+    }
+    // JSON of the wrong shape: 422.
+    let (status, _) = call(
+        &app,
+        axum::http::Method::POST,
+        "/v1/prewarm",
+        &auth,
+        br#"{"count": "two"}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        state.sandbox.warm(),
+        Some(0),
+        "a refused request starts nothing"
+    );
+
+    // Four asked at 256 MB each on a 1,024 MB agent: four; then five asked, still four.
+    let mut four = good.clone();
+    four["count"] = 4.into();
+    let (status, answer) = call(
+        &app,
+        axum::http::Method::POST,
+        "/v1/prewarm",
+        &auth,
+        four.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer, serde_json::json!({"started": 4, "warm": 4}));
+    four["count"] = 5.into();
+    let (_, answer) = call(
+        &app,
+        axum::http::Method::POST,
+        "/v1/prewarm",
+        &auth,
+        four.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(
+        answer,
+        serde_json::json!({"started": 0, "warm": 4}),
+        "capped at what the agent's memory holds"
+    );
+    let text = state.metrics.render(&state);
+    assert!(
+        text.contains("sonic_agent_prewarmed_total{state=\"started\"} 4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("sonic_agent_prewarmed_total{state=\"used\"} 0"),
+        "{text}"
+    );
+    state.sandbox.shutdown().await.expect("shutdown");
+}

@@ -293,6 +293,7 @@ fn request(job: &str, command: &[&str]) -> RunRequest {
         instances: 1,
         attempt: 1,
         execution: 1,
+        function_key: None,
         image: IMAGE.into(),
         command: command.iter().map(|s| s.to_string()).collect(),
         env: Default::default(),

@@ -86,6 +86,7 @@ fn request(job: &str, function: &str, args: &[&str]) -> RunRequest {
         instances: 1,
         attempt: 1,
         execution: 1,
+        function_key: None,
         image: "sonic-lambdas:latest".into(),
         command: std::iter::once("synthetic")
             .chain(args.iter().copied())

@@ -331,3 +331,90 @@ async fn a_missing_image_is_image_not_found() {
         other => panic!("expected ImageNotFound, got {other:?}"),
     }
 }
+
+/// A run of job `job`, instance `instance`, of the function whose warm key is `key`, copying
+/// the one input it was given (`input/<job>.csv`) to its result.
+fn job_run(s: &Setup, job: &str, instance: &str, key: &str) -> RunSpec {
+    let mut spec = s.spec(
+        &format!("{job}-run"),
+        key,
+        &["synthetic", "copy", "--cold-start-ms", "100"],
+    );
+    for (k, v) in spec.env.iter_mut() {
+        match k.as_str() {
+            "SONIC_JOB_ID" => *v = job.to_string(),
+            "SONIC_INSTANCE" => *v = instance.to_string(),
+            _ => {}
+        }
+    }
+    write(
+        &spec.input_dir.join(format!("input/{job}.csv")),
+        job.as_bytes(),
+    );
+    spec
+}
+
+#[tokio::test]
+async fn two_jobs_of_one_function_share_a_warm_container_and_see_only_their_own_files() {
+    let s = setup().await;
+    // The agent's warm key of a function across jobs (RunRequest::warm_key): one for both jobs.
+    let key = "dag.f@0123456789abcdef|sonic-lambdas:latest|synthetic";
+    let a = job_run(&s, "j-a", "0", key);
+    let b = job_run(&s, "j-b", "1", key);
+    let first = s.run(a.clone()).await;
+    let second = s.run(b.clone()).await;
+    let warm = s.sandbox.warm_containers();
+    s.finish().await;
+    assert!(first.succeeded() && first.cold, "log: {}", first.log);
+    assert!(
+        second.succeeded() && !second.cold,
+        "the second job's run reuses the warm container: {}",
+        second.log
+    );
+    assert_eq!(warm, 1);
+    // Its environment is its own (instance 1, not the first job's 0)...
+    assert!(second.log.contains("instance=1"), "log: {}", second.log);
+    // ... its folders hold its own files only...
+    assert_eq!(
+        files_under(&b.output_dir),
+        vec![("result/input/j-b.csv".to_string(), b"j-b".to_vec())]
+    );
+    assert_eq!(
+        files_under(&a.output_dir),
+        vec![("result/input/j-a.csv".to_string(), b"j-a".to_vec())]
+    );
+    // ... while the container's /tmp (the function's warm state) stayed: no second cold start.
+    assert!(second.log.contains("cold=false"), "log: {}", second.log);
+}
+
+#[tokio::test]
+async fn prewarmed_containers_make_the_next_runs_hot() {
+    let s = setup().await;
+    let key = "dag.g@0123456789abcdef|sonic-lambdas:latest|synthetic";
+    let spec = job_run(&s, "j-p", "0", key);
+    let prewarmed = s.sandbox.prewarm(&spec, 2).await;
+    let again = s.sandbox.prewarm(&spec, 2).await;
+    let warm = s.sandbox.warm_containers();
+    let run = s.sandbox.run(spec.clone()).await;
+    let stats = s.sandbox.prewarm_stats();
+    // Another memory limit is another container: a prewarmed one does not serve it.
+    let mut bigger = job_run(&s, "j-q", "0", key);
+    bigger.memory_limit_bytes *= 2;
+    let other = s.sandbox.run(bigger).await;
+    let mut missing = spec.clone();
+    missing.image = "sonic-no-such-image:latest".into();
+    let refused = s.sandbox.prewarm(&missing, 1).await;
+    s.finish().await;
+    assert_eq!(prewarmed.unwrap(), (2, 2));
+    assert_eq!(again.unwrap(), (0, 2), "two are warm already");
+    assert_eq!(warm, 2);
+    let run = run.unwrap();
+    assert!(run.succeeded() && !run.cold, "log: {}", run.log);
+    let stats = stats.unwrap();
+    assert_eq!((stats.started, stats.used), (2, 1));
+    assert!(other.unwrap().cold);
+    assert!(
+        matches!(refused, Err(SandboxError::ImageNotFound(_))),
+        "{refused:?}"
+    );
+}

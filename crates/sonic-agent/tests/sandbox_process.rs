@@ -353,3 +353,73 @@ async fn exit_codes_missing_commands_and_a_clean_environment() {
     )));
     s.sandbox.shutdown().await.unwrap();
 }
+
+/// A run of job `job`, instance `instance`, of the function whose warm key is `key`, copying
+/// the one input it was given (`input/<job>.csv`) to its result.
+fn job_run(s: &Setup, job: &str, instance: &str, key: &str) -> RunSpec {
+    let mut spec = s.spec(
+        &format!("{job}-run"),
+        key,
+        &["synthetic", "copy", "--cold-start-ms", "100"],
+    );
+    for (k, v) in spec.env.iter_mut() {
+        match k.as_str() {
+            "SONIC_JOB_ID" => *v = job.to_string(),
+            "SONIC_INSTANCE" => *v = instance.to_string(),
+            _ => {}
+        }
+    }
+    write(
+        &spec.input_dir.join(format!("input/{job}.csv")),
+        job.as_bytes(),
+    );
+    spec
+}
+
+#[tokio::test]
+async fn two_jobs_of_one_function_share_a_warm_environment_and_see_only_their_own_files() {
+    let s = setup(CgroupMode::Auto);
+    // The agent's warm key of a function across jobs (RunRequest::warm_key): one for both jobs.
+    let key = "dag.f@0123456789abcdef|img|synthetic";
+    let a = job_run(&s, "j-a", "0", key);
+    let b = job_run(&s, "j-b", "1", key);
+    let first = s.run(a.clone()).await;
+    let second = s.run(b.clone()).await;
+    assert!(first.succeeded() && first.cold, "log: {}", first.log);
+    assert!(
+        second.succeeded() && !second.cold,
+        "the second job's run reuses the warm environment: {}",
+        second.log
+    );
+    // Its environment is its own (instance 1, not the first job's 0)...
+    assert!(second.log.contains("instance=1"), "log: {}", second.log);
+    // ... its folders hold its own files only: the first job's input is not there...
+    assert_eq!(
+        files_under(&b.output_dir),
+        vec![("result/input/j-b.csv".to_string(), b"j-b".to_vec())]
+    );
+    assert_eq!(
+        files_under(&a.output_dir),
+        vec![("result/input/j-a.csv".to_string(), b"j-a".to_vec())]
+    );
+    // ... while the function's own warm state (its TMPDIR) stayed: no second cold start.
+    assert!(second.log.contains("cold=false"), "log: {}", second.log);
+    s.sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn prewarmed_environments_make_the_next_runs_hot() {
+    let s = setup(CgroupMode::Auto);
+    let key = "dag.g@0123456789abcdef|img|synthetic";
+    let spec = job_run(&s, "j-p", "0", key);
+    let (started, warm) = s.sandbox.prewarm(&spec, 2).await.unwrap();
+    assert_eq!((started, warm), (2, 2));
+    // Asking again starts none: two are warm already.
+    assert_eq!(s.sandbox.prewarm(&spec, 2).await.unwrap(), (0, 2));
+    assert_eq!(s.sandbox.warm(), Some(2));
+    let run = s.run(spec.clone()).await;
+    assert!(run.succeeded() && !run.cold, "log: {}", run.log);
+    let stats = s.sandbox.prewarm_stats().unwrap();
+    assert_eq!((stats.started, stats.used), (2, 1));
+    s.sandbox.shutdown().await.unwrap();
+}

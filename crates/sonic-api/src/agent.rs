@@ -101,6 +101,12 @@ pub struct RunRequest {
         skip_serializing_if = "is_first_execution"
     )]
     pub execution: u32,
+    /// The function's identity across jobs (`<dag>.<function>@<hash of its definition>`,
+    /// [`function_key`]): runs with the same identity, image and command share the agent's warm
+    /// containers (or process environments) across jobs. Absent (an older control plane): the
+    /// job's id, so that only the runs of one job share them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function_key: Option<String>,
     pub image: String,
     pub command: Vec<String>,
     /// Extra environment (the agent sets the ABI's `SONIC_*` variables itself).
@@ -140,7 +146,43 @@ fn is_first_execution(n: &u32) -> bool {
     *n == 1
 }
 
+/// The longest function identity an agent takes ([`RunRequest::function_key`]).
+pub const MAX_FUNCTION_KEY: usize = 256;
+
+/// A function's identity across jobs: its DAG's name, its own name and a hash of its definition
+/// (`definition`: the function as the control plane stores it, e.g. its JSON), so that a DAG
+/// applied again with a changed function gets containers of its own.
+pub fn function_key(dag: &str, function: &str, definition: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(definition);
+    let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{dag}.{function}@{hash}")
+}
+
+/// Checks a function identity: at most [`MAX_FUNCTION_KEY`] bytes of printable ASCII.
+pub fn check_function_key(key: &str) -> Result<(), String> {
+    if key.is_empty() || key.len() > MAX_FUNCTION_KEY {
+        return Err(format!(
+            "function_key must have 1 to {MAX_FUNCTION_KEY} bytes"
+        ));
+    }
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("function_key must be printable ASCII without spaces".into());
+    }
+    Ok(())
+}
+
 impl RunRequest {
+    /// What the agent's warm containers are keyed by, besides the limits: the function's
+    /// identity (or, without one, the job), the image and the command.
+    pub fn warm_key(&self) -> String {
+        warm_key(
+            self.function_key.as_deref().unwrap_or(&self.job_id),
+            &self.image,
+            &self.command,
+        )
+    }
+
     /// The id of this run: one per (job, function, instance, attempt, execution), so a repeated
     /// request is idempotent and the control plane knows the id before the agent answers:
     /// `<job>.<function>.<instance>.<attempt>`, with `.x<execution>` after it from the second
@@ -155,6 +197,50 @@ impl RunRequest {
         }
         id
     }
+}
+
+/// The warm key of runs of `identity` (a function key, or a job id) with this image and command:
+/// the same for [`RunRequest::warm_key`] and [`PrewarmRequest::warm_key`].
+pub fn warm_key(identity: &str, image: &str, command: &[String]) -> String {
+    format!("{identity}|{image}|{}", command.join("\u{1f}"))
+}
+
+/// The most containers (or process environments) one prewarm request may ask for.
+pub const MAX_PREWARM: u32 = 64;
+
+/// `POST /v1/prewarm`: start `count` containers (Docker) or prepare `count` process environments
+/// for the runs of one function, so that its next runs on this agent start hot. Limits must be
+/// those of the runs to come (a warm container is reused only by runs with the same limits).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PrewarmRequest {
+    /// The function's identity ([`RunRequest::function_key`]).
+    pub function_key: String,
+    pub image: String,
+    pub command: Vec<String>,
+    /// How many should be warm and idle for this key: the agent starts the missing ones only
+    /// (1 to [`MAX_PREWARM`]; the agent also caps it at what its memory holds).
+    pub count: u32,
+    pub memory_limit_mb: u64,
+    pub cpus: f64,
+    /// As in [`RunRequest::output_quota_mb`] (absent: the agent's own quota).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_quota_mb: Option<u64>,
+}
+
+impl PrewarmRequest {
+    /// The warm key the prewarmed containers serve: the one of the runs of this function.
+    pub fn warm_key(&self) -> String {
+        warm_key(&self.function_key, &self.image, &self.command)
+    }
+}
+
+/// `POST /v1/prewarm` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Prewarmed {
+    /// Containers (environments) started for this request.
+    pub started: u32,
+    /// Idle and warm for this key now, those just started included.
+    pub warm: u32,
 }
 
 /// How an instance ended, as the agent reports it.
@@ -253,5 +339,39 @@ mod tests {
         let again: RunRequest =
             serde_json::from_value(serde_json::to_value(&req).expect("json")).expect("request");
         assert_eq!(again.run_id(), "j-1.map.3.2.x2");
+    }
+
+    #[test]
+    fn runs_of_one_function_share_a_warm_key_across_jobs() {
+        let body = |job: &str, key: Option<&str>| {
+            let mut v = serde_json::json!({
+                "job_id": job, "function": "map", "instance": 0, "instances": 1, "attempt": 1,
+                "image": "i", "command": ["x", "y"], "memory_limit_mb": 512, "cpus": 1.0,
+                "timeout_ms": 1000,
+            });
+            if let Some(k) = key {
+                v["function_key"] = k.into();
+            }
+            serde_json::from_value::<RunRequest>(v).expect("request")
+        };
+        let key = function_key("dag", "map", b"{\"image\":\"i\"}");
+        assert!(key.starts_with("dag.map@") && key.len() == "dag.map@".len() + 16);
+        assert!(check_function_key(&key).is_ok());
+        assert_ne!(key, function_key("dag", "map", b"{\"image\":\"j\"}"));
+        let (a, b) = (body("j-1", Some(&key)), body("j-2", Some(&key)));
+        assert_eq!(a.warm_key(), b.warm_key());
+        // Without an identity (an older control plane): per job, as before.
+        assert_ne!(body("j-1", None).warm_key(), body("j-2", None).warm_key());
+        let prewarm = PrewarmRequest {
+            function_key: key.clone(),
+            image: "i".into(),
+            command: vec!["x".into(), "y".into()],
+            count: 1,
+            memory_limit_mb: 512,
+            cpus: 1.0,
+            output_quota_mb: None,
+        };
+        assert_eq!(prewarm.warm_key(), a.warm_key());
+        assert!(check_function_key("a b").is_err() && check_function_key("").is_err());
     }
 }

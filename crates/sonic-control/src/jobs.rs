@@ -312,6 +312,7 @@ pub fn instance_runs(
                 instances: n,
                 attempt: 1,
                 execution: 1,
+                function_key: Some(function_key(ctx.dag, i)),
                 image: f.image.clone(),
                 command: f.command.clone(),
                 env: BTreeMap::new(),
@@ -330,6 +331,14 @@ pub fn instance_runs(
         });
     }
     Ok(out)
+}
+
+/// The identity of function `i` across jobs (`sonic_api::agent::function_key`): the DAG's name,
+/// the function's and a hash of its definition; the agents keep its containers warm across jobs.
+pub fn function_key(dag: &Dag, i: usize) -> String {
+    let f = &dag.functions[i];
+    let definition = serde_json::to_vec(f).unwrap_or_default();
+    sonic_api::agent::function_key(&dag.name, &f.name, &definition)
 }
 
 /// Decodes standard base64 (with or without padding; whitespace ignored).

@@ -21,7 +21,10 @@
 //!   refused too. After each run, anything in `out` or `ctl` that is not the run's own (a write
 //!   through `../`) fails the run as a `Violation` and the container is removed, never reused.
 //! - Warm containers are kept for `idle_timeout` after a run, keyed by warm key, image and
-//!   limits; a run that finds one is hot (`cold: false`). A container that timed out, was
+//!   limits; a run that finds one is hot (`cold: false`). Warm keys name a function across jobs
+//!   (docs/agent.md): each run has its own environment (handed to the launcher), its own `in/<run>`
+//!   and `out/<run>` folders, removed after it; `/tmp` is the container's and stays, as in a
+//!   warm AWS Lambda container. `prewarm` starts containers ahead of the runs. A container that timed out, was
 //!   OOM-killed or stopped is never reused.
 //! - Peak memory: the larger of the lambda's `ru_maxrss` (reported by the launcher from `wait4`:
 //!   its peak resident memory) and the growth of the container's memory cgroup during the run
@@ -52,7 +55,7 @@ use tokio::io::AsyncBufReadExt;
 use super::cgroup::{CGROUP_ROOT, MemoryCgroup, Version};
 use super::fsutil::{link_tree, move_tree, quota_exceeded, remove_tree, tail_file, tree_bytes};
 use super::process::{sanitize, validate};
-use super::{RunOutcome, RunSpec, Sandbox, SandboxError, Termination, sys};
+use super::{PrewarmStats, RunOutcome, RunSpec, Sandbox, SandboxError, Termination, sys};
 
 /// Where the per-container folders are mounted in the container.
 const IN_DIR: &str = "/sonic/in";
@@ -137,6 +140,8 @@ struct Container {
     key: PoolKey,
     last_used: Instant,
     runs: u64,
+    /// Started by `prewarm` and not used by a run yet.
+    prewarmed: bool,
 }
 
 #[derive(Debug)]
@@ -147,6 +152,7 @@ struct Inner {
     /// Every container this sandbox made and has not removed: id -> host folder.
     live: Mutex<HashMap<String, PathBuf>>,
     owner: String,
+    prewarm: Mutex<PrewarmStats>,
 }
 
 /// Runs instances in Docker containers.
@@ -211,6 +217,7 @@ impl DockerSandbox {
             idle: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
             owner: owner_token(std::process::id()).unwrap_or_default(),
+            prewarm: Mutex::new(PrewarmStats::default()),
         });
         if let Err(e) = inner.remove_stale().await {
             tracing::warn!(error = %e, "cannot clean up containers of earlier agents");
@@ -261,6 +268,56 @@ impl Sandbox for DockerSandbox {
         Some(self.warm_containers())
     }
 
+    fn prewarm_stats(&self) -> Option<PrewarmStats> {
+        self.inner.prewarm.lock().ok().map(|s| *s)
+    }
+
+    /// Starts the missing containers at once (each takes the time of a cold start) and keeps
+    /// them idle for the key, as a finished run would leave its container.
+    async fn prewarm(&self, spec: &RunSpec, count: usize) -> Result<(usize, usize), SandboxError> {
+        validate(spec)?;
+        let key = PoolKey::of(spec);
+        let have = self
+            .inner
+            .idle
+            .lock()
+            .map(|m| m.get(&key).map_or(0, Vec::len))
+            .unwrap_or(0);
+        let missing = count.saturating_sub(have);
+        let created =
+            futures::future::join_all((0..missing).map(|_| self.inner.create(spec, key.clone())))
+                .await;
+        let mut started = 0;
+        let mut failed = None;
+        for c in created {
+            match c {
+                Ok(mut c) => {
+                    c.prewarmed = true;
+                    started += 1;
+                    let mut lease = Lease {
+                        inner: self.inner.clone(),
+                        container: Some(c),
+                    };
+                    lease.give_back();
+                }
+                Err(e) => {
+                    tracing::warn!(key = %spec.warm_key, error = %e, "cannot prewarm a container");
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Ok(mut stats) = self.inner.prewarm.lock() {
+            stats.started += started as u64;
+        }
+        if started == 0
+            && let Some(e) = failed
+        {
+            return Err(e);
+        }
+        tracing::debug!(key = %spec.warm_key, started, "containers prewarmed");
+        Ok((started, have + started))
+    }
+
     async fn run(&self, spec: RunSpec) -> Result<RunOutcome, SandboxError> {
         let t0 = Instant::now();
         let wall0 = SystemTime::now();
@@ -269,7 +326,14 @@ impl Sandbox for DockerSandbox {
         fs::create_dir_all(&spec.output_dir)?;
         let key = PoolKey::of(&spec);
         let (container, cold) = match self.inner.take_idle(&key) {
-            Some(c) => (c, false),
+            Some(mut c) => {
+                if std::mem::take(&mut c.prewarmed)
+                    && let Ok(mut stats) = self.inner.prewarm.lock()
+                {
+                    stats.used += 1;
+                }
+                (c, false)
+            }
             None => (self.inner.create(&spec, key).await?, true),
         };
         let mut lease = Lease {
@@ -470,6 +534,7 @@ impl Inner {
             key,
             last_used: Instant::now(),
             runs: 0,
+            prewarmed: false,
         })
     }
 

@@ -26,7 +26,11 @@ fn next_id() -> u64 {
 pub struct RunSpec {
     /// Unique id of this run (job, function, instance, attempt); names containers and logs.
     pub run_id: String,
-    /// Instances with the same key may reuse one warm container (same image, command and job).
+    /// Instances with the same key may reuse one warm container: the agent keys them by the
+    /// function's identity across jobs (or the job), image and command
+    /// (`sonic_api::agent::RunRequest::warm_key`). Everything job-specific (environment, input
+    /// and output folders) is the run's own; what the lambda leaves in its `/tmp` (`TMPDIR`)
+    /// stays for the next run of the key, as in a warm AWS Lambda container.
     pub warm_key: String,
     /// Image for the Docker sandbox; ignored by the process sandbox.
     pub image: String,
@@ -121,4 +125,24 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
     fn warm(&self) -> Option<usize> {
         None
     }
+    /// Makes sure `count` containers (environments) for `spec`'s warm key and limits are warm
+    /// and idle, starting the missing ones, so that the next runs of the key are hot. Only the
+    /// key, image, command and limits of `spec` matter. Returns how many it started, and how
+    /// many are idle for the key now. A sandbox that cannot prewarm starts none.
+    async fn prewarm(&self, spec: &RunSpec, count: usize) -> Result<(usize, usize), SandboxError> {
+        let _ = (spec, count);
+        Ok((0, 0))
+    }
+    /// How many containers (environments) prewarming started, and how many of them a run used
+    /// since the sandbox started, when the sandbox prewarms; for metrics.
+    fn prewarm_stats(&self) -> Option<PrewarmStats> {
+        None
+    }
+}
+
+/// Prewarmed containers (environments): started, and taken by a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrewarmStats {
+    pub started: u64,
+    pub used: u64,
 }

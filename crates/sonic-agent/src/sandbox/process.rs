@@ -26,9 +26,12 @@
 //! - Environment: only `PATH` (the configured lambda folders first), `HOME` and `TMPDIR` (a private
 //!   folder per warm key, also the working directory), then the spec's variables: nothing of the
 //!   agent's own environment (credentials, ...) leaks into a lambda.
-//! - Hot and cold: the first run of a warm key is cold; later runs of that key, while its private
-//!   folder is kept (the idle time), are hot: the binary is then in the page cache and its
-//!   `TMPDIR` state is still there.
+//! - Hot and cold: each running instance has an environment of its own (never shared by two runs
+//!   at once, like a container). A run that finds an idle environment of its warm key (kept the
+//!   idle time after its last run, or made by `prewarm`) is hot: the binary is then in the page
+//!   cache and the `TMPDIR` state of earlier runs of the key is still there; else it is cold.
+//!   Warm keys name a function across jobs (docs/agent.md), so a later job's runs are hot too;
+//!   what is job-specific (environment, input and output folders) is each run's own.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -41,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use super::cgroup::{CGROUP_ROOT, MemoryCgroup};
 use super::fsutil::{Tail, quota_exceeded, remove_tree, tree_bytes};
-use super::{RunOutcome, RunSpec, Sandbox, SandboxError, Termination, sys};
+use super::{PrewarmStats, RunOutcome, RunSpec, Sandbox, SandboxError, Termination, sys};
 
 /// Whether the process sandbox uses cgroup v1 memory groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +93,8 @@ impl Default for ProcessConfig {
 struct WarmEnv {
     dir: PathBuf,
     last_used: Instant,
-    busy: usize,
+    /// Made by `prewarm` and not used by a run yet.
+    prewarmed: bool,
 }
 
 /// Runs instances as host processes.
@@ -98,7 +102,10 @@ struct WarmEnv {
 pub struct ProcessSandbox {
     config: ProcessConfig,
     use_cgroups: bool,
-    envs: Mutex<HashMap<String, WarmEnv>>,
+    /// The idle environments of each warm key; a running instance holds its own (never shared
+    /// by two runs at once, as a container).
+    envs: Mutex<HashMap<String, Vec<WarmEnv>>>,
+    prewarm: Mutex<PrewarmStats>,
 }
 
 impl ProcessSandbox {
@@ -126,6 +133,7 @@ impl ProcessSandbox {
             config,
             use_cgroups,
             envs: Mutex::new(HashMap::new()),
+            prewarm: Mutex::new(PrewarmStats::default()),
         })
     }
 
@@ -136,67 +144,97 @@ impl ProcessSandbox {
 
     /// Warm environments idle now and not yet expired: the next run of their key is hot.
     pub fn warm_environments(&self) -> usize {
-        let now = Instant::now();
         let idle = self.config.idle_timeout;
         self.envs
             .lock()
             .map(|m| {
                 m.values()
-                    .filter(|e| e.busy == 0 && now.duration_since(e.last_used) < idle)
+                    .flatten()
+                    .filter(|e| e.last_used.elapsed() < idle)
                     .count()
             })
             .unwrap_or(0)
     }
 
-    /// The warm key's folder, and whether this run is cold. Also drops folders idle too long.
-    fn acquire_env(&self, key: &str) -> Result<(PathBuf, bool), SandboxError> {
-        let now = Instant::now();
-        let mut envs = self
-            .envs
+    fn envs(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, HashMap<String, Vec<WarmEnv>>>, SandboxError> {
+        self.envs
             .lock()
-            .map_err(|_| SandboxError::Runtime("warm environment table poisoned".into()))?;
+            .map_err(|_| SandboxError::Runtime("warm environment table poisoned".into()))
+    }
+
+    /// Removes the folders of environments idle longer than the idle time.
+    fn expire(&self, envs: &mut HashMap<String, Vec<WarmEnv>>) {
         let idle = self.config.idle_timeout;
-        let expired: Vec<String> = envs
-            .iter()
-            .filter(|(_, e)| e.busy == 0 && now.duration_since(e.last_used) >= idle)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in expired {
-            if let Some(e) = envs.remove(&k)
-                && let Err(err) = remove_tree(&e.dir)
-            {
-                tracing::warn!(dir = %e.dir.display(), error = %err, "cannot remove idle environment");
-            }
+        for list in envs.values_mut() {
+            list.retain(|e| {
+                let keep = e.last_used.elapsed() < idle;
+                if !keep && let Err(err) = remove_tree(&e.dir) {
+                    tracing::warn!(dir = %e.dir.display(), error = %err, "cannot remove idle environment");
+                }
+                keep
+            });
         }
-        if let Some(env) = envs.get_mut(key) {
-            env.busy += 1;
-            env.last_used = now;
-            return Ok((env.dir.clone(), false));
-        }
+        envs.retain(|_, v| !v.is_empty());
+    }
+
+    /// A new environment's folder for `key`.
+    fn new_env(&self, key: &str) -> Result<PathBuf, SandboxError> {
         let n = super::next_id();
         let dir = self
             .config
             .work_dir
             .join(format!("env-{n}-{}", sanitize(key, 40)));
         std::fs::create_dir_all(&dir)?;
-        envs.insert(
-            key.to_string(),
-            WarmEnv {
-                dir: dir.clone(),
-                last_used: now,
-                busy: 1,
-            },
-        );
-        Ok((dir, true))
+        Ok(dir)
     }
 
-    fn release_env(&self, key: &str) {
-        if let Ok(mut envs) = self.envs.lock()
-            && let Some(env) = envs.get_mut(key)
+    /// An idle environment of the key (hot), else a new one (cold): its folder, and whether the
+    /// run is cold. Also drops folders idle too long.
+    fn acquire_env(&self, key: &str) -> Result<(PathBuf, bool), SandboxError> {
         {
-            env.busy = env.busy.saturating_sub(1);
-            env.last_used = Instant::now();
+            let mut envs = self.envs()?;
+            self.expire(&mut envs);
+            let taken = envs.get_mut(key).and_then(|list| list.pop());
+            if envs.get(key).is_some_and(|l| l.is_empty()) {
+                envs.remove(key);
+            }
+            if let Some(env) = taken {
+                if env.prewarmed
+                    && let Ok(mut stats) = self.prewarm.lock()
+                {
+                    stats.used += 1;
+                }
+                return Ok((env.dir, false));
+            }
         }
+        Ok((self.new_env(key)?, true))
+    }
+
+    /// Puts an environment back for the next run of its key.
+    fn release_env(&self, key: &str, dir: PathBuf) {
+        let env = WarmEnv {
+            dir,
+            last_used: Instant::now(),
+            prewarmed: false,
+        };
+        match self.envs.lock() {
+            Ok(mut envs) => envs.entry(key.to_string()).or_default().push(env),
+            Err(_) => {
+                let _ = remove_tree(&env.dir);
+            }
+        }
+    }
+
+    /// The executable `program` resolves to, as the run will start it.
+    fn resolve(&self, program: &str) -> Option<PathBuf> {
+        if program.contains('/') {
+            return Some(PathBuf::from(program));
+        }
+        std::env::split_paths(&self.path_var())
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
     }
 
     /// `sonic-time` in the configured lambda folders, if it is there.
@@ -469,6 +507,23 @@ fn read_usage(report: &std::path::Path) -> Option<u64> {
     v.get("max_rss_kib")?.as_u64()
 }
 
+/// A run's environment; a run dropped midway leaves it in an unknown state, so it goes.
+struct EnvLease {
+    dir: Option<PathBuf>,
+}
+
+impl Drop for EnvLease {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir.take() {
+            std::thread::spawn(move || {
+                if let Err(e) = remove_tree(&dir) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot remove an environment");
+                }
+            });
+        }
+    }
+}
+
 /// A run's cgroup, removed on drop by a thread of its own (removal waits for killed processes).
 struct CgroupCleanup(Option<MemoryCgroup>);
 
@@ -494,20 +549,71 @@ impl Sandbox for ProcessSandbox {
         Some(self.warm_environments())
     }
 
+    fn prewarm_stats(&self) -> Option<PrewarmStats> {
+        self.prewarm.lock().ok().map(|s| *s)
+    }
+
     async fn run(&self, spec: RunSpec) -> Result<RunOutcome, SandboxError> {
         let t0 = Instant::now();
         validate(&spec)?;
         std::fs::create_dir_all(&spec.input_dir)?;
         std::fs::create_dir_all(&spec.output_dir)?;
         let (env_dir, cold) = self.acquire_env(&spec.warm_key)?;
+        // Back to the key's idle ones when the run ends; removed when the run is dropped midway.
+        let mut lease = EnvLease {
+            dir: Some(env_dir.clone()),
+        };
         let result = self.run_in(&spec, env_dir, cold, t0).await;
-        self.release_env(&spec.warm_key);
+        if let Some(dir) = lease.dir.take() {
+            self.release_env(&spec.warm_key, dir);
+        }
         result
+    }
+
+    /// A process environment is a private folder (`TMPDIR`, `HOME`, working directory) with the
+    /// executable read once, so its pages are in the page cache.
+    async fn prewarm(&self, spec: &RunSpec, count: usize) -> Result<(usize, usize), SandboxError> {
+        validate(spec)?;
+        let have = {
+            let mut envs = self.envs()?;
+            self.expire(&mut envs);
+            envs.get(&spec.warm_key).map_or(0, Vec::len)
+        };
+        let missing = count.saturating_sub(have);
+        if missing > 0
+            && let Some(exe) = spec.command.first().and_then(|p| self.resolve(p))
+        {
+            let read = tokio::task::spawn_blocking(move || {
+                std::fs::File::open(&exe)
+                    .and_then(|mut f| std::io::copy(&mut f, &mut std::io::sink()))
+            })
+            .await;
+            if let Ok(Err(e)) = read {
+                tracing::debug!(error = %e, "cannot read the executable ahead of its run");
+            }
+        }
+        for _ in 0..missing {
+            let dir = self.new_env(&spec.warm_key)?;
+            let env = WarmEnv {
+                dir,
+                last_used: Instant::now(),
+                prewarmed: true,
+            };
+            self.envs()?
+                .entry(spec.warm_key.clone())
+                .or_default()
+                .push(env);
+        }
+        if let Ok(mut stats) = self.prewarm.lock() {
+            stats.started += missing as u64;
+        }
+        tracing::debug!(key = %spec.warm_key, started = missing, "process environments prewarmed");
+        Ok((missing, have + missing))
     }
 
     async fn shutdown(&self) -> Result<(), SandboxError> {
         let dirs: Vec<PathBuf> = match self.envs.lock() {
-            Ok(mut envs) => envs.drain().map(|(_, e)| e.dir).collect(),
+            Ok(mut envs) => envs.drain().flat_map(|(_, v)| v).map(|e| e.dir).collect(),
             Err(_) => Vec::new(),
         };
         for d in dirs {
