@@ -1,0 +1,159 @@
+//! The example host platform (`examples/host`, the same modules compiled here): the control
+//! plane embedded as a library with the host's own resource manager, which starts `sonic-agent`
+//! processes (process sandbox) on demand and stops them when idle. A DAG of the repository
+//! (`dags/synthetic-chain.yaml`) runs three profiling jobs, then, once every agent was stopped,
+//! a planned job whose grant starts agents again.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+#[path = "../examples/host/on_demand.rs"]
+mod on_demand;
+#[path = "../examples/host/platform.rs"]
+mod platform;
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use on_demand::Event;
+use serde_json::json;
+use sonic_api::control::{JobMode, JobStatus};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The `sonic-agent` binary, built now.
+fn agent_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let status = std::process::Command::new(&cargo)
+            .args(["build", "-p", "sonic-agent", "--bin", "sonic-agent"])
+            .current_dir(workspace())
+            .status()
+            .expect("run cargo to build sonic-agent");
+        assert!(status.success(), "`cargo build -p sonic-agent` failed");
+        support::lambda_dir().join("sonic-agent")
+    })
+}
+
+fn started(events: &[Event]) -> Vec<(&str, &str)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Started { agent, why } => Some((agent.as_str(), why.as_str())),
+            Event::Stopped { .. } => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_starts_agents_on_demand_and_stops_them_when_idle() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = platform::Options {
+        agent_bin: agent_bin().to_path_buf(),
+        lambda_dir: support::lambda_dir().to_path_buf(),
+        dir: dir.path().to_path_buf(),
+        dag: std::fs::read_to_string(workspace().join("dags/synthetic-chain.yaml"))
+            .expect("dags/synthetic-chain.yaml"),
+        params: json!({ "compute_ms": 5, "alloc_mb": 4, "output_bytes": 20000 }),
+        sizes: vec![10_000, 30_000, 50_000],
+        idle: Duration::from_millis(300),
+        patience: Duration::from_secs(120),
+    };
+    let out = platform::run(&opts).await.expect("the host runs the DAG");
+    let events = &out.events;
+
+    // Every job succeeded: three profiling jobs taught the models, the fourth was planned.
+    assert_eq!(out.summaries.len(), 4, "{:?}", out.summaries);
+    for s in &out.summaries {
+        assert_eq!(
+            s.status,
+            JobStatus::Succeeded,
+            "{}: {:?}",
+            s.job_id,
+            s.error
+        );
+    }
+    let modes: Vec<JobMode> = out.summaries.iter().map(|s| s.mode).collect();
+    assert_eq!(
+        modes,
+        [
+            JobMode::Profiling,
+            JobMode::Profiling,
+            JobMode::Profiling,
+            JobMode::Planned
+        ]
+    );
+
+    // On demand: nothing ran before the first job; its first instance started an agent.
+    let first = &out.summaries[0].job_id;
+    assert!(
+        matches!(&events[0], Event::Started { why, .. } if why == &format!("an instance of job {first}")),
+        "{events:?}"
+    );
+    // Every agent an instance ran on had been started by the host.
+    let ever: Vec<&str> = started(events).iter().map(|(a, _)| *a).collect();
+    for s in &out.summaries {
+        for f in &s.functions {
+            assert!(
+                ever.contains(&f.agent.as_str()),
+                "{} ran on {}",
+                f.name,
+                f.agent
+            );
+        }
+    }
+
+    // Every agent was stopped before the planned job was submitted, so its grant started the
+    // ones it runs on, and the job's summary says so.
+    let (before, after) = events.split_at(out.before_planned);
+    let mut up: Vec<&str> = Vec::new();
+    for e in before {
+        match e {
+            Event::Started { agent, .. } => up.push(agent),
+            Event::Stopped { agent } => up.retain(|a| a != agent),
+        }
+    }
+    assert!(
+        up.is_empty(),
+        "still running before the planned job: {up:?}"
+    );
+    let planned = out.summaries.last().expect("planned job");
+    let for_planned: Vec<&str> = started(after)
+        .into_iter()
+        .filter(|(_, why)| *why == format!("job {}", planned.job_id))
+        .map(|(a, _)| a)
+        .collect();
+    let mut ran_on: Vec<&str> = planned.functions.iter().map(|f| f.agent.as_str()).collect();
+    ran_on.sort();
+    ran_on.dedup();
+    let mut granted = for_planned.clone();
+    granted.sort();
+    assert_eq!(granted, ran_on, "{events:?}");
+    let plan = planned
+        .plan
+        .as_ref()
+        .expect("a planned job records its grant");
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n == &format!("started on demand: {}", for_planned.join(", "))),
+        "{:?}",
+        plan.notes
+    );
+
+    // Idle agents were stopped: as many stops as starts, the last event a stop, none running.
+    let stops = events
+        .iter()
+        .filter(|e| matches!(e, Event::Stopped { .. }))
+        .count();
+    assert_eq!(stops, started(events).len(), "{events:?}");
+    assert!(
+        matches!(events.last(), Some(Event::Stopped { .. })),
+        "{events:?}"
+    );
+    assert!(out.running_at_end.is_empty(), "{:?}", out.running_at_end);
+}
