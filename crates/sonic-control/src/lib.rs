@@ -16,6 +16,7 @@ pub mod learning;
 pub mod metrics;
 pub mod openapi;
 pub mod planned;
+pub mod prewarm;
 pub mod reports;
 pub mod resources;
 pub mod scheduler;

@@ -1490,3 +1490,49 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     assert_eq!(before, after);
     c.stop().await;
 }
+
+/// Warm containers across jobs and prewarming (issue 13): while a stage runs, the agents that
+/// will run the stages reading from it are asked to prewarm them; a later job of the same DAG
+/// finds its first stage warm on the agent where the earlier job ran it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_jobs_start_warm_and_next_stages_are_prewarmed() {
+    let c = cluster().await;
+    c.apply(DAG).await;
+    let input = sized_input(20_000);
+    let mut gens = Vec::new();
+    for _ in 0..2 {
+        let id = c
+            .submit(json!({
+                "dag": "fan",
+                "input": { "name": "data.bin", "base64": base64(&input) },
+                "policy": "remote",
+            }))
+            .await;
+        let (v, s) = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+        let first = s.functions.iter().find(|f| f.name == "gen").expect("gen");
+        gens.push((first.agent.clone(), first.cold));
+    }
+    assert_eq!(gens[0].0, gens[1].0, "gen runs on one agent: {gens:?}");
+    assert!(gens[0].1, "the first job's gen starts cold: {gens:?}");
+    assert!(
+        !gens[1].1,
+        "the second job's gen finds its environment warm: {gens:?}"
+    );
+    // Both jobs asked for the mids and the sink to be prewarmed (in the background: polled).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let started: u64 = c
+            .agents
+            .iter()
+            .filter_map(|a| a.state.sandbox.prewarm_stats())
+            .map(|s| s.started)
+            .sum();
+        if started > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "nothing was prewarmed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.stop().await;
+}

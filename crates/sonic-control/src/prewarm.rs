@@ -1,0 +1,263 @@
+//! Pre-warming (ORION's idea, seed paper ch. 6.4.4): while a stage runs, the agents that will run
+//! the stages reading from it are asked (`POST /v1/prewarm`) to start the containers (prepare the
+//! process environments) of those stages, so that their instances start hot rather than cold.
+//!
+//! Which agents and how many: a planned job's grant says it (the hosts of the next stage, as many
+//! per agent as the plan runs there at once, with the plan's memory limit); an unplanned job's
+//! instances go where [`crate::jobs::place`] puts them, at most one per vCPU of the agent's type at
+//! once. The requests carry the function's identity (`jobs::function_key`), image, command and
+//! the limits its runs will have, since a warm container serves only runs with the same ones.
+//! Prewarming is best effort: a refusal or an unreachable agent only costs a cold start.
+//! Switched by `JobsConfig::prewarm`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sonic_api::agent::{MAX_PREWARM, PrewarmRequest};
+use sonic_core::dag::Fanout;
+
+use crate::jobs::{DEFAULT_MEMORY_MB, StageContext, function_key, place};
+use crate::planned::Allocation;
+use crate::scheduler::Runtime;
+
+/// How long one prewarm call may take (containers start in the agent before it answers).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One prewarm call to make: to which of the job's agents (index into `StageContext::agents`),
+/// with what body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// Index into the job's agents.
+    pub agent: usize,
+    /// What to ask that agent for.
+    pub request: PrewarmRequest,
+}
+
+/// The prewarm calls for the stages that read from stage `i`, which starts now: per receiving
+/// stage and agent, the containers its instances will need there at once.
+pub fn targets(
+    ctx: &StageContext<'_>,
+    i: usize,
+    alloc: Option<&Allocation>,
+    vcpus: impl Fn(usize) -> Option<u32>,
+) -> Vec<Target> {
+    let mut next: Vec<usize> = ctx.dag.outgoing(i).map(|e| e.to).collect();
+    next.sort_unstable();
+    next.dedup();
+    let mut out = Vec::new();
+    for j in next {
+        let f = &ctx.dag.functions[j];
+        let instances = match ctx.fanouts.get(j) {
+            Some(Fanout::Known(n)) => Some(*n),
+            // One per file the sender writes: not known before it ran.
+            _ => None,
+        };
+        // Per agent: how many at once, and the memory limit of the runs.
+        let (per_agent, memory_limit_mb): (BTreeMap<usize, u32>, u64) = match alloc {
+            Some(a) => {
+                let Some(hosts) = a.hosts.get(j).filter(|h| !h.is_empty()) else {
+                    continue;
+                };
+                let mut placed: BTreeMap<usize, u32> = BTreeMap::new();
+                match instances {
+                    Some(n) => {
+                        for k in 0..n {
+                            *placed.entry(a.host(j, k)).or_insert(0) += 1;
+                        }
+                    }
+                    None => {
+                        for &h in hosts {
+                            placed.entry(h).or_insert(0);
+                        }
+                    }
+                }
+                let at_once = a.permits(j);
+                let per_agent = placed
+                    .into_iter()
+                    .map(|(agent, n)| {
+                        let most = at_once.get(&agent).copied().unwrap_or(1) as u32;
+                        (
+                            agent,
+                            if instances.is_some() {
+                                n.min(most)
+                            } else {
+                                most
+                            },
+                        )
+                    })
+                    .collect();
+                let memory = a
+                    .memory_limit_mb
+                    .get(j)
+                    .copied()
+                    .unwrap_or(DEFAULT_MEMORY_MB);
+                (per_agent, memory)
+            }
+            None => {
+                let Some(n) = instances else { continue };
+                if ctx.agents.is_empty() {
+                    continue;
+                }
+                let mut placed: BTreeMap<usize, u32> = BTreeMap::new();
+                for k in 0..n {
+                    *placed
+                        .entry(place(ctx.policy, ctx.agents.len(), j, k))
+                        .or_insert(0) += 1;
+                }
+                let per_agent = placed
+                    .into_iter()
+                    .map(|(agent, n)| (agent, n.min(vcpus(agent).unwrap_or(1).max(1))))
+                    .collect();
+                (per_agent, DEFAULT_MEMORY_MB)
+            }
+        };
+        for (agent, count) in per_agent {
+            if count == 0 {
+                continue;
+            }
+            out.push(Target {
+                agent,
+                request: PrewarmRequest {
+                    function_key: function_key(ctx.dag, j),
+                    image: f.image.clone(),
+                    command: f.command.clone(),
+                    count: count.min(MAX_PREWARM),
+                    memory_limit_mb,
+                    // As `jobs::instance_runs` asks for every run.
+                    cpus: 1.0,
+                    output_quota_mb: None,
+                },
+            });
+        }
+    }
+    out
+}
+
+/// The hook of the executor (`scheduler::run`, where a stage starts): when prewarming is on,
+/// sends the prewarm calls for the stages reading from stage `i` in the background.
+pub fn next_stages(rt: &Runtime, ctx: &StageContext<'_>, i: usize, alloc: Option<&Allocation>) {
+    if !rt.config.prewarm {
+        return;
+    }
+    let vcpus = |agent: usize| {
+        let slot = ctx.agents.get(agent)?;
+        Some(rt.catalog.as_ref()?.vm_type(&slot.vm_type)?.vcpus)
+    };
+    let calls: Vec<(String, String, PrewarmRequest)> = targets(ctx, i, alloc, vcpus)
+        .into_iter()
+        .filter_map(|t| {
+            let agent = ctx.agents.get(t.agent)?;
+            Some((agent.id.clone(), agent.url.clone(), t.request))
+        })
+        .collect();
+    if calls.is_empty() {
+        return;
+    }
+    let http = rt.http().clone();
+    let token = rt.config.agent_token.clone();
+    let job = ctx.job_id.to_owned();
+    tokio::spawn(async move {
+        let sent = calls
+            .iter()
+            .map(|(agent, url, body)| send(&http, &token, &job, agent, url, body));
+        futures::future::join_all(sent).await;
+    });
+}
+
+/// One prewarm call; its outcome is logged only.
+async fn send(
+    http: &reqwest::Client,
+    token: &str,
+    job: &str,
+    agent: &str,
+    url: &str,
+    body: &PrewarmRequest,
+) {
+    let answer = http
+        .post(format!("{}/v1/prewarm", url.trim_end_matches('/')))
+        .bearer_auth(token)
+        .timeout(CALL_TIMEOUT)
+        .json(body)
+        .send()
+        .await;
+    match answer {
+        Ok(r) if r.status().is_success() => {
+            let done = r.json::<sonic_api::agent::Prewarmed>().await.ok();
+            tracing::debug!(job, agent, key = %body.function_key, count = body.count,
+                started = done.as_ref().map(|d| d.started), "prewarmed");
+        }
+        Ok(r) => {
+            let status = r.status();
+            let text = r.text().await.unwrap_or_default();
+            tracing::warn!(job, agent, key = %body.function_key, %status, answer = %text, "prewarm refused");
+        }
+        Err(e) => {
+            tracing::warn!(job, agent, key = %body.function_key, error = %e, "prewarm failed")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jobs::{AgentSlot, Policy};
+    use sonic_core::dag::Dag;
+
+    const DAG: &str = r#"
+name: t
+params: { n: 3 }
+functions:
+  - { name: gen, image: i, command: [synthetic, run, --to, mid] }
+  - { name: mid, image: i, command: [synthetic, run, --to, sink], instances: "{{ params.n }}" }
+  - { name: sink, image: i, command: [synthetic, run] }
+edges:
+  - { from: gen, to: mid, kind: broadcast }
+  - { from: mid, to: sink, kind: gather }
+"#;
+
+    #[test]
+    fn unplanned_stages_are_prewarmed_where_their_instances_go() {
+        let dag = Dag::from_yaml("t.yaml", DAG).expect("dag");
+        let params = dag.job_params(&Default::default());
+        let fanouts = dag.fanouts(&params).expect("fanouts");
+        let params: serde_json::Map<String, serde_json::Value> = params.into_iter().collect();
+        let agents: Vec<AgentSlot> = ["a-1", "a-2"]
+            .iter()
+            .map(|id| AgentSlot {
+                id: (*id).into(),
+                url: format!("http://{id}"),
+                vm_type: "m5.large".into(),
+            })
+            .collect();
+        let ctx = StageContext {
+            job_id: "j-1",
+            dag: &dag,
+            params: &params,
+            fanouts: &fanouts,
+            methods: &[],
+            policy: Policy::Remote,
+            agents: &agents,
+            produced: &[],
+            inputs: &[],
+            file_key: b"k",
+            token_expiry: 0,
+        };
+        // gen starts: the 3 mids go to agents 1, 0, 1 (`jobs::place`), at most 1 at once on
+        // agent 1 here (1 vCPU), 1 on agent 0.
+        let got = targets(&ctx, 0, None, |a| Some(if a == 0 { 4 } else { 1 }));
+        let counts: Vec<(usize, u32)> = got.iter().map(|t| (t.agent, t.request.count)).collect();
+        assert_eq!(counts, vec![(0, 1), (1, 1)]);
+        let r = &got[0].request;
+        assert_eq!(r.function_key, crate::jobs::function_key(&dag, 1));
+        assert_eq!(r.command, dag.functions[1].command);
+        assert_eq!((r.memory_limit_mb, r.cpus), (DEFAULT_MEMORY_MB, 1.0));
+        // The same warm key as the runs the executor will send.
+        let runs = crate::jobs::instance_runs(&ctx, 1, 3, [0]).expect("runs");
+        assert_eq!(r.warm_key(), runs[0].request.warm_key());
+        // mid starts: the sink, once; the sink starts: nothing reads from it.
+        let got = targets(&ctx, 1, None, |_| Some(2));
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].request.count, 1);
+        assert!(targets(&ctx, 2, None, |_| Some(2)).is_empty());
+    }
+}
