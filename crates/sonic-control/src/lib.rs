@@ -5,6 +5,7 @@
 //! placed by the resource manager ([`planned`]) with the bandwidth the agents measure
 //! ([`bandwidth`]). The web [`dashboard`] shares the API's port and token.
 
+pub mod agent_client;
 pub mod api;
 pub mod bandwidth;
 pub mod clock;
@@ -13,10 +14,10 @@ pub mod dashboard;
 pub mod error;
 pub mod jobs;
 pub mod learning;
+pub mod machine;
 pub mod metrics;
 pub mod openapi;
 pub mod planned;
-pub mod prewarm;
 pub mod reports;
 pub mod resources;
 pub mod scheduler;

@@ -8,12 +8,12 @@
 //! plan's concurrency of a stage's instances run at once on one VM. An unplanned job's instance
 //! holds one slot of its agent from the same manager while it runs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sonic_api::agent::{RunAccepted, RunReport, RunRequest, RunStatus};
+use sonic_api::agent::{RunReport, RunRequest, RunStatus};
 use sonic_api::control::{
     EdgeRun, FunctionRun, InstanceLog, JobEvent, JobPlan, JobStatus, JobSummary, StageHosts,
 };
@@ -23,12 +23,14 @@ use sonic_core::regression::Convergence;
 use sonic_storage::ObjectStore;
 use tokio::sync::{Semaphore, watch};
 
+use crate::agent_client::{AgentClient, HttpAgents};
 use crate::api::ControlState;
 use crate::jobs::{
     AgentSlot, JobInputFile, Method, Policy, Produced, StageContext, edge_methods, instance_runs,
-    job_prefix, stage_fanout, stage_runs, starts_per_instance,
+    job_prefix, stage_runs,
 };
 use crate::learning::Planned;
+use crate::machine::{self, Action, Event, JobMachine, Outcome, Shape};
 use crate::planned::Allocation;
 use crate::resources::{DEFAULT_MAX_QUEUED, Pool, ResourceManager};
 use crate::store::{
@@ -59,6 +61,7 @@ pub struct JobsConfig {
     /// `max_poll_interval` (1,000 instances polled every 25 ms were 40,000 requests a second:
     /// docs/load.md).
     pub poll_interval: Duration,
+    /// The longest wait between two reads of a running instance's report.
     pub max_poll_interval: Duration,
     /// The control plane's URL as agents reach it, sent in every run request so that the agent
     /// pushes the report when the run ends (an agent with its own `control_url` uses that).
@@ -82,9 +85,6 @@ pub struct JobsConfig {
     pub job_attempts: u32,
     /// How long an agent has to answer `GET /v1/health` before it counts as lost.
     pub health_timeout: Duration,
-    /// Whether the agents that will run the stages reading from a stage that starts are asked
-    /// to start those stages' containers meanwhile (`prewarm`), so that they start hot.
-    pub prewarm: bool,
 }
 
 impl std::fmt::Debug for JobsConfig {
@@ -104,6 +104,7 @@ impl std::fmt::Debug for JobsConfig {
 }
 
 impl JobsConfig {
+    /// The defaults, with the agents' token and the file key.
     pub fn new(agent_token: impl Into<String>, file_key: impl Into<Vec<u8>>) -> JobsConfig {
         JobsConfig {
             agent_token: agent_token.into(),
@@ -122,7 +123,6 @@ impl JobsConfig {
             planning: crate::learning::default_budget(),
             job_attempts: 3,
             health_timeout: Duration::from_secs(3),
-            prewarm: true,
         }
     }
 }
@@ -130,10 +130,15 @@ impl JobsConfig {
 /// What running jobs needs besides the database: the object store, the catalog (prices), agents.
 #[derive(Debug)]
 pub struct Runtime {
+    /// The object store: job inputs, `remote` files, results.
     pub store: Arc<dyn ObjectStore>,
+    /// The VM catalog jobs are planned and priced with.
     pub catalog: Option<Catalog>,
+    /// The executor's settings.
     pub config: JobsConfig,
     http: reqwest::Client,
+    /// How runs are sent to agents and their reports read (over `http` unless replaced).
+    agents: Arc<dyn AgentClient>,
     cancels: Mutex<HashMap<String, Arc<AtomicBool>>>,
     /// The progress of every job this process runs, for `GET /v1/jobs/{id}/events`.
     events: Mutex<HashMap<String, watch::Sender<JobEvent>>>,
@@ -153,6 +158,7 @@ pub struct Runtime {
 }
 
 impl Runtime {
+    /// A runtime whose jobs are admitted by the built-in [`Pool`] over the registered agents.
     pub fn new(
         store: Arc<dyn ObjectStore>,
         catalog: Option<Catalog>,
@@ -160,6 +166,9 @@ impl Runtime {
     ) -> Runtime {
         let resources: Arc<dyn ResourceManager> =
             Arc::new(Pool::new(catalog.as_ref(), DEFAULT_MAX_QUEUED));
+        let http = reqwest::Client::new();
+        let agents: Arc<dyn AgentClient> =
+            Arc::new(HttpAgents::new(http.clone(), config.agent_token.clone()));
         let report_url = std::sync::OnceLock::new();
         if let Some(url) = &config.report_url {
             let _ = report_url.set(url.trim_end_matches('/').to_owned());
@@ -168,7 +177,8 @@ impl Runtime {
             store,
             catalog,
             config,
-            http: reqwest::Client::new(),
+            agents,
+            http,
             cancels: Mutex::new(HashMap::new()),
             events: Mutex::new(HashMap::new()),
             resources,
@@ -218,7 +228,18 @@ impl Runtime {
 
     /// Calls agents with `http` (a client that trusts the cluster's CA).
     pub fn with_http(mut self, http: reqwest::Client) -> Runtime {
+        self.agents = Arc::new(HttpAgents::new(
+            http.clone(),
+            self.config.agent_token.clone(),
+        ));
         self.http = http;
+        self
+    }
+
+    /// Talks to agents through `agents` instead of HTTP (e.g. [`crate::agent_client::MemoryAgents`]
+    /// in tests of the executor without a network).
+    pub fn with_agents(mut self, agents: Arc<dyn AgentClient>) -> Runtime {
+        self.agents = agents;
         self
     }
 
@@ -1010,8 +1031,6 @@ async fn run(
     // wait and then run in a warm container of this job, which is how profiling measures hot
     // times, not only cold ones.
     let mut vcpu_permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
-    // A planned stage's concurrency per VM, made when its first instance starts.
-    let mut stage_permits: Vec<Option<HashMap<usize, Arc<Semaphore>>>> = vec![None; n];
     // A planned job holds on each agent what its grant reserved there: the most one stage runs
     // at once on it. Stages of independent branches running together share that.
     let mut job_permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
@@ -1028,303 +1047,341 @@ async fn run(
             .map(|(agent, k)| (agent, Arc::new(Semaphore::new(k))))
             .collect();
     }
-    // A stage starts as soon as every stage it reads from has ended, so independent branches of
-    // the DAG run at once; a stage fed only by `one` edges starts each instance as soon as that
-    // instance's own senders ended. The instances of every running stage are in one set.
-    let per_instance: Vec<bool> = (0..n)
-        .map(|i| starts_per_instance(&dag, &fanouts, i))
-        .collect();
-    let mut started = vec![false; n];
-    let mut ended = vec![false; n];
-    // Per stage, once it started: which instances were sent, which ended.
-    let mut launched: Vec<Vec<bool>> = vec![Vec::new(); n];
-    let mut done: Vec<Vec<bool>> = vec![Vec::new(); n];
-    let mut stage_clock: Vec<Option<Instant>> = vec![None; n];
-    let mut set: tokio::task::JoinSet<Result<Finished, InstanceFailure>> =
-        tokio::task::JoinSet::new();
-    let mut failure: Option<InstanceFailure> = None;
-    // What a previous control plane recorded of this execution, by (function, instance); the
-    // instances it saw succeed, once their stage starts again, end at once.
-    let mut recorded: HashMap<(usize, u32), InstanceRunRecord> = recorded
+    // What a previous control plane recorded of this execution, by (function, instance), on
+    // agents this execution still has: the machine restores what succeeded and sends again, by
+    // the same attempt, what was sent.
+    let recorded: HashMap<(usize, u32), (usize, InstanceRunRecord)> = recorded
         .into_iter()
         .filter_map(|r| {
             let i = dag.functions.iter().position(|f| f.name == r.function)?;
-            Some(((i, r.instance), r))
+            let a = agents.iter().position(|a| a.id == r.agent)?;
+            Some(((i, r.instance), (a, r)))
         })
         .collect();
-    let mut restored: Vec<Finished> = Vec::new();
-    loop {
-        // What can start now: whole stages, or single instances of per-instance stages.
-        let mut ready: Vec<(usize, Option<Vec<u32>>)> = Vec::new();
-        for i in 0..n {
-            if ended[i] {
+    let decisions = recorded
+        .iter()
+        .map(|(&key, (_, r))| {
+            let state = match r.report {
+                Some(_) => machine::Recorded::Succeeded(r.attempt),
+                None => machine::Recorded::Sent(r.attempt),
+            };
+            (key, state)
+        })
+        .collect();
+    // Every decision of when what runs is the machine's (`machine.rs`); this loop carries its
+    // actions out and tells it what happened.
+    let shape = Shape::of(&dag, &fanouts);
+    let mut machine = JobMachine::new(shape.clone(), rt.config.max_attempts, rt.config.backoff)
+        .with_recorded(decisions);
+    let mut opened: Vec<Option<Opened>> = (0..n).map(|_| None).collect();
+    let mut seen_ended = vec![false; n];
+    // Per instance: when it was first sent (monotonic, and wall clock for the record).
+    let mut first_sent: HashMap<(usize, u32), (Instant, i64)> = HashMap::new();
+    let mut failures: HashMap<(usize, u32), InstanceFailure> = HashMap::new();
+    let mut set: tokio::task::JoinSet<Attempted> = tokio::task::JoinSet::new();
+    let mut events: VecDeque<Event> = VecDeque::from([Event::Begin]);
+    let outcome = 'run: loop {
+        while let Some(event) = events.pop_front() {
+            for action in machine.handle(event) {
+                match action {
+                    Action::OpenStage { stage: i } => {
+                        if let Some(a) = &alloc
+                            && let Err(e) =
+                                check_vm_storage_senders(state, &dag, a, &agents, i).await
+                        {
+                            set.abort_all();
+                            return Err(Failure::Job(e));
+                        }
+                        let ctx = StageContext {
+                            job_id: &job.id,
+                            dag: &dag,
+                            params: &params,
+                            fanouts: &fanouts,
+                            methods: &methods,
+                            policy,
+                            agents: &agents,
+                            produced: &produced,
+                            inputs,
+                            file_key: &rt.config.file_key,
+                            token_expiry: expiry,
+                        };
+                        // A stage whose instances start one by one builds each request when it
+                        // starts (its senders' files are known then); the others build all now.
+                        let (count, built) = match shape.per_instance(i) {
+                            Some(count) => (count, Vec::new()),
+                            None => match stage_runs(&ctx, i) {
+                                Ok(p) => (p.len() as u32, p),
+                                Err(e) => {
+                                    set.abort_all();
+                                    return Err(Failure::Job(e.to_string()));
+                                }
+                            },
+                        };
+                        progress.instances.insert(i, count);
+                        progress.expected[i] = count;
+                        // A planned stage runs where the resource manager put its VMs, as many
+                        // at once per VM as the plan says.
+                        let permits = match &alloc {
+                            Some(a) => a
+                                .permits(i)
+                                .into_iter()
+                                .map(|(agent, n)| (agent, Arc::new(Semaphore::new(n))))
+                                .collect(),
+                            None => HashMap::new(),
+                        };
+                        opened[i] = Some(Opened {
+                            requests: built.into_iter().map(|p| (p.request.instance, p)).collect(),
+                            permits,
+                            count,
+                            since: Instant::now(),
+                        });
+                        let total: u32 = progress.expected.iter().sum();
+                        let running = running_stages(&dag, &machine, i);
+                        rt.publish(&job.id, |e| {
+                            e.stage = running;
+                            e.total_instances = total;
+                            e.message = None;
+                        });
+                        tracing::info!(job = %job.id, function = %dag.functions[i].name, instances = count, "stage starts");
+                        events.push_back(Event::StageOpened {
+                            stage: i,
+                            instances: count,
+                        });
+                    }
+                    Action::StartRun {
+                        stage: i,
+                        instance: k,
+                        attempt,
+                        delay,
+                    } => {
+                        let Some(stage) = opened[i].as_mut() else {
+                            continue;
+                        };
+                        let placement = match stage.requests.get(&k) {
+                            Some(p) => p.clone(),
+                            None => {
+                                let ctx = StageContext {
+                                    job_id: &job.id,
+                                    dag: &dag,
+                                    params: &params,
+                                    fanouts: &fanouts,
+                                    methods: &methods,
+                                    policy,
+                                    agents: &agents,
+                                    produced: &produced,
+                                    inputs,
+                                    file_key: &rt.config.file_key,
+                                    token_expiry: expiry,
+                                };
+                                match instance_runs(&ctx, i, stage.count, [k]) {
+                                    Ok(mut p) if !p.is_empty() => {
+                                        let p = p.remove(0);
+                                        stage.requests.insert(k, p.clone());
+                                        p
+                                    }
+                                    Ok(_) => {
+                                        set.abort_all();
+                                        return Err(Failure::Job(format!(
+                                            "function {} instance {k}: no request",
+                                            dag.functions[i].name
+                                        )));
+                                    }
+                                    Err(e) => {
+                                        set.abort_all();
+                                        return Err(Failure::Job(e.to_string()));
+                                    }
+                                }
+                            }
+                        };
+                        let mut p = placement;
+                        p.request.execution = execution;
+                        p.request.attempt = attempt;
+                        if let Some(a) = &alloc {
+                            p.agent = a.host(i, k);
+                            p.request.memory_limit_mb = a.memory_limit_mb[i];
+                        }
+                        // An instance a previous control plane sent is asked for again on the
+                        // agent it went to.
+                        let mut sent_ms = None;
+                        if let Some((a, r)) = recorded.get(&(i, k)) {
+                            p.agent = *a;
+                            sent_ms = Some(r.started_ms);
+                        }
+                        let permit = match &alloc {
+                            Some(_) => stage.permits.get(&p.agent).cloned(),
+                            None => rt
+                                .catalog
+                                .as_ref()
+                                .and_then(|c| c.vm_type(&agents.get(p.agent)?.vm_type))
+                                .filter(|t| t.vcpus > 0)
+                                .map(|t| {
+                                    vcpu_permits
+                                        .entry(p.agent)
+                                        .or_insert_with(|| {
+                                            Arc::new(Semaphore::new(t.vcpus as usize))
+                                        })
+                                        .clone()
+                                }),
+                        };
+                        let sent_ms = first_sent
+                            .get(&(i, k))
+                            .map(|s| s.1)
+                            .or(sent_ms)
+                            .unwrap_or_else(|| state.clock.now_ms());
+                        let vm = alloc.as_ref().map_or(0, |a| planned_vm(&dag, a, i, k));
+                        let attempt = AttemptTask {
+                            state: state.clone(),
+                            rt: rt.clone(),
+                            agent: agents[p.agent].clone(),
+                            agent_index: p.agent,
+                            request: p.request,
+                            cancel: cancel.clone(),
+                            permit,
+                            reservation: job_permits.get(&p.agent).cloned(),
+                            delay,
+                            sent_ms,
+                            function: i,
+                            vm,
+                        };
+                        // A child of the job's span: the instance's events carry both.
+                        let span = tracing::info_span!("run", function = %dag.functions[i].name, instance = k);
+                        set.spawn(tracing::Instrument::instrument(attempt.run(), span));
+                    }
+                    Action::Restore {
+                        stage: i,
+                        instance: k,
+                        attempt,
+                    } => {
+                        let Some((a, r)) = recorded.get(&(i, k)) else {
+                            continue;
+                        };
+                        let Some(report) = r.report.clone() else {
+                            continue;
+                        };
+                        let f = Finished {
+                            function: i,
+                            instance: k,
+                            agent: *a,
+                            vm: alloc.as_ref().map_or(0, |al| planned_vm(&dag, al, i, k)),
+                            report,
+                            attempts: attempt,
+                            started: instant_at(state, r.started_ms),
+                            ended: instant_at(state, r.ended_ms.unwrap_or(r.started_ms)),
+                        };
+                        succeed(
+                            state,
+                            rt,
+                            &job.id,
+                            &dag,
+                            &agents,
+                            execution,
+                            f,
+                            progress,
+                            &mut produced,
+                        )
+                        .await?;
+                        events.push_back(Event::RunEnded {
+                            stage: i,
+                            instance: k,
+                            attempt,
+                        });
+                    }
+                    Action::StopRuns => set.abort_all(),
+                    Action::Finish(outcome) => break 'run outcome,
+                }
+            }
+        }
+        for (i, seen) in seen_ended.iter_mut().enumerate() {
+            if !*seen && machine.ended(i) {
+                *seen = true;
+                if let Some(o) = &opened[i] {
+                    let stage = &dag.functions[i].name;
+                    state
+                        .metrics
+                        .stage_ended(&job.dag, stage, o.since.elapsed().as_secs_f64());
+                }
+                let running = running_stages(&dag, &machine, usize::MAX);
+                rt.publish(&job.id, |e| e.stage = running);
+            }
+        }
+        let joined = tokio::select! {
+            j = set.join_next() => j,
+            () = cancelled(cancel) => {
+                events.push_back(Event::Cancel);
                 continue;
             }
-            if per_instance[i] {
-                let Some(Fanout::Known(fan)) = fanouts.get(i).copied() else {
-                    continue;
-                };
-                let ks: Vec<u32> = (0..fan)
-                    .filter(|&k| !launched[i].get(k as usize).copied().unwrap_or(false))
-                    .filter(|&k| {
-                        dag.incoming(i).all(|e| {
-                            ended[e.from] || done[e.from].get(k as usize).copied().unwrap_or(false)
-                        })
-                    })
-                    .collect();
-                if !ks.is_empty() {
-                    ready.push((i, Some(ks)));
-                }
-            } else if !started[i] && dag.incoming(i).all(|e| ended[e.from]) {
-                ready.push((i, None));
-            }
-        }
-        for (i, which) in ready {
-            if cancel.load(Ordering::SeqCst) {
-                set.abort_all();
-                return Err(Failure::Job("cancelled".into()));
-            }
-            if !started[i]
-                && let Some(a) = &alloc
-            {
-                check_vm_storage_senders(state, &dag, a, &agents, i)
-                    .await
-                    .map_err(Failure::Job)?;
-            }
-            let ctx = StageContext {
-                job_id: &job.id,
-                dag: &dag,
-                params: &params,
-                fanouts: &fanouts,
-                methods: &methods,
-                policy,
-                agents: &agents,
-                produced: &produced,
-                inputs,
-                file_key: &rt.config.file_key,
-                token_expiry: expiry,
-            };
-            let mut placements = match &which {
-                None => stage_runs(&ctx, i),
-                Some(ks) => instance_runs(&ctx, i, stage_fanout(&ctx, i), ks.iter().copied()),
-            }
-            .map_err(|e| Failure::Job(e.to_string()))?;
-            if !started[i] {
-                started[i] = true;
-                let count = match &which {
-                    None => placements.len() as u32,
-                    Some(_) => stage_fanout(&ctx, i),
-                };
-                launched[i] = vec![false; count as usize];
-                done[i] = vec![false; count as usize];
-                stage_clock[i] = Some(Instant::now());
-                progress.instances.insert(i, count);
-                progress.expected[i] = count;
-                // A planned stage runs where the resource manager put its VMs, as many at once
-                // per VM as the plan says.
-                if let Some(a) = &alloc {
-                    stage_permits[i] = Some(
-                        a.permits(i)
-                            .into_iter()
-                            .map(|(agent, n)| (agent, Arc::new(Semaphore::new(n))))
-                            .collect(),
-                    );
-                }
-                let total: u32 = progress.expected.iter().sum();
-                let running = running_stages(&dag, &started, &ended);
-                rt.publish(&job.id, |e| {
-                    e.stage = running;
-                    e.total_instances = total;
-                    e.message = None;
-                });
-                tracing::info!(job = %job.id, function = %dag.functions[i].name, instances = count, "stage starts");
-                crate::prewarm::next_stages(rt, &ctx, i, alloc.as_ref());
-            }
-            let mut permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
-            if let Some(a) = &alloc {
-                for p in &mut placements {
-                    p.agent = a.host(i, p.request.instance);
-                    p.request.memory_limit_mb = a.memory_limit_mb[i];
-                }
-                permits = stage_permits[i].clone().unwrap_or_default();
-            } else if let Some(catalog) = rt.catalog.as_ref() {
-                for p in &placements {
-                    if let Some(t) = agents
-                        .get(p.agent)
-                        .and_then(|a| catalog.vm_type(&a.vm_type))
-                        .filter(|t| t.vcpus > 0)
-                    {
-                        let s = vcpu_permits
-                            .entry(p.agent)
-                            .or_insert_with(|| Arc::new(Semaphore::new(t.vcpus as usize)));
-                        permits.insert(p.agent, s.clone());
-                    }
-                }
-            }
-            let stage = dag.functions[i].name.clone();
-            for mut p in placements {
-                p.request.execution = execution;
-                let instance = p.request.instance;
-                if let Some(l) = launched[i].get_mut(instance as usize) {
-                    *l = true;
-                }
-                let vm = alloc
-                    .as_ref()
-                    .map_or(0, |a| planned_vm(&dag, a, i, instance));
-                let mut sent = Sent {
-                    execution,
-                    first_attempt: 1,
-                    started_ms: state.clock.now_ms(),
-                };
-                // What a previous control plane sent of this execution: an instance that
-                // succeeded is not run again; one that was running is asked for again on the
-                // same agent by the same attempt (adopted, not repeated).
-                if let Some(r) = recorded.remove(&(i, instance))
-                    && let Some(a) = agents.iter().position(|a| a.id == r.agent)
-                {
-                    p.agent = a;
-                    match r.report {
-                        Some(report) => {
-                            restored.push(Finished {
-                                function: i,
-                                instance,
-                                agent: a,
-                                vm,
-                                report,
-                                attempts: r.attempt,
-                                started: instant_at(state, r.started_ms),
-                                ended: instant_at(state, r.ended_ms.unwrap_or(r.started_ms)),
-                            });
-                            continue;
-                        }
-                        None => {
-                            sent.first_attempt = r.attempt;
-                            sent.started_ms = r.started_ms;
-                        }
-                    }
-                }
-                let rt = rt.clone();
-                let state = state.clone();
-                let agent = agents[p.agent].clone();
-                let cancel = cancel.clone();
-                let permit = permits.get(&p.agent).cloned();
-                let job_permit = job_permits.get(&p.agent).cloned();
-                // A child of the job's span: the instance's events carry both.
-                let span = tracing::info_span!("run", function = %stage, instance);
-                set.spawn(tracing::Instrument::instrument(
-                    async move {
-                        // Held while the instance runs: the plan's concurrency on this VM.
-                        let _permit = match permit {
-                            Some(s) => {
-                                let _waiting = state.metrics.waiting();
-                                Some(s.acquire_owned().await.map_err(|_| InstanceFailure {
-                                    message: "concurrency limit closed".to_owned(),
-                                    disk_full: false,
-                                    agent: agent.id.clone(),
-                                })?)
-                            }
-                            None => None,
-                        };
-                        // And the job's reservation on the agent (taken after the stage's).
-                        let _reserved = match job_permit {
-                            Some(s) => {
-                                Some(s.acquire_owned().await.map_err(|_| InstanceFailure {
-                                    message: "reservation limit closed".to_owned(),
-                                    disk_full: false,
-                                    agent: agent.id.clone(),
-                                })?)
-                            }
-                            None => None,
-                        };
-                        run_instance(&state, &rt, &agent, p.request, &cancel, sent)
-                            .await
-                            .map(|(report, attempts, started, ended)| Finished {
-                                function: i,
-                                instance,
-                                agent: p.agent,
-                                vm,
-                                report,
-                                attempts,
-                                started,
-                                ended,
-                            })
-                    },
-                    span,
-                ));
-            }
-        }
-        if ended.iter().all(|&e| e) {
-            break;
-        }
-        let next = match restored.pop() {
-            Some(f) => Some(Ok(Ok(f))),
-            None => set.join_next().await,
         };
-        let Some(joined) = next else {
-            // Nothing runs and some stage has not ended: its inputs can never complete.
-            return Err(Failure::Job(
-                "no stage can start: the DAG's stages wait on each other".into(),
-            ));
+        let Some(joined) = joined else {
+            // The machine finishes a job whose stages cannot start; nothing runs here only
+            // when it has, so this is a guard.
+            break Outcome::Stuck;
         };
-        let f = match joined {
-            Ok(Ok(f)) => f,
-            Ok(Err(e)) => {
-                // The first failure fails the job; the other runs are not waited on.
-                failure = Some(e);
-                break;
-            }
+        let a = match joined {
+            Ok(a) => a,
             Err(e) if e.is_cancelled() => continue,
             Err(e) => {
-                failure = Some(InstanceFailure {
-                    message: format!("instance task failed: {e}"),
-                    disk_full: false,
-                    agent: String::new(),
+                set.abort_all();
+                return Err(Failure::Job(format!("instance task failed: {e}")));
+            }
+        };
+        let (i, k) = (a.function, a.instance);
+        let first = *first_sent.entry((i, k)).or_insert((a.started, a.sent_ms));
+        match a.outcome {
+            Ok((report, ended)) => {
+                tracing::debug!(agent = %agents[a.agent].id, attempt = a.attempt, cold = report.cold, seconds = report.seconds, "instance ended");
+                let f = Finished {
+                    function: i,
+                    instance: k,
+                    agent: a.agent,
+                    vm: a.vm,
+                    report,
+                    attempts: a.attempt,
+                    started: first.0,
+                    ended,
+                };
+                // The instance's files are recorded before any instance that reads them starts.
+                succeed(
+                    state,
+                    rt,
+                    &job.id,
+                    &dag,
+                    &agents,
+                    execution,
+                    f,
+                    progress,
+                    &mut produced,
+                )
+                .await?;
+                events.push_back(Event::RunEnded {
+                    stage: i,
+                    instance: k,
+                    attempt: a.attempt,
                 });
-                break;
             }
-        };
-        progress.done += 1;
-        let finished = progress.done;
-        rt.publish(&job.id, |e| e.done_instances = finished);
-        let (i, k) = (f.function, f.instance);
-        // The instance's files are recorded before any instance that reads them starts.
-        let mut files = Vec::new();
-        record_instance(
-            &dag,
-            &agents,
-            &f,
-            progress,
-            &mut produced,
-            &job.id,
-            &mut files,
-        );
-        let ended_run = InstanceRunRecord {
-            job: job.id.clone(),
-            execution,
-            function: dag.functions[i].name.clone(),
-            instance: k,
-            attempt: f.attempts,
-            agent: agents[f.agent].id.clone(),
-            report: Some(f.report.clone()),
-            started_ms: ms_at(state, f.started),
-            ended_ms: Some(ms_at(state, f.ended)),
-        };
-        put_files(state, files, Some(ended_run)).await?;
-        if let Some(d) = done[i].get_mut(k as usize) {
-            *d = true;
-        }
-        if done[i].iter().all(|&d| d) {
-            ended[i] = true;
-            if let Some(t) = stage_clock[i] {
-                let stage = &dag.functions[i].name;
-                state
-                    .metrics
-                    .stage_ended(&job.dag, stage, t.elapsed().as_secs_f64());
+            Err(failure) => {
+                let function = &dag.functions[i].name;
+                let attempt = a.attempt;
+                let max = rt.config.max_attempts.max(1).max(attempt);
+                let last = failure.message.clone();
+                tracing::warn!(job = %job.id, %function, instance = k, attempt, error = %last, "instance failed");
+                rt.publish(&job.id, |e| {
+                    e.message = Some(format!(
+                        "{function} instance {k} attempt {attempt} of {max} failed: {last}"
+                    ));
+                });
+                let retry = failure.retry && !cancel.load(Ordering::SeqCst);
+                failures.insert((i, k), failure);
+                events.push_back(Event::RunFailed {
+                    stage: i,
+                    instance: k,
+                    attempt,
+                    error: last,
+                    retry,
+                });
             }
-            let running = running_stages(&dag, &started, &ended);
-            rt.publish(&job.id, |e| e.stage = running);
         }
-    }
+    };
+    set.abort_all();
     // The summary lists runs stage by stage, as the DAG orders them.
     let order: HashMap<&str, usize> = dag
         .functions
@@ -1335,35 +1392,113 @@ async fn run(
     progress
         .functions
         .sort_by_key(|r| (order.get(r.name.as_str()).copied(), r.instance));
-    let Some(f) = failure else {
-        return Ok(());
+    let (message, failed) = match outcome {
+        Outcome::Succeeded => return Ok(()),
+        Outcome::Cancelled => return Err(Failure::Job("cancelled".into())),
+        Outcome::Stuck => {
+            return Err(Failure::Job(
+                "no stage can start: the DAG's stages wait on each other".into(),
+            ));
+        }
+        Outcome::Failed {
+            stage,
+            instance,
+            attempts,
+            error,
+            exhausted,
+        } => {
+            let message = if exhausted {
+                format!(
+                    "function {} instance {instance} failed after {attempts} attempts: {error}",
+                    dag.functions[stage].name
+                )
+            } else {
+                error
+            };
+            (message, failures.remove(&(stage, instance)))
+        }
     };
-    set.abort_all();
     if cancel.load(Ordering::SeqCst) {
-        return Err(Failure::Job(f.message));
+        return Err(Failure::Job(message));
     }
     // A lambda's own failure fails the job; a lost agent (it or a peer it fetched from stopped
     // answering, or its disk is full) is worth another execution without it.
     let mut gone = unreachable_agents(rt, &agents).await;
-    if f.disk_full && !f.agent.is_empty() && !gone.contains(&f.agent) {
+    if let Some(f) = failed
+        && f.disk_full
+        && !f.agent.is_empty()
+        && !gone.contains(&f.agent)
+    {
         gone.push(f.agent.clone());
     }
     if gone.is_empty() {
-        return Err(Failure::Job(f.message));
+        return Err(Failure::Job(message));
     }
     Err(Failure::AgentsLost {
         agents: gone,
-        message: f.message,
+        message,
     })
 }
 
-/// The stages running now, by name, for the job's progress (`a, b` while two branches run).
-fn running_stages(dag: &Dag, started: &[bool], ended: &[bool]) -> Option<String> {
+/// What the executor keeps of a stage the machine opened.
+struct Opened {
+    /// Its requests by instance: all of them when it opened, or each when it first starts (a
+    /// stage whose instances start one by one).
+    requests: HashMap<u32, crate::jobs::Placement>,
+    /// A planned stage's concurrency per agent.
+    permits: HashMap<usize, Arc<Semaphore>>,
+    count: u32,
+    since: Instant,
+}
+
+/// Records a finished instance (its run, its files, that it ended) before the machine hears of
+/// it, so that an instance that reads its files starts only once they are recorded.
+#[allow(clippy::too_many_arguments)]
+async fn succeed(
+    state: &Arc<ControlState>,
+    rt: &Runtime,
+    job: &str,
+    dag: &Dag,
+    agents: &[AgentSlot],
+    execution: u32,
+    f: Finished,
+    progress: &mut Progress,
+    produced: &mut [Vec<Produced>],
+) -> Result<(), Failure> {
+    progress.done += 1;
+    let finished = progress.done;
+    rt.publish(job, |e| e.done_instances = finished);
+    let mut files = Vec::new();
+    record_instance(dag, agents, &f, progress, produced, job, &mut files);
+    let ended_run = InstanceRunRecord {
+        job: job.to_owned(),
+        execution,
+        function: dag.functions[f.function].name.clone(),
+        instance: f.instance,
+        attempt: f.attempts,
+        agent: agents[f.agent].id.clone(),
+        report: Some(f.report.clone()),
+        started_ms: ms_at(state, f.started),
+        ended_ms: Some(ms_at(state, f.ended)),
+    };
+    put_files(state, files, Some(ended_run)).await
+}
+
+/// Resolves once `cancel` is set (read every 50 ms).
+async fn cancelled(cancel: &AtomicBool) {
+    while !cancel.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The stages running now, by name, for the job's progress (`a, b` while two branches run);
+/// `opening` counts as running.
+fn running_stages(dag: &Dag, machine: &JobMachine, opening: usize) -> Option<String> {
     let names: Vec<&str> = dag
         .functions
         .iter()
         .enumerate()
-        .filter(|(i, _)| started[*i] && !ended[*i])
+        .filter(|(i, _)| (*i == opening || machine.opened(*i)) && !machine.ended(*i))
         .map(|(_, f)| f.name.as_str())
         .collect();
     (!names.is_empty()).then(|| names.join(", "))
@@ -1422,15 +1557,8 @@ async fn until_cancelled<F: std::future::Future>(f: F, cancel: &AtomicBool) -> O
 
 /// The agents of `agents` that do not answer `GET /v1/health` in time.
 async fn unreachable_agents(rt: &Runtime, agents: &[AgentSlot]) -> Vec<String> {
-    let probes = agents.iter().map(|a| {
-        let url = format!("{}/v1/health", a.url.trim_end_matches('/'));
-        let req = rt.http.get(url).timeout(rt.config.health_timeout).send();
-        async move {
-            match req.await {
-                Ok(r) if r.status().is_success() => None,
-                _ => Some(a.id.clone()),
-            }
-        }
+    let probes = agents.iter().map(|a| async move {
+        (!rt.agents.healthy(a, rt.config.health_timeout).await).then(|| a.id.clone())
     });
     futures::future::join_all(probes)
         .await
@@ -1585,121 +1713,161 @@ async fn keep_log(state: &ControlState, req: &RunRequest, agent: &AgentSlot, log
     }
 }
 
-/// Runs one instance, retrying with backoff; returns its report, attempts and the time it held
-/// the agent. Every attempt's log is kept.
-async fn run_instance(
-    state: &ControlState,
-    rt: &Runtime,
-    agent: &AgentSlot,
-    mut req: RunRequest,
-    cancel: &AtomicBool,
-    sent: Sent,
-) -> Result<(RunReport, u32, Instant, Instant), InstanceFailure> {
-    // An unplanned job's instance holds one slot of its agent while it runs, so that planned
-    // and unplanned jobs together never oversubscribe it (a planned job's grant covers its own).
-    let _slot = if rt.granted().contains(&req.job_id) {
-        None
-    } else {
-        let slot = rt.resources.slot(&req.job_id, agent, req.memory_limit_mb);
-        let failed = |message: String| InstanceFailure {
+/// One attempt of one instance, as the executor sends it: waits its backoff, takes its
+/// concurrency permits (the plan's on its VM, the job's reservation on the agent, or for an
+/// unplanned job a slot of the agent from the resource manager), records that it is sent, sends
+/// it, waits for its report and keeps its log.
+struct AttemptTask {
+    state: Arc<ControlState>,
+    rt: Arc<Runtime>,
+    agent: AgentSlot,
+    agent_index: usize,
+    request: RunRequest,
+    cancel: Arc<AtomicBool>,
+    permit: Option<Arc<Semaphore>>,
+    reservation: Option<Arc<Semaphore>>,
+    delay: Duration,
+    /// When the instance was first sent (wall clock, ms): kept in its run record.
+    sent_ms: i64,
+    function: usize,
+    vm: usize,
+}
+
+/// What one attempt came to.
+struct Attempted {
+    function: usize,
+    instance: u32,
+    attempt: u32,
+    agent: usize,
+    vm: usize,
+    sent_ms: i64,
+    /// When it held its agent (after its permits).
+    started: Instant,
+    /// Its report and when it ended, if it succeeded.
+    outcome: Result<(RunReport, Instant), InstanceFailure>,
+}
+
+impl AttemptTask {
+    async fn run(self) -> Attempted {
+        let mut done = Attempted {
+            function: self.function,
+            instance: self.request.instance,
+            attempt: self.request.attempt,
+            agent: self.agent_index,
+            vm: self.vm,
+            sent_ms: self.sent_ms,
+            started: Instant::now(),
+            outcome: Err(self.failure("cancelled".into(), false)),
+        };
+        done.outcome = self.attempt(&mut done.started).await;
+        done
+    }
+
+    fn failure(&self, message: String, retry: bool) -> InstanceFailure {
+        InstanceFailure {
             message,
             disk_full: false,
-            agent: agent.id.clone(),
+            agent: self.agent.id.clone(),
+            retry,
+        }
+    }
+
+    async fn attempt(
+        &self,
+        started: &mut Instant,
+    ) -> Result<(RunReport, Instant), InstanceFailure> {
+        let (state, rt, req, agent) = (&*self.state, &*self.rt, &self.request, &self.agent);
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        // Held while the instance runs: the plan's concurrency on this VM.
+        let _permit = match &self.permit {
+            Some(s) => {
+                let _waiting = state.metrics.waiting();
+                Some(
+                    s.clone()
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| self.failure("concurrency limit closed".to_owned(), false))?,
+                )
+            }
+            None => None,
         };
-        match until_cancelled(slot, cancel).await {
-            Some(Ok(s)) => Some(s),
-            Some(Err(e)) => return Err(failed(e.to_string())),
-            None => return Err(failed("cancelled".into())),
+        // And the job's reservation on the agent (taken after the stage's).
+        let _reserved = match &self.reservation {
+            Some(s) => Some(
+                s.clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| self.failure("reservation limit closed".to_owned(), false))?,
+            ),
+            None => None,
+        };
+        // An unplanned job's instance holds one slot of its agent while it runs, so that
+        // planned and unplanned jobs together never oversubscribe it (a planned job's grant
+        // covers its own).
+        let _slot = if rt.granted().contains(&req.job_id) {
+            None
+        } else {
+            let slot = rt.resources.slot(&req.job_id, agent, req.memory_limit_mb);
+            match until_cancelled(slot, &self.cancel).await {
+                Some(Ok(s)) => Some(s),
+                Some(Err(e)) => return Err(self.failure(e.to_string(), false)),
+                None => return Err(self.failure("cancelled".into(), false)),
+            }
+        };
+        if self.cancel.load(Ordering::SeqCst) {
+            return Err(self.failure("cancelled".into(), false));
         }
-    };
-    let started = Instant::now();
-    let max = rt.config.max_attempts.max(1).max(sent.first_attempt);
-    let mut last = String::new();
-    let mut full = false;
-    for attempt in sent.first_attempt.max(1)..=max {
-        if cancel.load(Ordering::SeqCst) {
-            return Err(InstanceFailure {
-                message: "cancelled".into(),
-                disk_full: false,
-                agent: agent.id.clone(),
-            });
-        }
-        req.attempt = attempt;
+        *started = Instant::now();
         // Recorded before it is sent: after a restart, the run is asked for again by the same
         // attempt (an agent answers a repeated attempt with the run it already has).
         let record = InstanceRunRecord {
             job: req.job_id.clone(),
-            execution: sent.execution,
+            execution: req.execution,
             function: req.function.clone(),
             instance: req.instance,
-            attempt,
+            attempt: req.attempt,
             agent: agent.id.clone(),
             report: None,
-            started_ms: sent.started_ms,
+            started_ms: self.sent_ms,
             ended_ms: None,
         };
         if let Err(e) = state.db.run(move |db| db.put_instance_run(&record)).await {
             tracing::warn!(job = %req.job_id, function = %req.function, error = %e, "cannot record the run");
         }
-        let outcome = attempt_once(state, rt, agent, &req, cancel).await;
+        let outcome = attempt_once(state, rt, agent, req, &self.cancel).await;
         let log = match &outcome {
             Ok(report) => report.log.clone(),
             Err(e) => format!("[sonic-control] no report from agent {}: {e}\n", agent.id),
         };
-        keep_log(state, &req, agent, log).await;
+        keep_log(state, req, agent, log).await;
         match outcome {
-            Ok(report) if report.status == RunStatus::Succeeded => {
-                tracing::debug!(agent = %agent.id, attempt, cold = report.cold, seconds = report.seconds, "instance ended");
-                return Ok((report, attempt, started, Instant::now()));
-            }
+            Ok(report) if report.status == RunStatus::Succeeded => Ok((report, Instant::now())),
             Ok(report) => {
-                full = report.error.as_deref().is_some_and(disk_full) || disk_full(&report.log);
-                last = describe(&report);
+                let full = report.error.as_deref().is_some_and(disk_full) || disk_full(&report.log);
+                Err(InstanceFailure {
+                    disk_full: full,
+                    ..self.failure(describe(&report), true)
+                })
             }
-            Err(e) => {
-                full = disk_full(&e);
-                last = e;
-            }
-        }
-        tracing::warn!(job = %req.job_id, function = %req.function, instance = req.instance, attempt, error = %last, "instance failed");
-        rt.publish(&req.job_id, |e| {
-            e.message = Some(format!(
-                "{} instance {} attempt {attempt} of {max} failed: {last}",
-                req.function, req.instance
-            ));
-        });
-        if attempt < max {
-            let wait = rt.config.backoff * 2u32.saturating_pow(attempt - 1);
-            tokio::time::sleep(wait).await;
+            Err(e) => Err(InstanceFailure {
+                disk_full: disk_full(&e),
+                ..self.failure(e, true)
+            }),
         }
     }
-    Err(InstanceFailure {
-        message: format!(
-            "function {} instance {} failed after {max} attempts: {last}",
-            req.function, req.instance
-        ),
-        disk_full: full,
-        agent: agent.id.clone(),
-    })
 }
 
-/// Which execution an instance belongs to and where its attempts start: 1, or the attempt a
-/// previous control plane sent last (adopted after a restart).
-#[derive(Debug, Clone, Copy)]
-struct Sent {
-    execution: u32,
-    first_attempt: u32,
-    /// When the instance was first sent (wall clock, ms).
-    started_ms: i64,
-}
-
-/// An instance that failed every attempt.
+/// An attempt that failed.
 struct InstanceFailure {
     message: String,
     /// Its agent reported a full disk.
     disk_full: bool,
     /// The agent it ran on.
     agent: String,
+    /// Whether another attempt may help (not after a cancel or a closed limit).
+    retry: bool,
 }
 
 fn describe(r: &RunReport) -> String {
@@ -1741,36 +1909,16 @@ async fn attempt_once(
     req: &RunRequest,
     cancel: &AtomicBool,
 ) -> Result<RunReport, String> {
-    let base = agent.url.trim_end_matches('/');
     let run_id = req.run_id();
     let mut waiter = rt.report_url().map(|_| rt.reports.wait(&run_id, &agent.id));
     let mut sent = std::borrow::Cow::Borrowed(req);
     if let Some(url) = rt.report_url() {
         sent.to_mut().report_url = Some(url.to_owned());
     }
-    let r = rt
-        .http
-        .post(format!("{base}/v1/runs"))
-        .bearer_auth(&rt.config.agent_token)
-        .json(&*sent)
-        .send()
-        .await
-        .map_err(|e| format!("agent {}: {e}", agent.id))?;
-    if !r.status().is_success() {
-        let status = r.status();
-        let body = r.text().await.unwrap_or_default();
-        return Err(format!(
-            "agent {} refused the run ({status}): {body}",
-            agent.id
-        ));
-    }
-    // 200, not 202: the agent already had this run (a repeated request), and pushed its report
-    // then, if ever: read it now.
-    let existed = r.status() == reqwest::StatusCode::OK;
-    let accepted: RunAccepted = r
-        .json()
-        .await
-        .map_err(|e| format!("agent {}: bad answer: {e}", agent.id))?;
+    let accepted = rt.agents.start(agent, &sent).await?;
+    // An agent that already had this run (a repeated request) pushed its report then, if
+    // ever: read it now.
+    let existed = accepted.existed;
     if accepted.run_id != run_id {
         // An agent that names runs otherwise cannot be waited for by id: poll it.
         waiter = None;
@@ -1812,24 +1960,7 @@ async fn attempt_once(
             }
         }
         poll_now = false;
-        let r = rt
-            .http
-            .get(format!("{base}/v1/runs/{}", accepted.run_id))
-            .bearer_auth(&rt.config.agent_token)
-            .send()
-            .await
-            .map_err(|e| format!("agent {}: {e}", agent.id))?;
-        if !r.status().is_success() {
-            return Err(format!(
-                "agent {}: run report answered {}",
-                agent.id,
-                r.status()
-            ));
-        }
-        let report: RunReport = r
-            .json()
-            .await
-            .map_err(|e| format!("agent {}: bad report: {e}", agent.id))?;
+        let report = rt.agents.report(agent, &accepted.run_id).await?;
         if report.status != RunStatus::Running {
             state.metrics.report_received("poll");
             return Ok(report);
@@ -1884,17 +2015,8 @@ async fn clear(
     timeout: Option<Duration>,
 ) {
     for a in agents {
-        let url = format!("{}/v1/jobs/{job}", a.url.trim_end_matches('/'));
-        let mut req = rt.http.delete(url).bearer_auth(&rt.config.agent_token);
-        if let Some(t) = timeout {
-            req = req.timeout(t);
-        }
-        match req.send().await {
-            Ok(r) if r.status().is_success() || r.status() == 404 => {}
-            Ok(r) => {
-                tracing::warn!(job, agent = %a.id, status = %r.status(), "agent did not clean the job")
-            }
-            Err(e) => tracing::warn!(job, agent = %a.id, error = %e, "agent did not clean the job"),
+        if let Err(e) = rt.agents.clear_job(a, job, timeout).await {
+            tracing::warn!(job, agent = %a.id, error = %e, "agent did not clean the job");
         }
     }
     let prefix = job_prefix(job);

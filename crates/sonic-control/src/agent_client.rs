@@ -1,0 +1,307 @@
+//! How the executor talks to agents: the [`AgentClient`] trait, over HTTP ([`HttpAgents`], what
+//! the control plane uses) or in memory ([`MemoryAgents`], for tests of the executor without a
+//! network).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sonic_api::agent::{RunAccepted, RunReport, RunRequest, RunStatus};
+
+use crate::jobs::AgentSlot;
+use crate::resources::BoxFuture;
+
+/// An agent's answer to a run request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    /// The id the agent knows the run by.
+    pub run_id: String,
+    /// The agent already had this run (the same attempt was sent before): it will not push its
+    /// report again, so the report is read at once.
+    pub existed: bool,
+}
+
+/// The calls the executor makes to agents. Errors are messages naming the agent.
+pub trait AgentClient: Send + Sync + std::fmt::Debug {
+    /// Sends a run (`POST /v1/runs`).
+    fn start<'a>(
+        &'a self,
+        agent: &'a AgentSlot,
+        req: &'a RunRequest,
+    ) -> BoxFuture<'a, Result<Accepted, String>>;
+
+    /// Reads a run's report (`GET /v1/runs/{id}`); `Running` while it runs.
+    fn report<'a>(
+        &'a self,
+        agent: &'a AgentSlot,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<RunReport, String>>;
+
+    /// Stops a job's runs on the agent and deletes its files there (`DELETE /v1/jobs/{id}`),
+    /// waiting at most `timeout` when given.
+    fn clear_job<'a>(
+        &'a self,
+        agent: &'a AgentSlot,
+        job: &'a str,
+        timeout: Option<Duration>,
+    ) -> BoxFuture<'a, Result<(), String>>;
+
+    /// Whether the agent answers `GET /v1/health` within `timeout`.
+    fn healthy<'a>(&'a self, agent: &'a AgentSlot, timeout: Duration) -> BoxFuture<'a, bool>;
+}
+
+/// Agents over HTTP, with the agents' bearer token.
+#[derive(Debug, Clone)]
+pub struct HttpAgents {
+    http: reqwest::Client,
+    token: String,
+}
+
+impl HttpAgents {
+    /// Calls agents with `http` (a client that trusts the cluster's CA) and `token`.
+    pub fn new(http: reqwest::Client, token: impl Into<String>) -> HttpAgents {
+        HttpAgents {
+            http,
+            token: token.into(),
+        }
+    }
+}
+
+fn base(agent: &AgentSlot) -> &str {
+    agent.url.trim_end_matches('/')
+}
+
+impl AgentClient for HttpAgents {
+    fn start<'a>(
+        &'a self,
+        agent: &'a AgentSlot,
+        req: &'a RunRequest,
+    ) -> BoxFuture<'a, Result<Accepted, String>> {
+        Box::pin(async move {
+            let r = self
+                .http
+                .post(format!("{}/v1/runs", base(agent)))
+                .bearer_auth(&self.token)
+                .json(req)
+                .send()
+                .await
+                .map_err(|e| format!("agent {}: {e}", agent.id))?;
+            if !r.status().is_success() {
+                let status = r.status();
+                let body = r.text().await.unwrap_or_default();
+                return Err(format!(
+                    "agent {} refused the run ({status}): {body}",
+                    agent.id
+                ));
+            }
+            // 200, not 202: the agent already had this run (a repeated request).
+            let existed = r.status() == reqwest::StatusCode::OK;
+            let accepted: RunAccepted = r
+                .json()
+                .await
+                .map_err(|e| format!("agent {}: bad answer: {e}", agent.id))?;
+            Ok(Accepted {
+                run_id: accepted.run_id,
+                existed,
+            })
+        })
+    }
+
+    fn report<'a>(
+        &'a self,
+        agent: &'a AgentSlot,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<RunReport, String>> {
+        Box::pin(async move {
+            let r = self
+                .http
+                .get(format!("{}/v1/runs/{run_id}", base(agent)))
+                .bearer_auth(&self.token)
+                .send()
+                .await
+                .map_err(|e| format!("agent {}: {e}", agent.id))?;
+            if !r.status().is_success() {
+                return Err(format!(
+                    "agent {}: run report answered {}",
+                    agent.id,
+                    r.status()
+                ));
+            }
+            r.json()
+                .await
+                .map_err(|e| format!("agent {}: bad report: {e}", agent.id))
+        })
+    }
+
+    fn clear_job<'a>(
+        &'a self,
+        agent: &'a AgentSlot,
+        job: &'a str,
+        timeout: Option<Duration>,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let mut req = self
+                .http
+                .delete(format!("{}/v1/jobs/{job}", base(agent)))
+                .bearer_auth(&self.token);
+            if let Some(t) = timeout {
+                req = req.timeout(t);
+            }
+            match req.send().await {
+                Ok(r) if r.status().is_success() || r.status() == 404 => Ok(()),
+                Ok(r) => Err(format!("agent {} answered {}", agent.id, r.status())),
+                Err(e) => Err(format!("agent {}: {e}", agent.id)),
+            }
+        })
+    }
+
+    fn healthy<'a>(&'a self, agent: &'a AgentSlot, timeout: Duration) -> BoxFuture<'a, bool> {
+        Box::pin(async move {
+            let req = self
+                .http
+                .get(format!("{}/v1/health", base(agent)))
+                .timeout(timeout)
+                .send();
+            matches!(req.await, Ok(r) if r.status().is_success())
+        })
+    }
+}
+
+/// How an in-memory agent answers a run: the report it ends with.
+pub type Behaviour = dyn Fn(&AgentSlot, &RunRequest) -> RunReport + Send + Sync;
+
+/// Agents in memory: every run ends at once with the report `behaviour` gives it. They record
+/// every request, so that a test can check what was sent where. Agents whose id is in `down`
+/// refuse everything and are not healthy.
+pub struct MemoryAgents {
+    behaviour: Arc<Behaviour>,
+    state: Mutex<MemoryState>,
+}
+
+#[derive(Default)]
+struct MemoryState {
+    runs: HashMap<String, RunReport>,
+    sent: Vec<(String, RunRequest)>,
+    cleared: Vec<(String, String)>,
+    down: Vec<String>,
+}
+
+impl std::fmt::Debug for MemoryAgents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryAgents").finish_non_exhaustive()
+    }
+}
+
+impl MemoryAgents {
+    /// Agents whose runs end with `behaviour`'s report.
+    pub fn new(
+        behaviour: impl Fn(&AgentSlot, &RunRequest) -> RunReport + Send + Sync + 'static,
+    ) -> MemoryAgents {
+        MemoryAgents {
+            behaviour: Arc::new(behaviour),
+            state: Mutex::new(MemoryState::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every request sent, with the agent's id, in order.
+    pub fn sent(&self) -> Vec<(String, RunRequest)> {
+        self.lock().sent.clone()
+    }
+
+    /// Every (agent, job) cleared, in order.
+    pub fn cleared(&self) -> Vec<(String, String)> {
+        self.lock().cleared.clone()
+    }
+
+    /// Takes an agent down (`true`) or back up.
+    pub fn set_down(&self, agent: &str, down: bool) {
+        let mut s = self.lock();
+        s.down.retain(|a| a != agent);
+        if down {
+            s.down.push(agent.to_owned());
+        }
+    }
+}
+
+impl AgentClient for MemoryAgents {
+    fn start<'a>(
+        &'a self,
+        agent: &'a AgentSlot,
+        req: &'a RunRequest,
+    ) -> BoxFuture<'a, Result<Accepted, String>> {
+        Box::pin(async move {
+            let mut s = self.lock();
+            if s.down.contains(&agent.id) {
+                return Err(format!("agent {}: connection refused", agent.id));
+            }
+            let run_id = req.run_id();
+            s.sent.push((agent.id.clone(), req.clone()));
+            let existed = s.runs.contains_key(&run_id);
+            if !existed {
+                let mut report = (self.behaviour)(agent, req);
+                report.run_id = run_id.clone();
+                s.runs.insert(run_id.clone(), report);
+            }
+            Ok(Accepted { run_id, existed })
+        })
+    }
+
+    fn report<'a>(
+        &'a self,
+        agent: &'a AgentSlot,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<RunReport, String>> {
+        Box::pin(async move {
+            let s = self.lock();
+            if s.down.contains(&agent.id) {
+                return Err(format!("agent {}: connection refused", agent.id));
+            }
+            s.runs
+                .get(run_id)
+                .cloned()
+                .ok_or_else(|| format!("agent {}: run report answered 404 Not Found", agent.id))
+        })
+    }
+
+    fn clear_job<'a>(
+        &'a self,
+        agent: &'a AgentSlot,
+        job: &'a str,
+        _timeout: Option<Duration>,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let mut s = self.lock();
+            if s.down.contains(&agent.id) {
+                return Err(format!("agent {}: connection refused", agent.id));
+            }
+            s.cleared.push((agent.id.clone(), job.to_owned()));
+            s.runs.retain(|id, _| !id.starts_with(&format!("{job}.")));
+            Ok(())
+        })
+    }
+
+    fn healthy<'a>(&'a self, agent: &'a AgentSlot, _timeout: Duration) -> BoxFuture<'a, bool> {
+        Box::pin(async move { !self.lock().down.contains(&agent.id) })
+    }
+}
+
+/// A report of a run that succeeded having written nothing, for in-memory agents.
+pub fn succeeded(req: &RunRequest) -> RunReport {
+    RunReport {
+        run_id: req.run_id(),
+        status: RunStatus::Succeeded,
+        cold: Some(true),
+        seconds: Some(0.0),
+        start_latency_s: Some(0.0),
+        peak_memory_mb: None,
+        exit_code: Some(0),
+        error: None,
+        staged: Vec::new(),
+        outputs: Vec::new(),
+        log: String::new(),
+    }
+}

@@ -1,0 +1,824 @@
+//! A job's execution as a state machine: events in, actions out, no I/O and no clock.
+//!
+//! The executor ([`crate::scheduler`]) feeds [`JobMachine::handle`] what happened (the job began, a
+//! stage's instances are known, a run ended or failed, the job was cancelled) and carries out the
+//! [`Action`]s it gets back (open a stage, start a run, stop the runs, finish). Every decision of
+//! *when* something runs is made here, so it is tested without a network: table tests below and
+//! property tests against random event orders (`tests` module).
+//!
+//! The rules:
+//! - a stage opens when every stage it reads from has ended; a stage fed only by `one` edges
+//!   (its fanout known) opens when its first instance can start, and each instance starts as soon
+//!   as the sender instances it reads from ended ([`crate::jobs::starts_per_instance`]);
+//! - a failed run is started again, with exponential backoff, up to the attempt limit; then the job
+//!   fails, and every run still going is stopped;
+//! - an instance a previous control plane saw succeed is restored, not run; one it had sent is
+//!   started again by the same attempt (the agent answers with the run it has);
+//! - events that do not match the machine's state (a run it did not start, a repeated end, anything
+//!   after the job finished) change nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use sonic_core::dag::{Dag, EdgeKind, Fanout};
+
+/// What the machine needs of a job's DAG: per stage, whom it reads from and how it starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shape {
+    /// Per stage: the stages it reads from.
+    senders: Vec<Vec<usize>>,
+    /// Per stage: its instance count when each instance starts on its own (every edge into it
+    /// is `one` and its fanout is known).
+    per_instance: Vec<Option<u32>>,
+}
+
+impl Shape {
+    /// The shape of `dag` with the job's fanouts.
+    pub fn of(dag: &Dag, fanouts: &[Fanout]) -> Shape {
+        let n = dag.functions.len();
+        Shape {
+            senders: (0..n)
+                .map(|i| {
+                    let s: BTreeSet<usize> = dag.incoming(i).map(|e| e.from).collect();
+                    s.into_iter().collect()
+                })
+                .collect(),
+            per_instance: (0..n)
+                .map(|i| {
+                    let one = dag.incoming(i).all(|e| e.kind == EdgeKind::One);
+                    match fanouts.get(i) {
+                        Some(Fanout::Known(k))
+                            if one && *k > 0 && dag.incoming(i).next().is_some() =>
+                        {
+                            Some(*k)
+                        }
+                        _ => None,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// A shape from its parts (`senders[i]`: the stages stage `i` reads from; `per_instance[i]`:
+    /// its instance count when its instances start one by one). For tests and simulations.
+    pub fn new(senders: Vec<Vec<usize>>, per_instance: Vec<Option<u32>>) -> Shape {
+        Shape {
+            senders,
+            per_instance,
+        }
+    }
+
+    /// The number of stages.
+    pub fn stages(&self) -> usize {
+        self.senders.len()
+    }
+
+    /// The stages stage `i` reads from.
+    pub fn senders(&self, i: usize) -> &[usize] {
+        &self.senders[i]
+    }
+
+    /// Whether stage `i`'s instances start one by one, and how many there are.
+    pub fn per_instance(&self, i: usize) -> Option<u32> {
+        self.per_instance[i]
+    }
+}
+
+/// What happened, as the executor tells the machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The job's execution begins.
+    Begin,
+    /// A stage the machine opened has `instances` instances (the executor built their requests).
+    StageOpened {
+        /// The stage.
+        stage: usize,
+        /// How many instances it runs.
+        instances: u32,
+    },
+    /// A run ended well; its files are recorded.
+    RunEnded {
+        /// The stage.
+        stage: usize,
+        /// The instance.
+        instance: u32,
+        /// The attempt that ended.
+        attempt: u32,
+    },
+    /// A run failed.
+    RunFailed {
+        /// The stage.
+        stage: usize,
+        /// The instance.
+        instance: u32,
+        /// The attempt that failed.
+        attempt: u32,
+        /// Why.
+        error: String,
+        /// Whether another attempt may help (`false`: the job was cancelled, a limit closed).
+        retry: bool,
+    },
+    /// The job is cancelled.
+    Cancel,
+}
+
+/// What the executor is to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Build the stage's requests and answer with [`Event::StageOpened`].
+    OpenStage {
+        /// The stage.
+        stage: usize,
+    },
+    /// Send a run to its agent after `delay` (the backoff of a retried attempt, else zero).
+    StartRun {
+        /// The stage.
+        stage: usize,
+        /// The instance.
+        instance: u32,
+        /// Which attempt.
+        attempt: u32,
+        /// How long to wait before sending it.
+        delay: Duration,
+    },
+    /// The instance already succeeded in an earlier control plane's run of this execution: record
+    /// it from what was recorded and answer with [`Event::RunEnded`] for `attempt`.
+    Restore {
+        /// The stage.
+        stage: usize,
+        /// The instance.
+        instance: u32,
+        /// The attempt that succeeded.
+        attempt: u32,
+    },
+    /// Stop every run still going (the job is ending without them).
+    StopRuns,
+    /// The job's execution is over.
+    Finish(Outcome),
+}
+
+/// How an execution ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every instance of every stage ended well.
+    Succeeded,
+    /// The job was cancelled.
+    Cancelled,
+    /// An instance failed for good.
+    Failed {
+        /// The stage.
+        stage: usize,
+        /// The instance.
+        instance: u32,
+        /// Its last attempt.
+        attempts: u32,
+        /// Why its last attempt failed.
+        error: String,
+        /// Whether it ran out of attempts (`false`: the failure allowed no retry).
+        exhausted: bool,
+    },
+    /// Nothing runs and some stage can never start (its senders wait on it).
+    Stuck,
+}
+
+/// Where an instance is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Instance {
+    Pending,
+    Running(u32),
+    Done,
+}
+
+/// Where a stage is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Stage {
+    Closed,
+    Opening,
+    Open(Vec<Instance>),
+    Ended,
+}
+
+/// What an earlier control plane recorded of an instance in this execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// It succeeded by this attempt.
+    Succeeded(u32),
+    /// This attempt was sent and not seen to end.
+    Sent(u32),
+}
+
+/// One job execution's decisions.
+#[derive(Debug, Clone)]
+pub struct JobMachine {
+    shape: Shape,
+    stages: Vec<Stage>,
+    max_attempts: u32,
+    backoff: Duration,
+    recorded: BTreeMap<(usize, u32), Recorded>,
+    finished: bool,
+}
+
+impl JobMachine {
+    /// A machine for a job of `shape` whose failed runs are tried again up to `max_attempts`
+    /// attempts in all, waiting `backoff`, twice that, and so on between them.
+    pub fn new(shape: Shape, max_attempts: u32, backoff: Duration) -> JobMachine {
+        let stages = vec![Stage::Closed; shape.stages()];
+        JobMachine {
+            shape,
+            stages,
+            max_attempts: max_attempts.max(1),
+            backoff,
+            recorded: BTreeMap::new(),
+            finished: false,
+        }
+    }
+
+    /// Goes on from what an earlier control plane recorded of this execution, by (stage,
+    /// instance).
+    pub fn with_recorded(mut self, recorded: BTreeMap<(usize, u32), Recorded>) -> JobMachine {
+        self.recorded = recorded;
+        self
+    }
+
+    /// Whether the machine finished (it ignores every event from now on).
+    pub fn finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Whether stage `i` opened (its instances were or are being started).
+    pub fn opened(&self, i: usize) -> bool {
+        !matches!(self.stages[i], Stage::Closed)
+    }
+
+    /// Whether stage `i` ended (all its instances ended well).
+    pub fn ended(&self, i: usize) -> bool {
+        self.stages[i] == Stage::Ended
+    }
+
+    /// Whether instance `k` of stage `i` ended well.
+    pub fn done(&self, i: usize, k: u32) -> bool {
+        match &self.stages[i] {
+            Stage::Ended => true,
+            Stage::Open(insts) => insts.get(k as usize) == Some(&Instance::Done),
+            _ => false,
+        }
+    }
+
+    /// Whether instance `k` of stage `i` may start: every sender it reads from ended (or, for a
+    /// stage whose instances start one by one, the sender's instance `k`).
+    pub fn inputs_complete(&self, i: usize, k: u32) -> bool {
+        let own = self.shape.per_instance(i).is_some();
+        self.shape
+            .senders(i)
+            .iter()
+            .all(|&s| self.ended(s) || (own && self.done(s, k)))
+    }
+
+    /// The actions `event` calls for.
+    pub fn handle(&mut self, event: Event) -> Vec<Action> {
+        if self.finished {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        match event {
+            Event::Begin => {}
+            Event::StageOpened { stage, instances } => {
+                if self.stages.get(stage) != Some(&Stage::Opening) {
+                    return out;
+                }
+                self.stages[stage] = if instances == 0 {
+                    Stage::Ended
+                } else {
+                    Stage::Open(vec![Instance::Pending; instances as usize])
+                };
+            }
+            Event::RunEnded {
+                stage,
+                instance,
+                attempt,
+            } => {
+                let Some(slot) = self.running(stage, instance, attempt) else {
+                    return out;
+                };
+                *slot = Instance::Done;
+                if let Stage::Open(insts) = &self.stages[stage]
+                    && insts.iter().all(|s| *s == Instance::Done)
+                {
+                    self.stages[stage] = Stage::Ended;
+                }
+            }
+            Event::RunFailed {
+                stage,
+                instance,
+                attempt,
+                error,
+                retry,
+            } => {
+                let limit = self.limit(stage, instance);
+                let backoff = self.backoff;
+                let Some(slot) = self.running(stage, instance, attempt) else {
+                    return out;
+                };
+                if retry && attempt < limit {
+                    *slot = Instance::Running(attempt + 1);
+                    out.push(Action::StartRun {
+                        stage,
+                        instance,
+                        attempt: attempt + 1,
+                        delay: backoff.saturating_mul(2u32.saturating_pow(attempt - 1)),
+                    });
+                    return out;
+                }
+                return self.finish(Outcome::Failed {
+                    stage,
+                    instance,
+                    attempts: attempt,
+                    error,
+                    exhausted: retry,
+                });
+            }
+            Event::Cancel => return self.finish(Outcome::Cancelled),
+        }
+        self.advance(&mut out);
+        out
+    }
+
+    /// The attempt limit of an instance: the machine's, or more when an earlier control plane
+    /// already sent a later attempt.
+    fn limit(&self, i: usize, k: u32) -> u32 {
+        match self.recorded.get(&(i, k)) {
+            Some(Recorded::Sent(a) | Recorded::Succeeded(a)) => self.max_attempts.max(*a),
+            None => self.max_attempts,
+        }
+    }
+
+    /// The instance's slot when `attempt` of it is the one running.
+    fn running(&mut self, i: usize, k: u32, attempt: u32) -> Option<&mut Instance> {
+        match self.stages.get_mut(i) {
+            Some(Stage::Open(insts)) => insts
+                .get_mut(k as usize)
+                .filter(|s| **s == Instance::Running(attempt)),
+            _ => None,
+        }
+    }
+
+    fn finish(&mut self, outcome: Outcome) -> Vec<Action> {
+        self.finished = true;
+        let running = self.stages.iter().any(|s| match s {
+            Stage::Open(insts) => insts.iter().any(|i| matches!(i, Instance::Running(_))),
+            Stage::Opening => true,
+            _ => false,
+        });
+        let mut out = Vec::new();
+        if running {
+            out.push(Action::StopRuns);
+        }
+        out.push(Action::Finish(outcome));
+        out
+    }
+
+    /// Opens the stages and starts the instances whose inputs are complete; finishes the job
+    /// when every stage ended, or when nothing runs and nothing can start.
+    fn advance(&mut self, out: &mut Vec<Action>) {
+        for i in 0..self.stages.len() {
+            match &self.stages[i] {
+                Stage::Closed => {
+                    let ready = match self.shape.per_instance(i) {
+                        Some(n) => (0..n).any(|k| self.inputs_complete(i, k)),
+                        None => self.shape.senders(i).iter().all(|&s| self.ended(s)),
+                    };
+                    if ready {
+                        self.stages[i] = Stage::Opening;
+                        out.push(Action::OpenStage { stage: i });
+                    }
+                }
+                Stage::Open(insts) => {
+                    let start: Vec<u32> = insts
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, s)| **s == Instance::Pending)
+                        .map(|(k, _)| k as u32)
+                        .filter(|&k| self.inputs_complete(i, k))
+                        .collect();
+                    for k in start {
+                        let (state, action) = match self.recorded.get(&(i, k)) {
+                            Some(Recorded::Succeeded(a)) => (
+                                Instance::Running(*a),
+                                Action::Restore {
+                                    stage: i,
+                                    instance: k,
+                                    attempt: *a,
+                                },
+                            ),
+                            other => {
+                                let attempt = match other {
+                                    Some(Recorded::Sent(a)) => (*a).max(1),
+                                    _ => 1,
+                                };
+                                (
+                                    Instance::Running(attempt),
+                                    Action::StartRun {
+                                        stage: i,
+                                        instance: k,
+                                        attempt,
+                                        delay: Duration::ZERO,
+                                    },
+                                )
+                            }
+                        };
+                        if let Stage::Open(insts) = &mut self.stages[i] {
+                            insts[k as usize] = state;
+                        }
+                        out.push(action);
+                    }
+                }
+                Stage::Opening | Stage::Ended => {}
+            }
+        }
+        if self.stages.iter().all(|s| *s == Stage::Ended) {
+            out.extend(self.finish(Outcome::Succeeded));
+            return;
+        }
+        let moving = self.stages.iter().any(|s| match s {
+            Stage::Opening => true,
+            Stage::Open(insts) => insts.iter().any(|i| matches!(i, Instance::Running(_))),
+            _ => false,
+        });
+        if !moving && out.is_empty() {
+            out.extend(self.finish(Outcome::Stuck));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const B: Duration = Duration::from_millis(100);
+
+    fn start(stage: usize, instance: u32, attempt: u32) -> Action {
+        Action::StartRun {
+            stage,
+            instance,
+            attempt,
+            delay: Duration::ZERO,
+        }
+    }
+
+    fn ended(stage: usize, instance: u32, attempt: u32) -> Event {
+        Event::RunEnded {
+            stage,
+            instance,
+            attempt,
+        }
+    }
+
+    fn failed(stage: usize, instance: u32, attempt: u32, retry: bool) -> Event {
+        Event::RunFailed {
+            stage,
+            instance,
+            attempt,
+            error: "boom".into(),
+            retry,
+        }
+    }
+
+    fn opened(stage: usize, instances: u32) -> Event {
+        Event::StageOpened { stage, instances }
+    }
+
+    /// Feeds `events` in order and checks the actions each one gives.
+    fn check(machine: &mut JobMachine, steps: &[(Event, Vec<Action>)]) {
+        for (n, (event, want)) in steps.iter().enumerate() {
+            let got = machine.handle(event.clone());
+            assert_eq!(&got, want, "step {n}: {event:?}");
+        }
+    }
+
+    /// a -> b (gather) : a chain.
+    fn chain() -> Shape {
+        Shape::new(vec![vec![], vec![0]], vec![None, None])
+    }
+
+    #[test]
+    fn a_chain_runs_stage_after_stage() {
+        let mut m = JobMachine::new(chain(), 3, B);
+        check(
+            &mut m,
+            &[
+                (Event::Begin, vec![Action::OpenStage { stage: 0 }]),
+                (opened(0, 2), vec![start(0, 0, 1), start(0, 1, 1)]),
+                (ended(0, 1, 1), vec![]),
+                // A repeated or unknown end changes nothing.
+                (ended(0, 1, 1), vec![]),
+                (ended(0, 0, 2), vec![]),
+                (ended(0, 0, 1), vec![Action::OpenStage { stage: 1 }]),
+                (opened(1, 1), vec![start(1, 0, 1)]),
+                (ended(1, 0, 1), vec![Action::Finish(Outcome::Succeeded)]),
+                (Event::Cancel, vec![]),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_failed_run_is_retried_with_backoff_then_fails_the_job() {
+        let mut m = JobMachine::new(chain(), 3, B);
+        check(
+            &mut m,
+            &[
+                (Event::Begin, vec![Action::OpenStage { stage: 0 }]),
+                (opened(0, 2), vec![start(0, 0, 1), start(0, 1, 1)]),
+                (
+                    failed(0, 0, 1, true),
+                    vec![Action::StartRun {
+                        stage: 0,
+                        instance: 0,
+                        attempt: 2,
+                        delay: B,
+                    }],
+                ),
+                // The failure of an attempt that is not running is stale.
+                (failed(0, 0, 1, true), vec![]),
+                (
+                    failed(0, 0, 2, true),
+                    vec![Action::StartRun {
+                        stage: 0,
+                        instance: 0,
+                        attempt: 3,
+                        delay: B * 2,
+                    }],
+                ),
+                (
+                    failed(0, 0, 3, true),
+                    vec![
+                        Action::StopRuns,
+                        Action::Finish(Outcome::Failed {
+                            stage: 0,
+                            instance: 0,
+                            attempts: 3,
+                            error: "boom".into(),
+                            exhausted: true,
+                        }),
+                    ],
+                ),
+                (ended(0, 1, 1), vec![]),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_failure_that_allows_no_retry_ends_the_job_at_once() {
+        let mut m = JobMachine::new(chain(), 3, B);
+        m.handle(Event::Begin);
+        m.handle(opened(0, 1));
+        assert_eq!(
+            m.handle(failed(0, 0, 1, false)),
+            vec![
+                Action::StopRuns,
+                Action::Finish(Outcome::Failed {
+                    stage: 0,
+                    instance: 0,
+                    attempts: 1,
+                    error: "boom".into(),
+                    exhausted: false,
+                })
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cancel_stops_the_runs() {
+        let mut m = JobMachine::new(chain(), 3, B);
+        m.handle(Event::Begin);
+        m.handle(opened(0, 1));
+        assert_eq!(
+            m.handle(Event::Cancel),
+            vec![Action::StopRuns, Action::Finish(Outcome::Cancelled)]
+        );
+        assert!(m.finished());
+        assert_eq!(m.handle(ended(0, 0, 1)), vec![]);
+    }
+
+    #[test]
+    fn a_diamonds_branches_open_together() {
+        // a -> b, a -> c, b -> d, c -> d
+        let shape = Shape::new(
+            vec![vec![], vec![0], vec![0], vec![1, 2]],
+            vec![None, None, None, None],
+        );
+        let mut m = JobMachine::new(shape, 1, B);
+        check(
+            &mut m,
+            &[
+                (Event::Begin, vec![Action::OpenStage { stage: 0 }]),
+                (opened(0, 1), vec![start(0, 0, 1)]),
+                (
+                    ended(0, 0, 1),
+                    vec![
+                        Action::OpenStage { stage: 1 },
+                        Action::OpenStage { stage: 2 },
+                    ],
+                ),
+                (opened(2, 1), vec![start(2, 0, 1)]),
+                (opened(1, 1), vec![start(1, 0, 1)]),
+                (ended(1, 0, 1), vec![]),
+                (ended(2, 0, 1), vec![Action::OpenStage { stage: 3 }]),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_one_edge_starts_each_receiver_instance_after_its_own_sender() {
+        // a (2 instances) -one-> b (2 instances)
+        let shape = Shape::new(vec![vec![], vec![0]], vec![None, Some(2)]);
+        let mut m = JobMachine::new(shape, 1, B);
+        check(
+            &mut m,
+            &[
+                (Event::Begin, vec![Action::OpenStage { stage: 0 }]),
+                (opened(0, 2), vec![start(0, 0, 1), start(0, 1, 1)]),
+                (ended(0, 1, 1), vec![Action::OpenStage { stage: 1 }]),
+                (opened(1, 2), vec![start(1, 1, 1)]),
+                (ended(1, 1, 1), vec![]),
+                (ended(0, 0, 1), vec![start(1, 0, 1)]),
+                (ended(1, 0, 1), vec![Action::Finish(Outcome::Succeeded)]),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_resumed_execution_restores_what_succeeded_and_adopts_what_was_sent() {
+        let recorded = BTreeMap::from([
+            ((0, 0), Recorded::Succeeded(1)),
+            ((0, 1), Recorded::Sent(2)),
+        ]);
+        let mut m = JobMachine::new(chain(), 2, B).with_recorded(recorded);
+        check(
+            &mut m,
+            &[
+                (Event::Begin, vec![Action::OpenStage { stage: 0 }]),
+                (
+                    opened(0, 2),
+                    vec![
+                        Action::Restore {
+                            stage: 0,
+                            instance: 0,
+                            attempt: 1,
+                        },
+                        start(0, 1, 2),
+                    ],
+                ),
+                (ended(0, 0, 1), vec![]),
+                (ended(0, 1, 2), vec![Action::OpenStage { stage: 1 }]),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_stage_that_waits_on_itself_is_stuck() {
+        // b reads from c and c from b: neither can start once a ended.
+        let shape = Shape::new(vec![vec![], vec![2], vec![1]], vec![None, None, None]);
+        let mut m = JobMachine::new(shape, 1, B);
+        m.handle(Event::Begin);
+        m.handle(opened(0, 1));
+        assert_eq!(
+            m.handle(ended(0, 0, 1)),
+            vec![Action::Finish(Outcome::Stuck)]
+        );
+    }
+
+    #[test]
+    fn an_empty_stage_ends_at_once() {
+        let mut m = JobMachine::new(chain(), 1, B);
+        m.handle(Event::Begin);
+        assert_eq!(m.handle(opened(0, 0)), vec![Action::OpenStage { stage: 1 }]);
+    }
+
+    /// A random DAG (edges only forward, so acyclic) with per-instance stages where allowed.
+    fn shapes() -> impl Strategy<Value = (Shape, Vec<u32>)> {
+        (1usize..6)
+            .prop_flat_map(|n| {
+                (
+                    proptest::collection::vec(proptest::collection::vec(any::<bool>(), n), n),
+                    proptest::collection::vec(1u32..4, n),
+                    proptest::collection::vec(any::<bool>(), n),
+                )
+            })
+            .prop_map(|(adj, counts, one)| {
+                let n = counts.len();
+                let senders: Vec<Vec<usize>> = (0..n)
+                    .map(|i| (0..i).filter(|&s| adj[s][i]).collect())
+                    .collect();
+                let per_instance = (0..n)
+                    .map(|i| (one[i] && !senders[i].is_empty()).then_some(counts[i]))
+                    .collect();
+                (Shape::new(senders, per_instance), counts)
+            })
+    }
+
+    /// What the simulated executor does with each outstanding thing: which to answer next, and
+    /// whether a run fails.
+    #[derive(Debug, Clone)]
+    struct Choice {
+        pick: usize,
+        fail: bool,
+        retry: bool,
+    }
+
+    fn choices() -> impl Strategy<Value = Vec<Choice>> {
+        proptest::collection::vec(
+            (any::<usize>(), proptest::bool::weighted(0.2), any::<bool>())
+                .prop_map(|(pick, fail, retry)| Choice { pick, fail, retry }),
+            0..400,
+        )
+    }
+
+    proptest! {
+        /// Against random event orders: no instance starts before its inputs are complete, no
+        /// attempt starts twice, every job ends, and a job that succeeds ran every instance.
+        #[test]
+        fn the_machine_keeps_its_invariants(
+            (shape, counts) in shapes(),
+            choices in choices(),
+            cancel_at in proptest::option::of(0usize..400),
+            max_attempts in 1u32..4,
+        ) {
+            let mut m = JobMachine::new(shape.clone(), max_attempts, B);
+            // Outstanding: stages to open, runs going (stage, instance, attempt).
+            let mut opening: Vec<usize> = Vec::new();
+            let mut running: Vec<(usize, u32, u32)> = Vec::new();
+            let mut started: BTreeSet<(usize, u32, u32)> = BTreeSet::new();
+            let mut succeeded: BTreeSet<(usize, u32)> = BTreeSet::new();
+            let mut outcome: Option<Outcome> = None;
+            let mut pending = vec![Event::Begin];
+            let mut step = 0usize;
+            let mut choices = choices.into_iter();
+            loop {
+                for event in std::mem::take(&mut pending) {
+                    for action in m.handle(event) {
+                        prop_assert!(outcome.is_none(), "an action after the end: {action:?}");
+                        match action {
+                            Action::OpenStage { stage } => {
+                                prop_assert!(!opening.contains(&stage));
+                                opening.push(stage);
+                            }
+                            Action::StartRun { stage, instance, attempt, .. } => {
+                                prop_assert!(
+                                    shape.senders(stage).iter().all(|&s| {
+                                        let whole = (0..counts[s]).all(|k| succeeded.contains(&(s, k)));
+                                        whole || (shape.per_instance(stage).is_some()
+                                            && succeeded.contains(&(s, instance)))
+                                    }),
+                                    "{stage}/{instance} started before its inputs were complete"
+                                );
+                                prop_assert!(started.insert((stage, instance, attempt)),
+                                    "{stage}/{instance} attempt {attempt} started twice");
+                                prop_assert!(attempt <= max_attempts);
+                                running.push((stage, instance, attempt));
+                            }
+                            Action::Restore { .. } => prop_assert!(false, "nothing was recorded"),
+                            Action::StopRuns => running.clear(),
+                            Action::Finish(o) => outcome = Some(o),
+                        }
+                    }
+                }
+                if outcome.is_some() {
+                    break;
+                }
+                if cancel_at == Some(step) {
+                    pending.push(Event::Cancel);
+                    step += 1;
+                    continue;
+                }
+                step += 1;
+                let outstanding = opening.len() + running.len();
+                prop_assert!(outstanding > 0, "nothing outstanding and the job did not end");
+                let c = choices.next().unwrap_or(Choice { pick: 0, fail: false, retry: true });
+                let pick = c.pick % outstanding;
+                if pick < opening.len() {
+                    let stage = opening.remove(pick);
+                    pending.push(opened(stage, counts[stage]));
+                } else {
+                    let (stage, instance, attempt) = running.remove(pick - opening.len());
+                    if c.fail {
+                        pending.push(Event::RunFailed {
+                            stage, instance, attempt, error: "x".into(), retry: c.retry,
+                        });
+                    } else {
+                        succeeded.insert((stage, instance));
+                        pending.push(ended(stage, instance, attempt));
+                    }
+                }
+            }
+            if outcome == Some(Outcome::Succeeded) {
+                for (i, &n) in counts.iter().enumerate() {
+                    for k in 0..n {
+                        prop_assert!(succeeded.contains(&(i, k)), "{i}/{k} never ran");
+                    }
+                }
+            }
+            prop_assert!(outcome != Some(Outcome::Stuck), "an acyclic DAG got stuck");
+        }
+    }
+}

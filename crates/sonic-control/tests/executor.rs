@@ -1,0 +1,257 @@
+//! The executor without a network: the control plane (HTTP API, SQLite, a local-directory store)
+//! runs jobs on in-memory agents ([`MemoryAgents`]), which end every run at once with the report a
+//! test scripts. What is checked is what the executor sends where, and in which order.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sonic_api::agent::{BandwidthReport, Capacity, OutputFile, RunReport, RunRequest, RunStatus};
+use sonic_api::control::{JobStatus, JobSummary};
+use sonic_control::agent_client::{MemoryAgents, succeeded};
+use sonic_control::jobs::AgentSlot;
+use sonic_control::{ControlConfig, JobsConfig, RunningControl, Runtime, SystemClock};
+use sonic_core::units::Seconds;
+use sonic_storage::local::LocalStore;
+
+const TOKEN: &str = "control-token-0123456789";
+
+/// gen -> mid (3 instances, broadcast) -> sink (gather).
+const DAG: &str = r#"
+name: fan
+functions:
+  - { name: gen, image: i, command: [x], timeout: 30s }
+  - { name: mid, image: i, command: [x], instances: 3, timeout: 30s }
+  - { name: sink, image: i, command: [x], timeout: 30s }
+edges:
+  - { from: gen, to: mid, kind: broadcast }
+  - { from: mid, to: sink, kind: gather }
+"#;
+
+/// A report that wrote one file for every route of the request.
+fn wrote(req: &RunRequest) -> RunReport {
+    let mut r = succeeded(req);
+    r.outputs = req
+        .outputs
+        .iter()
+        .map(|o| OutputFile {
+            file_path: format!("{}/{}/{}/out", req.function, req.instance, o.to),
+            to: o.to.clone(),
+            name: "out".into(),
+            size: 1,
+            checksum: String::new(),
+            key: o.upload_prefix.as_ref().map(|p| format!("{p}/out")),
+            upload_seconds: None,
+        })
+        .collect();
+    r
+}
+
+fn failed(req: &RunRequest, why: &str) -> RunReport {
+    let mut r = succeeded(req);
+    r.status = RunStatus::Failed;
+    r.error = Some(why.into());
+    r
+}
+
+struct Plane {
+    control: RunningControl,
+    agents: Arc<MemoryAgents>,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn plane(
+    behaviour: impl Fn(&AgentSlot, &RunRequest) -> RunReport + Send + Sync + 'static,
+) -> Plane {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(LocalStore::new(dir.path().join("store")).expect("store"));
+    let agents = Arc::new(MemoryAgents::new(behaviour));
+    let mut jobs = JobsConfig::new(TOKEN, b"file-key-0123456789abcdef".to_vec());
+    jobs.backoff = Duration::from_millis(1);
+    jobs.push_reports = false;
+    jobs.poll_interval = Duration::from_millis(1);
+    jobs.health_timeout = Duration::from_millis(200);
+    let runtime = Runtime::new(store, None, jobs).with_agents(agents.clone());
+    let config = ControlConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        data_dir: dir.path().join("control"),
+        token: TOKEN.into(),
+        heartbeat_timeout: Seconds(3600.0),
+        ..ControlConfig::default()
+    };
+    let control =
+        sonic_control::start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
+            .await
+            .expect("start control plane");
+    let http = reqwest::Client::new();
+    for id in ["m-1", "m-2"] {
+        let capacity = Capacity {
+            agent_id: id.into(),
+            // Nothing listens there: only the in-memory client is ever used.
+            url: "http://127.0.0.1:9".into(),
+            vm_type: "m5.large".into(),
+            vcpus: 2,
+            memory_mb: 8192,
+            network_mbps: None,
+            sandbox: "process".into(),
+            running: 0,
+            bandwidth: BandwidthReport {
+                egress_bps: None,
+                ingress_bps: None,
+                samples: 0,
+            },
+        };
+        let r = http
+            .post(format!("{}/v1/agents/register", control.url()))
+            .bearer_auth(TOKEN)
+            .json(&capacity)
+            .send()
+            .await
+            .expect("register");
+        assert!(r.status().is_success(), "register: {}", r.status());
+    }
+    let r = http
+        .put(format!("{}/v1/dags", control.url()))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/yaml")
+        .body(DAG)
+        .send()
+        .await
+        .expect("apply");
+    assert!(r.status().is_success(), "apply: {}", r.status());
+    Plane {
+        control,
+        agents,
+        http,
+        _dir: dir,
+    }
+}
+
+impl Plane {
+    /// Submits a `remote` job of the DAG and waits for its end.
+    async fn run(&self) -> (Value, JobSummary) {
+        let r = self
+            .http
+            .post(format!("{}/v1/jobs", self.control.url()))
+            .bearer_auth(TOKEN)
+            .json(&json!({"dag": "fan", "policy": "remote"}))
+            .send()
+            .await
+            .expect("submit");
+        assert_eq!(r.status(), 202, "{}", r.text().await.unwrap_or_default());
+        let v: Value = r.json().await.expect("accepted");
+        let id = v["job_id"].as_str().expect("job id").to_owned();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let v: Value = self
+                .http
+                .get(format!("{}/v1/jobs/{id}", self.control.url()))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .expect("get")
+                .json()
+                .await
+                .expect("json");
+            let s: JobSummary = serde_json::from_value(v.clone()).expect("summary");
+            if s.status.is_terminal() {
+                return (v, s);
+            }
+            assert!(Instant::now() < deadline, "job {id} did not end: {v}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// The position in the sent log of the last request of `function`, and of its first.
+fn span(sent: &[(String, RunRequest)], function: &str) -> (usize, usize) {
+    let at: Vec<usize> = sent
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, r))| r.function == function)
+        .map(|(i, _)| i)
+        .collect();
+    (at[0], at[at.len() - 1])
+}
+
+#[tokio::test]
+async fn a_job_runs_on_in_memory_agents_retrying_a_failed_attempt() {
+    let p = plane(|_, req| {
+        if req.function == "mid" && req.instance == 1 && req.attempt == 1 {
+            failed(req, "flaky")
+        } else {
+            wrote(req)
+        }
+    })
+    .await;
+    let (v, s) = p.run().await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    let sent = p.agents.sent();
+    // gen once, mid 3 instances + 1 retry, sink once.
+    assert_eq!(sent.len(), 6, "{sent:#?}");
+    let (_, gen_last) = span(&sent, "gen");
+    let (mid_first, mid_last) = span(&sent, "mid");
+    let (sink_first, _) = span(&sent, "sink");
+    assert!(gen_last < mid_first && mid_last < sink_first, "{sent:#?}");
+    let ids: std::collections::BTreeSet<String> = sent.iter().map(|(_, r)| r.run_id()).collect();
+    assert_eq!(ids.len(), sent.len(), "a run id was sent twice");
+    let retried = s
+        .functions
+        .iter()
+        .find(|f| f.name == "mid" && f.instance == 1)
+        .expect("mid 1");
+    assert_eq!(retried.attempts, 2);
+    // The sink reads all three mids' files.
+    let sink = &sent.last().expect("sink").1;
+    assert_eq!(sink.inputs.len(), 3, "{sink:#?}");
+}
+
+#[tokio::test]
+async fn an_instance_failing_every_attempt_fails_the_job_and_starts_nothing_after_it() {
+    let p = plane(|_, req| {
+        if req.function == "mid" && req.instance == 2 {
+            failed(req, "always")
+        } else {
+            wrote(req)
+        }
+    })
+    .await;
+    let (v, s) = p.run().await;
+    assert_eq!(s.status, JobStatus::Failed, "{v}");
+    let error = v["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("function mid instance 2 failed after 3 attempts")
+            && error.contains("always"),
+        "{v}"
+    );
+    let sent = p.agents.sent();
+    assert!(sent.iter().all(|(_, r)| r.function != "sink"), "{sent:#?}");
+    let attempts: Vec<u32> = sent
+        .iter()
+        .filter(|(_, r)| r.function == "mid" && r.instance == 2)
+        .map(|(_, r)| r.attempt)
+        .collect();
+    assert_eq!(attempts, vec![1, 2, 3]);
+}
+
+#[tokio::test]
+async fn a_lost_agent_makes_the_job_run_again_without_it() {
+    let p = plane(|_, req| wrote(req)).await;
+    p.agents.set_down("m-2", true);
+    let (v, s) = p.run().await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    let sent = p.agents.sent();
+    // The second execution sends everything to m-1 (the down agent records nothing).
+    assert!(sent.iter().all(|(a, _)| a == "m-1"), "{sent:#?}");
+    assert!(
+        sent.iter().any(|(_, r)| r.execution == 2),
+        "no second execution: {sent:#?}"
+    );
+    assert!(
+        s.functions.iter().all(|f| f.agent == "m-1"),
+        "{:#?}",
+        s.functions
+    );
+}
