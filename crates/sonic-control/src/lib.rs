@@ -18,6 +18,7 @@ pub mod machine;
 pub mod metrics;
 pub mod openapi;
 pub mod planned;
+pub mod prewarm;
 pub mod reports;
 pub mod resources;
 pub mod scheduler;

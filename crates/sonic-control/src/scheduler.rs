@@ -85,6 +85,9 @@ pub struct JobsConfig {
     pub job_attempts: u32,
     /// How long an agent has to answer `GET /v1/health` before it counts as lost.
     pub health_timeout: Duration,
+    /// Whether the agents that will run the stages reading from a stage that starts are asked
+    /// to start those stages' containers meanwhile (`prewarm`), so that they start hot.
+    pub prewarm: bool,
 }
 
 impl std::fmt::Debug for JobsConfig {
@@ -123,6 +126,7 @@ impl JobsConfig {
             planning: crate::learning::default_budget(),
             job_attempts: 3,
             health_timeout: Duration::from_secs(3),
+            prewarm: true,
         }
     }
 }
@@ -1143,6 +1147,7 @@ async fn run(
                             e.message = None;
                         });
                         tracing::info!(job = %job.id, function = %dag.functions[i].name, instances = count, "stage starts");
+                        crate::prewarm::next_stages(rt, &ctx, i, alloc.as_ref());
                         events.push_back(Event::StageOpened {
                             stage: i,
                             instances: count,
