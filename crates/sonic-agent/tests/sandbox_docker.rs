@@ -418,3 +418,47 @@ async fn prewarmed_containers_make_the_next_runs_hot() {
         "{refused:?}"
     );
 }
+
+/// The median of some milliseconds.
+fn median_ms(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Not a test: the figures of docs/agent.md ("Warm starts"). Start latency (request to command
+/// started) of a no-op lambda in a new container (cold), in a container `prewarm` started
+/// (the first run of its key), and in a container an earlier run left (hot):
+/// `cargo test -p sonic-agent --test sandbox_docker -- --ignored --nocapture start_latency`.
+#[tokio::test]
+#[ignore = "a measurement, not a test"]
+async fn start_latency_cold_prewarmed_hot() {
+    let s = setup().await;
+    let runs = 10;
+    let (mut cold, mut prewarmed, mut hot) = (Vec::new(), Vec::new(), Vec::new());
+    for n in 0..runs {
+        let key = format!("lat-{n}");
+        let c = s
+            .run(s.spec(&format!("c{n}"), &key, &["synthetic", "noop"]))
+            .await;
+        let h = s
+            .run(s.spec(&format!("h{n}"), &key, &["synthetic", "noop"]))
+            .await;
+        let pkey = format!("pre-{n}");
+        let spec = s.spec(&format!("p{n}"), &pkey, &["synthetic", "noop"]);
+        s.sandbox.prewarm(&spec, 1).await.unwrap();
+        let p = s.run(spec).await;
+        assert!(c.cold && !h.cold && !p.cold);
+        cold.push(c.start_latency.as_secs_f64() * 1e3);
+        hot.push(h.start_latency.as_secs_f64() * 1e3);
+        prewarmed.push(p.start_latency.as_secs_f64() * 1e3);
+        // One container at a time, as a fresh agent would see it.
+        s.sandbox.shutdown().await.unwrap();
+    }
+    s.finish().await;
+    println!(
+        "docker start latency p50 over {runs} runs (ms): cold {:.1}, prewarmed {:.2}, hot {:.2}",
+        median_ms(cold),
+        median_ms(prewarmed),
+        median_ms(hot)
+    );
+}

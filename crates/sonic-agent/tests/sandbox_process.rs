@@ -423,3 +423,47 @@ async fn prewarmed_environments_make_the_next_runs_hot() {
     assert_eq!((stats.started, stats.used), (2, 1));
     s.sandbox.shutdown().await.unwrap();
 }
+
+/// The median of some milliseconds.
+fn median_ms(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Not a test: the figures of docs/agent.md ("Warm starts"). Start latency and whole run of the
+/// synthetic lambda with an emulated cold start of 200 ms (paid once per environment: its
+/// marker in `TMPDIR`) for a second job of one function: with the warm key of before (per job:
+/// a new environment) and of now (per function: the first job's environment).
+/// `cargo test -p sonic-agent --test sandbox_process -- --ignored --nocapture start_latency`.
+#[tokio::test]
+#[ignore = "a measurement, not a test"]
+async fn start_latency_of_a_second_job() {
+    let s = setup(CgroupMode::Auto);
+    let runs = 10;
+    let cmd = ["synthetic", "--cold-start-ms", "200"];
+    let (mut per_job, mut per_function) = (Vec::new(), Vec::new());
+    for n in 0..runs {
+        let function = format!("dag.f{n}@0123|img|synthetic");
+        s.run(s.spec(&format!("a{n}"), &format!("j-a|{function}"), &cmd))
+            .await;
+        let before = s
+            .run(s.spec(&format!("b{n}"), &format!("j-b|{function}"), &cmd))
+            .await;
+        s.run(s.spec(&format!("c{n}"), &function, &cmd)).await;
+        let now = s.run(s.spec(&format!("d{n}"), &function, &cmd)).await;
+        assert!(before.cold && !now.cold);
+        per_job.push((before.start_latency, before.duration));
+        per_function.push((now.start_latency, now.duration));
+    }
+    s.sandbox.shutdown().await.unwrap();
+    let show = |name: &str, v: &[(Duration, Duration)]| {
+        println!(
+            "{name}: start p50 {:.2} ms, whole run p50 {:.1} ms",
+            median_ms(v.iter().map(|x| x.0.as_secs_f64() * 1e3).collect()),
+            median_ms(v.iter().map(|x| x.1.as_secs_f64() * 1e3).collect()),
+        );
+    };
+    println!("second job of a function, process sandbox, {runs} runs:");
+    show("  warm key per job (before)", &per_job);
+    show("  warm key per function (now)", &per_function);
+}
