@@ -43,7 +43,9 @@ pub struct Settings {
     /// The secret agents may present instead on the agent routes (registration, heartbeats);
     /// empty: none.
     pub join_token: String,
+    /// An agent that has not been heard from for this long is not alive.
     pub heartbeat_timeout: Duration,
+    /// The largest request body accepted, bytes.
     pub max_body_bytes: usize,
 }
 
@@ -59,6 +61,7 @@ impl std::fmt::Debug for Settings {
 }
 
 impl Settings {
+    /// The settings the configuration gives.
     pub fn from_config(c: &ControlConfig) -> Settings {
         Settings {
             token: c.token.clone(),
@@ -72,9 +75,13 @@ impl Settings {
 /// Everything the handlers share.
 #[derive(Debug)]
 pub struct ControlState {
+    /// The database: DAGs, agents, jobs, models.
     pub db: Db,
+    /// Where the time comes from.
     pub clock: Arc<dyn Clock>,
+    /// Tokens and limits of the API.
     pub settings: Settings,
+    /// The control plane's Prometheus metrics.
     pub metrics: Metrics,
     /// What running jobs needs (object store, catalog, agent credentials); `None` refuses jobs.
     pub jobs: Option<Arc<Runtime>>,
@@ -85,6 +92,7 @@ pub struct ControlState {
 }
 
 impl ControlState {
+    /// A state that refuses jobs (no [`Runtime`]): the registries and the API only.
     pub fn new(db: Db, clock: Arc<dyn Clock>, settings: Settings) -> Arc<ControlState> {
         ControlState::with_jobs(db, clock, settings, None)
     }
@@ -141,13 +149,18 @@ impl ControlState {
 /// The methods the API uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verb {
+    /// `GET`.
     Get,
+    /// `PUT`.
     Put,
+    /// `POST`.
     Post,
+    /// `DELETE`.
     Delete,
 }
 
 impl Verb {
+    /// The HTTP method.
     pub fn method(self) -> Method {
         match self {
             Verb::Get => Method::GET,
@@ -170,6 +183,7 @@ impl Verb {
 /// One route of the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RouteInfo {
+    /// The method.
     pub verb: Verb,
     /// The path template, `{param}` for a path parameter (as axum and OpenAPI both write it).
     pub path: &'static str,
@@ -748,6 +762,7 @@ pub use sonic_api::control::{JobAccepted, JobInput, SubmitJob};
 /// `GET /v1/jobs`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct JobList {
+    /// Every job's summary.
     pub jobs: Vec<JobSummary>,
 }
 

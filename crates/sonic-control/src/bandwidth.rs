@@ -38,6 +38,7 @@ pub struct BandwidthBook {
 /// Where a VM type's bandwidth in a plan came from.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct TypeBandwidth {
+    /// The bandwidth planned with, megabits per second.
     pub network_mbps: f64,
     /// `measured` (the agents' moving average) or `catalog` (nobody measured it yet).
     pub source: &'static str,

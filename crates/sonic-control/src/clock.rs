@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Where the control plane reads the time (Unix milliseconds).
 pub trait Clock: Send + Sync + fmt::Debug {
+    /// Now, in milliseconds since the Unix epoch.
     fn now_ms(&self) -> i64;
 }
 
@@ -30,17 +31,20 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
+    /// A clock that reads `start_ms` until moved.
     pub fn new(start_ms: i64) -> ManualClock {
         ManualClock {
             ms: AtomicI64::new(start_ms),
         }
     }
 
+    /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {
         let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
         self.ms.fetch_add(by, Ordering::SeqCst);
     }
 
+    /// Sets the clock to `ms`.
     pub fn set(&self, ms: i64) {
         self.ms.store(ms, Ordering::SeqCst);
     }

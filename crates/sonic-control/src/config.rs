@@ -129,10 +129,13 @@ pub struct ControlArgs {
     /// The bucket (with --s3-endpoint).
     #[arg(long, env = "SONIC_S3_BUCKET")]
     pub s3_bucket: Option<String>,
+    /// The store's access key (with --s3-endpoint).
     #[arg(long, env = "SONIC_S3_ACCESS_KEY", hide_env_values = true)]
     pub s3_access_key: Option<String>,
+    /// The store's secret key (with --s3-endpoint).
     #[arg(long, env = "SONIC_S3_SECRET_KEY", hide_env_values = true)]
     pub s3_secret_key: Option<String>,
+    /// The store's region (with --s3-endpoint).
     #[arg(long, env = "SONIC_S3_REGION")]
     pub s3_region: Option<String>,
     /// How long a store outage is waited out before operations fail, in milliseconds (default
@@ -255,10 +258,12 @@ impl ControlConfig {
         }
     }
 
+    /// How long an agent stays alive after its last heartbeat.
     pub fn heartbeat_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.heartbeat_timeout.0.max(0.0))
     }
 
+    /// The largest request body accepted, bytes.
     pub fn max_body_bytes(&self) -> usize {
         usize::try_from(self.max_body.0).unwrap_or(usize::MAX)
     }

@@ -20,15 +20,18 @@ pub enum ApiError {
     Unauthorized,
     /// A valid token, but not for this (an agent reporting a run sent to another agent).
     Forbidden(String),
+    /// No such DAG, job, agent or object.
     NotFound(String),
     /// The resource is not in a state that allows the request (a DAG whose models cannot
     /// predict yet).
     Conflict(String),
     /// Well-formed, but impossible to satisfy (no plan meets the DAG's bounds).
     Unprocessable(String),
+    /// The route exists, not with this method.
     MethodNotAllowed,
     /// A body over the limit (bytes).
     PayloadTooLarge(usize),
+    /// A body in a format the route does not take.
     UnsupportedMediaType(String),
     /// This control plane cannot serve the request as configured (jobs without an object store).
     Unavailable(String),
@@ -37,6 +40,7 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// The HTTP status this error is answered with.
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) | ApiError::InvalidDag(_) => StatusCode::BAD_REQUEST,

@@ -30,8 +30,11 @@ pub fn edge_methods(dag: &Dag, policy: Policy) -> Vec<Method> {
 /// An agent a job may use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentSlot {
+    /// The agent's id.
     pub id: String,
+    /// Where the control plane and peers reach it.
     pub url: String,
+    /// The catalog's VM type it stands for.
     pub vm_type: String,
 }
 
@@ -42,6 +45,7 @@ pub struct Produced {
     pub instance: u32,
     /// The downstream function (or `result`) it was written for.
     pub to: String,
+    /// The file's name.
     pub name: String,
     /// Its path in the job's namespace on the writer's agent.
     pub file_path: String,
@@ -49,31 +53,43 @@ pub struct Produced {
     pub agent: usize,
     /// The object key when it was uploaded.
     pub key: Option<String>,
+    /// Its size, bytes.
     pub size: u64,
 }
 
 /// A job input file in the object store, staged as `input/<name>` for the first functions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobInputFile {
+    /// The name under `input/`.
     pub name: String,
+    /// The object's key in the store.
     pub key: String,
 }
 
 /// Everything a stage's requests depend on.
 #[derive(Debug, Clone, Copy)]
 pub struct StageContext<'a> {
+    /// The job.
     pub job_id: &'a str,
+    /// Its DAG.
     pub dag: &'a Dag,
+    /// The job's parameters (the DAG's, overridden by the job's).
     pub params: &'a serde_json::Map<String, serde_json::Value>,
+    /// Per function: its instances, or scattered (known when its sender ends).
     pub fanouts: &'a [Fanout],
+    /// Per DAG edge: how its data moves.
     pub methods: &'a [Method],
+    /// The job's policy.
     pub policy: Policy,
+    /// The agents the job may use; indices elsewhere point into this.
     pub agents: &'a [AgentSlot],
     /// What every earlier function wrote, by function index (empty for later ones).
     pub produced: &'a [Vec<Produced>],
+    /// The job's input files.
     pub inputs: &'a [JobInputFile],
     /// The key the agents check `direct` file tokens with, and the tokens' expiry (Unix seconds).
     pub file_key: &'a [u8],
+    /// When the `direct` file tokens expire, Unix seconds.
     pub token_expiry: u64,
 }
 
@@ -82,20 +98,27 @@ pub struct StageContext<'a> {
 pub struct Placement {
     /// Index into the job's agents.
     pub agent: usize,
+    /// What the agent is asked to run.
     pub request: RunRequest,
 }
 
 /// Why a stage cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
+    /// No agent to place the stage on.
     #[error("no alive agent to run on")]
     NoAgents,
+    /// A scattered stage got no file: nothing to run.
     #[error("function {0}: no instances to run (its scatter sender wrote no file for it)")]
     Empty(String),
+    /// An edge's data cannot reach its receivers as asked.
     #[error("edge {from} -> {to}: {why}")]
     Edge {
+        /// The sending function.
         from: String,
+        /// The receiving function.
         to: String,
+        /// Why.
         why: String,
     },
 }

@@ -260,19 +260,30 @@ pub enum PlanFailure {
     #[error(
         "dag {dag} cannot be planned yet: {why}; run it (unforced, or with policy remote) to profile it"
     )]
-    NotReady { dag: String, why: String },
+    NotReady {
+        /// The DAG.
+        dag: String,
+        /// Which parameter cannot be predicted.
+        why: String,
+    },
     /// The models predict, but no plan is possible (bounds, memory).
     #[error("dag {dag} has no plan at {input_bytes} input bytes: {why}")]
     Infeasible {
+        /// The DAG.
         dag: String,
+        /// The job's input size.
         input_bytes: u64,
+        /// What rules every plan out.
         why: String,
     },
     /// The planning budget ran out before any plan meeting the bounds was found.
     #[error("dag {dag} could not be planned at {input_bytes} input bytes: {why}")]
     Budget {
+        /// The DAG.
         dag: String,
+        /// The job's input size.
         input_bytes: u64,
+        /// Which limit stopped the search.
         why: String,
     },
 }
@@ -280,6 +291,7 @@ pub enum PlanFailure {
 /// A plan for one job.
 #[derive(Debug, Clone)]
 pub struct Planned {
+    /// The planner's best and second-best plans.
     pub outcome: PlanOutcome,
     /// The parameters predicted at the job's input size (fanouts the job fixes replaced).
     pub params: Params,

@@ -5,6 +5,8 @@
 //! placed by the resource manager ([`planned`]) with the bandwidth the agents measure
 //! ([`bandwidth`]). The web [`dashboard`] shares the API's port and token.
 
+#![warn(missing_docs)]
+
 pub mod agent_client;
 pub mod api;
 pub mod bandwidth;

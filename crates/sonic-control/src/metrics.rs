@@ -13,59 +13,71 @@ use sonic_daemon::metrics::{Desc, RATIO_BUCKETS, Registry, SECONDS_BUCKETS};
 
 pub use sonic_daemon::metrics::CONTENT_TYPE;
 
+/// The `sonic_http_requests_total` counter: HTTP requests answered, by method, route template and status.
 pub const HTTP_REQUESTS: Desc = Desc::counter(
     "sonic_http_requests_total",
     "HTTP requests answered, by method, route template and status.",
     &["method", "route", "status"],
 );
+/// The `sonic_dags` gauge: DAGs registered.
 pub const DAGS: Desc = Desc::gauge("sonic_dags", "DAGs registered.", &[]);
+/// The `sonic_agents` gauge: Agents registered, by liveness.
 pub const AGENTS: Desc = Desc::gauge(
     "sonic_agents",
     "Agents registered, by liveness.",
     &["state"],
 );
+/// The `sonic_jobs` gauge: Jobs this control plane is executing now, by status (queued, running).
 pub const JOBS: Desc = Desc::gauge(
     "sonic_jobs",
     "Jobs this control plane is executing now, by status (queued, running).",
     &["status"],
 );
+/// The `sonic_jobs_submitted_total` counter: Jobs accepted, by policy and mode.
 pub const JOBS_SUBMITTED: Desc = Desc::counter(
     "sonic_jobs_submitted_total",
     "Jobs accepted, by policy and mode.",
     &["policy", "mode"],
 );
+/// The `sonic_jobs_ended_total` counter: Jobs that ended, by status (succeeded, failed) and policy.
 pub const JOBS_ENDED: Desc = Desc::counter(
     "sonic_jobs_ended_total",
     "Jobs that ended, by status (succeeded, failed) and policy.",
     &["status", "policy"],
 );
+/// The `sonic_job_duration_seconds` histogram: Latency of the jobs that succeeded, from start to end, by DAG and policy.
 pub const JOB_SECONDS: Desc = Desc::histogram(
     "sonic_job_duration_seconds",
     "Latency of the jobs that succeeded, from start to end, by DAG and policy.",
     &["dag", "policy"],
     SECONDS_BUCKETS,
 );
+/// The `sonic_stage_duration_seconds` histogram: Latency of the stages that succeeded, from their first instance sent to their last one ended, by DAG and function.
 pub const STAGE_SECONDS: Desc = Desc::histogram(
     "sonic_stage_duration_seconds",
     "Latency of the stages that succeeded, from their first instance sent to their last one ended, by DAG and function.",
     &["dag", "function"],
     SECONDS_BUCKETS,
 );
+/// The `sonic_instances_started_total` counter: Instances that ran to a report in jobs that ended, by start (cold: a new container or process environment; hot: a warm one) and VM type.
 pub const INSTANCES_STARTED: Desc = Desc::counter(
     "sonic_instances_started_total",
     "Instances that ran to a report in jobs that ended, by start (cold: a new container or process environment; hot: a warm one) and VM type.",
     &["start", "vm_type"],
 );
+/// The `sonic_data_passing_bytes_total` counter: Bytes the receivers of an edge staged, by the edge's data-passing method, in jobs that ended.
 pub const PASSING_BYTES: Desc = Desc::counter(
     "sonic_data_passing_bytes_total",
     "Bytes the receivers of an edge staged, by the edge's data-passing method, in jobs that ended.",
     &["method"],
 );
+/// The `sonic_data_passing_seconds_total` counter: Seconds of data passing per edge (the slowest receiving instance's staging), by method, in jobs that ended.
 pub const PASSING_SECONDS: Desc = Desc::counter(
     "sonic_data_passing_seconds_total",
     "Seconds of data passing per edge (the slowest receiving instance's staging), by method, in jobs that ended.",
     &["method"],
 );
+/// The `sonic_planning_seconds` histogram: Time the planner took for a planned job at submission, by policy.
 pub const PLANNING_SECONDS: Desc = Desc::histogram(
     "sonic_planning_seconds",
     "Time the planner took for a planned job at submission, by policy.",
@@ -74,33 +86,39 @@ pub const PLANNING_SECONDS: Desc = Desc::histogram(
         0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0,
     ],
 );
+/// The `sonic_prediction_error_ratio` histogram: Relative error of the plan's prediction, |predicted - measured| / measured, of planned jobs that succeeded, by quantity (latency, cost).
 pub const PREDICTION_ERROR: Desc = Desc::histogram(
     "sonic_prediction_error_ratio",
     "Relative error of the plan's prediction, |predicted - measured| / measured, of planned jobs that succeeded, by quantity (latency, cost).",
     &["quantity"],
     RATIO_BUCKETS,
 );
+/// The `sonic_instances_queued` gauge: Instances waiting for a concurrency slot on their agent (the plan's concurrency, or one per vCPU).
 pub const INSTANCES_QUEUED: Desc = Desc::gauge(
     "sonic_instances_queued",
     "Instances waiting for a concurrency slot on their agent (the plan's concurrency, or one per vCPU).",
     &[],
 );
+/// The `sonic_cluster_running_instances` gauge: Instances running on the alive agents (their last heartbeats), by VM type.
 pub const CLUSTER_RUNNING: Desc = Desc::gauge(
     "sonic_cluster_running_instances",
     "Instances running on the alive agents (their last heartbeats), by VM type.",
     &["vm_type"],
 );
+/// The `sonic_cluster_vcpus` gauge: vCPUs of the alive agents, by VM type.
 pub const CLUSTER_VCPUS: Desc = Desc::gauge(
     "sonic_cluster_vcpus",
     "vCPUs of the alive agents, by VM type.",
     &["vm_type"],
 );
+/// The `sonic_store_retries_total` counter: Object-store operations of the control plane tried again during an outage.
 pub const STORE_RETRIES: Desc = Desc::counter(
     "sonic_store_retries_total",
     "Object-store operations of the control plane tried again during an outage.",
     &[],
 );
 
+/// The `sonic_run_reports_total` counter: Run reports the executor received, by how (push: the agent posted it when the run ended; poll: the executor read it, the fallback when a push is lost).
 pub const RUN_REPORTS: Desc = Desc::counter(
     "sonic_run_reports_total",
     "Run reports the executor received, by how (push: the agent posted it when the run ended; poll: the executor read it, the fallback when a push is lost).",
@@ -162,10 +180,15 @@ impl Default for Metrics {
 /// Values read at scrape time.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Gauges {
+    /// DAGs registered.
     pub dags: u64,
+    /// Agents alive.
     pub agents_alive: u64,
+    /// Agents registered but not heard from within the heartbeat timeout.
     pub agents_dead: u64,
+    /// Jobs this control plane executes that wait for resources.
     pub jobs_queued: u64,
+    /// Jobs this control plane executes that run.
     pub jobs_running: u64,
     /// Per VM type of the alive agents: instances running, vCPUs.
     pub capacity: BTreeMap<String, (u64, u64)>,
@@ -202,12 +225,12 @@ impl Metrics {
             .value(&HTTP_REQUESTS, &[method, route, &status.to_string()]) as u64
     }
 
-    /// A job was accepted.
     /// A run's report came to the executor, `via` `push` or `poll`.
     pub fn report_received(&self, via: &'static str) {
         self.reg.inc(&RUN_REPORTS, &[via]);
     }
 
+    /// A job was accepted.
     pub fn job_submitted(&self, policy: &str, mode: &str) {
         self.reg.inc(&JOBS_SUBMITTED, &[policy, mode]);
     }

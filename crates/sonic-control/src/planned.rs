@@ -24,11 +24,14 @@ pub const MEMORY_HEADROOM: f64 = 1.5;
 /// Which of the planner's plans a job runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Used {
+    /// The best plan.
     Best,
+    /// The second-best plan (the best was refused).
     SecondBest,
 }
 
 impl Used {
+    /// `best` or `second_best`, as the job's plan records it.
     pub fn as_str(self) -> &'static str {
         match self {
             Used::Best => "best",
@@ -40,7 +43,9 @@ impl Used {
 /// What a planned job runs with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Allocation {
+    /// Which of the plans runs.
     pub used: Used,
+    /// The plan that runs.
     pub plan: Plan,
     /// Why the second-best plan, substituted types, shared VMs.
     pub notes: Vec<String>,

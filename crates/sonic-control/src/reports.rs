@@ -62,6 +62,7 @@ pub struct Waiter<'a> {
     waiters: &'a Waiters,
     run_id: String,
     serial: u64,
+    /// Where the run's pushed report arrives.
     pub rx: mpsc::Receiver<Push>,
 }
 
@@ -132,6 +133,7 @@ impl Waiters {
         self.lock().len()
     }
 
+    /// Whether no run waits.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -15,26 +15,42 @@ use crate::store::{Db, StoreError};
 /// Why the control plane could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// The configuration cannot be run with.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The database could not be opened or migrated.
     #[error("database: {0}")]
     Store(#[from] StoreError),
+    /// The listen address is taken or not allowed.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
+        /// The address.
         addr: SocketAddr,
+        /// Why.
         source: std::io::Error,
     },
+    /// Serving failed.
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    /// The certificate, key or CA could not be loaded.
     #[error("{0}")]
     Tls(#[from] sonic_daemon::tls::TlsError),
+    /// The object store could not be opened.
     #[error("object store {location}: {source}")]
     ObjectStore {
+        /// Where the store is (its endpoint and bucket, or its folder).
         location: String,
+        /// Why.
         source: sonic_storage::StoreError,
     },
+    /// The VM catalog could not be read.
     #[error("catalog {path}: {message}")]
-    Catalog { path: String, message: String },
+    Catalog {
+        /// The catalog file.
+        path: String,
+        /// Why.
+        message: String,
+    },
 }
 
 /// A control plane serving in the background.
@@ -44,12 +60,14 @@ pub struct RunningControl {
     pub addr: SocketAddr,
     /// Whether it serves HTTPS.
     pub tls: bool,
+    /// What the handlers share: the database, the runtime, the settings.
     pub state: Arc<ControlState>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl RunningControl {
+    /// The URL it is reached at (`http://` or `https://`, the bound address).
     pub fn url(&self) -> String {
         format!("{}://{}", sonic_daemon::tls::scheme(self.tls), self.addr)
     }

@@ -138,18 +138,31 @@ pub fn schema_version() -> i64 {
 /// Why a database call failed. Clients only ever see "internal error"; this is for logs.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// SQLite refused the statement.
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// A value could not be written as JSON.
     #[error("cannot encode {what} as json: {source}")]
     Encode {
+        /// What it was.
         what: &'static str,
+        /// Why.
         source: serde_json::Error,
     },
+    /// The database was written by a newer build.
     #[error("database schema version {found} is newer than this build supports ({supported})")]
-    SchemaTooNew { found: i64, supported: i64 },
+    SchemaTooNew {
+        /// Its schema version.
+        found: i64,
+        /// The newest this build knows.
+        supported: i64,
+    },
+    /// The database's folder could not be made.
     #[error("cannot create {path}: {source}")]
     Io {
+        /// The folder.
         path: String,
+        /// Why.
         source: std::io::Error,
     },
     /// A row already exists with this key (a duplicate job id, ...).
@@ -158,6 +171,7 @@ pub enum StoreError {
     /// A value the schema cannot hold.
     #[error("invalid value: {0}")]
     Invalid(String),
+    /// The blocking task running the statement failed.
     #[error("database task failed: {0}")]
     Task(String),
 }
@@ -165,6 +179,7 @@ pub enum StoreError {
 /// How an apply changed the stored DAG.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
+    /// The DAG was new.
     Created,
     /// A different file replaced the stored one; the revision grew.
     Updated,
@@ -175,12 +190,17 @@ pub enum Applied {
 /// A stored DAG.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DagRecord {
+    /// The DAG's name.
     pub name: String,
+    /// The file as applied.
     pub yaml: String,
     /// The checked `sonic_core::dag::Dag`, as JSON.
     pub parsed: serde_json::Value,
+    /// 1 when created, one more per change.
     pub revision: u64,
+    /// When it was first applied, Unix ms.
     pub created_ms: i64,
+    /// When it last changed, Unix ms.
     pub updated_ms: i64,
 }
 
@@ -195,18 +215,31 @@ impl DagRecord {
 /// A job row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobRecord {
+    /// The job's id (`j-...`).
     pub id: String,
+    /// Its DAG's name.
     pub dag: String,
+    /// Queued, running, or how it ended.
     pub status: JobStatus,
+    /// The policy it runs with.
     pub policy: String,
+    /// Profiling or planned.
     pub mode: JobMode,
+    /// The size of its input.
     pub input_bytes: u64,
+    /// The parameters the job overrides.
     pub params: serde_json::Map<String, serde_json::Value>,
+    /// Its summary, once it ended.
     pub summary: Option<JobSummary>,
+    /// Why it failed.
     pub error: Option<String>,
+    /// When it was submitted, Unix ms.
     pub created_ms: i64,
+    /// When it started running, Unix ms.
     pub started_ms: Option<i64>,
+    /// When it ended, Unix ms.
     pub finished_ms: Option<i64>,
+    /// When the row last changed, Unix ms.
     pub updated_ms: i64,
     /// How a planned job was planned and placed; set when its execution starts.
     pub plan: Option<JobPlan>,
@@ -232,16 +265,23 @@ pub struct ExecutionRecord {
 /// One instance an execution sent to an agent: running (no report yet) or succeeded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InstanceRunRecord {
+    /// The job.
     pub job: String,
+    /// The execution that sent it (1 for the first).
     pub execution: u32,
+    /// The DAG function.
     pub function: String,
+    /// The instance's index.
     pub instance: u32,
     /// The attempt sent last (the agent's run id names it).
     pub attempt: u32,
+    /// The agent it was sent to.
     pub agent: String,
     /// Set once the instance succeeded.
     pub report: Option<RunReport>,
+    /// When it was sent, Unix ms.
     pub started_ms: i64,
+    /// When it succeeded, Unix ms.
     pub ended_ms: Option<i64>,
 }
 
@@ -249,28 +289,37 @@ pub struct InstanceRunRecord {
 /// job's sample again replaces it, so a retried recording does not count twice.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SampleRecord {
+    /// The DAG.
     pub dag: String,
+    /// The job that measured it.
     pub job: String,
+    /// The job's input size.
     pub input_bytes: u64,
+    /// The measured DAG parameters (`sonic_core::params::Params`), as JSON.
     pub measured: serde_json::Value,
+    /// When it was recorded, Unix ms.
     pub created_ms: i64,
 }
 
 /// The models fitted for one DAG.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelRecord {
+    /// The DAG.
     pub dag: String,
+    /// The fitted models (`sonic_core::regression::DagModels`), as JSON.
     pub models: serde_json::Value,
     /// The models predict well enough (cross-validated error under the threshold) to plan with.
     pub converged: bool,
     /// How many samples they were fitted on.
     pub samples: u64,
+    /// When they were last refitted, Unix ms.
     pub updated_ms: i64,
 }
 
 /// A copy of a file on an agent's disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalCopy {
+    /// The agent.
     pub agent: String,
     /// The file's path in the job's namespace on that agent.
     pub path: String,
@@ -279,24 +328,36 @@ pub struct LocalCopy {
 /// Where one intermediate or result file of a job lives: on an agent, in the object store, or both.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileRecord {
+    /// The job.
     pub job: String,
     /// The id its writer always uses, so a retried writer replaces its own row.
     pub file_id: String,
+    /// Its copy on an agent, if any.
     pub local: Option<LocalCopy>,
+    /// Its key in the object store, if uploaded.
     pub object_key: Option<String>,
+    /// Its size, bytes.
     pub size: u64,
+    /// Its xxh3 checksum, hex.
     pub checksum: String,
+    /// When it was recorded, Unix ms.
     pub created_ms: i64,
 }
 
 /// A registered agent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentRecord {
+    /// The agent's id.
     pub id: String,
+    /// Where it is reached.
     pub url: String,
+    /// The VM type it stands for.
     pub vm_type: String,
+    /// What it registered (and its last heartbeat updated).
     pub capacity: Capacity,
+    /// When it last registered, Unix ms.
     pub registered_ms: i64,
+    /// When it was last heard from, Unix ms.
     pub last_heartbeat_ms: i64,
 }
 
@@ -560,6 +621,7 @@ impl Db {
         Ok((applied, record))
     }
 
+    /// The DAG named `name`.
     pub fn get_dag(&self, name: &str) -> Result<Option<DagRecord>, StoreError> {
         Ok(self
             .conn()
@@ -588,6 +650,7 @@ impl Db {
         Ok(n > 0)
     }
 
+    /// How many DAGs are registered.
     pub fn count_dags(&self) -> Result<u64, StoreError> {
         let n: i64 = self
             .conn()
@@ -686,6 +749,7 @@ impl Db {
         Ok(n > 0)
     }
 
+    /// The job `id`.
     pub fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
         Ok(self
             .conn()
@@ -840,6 +904,7 @@ impl Db {
         Ok(())
     }
 
+    /// The models of `dag`, once fitted.
     pub fn get_model(&self, dag: &str) -> Result<Option<ModelRecord>, StoreError> {
         Ok(self
             .conn()
@@ -923,6 +988,7 @@ impl Db {
         Ok(())
     }
 
+    /// The file `file_id` of `job`.
     pub fn get_file(&self, job: &str, file_id: &str) -> Result<Option<FileRecord>, StoreError> {
         Ok(self
             .conn()
@@ -1004,6 +1070,7 @@ impl Db {
         Ok(Some(agent))
     }
 
+    /// The agent `id`.
     pub fn get_agent(&self, id: &str) -> Result<Option<AgentRecord>, StoreError> {
         Ok(self
             .conn()

@@ -39,6 +39,7 @@ pub struct DashboardState {
 }
 
 impl DashboardState {
+    /// Whether the dashboard is served over HTTPS (its cookies are then `Secure`).
     pub fn set_tls(&self, on: bool) {
         self.tls.store(on, Ordering::Relaxed);
     }
