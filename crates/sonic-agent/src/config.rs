@@ -73,7 +73,8 @@ pub struct AgentConfig {
     /// system's roots.
     pub ca_file: Option<PathBuf>,
     pub sandbox: SandboxChoice,
-    /// How long a warm container is kept after its last run.
+    /// How long a warm container (process environment) is kept after its last run, seconds
+    /// (flag `--warm-idle-s`, `SONIC_AGENT_WARM_IDLE_S`; docs/agent.md, warm starts).
     pub warm_idle_s: u64,
     pub heartbeat_interval_ms: u64,
     pub store: Option<StoreChoice>,
@@ -170,6 +171,9 @@ pub struct AgentArgs {
     /// Most megabytes one function instance may write before it is killed.
     #[arg(long, env = "SONIC_AGENT_OUTPUT_QUOTA_MB")]
     pub output_quota_mb: Option<u64>,
+    /// Seconds an idle warm container (process environment) is kept after its last run.
+    #[arg(long, env = "SONIC_AGENT_WARM_IDLE_S")]
+    pub warm_idle_s: Option<u64>,
     /// How log lines are written: text, or json (one object per line, with the run's span).
     #[arg(long, env = "SONIC_LOG_FORMAT", default_value = "text")]
     pub log_format: sonic_daemon::logging::LogFormat,
@@ -205,6 +209,7 @@ impl AgentConfig {
             .set("sandbox", a.sandbox.map(SandboxChoice::name))
             .set("store.local.root", a.store_dir.as_ref())
             .set("output_quota_mb", a.output_quota_mb)
+            .set("warm_idle_s", a.warm_idle_s)
             .extract()?;
         if !args.bin_dirs.is_empty() {
             cfg.bin_dirs = args.bin_dirs.clone();
@@ -308,10 +313,12 @@ mod tests {
         let args = AgentArgs {
             config: Some(path),
             vm_type: Some("m5.2xlarge".into()),
+            warm_idle_s: Some(300),
             ..AgentArgs::default()
         };
         let cfg = AgentConfig::load(&args).expect("load");
         assert_eq!(cfg.id, "a-7");
+        assert_eq!(cfg.warm_idle_s, 300);
         assert_eq!(cfg.vm_type, "m5.2xlarge");
         assert_eq!(cfg.network_mbps, Some(1250.0));
         assert_eq!(cfg.heartbeat_interval_ms, 2000);
