@@ -1084,6 +1084,11 @@ async fn run(
     let mut failures: HashMap<(usize, u32), InstanceFailure> = HashMap::new();
     let mut set: tokio::task::JoinSet<Attempted> = tokio::task::JoinSet::new();
     let mut events: VecDeque<Event> = VecDeque::from([Event::Begin]);
+    // Until the DAG's cold times are learned, a job's runs share warm containers only among
+    // themselves (the first run on each agent starts cold, later ones hot), so that every job
+    // measures both; from then on they share them with every job of the function, and the
+    // next stages are prewarmed.
+    let profiling = !cold_times_learned(state, rt, &dag).await;
     let outcome = 'run: loop {
         while let Some(event) = events.pop_front() {
             for action in machine.handle(event) {
@@ -1147,7 +1152,10 @@ async fn run(
                             e.message = None;
                         });
                         tracing::info!(job = %job.id, function = %dag.functions[i].name, instances = count, "stage starts");
-                        crate::prewarm::next_stages(rt, &ctx, i, alloc.as_ref());
+                        // A job that measures cold starts has nothing started ahead.
+                        if !profiling {
+                            crate::prewarm::next_stages(rt, &ctx, i, alloc.as_ref());
+                        }
                         events.push_back(Event::StageOpened {
                             stage: i,
                             instances: count,
@@ -1201,6 +1209,9 @@ async fn run(
                         let mut p = placement;
                         p.request.execution = execution;
                         p.request.attempt = attempt;
+                        if profiling {
+                            p.request.function_key = None;
+                        }
                         if let Some(a) = &alloc {
                             p.agent = a.host(i, k);
                             p.request.memory_limit_mb = a.memory_limit_mb[i];
@@ -1487,6 +1498,23 @@ async fn succeed(
         ended_ms: Some(ms_at(state, f.ended)),
     };
     put_files(state, files, Some(ended_run)).await
+}
+
+/// Whether the DAG's models learned every function's cold time (converged, under the rule in
+/// force).
+async fn cold_times_learned(state: &ControlState, rt: &Runtime, dag: &Dag) -> bool {
+    let (d, rule) = (dag.clone(), rt.config.convergence);
+    match state
+        .db
+        .run(move |db| crate::learning::current(db, &d, rule))
+        .await
+    {
+        Ok(m) => m.functions.values().all(|f| f.cold_s.converged(&rule)),
+        Err(e) => {
+            tracing::warn!(dag = %dag.name, error = %e, "cannot read the models");
+            false
+        }
+    }
 }
 
 /// Resolves once `cancel` is set (read every 50 ms).

@@ -1491,16 +1491,30 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     c.stop().await;
 }
 
-/// Warm containers across jobs and prewarming (issue 13): while a stage runs, the agents that
-/// will run the stages reading from it are asked to prewarm them; a later job of the same DAG
-/// finds its first stage warm on the agent where the earlier job ran it.
+/// Warm containers across jobs and prewarming (issue 13): until the DAG's cold times are
+/// learned, every job starts cold on each agent (its runs share warm environments only among
+/// themselves); from then on a later job finds its first stage warm on the agent where an
+/// earlier job ran it, and while a stage runs the agents that will run the stages reading from
+/// it are asked to prewarm them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn later_jobs_start_warm_and_next_stages_are_prewarmed() {
-    let c = cluster().await;
+    // Cold times count as learned after two jobs.
+    let c = cluster_with(Convergence {
+        max_mape: 1000.0,
+        min_samples: 2,
+    })
+    .await;
     c.apply(DAG).await;
     let input = sized_input(20_000);
     let mut gens = Vec::new();
-    for _ in 0..2 {
+    let prewarmed = |c: &Cluster| -> u64 {
+        c.agents
+            .iter()
+            .filter_map(|a| a.state.sandbox.prewarm_stats())
+            .map(|s| s.started)
+            .sum()
+    };
+    for n in 0..4 {
         let id = c
             .submit(json!({
                 "dag": "fan",
@@ -1512,25 +1526,31 @@ async fn later_jobs_start_warm_and_next_stages_are_prewarmed() {
         assert_eq!(s.status, JobStatus::Succeeded, "{v}");
         let first = s.functions.iter().find(|f| f.name == "gen").expect("gen");
         gens.push((first.agent.clone(), first.cold));
-    }
-    assert_eq!(gens[0].0, gens[1].0, "gen runs on one agent: {gens:?}");
-    assert!(gens[0].1, "the first job's gen starts cold: {gens:?}");
-    assert!(
-        !gens[1].1,
-        "the second job's gen finds its environment warm: {gens:?}"
-    );
-    // Both jobs asked for the mids and the sink to be prewarmed (in the background: polled).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let started: u64 = c
-            .agents
-            .iter()
-            .filter_map(|a| a.state.sandbox.prewarm_stats())
-            .map(|s| s.started)
-            .sum();
-        if started > 0 {
-            break;
+        if n < 2 {
+            assert_eq!(
+                prewarmed(&c),
+                0,
+                "job {n} measures cold starts: nothing prewarmed"
+            );
         }
+    }
+    assert!(
+        gens.iter().all(|g| g.0 == gens[0].0),
+        "gen runs on one agent: {gens:?}"
+    );
+    assert!(
+        gens[0].1 && gens[1].1,
+        "the profiling jobs' gen starts cold: {gens:?}"
+    );
+    // The third job is the first to share the function's environments across jobs: the fourth
+    // finds gen's warm.
+    assert!(
+        !gens[3].1,
+        "once cold times are learned, gen finds its environment warm: {gens:?}"
+    );
+    // The later jobs asked for the mids and the sink to be prewarmed (in the background: polled).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while prewarmed(&c) == 0 {
         assert!(Instant::now() < deadline, "nothing was prewarmed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
