@@ -43,7 +43,7 @@ fn started(events: &[Event]) -> Vec<(&str, &str)> {
     events
         .iter()
         .filter_map(|e| match e {
-            Event::Started { agent, why } => Some((agent.as_str(), why.as_str())),
+            Event::Started { agent, why, .. } => Some((agent.as_str(), why.as_str())),
             Event::Stopped { .. } => None,
         })
         .collect()

@@ -65,6 +65,8 @@ pub enum Event {
         agent: String,
         /// For what.
         why: String,
+        /// From starting the process to its first healthy answer, milliseconds.
+        took_ms: u64,
     },
     /// An agent process was stopped after being idle.
     Stopped {
@@ -350,15 +352,18 @@ impl Host {
                 Err(e) => return Err(format!("agent {id}: {e}")),
             }
         }
+        let since = Instant::now();
         let child = self.spawn(node).await?;
+        let took_ms = since.elapsed().as_millis() as u64;
         *process = Some(child);
         let mut book = self.book();
         book.running.insert(id.to_owned());
         book.events.push(Event::Started {
             agent: id.to_owned(),
             why: why.to_owned(),
+            took_ms,
         });
-        tracing::info!(agent = id, why, "agent started on demand");
+        tracing::info!(agent = id, why, took_ms, "agent started on demand");
         Ok(true)
     }
 
