@@ -513,6 +513,9 @@ struct Progress {
     done: u32,
     /// When the job started: instances' times are given from it.
     origin: Option<Instant>,
+    /// What the executions a lost agent made the job abandon cost, USD (counted in the job's
+    /// cost: their work was paid for and discarded).
+    discarded_usd: f64,
 }
 
 /// Runs a submitted job to its end and records it. Never fails: errors become a failed job.
@@ -692,10 +695,12 @@ async fn execute_from(
         .unwrap_or_default();
     let max_executions = rt.config.job_attempts.max(1);
     let mut execution = resumed.as_ref().map_or(1, |r| r.execution.number.max(1));
+    let mut discarded = 0.0;
     let (outcome, mut progress) = loop {
         let mut progress = Progress {
             lost: lost.clone(),
             origin: Some(started),
+            discarded_usd: discarded,
             ..Progress::default()
         };
         let recorded = resumed
@@ -738,6 +743,7 @@ async fn execute_from(
                     e.message = Some(why.clone());
                 });
                 lost.extend(agents);
+                discarded += spans_cost(&rt, &progress);
                 // The next execution starts from the job's input: this one's files go.
                 clear_execution(&state, &rt, &job.id, &progress.agents, &lost).await;
                 rt.release(&job.id);
@@ -749,13 +755,13 @@ async fn execute_from(
             other => break (other.map_err(|f| f.message()), progress),
         }
     };
-    progress.agents = used;
+    // The last execution's agents stay in the progress: its runs and spans index them.
     let latency_s = started.elapsed().as_secs_f64();
     rt.publish(&job.id, |e| {
         e.stage = None;
         e.message = Some("cleaning up".into());
     });
-    cleanup(&state, &rt, &job.id, &progress.agents).await;
+    cleanup(&state, &rt, &job.id, &used).await;
     let outputs = match &outcome {
         Ok(()) => result_outputs(&state, &rt, &job.id).await,
         Err(_) => Vec::new(),
@@ -2123,6 +2129,17 @@ fn price_per_second(catalog: Option<&Catalog>, vm_type: &str) -> f64 {
         .map_or(0.0, |v| v.usd_per_second())
 }
 
+/// What the VMs an execution held cost, USD (each instance's VM from its first start to its end).
+fn spans_cost(rt: &Runtime, p: &Progress) -> f64 {
+    p.spans
+        .iter()
+        .map(|((agent, _), (a, b))| {
+            let vm = p.agents.get(*agent).map_or("", |s| s.vm_type.as_str());
+            price_per_second(rt.catalog.as_ref(), vm) * b.duration_since(*a).as_secs_f64()
+        })
+        .sum()
+}
+
 fn summarize(
     rt: &Runtime,
     job: &JobRecord,
@@ -2131,14 +2148,7 @@ fn summarize(
     outputs: Vec<String>,
     error: Option<&String>,
 ) -> JobSummary {
-    let cost_usd: f64 = p
-        .spans
-        .iter()
-        .map(|((agent, _), (a, b))| {
-            let vm = p.agents.get(*agent).map_or("", |s| s.vm_type.as_str());
-            price_per_second(rt.catalog.as_ref(), vm) * b.duration_since(*a).as_secs_f64()
-        })
-        .sum();
+    let cost_usd = spans_cost(rt, p) + p.discarded_usd;
     let perf_per_dollar = if latency_s > 0.0 && cost_usd > 0.0 {
         1.0 / (latency_s * cost_usd)
     } else {

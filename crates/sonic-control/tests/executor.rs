@@ -17,6 +17,15 @@ use sonic_storage::local::LocalStore;
 
 const TOKEN: &str = "control-token-0123456789";
 
+const CATALOG: &str = r#"
+vm_types:
+  - { name: m5.large, vcpus: 2, memory_mb: 8192, network_mbps: 750, usd_per_hour: 0.107 }
+local_storage:  { usd_per_gb_month: 0.12 }
+remote_storage: { write_mbps: 600, read_mbps: 400, request_latency_ms: 25,
+                  put_usd_per_1k: 0.0055, get_usd_per_1k: 0.00044, usd_per_gb_month: 0.026,
+                  requests_per_s: 3500 }
+"#;
+
 /// gen -> mid (3 instances, broadcast) -> sink (gather).
 const DAG: &str = r#"
 name: fan
@@ -73,7 +82,8 @@ async fn plane(
     jobs.push_reports = false;
     jobs.poll_interval = Duration::from_millis(1);
     jobs.health_timeout = Duration::from_millis(200);
-    let runtime = Runtime::new(store, None, jobs).with_agents(agents.clone());
+    let catalog = sonic_core::catalog::Catalog::from_yaml(CATALOG).expect("catalog");
+    let runtime = Runtime::new(store, Some(catalog), jobs).with_agents(agents.clone());
     let config = ControlConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         data_dir: dir.path().join("control"),
@@ -253,5 +263,23 @@ async fn a_lost_agent_makes_the_job_run_again_without_it() {
         s.functions.iter().all(|f| f.agent == "m-1"),
         "{:#?}",
         s.functions
+    );
+    // The abandoned execution's work was paid for: the job's cost is more than what the last
+    // execution held its one VM for (m-1, an m5.large, from the first start to the last end).
+    let start = s
+        .functions
+        .iter()
+        .filter_map(|r| r.started_s)
+        .fold(f64::MAX, f64::min);
+    let end = s
+        .functions
+        .iter()
+        .filter_map(|r| r.ended_s)
+        .fold(0.0, f64::max);
+    let last = (end - start) * 0.107 / 3600.0;
+    assert!(
+        s.cost_usd > last * 1.000_001,
+        "cost {} counts only the last execution ({last})",
+        s.cost_usd
     );
 }
