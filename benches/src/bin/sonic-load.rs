@@ -1,23 +1,30 @@
 //! Load benchmark (not a test): a real control plane in a process of its own, agents running the
 //! synthetic lambda as processes, and many concurrent HTTP calls. Measures the API's latency (p50,
-//! p99 of job submissions and status reads), how fast instances start, and the control plane's
-//! CPU seconds and peak RSS (`/proc/<pid>/stat` and `status`). Figures: docs/load.md.
+//! p99 of job submissions and status reads), how fast instances start, the control plane's
+//! overhead per stage and on a chain, and its CPU seconds and peak RSS (`/proc/<pid>/stat` and
+//! `status`). Figures: docs/load.md.
 //!
 //! ```text
 //! cargo build --release -p sonic-lambdas -p sonic-benches
 //! target/release/sonic-load [--jobs 500] [--instances 1000] [--agents 4] [--sleep-ms 20000]
-//!                           [--lambdas target/release]
+//!                           [--chains 30] [--lambdas target/release]
 //! ```
 //!
-//! Phase 1: `--jobs` one-instance jobs (`synthetic noop`) submitted at once; each is then polled
-//! until it ends. Phase 2: one job of `--instances` instances (`synthetic --sleep-ms`, so they
-//! overlap), spread over the agents; the agents' running counters are sampled every 5 ms until all
-//! run at once. The control plane is this same binary started as `sonic-load control ...`.
+//! Phase 1: `--jobs` one-instance jobs (`synthetic noop`) submitted at once; each job's end is
+//! followed on its event stream (`GET /v1/jobs/{id}/events`). Phase 2: one job of `--instances`
+//! instances (`synthetic --sleep-ms`, so they overlap), spread over the agents; the agents'
+//! running counters are sampled every 5 ms until all run at once. Phase 3: `--chains` jobs of a
+//! chain of 8 no-op stages (`one` edges), one after the other; the agents (in this process) mark
+//! when each run ended (its outputs registered: the next stage's inputs complete), when the next
+//! run's request reached its agent and when its process started, so the overhead per stage is
+//! read where it happens; the chain's latency (submission to its end on the event stream) is
+//! compared with its lambdas' own seconds (the agents' reports). The control plane is this same
+//! binary started as `sonic-load control ...`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
@@ -31,10 +38,142 @@ const FILE_KEY: &str = "load-file-key-0123456789abcdef";
 
 const ONE: &str = "name: load-one\nfunctions:\n  - name: f\n    image: sonic-lambdas:latest\n    command: [synthetic, noop]\n    timeout: 600s\n";
 
+/// Stages of the no-op chain (phase 3).
+const CHAIN: usize = 8;
+
+fn chain_dag() -> String {
+    let mut y = String::from("name: load-chain\nfunctions:\n");
+    for k in 1..=CHAIN {
+        y.push_str(&format!(
+            "  - name: s{k}\n    image: sonic-lambdas:latest\n    command: [synthetic, noop]\n    timeout: 600s\n"
+        ));
+    }
+    y.push_str("edges:\n");
+    for k in 1..CHAIN {
+        y.push_str(&format!(
+            "  - {{ from: s{k}, to: s{}, kind: one }}\n",
+            k + 1
+        ));
+    }
+    y
+}
+
 fn fanout_dag(sleep_ms: u64) -> String {
     format!(
         "name: load-fanout\nparams:\n  n: 1000\nfunctions:\n  - name: f\n    image: sonic-lambdas:latest\n    command: [synthetic, run, --sleep-ms, \"{sleep_ms}\", --output-bytes, \"0\", --alloc-mb, \"0\", --compute-ms, \"0\"]\n    instances: \"{{{{ params.n }}}}\"\n    timeout: 600s\n"
     )
+}
+
+/// What an agent of this process did to a run, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Step {
+    /// `POST /v1/runs` reached the agent.
+    Accepted,
+    /// The sandbox started the lambda's process.
+    Started,
+    /// The run ended and its outputs are registered (a receiver's inputs are complete); its
+    /// report is pushed next.
+    Ended,
+}
+
+/// The agents' events of runs, read from their tracing (the agents run in this process): the
+/// `run` span's id and the events `run accepted`, `process started` (process sandbox) and
+/// `run ended`. Only while `on` is set.
+#[derive(Default)]
+struct Marks {
+    on: AtomicBool,
+    seen: Mutex<Vec<(String, Step, Instant)>>,
+}
+
+struct RunId(String);
+
+#[derive(Default)]
+struct Fields {
+    message: String,
+    run: Option<String>,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        match field.name() {
+            "message" => self.message = value.to_owned(),
+            "run" => self.run = Some(value.to_owned()),
+            _ => {}
+        }
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        match field.name() {
+            "message" => self.message = format!("{value:?}"),
+            "run" => self.run = Some(format!("{value:?}")),
+            _ => {}
+        }
+    }
+}
+
+struct MarksLayer(Arc<Marks>);
+
+impl<S> tracing_subscriber::Layer<S> for MarksLayer
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if attrs.metadata().name() != "run" {
+            return;
+        }
+        let mut f = Fields::default();
+        attrs.record(&mut f);
+        if let (Some(run), Some(span)) = (f.run, ctx.span(id)) {
+            span.extensions_mut().insert(RunId(run));
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        if !self.0.on.load(Ordering::Relaxed) {
+            return;
+        }
+        let at = Instant::now();
+        let mut f = Fields::default();
+        event.record(&mut f);
+        let step = match f.message.as_str() {
+            "run accepted" => Step::Accepted,
+            "process started" => Step::Started,
+            "run ended" => Step::Ended,
+            _ => return,
+        };
+        let run = f.run.or_else(|| {
+            ctx.event_scope(event)?
+                .find_map(|s| s.extensions().get::<RunId>().map(|r| r.0.clone()))
+        });
+        if let Some(run) = run {
+            self.0
+                .seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((run, step, at));
+        }
+    }
+}
+
+impl Marks {
+    /// Installs the layer for this process's agents; events of other crates are not looked at.
+    fn install() -> anyhow::Result<Arc<Marks>> {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::{Layer, filter};
+        let marks = Arc::new(Marks::default());
+        let layer = MarksLayer(marks.clone())
+            .with_filter(filter::filter_fn(|m| m.target().starts_with("sonic_agent")));
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer))?;
+        Ok(marks)
+    }
+
+    fn take(&self) -> Vec<(String, Step, Instant)> {
+        std::mem::take(&mut *self.seen.lock().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 fn arg(args: &[String], name: &str) -> Option<String> {
@@ -198,6 +337,39 @@ impl Api {
     }
 }
 
+impl Api {
+    /// Follows a job's event stream until its terminal event: its final status and when that
+    /// event arrived (the control plane publishes it once the job's end is recorded).
+    async fn follow(&self, id: &str) -> anyhow::Result<(String, Instant)> {
+        let mut resp = self
+            .http
+            .get(format!("{}/v1/jobs/{id}/events", self.url))
+            .bearer_auth(TOKEN)
+            .send()
+            .await?;
+        if resp.status() != reqwest::StatusCode::OK {
+            bail!("GET /v1/jobs/{id}/events: {}", resp.status());
+        }
+        let mut text = String::new();
+        while let Some(chunk) = resp.chunk().await? {
+            let at = Instant::now();
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = text.find('\n') {
+                let line: String = text.drain(..=end).collect();
+                let Some(data) = line.trim_end().strip_prefix("data:") else {
+                    continue;
+                };
+                let v: serde_json::Value = serde_json::from_str(data.trim()).unwrap_or_default();
+                let status = v["status"].as_str().unwrap_or("");
+                if status == "succeeded" || status == "failed" {
+                    return Ok((status.to_owned(), at));
+                }
+            }
+        }
+        bail!("the event stream of job {id} ended before the job")
+    }
+}
+
 fn running(agents: &[RunningAgent]) -> u32 {
     agents
         .iter()
@@ -205,11 +377,106 @@ fn running(agents: &[RunningAgent]) -> u32 {
         .sum()
 }
 
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+/// The stage (function) of a run id `<job>.<function>.<instance>.<attempt>[.<execution>]`.
+fn run_parts(run: &str) -> Option<(&str, &str)> {
+    let mut it = run.split('.');
+    Some((it.next()?, it.next()?))
+}
+
+/// Phase 3: per-stage overhead (a stage's inputs complete -> its instance's process started,
+/// split at the agent receiving the request) and the chain's latency over its lambdas' time.
+async fn chain_phase(api: &Api, marks: &Marks, chains: u64) -> anyhow::Result<()> {
+    let mut lat = Latencies::default();
+    let mut failed = 0;
+    for _ in 0..chains {
+        marks.take();
+        marks.on.store(true, Ordering::SeqCst);
+        let t = Instant::now();
+        let body = br#"{"dag": "load-chain", "policy": "remote"}"#.to_vec();
+        let (code, v, ms) = api
+            .call(
+                reqwest::Method::POST,
+                "/v1/jobs",
+                Some(("application/json", body)),
+            )
+            .await?;
+        if code != 202 {
+            bail!("POST /v1/jobs: {code} {v}");
+        }
+        lat.add("submit", ms);
+        let id = v["job_id"].as_str().unwrap_or("").to_owned();
+        let (end, at) = api.follow(&id).await?;
+        marks.on.store(false, Ordering::SeqCst);
+        if end != "succeeded" {
+            failed += 1;
+            continue;
+        }
+        let (_, summary, _) = api
+            .call(reqwest::Method::GET, &format!("/v1/jobs/{id}"), None)
+            .await?;
+        let own: f64 = summary["functions"]
+            .as_array()
+            .map(|f| f.iter().filter_map(|r| r["seconds"].as_f64()).sum())
+            .unwrap_or(f64::NAN);
+        let job_ms = at.duration_since(t).as_secs_f64() * 1e3;
+        lat.add("chain job", job_ms);
+        lat.add("chain lambdas", own * 1e3);
+        lat.add("chain overhead", job_ms - own * 1e3);
+        if let Some(l) = summary["latency_s"].as_f64() {
+            lat.add("summary ovh", (l - own) * 1e3);
+        }
+        // When each stage's run was accepted, started and ended on its agent.
+        let mut at_step: BTreeMap<(String, Step), Instant> = BTreeMap::new();
+        for (run, step, when) in marks.take() {
+            if let Some((job, function)) = run_parts(&run)
+                && job == id
+            {
+                at_step.entry((function.to_owned(), step)).or_insert(when);
+            }
+        }
+        let mark = |k: usize, s: Step| at_step.get(&(format!("s{k}"), s)).copied();
+        if let Some(started) = mark(1, Step::Started) {
+            lat.add(
+                "submit->start",
+                started.duration_since(t).as_secs_f64() * 1e3,
+            );
+        }
+        for k in 2..=CHAIN {
+            let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e3;
+            let (Some(inputs), Some(accepted)) =
+                (mark(k - 1, Step::Ended), mark(k, Step::Accepted))
+            else {
+                continue;
+            };
+            lat.add("ended->sent", ms(inputs, accepted));
+            if let Some(started) = mark(k, Step::Started) {
+                lat.add("sent->started", ms(accepted, started));
+                lat.add("stage overhead", ms(inputs, started));
+            }
+        }
+    }
+    println!(
+        "  {} chains succeeded, {failed} failed; per stage (s2..s{CHAIN}): inputs complete \
+         (previous run ended on its agent) -> request at the agent -> process started",
+        chains - failed
+    );
+    lat.print();
+    Ok(())
+}
+
 async fn drive(args: &[String]) -> anyhow::Result<()> {
     let jobs = num(args, "--jobs", 500)?;
     let instances = num(args, "--instances", 1000)?;
     let n_agents = num(args, "--agents", 4)?.max(1);
     let sleep_ms = num(args, "--sleep-ms", 20_000)?;
+    let chains = num(args, "--chains", 30)?;
     let lambdas = match arg(args, "--lambdas") {
         Some(d) => PathBuf::from(d),
         None => std::env::current_exe()?
@@ -224,6 +491,7 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
         );
     }
     let nofile = raise_nofile();
+    let marks = Marks::install()?;
     let dir = tempfile::tempdir()?;
     let url_file = dir.path().join("control.url");
     let mut child = tokio::process::Command::new(std::env::current_exe()?)
@@ -291,7 +559,7 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    for dag in [ONE.to_string(), fanout_dag(sleep_ms)] {
+    for dag in [ONE.to_string(), fanout_dag(sleep_ms), chain_dag()] {
         let (code, v, _) = api
             .call(
                 reqwest::Method::PUT,
@@ -313,6 +581,7 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
         let api = api.clone();
         set.spawn(async move {
             let mut lat = Latencies::default();
+            let t = Instant::now();
             let body = br#"{"dag": "load-one", "policy": "remote"}"#.to_vec();
             let (code, v, ms) = api
                 .call(
@@ -326,26 +595,29 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
                 bail!("POST /v1/jobs: {code} {v}");
             }
             let id = v["job_id"].as_str().unwrap_or("").to_owned();
-            let end = api.wait(&id, &mut lat).await?;
-            anyhow::Ok((lat, end))
+            let (end, at) = api.follow(&id).await?;
+            lat.add("job", at.duration_since(t).as_secs_f64() * 1e3);
+            anyhow::Ok((lat, end, at))
         });
     }
     let mut lat1 = Latencies::default();
     let mut ends: BTreeMap<String, u64> = BTreeMap::new();
     let mut errors = Vec::new();
+    let mut last_end = t1;
     while let Some(r) = set.join_next().await {
         match r? {
-            Ok((l, end)) => {
+            Ok((l, end, at)) => {
                 lat1.merge(l);
                 *ends.entry(end).or_default() += 1;
+                last_end = last_end.max(at);
             }
             Err(e) => errors.push(e.to_string()),
         }
     }
-    let phase1 = t1.elapsed().as_secs_f64();
+    let phase1 = last_end.duration_since(t1).as_secs_f64();
     let (cpu1, rss1) = usage(pid)?;
     println!(
-        "  {jobs} jobs ended in {phase1:.1} s ({:.1} jobs/s); outcomes {ends:?}; errors {}",
+        "  {jobs} jobs ended {phase1:.2} s after the first submission ({:.1} jobs/s); outcomes {ends:?}; errors {}",
         jobs as f64 / phase1,
         errors.len()
     );
@@ -464,12 +736,18 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
     }
     lat2.print();
     println!("  control plane: {:.1} CPU s in this phase", cpu2 - cpu1);
+    println!("  load average {}", loadavg());
+
+    // Phase 3: chains of no-op stages, one job at a time.
+    println!("\nphase 3: {chains} jobs of a chain of {CHAIN} no-op stages, one after the other");
+    chain_phase(&api, &marks, chains).await?;
+    let (cpu3, rss3) = usage(pid)?;
+    println!("  control plane: {:.1} CPU s in this phase", cpu3 - cpu2);
     println!(
-        "\ncontrol plane total: {:.1} CPU s, peak RSS {rss2:.0} MiB; load average {}",
-        cpu2 - cpu0,
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
+        "\ncontrol plane total: {:.1} CPU s, peak RSS {:.0} MiB; load average {}",
+        cpu3 - cpu0,
+        rss2.max(rss3),
+        loadavg()
     );
     for a in agents {
         a.stop().await;
