@@ -157,3 +157,138 @@ async fn the_host_starts_agents_on_demand_and_stops_them_when_idle() {
     );
     assert!(out.running_at_end.is_empty(), "{:?}", out.running_at_end);
 }
+
+/// a -> b over `vm-storage`, a on `vms` VMs of `vm_type`.
+fn offer(vm_type: &str, vms: u32) -> sonic_control::resources::Offer {
+    use sonic_core::model::Method;
+    use sonic_core::planner::{Plan, PlanEdge, PlanStage, Predicted};
+    let dag = sonic_core::dag::Dag::from_yaml(
+        "pair.yaml",
+        r#"
+name: pair
+functions:
+  - { name: a, image: i, command: [x], instances: 2 }
+  - { name: b, image: i, command: [x], instances: 2 }
+edges:
+  - { from: a, to: b, kind: one }
+"#,
+    )
+    .expect("dag");
+    let stage = |function: &str| PlanStage {
+        function: function.into(),
+        vm_type: vm_type.into(),
+        vms,
+        per_vm: 1,
+        concurrent: 1,
+    };
+    let agents = platform::machines()
+        .into_iter()
+        .map(|m| sonic_control::jobs::AgentSlot {
+            id: m.id,
+            url: String::new(),
+            vm_type: m.vm_type,
+        })
+        .collect();
+    sonic_control::resources::Offer {
+        job: "j-pair".into(),
+        dag: std::sync::Arc::new(dag),
+        plan: Plan {
+            stages: vec![stage("a"), stage("b")],
+            edges: vec![PlanEdge {
+                from: "a".into(),
+                to: "b".into(),
+                method: Method::VmStorage,
+                predicted_s: 0.0,
+            }],
+            predicted: Predicted {
+                latency_s: 1.0,
+                cost_usd: 1.0,
+                perf_per_dollar: 1.0,
+            },
+        },
+        second_best: None,
+        memory_limit_mb: vec![512, 512],
+        agents,
+        prefer: Vec::new(),
+    }
+}
+
+fn manager(dir: &Path) -> on_demand::OnDemand {
+    on_demand::OnDemand::new(
+        platform::machines(),
+        on_demand::Launcher {
+            agent_bin: agent_bin().to_path_buf(),
+            lambda_dirs: vec![support::lambda_dir().to_path_buf()],
+            data_dir: dir.join("agents"),
+            store_dir: dir.join("store"),
+            agent_token: "agent-token-0123456789abcdef".into(),
+            file_key: "file-key-0123456789abcdef".into(),
+            start_timeout: Duration::from_secs(30),
+        },
+        Duration::from_secs(3600),
+    )
+    .expect("manager")
+}
+
+#[tokio::test]
+async fn a_plan_wanting_more_machines_than_the_inventory_gets_its_capacity_and_starts_nothing() {
+    use sonic_control::resources::{Answer, ResourceManager};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = manager(dir.path());
+    let answer = m
+        .offer(&offer("m5.xlarge", 2), &|_| {})
+        .await
+        .expect("answer");
+    let Answer::Capacity { vms, why } = answer else {
+        panic!("not a capacity answer: {answer:?}");
+    };
+    assert_eq!(
+        vms.into_iter().collect::<Vec<_>>(),
+        [("m5.large".to_owned(), 2), ("m5.xlarge".to_owned(), 1)]
+    );
+    assert!(
+        why.contains("a wants 2 m5.xlarge VMs, the host has 1"),
+        "{why}"
+    );
+    assert!(m.events().is_empty(), "{:?}", m.events());
+    assert!(m.running().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_starts_distinct_machines_and_gives_a_vm_storage_receiver_its_senders() {
+    use sonic_control::resources::{Answer, ResourceManager};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = manager(dir.path());
+    let said = std::sync::Mutex::new(Vec::<String>::new());
+    let answer = m
+        .offer(&offer("m5.large", 2), &|why| {
+            said.lock().unwrap().push(why.to_owned())
+        })
+        .await
+        .expect("answer");
+    let Answer::Grant(grant) = answer else {
+        panic!("not a grant: {answer:?}");
+    };
+    let pair = vec!["host-1".to_owned(), "host-2".to_owned()];
+    assert_eq!(grant.hosts, vec![pair.clone(), pair.clone()]);
+    assert_eq!(grant.notes, ["started on demand: host-1, host-2"]);
+    assert_eq!(
+        *said.lock().unwrap(),
+        ["starting agents host-1, host-2 on demand"]
+    );
+    assert_eq!(m.running(), pair);
+    // Offered again while held: the same machines, already running, nothing started.
+    let again = m
+        .offer(&offer("m5.large", 2), &|_| {})
+        .await
+        .expect("answer");
+    assert!(
+        matches!(&again, Answer::Grant(g) if g.hosts == grant.hosts && g.notes.is_empty()),
+        "{again:?}"
+    );
+    assert_eq!(started(&m.events()).len(), 2, "{:?}", m.events());
+    m.release("j-pair");
+    m.release("j-pair");
+    m.stop_all().await;
+    assert!(m.running().is_empty());
+}
