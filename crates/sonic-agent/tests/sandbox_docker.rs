@@ -388,7 +388,7 @@ async fn two_jobs_of_one_function_share_a_warm_container_and_see_only_their_own_
 }
 
 #[tokio::test]
-async fn prewarmed_containers_make_the_next_runs_hot() {
+async fn prewarmed_containers_serve_the_next_runs() {
     let s = setup().await;
     let key = "dag.g@0123456789abcdef|sonic-lambdas:latest|synthetic";
     let spec = job_run(&s, "j-p", "0", key);
@@ -397,6 +397,7 @@ async fn prewarmed_containers_make_the_next_runs_hot() {
     let warm = s.sandbox.warm_containers();
     let run = s.sandbox.run(spec.clone()).await;
     let stats = s.sandbox.prewarm_stats();
+    let hot = s.sandbox.run(spec.clone()).await;
     // Another memory limit is another container: a prewarmed one does not serve it.
     let mut bigger = job_run(&s, "j-q", "0", key);
     bigger.memory_limit_bytes *= 2;
@@ -408,10 +409,14 @@ async fn prewarmed_containers_make_the_next_runs_hot() {
     assert_eq!(prewarmed.unwrap(), (2, 2));
     assert_eq!(again.unwrap(), (0, 2), "two are warm already");
     assert_eq!(warm, 2);
+    // The first run takes a prewarmed container: the function's first run in it, so it is
+    // cold (it pays the function's initialization); the next run of the key is hot.
     let run = run.unwrap();
-    assert!(run.succeeded() && !run.cold, "log: {}", run.log);
+    assert!(run.succeeded() && run.cold, "log: {}", run.log);
     let stats = stats.unwrap();
     assert_eq!((stats.started, stats.used), (2, 1));
+    let hot = hot.unwrap();
+    assert!(hot.succeeded() && !hot.cold, "log: {}", hot.log);
     assert!(other.unwrap().cold);
     assert!(
         matches!(refused, Err(SandboxError::ImageNotFound(_))),

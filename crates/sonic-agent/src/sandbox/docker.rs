@@ -327,12 +327,14 @@ impl Sandbox for DockerSandbox {
         let key = PoolKey::of(&spec);
         let (container, cold) = match self.inner.take_idle(&key) {
             Some(mut c) => {
-                if std::mem::take(&mut c.prewarmed)
-                    && let Ok(mut stats) = self.inner.prewarm.lock()
-                {
+                let prewarmed = std::mem::take(&mut c.prewarmed);
+                if prewarmed && let Ok(mut stats) = self.inner.prewarm.lock() {
                     stats.used += 1;
                 }
-                (c, false)
+                // A prewarmed container has never run the function: its first run pays the
+                // function's own initialization, so it is cold (only the container's start was
+                // taken off it: its start latency).
+                (c, prewarmed)
             }
             None => (self.inner.create(&spec, key).await?, true),
         };

@@ -206,7 +206,9 @@ impl ProcessSandbox {
                 {
                     stats.used += 1;
                 }
-                return Ok((env.dir, false));
+                // A prewarmed environment has never run the function: its first run pays the
+                // function's own initialization, so it is cold (it only skipped the setup).
+                return Ok((env.dir, env.prewarmed));
             }
         }
         Ok((self.new_env(key)?, true))
