@@ -696,7 +696,7 @@ async fn execute_from(
     let max_executions = rt.config.job_attempts.max(1);
     let mut execution = resumed.as_ref().map_or(1, |r| r.execution.number.max(1));
     let mut discarded = 0.0;
-    let (outcome, mut progress) = loop {
+    let (outcome, progress) = loop {
         let mut progress = Progress {
             lost: lost.clone(),
             origin: Some(started),
