@@ -1,0 +1,233 @@
+//! The listener's settings and a lambda's `ol.yaml`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// How the OpenLambda listener runs.
+#[derive(Clone)]
+pub struct OpenLambdaConfig {
+    /// Where it listens; off loopback, `token` must be set.
+    pub listen: SocketAddr,
+    /// Its folder: the registry (`registry/<name>/`) and the runtime script.
+    pub dir: PathBuf,
+    /// The bearer token every route but `/status` requires; empty: none (loopback only).
+    pub token: String,
+    /// The Python interpreter (a name on `PATH` or a path).
+    pub python: String,
+    /// The longest a call may take (including the import on a cold start).
+    pub timeout: Duration,
+    /// Request bodies (events, tarballs) larger than this get 413.
+    pub max_body: usize,
+    /// The largest result a handler may return (its JSON).
+    pub max_output: usize,
+    /// The most bytes an unpacked lambda may take.
+    pub max_unpacked: u64,
+    /// Warm workers (and concurrent calls) per lambda.
+    pub workers_per_lambda: usize,
+    /// Calls a lambda may have waiting or running; past it, 429.
+    pub queue_per_lambda: usize,
+}
+
+impl std::fmt::Debug for OpenLambdaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenLambdaConfig")
+            .field("listen", &self.listen)
+            .field("dir", &self.dir)
+            .field("token", &if self.token.is_empty() { "" } else { "<set>" })
+            .field("python", &self.python)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenLambdaConfig {
+    /// Defaults for a listener on `listen` keeping its files in `dir`.
+    pub fn new(listen: SocketAddr, dir: PathBuf) -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        OpenLambdaConfig {
+            listen,
+            dir,
+            token: String::new(),
+            python: "python3".into(),
+            timeout: crate::DEFAULT_TIMEOUT,
+            max_body: 64 << 20,
+            max_output: 16 << 20,
+            max_unpacked: 1 << 30,
+            workers_per_lambda: cores.max(2),
+            queue_per_lambda: 256,
+        }
+    }
+}
+
+/// Why an `ol.yaml` was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Not YAML of the expected shape.
+    #[error("ol.yaml: {0}")]
+    Parse(String),
+    /// A value that OpenLambda refuses too.
+    #[error("ol.yaml: {0}")]
+    Invalid(String),
+    /// It could not be read.
+    #[error("ol.yaml: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+#[derive(Deserialize, Default)]
+struct RawConfig {
+    #[serde(default)]
+    triggers: RawTriggers,
+    #[serde(default)]
+    environment: BTreeMap<String, serde_json::Value>,
+    #[serde(default, rename = "reuse-sandbox")]
+    reuse_sandbox: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+struct RawTriggers {
+    http: Option<Vec<HttpTrigger>>,
+    #[serde(default)]
+    cron: serde_json::Value,
+    #[serde(default)]
+    kafka: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct HttpTrigger {
+    method: String,
+}
+
+/// A lambda's parsed `ol.yaml` (OpenLambda's defaults when it has none).
+#[derive(Debug, Clone)]
+pub struct LambdaConfig {
+    /// Allowed HTTP methods; `*` allows all.
+    pub methods: Vec<String>,
+    /// The handler's environment variables.
+    pub environment: BTreeMap<String, String>,
+    /// Whether a worker serves more than one call.
+    pub reuse_sandbox: bool,
+    cron: serde_json::Value,
+    kafka: serde_json::Value,
+}
+
+impl LambdaConfig {
+    /// Reads `<dir>/ol.yaml`, or the defaults (every method, no environment) without one.
+    pub fn load(dir: &Path) -> Result<LambdaConfig, ConfigError> {
+        match std::fs::read_to_string(dir.join("ol.yaml")) {
+            Ok(text) => LambdaConfig::parse(&text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => LambdaConfig::parse(""),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Parses an `ol.yaml`.
+    pub fn parse(text: &str) -> Result<LambdaConfig, ConfigError> {
+        let raw: RawConfig = if text.trim().is_empty() {
+            RawConfig::default()
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?
+        };
+        let methods = match raw.triggers.http {
+            None => vec!["*".to_string()],
+            Some(t) => t.into_iter().map(|t| t.method).collect(),
+        };
+        if methods.iter().any(String::is_empty) {
+            return Err(ConfigError::Invalid(
+                "HTTP trigger method cannot be empty".into(),
+            ));
+        }
+        let mut environment = BTreeMap::new();
+        for (k, v) in raw.environment {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return Err(ConfigError::Invalid(format!(
+                    "environment variable key `{k}` is not valid"
+                )));
+            }
+            let v = match v {
+                serde_json::Value::String(s) => s,
+                serde_json::Value::Number(n) => n.to_string(),
+                serde_json::Value::Bool(b) => b.to_string(),
+                serde_json::Value::Null => String::new(),
+                _ => {
+                    return Err(ConfigError::Invalid(format!(
+                        "environment variable `{k}` must be a scalar"
+                    )));
+                }
+            };
+            if v.contains('\0') {
+                return Err(ConfigError::Invalid(format!(
+                    "environment variable `{k}` contains NUL"
+                )));
+            }
+            environment.insert(k, v);
+        }
+        Ok(LambdaConfig {
+            methods,
+            environment,
+            reuse_sandbox: raw.reuse_sandbox.unwrap_or(true),
+            cron: raw.triggers.cron,
+            kafka: raw.triggers.kafka,
+        })
+    }
+
+    /// Whether `method` may call the lambda.
+    pub fn allows(&self, method: &str) -> bool {
+        self.methods.iter().any(|m| m == "*" || m == method)
+    }
+
+    /// The allowed methods as OpenLambda lists them.
+    pub fn allowed_methods(&self) -> Vec<String> {
+        self.methods.clone()
+    }
+
+    /// The environment as pairs.
+    pub fn env(&self) -> Vec<(String, String)> {
+        self.environment
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// The config as OpenLambda's `GET /registry/<name>/config` encodes it (Go field names).
+    pub fn to_json(&self) -> serde_json::Value {
+        let null_if_empty = |v: &serde_json::Value| {
+            if v.is_null() {
+                serde_json::Value::Null
+            } else {
+                v.clone()
+            }
+        };
+        serde_json::json!({
+            "Triggers": {
+                "HTTP": self.methods.iter().map(|m| serde_json::json!({ "Method": m })).collect::<Vec<_>>(),
+                "Cron": null_if_empty(&self.cron),
+                "Kafka": null_if_empty(&self.kafka),
+            },
+            "Environment": self.environment,
+            "ReuseSandbox": self.reuse_sandbox,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn methods_and_environment() {
+        let c = LambdaConfig::parse(
+            "triggers:\n  http:\n    - method: GET\n    - method: POST\nenvironment:\n  A: x\n  N: 3\n",
+        )
+        .expect("parses");
+        assert!(c.allows("GET") && c.allows("POST") && !c.allows("PUT"));
+        assert_eq!(c.allowed_methods().join(" "), "GET POST");
+        assert_eq!(c.environment.get("N").map(String::as_str), Some("3"));
+        assert!(LambdaConfig::parse("").expect("defaults").allows("DELETE"));
+        assert!(LambdaConfig::parse("environment:\n  'A=B': x\n").is_err());
+        assert!(LambdaConfig::parse("triggers: [").is_err());
+    }
+}

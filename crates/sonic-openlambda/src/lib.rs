@@ -1,0 +1,554 @@
+//! OpenLambda's worker API on a listener of its own, with Python handlers in warm host processes.
+//!
+//! Routes (as OpenLambda's `go/worker/event` serves them): `POST /run/<name>[/extra]`,
+//! `GET /status`, `GET /stats`, and the registry: `POST /registry/<name>` (a `.tar.gz` of the
+//! lambda's folder), `DELETE /registry/<name>`, `GET /registry`, `GET /registry/<name>/config`.
+//! docs/python.md says how to use it and what is not supported yet.
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod tarball;
+pub mod worker;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+
+pub use config::{LambdaConfig, OpenLambdaConfig};
+use worker::{CallError, Limits, Worker};
+
+/// The Python side of the runtime, written next to the registry at start.
+pub const RUNTIME_PY: &str = include_str!("../python/sonic_ol_runtime.py");
+
+/// Why the listener could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Listening off loopback needs a token.
+    #[error("the OpenLambda listener on {0} is not loopback: set a token (openlambda_token)")]
+    TokenRequired(SocketAddr),
+    /// The token is too short to protect anything.
+    #[error("the OpenLambda token must be at least 16 characters")]
+    WeakToken,
+    /// No usable Python.
+    #[error("cannot run `{0}`: {1}")]
+    Python(String, String),
+    /// The registry folder or the listener.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+struct Lambda {
+    dir: PathBuf,
+    config: LambdaConfig,
+    version: u64,
+    idle: Vec<Worker>,
+    queued: usize,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+#[derive(Default)]
+struct Timer {
+    cnt: u64,
+    total_ms: f64,
+}
+
+/// The listener's shared state.
+pub struct Handlers {
+    root: PathBuf,
+    python: PathBuf,
+    runtime: PathBuf,
+    cfg: OpenLambdaConfig,
+    lambdas: Mutex<HashMap<String, Lambda>>,
+    /// Serializes registry writes, so that two uploads of one name do not interleave.
+    installs: tokio::sync::Mutex<()>,
+    versions: AtomicU64,
+    stats: Mutex<BTreeMap<String, Timer>>,
+    cold_starts: AtomicUsize,
+}
+
+impl Handlers {
+    /// Opens the registry under `cfg.dir` (lambdas installed earlier are served again) and
+    /// finds the real Python interpreter behind `cfg.python` (so that shims cost nothing per
+    /// start).
+    pub async fn open(cfg: OpenLambdaConfig) -> Result<Arc<Handlers>, StartError> {
+        if !cfg.listen.ip().is_loopback() && cfg.token.is_empty() {
+            return Err(StartError::TokenRequired(cfg.listen));
+        }
+        if !cfg.token.is_empty() && cfg.token.len() < 16 {
+            return Err(StartError::WeakToken);
+        }
+        let out = tokio::process::Command::new(&cfg.python)
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .await
+            .map_err(|e| StartError::Python(cfg.python.clone(), e.to_string()))?;
+        let exe = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !out.status.success() || exe.is_empty() {
+            return Err(StartError::Python(
+                cfg.python.clone(),
+                "it did not report sys.executable".into(),
+            ));
+        }
+        let root = cfg.dir.join("registry");
+        tokio::fs::create_dir_all(&root).await?;
+        let runtime = cfg.dir.join("sonic_ol_runtime.py");
+        tokio::fs::write(&runtime, RUNTIME_PY).await?;
+        let handlers = Handlers {
+            root: root.clone(),
+            python: PathBuf::from(exe),
+            runtime,
+            lambdas: Mutex::new(HashMap::new()),
+            installs: tokio::sync::Mutex::new(()),
+            versions: AtomicU64::new(1),
+            stats: Mutex::new(BTreeMap::new()),
+            cold_starts: AtomicUsize::new(0),
+            cfg,
+        };
+        let mut rd = tokio::fs::read_dir(&root).await?;
+        while let Some(e) = rd.next_entry().await? {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                let _ = tokio::fs::remove_dir_all(e.path()).await;
+                continue;
+            }
+            match LambdaConfig::load(&e.path()) {
+                Ok(config) => handlers.put(&name, e.path(), config),
+                Err(err) => {
+                    tracing::warn!(lambda = %name, error = %err, "skipped an installed lambda")
+                }
+            }
+        }
+        Ok(Arc::new(handlers))
+    }
+
+    fn put(&self, name: &str, dir: PathBuf, config: LambdaConfig) {
+        let version = self.versions.fetch_add(1, Ordering::Relaxed);
+        let lambda = Lambda {
+            dir,
+            config,
+            version,
+            idle: Vec::new(),
+            queued: 0,
+            slots: Arc::new(tokio::sync::Semaphore::new(
+                self.cfg.workers_per_lambda.max(1),
+            )),
+        };
+        lock(&self.lambdas).insert(name.to_string(), lambda);
+    }
+
+    fn record(&self, timer: &str, since: Instant) {
+        let mut stats = lock(&self.stats);
+        let t = stats.entry(timer.to_string()).or_default();
+        t.cnt += 1;
+        t.total_ms += since.elapsed().as_secs_f64() * 1000.0;
+    }
+
+    /// How many Python workers were started (cold starts), for tests and benches.
+    pub fn cold_starts(&self) -> usize {
+        self.cold_starts.load(Ordering::Relaxed)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The OpenLambda routes over `handlers`.
+pub fn router(handlers: Arc<Handlers>) -> Router {
+    let limit = handlers.cfg.max_body;
+    Router::new()
+        .route("/status", get(|| async { "ready\n" }))
+        .route("/stats", get(stats))
+        .route("/run/{name}", any(run))
+        .route("/run/{name}/", any(run))
+        .route("/run/{name}/{*extra}", any(run_extra))
+        .route("/registry", get(list))
+        .route("/registry/", get(list))
+        .route(
+            "/registry/{name}",
+            post(install).delete(remove).get(not_implemented),
+        )
+        .route("/registry/{name}/config", get(show_config))
+        .layer(middleware::from_fn_with_state(handlers.clone(), auth))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(handlers)
+}
+
+async fn auth(State(h): State<Arc<Handlers>>, req: Request, next: Next) -> Response {
+    if h.cfg.token.is_empty() || req.uri().path() == "/status" {
+        return next.run(req).await;
+    }
+    let sent = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if sent.is_some_and(|t| constant_eq(t.as_bytes(), h.cfg.token.as_bytes())) {
+        next.run(req).await
+    } else {
+        (StatusCode::UNAUTHORIZED, "a bearer token is required\n").into_response()
+    }
+}
+
+fn constant_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn text(status: StatusCode, msg: impl Into<String>) -> Response {
+    let mut m = msg.into();
+    if !m.ends_with('\n') {
+        m.push('\n');
+    }
+    (status, m).into_response()
+}
+
+/// A 400 for a name that cannot be a registry folder.
+fn invalid_name(name: &str) -> Option<Response> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        None
+    } else {
+        Some(text(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "invalid lambda name `{name}`: use letters, digits, `-`, `_` and `.` (not first)"
+            ),
+        ))
+    }
+}
+
+async fn stats(State(h): State<Arc<Handlers>>) -> Response {
+    let mut out = serde_json::Map::new();
+    for (name, t) in lock(&h.stats).iter() {
+        out.insert(format!("{name}.cnt"), t.cnt.into());
+        let avg = if t.cnt == 0 {
+            0
+        } else {
+            (t.total_ms / t.cnt as f64).round() as u64
+        };
+        out.insert(format!("{name}.ms-avg"), avg.into());
+    }
+    axum::Json(out).into_response()
+}
+
+async fn run_extra(
+    state: State<Arc<Handlers>>,
+    UrlPath((name, _extra)): UrlPath<(String, String)>,
+    method: Method,
+    body: Bytes,
+) -> Response {
+    run(state, UrlPath(name), method, body).await
+}
+
+/// A place in a lambda's queue, given back on drop.
+struct Queued<'a>(&'a Handlers, String);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if let Some(l) = lock(&self.0.lambdas).get_mut(&self.1) {
+            l.queued = l.queued.saturating_sub(1);
+        }
+    }
+}
+
+async fn run(
+    State(h): State<Arc<Handlers>>,
+    UrlPath(name): UrlPath<String>,
+    method: Method,
+    body: Bytes,
+) -> Response {
+    let t0 = Instant::now();
+    let resp = run_inner(&h, &name, &method, &body).await;
+    h.record("web-request", t0);
+    resp
+}
+
+async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Response {
+    if let Some(r) = invalid_name(name) {
+        return r;
+    }
+    let (slots, _queued) = {
+        let mut lambdas = lock(&h.lambdas);
+        let Some(l) = lambdas.get_mut(name) else {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!("lambda `{name}` is not in the registry"),
+            );
+        };
+        if !l.config.allows(method.as_str()) {
+            return text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!(
+                    "HTTP method not allowed. Sent: {}, Allowed: [{}]",
+                    method,
+                    l.config.allowed_methods().join(" ")
+                ),
+            );
+        }
+        if l.queued >= h.cfg.queue_per_lambda {
+            return text(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("lambda `{name}`: too many requests waiting"),
+            );
+        }
+        l.queued += 1;
+        (l.slots.clone(), Queued(h, name.to_string()))
+    };
+    let event: serde_json::Value = if body.iter().all(u8::is_ascii_whitespace) {
+        serde_json::Value::Null
+    } else {
+        match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("the body is not JSON: {e}"),
+                );
+            }
+        }
+    };
+    let Ok(_slot) = slots.acquire_owned().await else {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "the lambda was removed");
+    };
+    let limits = Limits {
+        timeout: h.cfg.timeout,
+        max_output: h.cfg.max_output,
+    };
+    // A warm worker of the current code, or a cold start.
+    let taken = {
+        let mut lambdas = lock(&h.lambdas);
+        let Some(l) = lambdas.get_mut(name) else {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!("lambda `{name}` is not in the registry"),
+            );
+        };
+        let current = l.version;
+        l.idle.retain(|w| w.version == current);
+        (l.idle.pop(), l.dir.clone(), l.config.env(), current)
+    };
+    let (warm, dir, env, version) = taken;
+    let mut w = match warm {
+        Some(w) => w,
+        None => {
+            h.cold_starts.fetch_add(1, Ordering::Relaxed);
+            let t = Instant::now();
+            let started = Worker::start(&h.python, &h.runtime, &dir, &env, version, &limits).await;
+            h.record("cold-start", t);
+            match started {
+                Ok(w) => w,
+                Err(e) => return call_error(name, e),
+            }
+        }
+    };
+    match w.call(&event, &limits).await {
+        Ok(v) => {
+            give_back(h, name, w);
+            axum::Json(v).into_response()
+        }
+        Err(e @ CallError::Raised(_)) => {
+            give_back(h, name, w);
+            call_error(name, e)
+        }
+        Err(e) => call_error(name, e),
+    }
+}
+
+fn give_back(h: &Handlers, name: &str, w: Worker) {
+    let mut lambdas = lock(&h.lambdas);
+    if let Some(l) = lambdas.get_mut(name)
+        && l.version == w.version
+        && l.config.reuse_sandbox
+    {
+        l.idle.push(w);
+    }
+}
+
+fn call_error(name: &str, e: CallError) -> Response {
+    let status = match e {
+        CallError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    if !matches!(e, CallError::Raised(_)) {
+        tracing::warn!(lambda = %name, error = %e, "handler call failed");
+    }
+    text(status, e.to_string())
+}
+
+async fn list(State(h): State<Arc<Handlers>>) -> Response {
+    let mut names: Vec<String> = lock(&h.lambdas).keys().cloned().collect();
+    names.sort();
+    axum::Json(names).into_response()
+}
+
+async fn not_implemented() -> Response {
+    text(StatusCode::NOT_IMPLEMENTED, "not implemented")
+}
+
+async fn show_config(State(h): State<Arc<Handlers>>, UrlPath(name): UrlPath<String>) -> Response {
+    if let Some(r) = invalid_name(&name) {
+        return r;
+    }
+    match lock(&h.lambdas).get(&name) {
+        Some(l) => axum::Json(l.config.to_json()).into_response(),
+        None => text(
+            StatusCode::NOT_FOUND,
+            format!("lambda `{name}` is not in the registry"),
+        ),
+    }
+}
+
+async fn install(
+    State(h): State<Arc<Handlers>>,
+    UrlPath(name): UrlPath<String>,
+    _headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(r) = invalid_name(&name) {
+        return r;
+    }
+    let t0 = Instant::now();
+    let _one = h.installs.lock().await;
+    let n = h.versions.fetch_add(1, Ordering::Relaxed);
+    let staging = h.root.join(format!(".new-{name}-{n}"));
+    let max = h.cfg.max_unpacked;
+    let st = staging.clone();
+    let unpacked = tokio::task::spawn_blocking(move || -> Result<LambdaConfig, String> {
+        std::fs::create_dir(&st).map_err(|e| e.to_string())?;
+        tarball::unpack(&body, &st, max).map_err(|e| e.to_string())?;
+        if !st.join("f.py").is_file() {
+            return Err("the tarball has no f.py at its top (pack the lambda's folder: tar -czf name.tar.gz -C dir .)".into());
+        }
+        LambdaConfig::load(&st).map_err(|e| e.to_string())
+    })
+    .await;
+    let config = match unpacked {
+        Ok(Ok(c)) => c,
+        Ok(Err(msg)) => {
+            let _ = tokio::fs::remove_dir_all(&staging).await;
+            return text(StatusCode::BAD_REQUEST, msg);
+        }
+        Err(e) => {
+            let _ = tokio::fs::remove_dir_all(&staging).await;
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("unpacking failed: {e}"),
+            );
+        }
+    };
+    let dest = h.root.join(&name);
+    let old = h.root.join(format!(".old-{name}-{n}"));
+    let swapped = async {
+        if tokio::fs::try_exists(&dest).await? {
+            tokio::fs::rename(&dest, &old).await?;
+        }
+        tokio::fs::rename(&staging, &dest).await
+    }
+    .await;
+    if let Err(e) = swapped {
+        let _ = tokio::fs::remove_dir_all(&staging).await;
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot install: {e}"),
+        );
+    }
+    // The new version replaces the old one; its warm workers are dropped (killed) here or when
+    // their call ends, so that the next call imports the new code.
+    let previous = lock(&h.lambdas).remove(&name);
+    drop(previous);
+    h.put(&name, dest, config);
+    let _ = tokio::fs::remove_dir_all(&old).await;
+    h.record("registry-upload", t0);
+    tracing::info!(lambda = %name, "lambda installed");
+    (StatusCode::CREATED, format!("lambda `{name}` installed\n")).into_response()
+}
+
+async fn remove(State(h): State<Arc<Handlers>>, UrlPath(name): UrlPath<String>) -> Response {
+    if let Some(r) = invalid_name(&name) {
+        return r;
+    }
+    let _one = h.installs.lock().await;
+    if lock(&h.lambdas).remove(&name).is_none() {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("lambda `{name}` is not in the registry"),
+        );
+    }
+    if let Err(e) = tokio::fs::remove_dir_all(h.root.join(&name)).await {
+        tracing::warn!(lambda = %name, error = %e, "cannot remove the lambda's folder");
+    }
+    text(StatusCode::OK, format!("lambda `{name}` deleted"))
+}
+
+/// A running OpenLambda listener.
+pub struct Running {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its state.
+    pub handlers: Arc<Handlers>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Its base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops listening and kills the warm workers.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = (&mut self.task).await;
+        lock(&self.handlers.lambdas).clear();
+    }
+}
+
+/// Opens the registry and serves the OpenLambda routes on `cfg.listen` (plain HTTP).
+pub async fn start(cfg: OpenLambdaConfig) -> Result<Running, StartError> {
+    let listen = cfg.listen;
+    let handlers = Handlers::open(cfg).await?;
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let addr = listener.local_addr()?;
+    let app = router(handlers.clone());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = rx.await;
+            })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the OpenLambda listener stopped");
+        }
+    });
+    tracing::info!(%addr, "OpenLambda listener ready");
+    Ok(Running {
+        addr,
+        handlers,
+        stop: Some(tx),
+        task,
+    })
+}
+
+/// The default timeout of a call.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

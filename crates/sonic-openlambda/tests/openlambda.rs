@@ -1,0 +1,445 @@
+//! Drives the OpenLambda listener with the requests OpenLambda's Python client
+//! (`python/src/open_lambda.py`) and `scripts/test.py` send, against handlers run by the host's
+//! `python3`.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use sonic_openlambda::{OpenLambdaConfig, Running, StartError};
+
+type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+fn config(dir: &Path) -> OpenLambdaConfig {
+    let mut cfg = OpenLambdaConfig::new(([127, 0, 0, 1], 0).into(), dir.to_path_buf());
+    cfg.timeout = Duration::from_secs(20);
+    cfg
+}
+
+/// A `.tar.gz` made by Python's `tarfile`, as OpenLambda's scripts make them. `files` are
+/// (name, content); `extra` is Python run with `tar` open (for hostile entries).
+fn tarball(files: &[(&str, &str)], extra: &str) -> Res<Vec<u8>> {
+    let spec = serde_json::to_string(files)?;
+    let script = format!(
+        "import tarfile, io, json, sys\nbuf = io.BytesIO()\nwith tarfile.open(fileobj=buf, mode='w:gz') as tar:\n    for name, text in json.loads(sys.argv[1]):\n        data = text.encode()\n        info = tarfile.TarInfo(name)\n        info.size = len(data)\n        tar.addfile(info, io.BytesIO(data))\n{}\nsys.stdout.buffer.write(buf.getvalue())\n",
+        extra
+            .lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    );
+    let out = std::process::Command::new("python3")
+        .args(["-c", &script, &spec])
+        .output()?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
+    }
+    Ok(out.stdout)
+}
+
+async fn upload(ol: &Running, name: &str, tgz: Vec<u8>) -> Res<(u16, String)> {
+    let r = reqwest::Client::new()
+        .post(format!("{}/registry/{name}", ol.url()))
+        .body(tgz)
+        .send()
+        .await?;
+    Ok((r.status().as_u16(), r.text().await?))
+}
+
+/// What `OpenLambda.run` does: POST the JSON-encoded args to /run/<name>.
+async fn run(ol: &Running, name: &str, args: &serde_json::Value) -> Res<(u16, String)> {
+    let r = reqwest::Client::new()
+        .post(format!("{}/run/{name}", ol.url()))
+        .body(serde_json::to_vec(args)?)
+        .send()
+        .await?;
+    Ok((r.status().as_u16(), r.text().await?))
+}
+
+const ECHO: &str = "def f(event):\n    return event\n";
+
+#[tokio::test]
+async fn echo_status_stats_and_registry() -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    let http = reqwest::Client::new();
+    assert_eq!(
+        http.get(format!("{}/status", ol.url()))
+            .send()
+            .await?
+            .text()
+            .await?,
+        "ready\n"
+    );
+    let (status, _) = upload(&ol, "echo", tarball(&[("f.py", ECHO)], "")?).await?;
+    assert_eq!(status, 201);
+    let (status, body) = run(&ol, "echo", &serde_json::json!("hello world")).await?;
+    assert_eq!((status, body.as_str()), (200, "\"hello world\""));
+    // An extra path after the name reaches the same lambda.
+    let r = http
+        .post(format!("{}/run/echo/a/b", ol.url()))
+        .body("[1, 2]")
+        .send()
+        .await?;
+    assert_eq!(
+        r.headers()[reqwest::header::CONTENT_TYPE],
+        "application/json"
+    );
+    assert_eq!(
+        r.json::<serde_json::Value>().await?,
+        serde_json::json!([1, 2])
+    );
+    let names: Vec<String> = http
+        .get(format!("{}/registry", ol.url()))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(names, vec!["echo".to_string()]);
+    let cfg: serde_json::Value = http
+        .get(format!("{}/registry/echo/config", ol.url()))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(cfg["Triggers"]["HTTP"][0]["Method"], "*");
+    let stats: serde_json::Value = http
+        .get(format!("{}/stats", ol.url()))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(stats["web-request.cnt"], 2);
+    assert!(stats["web-request.ms-avg"].is_u64());
+    let (status, body) = run(&ol, "nope", &serde_json::json!(1)).await?;
+    assert_eq!(status, 404, "{body}");
+    let r = http
+        .delete(format!("{}/registry/echo", ol.url()))
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(run(&ol, "echo", &serde_json::json!(1)).await?.0, 404);
+    ol.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn warm_worker_keeps_its_import_and_sees_ol_yaml() -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    let code = "import os\nimports = globals().get('imports', 0) + 1\ncalls = 0\ndef f(event):\n    global calls\n    calls += 1\n    return {'imports': imports, 'calls': calls, 'env': {k: os.environ.get(k) for k in ['MY_ENV_VAR', 'DEBUG_MODE', 'SONIC_SECRET']}}\n";
+    let yaml = "triggers:\n  http:\n    - method: GET\n    - method: POST\nenvironment:\n  MY_ENV_VAR: Hello from environment\n  DEBUG_MODE: true\n";
+    assert_eq!(
+        upload(
+            &ol,
+            "env-test",
+            tarball(&[("f.py", code), ("ol.yaml", yaml)], "")?
+        )
+        .await?
+        .0,
+        201
+    );
+    let (_, first) = run(&ol, "env-test", &serde_json::json!({})).await?;
+    let (status, second) = run(&ol, "env-test", &serde_json::json!({})).await?;
+    assert_eq!(status, 200, "{second}");
+    let first: serde_json::Value = serde_json::from_str(&first)?;
+    let second: serde_json::Value = serde_json::from_str(&second)?;
+    assert_eq!(first["calls"], 1);
+    assert_eq!(
+        second["calls"], 2,
+        "the second call reached the same warm module"
+    );
+    assert_eq!(second["imports"], 1);
+    assert_eq!(ol.handlers.cold_starts(), 1);
+    assert_eq!(second["env"]["MY_ENV_VAR"], "Hello from environment");
+    assert_eq!(second["env"]["DEBUG_MODE"], "true");
+    assert_eq!(second["env"]["SONIC_SECRET"], serde_json::Value::Null);
+
+    // Method restrictions, with OpenLambda's exact message.
+    let http = reqwest::Client::new();
+    let r = http
+        .put(format!("{}/run/env-test", ol.url()))
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 405);
+    assert_eq!(
+        r.text().await?,
+        "HTTP method not allowed. Sent: PUT, Allowed: [GET POST]\n"
+    );
+    let r = http
+        .get(format!("{}/run/env-test", ol.url()))
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 200);
+    let cfg: serde_json::Value = http
+        .get(format!("{}/registry/env-test/config", ol.url()))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(cfg["Environment"]["MY_ENV_VAR"], "Hello from environment");
+    assert_eq!(cfg["Triggers"]["HTTP"][1]["Method"], "POST");
+    ol.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn exceptions_timeouts_and_output_bounds() -> Res {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(dir.path());
+    cfg.timeout = Duration::from_secs(2);
+    cfg.max_output = 1 << 20;
+    cfg.max_body = 1 << 20;
+    let ol = sonic_openlambda::start(cfg).await?;
+    let code = "import sys, time\ndef f(event):\n    if event == 'raise':\n        return 1 / 0\n    if event == 'hang':\n        while True:\n            time.sleep(1)\n    if event == 'print':\n        for _ in range(64):\n            print('x' * (1 << 20))\n        sys.stderr.write('y' * (1 << 20))\n        return 'printed'\n    if event == 'big':\n        return 'z' * (2 << 20)\n    return 'ok'\n";
+    assert_eq!(
+        upload(&ol, "h", tarball(&[("f.py", code)], "")?).await?.0,
+        201
+    );
+    let (status, body) = run(&ol, "h", &serde_json::json!("raise")).await?;
+    assert_eq!(status, 500);
+    assert!(
+        body.contains("Traceback") && body.contains("ZeroDivisionError"),
+        "{body}"
+    );
+    // A handler that raised keeps its worker.
+    assert_eq!(
+        run(&ol, "h", &serde_json::json!("x")).await?,
+        (200, "\"ok\"".into())
+    );
+    assert_eq!(ol.handlers.cold_starts(), 1);
+
+    let (status, body) = run(&ol, "h", &serde_json::json!("hang")).await?;
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("did not return"), "{body}");
+    // The hung worker was replaced.
+    assert_eq!(
+        run(&ol, "h", &serde_json::json!("x")).await?,
+        (200, "\"ok\"".into())
+    );
+    assert_eq!(ol.handlers.cold_starts(), 2);
+
+    // 64 MiB of prints go nowhere; the call still answers.
+    assert_eq!(
+        run(&ol, "h", &serde_json::json!("print")).await?,
+        (200, "\"printed\"".into())
+    );
+    let (status, body) = run(&ol, "h", &serde_json::json!("big")).await?;
+    assert_eq!(status, 500);
+    assert!(body.contains("larger than"), "{body}");
+    assert_eq!(
+        run(&ol, "h", &serde_json::json!("x")).await?,
+        (200, "\"ok\"".into())
+    );
+
+    // Bodies: too large, not JSON.
+    let big = serde_json::Value::String("a".repeat(2 << 20));
+    assert_eq!(run(&ol, "h", &big).await?.0, 413);
+    let r = reqwest::Client::new()
+        .post(format!("{}/run/h", ol.url()))
+        .body("{not json")
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 400);
+    ol.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn code_update_is_picked_up_by_the_next_call() -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    for pos in 0..3 {
+        let code = format!("def f(event):\n    return {pos}\n");
+        assert_eq!(
+            upload(&ol, "version", tarball(&[("f.py", &code)], "")?)
+                .await?
+                .0,
+            201
+        );
+        assert_eq!(
+            run(&ol, "version", &serde_json::Value::Null).await?,
+            (200, pos.to_string())
+        );
+        assert_eq!(
+            run(&ol, "version", &serde_json::Value::Null).await?,
+            (200, pos.to_string())
+        );
+    }
+    assert_eq!(ol.handlers.cold_starts(), 3);
+    ol.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_burst_of_concurrent_calls() -> Res {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(dir.path());
+    cfg.workers_per_lambda = 4;
+    let ol = sonic_openlambda::start(cfg).await?;
+    assert_eq!(
+        upload(&ol, "echo", tarball(&[("f.py", ECHO)], "")?)
+            .await?
+            .0,
+        201
+    );
+    let calls = (0..64).map(|i| {
+        let ol = &ol;
+        async move { run(ol, "echo", &serde_json::json!({ "i": i })).await }
+    });
+    let results = futures::future::join_all(calls).await;
+    for (i, r) in results.into_iter().enumerate() {
+        let (status, body) = r?;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&body)?,
+            serde_json::json!({ "i": i })
+        );
+    }
+    assert!(
+        ol.handlers.cold_starts() <= 4,
+        "{} workers",
+        ol.handlers.cold_starts()
+    );
+    ol.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_full_queue_gives_429() -> Res {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(dir.path());
+    cfg.workers_per_lambda = 1;
+    cfg.queue_per_lambda = 1;
+    let ol = sonic_openlambda::start(cfg).await?;
+    let gate = dir.path().join("gate");
+    let code = "import os, time\ndef f(event):\n    open(event + '.started', 'w').close()\n    while not os.path.exists(event + '.release'):\n        time.sleep(0.01)\n    return 'released'\n";
+    assert_eq!(
+        upload(&ol, "gate", tarball(&[("f.py", code)], "")?)
+            .await?
+            .0,
+        201
+    );
+    let event = serde_json::json!(gate.to_string_lossy());
+    let first = tokio::spawn({
+        let url = format!("{}/run/gate", ol.url());
+        let body = serde_json::to_vec(&event)?;
+        async move {
+            reqwest::Client::new()
+                .post(url)
+                .body(body)
+                .send()
+                .await?
+                .text()
+                .await
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !gate.with_extension("started").exists() {
+        assert!(Instant::now() < deadline, "the first call never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, body) = run(&ol, "gate", &event).await?;
+    assert_eq!(status, 429, "{body}");
+    std::fs::write(gate.with_extension("release"), b"")?;
+    assert_eq!(first.await??, "\"released\"");
+    ol.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn hostile_tarballs_are_refused_and_change_nothing() -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    assert_eq!(
+        upload(&ol, "echo", tarball(&[("f.py", ECHO)], "")?)
+            .await?
+            .0,
+        201
+    );
+    let bad = [
+        (b"def f(event): return 1\n".to_vec(), "not a gzip"),
+        (
+            tarball(&[("f.py", ECHO), ("../evil.py", "x")], "")?,
+            "stay inside",
+        ),
+        (
+            tarball(&[("f.py", ECHO), ("/tmp/evil.py", "x")], "")?,
+            "stay inside",
+        ),
+        (
+            tarball(
+                &[("f.py", ECHO)],
+                "info = tarfile.TarInfo('out')\ninfo.type = tarfile.SYMTYPE\ninfo.linkname = '/etc'\ntar.addfile(info)",
+            )?,
+            "symlink",
+        ),
+        (
+            tarball(
+                &[("f.py", ECHO)],
+                "info = tarfile.TarInfo('sub/up')\ninfo.type = tarfile.SYMTYPE\ninfo.linkname = '../..'\ntar.addfile(info)",
+            )?,
+            "symlink",
+        ),
+        (tarball(&[("README", "no handler")], "")?, "no f.py"),
+        (
+            tarball(&[("f.py", ECHO), ("ol.yaml", "triggers: [")], "")?,
+            "ol.yaml",
+        ),
+    ];
+    for (tgz, why) in bad {
+        let (status, body) = upload(&ol, "echo", tgz).await?;
+        assert_eq!(status, 400, "{why}: {body}");
+        assert!(body.contains(why), "expected `{why}` in: {body}");
+        // The installed version still answers, and nothing else appeared.
+        assert_eq!(
+            run(&ol, "echo", &serde_json::json!(7)).await?,
+            (200, "7".into())
+        );
+    }
+    let (status, _) = upload(&ol, "../x", tarball(&[("f.py", ECHO)], "")?).await?;
+    assert!(status == 400 || status == 404, "{status}");
+    let registry: Vec<_> =
+        std::fs::read_dir(dir.path().join("registry"))?.collect::<Result<_, _>>()?;
+    assert_eq!(registry.len(), 1, "{registry:?}");
+    assert!(!Path::new("/tmp/evil.py").exists());
+    ol.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_token_off_loopback_and_when_set() -> Res {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(dir.path());
+    cfg.listen = ([0, 0, 0, 0], 0).into();
+    assert!(matches!(
+        sonic_openlambda::start(cfg).await,
+        Err(StartError::TokenRequired(_))
+    ));
+    let mut cfg = config(dir.path());
+    cfg.token = "a-long-enough-openlambda-token".into();
+    let ol = sonic_openlambda::start(cfg).await?;
+    let http = reqwest::Client::new();
+    assert_eq!(
+        http.get(format!("{}/status", ol.url()))
+            .send()
+            .await?
+            .status()
+            .as_u16(),
+        200
+    );
+    assert_eq!(
+        http.get(format!("{}/registry", ol.url()))
+            .send()
+            .await?
+            .status()
+            .as_u16(),
+        401
+    );
+    let r = http
+        .get(format!("{}/registry", ol.url()))
+        .bearer_auth("a-long-enough-openlambda-token")
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 200);
+    ol.stop().await;
+    Ok(())
+}
