@@ -155,6 +155,13 @@ pub struct UpArgs {
     /// with cargo first when ofctl runs from a checkout).
     #[arg(long, env = "SONIC_LAMBDAS_DIR")]
     pub lambdas: Option<PathBuf>,
+    /// Also serve OpenLambda's worker API (`/run/<name>`, `/registry`) with Python handlers on
+    /// this address, e.g. 127.0.0.1:5000 (docs/python.md).
+    #[arg(long)]
+    pub openlambda: Option<SocketAddr>,
+    /// The bearer token the OpenLambda listener requires (needed off loopback).
+    #[arg(long, env = "SONIC_OPENLAMBDA_TOKEN", hide_env_values = true)]
+    pub openlambda_token: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -16,6 +16,7 @@ use sonic_agent::config::{SandboxChoice, StoreChoice, local_config};
 use sonic_agent::sandbox::{DockerConfig, DockerSandbox, Sandbox};
 use sonic_agent::server::RunningAgent;
 use sonic_api::control::AgentList;
+use sonic_control::config::OpenLambdaSettings;
 use sonic_control::{ControlConfig, RunningControl, SystemClock};
 use sonic_core::catalog::Catalog;
 use sonic_core::units::{ByteSize, Seconds};
@@ -50,6 +51,8 @@ pub struct ClusterOptions {
     /// Agents see the store with the catalog's `remote_storage` request latency and
     /// per-connection throughput (`ofctl bench`: the store here is local and fast).
     pub emulate_store: bool,
+    /// Serve OpenLambda's worker API here, with this token (empty: none, loopback only).
+    pub openlambda: Option<(SocketAddr, String)>,
 }
 
 /// One agent as `up` reports it.
@@ -78,6 +81,8 @@ pub struct ClusterInfo {
     pub data_dir: PathBuf,
     /// The folder of lambda executables (process sandbox).
     pub lambdas: Option<PathBuf>,
+    /// The OpenLambda listener's URL, when it serves.
+    pub openlambda: Option<String>,
     pub agents: Vec<AgentView>,
 }
 
@@ -648,6 +653,16 @@ impl Cluster {
             catalog: catalog_path,
             // Job inputs come inline (base64) from `ofctl run --input`.
             max_body: ByteSize(1024 * 1024 * 1024),
+            openlambda: opts
+                .openlambda
+                .clone()
+                .map(|(listen, token)| OpenLambdaSettings {
+                    listen,
+                    token,
+                    python: "python3".into(),
+                    timeout: Seconds(30.0),
+                    max_body: ByteSize(64 * 1024 * 1024),
+                }),
             ..ControlConfig::default()
         };
         let control = match sonic_control::start(config, Arc::new(SystemClock)).await {
@@ -679,6 +694,7 @@ impl Cluster {
                 store_reason: store.reason.clone(),
                 data_dir: data_dir.clone(),
                 lambdas: lambdas.clone(),
+                openlambda: control.openlambda.as_ref().map(|ol| ol.url()),
                 agents: Vec::new(),
             },
             token: token.clone(),
@@ -822,6 +838,12 @@ pub fn write_info(info: &ClusterInfo, out: &mut dyn Write) -> std::io::Result<()
         writeln!(out, "lambdas  {}", l.display())?;
     }
     writeln!(out, "data     {}", info.data_dir.display())?;
+    if let Some(ol) = &info.openlambda {
+        writeln!(
+            out,
+            "openlambda {ol} (POST /registry/<name>, POST /run/<name>)"
+        )?;
+    }
     writeln!(out, "agents   {}", info.agents.len())?;
     let mut t = Table::new(&["AGENT", "VM TYPE", "VCPUS", "MEMORY", "NETWORK", "URL"]);
     for a in &info.agents {
@@ -848,6 +870,9 @@ impl UpArgs {
             listen,
             lambdas: self.lambdas.clone(),
             emulate_store: false,
+            openlambda: self
+                .openlambda
+                .map(|a| (a, self.openlambda_token.clone().unwrap_or_default())),
         }
     }
 }

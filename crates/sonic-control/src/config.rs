@@ -53,6 +53,67 @@ pub struct ControlConfig {
     pub plan_budget: Seconds,
     /// The memory one planning search's labels may take (`256MiB`, ...).
     pub plan_memory: ByteSize,
+    /// OpenLambda's worker API (`/run/<name>`, `/registry`) on a listener of its own, with
+    /// Python handlers (docs/python.md); `None`: not served.
+    pub openlambda: Option<OpenLambdaSettings>,
+}
+
+/// The OpenLambda listener's settings (`openlambda:` in the file, `--openlambda ADDR`).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenLambdaSettings {
+    /// Where it listens. Off loopback, `token` is required.
+    pub listen: SocketAddr,
+    /// The bearer token every route but `/status` requires; empty: none (loopback only, as
+    /// OpenLambda's worker).
+    #[serde(default)]
+    pub token: String,
+    /// The Python interpreter handlers run with (the process sandbox).
+    #[serde(default = "default_python")]
+    pub python: String,
+    /// The longest one call may take, its cold start included.
+    #[serde(default = "default_call_timeout")]
+    pub timeout: Seconds,
+    /// Larger events and lambda tarballs get 413.
+    #[serde(default = "default_openlambda_body")]
+    pub max_body: ByteSize,
+}
+
+fn default_python() -> String {
+    "python3".into()
+}
+
+fn default_call_timeout() -> Seconds {
+    Seconds(sonic_openlambda::DEFAULT_TIMEOUT.as_secs_f64())
+}
+
+fn default_openlambda_body() -> ByteSize {
+    ByteSize(64 * 1024 * 1024)
+}
+
+impl std::fmt::Debug for OpenLambdaSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenLambdaSettings")
+            .field("listen", &self.listen)
+            .field("token", &"<redacted>")
+            .field("python", &self.python)
+            .field("timeout", &self.timeout)
+            .field("max_body", &self.max_body)
+            .finish()
+    }
+}
+
+impl OpenLambdaSettings {
+    /// The listener's configuration, its registry under `data_dir/openlambda`.
+    pub fn listener(&self, data_dir: &std::path::Path) -> sonic_openlambda::OpenLambdaConfig {
+        let mut c =
+            sonic_openlambda::OpenLambdaConfig::new(self.listen, data_dir.join("openlambda"));
+        c.token = self.token.clone();
+        c.python = self.python.clone();
+        c.timeout = Duration::from_secs_f64(self.timeout.0);
+        c.max_body = usize::try_from(self.max_body.0).unwrap_or(usize::MAX);
+        c
+    }
 }
 
 impl Default for ControlConfig {
@@ -73,6 +134,7 @@ impl Default for ControlConfig {
             max_body: ByteSize(1024 * 1024),
             plan_budget: Seconds(crate::learning::PLAN_TIME.as_secs_f64()),
             plan_memory: ByteSize(crate::learning::PLAN_MEMORY),
+            openlambda: None,
         }
     }
 }
@@ -94,6 +156,7 @@ impl std::fmt::Debug for ControlConfig {
             .field("max_body", &self.max_body)
             .field("plan_budget", &self.plan_budget)
             .field("plan_memory", &self.plan_memory)
+            .field("openlambda", &self.openlambda)
             .finish()
     }
 }
@@ -169,6 +232,13 @@ pub struct ControlArgs {
     /// The memory a planning search may take, e.g. 256MiB.
     #[arg(long, env = "SONIC_PLAN_MEMORY")]
     pub plan_memory: Option<ByteSize>,
+    /// Serve OpenLambda's worker API (`/run/<name>`, `/registry`) on this address, e.g.
+    /// 127.0.0.1:5000.
+    #[arg(long, env = "SONIC_OPENLAMBDA_LISTEN")]
+    pub openlambda: Option<SocketAddr>,
+    /// The bearer token the OpenLambda listener requires (needed off loopback).
+    #[arg(long, env = "SONIC_OPENLAMBDA_TOKEN", hide_env_values = true)]
+    pub openlambda_token: Option<String>,
     /// How log lines are written: text, or json (one object per line, with the job's and the
     /// run's spans).
     #[arg(long, env = "SONIC_LOG_FORMAT", default_value = "text")]
@@ -207,6 +277,8 @@ impl ControlConfig {
             .set("max_body", a.max_body)
             .set("plan_budget", a.plan_budget)
             .set("plan_memory", a.plan_memory)
+            .set("openlambda.listen", a.openlambda)
+            .set("openlambda.token", a.openlambda_token.as_ref())
             .extract()?;
         cfg.check()?;
         Ok(cfg)
@@ -245,6 +317,30 @@ impl ControlConfig {
             return Err(ConfigError::Invalid(
                 "plan_memory must be at least 1MiB".into(),
             ));
+        }
+        if let Some(ol) = &self.openlambda {
+            if !ol.token.is_empty() {
+                sonic_daemon::secret::check(
+                    "openlambda.token (SONIC_OPENLAMBDA_TOKEN)",
+                    &ol.token,
+                )?;
+            } else if !ol.listen.ip().is_loopback() {
+                return Err(ConfigError::Invalid(format!(
+                    "openlambda.listen {} is not loopback: set openlambda.token (SONIC_OPENLAMBDA_TOKEN)",
+                    ol.listen
+                )));
+            }
+            let t = ol.timeout.0;
+            if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
+                return Err(ConfigError::Invalid(
+                    "openlambda.timeout must be positive and at most a day".into(),
+                ));
+            }
+            if ol.max_body.0 < 1024 || ol.max_body.0 > 1024 * 1024 * 1024 {
+                return Err(ConfigError::Invalid(
+                    "openlambda.max_body must be between 1KiB and 1GiB".into(),
+                ));
+            }
         }
         Ok(())
     }
@@ -325,6 +421,62 @@ mod tests {
             ControlConfig::from_yaml("c.yaml", "listne: 1.2.3.4:5\n"),
             Err(ConfigError::Parse { path, .. }) if path == "c.yaml"
         ));
+    }
+
+    #[test]
+    fn openlambda_listener_from_flags_and_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = ControlArgs {
+            token: Some("0123456789abcdef".into()),
+            data_dir: Some(dir.path().to_path_buf()),
+            ..ControlArgs::default()
+        };
+        let cfg = ControlConfig::load(&base).expect("load");
+        assert!(cfg.openlambda.is_none(), "off unless asked for");
+        let on = ControlArgs {
+            openlambda: Some("127.0.0.1:5000".parse().expect("addr")),
+            ..base.clone()
+        };
+        let cfg = ControlConfig::load(&on).expect("load");
+        let ol = cfg.openlambda.as_ref().expect("configured");
+        assert_eq!(ol.listen.port(), 5000);
+        assert_eq!(ol.python, "python3");
+        assert!(ol.token.is_empty());
+        let listener = ol.listener(dir.path());
+        assert_eq!(listener.dir, dir.path().join("openlambda"));
+        // Off loopback, a token is required; a short one is refused.
+        let open = ControlArgs {
+            openlambda: Some("0.0.0.0:5000".parse().expect("addr")),
+            ..base.clone()
+        };
+        let err = ControlConfig::load(&open).expect_err("no token off loopback");
+        assert!(err.to_string().contains("openlambda.token"), "{err}");
+        let weak = ControlArgs {
+            openlambda_token: Some("short".into()),
+            ..open.clone()
+        };
+        assert!(ControlConfig::load(&weak).is_err());
+        let guarded = ControlArgs {
+            openlambda_token: Some("openlambda-0123456789".into()),
+            ..open
+        };
+        let cfg = ControlConfig::load(&guarded).expect("token set");
+        assert!(
+            !format!("{cfg:?}").contains("openlambda-0123"),
+            "token redacted"
+        );
+        let yaml =
+            "openlambda:\n  listen: 127.0.0.1:5001\n  timeout: 5s\n  python: /usr/bin/python3\n";
+        let cfg = ControlConfig::from_yaml("c.yaml", yaml).expect("parses");
+        let ol = cfg.openlambda.expect("configured");
+        assert_eq!(
+            (ol.timeout, ol.python.as_str()),
+            (Seconds(5.0), "/usr/bin/python3")
+        );
+        assert!(
+            ControlConfig::from_yaml("c.yaml", "openlambda:\n  listen: 127.0.0.1:1\n  nope: 1\n")
+                .is_err()
+        );
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub enum ServeError {
         /// Why.
         source: sonic_storage::StoreError,
     },
+    /// The OpenLambda listener could not start.
+    #[error("OpenLambda listener: {0}")]
+    OpenLambda(#[from] sonic_openlambda::StartError),
     /// The VM catalog could not be read.
     #[error("catalog {path}: {message}")]
     Catalog {
@@ -62,6 +65,8 @@ pub struct RunningControl {
     pub tls: bool,
     /// What the handlers share: the database, the runtime, the settings.
     pub state: Arc<ControlState>,
+    /// OpenLambda's worker API, when configured (`openlambda`).
+    pub openlambda: Option<sonic_openlambda::Running>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -79,6 +84,9 @@ impl RunningControl {
         }
         if let Err(e) = (&mut self.task).await {
             tracing::error!(error = %e, "control plane task failed");
+        }
+        if let Some(ol) = self.openlambda.take() {
+            ol.stop().await;
         }
         // Jobs in flight stop here and resume at the next start on the same database.
         if let Some(rt) = &self.state.jobs {
@@ -206,6 +214,10 @@ pub async fn start_with_jobs(
             source,
         })?;
     let addr = listener.local_addr()?;
+    let openlambda = match &config.openlambda {
+        Some(ol) => Some(sonic_openlambda::start(ol.listener(&config.data_dir)).await?),
+        None => None,
+    };
     if let Some(rt) = &jobs {
         // Agents without a control URL of their own (registered in this process) push run
         // reports here; a wildcard address is reached on loopback.
@@ -259,6 +271,7 @@ pub async fn start_with_jobs(
         addr,
         tls: tls_on,
         state,
+        openlambda,
         shutdown: Some(tx),
         task,
     })

@@ -552,3 +552,11 @@ pub async fn start(cfg: OpenLambdaConfig) -> Result<Running, StartError> {
 
 /// The default timeout of a call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
