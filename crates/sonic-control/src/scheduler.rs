@@ -1095,6 +1095,24 @@ async fn run(
     // measures both; from then on they share them with every job of the function, and the
     // next stages are prewarmed.
     let profiling = !cold_times_learned(state, rt, &dag).await;
+    // What a stage's requests are built from: the files produced so far.
+    macro_rules! stage_context {
+        () => {
+            StageContext {
+                job_id: &job.id,
+                dag: &dag,
+                params: &params,
+                fanouts: &fanouts,
+                methods: &methods,
+                policy,
+                agents: &agents,
+                produced: &produced,
+                inputs,
+                file_key: &rt.config.file_key,
+                token_expiry: expiry,
+            }
+        };
+    }
     let outcome = 'run: loop {
         while let Some(event) = events.pop_front() {
             for action in machine.handle(event) {
@@ -1107,19 +1125,7 @@ async fn run(
                             set.abort_all();
                             return Err(Failure::Job(e));
                         }
-                        let ctx = StageContext {
-                            job_id: &job.id,
-                            dag: &dag,
-                            params: &params,
-                            fanouts: &fanouts,
-                            methods: &methods,
-                            policy,
-                            agents: &agents,
-                            produced: &produced,
-                            inputs,
-                            file_key: &rt.config.file_key,
-                            token_expiry: expiry,
-                        };
+                        let ctx = stage_context!();
                         // A stage whose instances start one by one builds each request when it
                         // starts (its senders' files are known then); the others build all now.
                         let (count, built) = match shape.per_instance(i) {
@@ -1179,19 +1185,7 @@ async fn run(
                         let placement = match stage.requests.get(&k) {
                             Some(p) => p.clone(),
                             None => {
-                                let ctx = StageContext {
-                                    job_id: &job.id,
-                                    dag: &dag,
-                                    params: &params,
-                                    fanouts: &fanouts,
-                                    methods: &methods,
-                                    policy,
-                                    agents: &agents,
-                                    produced: &produced,
-                                    inputs,
-                                    file_key: &rt.config.file_key,
-                                    token_expiry: expiry,
-                                };
+                                let ctx = stage_context!();
                                 match instance_runs(&ctx, i, stage.count, [k]) {
                                     Ok(mut p) if !p.is_empty() => {
                                         let p = p.remove(0);
@@ -1290,7 +1284,7 @@ async fn run(
                             started: instant_at(state, r.started_ms),
                             ended: instant_at(state, r.ended_ms.unwrap_or(r.started_ms)),
                         };
-                        succeed(
+                        let ended = succeed(
                             state,
                             rt,
                             &job.id,
@@ -1302,11 +1296,7 @@ async fn run(
                             &mut produced,
                         )
                         .await?;
-                        events.push_back(Event::RunEnded {
-                            stage: i,
-                            instance: k,
-                            attempt,
-                        });
+                        events.push_back(ended);
                     }
                     Action::StopRuns => set.abort_all(),
                     Action::Finish(outcome) => break 'run outcome,
@@ -1362,7 +1352,7 @@ async fn run(
                     ended,
                 };
                 // The instance's files are recorded before any instance that reads them starts.
-                succeed(
+                let ended = succeed(
                     state,
                     rt,
                     &job.id,
@@ -1374,11 +1364,7 @@ async fn run(
                     &mut produced,
                 )
                 .await?;
-                events.push_back(Event::RunEnded {
-                    stage: i,
-                    instance: k,
-                    attempt: a.attempt,
-                });
+                events.push_back(ended);
             }
             Err(failure) => {
                 let function = &dag.functions[i].name;
@@ -1473,8 +1459,9 @@ struct Opened {
     since: Instant,
 }
 
-/// Records a finished instance (its run, its files, that it ended) before the machine hears of
-/// it, so that an instance that reads its files starts only once they are recorded.
+/// Records a finished instance (its run, its files, that it ended) and returns the event that
+/// tells the machine, so that an instance that reads its files starts only once they are
+/// recorded.
 #[allow(clippy::too_many_arguments)]
 async fn succeed(
     state: &Arc<ControlState>,
@@ -1486,7 +1473,12 @@ async fn succeed(
     f: Finished,
     progress: &mut Progress,
     produced: &mut [Vec<Produced>],
-) -> Result<(), Failure> {
+) -> Result<Event, Failure> {
+    let ended = Event::RunEnded {
+        stage: f.function,
+        instance: f.instance,
+        attempt: f.attempts,
+    };
     progress.done += 1;
     let finished = progress.done;
     rt.publish(job, |e| e.done_instances = finished);
@@ -1503,7 +1495,8 @@ async fn succeed(
         started_ms: ms_at(state, f.started),
         ended_ms: Some(ms_at(state, f.ended)),
     };
-    put_files(state, files, Some(ended_run)).await
+    put_files(state, files, Some(ended_run)).await?;
+    Ok(ended)
 }
 
 /// Whether the DAG's models learned every function's cold time (converged, under the rule in
