@@ -53,6 +53,10 @@ pub struct ControlConfig {
     pub plan_budget: Seconds,
     /// The memory one planning search's labels may take (`256MiB`, ...).
     pub plan_memory: ByteSize,
+    /// Ask agents to start the next stages' containers while a stage runs
+    /// (`JobsConfig::prewarm`); off where every agent shares one machine's cores (`ofctl up`),
+    /// where starting containers ahead slows the stage that runs.
+    pub prewarm: bool,
     /// OpenLambda's worker API (`/run/<name>`, `/registry`) on a listener of its own, with
     /// Python handlers (docs/python.md); `None`: not served.
     pub openlambda: Option<OpenLambdaSettings>,
@@ -134,6 +138,7 @@ impl Default for ControlConfig {
             max_body: ByteSize(1024 * 1024),
             plan_budget: Seconds(crate::learning::PLAN_TIME.as_secs_f64()),
             plan_memory: ByteSize(crate::learning::PLAN_MEMORY),
+            prewarm: true,
             openlambda: None,
         }
     }
@@ -156,6 +161,7 @@ impl std::fmt::Debug for ControlConfig {
             .field("max_body", &self.max_body)
             .field("plan_budget", &self.plan_budget)
             .field("plan_memory", &self.plan_memory)
+            .field("prewarm", &self.prewarm)
             .field("openlambda", &self.openlambda)
             .finish()
     }

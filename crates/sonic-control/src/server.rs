@@ -178,6 +178,7 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
     jobs.bucket = choice.bucket().map(str::to_owned);
     jobs.agent_store = Some(choice.to_spec());
     jobs.planning = config.plan_budget();
+    jobs.prewarm = config.prewarm;
     tracing::info!(store = %choice.describe(), "object store open");
     Ok(Runtime::new(store, Some(catalog), jobs).with_http(http))
 }
