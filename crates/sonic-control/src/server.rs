@@ -340,6 +340,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn serves_openlambda_when_configured() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = ControlConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: dir.path().join("data"),
+            token: "0123456789abcdef0123".into(),
+            openlambda: Some(crate::config::OpenLambdaSettings {
+                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                token: String::new(),
+                python: "python3".into(),
+                timeout: sonic_core::units::Seconds(10.0),
+                max_body: sonic_core::units::ByteSize(1 << 20),
+            }),
+            ..ControlConfig::default()
+        };
+        let running = start(config, Arc::new(SystemClock)).await.expect("start");
+        let ol = running
+            .openlambda
+            .as_ref()
+            .expect("openlambda listener")
+            .addr;
+        let status = raw_get(ol, "/status", None).await;
+        assert!(
+            status.starts_with("HTTP/1.1 200") && status.ends_with("ready\n"),
+            "{status}"
+        );
+        let listed = raw_get(ol, "/registry", None).await;
+        assert!(listed.ends_with("[]"), "{listed}");
+        assert!(dir.path().join("data/openlambda/registry").is_dir());
+        running.stop().await;
+        assert!(
+            tokio::net::TcpStream::connect(ol).await.is_err(),
+            "openlambda still listening after stop"
+        );
+    }
+
+    #[tokio::test]
     async fn refuses_to_start_without_a_token() {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = ControlConfig {

@@ -124,7 +124,7 @@ impl Handlers {
                 continue;
             }
             match LambdaConfig::load(&e.path()) {
-                Ok(config) => handlers.put(&name, e.path(), config),
+                Ok(config) => handlers.put(&name, e.path(), config, 0),
                 Err(err) => {
                     tracing::warn!(lambda = %name, error = %err, "skipped an installed lambda")
                 }
@@ -133,14 +133,14 @@ impl Handlers {
         Ok(Arc::new(handlers))
     }
 
-    fn put(&self, name: &str, dir: PathBuf, config: LambdaConfig) {
+    fn put(&self, name: &str, dir: PathBuf, config: LambdaConfig, queued: usize) {
         let version = self.versions.fetch_add(1, Ordering::Relaxed);
         let lambda = Lambda {
             dir,
             config,
             version,
             idle: Vec::new(),
-            queued: 0,
+            queued,
             slots: Arc::new(tokio::sync::Semaphore::new(
                 self.cfg.workers_per_lambda.max(1),
             )),
@@ -471,9 +471,11 @@ async fn install(
     }
     // The new version replaces the old one; its warm workers are dropped (killed) here or when
     // their call ends, so that the next call imports the new code.
+    // Calls of the old code still hold their place in the queue (they give it back on drop).
     let previous = lock(&h.lambdas).remove(&name);
+    let queued = previous.as_ref().map_or(0, |l| l.queued);
     drop(previous);
-    h.put(&name, dest, config);
+    h.put(&name, dest, config, queued);
     let _ = tokio::fs::remove_dir_all(&old).await;
     h.record("registry-upload", t0);
     tracing::info!(lambda = %name, "lambda installed");
