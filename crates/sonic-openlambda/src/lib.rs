@@ -341,7 +341,7 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
             );
         };
         let current = l.version;
-        l.idle.retain(|w| w.version == current);
+        l.idle.retain_mut(|w| w.version == current && w.alive());
         (l.idle.pop(), l.dir.clone(), l.config.env(), current)
     };
     let (warm, dir, env, version) = taken;

@@ -102,6 +102,12 @@ impl Worker {
         }
     }
 
+    /// Whether the process still runs (an idle worker may have been killed, e.g. by the OOM
+    /// killer).
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Calls `f(event)`. After any error but `Raised`, the worker must be dropped.
     pub async fn call(
         &mut self,

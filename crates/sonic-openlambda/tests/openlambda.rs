@@ -270,6 +270,39 @@ async fn code_update_is_picked_up_by_the_next_call() -> Res {
 }
 
 #[tokio::test]
+async fn an_idle_worker_that_died_is_replaced() -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    let code = "import os\ndef f(event):\n    return os.getpid()\n";
+    assert_eq!(
+        upload(&ol, "pid", tarball(&[("f.py", code)], "")?).await?.0,
+        201
+    );
+    let (status, pid) = run(&ol, "pid", &serde_json::Value::Null).await?;
+    assert_eq!(status, 200, "{pid}");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid])
+        .status()?;
+    assert!(killed.success());
+    // Dead once it is a zombie (the listener reaps it) or gone.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) if !stat.contains(") Z ") => {}
+            _ => break,
+        }
+        assert!(Instant::now() < deadline, "the worker did not die");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, again) = run(&ol, "pid", &serde_json::Value::Null).await?;
+    assert_eq!(status, 200, "{again}");
+    assert_ne!(again, pid);
+    assert_eq!(ol.handlers.cold_starts(), 2);
+    ol.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_burst_of_concurrent_calls() -> Res {
     let dir = tempfile::tempdir()?;
     let mut cfg = config(dir.path());
