@@ -1303,19 +1303,7 @@ async fn run(
                 }
             }
         }
-        for (i, seen) in seen_ended.iter_mut().enumerate() {
-            if !*seen && machine.ended(i) {
-                *seen = true;
-                if let Some(o) = &opened[i] {
-                    let stage = &dag.functions[i].name;
-                    state
-                        .metrics
-                        .stage_ended(&job.dag, stage, o.since.elapsed().as_secs_f64());
-                }
-                let running = running_stages(&dag, &machine, usize::MAX);
-                rt.publish(&job.id, |e| e.stage = running);
-            }
-        }
+        stages_ended(state, rt, job, &dag, &machine, &opened, &mut seen_ended);
         let joined = tokio::select! {
             j = set.join_next() => j,
             () = cancelled(cancel) => {
@@ -1340,7 +1328,6 @@ async fn run(
         let first = *first_sent.entry((i, k)).or_insert((a.started, a.sent_ms));
         match a.outcome {
             Ok((report, ended)) => {
-                tracing::debug!(agent = %agents[a.agent].id, attempt = a.attempt, cold = report.cold, seconds = report.seconds, "instance ended");
                 let f = Finished {
                     function: i,
                     instance: k,
@@ -1371,7 +1358,6 @@ async fn run(
                 let attempt = a.attempt;
                 let max = rt.config.max_attempts.max(1).max(attempt);
                 let last = failure.message.clone();
-                tracing::warn!(job = %job.id, %function, instance = k, attempt, error = %last, "instance failed");
                 rt.publish(&job.id, |e| {
                     e.message = Some(format!(
                         "{function} instance {k} attempt {attempt} of {max} failed: {last}"
@@ -1390,6 +1376,8 @@ async fn run(
         }
     };
     set.abort_all();
+    // The last stage ends with the job.
+    stages_ended(state, rt, job, &dag, &machine, &opened, &mut seen_ended);
     // The summary lists runs stage by stage, as the DAG orders them.
     let order: HashMap<&str, usize> = dag
         .functions
@@ -1446,6 +1434,32 @@ async fn run(
         agents: gone,
         message,
     })
+}
+
+/// Counts the stages that ended since the last call (`seen`: those already counted) in the
+/// metrics and the job's progress.
+fn stages_ended(
+    state: &ControlState,
+    rt: &Runtime,
+    job: &JobRecord,
+    dag: &Dag,
+    machine: &JobMachine,
+    opened: &[Option<Opened>],
+    seen: &mut [bool],
+) {
+    for (i, seen) in seen.iter_mut().enumerate() {
+        if !*seen && machine.ended(i) {
+            *seen = true;
+            if let Some(o) = &opened[i] {
+                let stage = &dag.functions[i].name;
+                state
+                    .metrics
+                    .stage_ended(&job.dag, stage, o.since.elapsed().as_secs_f64());
+            }
+            let running = running_stages(dag, machine, usize::MAX);
+            rt.publish(&job.id, |e| e.stage = running);
+        }
+    }
 }
 
 /// What the executor keeps of a stage the machine opened.
@@ -1874,6 +1888,18 @@ impl AttemptTask {
             Err(e) => format!("[sonic-control] no report from agent {}: {e}\n", agent.id),
         };
         keep_log(state, req, agent, log).await;
+        // Logged here, in the run's span (the job's inside it).
+        match &outcome {
+            Ok(r) if r.status == RunStatus::Succeeded => {
+                tracing::debug!(agent = %agent.id, attempt = req.attempt, cold = r.cold, seconds = r.seconds, "instance ended");
+            }
+            Ok(r) => {
+                tracing::warn!(job = %req.job_id, function = %req.function, instance = req.instance, attempt = req.attempt, error = %describe(r), "instance failed");
+            }
+            Err(e) => {
+                tracing::warn!(job = %req.job_id, function = %req.function, instance = req.instance, attempt = req.attempt, error = %e, "instance failed");
+            }
+        }
         match outcome {
             Ok(report) if report.status == RunStatus::Succeeded => Ok((report, Instant::now())),
             Ok(report) => {
