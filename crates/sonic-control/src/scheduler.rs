@@ -1157,7 +1157,7 @@ async fn run(
                             since: Instant::now(),
                         });
                         let total: u32 = progress.expected.iter().sum();
-                        let running = running_stages(&dag, &machine, i);
+                        let running = running_stages(&dag, &machine);
                         rt.publish(&job.id, |e| {
                             e.stage = running;
                             e.total_instances = total;
@@ -1456,7 +1456,7 @@ fn stages_ended(
                     .metrics
                     .stage_ended(&job.dag, stage, o.since.elapsed().as_secs_f64());
             }
-            let running = running_stages(dag, machine, usize::MAX);
+            let running = running_stages(dag, machine);
             rt.publish(&job.id, |e| e.stage = running);
         }
     }
@@ -1537,14 +1537,14 @@ async fn cancelled(cancel: &AtomicBool) {
     }
 }
 
-/// The stages running now, by name, for the job's progress (`a, b` while two branches run);
-/// `opening` counts as running.
-fn running_stages(dag: &Dag, machine: &JobMachine, opening: usize) -> Option<String> {
+/// The stages running now (opened, a stage being opened included, and not ended), by name, for
+/// the job's progress (`a, b` while two branches run).
+fn running_stages(dag: &Dag, machine: &JobMachine) -> Option<String> {
     let names: Vec<&str> = dag
         .functions
         .iter()
         .enumerate()
-        .filter(|(i, _)| (*i == opening || machine.opened(*i)) && !machine.ended(*i))
+        .filter(|(i, _)| machine.opened(*i) && !machine.ended(*i))
         .map(|(_, f)| f.name.as_str())
         .collect();
     (!names.is_empty()).then(|| names.join(", "))
@@ -1795,18 +1795,18 @@ struct Attempted {
 
 impl AttemptTask {
     async fn run(self) -> Attempted {
-        let mut done = Attempted {
+        let mut started = Instant::now();
+        let outcome = self.attempt(&mut started).await;
+        Attempted {
             function: self.function,
             instance: self.request.instance,
             attempt: self.request.attempt,
             agent: self.agent_index,
             vm: self.vm,
             sent_ms: self.sent_ms,
-            started: Instant::now(),
-            outcome: Err(self.failure("cancelled".into(), false)),
-        };
-        done.outcome = self.attempt(&mut done.started).await;
-        done
+            started,
+            outcome,
+        }
     }
 
     fn failure(&self, message: String, retry: bool) -> InstanceFailure {
