@@ -179,8 +179,8 @@ pub struct Cell {
     pub edge_s: f64,
 }
 
-/// Means per cell, in first-seen group order and the policies' first-seen order; intervals
-/// seeded with 0 (see [`aggregate_seeded`]).
+/// Means per cell, in first-seen group order and the policies in [`FIG7_POLICIES`]'s order
+/// (others after, first seen first); intervals seeded with 0 (see [`aggregate_seeded`]).
 pub fn aggregate(rows: &[Row]) -> Vec<Cell> {
     aggregate_seeded(rows, 0)
 }
@@ -199,6 +199,13 @@ pub fn aggregate_seeded(rows: &[Row], seed: u64) -> Vec<Cell> {
             policies.push(&r.policy);
         }
     }
+    // The rounds ran the policies in random orders: the tables keep the report's order.
+    policies.sort_by_key(|p| {
+        FIG7_POLICIES
+            .iter()
+            .position(|q| q == p)
+            .unwrap_or(FIG7_POLICIES.len())
+    });
     let mut cells = Vec::new();
     for (e, app, variant) in groups {
         let mut mine = Vec::new();
