@@ -76,7 +76,9 @@ pub struct JobsConfig {
     pub fallback_poll: Duration,
     /// Added to a function's timeout for staging and routing before a run is given up on.
     pub report_slack: Duration,
-    /// When a DAG's models are good enough to plan its jobs with.
+    /// When a DAG's models are good enough to plan its jobs with, and when a planned DAG has
+    /// drifted back to profiling (`sonic_core::mode`; defaults: 15% MAPE, 5 samples, a parameter
+    /// more than 50% off in 3 planned jobs in a row).
     pub convergence: Convergence,
     /// What planning one job may spend (time, memory): past it, the best plan found so far.
     pub planning: sonic_core::planner::Budget,
