@@ -208,6 +208,10 @@ pub enum Command {
         /// Run only these experiments (repeatable; default: all).
         #[arg(long, value_enum)]
         only: Vec<bench::Experiment>,
+        /// Seeds the random order of the policies in each round and the bootstrap intervals
+        /// (default: drawn from the clock; the report names it, so a run can be repeated).
+        #[arg(long)]
+        seed: Option<u64>,
     },
     /// Register or update a DAG.
     Apply {
@@ -313,11 +317,18 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             quick,
             out: out_dir,
             only,
+            seed,
         } => {
+            let seed = seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_secs())
+            });
             let opts = bench::BenchOptions {
                 quick,
                 out_dir,
                 only,
+                seed,
             };
             runtime()?.block_on(bench::run(up, opts, out))
         }

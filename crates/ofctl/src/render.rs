@@ -151,6 +151,9 @@ pub fn job(j: &JobSummary, out: &mut dyn Write) -> io::Result<()> {
         writeln!(out, "error    {e}")?;
     }
     writeln!(out, "mode     {} (policy {})", j.mode, j.policy)?;
+    if let Some(why) = &j.mode_reason {
+        writeln!(out, "why      {why}")?;
+    }
     writeln!(out, "input    {}", bytes(j.input_bytes))?;
     if j.status.is_terminal() {
         writeln!(
@@ -259,16 +262,38 @@ fn percent(v: Option<f64>) -> String {
 pub fn models(m: &DagModelsView, out: &mut dyn Write) -> io::Result<()> {
     writeln!(
         out,
-        "DAG {}: {} after {} job(s) (a model converges under {:.0}% cross-validated MAPE)",
+        "DAG {}: models {} after {} job(s) (a model converges under {:.0}% cross-validated MAPE)",
         m.dag,
         if m.converged {
-            "converged: jobs run planned"
+            "converged"
         } else {
-            "not converged yet: jobs run profiling"
+            "not converged"
         },
         m.jobs,
         m.max_mape * 100.0
     )?;
+    if let Some(mode) = &m.mode {
+        writeln!(out, "mode: {} ({})", mode.mode, mode.reason)?;
+        writeln!(
+            out,
+            "drift rule: a parameter more than {:.0}% off its prediction in {} planned jobs in a row; drifts so far: {}",
+            mode.drift_error * 100.0,
+            mode.drift_jobs,
+            mode.drifts
+        )?;
+        for w in &mode.watch {
+            writeln!(
+                out,
+                "  watching {}: measured {:.4} against {:.4} predicted ({:.0}% off) in {} of {} jobs",
+                w.parameter,
+                w.measured,
+                w.predicted,
+                w.error * 100.0,
+                w.jobs,
+                mode.drift_jobs
+            )?;
+        }
+    }
     let mut t = Table::new(&[
         "PARAMETER",
         "CONVERGED",

@@ -248,6 +248,11 @@ pub struct JobSummary {
     /// How a `sonic` job was planned and placed (absent for the other policies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<JobPlan>,
+    /// Why the job ran in its mode: the DAG's mode and why (its models converged; not yet; a
+    /// drift sent it back to profiling), or the policy it was forced to. Absent from older
+    /// control planes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode_reason: Option<String>,
 }
 
 /// The plan a planned job ran with, and what the resource manager granted.
@@ -311,9 +316,54 @@ pub struct DagModelsView {
     /// Jobs whose measurements were added.
     pub jobs: usize,
     pub models: Vec<ModelView>,
-    /// The raw samples: one per finished job.
+    /// The samples the models are fitted on: one per finished job (since a drift, the jobs from
+    /// the first drifting one on).
     #[serde(default)]
     pub samples: Vec<serde_json::Value>,
+    /// How the DAG's unforced jobs run and why (absent from older control planes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<DagModeView>,
+}
+
+/// A DAG's mode: profiling until its models converge, then planned until a drift (docs/model.md).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DagModeView {
+    /// How its next unforced job runs.
+    pub mode: JobMode,
+    /// Why, in a sentence (a drift names the parameter, its measured and predicted values and
+    /// the jobs).
+    pub reason: String,
+    /// When it entered this mode, Unix ms.
+    pub since_ms: i64,
+    /// The job whose sample changed the mode, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_job: Option<String>,
+    /// The models are fitted on this job's sample and later ones (after a drift).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fitted_from: Option<String>,
+    /// Times the DAG drifted back to profiling.
+    pub drifts: u32,
+    /// Parameters off their prediction in the latest planned jobs (a drift once one is off in
+    /// `drift_jobs` jobs in a row).
+    #[serde(default)]
+    pub watch: Vec<DriftWatch>,
+    /// The drift rule: relative error beyond which a parameter is off.
+    pub drift_error: f64,
+    /// The drift rule: consecutive planned jobs a parameter must be off in.
+    pub drift_jobs: usize,
+}
+
+/// A parameter off its prediction in the latest planned jobs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DriftWatch {
+    pub parameter: String,
+    /// In the latest of them.
+    pub predicted: f64,
+    pub measured: f64,
+    /// `|measured - predicted| / max(|predicted|, floor)`.
+    pub error: f64,
+    /// Consecutive planned jobs it was off in.
+    pub jobs: usize,
 }
 
 /// One event of `GET /v1/jobs/{id}/events` (server-sent events, `data:` is this JSON).

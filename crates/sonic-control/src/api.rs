@@ -797,6 +797,9 @@ pub fn job_view(r: JobRecord) -> JobSummary {
         if s.plan.is_none() {
             s.plan = r.plan;
         }
+        if s.mode_reason.is_none() {
+            s.mode_reason = r.mode_reason;
+        }
         return s;
     }
     JobSummary {
@@ -814,6 +817,7 @@ pub fn job_view(r: JobRecord) -> JobSummary {
         outputs: Vec::new(),
         error: r.error,
         plan: r.plan,
+        mode_reason: r.mode_reason,
     }
 }
 
@@ -824,6 +828,8 @@ struct Choice {
     planned: Option<Planned>,
     /// Recorded with the job when planning failed and it profiles instead.
     plan: Option<JobPlan>,
+    /// Why this mode (the job's `mode_reason`).
+    reason: String,
 }
 
 /// The policy of a job: a forced one wins; otherwise `sonic`, planned for this input size, once
@@ -837,11 +843,12 @@ async fn choose(
     input_bytes: u64,
     fanouts: Vec<sonic_core::dag::Fanout>,
 ) -> Result<Choice, ApiError> {
-    let profiling = |policy: Policy, plan: Option<JobPlan>| Choice {
+    let profiling = |policy: Policy, plan: Option<JobPlan>, reason: String| Choice {
         policy,
         mode: JobMode::Profiling,
         planned: None,
         plan,
+        reason,
     };
     let baseline = match forced {
         Some(p @ (Policy::Remote | Policy::Direct | Policy::Local)) => Some(p),
@@ -849,7 +856,11 @@ async fn choose(
     };
     if let (Some(p), Some(base)) = (forced, baseline) {
         if !planned_baseline {
-            return Ok(profiling(p, None));
+            return Ok(profiling(
+                p,
+                None,
+                format!("policy {p} forced: instances spread over the agents"),
+            ));
         }
         let rule = state.convergence();
         let (catalog, bandwidth) = state.planning_catalog();
@@ -876,6 +887,7 @@ async fn choose(
             mode: JobMode::Planned,
             planned: Some(planned),
             plan: None,
+            reason: format!("policy {p} forced, planned as the planner places it"),
         });
     }
     if planned_baseline {
@@ -890,7 +902,7 @@ async fn choose(
         let planned = state
             .db
             .run(move |db| {
-                let samples = db.samples(&dag.name)?;
+                let samples = crate::learning::fitted_samples(db, &dag.name)?;
                 Ok(
                     crate::learning::measured_params(&dag, &samples, input_bytes).and_then(
                         |params| {
@@ -916,17 +928,27 @@ async fn choose(
             mode: JobMode::Planned,
             planned: Some(planned),
             plan: None,
+            reason: "policy oracle forced: planned with the parameters measured at this input size"
+                .into(),
         });
     }
     let forced_sonic = forced.is_some();
-    let outcome = state
+    let now = state.clock.now_ms();
+    let (reason, outcome) = state
         .db
         .run(move |db| {
             let models = crate::learning::current(db, &dag, rule)?;
-            if !forced_sonic && !models.converged() {
-                return Ok(None);
+            // The DAG's mode decides, not the models' error of the moment (hysteresis).
+            let mode = crate::learning::mode_of(db, &dag.name, &models, now)?;
+            let reason = if forced_sonic {
+                "policy sonic forced: planned with what the models predict".to_owned()
+            } else {
+                mode.reason(&models)
+            };
+            if !forced_sonic && mode.mode == sonic_core::mode::Mode::Profiling {
+                return Ok((reason, None));
             }
-            Ok(Some(crate::learning::plan_for(
+            let planned = crate::learning::plan_for(
                 &dag,
                 &models,
                 input_bytes,
@@ -935,20 +957,22 @@ async fn choose(
                 &bandwidth,
                 Policy::Sonic,
                 budget,
-            )))
+            );
+            Ok((reason, Some(planned)))
         })
         .await?;
     match outcome {
-        None => Ok(profiling(Policy::Remote, None)),
+        None => Ok(profiling(Policy::Remote, None, reason)),
         Some(Ok(planned)) => Ok(Choice {
             policy: Policy::Sonic,
             mode: JobMode::Planned,
             planned: Some(planned),
             plan: None,
+            reason,
         }),
         Some(Err(e)) if forced_sonic => Err(plan_error(e)),
         Some(Err(e)) => {
-            tracing::warn!(error = %e, "converged models, but no plan: the job profiles");
+            tracing::warn!(error = %e, "planned dag, but no plan: the job profiles");
             Ok(profiling(
                 Policy::Remote,
                 Some(JobPlan {
@@ -958,6 +982,7 @@ async fn choose(
                     stages: Vec::new(),
                     exact: None,
                 }),
+                format!("{reason}; but no plan ({e}): the job profiles with remote instead"),
             ))
         }
     }
@@ -1125,6 +1150,7 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
         finished_ms: None,
         updated_ms: now,
         plan: choice.plan,
+        mode_reason: Some(choice.reason.clone()),
     };
     let stored = record.clone();
     state.db.run(move |db| db.insert_job(&stored)).await?;
@@ -1135,7 +1161,7 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
         let us = p.report["planning_time_us"].as_f64().unwrap_or(0.0);
         state.metrics.planned(choice.policy.as_str(), us / 1e6);
     }
-    tracing::info!(job = %job_id, dag = %record.dag, policy = %choice.policy, mode = %choice.mode, input_bytes, "job submitted");
+    tracing::info!(job = %job_id, dag = %record.dag, policy = %choice.policy, mode = %choice.mode, reason = %choice.reason, input_bytes, "job submitted");
     // Registered before the task starts: a cancel that comes right after the 202 reaches it.
     let cancel = rt.register(&job_id);
     // Every event of the job (its stages, instances, cleanup) carries the job's span.
@@ -1280,10 +1306,11 @@ async fn dag_models(
     let name = checked_dag_name(path_param(name)?)?;
     let rule = state.convergence();
     let lookup = name.clone();
+    let now = state.clock.now_ms();
     let view = state
         .db
         .run(move |db| {
-            let samples = db.samples(&lookup)?;
+            let samples = crate::learning::fitted_samples(db, &lookup)?;
             let models = match db.get_dag(&lookup)? {
                 Some(r) => match r.dag() {
                     Ok(dag) => Some(crate::learning::current(db, &dag, rule)?),
@@ -1299,9 +1326,16 @@ async fn dag_models(
                         m
                     }),
             };
-            Ok(Ok(
-                models.map(|m| crate::learning::view(&lookup, &m, &samples))
-            ))
+            let Some(models) = models else {
+                return Ok(Ok(None));
+            };
+            let mode = crate::learning::mode_of(db, &lookup, &models, now)?;
+            Ok(Ok(Some(crate::learning::view(
+                &lookup,
+                &models,
+                &samples,
+                Some(&mode),
+            ))))
         })
         .await??;
     view.map(Json)

@@ -10,9 +10,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use sonic_api::control::{DagModelsView, ModelView};
+use sonic_api::control::{DagModeView, DagModelsView, DriftWatch, JobMode, ModelView};
 use sonic_core::catalog::Catalog;
 use sonic_core::dag::{Dag, Fanout};
+use sonic_core::mode::{self, DagMode, Mode};
 use sonic_core::model::PlanProblem;
 use sonic_core::params::{EdgeParams, Params};
 use sonic_core::planner::{self, Budget, PlanError, PlanOutcome, Policy};
@@ -162,21 +163,128 @@ pub fn decode(record: &ModelRecord) -> Option<DagModels> {
     serde_json::from_value(record.models.clone()).ok()
 }
 
-/// Brings a DAG's stored models up to date with its samples, after a job added one: the newest
-/// sample is added to the stored fit when the fit holds every older one and matches the DAG;
-/// otherwise everything is refitted. Persists and returns the record.
+/// The DAG's recorded mode, or the state of a DAG with none recorded yet (planned when `models`
+/// converged: a DAG learned before modes were recorded keeps planning).
+pub fn mode_of(db: &Db, dag: &str, models: &DagModels, now_ms: i64) -> Result<DagMode, StoreError> {
+    Ok(db
+        .get_dag_mode(dag)?
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_else(|| DagMode::new(models.converged(), now_ms)))
+}
+
+/// The samples the models are fitted on: every sample, or since a drift those from the first
+/// drifting job on (when that job's sample is gone, every sample), less the planned jobs held
+/// out as off their prediction.
+pub fn live_samples(samples: Vec<SampleRecord>, mode: &DagMode) -> Vec<SampleRecord> {
+    let from = mode
+        .fitted_from
+        .as_ref()
+        .and_then(|job| samples.iter().position(|s| &s.job == job))
+        .unwrap_or(0);
+    samples
+        .into_iter()
+        .skip(from)
+        .filter(|s| !mode.held_out.contains(&s.job))
+        .collect()
+}
+
+/// The samples of `dag` its models are fitted on, under its recorded mode.
+pub fn fitted_samples(db: &Db, dag: &str) -> Result<Vec<SampleRecord>, StoreError> {
+    let samples = db.samples(dag)?;
+    Ok(
+        match db
+            .get_dag_mode(dag)?
+            .and_then(|v| serde_json::from_value::<DagMode>(v).ok())
+        {
+            Some(m) => live_samples(samples, &m),
+            None => samples,
+        },
+    )
+}
+
+/// The job whose sample was just recorded, as the mode's rules need it.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// Its id.
+    pub job: String,
+    /// How it ran: only planned jobs are held to the models' predictions.
+    pub mode: JobMode,
+    /// The fanouts its parameters fixed, by function (the plan used them, not the models').
+    pub known_fanouts: BTreeMap<String, u32>,
+}
+
+/// What a refit recorded.
+#[derive(Debug, Clone)]
+pub struct Refitted {
+    /// The stored models.
+    pub record: ModelRecord,
+    /// The DAG's mode after this job.
+    pub mode: DagMode,
+    /// Why the mode changed with this job, if it did (also logged).
+    pub changed: Option<String>,
+}
+
+/// Brings a DAG's stored models and mode up to date after a job added its sample (`finished`;
+/// `None` refits without deciding anything about the mode).
+///
+/// While the DAG is planned, a planned job's measurements are first compared with what the
+/// models predicted at its input size (before its own sample is added: `sonic_core::mode`); a
+/// sustained error sends the DAG back to profiling, its models refitted from the first drifting
+/// job on. Then the newest sample is added to the stored fit when the fit holds every older live
+/// sample and matches the DAG; otherwise everything live is refitted. A profiling DAG whose
+/// models converged becomes planned; a planned one stays planned (hysteresis). Persists the
+/// models and the mode.
 pub fn refit(
     db: &Db,
     dag: &Dag,
     rule: Convergence,
     now_ms: i64,
-) -> Result<ModelRecord, StoreError> {
-    let samples = db.samples(&dag.name)?;
-    let stored = db.get_model(&dag.name)?.as_ref().and_then(decode);
-    let models = match (stored, samples.split_last()) {
-        (Some(mut m), Some((newest, older)))
-            if m.jobs == older.len() && same_shape(&m, dag) && m.convergence == rule =>
-        {
+    finished: Option<&Finished>,
+) -> Result<Refitted, StoreError> {
+    let all = db.samples(&dag.name)?;
+    let stored = db
+        .get_model(&dag.name)?
+        .as_ref()
+        .and_then(decode)
+        .filter(|m| same_shape(m, dag) && m.convergence == rule);
+    let initial = match &stored {
+        Some(m) => m.clone(),
+        None => fit_all(dag, &all, rule),
+    };
+    let mut state = mode_of(db, &dag.name, &initial, now_ms)?;
+    let mut changed = None;
+    if let Some(f) = finished
+        && state.mode == Mode::Planned
+        && f.mode == JobMode::Planned
+        && let Some(newest) = all.iter().rfind(|s| s.job == f.job)
+    {
+        // What the models predicted for this job: fitted on the live samples before its own.
+        let before: Vec<SampleRecord> = live_samples(all.clone(), &state)
+            .into_iter()
+            .filter(|s| s.job != f.job)
+            .collect();
+        let models = match &stored {
+            Some(m) if m.jobs == before.len() => m.clone(),
+            _ => fit_all(dag, &before, rule),
+        };
+        let (functions, edges) = sample_parts(newest);
+        let checks = mode::checks(
+            &models,
+            newest.input_bytes as f64,
+            &functions,
+            &edges,
+            &f.known_fanouts,
+        );
+        if let Some(why) = state.observe_planned(&f.job, &checks, &rule, now_ms) {
+            tracing::warn!(dag = %dag.name, job = %f.job, reason = %why, "drift: the dag profiles again");
+            changed = Some(why);
+        }
+    }
+    let samples = live_samples(all, &state);
+    let models = match (stored.filter(|_| changed.is_none()), samples.split_last()) {
+        // This job was held out: the fit stays as it was.
+        (Some(m), _) if m.jobs == samples.len() => m,
+        (Some(mut m), Some((newest, older))) if m.jobs == older.len() => {
             let (functions, edges) = sample_parts(newest);
             let functions: BTreeMap<String, FunctionSample> = functions
                 .into_iter()
@@ -192,6 +300,15 @@ pub fn refit(
         }
         _ => fit_all(dag, &samples, rule),
     };
+    // Not in the refit that drifted: at least one job profiles before the DAG plans again.
+    if let Some(f) = finished
+        && changed.is_none()
+        && state.observe_models(&f.job, models.converged(), now_ms)
+    {
+        let why = state.reason(&models);
+        tracing::info!(dag = %dag.name, job = %f.job, reason = %why, "the dag's models converged: its jobs run planned");
+        changed = Some(why);
+    }
     let record = ModelRecord {
         dag: dag.name.clone(),
         models: serde_json::to_value(&models).map_err(|source| StoreError::Encode {
@@ -203,8 +320,17 @@ pub fn refit(
         updated_ms: now_ms,
     };
     db.put_model(&record)?;
-    tracing::info!(dag = %dag.name, samples = record.samples, converged = record.converged, "models refitted");
-    Ok(record)
+    let encoded = serde_json::to_value(&state).map_err(|source| StoreError::Encode {
+        what: "dag mode",
+        source,
+    })?;
+    db.put_dag_mode(&dag.name, &encoded, now_ms)?;
+    tracing::info!(dag = %dag.name, samples = record.samples, converged = record.converged, mode = ?state.mode, "models refitted");
+    Ok(Refitted {
+        record,
+        mode: state,
+        changed,
+    })
 }
 
 /// The DAG's models under the rule in force (the stored ones, or empty ones before any job).
@@ -215,14 +341,48 @@ pub fn current(db: &Db, dag: &Dag, rule: Convergence) -> Result<DagModels, Store
             m
         }
         // The DAG changed shape since the fit: what fits the new shape comes from the samples.
-        Some(_) => fit_all(dag, &db.samples(&dag.name)?, rule),
+        Some(_) => fit_all(dag, &fitted_samples(db, &dag.name)?, rule),
         None => DagModels::new(dag, rule, SEED),
     })
 }
 
-/// `GET /v1/dags/{name}/models`.
-pub fn view(dag: &str, models: &DagModels, samples: &[SampleRecord]) -> DagModelsView {
+/// The mode view: how the DAG's unforced jobs run and why.
+pub fn mode_view(state: &DagMode, models: &DagModels) -> DagModeView {
+    DagModeView {
+        mode: match state.mode {
+            Mode::Profiling => JobMode::Profiling,
+            Mode::Planned => JobMode::Planned,
+        },
+        reason: state.reason(models),
+        since_ms: state.since_ms,
+        since_job: state.since_job.clone(),
+        fitted_from: state.fitted_from.clone(),
+        drifts: state.drifts,
+        watch: state
+            .streaks
+            .iter()
+            .map(|(p, s)| DriftWatch {
+                parameter: p.clone(),
+                predicted: s.last.predicted,
+                measured: s.last.measured,
+                error: s.last.error,
+                jobs: s.jobs.len(),
+            })
+            .collect(),
+        drift_error: models.convergence.drift_error,
+        drift_jobs: models.convergence.drift_jobs,
+    }
+}
+
+/// `GET /v1/dags/{name}/models`: the models, the samples they are fitted on, and the mode.
+pub fn view(
+    dag: &str,
+    models: &DagModels,
+    samples: &[SampleRecord],
+    mode: Option<&DagMode>,
+) -> DagModelsView {
     DagModelsView {
+        mode: mode.map(|m| mode_view(m, models)),
         dag: dag.to_owned(),
         converged: models.converged(),
         max_mape: models.convergence.max_mape,
@@ -572,6 +732,178 @@ edges:
         Dag::from_yaml("fan.yaml", DAG).expect("dag")
     }
 
+    /// `sample`, with mid's cold time multiplied by `slow`.
+    fn sample_slowed(job: &str, x: u64, slow: f64) -> SampleRecord {
+        let mut s = sample(0, x);
+        s.job = job.to_owned();
+        let cold = &mut s.measured["functions"]["mid"]["cold_s"];
+        *cold = json!(cold.as_f64().expect("cold") * slow);
+        s
+    }
+
+    fn finished(job: &str, mode: JobMode) -> Finished {
+        Finished {
+            job: job.to_owned(),
+            mode,
+            known_fanouts: BTreeMap::from([("mid".to_owned(), 2)]),
+        }
+    }
+
+    /// Records `s` as job `s.job` ran in `mode` and refits.
+    fn run(db: &Db, rule: Convergence, s: SampleRecord, mode: JobMode) -> Refitted {
+        db.put_sample(&s).expect("sample");
+        refit(
+            db,
+            &dag(),
+            rule,
+            s.created_ms,
+            Some(&finished(&s.job, mode)),
+        )
+        .expect("refit")
+    }
+
+    #[test]
+    fn a_converged_dag_stays_planned_until_a_sustained_drift_and_says_why() {
+        let db = Db::open_in_memory().expect("db");
+        let rule = Convergence {
+            max_mape: 0.02,
+            ..Convergence::default()
+        };
+        let mb = 1_000_000u64;
+        // Profiling until the models converge (5 samples of exact lines).
+        for i in 1..=5u64 {
+            let r = run(
+                &db,
+                rule,
+                sample_slowed(&format!("j-p{i}"), i * 10 * mb, 1.0),
+                JobMode::Profiling,
+            );
+            assert_eq!(r.mode.mode == Mode::Planned, i == 5, "after {i} jobs");
+            assert_eq!(r.changed.is_some(), i == 5);
+        }
+        let m = current(&db, &dag(), rule).expect("models");
+        let state = mode_of(&db, "fan", &m, 0).expect("mode");
+        assert_eq!(state.since_job.as_deref(), Some("j-p5"));
+        assert!(
+            state
+                .reason(&m)
+                .starts_with("planned: the models converged at job j-p5")
+        );
+
+        // New input sizes, the same lambda: planned. One of them 30% slow (within tolerance)
+        // takes the models' error over the threshold: still planned (hysteresis).
+        let r = run(
+            &db,
+            rule,
+            sample_slowed("j-a", 70 * mb, 1.0),
+            JobMode::Planned,
+        );
+        assert_eq!((r.mode.mode, r.changed.as_deref()), (Mode::Planned, None));
+        let r = run(
+            &db,
+            rule,
+            sample_slowed("j-b", 90 * mb, 1.3),
+            JobMode::Planned,
+        );
+        assert!(
+            !r.record.converged,
+            "the 30% job raises the cv error over 2%"
+        );
+        assert_eq!((r.mode.mode, r.changed.as_deref()), (Mode::Planned, None));
+        assert!(r.mode.streaks.is_empty());
+        let m = current(&db, &dag(), rule).expect("models");
+        assert!(
+            mode_of(&db, "fan", &m, 0)
+                .expect("mode")
+                .reason(&m)
+                .contains("which does not stop planning")
+        );
+
+        // One outlier (mid three times slower), then a normal job: no drift.
+        let r = run(
+            &db,
+            rule,
+            sample_slowed("j-c", 60 * mb, 3.0),
+            JobMode::Planned,
+        );
+        assert_eq!(r.mode.streaks["mid.cold_s"].jobs, ["j-c"]);
+        let r = run(
+            &db,
+            rule,
+            sample_slowed("j-d", 40 * mb, 1.0),
+            JobMode::Planned,
+        );
+        assert!(r.mode.streaks.is_empty());
+        assert_eq!(r.mode.mode, Mode::Planned);
+
+        // The lambda changes for good: three planned jobs off, and a forced remote one between
+        // them (not held to the models).
+        run(
+            &db,
+            rule,
+            sample_slowed("j-e", 50 * mb, 3.0),
+            JobMode::Planned,
+        );
+        let r = run(
+            &db,
+            rule,
+            sample_slowed("j-f", 20 * mb, 3.0),
+            JobMode::Profiling,
+        );
+        assert_eq!(r.mode.streaks["mid.cold_s"].jobs, ["j-e"]);
+        run(
+            &db,
+            rule,
+            sample_slowed("j-g", 80 * mb, 3.0),
+            JobMode::Planned,
+        );
+        let r = run(
+            &db,
+            rule,
+            sample_slowed("j-h", 30 * mb, 3.0),
+            JobMode::Planned,
+        );
+        let why = r.changed.expect("drift");
+        assert_eq!(r.mode.mode, Mode::Profiling);
+        assert!(why.starts_with("drift: mid.cold_s measured"), "{why}");
+        assert!(why.contains("j-e, j-g, j-h"), "{why}");
+        assert_eq!(r.mode.fitted_from.as_deref(), Some("j-e"));
+        // Refitted on the samples from the first drifting job on: j-e to j-h.
+        assert_eq!(r.record.samples, 4);
+        assert_eq!(
+            fitted_samples(&db, "fan").expect("samples").len(),
+            4,
+            "the view shows what the models are fitted on"
+        );
+        // The mode is recorded: what a restarted control plane reads.
+        let m = current(&db, &dag(), rule).expect("models");
+        let state = mode_of(&db, "fan", &m, 0).expect("mode");
+        assert_eq!((state.mode, state.drifts), (Mode::Profiling, 1));
+        let v = view("fan", &m, &[], Some(&state));
+        let mv = v.mode.expect("mode view");
+        assert_eq!(mv.mode, JobMode::Profiling);
+        assert!(mv.reason.starts_with("drift: mid.cold_s"), "{}", mv.reason);
+
+        // Profiling the new behaviour converges again: planned.
+        let r = run(
+            &db,
+            rule,
+            sample_slowed("j-i", 100 * mb, 3.0),
+            JobMode::Profiling,
+        );
+        assert_eq!(
+            r.mode.mode,
+            Mode::Planned,
+            "5 exact samples of the new lambda"
+        );
+        let p = current(&db, &dag(), rule)
+            .expect("models")
+            .params_for(10e6)
+            .expect("predicts");
+        let want = (2.0 + 1.0) * 3.0;
+        assert!((p.functions["mid"].cold_s - want).abs() < 1e-6, "{p:?}");
+    }
+
     #[test]
     fn incremental_refits_equal_a_fit_of_everything() {
         let db = Db::open_in_memory().expect("db");
@@ -590,7 +922,11 @@ edges:
         .enumerate()
         {
             db.put_sample(&sample(i, x)).expect("sample");
-            last = Some(refit(&db, &dag, rule, i as i64).expect("refit"));
+            last = Some(
+                refit(&db, &dag, rule, i as i64, None)
+                    .expect("refit")
+                    .record,
+            );
         }
         let record = last.expect("fitted");
         assert_eq!(record.samples, 6);
@@ -622,16 +958,19 @@ edges:
             updated_ms: 0,
         })
         .expect("model");
-        let r = refit(&db, &dag, Convergence::default(), 9).expect("refit");
+        let r = refit(&db, &dag, Convergence::default(), 9, None)
+            .expect("refit")
+            .record;
         assert_eq!(r.samples, 3);
         assert!(!r.converged, "3 samples are under min_samples");
         let loose = Convergence {
             max_mape: 0.15,
             min_samples: 3,
+            ..Convergence::default()
         };
         let m = current(&db, &dag, loose).expect("current");
         assert!(m.converged(), "the rule in force decides");
-        let v = view("fan", &m, &db.samples("fan").expect("samples"));
+        let v = view("fan", &m, &db.samples("fan").expect("samples"), None);
         assert!(v.converged);
         assert_eq!((v.jobs, v.samples.len()), (3, 3));
         let mem = v

@@ -392,6 +392,7 @@ mod tests {
                 stages: Vec::new(),
                 exact: None,
             }),
+            mode_reason: None,
         };
         m.job_ended(&summary);
         let r = m.registry();

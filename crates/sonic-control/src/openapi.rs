@@ -364,6 +364,30 @@ pub fn document() -> Value {
 fn schemas() -> Value {
     let int = json!({ "type": "integer", "format": "int64" });
     let time = json!({ "type": "integer", "format": "int64", "description": "Unix milliseconds" });
+    let mut all = main_schemas(&int, &time);
+    // Apart: one json! of every schema exceeds the macro's recursion limit.
+    all["DagModeView"] = json!({
+        "type": "object", "required": ["mode", "reason", "since_ms", "drifts", "watch", "drift_error", "drift_jobs"],
+        "description": "how the DAG's unforced jobs run: profiling until its models converge, then planned until a drift",
+        "properties": {
+            "mode": { "type": "string", "enum": ["profiling", "planned"] },
+            "reason": { "type": "string", "description": "why; a drift names the parameter, its measured and predicted values and the jobs" },
+            "since_ms": int.clone(),
+            "since_job": { "type": "string", "description": "the job whose sample changed the mode" },
+            "fitted_from": { "type": "string", "description": "after a drift: the models are fitted on this job's sample and later ones" },
+            "drifts": { "type": "integer" },
+            "watch": { "type": "array", "items": { "type": "object", "required": ["parameter", "predicted", "measured", "error", "jobs"],
+                "properties": { "parameter": { "type": "string" }, "predicted": { "type": "number" }, "measured": { "type": "number" },
+                                "error": { "type": "number" }, "jobs": { "type": "integer" } } },
+                "description": "parameters off their prediction in the latest planned jobs" },
+            "drift_error": { "type": "number", "description": "relative error beyond which a parameter is off" },
+            "drift_jobs": { "type": "integer", "description": "consecutive planned jobs a parameter must be off in" }
+        }
+    });
+    all
+}
+
+fn main_schemas(int: &Value, time: &Value) -> Value {
     json!({
         "ErrorBody": {
             "type": "object", "required": ["error"],
@@ -548,7 +572,8 @@ fn schemas() -> Value {
                 "functions": { "type": "array", "items": { "type": "object" } },
                 "outputs": { "type": "array", "items": { "type": "string" } },
                 "error": { "type": "string" },
-                "plan": { "$ref": "#/components/schemas/JobPlan" }
+                "plan": { "$ref": "#/components/schemas/JobPlan" },
+                "mode_reason": { "type": "string", "description": "why the job ran in its mode: the DAG's mode and why (models converged; not yet; a drift), or the forced policy" }
             }
         },
         "JobPlan": {
@@ -610,7 +635,8 @@ fn schemas() -> Value {
                 "max_mape": { "type": "number" },
                 "jobs": { "type": "integer" },
                 "models": { "type": "array", "items": { "$ref": "#/components/schemas/ModelView" } },
-                "samples": { "type": "array", "items": { "type": "object" }, "description": "one per finished job: job, input_bytes, measured, created_ms" }
+                "samples": { "type": "array", "items": { "type": "object" }, "description": "the samples the models are fitted on, one per finished job: job, input_bytes, measured, created_ms" },
+                "mode": { "$ref": "#/components/schemas/DagModeView" }
             }
         },
         "JobEvent": {

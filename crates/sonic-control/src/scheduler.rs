@@ -76,7 +76,9 @@ pub struct JobsConfig {
     pub fallback_poll: Duration,
     /// Added to a function's timeout for staging and routing before a run is given up on.
     pub report_slack: Duration,
-    /// When a DAG's models are good enough to plan its jobs with.
+    /// When a DAG's models are good enough to plan its jobs with, and when a planned DAG has
+    /// drifted back to profiling (`sonic_core::mode`; defaults: 15% MAPE, 5 samples, a parameter
+    /// more than 50% off in 3 planned jobs in a row).
     pub convergence: Convergence,
     /// What planning one job may spend (time, memory): past it, the best plan found so far.
     pub planning: sonic_core::planner::Budget,
@@ -782,6 +784,7 @@ async fn execute_from(
     tracing::info!(job = %job.id, %status, latency_s, error = error.as_deref().unwrap_or(""), "job ended");
     // The sample and the refit are recorded before the job shows as ended, so that a client
     // that waits for it and submits again is planned with what it taught.
+    let mut mode_changed = None;
     if status == JobStatus::Succeeded
         && let Some(dag) = progress.dag.clone()
     {
@@ -789,21 +792,44 @@ async fn execute_from(
         let rule = rt.config.convergence;
         let now = state.clock.now_ms();
         let models = rt.clone();
+        let overrides = job.params.clone().into_iter().collect();
+        let known_fanouts = dag
+            .fanouts(&dag.job_params(&overrides))
+            .map(|fs| {
+                dag.functions
+                    .iter()
+                    .zip(fs)
+                    .filter_map(|(f, k)| match k {
+                        sonic_core::dag::Fanout::Known(n) => Some((f.name.clone(), n)),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let finished = crate::learning::Finished {
+            job: job.id.clone(),
+            mode: job.mode,
+            known_fanouts,
+        };
         let learned = state
             .db
             .run(move |db| {
                 db.put_sample(&s)?;
                 let _one_at_a_time = models.models.lock().unwrap_or_else(|p| p.into_inner());
-                crate::learning::refit(db, &dag, rule, now)
+                crate::learning::refit(db, &dag, rule, now, Some(&finished))
             })
             .await;
-        if let Err(e) = learned {
-            tracing::error!(job = %job.id, error = %e, "cannot record the sample or refit");
+        match learned {
+            Err(e) => {
+                tracing::error!(job = %job.id, error = %e, "cannot record the sample or refit")
+            }
+            // Whoever follows the job sees why the DAG's mode changed with it.
+            Ok(r) => mode_changed = r.changed,
         }
     }
     let id = job.id.clone();
     let now = state.clock.now_ms();
-    let final_error = error.clone();
+    let final_message = error.clone().or(mode_changed);
     let recorded = state
         .db
         .run(move |db| {
@@ -819,7 +845,7 @@ async fn execute_from(
     rt.publish(&job.id, |e| {
         e.status = status;
         e.stage = None;
-        e.message = final_error;
+        e.message = final_message;
     });
     rt.forget(&job.id);
 }
@@ -2214,6 +2240,7 @@ fn summarize(
         outputs,
         error: error.cloned(),
         plan: p.plan.clone().or_else(|| job.plan.clone()),
+        mode_reason: job.mode_reason.clone(),
     }
 }
 

@@ -142,6 +142,18 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (job, execution, function, instance)
     ) STRICT;
     "#,
+    // 4: convergence with hysteresis and drift detection: each DAG's mode (profiling or planned)
+    // and what decides when it changes (`sonic_core::mode::DagMode`, as JSON), and why each job
+    // ran in its mode.
+    r#"
+    ALTER TABLE jobs ADD COLUMN mode_reason TEXT;
+
+    CREATE TABLE dag_modes (
+        dag         TEXT PRIMARY KEY,
+        state       TEXT NOT NULL,
+        updated_ms  INTEGER NOT NULL
+    ) STRICT;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -257,6 +269,8 @@ pub struct JobRecord {
     pub updated_ms: i64,
     /// How a planned job was planned and placed; set when its execution starts.
     pub plan: Option<JobPlan>,
+    /// Why it runs in its mode (the DAG's mode and why, or the forced policy).
+    pub mode_reason: Option<String>,
 }
 
 /// What a job's current execution needs to go on after a control-plane restart, recorded when it
@@ -496,7 +510,7 @@ fn dag_row(row: &Row<'_>) -> rusqlite::Result<DagRecord> {
 }
 
 const JOB_COLUMNS: &str = "id, dag, status, policy, mode, input_bytes, params, summary, error, \
-                           created_ms, started_ms, finished_ms, updated_ms, plan";
+                           created_ms, started_ms, finished_ms, updated_ms, plan, mode_reason";
 
 fn job_row(row: &Row<'_>) -> rusqlite::Result<JobRecord> {
     Ok(JobRecord {
@@ -514,6 +528,7 @@ fn job_row(row: &Row<'_>) -> rusqlite::Result<JobRecord> {
         finished_ms: row.get(11)?,
         updated_ms: row.get(12)?,
         plan: opt_json_col(row, 13)?,
+        mode_reason: row.get(14)?,
     })
 }
 
@@ -747,7 +762,7 @@ impl Db {
             .transpose()?;
         self.conn()
             .execute(
-                &format!("INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"),
+                &format!("INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
                 params![
                     job.id,
                     job.dag,
@@ -763,6 +778,7 @@ impl Db {
                     job.finished_ms,
                     job.updated_ms,
                     plan_text,
+                    job.mode_reason,
                 ],
             )
             .map_err(|e| conflict(e, || format!("job {}", job.id)))?;
@@ -991,6 +1007,36 @@ impl Db {
                         updated_ms: r.get(4)?,
                     })
                 },
+            )
+            .optional()?)
+    }
+
+    // ---- DAG modes ----
+
+    /// Stores a DAG's mode (`sonic_core::mode::DagMode` as JSON), replacing the previous one.
+    pub fn put_dag_mode(
+        &self,
+        dag: &str,
+        state: &serde_json::Value,
+        updated_ms: i64,
+    ) -> Result<(), StoreError> {
+        let state = to_json(state, "dag mode")?;
+        self.conn().execute(
+            "INSERT INTO dag_modes (dag, state, updated_ms) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (dag) DO UPDATE SET state = excluded.state, updated_ms = excluded.updated_ms",
+            params![dag, state, updated_ms],
+        )?;
+        Ok(())
+    }
+
+    /// A DAG's recorded mode, once a job of it finished.
+    pub fn get_dag_mode(&self, dag: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        Ok(self
+            .reader()
+            .query_row(
+                "SELECT state FROM dag_modes WHERE dag = ?1",
+                params![dag],
+                |r| json_col(r, 0),
             )
             .optional()?)
     }
@@ -1243,6 +1289,7 @@ mod tests {
             finished_ms: None,
             updated_ms: created_ms,
             plan: None,
+            mode_reason: None,
         }
     }
 
@@ -1268,6 +1315,7 @@ mod tests {
             outputs: vec!["s3://sonic/jobs/j-1/result/model.json".into()],
             error: None,
             plan: None,
+            mode_reason: None,
         }
     }
 

@@ -352,6 +352,7 @@ async fn a_browser_logs_in_runs_a_job_and_watches_it_succeed() {
     let c = Cluster::start(Convergence {
         max_mape: 1000.0,
         min_samples: 3,
+        ..Convergence::default()
     })
     .await;
     c.apply(DAG).await;

@@ -316,6 +316,7 @@ async fn the_pages_show_a_dag_a_job_started_from_the_form_and_the_agents() {
     let c = Cluster::start(Convergence {
         max_mape: 1000.0,
         min_samples: 3,
+        ..Convergence::default()
     })
     .await;
     c.apply(DAG).await;
@@ -420,7 +421,10 @@ async fn the_pages_show_a_dag_a_job_started_from_the_form_and_the_agents() {
     // The DAG's models now: a chart per parameter, converged.
     let (_, page) = get("/dags/fan").await;
     assert!(page.contains("<polyline"), "fitted curves");
-    assert!(page.contains("converged: jobs without a forced policy run planned"));
+    assert!(
+        page.contains("Jobs without a forced policy run <strong>planned</strong>: planned: the models converged"),
+        "{page}"
+    );
     assert!(page.contains("gen.cold_s"));
 
     // The jobs list and its filters.

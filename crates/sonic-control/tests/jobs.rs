@@ -620,6 +620,7 @@ async fn a_job_running_at_restart_is_failed() {
         finished_ms: None,
         updated_ms: 1,
         plan: None,
+        mode_reason: None,
     };
     db.insert_job(&job).expect("insert");
     drop(db);
@@ -723,6 +724,7 @@ async fn a_planned_job_survives_a_control_plane_restart_mid_stage() {
     let rule = Convergence {
         max_mape: 1000.0,
         min_samples: 4,
+        ..Convergence::default()
     };
     let mut c = cluster_with(rule).await;
     c.apply(SLOW).await;
@@ -1074,6 +1076,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     let rule = Convergence {
         max_mape: 1000.0,
         min_samples: 4,
+        ..Convergence::default()
     };
     let c = cluster_with(rule).await;
     c.apply(DAG).await;
@@ -1502,6 +1505,7 @@ async fn later_jobs_start_warm_and_next_stages_are_prewarmed() {
     let c = cluster_with(Convergence {
         max_mape: 1000.0,
         min_samples: 2,
+        ..Convergence::default()
     })
     .await;
     c.apply(DAG).await;
@@ -1554,5 +1558,142 @@ async fn later_jobs_start_warm_and_next_stages_are_prewarmed() {
         assert!(Instant::now() < deadline, "nothing was prewarmed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    c.stop().await;
+}
+
+/// A three-stage chain whose middle lambda writes `output_bytes` (a job parameter) to the sink,
+/// whatever the input size: a job can change its behaviour without a new DAG.
+const CHAIN: &str = r#"
+name: chain
+params: { output_bytes: 100000 }
+functions:
+  - { name: gen, image: sonic-lambdas:latest, command: [synthetic, copy, --to, mid], timeout: 30s }
+  - { name: mid, image: sonic-lambdas:latest, command: [synthetic, run, --to, sink], timeout: 30s }
+  - { name: sink, image: sonic-lambdas:latest, command: [synthetic, noop], timeout: 30s }
+edges:
+  - { from: gen, to: mid, kind: one }
+  - { from: mid, to: sink, kind: one }
+"#;
+
+/// Convergence with hysteresis and drift detection, through the real control plane: once its
+/// models converged the chain stays planned at input sizes it never saw; one job whose mid writes
+/// ten times more does not flip it; three in a row do (drift), the DAG profiles again and says
+/// why (the models view, the next job's mode reason), and a restarted control plane still knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_dag_profiles_again_only_on_sustained_drift() {
+    // Millisecond lambdas: the cross-validated error is noise, so its threshold is loose; the
+    // drift rule is the default one.
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 3,
+        ..Convergence::default()
+    };
+    let c = cluster_with(rule).await;
+    c.apply(CHAIN).await;
+    let run = |n: usize, output_bytes: Option<u64>| {
+        let mut body = json!({
+            "dag": "chain",
+            "input": { "name": "data.bin", "base64": base64(&sized_input(n)) },
+        });
+        if let Some(b) = output_bytes {
+            body["params"] = json!({ "output_bytes": b });
+        }
+        let c = &c;
+        async move {
+            let id = c.submit(body).await;
+            let (v, s) = c.wait(&id).await;
+            assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+            s
+        }
+    };
+    let mode = |m: &DagModelsView| m.mode.clone().expect("the models view has the mode");
+    let models = || async {
+        let (_, m) = c.get_json("/v1/dags/chain/models").await;
+        serde_json::from_value::<DagModelsView>(m).expect("models view")
+    };
+
+    // Profiling until converged.
+    for (k, n) in [20_000usize, 60_000, 100_000].into_iter().enumerate() {
+        let s = run(n, None).await;
+        assert_eq!(s.mode, JobMode::Profiling, "{s:?}");
+        let why = s.mode_reason.clone().unwrap_or_default();
+        assert!(
+            why.starts_with("profiling: the models have not converged"),
+            "{why}"
+        );
+        let m = mode(&models().await);
+        assert_eq!(m.mode == JobMode::Planned, k == 2, "{m:?}");
+    }
+    // Planned at new sizes; an outlier (mid writes 10x) and a normal job after it: still planned.
+    for (n, out) in [
+        (140_000, None),
+        (40_000, None),
+        (80_000, Some(1_000_000)),
+        (120_000, None),
+    ] {
+        let s = run(n, out).await;
+        assert_eq!(
+            (s.policy.as_str(), s.mode),
+            ("sonic", JobMode::Planned),
+            "{s:?}"
+        );
+        let why = s.mode_reason.clone().unwrap_or_default();
+        assert!(why.starts_with("planned: the models converged"), "{why}");
+    }
+    let m = mode(&models().await);
+    assert_eq!((m.mode, m.drifts), (JobMode::Planned, 0), "{m:?}");
+    assert!(m.watch.is_empty(), "the normal job reset the count: {m:?}");
+
+    // The lambda changes for good: the third planned job off drifts.
+    for (i, n) in [50_000usize, 90_000, 130_000].into_iter().enumerate() {
+        let s = run(n, Some(1_000_000)).await;
+        assert_eq!(s.mode, JobMode::Planned, "{s:?}");
+        let m = mode(&models().await);
+        if i < 2 {
+            assert_eq!(m.mode, JobMode::Planned, "{m:?}");
+            let w = m.watch.iter().find(|w| w.parameter == "mid->sink.bytes");
+            assert_eq!(w.map(|w| w.jobs), Some(i + 1), "{m:?}");
+        } else {
+            assert_eq!((m.mode, m.drifts), (JobMode::Profiling, 1), "{m:?}");
+            assert!(
+                m.reason.starts_with("drift: mid->sink.bytes measured"),
+                "{m:?}"
+            );
+        }
+    }
+    // Profiling again, saying why, until the models refitted on the new behaviour converge (the
+    // planned jobs ran warm: the cold times need profiling jobs).
+    let mut profiled = 0;
+    while mode(&models().await).mode == JobMode::Profiling {
+        assert!(profiled < 4, "profiling again never converged");
+        let s = run(30_000 + 40_000 * profiled, Some(1_000_000)).await;
+        profiled += 1;
+        assert_eq!((s.policy.as_str(), s.mode), ("remote", JobMode::Profiling));
+        let why = s.mode_reason.clone().unwrap_or_default();
+        assert!(why.starts_with("drift: mid->sink.bytes"), "{why}");
+    }
+    // The models are fitted on the new behaviour only: the three drifting jobs and the profiling.
+    let m = models().await;
+    assert_eq!(
+        (m.jobs, m.samples.len()),
+        (3 + profiled, 3 + profiled),
+        "{m:?}"
+    );
+    let bytes = m.models.iter().find(|v| v.parameter == "mid->sink.bytes");
+    // (Least squares leaves a rounding residue in the slope.)
+    assert!(
+        bytes
+            .and_then(|v| v.equation.as_deref())
+            .is_some_and(|e| e.ends_with("1e6")),
+        "{m:?}"
+    );
+
+    // The state survives a restart.
+    let c = c.restart().await;
+    let (_, m) = c.get_json("/v1/dags/chain/models").await;
+    let m: DagModelsView = serde_json::from_value(m).expect("models view");
+    let m = m.mode.expect("mode");
+    assert_eq!((m.mode, m.drifts), (JobMode::Planned, 1), "{m:?}");
+    assert!(m.fitted_from.is_some(), "{m:?}");
     c.stop().await;
 }

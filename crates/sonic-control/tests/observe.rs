@@ -28,6 +28,7 @@ async fn both_metrics_endpoints_move_when_jobs_run() {
     let c = Cluster::start(Convergence {
         max_mape: 1000.0,
         min_samples: 3,
+        ..Convergence::default()
     })
     .await;
     c.apply(DAG).await;

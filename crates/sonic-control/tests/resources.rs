@@ -29,6 +29,7 @@ async fn two_jobs_whose_plans_exceed_the_pool_are_queued_not_oversubscribed() {
     let rule = Convergence {
         max_mape: 1000.0,
         min_samples: 3,
+        ..Convergence::default()
     };
     let c = Cluster::start(rule).await;
     c.apply(DAG).await;

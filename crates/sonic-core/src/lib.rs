@@ -3,6 +3,7 @@
 
 pub mod catalog;
 pub mod dag;
+pub mod mode;
 pub mod model;
 pub mod params;
 pub mod planner;

@@ -52,12 +52,30 @@ impl Quantity {
     }
 }
 
-/// When a model is good enough to plan with.
+/// When a model is good enough to plan with, and when a planned DAG has drifted away from its
+/// models (`crate::mode`: a DAG leaves planned mode only on sustained prediction error).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Convergence {
     /// Cross-validated mean absolute percentage error, as a fraction (0.15 = 15%).
     pub max_mape: f64,
     pub min_samples: usize,
+    /// A planned job's measured parameter is *off* its prediction when
+    /// `|measured - predicted| > drift_error * max(|predicted|, floor)` (the floor per quantity:
+    /// [`crate::mode::floor`]). 0.5 = 50%.
+    #[serde(default = "default_drift_error")]
+    pub drift_error: f64,
+    /// The DAG drifts (profiles again) when one parameter was off in this many consecutive
+    /// planned jobs that measured it.
+    #[serde(default = "default_drift_jobs")]
+    pub drift_jobs: usize,
+}
+
+fn default_drift_error() -> f64 {
+    0.5
+}
+
+fn default_drift_jobs() -> usize {
+    3
 }
 
 impl Default for Convergence {
@@ -65,6 +83,8 @@ impl Default for Convergence {
         Convergence {
             max_mape: 0.15,
             min_samples: 5,
+            drift_error: default_drift_error(),
+            drift_jobs: default_drift_jobs(),
         }
     }
 }
@@ -537,6 +557,35 @@ impl DagModels {
         self.functions.values().all(|f| {
             f.memory_mb.converged(rule) && f.cold_s.converged(rule) && f.instances.converged(rule)
         }) && self.edges.iter().all(|e| e.bytes.converged(rule))
+    }
+
+    /// Why the models have not converged yet, naming the first model planning needs that has
+    /// not (`None` when they have).
+    pub fn unconverged(&self) -> Option<String> {
+        let rule = &self.convergence;
+        let mut needed: Vec<(String, &Model)> = Vec::new();
+        for (name, f) in &self.functions {
+            needed.push((format!("{name}.memory_mb"), &f.memory_mb));
+            needed.push((format!("{name}.cold_s"), &f.cold_s));
+            needed.push((format!("{name}.instances"), &f.instances));
+        }
+        for e in &self.edges {
+            needed.push((format!("{}->{}.bytes", e.from, e.to), &e.bytes));
+        }
+        let (name, m) = needed.into_iter().find(|(_, m)| !m.converged(rule))?;
+        Some(match &m.fit {
+            _ if m.samples.len() < rule.min_samples => format!(
+                "{name} has {} of the {} samples needed",
+                m.samples.len(),
+                rule.min_samples
+            ),
+            Some(f) => format!(
+                "{name}'s cross-validated error {:.0}% is not under {:.0}%",
+                f.cv_mape * 100.0,
+                rule.max_mape * 100.0
+            ),
+            None => format!("{name} is not fitted"),
+        })
     }
 
     /// The DAG parameters predicted at input size `input_bytes`.

@@ -14,6 +14,7 @@ pub mod apps;
 pub mod fig10;
 pub mod report;
 pub mod sim;
+pub mod stats;
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -54,6 +55,9 @@ pub struct BenchOptions {
     pub out_dir: PathBuf,
     /// Empty: every experiment.
     pub only: Vec<Experiment>,
+    /// Seeds the random order of the policies in each round and the bootstrap intervals; the
+    /// report names it.
+    pub seed: u64,
 }
 
 impl BenchOptions {
@@ -61,9 +65,14 @@ impl BenchOptions {
         self.only.is_empty() || self.only.contains(&e)
     }
 
-    /// (training sizes, held-out sizes, repetitions per policy) of the application runs.
+    /// (training sizes, held-out sizes, rounds) of the application runs: every comparison of
+    /// policies runs at least [`stats::MIN_ROUNDS`] rounds, quick or not.
     fn scale(&self) -> (usize, usize, usize) {
-        if self.quick { (6, 2, 2) } else { (12, 4, 5) }
+        if self.quick {
+            (6, 2, stats::MIN_ROUNDS)
+        } else {
+            (12, 4, stats::MIN_ROUNDS)
+        }
     }
 }
 
@@ -164,11 +173,21 @@ pub struct Cell {
     pub perf_per_dollar: f64,
     /// Perf/$ over the best static policy's in the same group (1 for the best static).
     pub ratio_to_best_static: f64,
+    /// The 95% bootstrap interval of that ratio (`None` for the best static policy itself, and
+    /// with fewer than two jobs in either cell).
+    pub ratio_ci: Option<stats::Interval>,
     pub edge_s: f64,
 }
 
-/// Means per cell, in first-seen group order and the policies' first-seen order.
+/// Means per cell, in first-seen group order and the policies in [`FIG7_POLICIES`]'s order
+/// (others after, first seen first); intervals seeded with 0 (see [`aggregate_seeded`]).
 pub fn aggregate(rows: &[Row]) -> Vec<Cell> {
+    aggregate_seeded(rows, 0)
+}
+
+/// Means per cell, and each cell's ratio to the best static policy of its group with its 95%
+/// bootstrap interval (resamples seeded from `seed` and the cell's name).
+pub fn aggregate_seeded(rows: &[Row], seed: u64) -> Vec<Cell> {
     let mut groups: Vec<(&str, &str, &str)> = Vec::new();
     let mut policies: Vec<&str> = Vec::new();
     for r in rows {
@@ -180,6 +199,13 @@ pub fn aggregate(rows: &[Row]) -> Vec<Cell> {
             policies.push(&r.policy);
         }
     }
+    // The rounds ran the policies in random orders: the tables keep the report's order.
+    policies.sort_by_key(|p| {
+        FIG7_POLICIES
+            .iter()
+            .position(|q| q == p)
+            .unwrap_or(FIG7_POLICIES.len())
+    });
     let mut cells = Vec::new();
     for (e, app, variant) in groups {
         let mut mine = Vec::new();
@@ -207,30 +233,56 @@ pub fn aggregate(rows: &[Row]) -> Vec<Cell> {
                 latency_s: lat,
                 latency_sd: sd,
                 cost_usd: cost,
-                perf_per_dollar: if lat > 0.0 && cost > 0.0 {
-                    1.0 / (lat * cost)
-                } else {
-                    0.0
-                },
+                perf_per_dollar: stats::perf_per_dollar(&measures(&rs)),
                 ratio_to_best_static: 0.0,
+                ratio_ci: None,
                 edge_s: edge,
             });
         }
         let best = mine
             .iter()
             .filter(|c| STATIC.contains(&c.policy.as_str()))
-            .map(|c| c.perf_per_dollar)
-            .fold(0.0, f64::max);
+            .max_by(|a, b| a.perf_per_dollar.total_cmp(&b.perf_per_dollar))
+            .map(|c| (c.policy.clone(), c.perf_per_dollar));
+        let jobs_of = |p: &str| -> Vec<stats::Job> {
+            let rs: Vec<&Row> = rows
+                .iter()
+                .filter(|r| {
+                    r.experiment == e && r.app == app && r.variant == variant && r.policy == p
+                })
+                .collect();
+            measures(&rs)
+        };
         for c in &mut mine {
-            c.ratio_to_best_static = if best > 0.0 {
+            let Some((best_policy, best)) = &best else {
+                continue;
+            };
+            c.ratio_to_best_static = if *best > 0.0 {
                 c.perf_per_dollar / best
             } else {
                 0.0
             };
+            if c.policy != *best_policy {
+                let name = format!("{e}/{app}/{variant}/{}/{best_policy}", c.policy);
+                c.ratio_ci = stats::ratio_interval(
+                    &jobs_of(&c.policy),
+                    &jobs_of(best_policy),
+                    stats::seed_for(seed, &name),
+                );
+            }
         }
         cells.extend(mine);
     }
     cells
+}
+
+fn measures(rows: &[&Row]) -> Vec<stats::Job> {
+    rows.iter()
+        .map(|r| stats::Job {
+            latency_s: r.latency_s,
+            cost_usd: r.cost_usd,
+        })
+        .collect()
 }
 
 /// The measured jobs as CSV (header first).
@@ -487,8 +539,12 @@ async fn measure_apps(
             overhead_route(&client, app, results, &key, cluster).await;
             let total = reps * FIG7_POLICIES.len();
             let mut k = 0;
+            let mut rng =
+                stats::Rng::new(stats::seed_for(opts.seed, &format!("fig7/{}", app.name)));
             for _ in 0..reps {
-                for policy in FIG7_POLICIES {
+                // A random order in each round: no policy always runs first (cold caches) or
+                // right after the same neighbour.
+                for policy in stats::shuffled(&FIG7_POLICIES, &mut rng) {
                     k += 1;
                     let job = Job {
                         dag: app.name,
@@ -516,12 +572,13 @@ async fn measure_apps(
             .ok_or_else(|| anyhow!("no ml-pipeline application"))?;
         let sizes = apps::sizes(app, n_train, n_test);
         let key = inputs.key(cluster, app, sizes.measured).await?;
-        let reps2 = if opts.quick { 1 } else { 3 };
+        let reps2 = stats::MIN_ROUNDS;
         let total = reps2 * 3 * FIG2_POLICIES.len();
         let mut k = 0;
+        let mut rng = stats::Rng::new(stats::seed_for(opts.seed, "fig2"));
         for _ in 0..reps2 {
             for trees in [1u32, 3, 12] {
-                for policy in FIG2_POLICIES {
+                for policy in stats::shuffled(&FIG2_POLICIES, &mut rng) {
                     k += 1;
                     let job = Job {
                         dag: app.name,
@@ -826,12 +883,13 @@ async fn broadcast_experiment(
             apps::BROADCAST_YAML.to_owned(),
         )
         .await?;
-        let reps = if opts.quick { 1 } else { 2 };
+        let reps = stats::MIN_ROUNDS;
         let total = reps * fanouts.len() * 2;
         let mut k = 0;
+        let mut rng = stats::Rng::new(stats::seed_for(opts.seed, &format!("fig6/{vm}")));
         for _ in 0..reps {
             for &fanout in fanouts {
-                for method in ["direct", "remote"] {
+                for method in stats::shuffled(&["direct", "remote"], &mut rng) {
                     k += 1;
                     let job = Job {
                         dag: "broadcast",

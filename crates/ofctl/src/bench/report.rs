@@ -5,8 +5,9 @@ use std::fmt::Write as _;
 
 use anyhow::Context;
 
+use super::stats::{self, Interval, Outcome};
 use super::{
-    BenchOptions, Cell, FIG6_BYTES, FIG6_NET_SCALE, Results, STATIC, aggregate, csv, fig10,
+    BenchOptions, Cell, FIG6_BYTES, FIG6_NET_SCALE, Results, STATIC, aggregate_seeded, csv, fig10,
     sim as bsim,
 };
 use crate::charts::{self, BarChart, BarGroup, LineChart, Series};
@@ -24,7 +25,7 @@ pub fn write_all(
         written.push(name.to_owned());
         Ok(())
     };
-    let cells = aggregate(&results.rows);
+    let cells = aggregate_seeded(&results.rows, opts.seed);
     if !results.rows.is_empty() {
         write("jobs.csv", csv(&results.rows))?;
     }
@@ -267,6 +268,35 @@ pub struct Verdict {
     pub sonic: f64,
     pub best_static: String,
     pub ratio: f64,
+    /// The ratio's 95% bootstrap interval (`None`: too few jobs, or a simulated run).
+    pub ci: Option<Interval>,
+}
+
+impl Verdict {
+    /// Win, loss, or no difference measured: a claim only where the interval excludes 1.
+    pub fn outcome(&self) -> Outcome {
+        Outcome::of(self.ci.as_ref())
+    }
+
+    /// The goal (at least 0.95 of the best static) as the interval allows: "yes", "**no**",
+    /// "within noise", or the point estimate's answer marked as having no interval.
+    pub fn goal(&self) -> &'static str {
+        match (stats::goal_met(self.ci.as_ref(), GOAL), self.ci) {
+            (Some(true), _) => "yes",
+            (Some(false), _) => "**no**",
+            (None, Some(_)) => "within noise",
+            (None, None) if self.ratio >= GOAL => "yes (no interval)",
+            (None, None) => "**no** (no interval)",
+        }
+    }
+}
+
+/// Sonic's goal against the best static policy.
+pub const GOAL: f64 = 0.95;
+
+/// `[lo, hi]`, or a dash without an interval.
+fn interval(ci: Option<&Interval>) -> String {
+    ci.map_or_else(|| "-".into(), |c| format!("[{:.3}, {:.3}]", c.lo, c.hi))
 }
 
 /// Verdicts of the measured experiments.
@@ -290,6 +320,7 @@ pub fn verdicts(cells: &[Cell]) -> Vec<Verdict> {
                 sonic: c.perf_per_dollar,
                 best_static: best.policy.clone(),
                 ratio: c.ratio_to_best_static,
+                ci: c.ratio_ci,
             })
         })
         .collect()
@@ -310,10 +341,22 @@ fn report(opts: &BenchOptions, results: &Results, cells: &[Cell], seconds: f64) 
         },
         machine(),
         if opts.quick {
-            "quick (fewer sizes, fanouts and repetitions)"
+            "quick (fewer sizes and fanouts)"
         } else {
             "full"
         }
+    );
+    let _ = writeln!(
+        s,
+        "Statistics: every comparison of policies ran at least {} rounds, each round every \
+         policy once in a random order (seed {}: `--seed {}` repeats the order). Perf/$ = 1 / \
+         (mean latency x mean cost) over a cell's jobs; every ratio carries a 95% percentile \
+         bootstrap interval ({} resamples of each cell's jobs, seeded from the same seed), and a \
+         win or a loss is claimed only where the interval excludes 1.\n",
+        stats::MIN_ROUNDS,
+        opts.seed,
+        opts.seed,
+        stats::RESAMPLES
     );
 
     // ---- verdicts ----
@@ -322,16 +365,18 @@ fn report(opts: &BenchOptions, results: &Results, cells: &[Cell], seconds: f64) 
         all.extend(bsim::verdicts(sim));
     }
     if !all.is_empty() {
-        s.push_str("## Sonic against the best static policy\n\nPerf/$ = 1 / (mean latency x mean cost). The goal: at least 0.95 of the best static policy everywhere.\n\n| experiment | case | best static | Sonic / best static | goal met |\n|---|---|---|---|---|\n");
+        s.push_str("## Sonic against the best static policy\n\nPerf/$ = 1 / (mean latency x mean cost) over a cell's jobs. The goal: at least 0.95 of the best static policy everywhere (met when the whole 95% interval is at least 0.95; \"within noise\" when it straddles 0.95). The verdict: a win or a loss only where the interval excludes 1. The simulator's rows are one seeded simulation each: no interval.\n\n| experiment | case | best static | Sonic / best static | 95% interval | verdict | goal met |\n|---|---|---|---|---|---|---|\n");
         for v in &all {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {:.3} | {} |",
+                "| {} | {} | {} | {:.3} | {} | {} | {} |",
                 v.experiment,
                 v.group,
                 v.best_static,
                 v.ratio,
-                if v.ratio >= 0.95 { "yes" } else { "**no**" }
+                interval(v.ci.as_ref()),
+                v.outcome().as_str(),
+                v.goal()
             );
         }
         s.push('\n');
@@ -397,7 +442,7 @@ fn report(opts: &BenchOptions, results: &Results, cells: &[Cell], seconds: f64) 
         }
         s.push('\n');
         if !results.models.is_empty() {
-            s.push_str("The control plane's models after profiling (a model converges at cross-validated MAPE under 15% with 5 samples; the DAG converges when every memory, cold time and fanout model does):\n\n| app | parameter | converged | samples | degree | CV MAPE % | equation (x: input MB) |\n|---|---|---|---|---|---|---|\n");
+            s.push_str("The control plane's models after profiling (a model converges at cross-validated MAPE under 15% with 5 samples; the DAG converges when every memory, cold time and fanout model does):\n\n| app | parameter | converged | samples | degree | CV MAPE % | equation (x: input bytes) |\n|---|---|---|---|---|---|---|\n");
             for (app, m) in &results.models {
                 for v in &m.models {
                     let _ = writeln!(
@@ -549,16 +594,26 @@ fn report(opts: &BenchOptions, results: &Results, cells: &[Cell], seconds: f64) 
     }
 
     // ---- where Sonic loses ----
-    let losses: Vec<&Verdict> = all.iter().filter(|v| v.ratio < 0.95).collect();
-    s.push_str("## Where Sonic loses\n\n");
+    let losses: Vec<&Verdict> = all.iter().filter(|v| v.ratio < GOAL).collect();
+    s.push_str("## Where Sonic falls short of the goal\n\n");
     if losses.is_empty() {
-        s.push_str("Nowhere in this run: Sonic reached at least 0.95 of the best static policy in every case above.\n\n");
+        s.push_str("Nowhere in this run: Sonic's ratio to the best static policy is at least 0.95 in every case above.\n\n");
     }
     for v in losses {
         let _ = write!(
             s,
-            "- {} {}: {:.3} of `{}`.",
-            v.experiment, v.group, v.ratio, v.best_static
+            "- {} {}: {:.3} of `{}`, 95% interval {} ({}).",
+            v.experiment,
+            v.group,
+            v.ratio,
+            v.best_static,
+            interval(v.ci.as_ref()),
+            match v.outcome() {
+                Outcome::Loss => "a loss: the interval is below 1",
+                Outcome::NoDifference => "no difference measured: the interval holds 1",
+                Outcome::Win => "a win all the same",
+                Outcome::NoInterval => "no interval",
+            }
         );
         let sonic = cells.iter().find(|c| {
             c.experiment == v.experiment
@@ -626,11 +681,6 @@ fn report(opts: &BenchOptions, results: &Results, cells: &[Cell], seconds: f64) 
                     s.push_str(" Sonic's plan ran much slower than predicted, more so than the other: its parallel lambdas on separate VMs share this machine's 2 cores here (compute is not emulated).");
                 }
             }
-            if (a.latency_s - b.latency_s).abs() < a.latency_sd + b.latency_sd {
-                s.push_str(
-                    " The latencies differ by less than their spread: within run-to-run noise.",
-                );
-            }
         }
         s.push('\n');
     }
@@ -648,11 +698,11 @@ fn report(opts: &BenchOptions, results: &Results, cells: &[Cell], seconds: f64) 
 }
 
 fn cell_table(s: &mut String, cells: &[Cell], experiment: &str) {
-    s.push_str("| app | case | policy | jobs | latency s (sd) | data passing s | cost $ | Perf/$ | / best static |\n|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("| app | case | policy | jobs | latency s (sd) | data passing s | cost $ | Perf/$ | / best static | 95% interval |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for c in cells.iter().filter(|c| c.experiment == experiment) {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.2} ({:.2}) | {:.2} | {:.7} | {:.0} | {:.3} |",
+            "| {} | {} | {} | {} | {:.2} ({:.2}) | {:.2} | {:.7} | {:.0} | {:.3} | {} |",
             c.app,
             c.variant,
             c.policy,
@@ -662,7 +712,8 @@ fn cell_table(s: &mut String, cells: &[Cell], experiment: &str) {
             c.edge_s,
             c.cost_usd,
             c.perf_per_dollar,
-            c.ratio_to_best_static
+            c.ratio_to_best_static,
+            interval(c.ratio_ci.as_ref())
         );
     }
     s.push('\n');
@@ -671,7 +722,7 @@ fn cell_table(s: &mut String, cells: &[Cell], experiment: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::Row;
+    use crate::bench::{Row, aggregate};
 
     fn row(variant: &str, policy: &str, lat: f64) -> Row {
         Row {
@@ -691,6 +742,75 @@ mod tests {
             edge_s: 0.0,
             planning_us: 0.0,
         }
+    }
+
+    fn job(variant: &str, policy: &str, lat: f64, cost: f64) -> Row {
+        Row {
+            experiment: "fig7".into(),
+            app: "app".into(),
+            cost_usd: cost,
+            perf_per_dollar: 1.0 / (lat * cost),
+            ..row(variant, policy, lat)
+        }
+    }
+
+    /// The verdict rule: a win or a loss only where the interval excludes 1; the goal only by
+    /// the whole interval.
+    #[test]
+    fn verdicts_claim_only_what_the_interval_allows() {
+        let mut rows = Vec::new();
+        // Case "clear": sonic twice local's Perf/$, little spread. Case "noisy": sonic 10% ahead
+        // in the means, but every cell spreads 3x. Five rounds each.
+        for (lat_l, lat_s) in [(2.0, 1.0), (2.2, 1.1), (1.8, 0.9), (2.1, 1.05), (1.9, 0.95)] {
+            rows.push(job("clear", "local", lat_l, 1.0));
+            rows.push(job("clear", "remote", 3.0 * lat_l, 1.0));
+            rows.push(job("clear", "sonic", lat_s, 1.0));
+        }
+        for (lat_l, lat_s) in [(1.1, 1.0), (3.3, 3.0), (1.1, 1.0), (3.3, 3.0), (2.2, 2.0)] {
+            rows.push(job("noisy", "local", lat_l, 1.0));
+            rows.push(job("noisy", "sonic", lat_s, 1.0));
+        }
+        let cells = aggregate_seeded(&rows, 11);
+        let local = cells
+            .iter()
+            .find(|c| c.variant == "clear" && c.policy == "local")
+            .expect("cell");
+        assert_eq!(
+            local.ratio_ci, None,
+            "the best static has no interval to itself"
+        );
+        let v = verdicts(&cells);
+        assert_eq!(v.len(), 2);
+        let clear = &v[0];
+        assert_eq!(
+            (clear.group.as_str(), clear.best_static.as_str()),
+            ("app clear", "local")
+        );
+        assert!((clear.ratio - 2.0).abs() < 1e-9);
+        assert_eq!(clear.outcome(), Outcome::Win);
+        assert_eq!(clear.goal(), "yes");
+        let noisy = &v[1];
+        assert!((noisy.ratio - 1.1).abs() < 1e-9, "{noisy:?}");
+        assert_eq!(noisy.outcome(), Outcome::NoDifference, "{noisy:?}");
+        assert_eq!(noisy.outcome().as_str(), "no difference measured");
+        assert_eq!(noisy.goal(), "within noise");
+        // The same seed, the same intervals.
+        assert_eq!(aggregate_seeded(&rows, 11), cells);
+        // A loss is claimed only when the whole interval is below 1.
+        let loss = Verdict {
+            ci: Some(Interval {
+                ratio: 0.6,
+                lo: 0.5,
+                hi: 0.7,
+            }),
+            ratio: 0.6,
+            ..clear.clone()
+        };
+        assert_eq!((loss.outcome(), loss.goal()), (Outcome::Loss, "**no**"));
+        // The simulator's one run: no interval, no claim beyond the point estimate.
+        let sim = Verdict { ci: None, ..loss };
+        assert_eq!(sim.outcome(), Outcome::NoInterval);
+        assert_eq!(sim.goal(), "**no** (no interval)");
     }
 
     #[test]

@@ -388,10 +388,16 @@ async fn dag_page(state: &Shared, name: &str, error: Option<&str>) -> Result<Str
     let (record, jobs) = found.ok_or_else(|| ApiError::NotFound(format!("no dag named {name}")))?;
     let dag = decode_dag(record.parsed.clone())?;
     let for_models = dag.clone();
-    let models = state
+    let now = state.clock.now_ms();
+    let (models, mode) = state
         .db
-        .run(move |db| crate::learning::current(db, &for_models, rule))
+        .run(move |db| {
+            let models = crate::learning::current(db, &for_models, rule)?;
+            let mode = crate::learning::mode_of(db, &for_models.name, &models, now)?;
+            Ok((models, mode))
+        })
         .await?;
+    let mode = crate::learning::mode_view(&mode, &models);
     let summary = dag_summary(&record);
     let mut body = String::new();
     let _ = write!(body, "<h1>DAG {}</h1>", esc(name));
@@ -468,14 +474,17 @@ async fn dag_page(state: &Shared, name: &str, error: Option<&str>) -> Result<Str
     let _ = write!(
         body,
         "<h2>Models</h2><p>Each parameter is a polynomial in the input size <var>x</var> (bytes), fitted to one sample per job that succeeded; \
-         a model converges with at least {} samples and a cross-validated error under {}. The DAG's models are {}.</p>",
+         a model converges with at least {} samples and a cross-validated error under {}. The DAG's models are {}. \
+         Jobs without a forced policy run <strong>{}</strong>: {}.</p>",
         rule.min_samples,
         html::pct(rule.max_mape),
         if models.converged() {
-            "converged: jobs without a forced policy run planned"
+            "converged"
         } else {
-            "not converged yet: jobs profile"
-        }
+            "not converged"
+        },
+        mode.mode,
+        esc(&mode.reason)
     );
     let all = models_of(&dag, &models);
     let rows: Vec<Vec<String>> = all
