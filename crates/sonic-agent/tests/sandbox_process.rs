@@ -279,18 +279,23 @@ async fn peak_memory_is_what_the_lambda_allocated() {
 
 /// A lambda's peak is its own, not the size of the agent that started it: Linux starts a forked
 /// child's `ru_maxrss` from its parent's, so a big agent (or `ofctl up`, which holds the whole
-/// cluster) must not inflate what the profiler learns.
+/// cluster) must not inflate what the profiler learns. With a cgroup too: the peak is the larger
+/// of the group's and the lambda's `ru_maxrss`, which `sonic-time` measures from its own small
+/// fork (a lambda the agent forked itself would show the agent's 400 MiB here).
 #[tokio::test]
 async fn a_big_agent_does_not_inflate_the_lambdas_peak() {
     let _alone = BALLAST.lock().await;
     // The "agent" (this test process) holds 400 MiB, touched.
     let ballast = vec![1u8; 400 * MIB as usize];
-    let s = setup(CgroupMode::Off);
-    let mut spec = s.spec("small", "small", &["synthetic", "--alloc-mb", "60"]);
-    spec.memory_limit_bytes = 256 * MIB;
-    let out = s.run(spec).await;
-    assert!(out.succeeded(), "log: {}", out.log);
-    near(&out, 60);
+    for mode in [CgroupMode::Required, CgroupMode::Off] {
+        let s = setup(mode);
+        let mut spec = s.spec("small", "small", &["synthetic", "--alloc-mb", "60"]);
+        spec.memory_limit_bytes = 256 * MIB;
+        let out = s.run(spec).await;
+        assert!(out.succeeded(), "{mode:?} log: {}", out.log);
+        near(&out, 60);
+        s.sandbox.shutdown().await.unwrap();
+    }
     assert_eq!(
         ballast
             .iter()
@@ -298,6 +303,83 @@ async fn a_big_agent_does_not_inflate_the_lambdas_peak() {
             .map(|&b| u64::from(b))
             .sum::<u64>(),
         102_400
+    );
+}
+
+/// A lambda killed by a signal is reported as such (not as `sonic-time`'s 128 + N), with a
+/// cgroup and without.
+#[tokio::test]
+async fn a_signal_that_kills_the_lambda_is_reported() {
+    for mode in [CgroupMode::Required, CgroupMode::Off] {
+        let s = setup(mode);
+        let out = s
+            .run(s.spec("signal", "signal", &["sh", "-c", "kill -TERM $$"]))
+            .await;
+        assert_eq!(
+            out.termination,
+            Termination::Signaled(15),
+            "{mode:?} log: {}",
+            out.log
+        );
+        s.sandbox.shutdown().await.unwrap();
+    }
+}
+
+/// Without `sonic-time` in the lambda folders the sandbox starts lambdas itself (forking the
+/// agent, with the cgroup join and the file size limit as `pre_exec` hooks): the memory limit,
+/// the output quota and exit codes still hold.
+#[tokio::test]
+async fn without_sonic_time_limits_still_hold() {
+    let bin = tempfile::tempdir().unwrap();
+    for name in ["synthetic", "sonic-hostile"] {
+        std::os::unix::fs::symlink(lambda_dir().join(name), bin.path().join(name)).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sandbox = ProcessSandbox::new(ProcessConfig {
+        work_dir: dir.path().join("work"),
+        path: vec![bin.path().to_path_buf()],
+        cgroups: CgroupMode::Required,
+        ..ProcessConfig::default()
+    })
+    .expect("process sandbox with cgroups (root, cgroup v1)");
+    let s = Setup { sandbox, dir };
+    let mut oom = s.spec("oom", "k", &["synthetic", "--alloc-mb", "200"]);
+    oom.memory_limit_bytes = 64 * MIB;
+    let oom = s.run(oom).await;
+    assert_eq!(
+        oom.termination,
+        Termination::OutOfMemory,
+        "log: {}",
+        oom.log
+    );
+    let mut fill = s.spec(
+        "fill",
+        "k",
+        &["sonic-hostile", "fill", "--file-mb", "64", "--max-mb", "64"],
+    );
+    fill.output_quota_bytes = 4 * MIB;
+    let fill = s.run(fill).await;
+    assert_eq!(
+        fill.termination,
+        Termination::OutputQuotaExceeded,
+        "log: {}",
+        fill.log
+    );
+    let exit = s
+        .run(s.spec("exit", "k", &["synthetic", "--exit-code", "3"]))
+        .await;
+    assert_eq!(
+        exit.termination,
+        Termination::Exited(3),
+        "log: {}",
+        exit.log
+    );
+    let missing = s.run(s.spec("missing", "k", &["no-such-lambda"])).await;
+    assert_eq!(missing.termination, Termination::Exited(127));
+    assert!(
+        missing.log.contains("no-such-lambda"),
+        "log: {}",
+        missing.log
     );
     s.sandbox.shutdown().await.unwrap();
 }

@@ -9,7 +9,6 @@
 //! holds one slot of its agent from the same manager while it runs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,6 +21,7 @@ use sonic_core::dag::{Dag, Fanout};
 use sonic_core::regression::Convergence;
 use sonic_storage::ObjectStore;
 use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::agent_client::{AgentClient, HttpAgents};
 use crate::api::ControlState;
@@ -145,7 +145,7 @@ pub struct Runtime {
     http: reqwest::Client,
     /// How runs are sent to agents and their reports read (over `http` unless replaced).
     agents: Arc<dyn AgentClient>,
-    cancels: Mutex<HashMap<String, Arc<AtomicBool>>>,
+    cancels: Mutex<HashMap<String, CancellationToken>>,
     /// The progress of every job this process runs, for `GET /v1/jobs/{id}/events`.
     events: Mutex<HashMap<String, watch::Sender<JobEvent>>>,
     /// Where jobs run: the cluster's resource manager (the built-in [`Pool`] unless a host
@@ -275,7 +275,7 @@ impl Runtime {
         }
     }
 
-    fn cancels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<AtomicBool>>> {
+    fn cancels(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
         self.cancels.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -288,9 +288,9 @@ impl Runtime {
     }
 
     /// Registers a job about to be executed, so that a cancel from now on reaches it and its
-    /// progress can be followed; pass the flag to [`execute`].
-    pub fn register(&self, job: &str) -> Arc<AtomicBool> {
-        let flag = Arc::new(AtomicBool::new(false));
+    /// progress can be followed; pass its token to [`execute`] (a cancel wakes the job at once).
+    pub fn register(&self, job: &str) -> CancellationToken {
+        let flag = CancellationToken::new();
         self.cancels().insert(job.to_owned(), flag.clone());
         let (tx, _) = watch::channel(JobEvent {
             job_id: job.to_owned(),
@@ -337,7 +337,7 @@ impl Runtime {
         planned: &Planned,
         agents: &[AgentSlot],
         prefer: &[Vec<String>],
-        cancel: &AtomicBool,
+        cancel: &CancellationToken,
     ) -> Result<(Allocation, Planned), String> {
         let policy: Policy = job.policy.parse()?;
         let id = job.id.clone();
@@ -383,7 +383,7 @@ impl Runtime {
         self.resources.release(job);
     }
 
-    /// Forgets a job that ended: its cancel flag, its progress, what it holds.
+    /// Forgets a job that ended: its cancel token, its progress, what it holds.
     fn forget(&self, job: &str) {
         self.cancels().remove(job);
         self.events().remove(job);
@@ -394,7 +394,7 @@ impl Runtime {
     pub fn cancel(&self, job: &str) -> bool {
         match self.cancels().get(job) {
             Some(flag) => {
-                flag.store(true, Ordering::SeqCst);
+                flag.cancel();
                 true
             }
             None => false,
@@ -527,7 +527,7 @@ pub async fn execute(
     rt: Arc<Runtime>,
     job: JobRecord,
     inputs: Vec<JobInputFile>,
-    cancel: Arc<AtomicBool>,
+    cancel: CancellationToken,
     planned: Option<Planned>,
 ) {
     execute_from(state, rt, job, inputs, cancel, planned, None).await;
@@ -584,12 +584,12 @@ pub fn resumable(db: &Db, job: &JobRecord) -> Result<bool, StoreError> {
 /// Goes on with a job a previous control plane left unfinished, from what it recorded: the
 /// instances it saw succeed are not run again, those it had sent are asked for again (an agent
 /// that still has the run answers with it), the rest run as usual. Register the job first
-/// ([`Runtime::register`]) and pass its cancel flag.
+/// ([`Runtime::register`]) and pass its cancel token.
 pub async fn resume(
     state: Arc<ControlState>,
     rt: Arc<Runtime>,
     job: JobRecord,
-    cancel: Arc<AtomicBool>,
+    cancel: CancellationToken,
 ) {
     let id = job.id.clone();
     let loaded = state
@@ -663,7 +663,7 @@ async fn execute_from(
     rt: Arc<Runtime>,
     job: JobRecord,
     inputs: Vec<JobInputFile>,
-    cancel: Arc<AtomicBool>,
+    cancel: CancellationToken,
     planned: Option<Planned>,
     mut resumed: Option<Resumed>,
 ) {
@@ -731,7 +731,7 @@ async fn execute_from(
         }
         match outcome {
             Err(Failure::AgentsLost { agents, message })
-                if execution < max_executions && !cancel.load(Ordering::SeqCst) =>
+                if execution < max_executions && !cancel.is_cancelled() =>
             {
                 let why = format!(
                     "agent {} lost ({message}); running the job again without it (execution {} of {max_executions})",
@@ -951,7 +951,7 @@ async fn run(
     rt: &Arc<Runtime>,
     job: &JobRecord,
     inputs: &[JobInputFile],
-    cancel: &Arc<AtomicBool>,
+    cancel: &CancellationToken,
     planned: Option<&Planned>,
     progress: &mut Progress,
     execution: u32,
@@ -1332,7 +1332,7 @@ async fn run(
         stages_ended(state, rt, job, &dag, &machine, &opened, &mut seen_ended);
         let joined = tokio::select! {
             j = set.join_next() => j,
-            () = cancelled(cancel) => {
+            () = cancel.cancelled() => {
                 events.push_back(Event::Cancel);
                 continue;
             }
@@ -1389,7 +1389,7 @@ async fn run(
                         "{function} instance {k} attempt {attempt} of {max} failed: {last}"
                     ));
                 });
-                let retry = failure.retry && !cancel.load(Ordering::SeqCst);
+                let retry = failure.retry && !cancel.is_cancelled();
                 failures.insert((i, k), failure);
                 events.push_back(Event::RunFailed {
                     stage: i,
@@ -1440,7 +1440,7 @@ async fn run(
             (message, failures.remove(&(stage, instance)))
         }
     };
-    if cancel.load(Ordering::SeqCst) {
+    if cancel.is_cancelled() {
         return Err(Failure::Job(message));
     }
     // A lambda's own failure fails the job; a lost agent (it or a peer it fetched from stopped
@@ -1556,13 +1556,6 @@ async fn cold_times_learned(state: &ControlState, rt: &Runtime, dag: &Dag) -> bo
     }
 }
 
-/// Resolves once `cancel` is set (read every 50 ms).
-async fn cancelled(cancel: &AtomicBool) {
-    while !cancel.load(Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// The stages running now (opened, a stage being opened included, and not ended), by name, for
 /// the job's progress (`a, b` while two branches run).
 fn running_stages(dag: &Dag, machine: &JobMachine) -> Option<String> {
@@ -1614,16 +1607,14 @@ fn ms_at(state: &ControlState, at: Instant) -> i64 {
     state.clock.now_ms() - ago + ahead
 }
 
-/// `f`, or `None` once `cancel` is set (checked every 50 ms).
-async fn until_cancelled<F: std::future::Future>(f: F, cancel: &AtomicBool) -> Option<F::Output> {
-    let cancelled = async {
-        while !cancel.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
+/// `f`, or `None` once `cancel` is set (at once: the token wakes its waiters).
+async fn until_cancelled<F: std::future::Future>(
+    f: F,
+    cancel: &CancellationToken,
+) -> Option<F::Output> {
     tokio::select! {
         out = f => Some(out),
-        () = cancelled => None,
+        () = cancel.cancelled() => None,
     }
 }
 
@@ -1795,7 +1786,7 @@ struct AttemptTask {
     agent: AgentSlot,
     agent_index: usize,
     request: RunRequest,
-    cancel: Arc<AtomicBool>,
+    cancel: CancellationToken,
     permit: Option<Arc<Semaphore>>,
     reservation: Option<Arc<Semaphore>>,
     delay: Duration,
@@ -1888,7 +1879,7 @@ impl AttemptTask {
                 None => return Err(self.failure("cancelled".into(), false)),
             }
         };
-        if self.cancel.load(Ordering::SeqCst) {
+        if self.cancel.is_cancelled() {
             return Err(self.failure("cancelled".into(), false));
         }
         *started = Instant::now();
@@ -1991,7 +1982,7 @@ async fn attempt_once(
     rt: &Runtime,
     agent: &AgentSlot,
     req: &RunRequest,
-    cancel: &AtomicBool,
+    cancel: &CancellationToken,
 ) -> Result<RunReport, String> {
     let run_id = req.run_id();
     let mut waiter = rt.report_url().map(|_| rt.reports.wait(&run_id, &agent.id));
@@ -2011,31 +2002,23 @@ async fn attempt_once(
     let mut wait = rt.config.poll_interval;
     let mut poll_now = existed || waiter.is_none();
     loop {
-        if cancel.load(Ordering::SeqCst) {
+        if cancel.is_cancelled() {
             return Err("cancelled".into());
         }
         match waiter.as_mut() {
             _ if poll_now => {}
             Some(w) => {
-                // Woken by the push, or by the slow poll's timer; the cancel flag is read at
-                // least every 250 ms.
-                let next_poll = Instant::now() + rt.config.fallback_poll;
-                let tick = Duration::from_millis(250);
-                loop {
-                    let left = next_poll.saturating_duration_since(Instant::now());
-                    if left.is_zero() || cancel.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    match tokio::time::timeout(left.min(tick), w.rx.recv()).await {
-                        Ok(Some(crate::reports::Push::Report(report))) => return Ok(report),
-                        Ok(Some(crate::reports::Push::PollNow)) => break,
+                // Woken by the push, by the slow poll's timer, or by a cancel.
+                let next_poll = tokio::time::sleep(rt.config.fallback_poll);
+                tokio::select! {
+                    pushed = w.rx.recv() => match pushed {
+                        Some(crate::reports::Push::Report(report)) => return Ok(report),
+                        Some(crate::reports::Push::PollNow) => {}
                         // The waiter was replaced (a later execution reuses this run id).
-                        Ok(None) => break,
-                        Err(_) => {}
-                    }
-                }
-                if cancel.load(Ordering::SeqCst) {
-                    continue;
+                        None => {}
+                    },
+                    () = next_poll => {}
+                    () = cancel.cancelled() => continue,
                 }
             }
             None => {

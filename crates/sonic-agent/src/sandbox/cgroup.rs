@@ -80,9 +80,16 @@ impl MemoryCgroup {
         let probe = parent.join(format!("probe-{}-{n}", std::process::id()));
         let ok = fs::create_dir_all(&probe).is_ok()
             && probe.join("memory.max_usage_in_bytes").exists()
-            && probe.join("cgroup.procs").exists();
+            && probe.join("tasks").exists();
         let _ = fs::remove_dir(&probe);
         ok
+    }
+
+    /// The v1 `tasks` file: a process joins by writing `0` to it from its only thread (a thread
+    /// moving itself, which the kernel does without the cgroup-wide threadgroup lock that a write
+    /// to `cgroup.procs` takes: 0.04 ms against 11 to 19 ms here, docs/load.md).
+    pub fn tasks_file(&self) -> PathBuf {
+        self.dir.join("tasks")
     }
 
     fn read(&self, file: &str) -> io::Result<String> {

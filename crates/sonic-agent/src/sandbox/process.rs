@@ -7,17 +7,25 @@
 //!   machine), each run gets a fresh group with the memory limit (no swap): the kernel enforces
 //!   the limit, an OOM kill is reported as `OutOfMemory`, and the peak is the larger of the
 //!   group's `memory.max_usage_in_bytes` (anonymous memory plus page cache the run caused) and
-//!   the process's `ru_maxrss`. Without cgroups the peak is `ru_maxrss` of the lambda, measured by
-//!   `sonic-time` when it is in the lambda folders (a child's `ru_maxrss` starts from the size of
-//!   the process it was forked from, so the agent must not fork lambdas itself), else from `wait4`
-//!   (then it includes the agent's own size at fork time), and the limit is checked after the fact:
-//!   a run whose peak exceeded it is reported as `OutOfMemory`. RLIMIT_AS is not used: it limits
-//!   address space, not memory, and breaks normal programs that reserve more than they touch.
+//!   the lambda's `ru_maxrss`. Without cgroups the peak is the lambda's `ru_maxrss` and the limit
+//!   is checked after the fact: a run whose peak exceeded it is reported as `OutOfMemory`.
+//!   RLIMIT_AS is not used: it limits address space, not memory, and breaks normal programs that
+//!   reserve more than they touch.
+//! - Starting: the agent spawns `sonic-time` (found in the lambda folders) with no work between
+//!   fork and exec, so std uses `posix_spawn` (vfork: the agent's page tables are not copied),
+//!   from a blocking thread, never an async worker. `sonic-time` forks the lambda from its own
+//!   few MB, and its child sets `RLIMIT_FSIZE` and joins the run's cgroup (writing `0` to the
+//!   group's `tasks`, which the kernel does without its cgroup-wide lock) before its exec; it
+//!   reports the lambda's exit and `ru_maxrss` (a child's `ru_maxrss` starts from the size of the
+//!   process it was forked from, so the agent must not fork lambdas itself). Without `sonic-time`
+//!   the lambda is started directly with those steps as `pre_exec` hooks: std then forks the
+//!   whole agent, and the peak without cgroups includes the agent's size at fork time.
 //! - The input folder is not write-protected here (the lambda runs as the agent's user); the
 //!   Docker sandbox mounts it read-only.
-//! - Output quota: `RLIMIT_FSIZE` at the quota (no file grows past it: `SIGXFSZ`), and a watcher
-//!   that sums the output folder every `quota_poll` and kills the group once it holds more than
-//!   the quota; a run that ends over it is refused too (`OutputQuotaExceeded`).
+//! - Output quota: `RLIMIT_FSIZE` at the quota (no file grows past it: `SIGXFSZ`; set by
+//!   `sonic-time` for the lambda), and a watcher that sums the output folder every `quota_poll`
+//!   and kills the group once it holds more than the quota; a run that ends over it is refused
+//!   too (`OutputQuotaExceeded`).
 //! - What this sandbox does NOT contain: the lambda runs as the agent's user with the agent's view
 //!   of the filesystem and network. It can read and write any file that user can (outside its
 //!   folders too: only its output folder is counted against the quota), hard-link host files into
@@ -124,9 +132,17 @@ impl ProcessSandbox {
                 true
             }
         };
+        let timer = find_timer(&config.path);
+        if timer.is_none() {
+            tracing::warn!(
+                "no {TIMER} in the lambda folders: lambdas start without it, so every start \
+                 forks the agent, and peaks without cgroups include the agent's size"
+            );
+        }
         tracing::info!(
             work_dir = %config.work_dir.display(),
             cgroups = use_cgroups,
+            timer = ?timer,
             "process sandbox ready"
         );
         Ok(Self {
@@ -164,19 +180,30 @@ impl ProcessSandbox {
             .map_err(|_| SandboxError::Runtime("warm environment table poisoned".into()))
     }
 
-    /// Removes the folders of environments idle longer than the idle time.
+    /// Forgets environments idle longer than the idle time; their folders are removed by a
+    /// thread of their own (after a burst of runs, hundreds expire at once).
     fn expire(&self, envs: &mut HashMap<String, Vec<WarmEnv>>) {
         let idle = self.config.idle_timeout;
+        let mut gone = Vec::new();
         for list in envs.values_mut() {
-            list.retain(|e| {
+            list.retain_mut(|e| {
                 let keep = e.last_used.elapsed() < idle;
-                if !keep && let Err(err) = remove_tree(&e.dir) {
-                    tracing::warn!(dir = %e.dir.display(), error = %err, "cannot remove idle environment");
+                if !keep {
+                    gone.push(std::mem::take(&mut e.dir));
                 }
                 keep
             });
         }
         envs.retain(|_, v| !v.is_empty());
+        if !gone.is_empty() {
+            std::thread::spawn(move || {
+                for dir in gone {
+                    if let Err(err) = remove_tree(&dir) {
+                        tracing::warn!(dir = %dir.display(), error = %err, "cannot remove idle environment");
+                    }
+                }
+            });
+        }
     }
 
     /// A new environment's folder for `key`.
@@ -239,15 +266,6 @@ impl ProcessSandbox {
             .find(|p| p.is_file())
     }
 
-    /// `sonic-time` in the configured lambda folders, if it is there.
-    fn timer(&self) -> Option<PathBuf> {
-        self.config
-            .path
-            .iter()
-            .map(|d| d.join(TIMER))
-            .find(|p| p.is_file())
-    }
-
     fn path_var(&self) -> std::ffi::OsString {
         let mut dirs: Vec<PathBuf> = self.config.path.clone();
         if let Some(p) = std::env::var_os("PATH") {
@@ -264,20 +282,47 @@ impl ProcessSandbox {
         t0: Instant,
     ) -> Result<RunOutcome, SandboxError> {
         let n = super::next_id();
-        let cgroup = if self.use_cgroups {
-            let name = format!("{}-{n}-{}", std::process::id(), sanitize(&spec.run_id, 40));
-            Some(
-                MemoryCgroup::create_v1(&self.config.cgroup_parent, &name, spec.memory_limit_bytes)
-                    .map_err(|e| SandboxError::Runtime(format!("cannot create a cgroup: {e}")))?,
-            )
-        } else {
-            None
+        let launch = Launch {
+            command: spec.command.clone(),
+            env: spec.env.clone(),
+            path_var: self.path_var(),
+            lambda_dirs: self.config.path.clone(),
+            report: env_dir.join(format!(".sonic-usage-{n}.json")),
+            env_dir,
+            input_dir: spec.input_dir.clone(),
+            output_dir: spec.output_dir.clone(),
+            quota: spec.output_quota_bytes,
+            cgroup: self.use_cgroups.then(|| {
+                (
+                    self.config.cgroup_parent.clone(),
+                    format!("{}-{n}-{}", std::process::id(), sanitize(&spec.run_id, 40)),
+                    spec.memory_limit_bytes,
+                )
+            }),
+            log_limit: self.config.log_limit,
+            t0,
         };
-        // Removes the cgroup also when this future is dropped midway.
-        let mut cgroup = CgroupCleanup(cgroup);
-        let result = self
-            .spawn_and_wait(spec, env_dir, cold, t0, cgroup.0.as_ref())
-            .await;
+        // Off the async workers: creating the cgroup and spawning block (a spawn for up to a
+        // millisecond or two). If this future is dropped meanwhile, what the closure returns is
+        // dropped when it ends: the group is killed and reaped, the cgroup removed.
+        let (mut cgroup, spawned) = tokio::task::spawn_blocking(move || launch.start())
+            .await
+            .map_err(|e| SandboxError::Runtime(format!("the start failed: {e}")))?;
+        let result = match spawned {
+            Ok(Spawned::Running(started)) => {
+                self.supervise(spec, started, cold, t0, cgroup.0.as_ref())
+                    .await
+            }
+            Ok(Spawned::NotStarted { code, message }) => Ok(RunOutcome {
+                termination: Termination::Exited(code),
+                cold,
+                duration: t0.elapsed(),
+                start_latency: t0.elapsed(),
+                peak_memory_bytes: None,
+                log: message,
+            }),
+            Err(e) => Err(e),
+        };
         if let Some(cg) = cgroup.0.take() {
             let removed = tokio::task::spawn_blocking(move || cg.remove()).await;
             if let Ok(Err(e)) = removed {
@@ -287,113 +332,26 @@ impl ProcessSandbox {
         result
     }
 
-    async fn spawn_and_wait(
+    /// Waits for a started run to end (or to be killed for its timeout or its output quota) and
+    /// reads what it used.
+    async fn supervise(
         &self,
         spec: &RunSpec,
-        env_dir: PathBuf,
+        started: Started,
         cold: bool,
         t0: Instant,
         cgroup: Option<&MemoryCgroup>,
     ) -> Result<RunOutcome, SandboxError> {
-        let (program, args) = spec
-            .command
-            .split_first()
-            .ok_or_else(|| SandboxError::InvalidSpec("empty command".into()))?;
-        let (mut reader, writer) = std::io::pipe()?;
-        // Without a cgroup the peak is `ru_maxrss`, which on Linux starts from the size of the
-        // process that forked the lambda (exec records the old image's high-water mark): here the
-        // agent, or the whole `ofctl up`, hundreds of MB. A small `sonic-time` in between forks
-        // the lambda from a process of a few MB and reports the lambda's own peak.
-        let timer = match cgroup {
-            None => self.timer(),
-            Some(_) => None,
-        };
-        let report = timer
-            .as_ref()
-            .map(|_| env_dir.join(format!(".sonic-usage-{}.json", super::next_id())));
-        let mut cmd = match (&timer, &report) {
-            (Some(timer), Some(report)) => {
-                let mut c = Command::new(timer);
-                c.arg("--report").arg(report).arg("--").arg(program);
-                c
-            }
-            _ => Command::new(program),
-        };
-        cmd.args(args)
-            .env_clear()
-            // Setting PATH here also makes std look the program up in it.
-            .env("PATH", self.path_var())
-            .env("HOME", &env_dir)
-            .env("TMPDIR", &env_dir)
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .env("SONIC_INPUT_DIR", &spec.input_dir)
-            .env("SONIC_OUTPUT_DIR", &spec.output_dir)
-            .current_dir(&env_dir)
-            .stdin(Stdio::null())
-            .stdout(writer.try_clone()?)
-            .stderr(writer)
-            .process_group(0);
-        let procs = match cgroup {
-            Some(cg) => Some(
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(cg.dir.join("cgroup.procs"))?,
-            ),
-            None => None,
-        };
-        if let Some(f) = &procs {
-            sys::join_cgroup_before_exec(&mut cmd, f.as_raw_fd());
-        }
-        if spec.output_quota_bytes != u64::MAX {
-            sys::limit_file_size_before_exec(&mut cmd, spec.output_quota_bytes);
-        }
-        let spawned = cmd.spawn();
-        // The parent's copies of the pipe's write end must go, or the log never ends.
-        drop(cmd);
-        drop(procs);
-        let child = match spawned {
-            Ok(c) => c,
-            Err(e) => {
-                let code = match e.kind() {
-                    std::io::ErrorKind::NotFound => 127,
-                    std::io::ErrorKind::PermissionDenied => 126,
-                    _ => {
-                        return Err(SandboxError::Runtime(format!(
-                            "cannot start {program:?}: {e}"
-                        )));
-                    }
-                };
-                return Ok(RunOutcome {
-                    termination: Termination::Exited(code),
-                    cold,
-                    duration: t0.elapsed(),
-                    start_latency: t0.elapsed(),
-                    peak_memory_bytes: None,
-                    log: format!("sonic: cannot start {program:?}: {e}\n"),
-                });
-            }
-        };
-        let start_latency = t0.elapsed();
-        let pid = child.id();
+        let Started {
+            pid,
+            group,
+            mut waiter,
+            log: log_rx,
+            report,
+            start_latency,
+        } = started;
         tracing::debug!(run = %spec.run_id, pid, cold, "process started");
 
-        let (log_tx, log_rx) = tokio::sync::oneshot::channel();
-        let log_limit = self.config.log_limit;
-        std::thread::spawn(move || {
-            let mut tail = Tail::new(log_limit);
-            let mut buf = [0u8; 8192];
-            loop {
-                match reader.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(k) => tail.push(&buf[..k]),
-                }
-            }
-            let _ = log_tx.send(tail.text());
-        });
-
-        // Kills the group if this future is dropped before the end (the run was abandoned).
-        let group = sys::GroupGuard::new(pid);
-        let mut waiter = tokio::task::spawn_blocking(group.waiter());
         // From the start of the command, as in the Docker sandbox.
         let quota = spec.output_quota_bytes;
         let watch = quota_exceeded(vec![spec.output_dir.clone()], quota, self.config.quota_poll);
@@ -410,7 +368,7 @@ impl ProcessSandbox {
         };
         let duration = t0.elapsed();
         let reaped = joined
-            .map_err(|e| SandboxError::Runtime(format!("waiter failed: {e}")))?
+            .map_err(|_| SandboxError::Runtime("the waiter thread failed".into()))?
             .map_err(SandboxError::Io)?;
 
         // A process that left the group may still hold the pipe: do not wait for it for long.
@@ -419,10 +377,18 @@ impl ProcessSandbox {
             _ => String::from("sonic: log incomplete (a process still holds the output)\n"),
         };
 
+        // The lambda's own end and peak, from `sonic-time`'s report; without one (no
+        // `sonic-time`, or it was killed) the reaped process's.
         let mut peak = reaped.max_rss_bytes;
+        let mut ended = (reaped.exit_code, reaped.signal);
         if let Some(report) = &report {
             match read_usage(report) {
-                Some(kib) => peak = kib.saturating_mul(1024),
+                Some(usage) => {
+                    peak = usage.max_rss_kib.saturating_mul(1024);
+                    if usage.exit_code.is_some() || usage.signal.is_some() {
+                        ended = (usage.exit_code, usage.signal);
+                    }
+                }
                 None => tracing::debug!(
                     report = %report.display(),
                     "no sonic-time report (killed?): the peak is the wrapper's ru_maxrss"
@@ -452,7 +418,7 @@ impl ProcessSandbox {
             let used = tokio::task::spawn_blocking(move || tree_bytes(&dir, quota))
                 .await
                 .unwrap_or(0);
-            over_quota = used > quota || reaped.signal == Some(libc::SIGXFSZ);
+            over_quota = used > quota || ended.1 == Some(libc::SIGXFSZ);
         }
         let termination = if over_quota {
             log.push_str(&format!(
@@ -473,10 +439,10 @@ impl ProcessSandbox {
                 ));
             }
             Termination::OutOfMemory
-        } else if let Some(code) = reaped.exit_code {
+        } else if let (Some(code), _) = ended {
             Termination::Exited(code)
         } else {
-            Termination::Signaled(reaped.signal.unwrap_or(0))
+            Termination::Signaled(ended.1.unwrap_or(0))
         };
         tracing::info!(
             run = %spec.run_id,
@@ -502,11 +468,242 @@ impl ProcessSandbox {
 /// The measuring wrapper of the `sonic-lambdas` package (`lambdas/src/bin/sonic-time.rs`).
 const TIMER: &str = "sonic-time";
 
-/// The lambda's peak RSS in KiB from a `sonic-time` report (`{"max_rss_kib": N, ...}`).
-fn read_usage(report: &std::path::Path) -> Option<u64> {
+/// Stack of the threads that wait for a run and read its output (they keep little on it).
+const THREAD_STACK: usize = 128 * 1024;
+
+/// How a lambda ended and its peak, from a `sonic-time` report.
+struct Usage {
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    max_rss_kib: u64,
+}
+
+/// A `sonic-time` report (`{"exit_code": .., "signal": .., "max_rss_kib": N, ...}`).
+fn read_usage(report: &std::path::Path) -> Option<Usage> {
     let text = std::fs::read(report).ok()?;
     let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
-    v.get("max_rss_kib")?.as_u64()
+    let int = |k: &str| v.get(k).and_then(|x| x.as_i64()).map(|x| x as i32);
+    Some(Usage {
+        exit_code: int("exit_code"),
+        signal: int("signal"),
+        max_rss_kib: v.get("max_rss_kib")?.as_u64()?,
+    })
+}
+
+/// `sonic-time` in the lambda folders, if it is there.
+fn find_timer(dirs: &[PathBuf]) -> Option<PathBuf> {
+    dirs.iter().map(|d| d.join(TIMER)).find(|p| p.is_file())
+}
+
+/// The executable `program` names, looked up in `path_var` as `execvp` would.
+fn resolve_in(program: &str, path_var: &std::ffi::OsStr) -> Option<PathBuf> {
+    if program.contains('/') {
+        return Some(PathBuf::from(program));
+    }
+    std::env::split_paths(path_var)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+/// Everything a run's start needs, owned, for a blocking thread.
+struct Launch {
+    command: Vec<String>,
+    env: Vec<(String, String)>,
+    path_var: std::ffi::OsString,
+    lambda_dirs: Vec<PathBuf>,
+    /// Where `sonic-time` writes its report.
+    report: PathBuf,
+    env_dir: PathBuf,
+    input_dir: PathBuf,
+    output_dir: PathBuf,
+    quota: u64,
+    /// The memory cgroup to make: parent, name, limit.
+    cgroup: Option<(PathBuf, String, u64)>,
+    log_limit: usize,
+    t0: Instant,
+}
+
+/// A started run: its process group (killed when this is dropped before the leader was reaped),
+/// the thread that reaps it and the one that keeps its log's tail.
+struct Started {
+    pid: u32,
+    group: sys::GroupGuard,
+    waiter: tokio::sync::oneshot::Receiver<std::io::Result<sys::Reaped>>,
+    log: tokio::sync::oneshot::Receiver<String>,
+    /// `sonic-time`'s report, when it runs through it.
+    report: Option<PathBuf>,
+    start_latency: Duration,
+}
+
+enum Spawned {
+    Running(Started),
+    /// The command could not be started (exit status as a shell's, and why).
+    NotStarted {
+        code: i32,
+        message: String,
+    },
+}
+
+/// Runs `f` on a thread of its own; its result arrives on the receiver.
+fn on_thread<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<tokio::sync::oneshot::Receiver<T>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .stack_size(THREAD_STACK)
+        .spawn(move || {
+            let _ = tx.send(f());
+        })?;
+    Ok(rx)
+}
+
+impl Launch {
+    /// Makes the run's cgroup and starts its command (blocking). The cgroup comes back whatever
+    /// happened, so that it is removed.
+    fn start(self) -> (CgroupCleanup, Result<Spawned, SandboxError>) {
+        let cgroup = match &self.cgroup {
+            Some((parent, name, limit)) => match MemoryCgroup::create_v1(parent, name, *limit) {
+                Ok(cg) => Some(cg),
+                Err(e) => {
+                    return (
+                        CgroupCleanup(None),
+                        Err(SandboxError::Runtime(format!(
+                            "cannot create a cgroup: {e}"
+                        ))),
+                    );
+                }
+            },
+            None => None,
+        };
+        let cleanup = CgroupCleanup(cgroup);
+        let spawned = self.spawn(cleanup.0.as_ref());
+        (cleanup, spawned)
+    }
+
+    /// Spawns the command with no work between fork and exec, so that std uses `posix_spawn`
+    /// (vfork: no copy of this large process's page tables): through `sonic-time`, which sets
+    /// the file size limit and joins the cgroup in its own small fork. Without `sonic-time` in
+    /// the lambda folders, the command is started directly with those steps as `pre_exec` hooks,
+    /// and std forks this whole process (tens of milliseconds for a process of hundreds of MB).
+    fn spawn(&self, cgroup: Option<&MemoryCgroup>) -> Result<Spawned, SandboxError> {
+        let (program, args) = self
+            .command
+            .split_first()
+            .ok_or_else(|| SandboxError::InvalidSpec("empty command".into()))?;
+        let (mut reader, writer) = std::io::pipe()?;
+        let timer = find_timer(&self.lambda_dirs);
+        let mut hooks_fd = None;
+        let mut cmd = match &timer {
+            Some(timer) => {
+                let mut c = Command::new(timer);
+                c.arg("--report").arg(&self.report);
+                if self.quota != u64::MAX {
+                    c.arg("--fsize").arg(self.quota.to_string());
+                }
+                if let Some(cg) = cgroup {
+                    c.arg("--cgroup").arg(&cg.dir);
+                }
+                c.arg("--").arg(program);
+                c
+            }
+            None => {
+                // std looks a bare name up in the PATH below only by forking: resolve it here.
+                let Some(exe) = resolve_in(program, &self.path_var) else {
+                    return Ok(Spawned::NotStarted {
+                        code: 127,
+                        message: format!("sonic: cannot start {program:?}: not found\n"),
+                    });
+                };
+                let mut c = Command::new(exe);
+                if let Some(cg) = cgroup {
+                    let tasks = std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(cg.tasks_file())?;
+                    sys::join_cgroup_before_exec(&mut c, tasks.as_raw_fd());
+                    hooks_fd = Some(tasks);
+                }
+                if self.quota != u64::MAX {
+                    sys::limit_file_size_before_exec(&mut c, self.quota);
+                }
+                c
+            }
+        };
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", &self.path_var)
+            .env("HOME", &self.env_dir)
+            .env("TMPDIR", &self.env_dir)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("SONIC_INPUT_DIR", &self.input_dir)
+            .env("SONIC_OUTPUT_DIR", &self.output_dir)
+            .current_dir(&self.env_dir)
+            .stdin(Stdio::null())
+            .stdout(writer.try_clone()?)
+            .stderr(writer)
+            .process_group(0);
+        let spawned = cmd.spawn();
+        // The parent's copies of the pipe's write end must go, or the log never ends.
+        drop(cmd);
+        drop(hooks_fd);
+        let child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                let code = match e.kind() {
+                    std::io::ErrorKind::NotFound => 127,
+                    std::io::ErrorKind::PermissionDenied => 126,
+                    _ => {
+                        return Err(SandboxError::Runtime(format!(
+                            "cannot start {program:?}: {e}"
+                        )));
+                    }
+                };
+                return Ok(Spawned::NotStarted {
+                    code,
+                    message: format!("sonic: cannot start {program:?}: {e}\n"),
+                });
+            }
+        };
+        let start_latency = self.t0.elapsed();
+        let pid = child.id();
+        // Killed when dropped before its leader is reaped (the run was abandoned).
+        let group = sys::GroupGuard::new(pid);
+        let waiter = match on_thread("sonic-wait", group.waiter()) {
+            Ok(w) => w,
+            Err(e) => {
+                group.kill();
+                let _ = group.waiter()();
+                return Err(SandboxError::Runtime(format!(
+                    "cannot start a waiter thread: {e}"
+                )));
+            }
+        };
+        let log_limit = self.log_limit;
+        let log = on_thread("sonic-log", move || {
+            let mut tail = Tail::new(log_limit);
+            let mut buf = [0u8; 8192];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => tail.push(&buf[..k]),
+                }
+            }
+            tail.text()
+        })
+        .map_err(|e| {
+            // The group is killed when `group` goes; the waiter reaps it.
+            SandboxError::Runtime(format!("cannot start a log thread: {e}"))
+        })?;
+        Ok(Spawned::Running(Started {
+            pid,
+            group,
+            waiter,
+            log,
+            report: timer.map(|_| self.report.clone()),
+            start_latency,
+        }))
+    }
 }
 
 /// A run's environment; a run dropped midway leaves it in an unknown state, so it goes.

@@ -178,18 +178,20 @@ pub(crate) fn limit_file_size_before_exec(cmd: &mut std::process::Command, bytes
     }
 }
 
-/// Makes `cmd` move itself into the cgroup whose `cgroup.procs` is open as `procs_fd`, after the
+/// Makes `cmd` move itself into the cgroup whose `tasks` file is open as `tasks_fd`, after the
 /// fork and before the exec, so that every page the lambda touches is charged to that cgroup.
-/// The caller keeps the file open until `spawn` returns.
-pub(crate) fn join_cgroup_before_exec(cmd: &mut std::process::Command, procs_fd: RawFd) {
+/// The forked child has one thread, so moving that thread (`0` to `tasks`) moves the process,
+/// without the kernel's cgroup-wide lock that a write to `cgroup.procs` takes. The caller keeps
+/// the file open until `spawn` returns. Used only without `sonic-time`, which does this itself.
+pub(crate) fn join_cgroup_before_exec(cmd: &mut std::process::Command, tasks_fd: RawFd) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs in the forked child before exec and only calls write(2), which is
     // async-signal-safe, on a descriptor that stays open until exec (it is close-on-exec), with
     // a static buffer; it allocates nothing and takes no lock.
     unsafe {
         cmd.pre_exec(move || {
-            // "0" means the writing process (cgroup v1 and v2).
-            let r = libc::write(procs_fd, b"0".as_ptr().cast(), 1);
+            // "0": the writing thread, the child's only one.
+            let r = libc::write(tasks_fd, b"0".as_ptr().cast(), 1);
             if r == 1 {
                 Ok(())
             } else {
