@@ -222,6 +222,13 @@ pub fn run_dag(dag: &Dag, config: &RunConfig) -> Result<JobRun, LocalError> {
             to: f.name.clone(),
             reason: "its scattered fanout was never set".into(),
         })?;
+        if let Some(h) = &f.handler {
+            // Handlers live in a control plane's OpenLambda registry, not on this machine.
+            return Err(LocalError::Program {
+                function: f.name.clone(),
+                program: format!("handler {h} (handlers run only through a control plane)"),
+            });
+        }
         let program = resolve(&f.command[0], config).ok_or_else(|| LocalError::Program {
             function: f.name.clone(),
             program: f.command[0].clone(),

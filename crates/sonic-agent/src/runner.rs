@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use sonic_api::agent::{
-    FileSource, MAX_PREWARM, OutputFile, PrewarmRequest, Prewarmed, RunReport, RunRequest,
-    RunStatus, StagedInput,
+    FileSource, HandlerRun, MAX_PREWARM, OutputFile, PrewarmRequest, Prewarmed, RunReport,
+    RunRequest, RunStatus, StagedInput,
 };
 
 use crate::files::{FilePath, JobId, link_local, move_local};
@@ -30,6 +30,9 @@ pub enum RunError {
     /// the lambda's fault, so the run fails rather than errs.
     #[error("output {path}: {message}")]
     Refused { path: String, message: String },
+    /// A handler stage's code could not be made ready on this agent.
+    #[error("handler {name}: {message}")]
+    Handler { name: String, message: String },
 }
 
 /// The id of a run: one per (job, function, instance, attempt), so a repeated request is idempotent.
@@ -52,10 +55,15 @@ pub fn check_request(req: &RunRequest) -> Result<JobId, RunError> {
     if req.instances == 0 || req.instance >= req.instances {
         return Err(RunError::Invalid("instance must be below instances".into()));
     }
-    if req.command.is_empty() || req.command.iter().any(|a| a.contains('\0')) {
-        return Err(RunError::Invalid(
-            "command needs an executable and no NUL".into(),
-        ));
+    match &req.handler {
+        Some(h) => check_handler(req, h)?,
+        None => {
+            if req.command.is_empty() || req.command.iter().any(|a| a.contains('\0')) {
+                return Err(RunError::Invalid(
+                    "command needs an executable and no NUL".into(),
+                ));
+            }
+        }
     }
     if req.memory_limit_mb == 0
         || !(req.cpus.is_finite() && req.cpus > 0.0)
@@ -103,6 +111,109 @@ pub fn check_request(req: &RunRequest) -> Result<JobId, RunError> {
         }
     }
     Ok(job)
+}
+
+/// A handler run names a registered lambda by digest, its tarball at the digest's key, and a
+/// known edge kind for each of its routes; it has no image or command of its own.
+fn check_handler(req: &RunRequest, h: &HandlerRun) -> Result<(), RunError> {
+    let invalid = |m: String| Err(RunError::Invalid(m));
+    if !req.command.is_empty() || !req.image.is_empty() {
+        return invalid("a handler run has no image or command".into());
+    }
+    if !sonic_core::dag::valid_handler_name(&h.name) {
+        return invalid(format!("invalid handler name {:?}", h.name));
+    }
+    if !sonic_api::agent::valid_sha256(&h.sha256) {
+        return invalid("handler.sha256 must be 64 lowercase hex digits".into());
+    }
+    if h.key != sonic_api::agent::handler_key(&h.sha256) {
+        return invalid("handler.key must be the tarball's key under its digest".into());
+    }
+    for (to, kind) in &h.routes {
+        let to_ok = to == "result" || sonic_core::dag::valid_function_name(to);
+        let kind_ok = matches!(
+            kind.as_str(),
+            "one" | "broadcast" | "gather" | "scatter" | "shuffle" | "result"
+        );
+        if !to_ok || !kind_ok {
+            return invalid(format!("invalid handler route {to:?}: {kind:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// The command and extra environment of a handler run: its lambda fetched from the store,
+/// checked against its digest and unpacked once per digest (`<data_dir>/handlers/<sha256>/`),
+/// run by the shipped Python runner with the host's `python3` (process sandbox only).
+async fn handler_command(
+    state: &Arc<AgentState>,
+    h: &HandlerRun,
+) -> Result<(Vec<String>, Vec<(String, String)>), RunError> {
+    let fail = |message: String| RunError::Handler {
+        name: h.name.clone(),
+        message,
+    };
+    if state.sandbox.kind() != "process" {
+        return Err(fail(format!(
+            "handler stages run in the process sandbox (the host's python3); this agent's {} sandbox has no Python image yet",
+            state.sandbox.kind()
+        )));
+    }
+    let cache = state.config.data_dir.join("handlers");
+    let dir = cache.join(&h.sha256);
+    if !dir.join("f.py").is_file() {
+        let lock = state.fetch_locks.get(&format!("handler/{}", h.sha256));
+        let _guard = lock.lock().await;
+        if !dir.join("f.py").is_file() {
+            let store = state
+                .store
+                .as_ref()
+                .ok_or_else(|| fail("this agent has no object store to fetch it from".into()))?;
+            let bytes = store
+                .get_bytes(&h.key)
+                .await
+                .map_err(|e| fail(format!("cannot fetch {}: {e}", h.key)))?;
+            let (cache, sha) = (cache.clone(), h.sha256.clone());
+            tokio::task::spawn_blocking(move || {
+                sonic_openlambda::package::unpack_verified(&cache, &sha, &bytes)
+            })
+            .await
+            .map_err(|e| fail(e.to_string()))?
+            .map_err(|e| fail(e.to_string()))?;
+            tracing::info!(handler = %h.name, sha256 = %h.sha256, "handler unpacked");
+        }
+    }
+    let rt_dir = cache.join("runtime");
+    let (runner, config) = {
+        let (rt_dir, code) = (rt_dir.clone(), dir.clone());
+        tokio::task::spawn_blocking(move || {
+            let runner = sonic_openlambda::package::install_runtime(&rt_dir)
+                .map_err(|e| format!("cannot write the Python runner: {e}"))?;
+            let config = sonic_openlambda::LambdaConfig::load(&code).map_err(|e| e.to_string())?;
+            Ok::<_, String>((runner, config))
+        })
+        .await
+        .map_err(|e| fail(e.to_string()))?
+        .map_err(fail)?
+    };
+    let mut env: Vec<(String, String)> = config
+        .env()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("SONIC_") && k != "PYTHONPATH")
+        .collect();
+    env.push(("PYTHONPATH".into(), rt_dir.display().to_string()));
+    env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
+    env.push(("PYTHONUNBUFFERED".into(), "1".into()));
+    env.push((
+        "SONIC_HANDLER_ROUTES".into(),
+        serde_json::to_string(&h.routes).unwrap_or_else(|_| "{}".into()),
+    ));
+    let command = vec![
+        "python3".to_owned(),
+        runner.display().to_string(),
+        dir.display().to_string(),
+    ];
+    Ok((command, env))
 }
 
 /// The quota of an instance: what the request asks, at most the agent's own.
@@ -299,11 +410,19 @@ async fn run_inner(
     for (to, n) in &req.fanouts {
         env.push((sonic_core::dag::fanout_env_var(to), n.to_string()));
     }
+    let command = match &req.handler {
+        Some(h) => {
+            let (command, extra) = handler_command(state, h).await?;
+            env.extend(extra);
+            command
+        }
+        None => req.command.clone(),
+    };
     let spec = RunSpec {
         run_id: report.run_id.clone(),
         warm_key: req.warm_key(),
         image: req.image.clone(),
-        command: req.command.clone(),
+        command,
         env,
         input_dir: input_dir.clone(),
         output_dir: output_dir.clone(),

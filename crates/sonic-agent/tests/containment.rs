@@ -310,6 +310,7 @@ fn request(job: &str, command: &[&str]) -> RunRequest {
         }],
         output_quota_mb: None,
         report_url: None,
+        handler: None,
     }
 }
 

@@ -102,6 +102,7 @@ fn request(job: &str, function: &str, args: &[&str]) -> RunRequest {
         outputs: Vec::new(),
         output_quota_mb: None,
         report_url: None,
+        handler: None,
     }
 }
 

@@ -136,6 +136,41 @@ pub struct RunRequest {
     /// registered in one process). Absent: the control plane polls `GET /v1/runs/{run_id}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report_url: Option<String>,
+    /// A function that runs an OpenLambda handler rather than `image` and `command` (both then
+    /// empty): the agent fetches the lambda's tarball, checks it and runs `f(event)` through
+    /// Sonic's Python runner under the file ABI (docs/python.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<HandlerRun>,
+}
+
+/// The OpenLambda handler a run calls: which code, where to get it, and how its return value
+/// becomes the run's output files.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HandlerRun {
+    /// The lambda's name in the control plane's registry.
+    pub name: String,
+    /// The SHA-256 (64 lowercase hex digits) of the lambda's `.tar.gz`: the agent refuses a
+    /// tarball with another digest, and caches the unpacked lambda by it.
+    pub sha256: String,
+    /// The tarball's key in the object store ([`handler_key`]).
+    pub key: String,
+    /// Per outgoing route (a receiver's name, and `result` for a last function): the edge kind
+    /// (`one`, `broadcast`, `gather`, `scatter`, `shuffle`; `result` for `result`), which says how
+    /// the returned value is written.
+    #[serde(default)]
+    pub routes: BTreeMap<String, String>,
+}
+
+/// Where the registry's tarball of digest `sha256` is kept in the object store.
+pub fn handler_key(sha256: &str) -> String {
+    format!("openlambda/{sha256}.tar.gz")
+}
+
+/// A SHA-256 digest as the handler fields carry it: 64 lowercase hex digits.
+pub fn valid_sha256(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 fn first_execution() -> u32 {
@@ -176,11 +211,12 @@ impl RunRequest {
     /// What the agent's warm containers are keyed by, besides the limits: the function's
     /// identity (or, without one, the job), the image and the command.
     pub fn warm_key(&self) -> String {
-        warm_key(
-            self.function_key.as_deref().unwrap_or(&self.job_id),
-            &self.image,
-            &self.command,
-        )
+        let identity = self.function_key.as_deref().unwrap_or(&self.job_id);
+        match &self.handler {
+            // A handler's code is its tarball: a new version gets environments of its own.
+            Some(h) => warm_key(identity, &format!("handler:{}", h.sha256), &[]),
+            None => warm_key(identity, &self.image, &self.command),
+        }
     }
 
     /// The id of this run: one per (job, function, instance, attempt, execution), so a repeated

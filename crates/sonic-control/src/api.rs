@@ -1054,6 +1054,10 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
     let fanouts = dag
         .fanouts(&dag.job_params(&overrides))
         .map_err(|e| ApiError::BadRequest(format!("params: {e}")))?;
+    // A handler that is not registered refuses the job now, before anything is stored.
+    crate::handlers::resolve(&rt, &dag)
+        .await
+        .map_err(ApiError::BadRequest)?;
     let job_id = new_job_id();
     // The input is checked and measured first; it is stored once the job is accepted.
     let mut input: Option<(JobInputFile, Option<Vec<u8>>)> = None;

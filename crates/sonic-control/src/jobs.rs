@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use sonic_api::agent::{FileSource, InputSpec, OutputRoute, RunRequest};
+use sonic_api::agent::{FileSource, HandlerRun, InputSpec, OutputRoute, RunRequest};
 use sonic_core::dag::{Dag, EdgeKind, Fanout};
 
 /// Memory limit given to an instance while nothing was learned about the function.
@@ -91,6 +91,9 @@ pub struct StageContext<'a> {
     pub file_key: &'a [u8],
     /// When the `direct` file tokens expire, Unix seconds.
     pub token_expiry: u64,
+    /// The handler of each function that runs one, by function index
+    /// ([`crate::handlers::resolve`]).
+    pub handlers: &'a BTreeMap<usize, HandlerRun>,
 }
 
 /// One instance to start: on which agent, with what request.
@@ -350,6 +353,7 @@ pub fn instance_runs(
                 output_quota_mb: None,
                 // Set by the executor when it sends the run (it knows where it listens).
                 report_url: None,
+                handler: ctx.handlers.get(&i).cloned(),
             },
         });
     }
@@ -362,6 +366,28 @@ pub fn function_key(dag: &Dag, i: usize) -> String {
     let f = &dag.functions[i];
     let definition = serde_json::to_vec(f).unwrap_or_default();
     sonic_api::agent::function_key(&dag.name, &f.name, &definition)
+}
+
+/// Encodes standard base64, padded.
+pub fn encode_base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// Decodes standard base64 (with or without padding; whitespace ignored).
@@ -447,6 +473,7 @@ edges:
         params: serde_json::Map<String, serde_json::Value>,
         agents: Vec<AgentSlot>,
         inputs: Vec<JobInputFile>,
+        handlers: BTreeMap<usize, HandlerRun>,
     }
 
     fn fixture() -> Fixture {
@@ -462,6 +489,7 @@ edges:
                 name: "data".into(),
                 key: "jobs/j-1/input/data".into(),
             }],
+            handlers: BTreeMap::new(),
         }
     }
 
@@ -483,6 +511,7 @@ edges:
             inputs: &f.inputs,
             file_key: b"key",
             token_expiry: 1000,
+            handlers: &f.handlers,
         }
     }
 
@@ -597,6 +626,7 @@ edges:
             params: serde_json::Map::new(),
             agents: agents(),
             inputs: Vec::new(),
+            handlers: BTreeMap::new(),
         };
         let methods = edge_methods(&f.dag, Policy::Remote);
         let part = |instance: u32, to: &str, name: &str| Produced {
@@ -657,5 +687,42 @@ edges:
             assert_eq!(p.as_str().parse::<Policy>(), Ok(p));
         }
         assert!("fast".parse::<Policy>().is_err());
+    }
+
+    #[test]
+    fn a_handler_stage_names_its_code_not_a_command() {
+        let mut f = fixture();
+        let run = HandlerRun {
+            name: "py".into(),
+            sha256: "a".repeat(64),
+            key: sonic_api::agent::handler_key(&"a".repeat(64)),
+            routes: BTreeMap::from([("sink".to_owned(), "gather".to_owned())]),
+        };
+        f.handlers.insert(1, run.clone());
+        let methods = edge_methods(&f.dag, Policy::Remote);
+        let produced = vec![made("mid", 2, &[0, 1], true), vec![], vec![]];
+        let ctx = ctx(&f, Policy::Remote, &methods, &produced);
+        let mid = stage_runs(&ctx, 1).expect("mid");
+        assert!(mid.iter().all(|p| p.request.handler.as_ref() == Some(&run)));
+        // The function's own image and command travel unchanged (empty for a handler).
+        assert_eq!(mid[0].request.command, f.dag.functions[1].command);
+        let first = stage_runs(&ctx, 0).expect("gen");
+        assert!(first.iter().all(|p| p.request.handler.is_none()));
+        // A new version of the code gets warm environments of its own.
+        let mut other = mid[0].request.clone();
+        other.handler.as_mut().expect("handler").sha256 = "b".repeat(64);
+        assert_ne!(other.warm_key(), mid[0].request.warm_key());
+    }
+
+    #[test]
+    fn base64_round_trips() {
+        for n in 0..10usize {
+            let data: Vec<u8> = (0..n as u8).map(|b| b.wrapping_mul(97)).collect();
+            let text = encode_base64(&data);
+            assert_eq!(text.len() % 4, 0);
+            assert_eq!(decode_base64(&text).expect("decode"), data);
+        }
+        assert_eq!(encode_base64(b"Man"), "TWFu");
+        assert_eq!(encode_base64(b"Ma"), "TWE=");
     }
 }

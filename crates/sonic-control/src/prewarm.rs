@@ -47,6 +47,10 @@ pub fn targets(
     let mut out = Vec::new();
     for j in next {
         let f = &ctx.dag.functions[j];
+        if f.handler.is_some() {
+            // A handler stage has no container to start ahead: its runs start `python3`.
+            continue;
+        }
         let instances = match ctx.fanouts.get(j) {
             Some(Fanout::Known(n)) => Some(*n),
             // One per file the sender writes: not known before it ran.
@@ -241,6 +245,7 @@ edges:
             inputs: &[],
             file_key: b"k",
             token_expiry: 0,
+            handlers: &BTreeMap::new(),
         };
         // gen starts: the 3 mids go to agents 1, 0, 1 (`jobs::place`), at most 1 at once on
         // agent 1 here (1 vCPU), 1 on agent 0.

@@ -161,6 +161,10 @@ pub struct Runtime {
     report_url: std::sync::OnceLock<String>,
     /// The tasks executing jobs, stopped with the control plane ([`Runtime::stop_jobs`]).
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// The OpenLambda registry whose lambdas DAG functions may name as handlers.
+    handlers: std::sync::OnceLock<Arc<sonic_openlambda::Handlers>>,
+    /// Digests of lambda tarballs this process put in the store.
+    packages: Mutex<BTreeSet<String>>,
 }
 
 impl Runtime {
@@ -193,7 +197,35 @@ impl Runtime {
             reports: crate::reports::Waiters::default(),
             report_url,
             tasks: Mutex::new(Vec::new()),
+            handlers: std::sync::OnceLock::new(),
+            packages: Mutex::new(BTreeSet::new()),
         }
+    }
+
+    /// DAG functions naming a `handler` run lambdas of this registry (the first call wins).
+    pub fn set_handlers(&self, registry: Arc<sonic_openlambda::Handlers>) {
+        let _ = self.handlers.set(registry);
+    }
+
+    /// The OpenLambda registry, when one was set.
+    pub fn handlers(&self) -> Option<&Arc<sonic_openlambda::Handlers>> {
+        self.handlers.get()
+    }
+
+    /// Whether this process already put the lambda tarball of digest `sha256` in the store.
+    pub fn package_stored(&self, sha256: &str) -> bool {
+        self.packages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(sha256)
+    }
+
+    /// Records that the lambda tarball of digest `sha256` is in the store.
+    pub fn mark_package_stored(&self, sha256: &str) {
+        self.packages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(sha256.to_owned());
     }
 
     /// Runs a job's execution ([`execute`] or [`resume`]) in a task of its own, stopped by
@@ -999,6 +1031,10 @@ async fn run(
     let fanouts = dag.fanouts(&params_map).map_err(Failure::Job)?;
     let params: serde_json::Map<String, serde_json::Value> = params_map.into_iter().collect();
     let policy: Policy = job.policy.parse().map_err(Failure::Job)?;
+    // Handlers are resolved once per execution: its runs all call the same code.
+    let handlers = crate::handlers::resolve(rt, &dag)
+        .await
+        .map_err(Failure::Job)?;
     let alloc = match planned {
         Some(p) => {
             let (alloc, p) = rt
@@ -1136,6 +1172,7 @@ async fn run(
                 inputs,
                 file_key: &rt.config.file_key,
                 token_expiry: expiry,
+                handlers: &handlers,
             }
         };
     }

@@ -219,6 +219,10 @@ pub async fn start_with_jobs(
         Some(ol) => Some(sonic_openlambda::start(ol.listener(&config.data_dir)).await?),
         None => None,
     };
+    if let (Some(rt), Some(ol)) = (&jobs, &openlambda) {
+        // DAG functions may name the registry's lambdas as handlers.
+        rt.set_handlers(ol.handlers.clone());
+    }
     if let Some(rt) = &jobs {
         // Agents without a control URL of their own (registered in this process) push run
         // reports here; a wildcard address is reached on loopback.
@@ -235,6 +239,11 @@ pub async fn start_with_jobs(
         ));
     }
     let state = ControlState::with_jobs(db, clock, Settings::from_config(&config), jobs);
+    if let Some(ol) = &openlambda {
+        // `POST /run/<dag-name>` runs the DAG's job.
+        ol.handlers
+            .set_dags(Arc::new(crate::handlers::DagCalls::new(&state)));
+    }
     // Jobs a previous process was running go on from what it recorded.
     if let Some(rt) = &state.jobs {
         for job in resumed {

@@ -45,6 +45,8 @@ pub const MAX_COMMAND_ARGS: usize = 1_024;
 pub const MAX_TEXT_BYTES: usize = 4_096;
 /// The longest image reference, in bytes.
 pub const MAX_IMAGE_BYTES: usize = 512;
+/// The longest handler (OpenLambda lambda) name, in bytes.
+pub const MAX_HANDLER_BYTES: usize = 128;
 
 /// A refused DAG file: which file, where, which field, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -86,12 +88,19 @@ pub enum Instances {
     Follow,
 }
 
-/// One function (stage) of a DAG.
+/// One function (stage) of a DAG: an executable (`image` and `command`) or a registered
+/// OpenLambda handler (`handler`), never both.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Function {
     pub name: String,
+    /// The Docker sandbox's image; empty for a handler.
     pub image: String,
+    /// Executable and arguments; empty for a handler.
     pub command: Vec<String>,
+    /// The name of a lambda in the OpenLambda registry whose `f(event)` this function runs
+    /// (docs/python.md); `None` for an executable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<String>,
     pub timeout_s: f64,
     pub instances: Instances,
 }
@@ -156,8 +165,12 @@ struct DagSpec {
 #[serde(deny_unknown_fields)]
 struct FunctionSpec {
     name: Spanned<String>,
-    image: Spanned<String>,
-    command: Spanned<Vec<Spanned<String>>>,
+    #[serde(default)]
+    image: Option<Spanned<String>>,
+    #[serde(default)]
+    command: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    handler: Option<Spanned<String>>,
     #[serde(default)]
     timeout: Option<Spanned<ScalarSpec>>,
     #[serde(default)]
@@ -231,6 +244,17 @@ impl Errs<'_> {
             message: message.into(),
         }
     }
+}
+
+/// An OpenLambda lambda's name as its registry takes it: letters, digits, `-`, `_` and `.`, not
+/// starting with `.`, at most [`MAX_HANDLER_BYTES`].
+pub fn valid_handler_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_HANDLER_BYTES
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 /// `[a-z0-9-]`, starting and ending with a letter or digit, at most 63 characters.
@@ -630,6 +654,48 @@ fn yaml_error(file: &str, text: &str, e: &serde_saphyr::Error) -> DagError {
     }
 }
 
+/// Checks a function's `image` and `command` (the executable form).
+fn check_executable(
+    errs: &Errs<'_>,
+    i: usize,
+    image: &Spanned<String>,
+    command: &Spanned<Vec<Spanned<String>>>,
+) -> Result<(), DagError> {
+    let at = |field: &str| format!("functions[{i}].{field}");
+    if image.value.trim().is_empty() {
+        return Err(errs.at(image, at("image"), "the image must not be empty"));
+    }
+    if !valid_image(&image.value) {
+        let shown: String = image.value.chars().take(80).collect();
+        return Err(errs.at(
+            image,
+            at("image"),
+            format!(
+                "{shown:?} is not an image reference ([registry/]name[:tag][@digest], lowercase name, at most {MAX_IMAGE_BYTES} bytes)"
+            ),
+        ));
+    }
+    if command.value.is_empty() {
+        return Err(errs.at(command, at("command"), "the command needs an executable"));
+    }
+    if command.value.len() > MAX_COMMAND_ARGS {
+        return Err(errs.at(
+            command,
+            at("command"),
+            format!(
+                "{} words; a command has at most {MAX_COMMAND_ARGS}",
+                command.value.len()
+            ),
+        ));
+    }
+    for (j, word) in command.value.iter().enumerate() {
+        if let Some(problem) = command_word_problem(&word.value, j == 0) {
+            return Err(errs.at(word, at(&format!("command[{j}]")), problem));
+        }
+    }
+    Ok(())
+}
+
 fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
     let spec_edges = spec.edges.take().unwrap_or_default();
     if !valid_dag_name(&spec.name.value) {
@@ -754,37 +820,50 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         if names.insert(name.clone(), i).is_some() {
             return Err(errs.at(&f.name, at("name"), format!("duplicate function {name:?}")));
         }
-        if f.image.value.trim().is_empty() {
-            return Err(errs.at(&f.image, at("image"), "the image must not be empty"));
-        }
-        if !valid_image(&f.image.value) {
-            let shown: String = f.image.value.chars().take(80).collect();
-            return Err(errs.at(
-                &f.image,
-                at("image"),
-                format!(
-                    "{shown:?} is not an image reference ([registry/]name[:tag][@digest], lowercase name, at most {MAX_IMAGE_BYTES} bytes)"
-                ),
-            ));
-        }
-        if f.command.value.is_empty() {
-            return Err(errs.at(&f.command, at("command"), "the command needs an executable"));
-        }
-        if f.command.value.len() > MAX_COMMAND_ARGS {
-            return Err(errs.at(
-                &f.command,
-                at("command"),
-                format!(
-                    "{} words; a command has at most {MAX_COMMAND_ARGS}",
-                    f.command.value.len()
-                ),
-            ));
-        }
-        for (j, word) in f.command.value.iter().enumerate() {
-            if let Some(problem) = command_word_problem(&word.value, j == 0) {
-                return Err(errs.at(word, at(&format!("command[{j}]")), problem));
+        let (image, command, handler) = match (&f.handler, &f.image, &f.command) {
+            (Some(h), None, None) => {
+                if !valid_handler_name(&h.value) {
+                    let shown: String = h.value.chars().take(80).collect();
+                    return Err(errs.at(
+                        h,
+                        at("handler"),
+                        format!(
+                            "{shown:?} is not a lambda name (letters, digits, '-', '_' and '.', not first, at most {MAX_HANDLER_BYTES})"
+                        ),
+                    ));
+                }
+                (String::new(), Vec::new(), Some(h.value.clone()))
             }
-        }
+            (Some(h), _, _) => {
+                return Err(errs.at(
+                    h,
+                    at("handler"),
+                    "a function runs either a handler or an image and command, not both",
+                ));
+            }
+            (None, Some(image), Some(command)) => {
+                check_executable(errs, i, image, command)?;
+                (
+                    image.value.clone(),
+                    command.value.iter().map(|w| w.value.clone()).collect(),
+                    None,
+                )
+            }
+            (None, None, _) => {
+                return Err(errs.at(
+                    fs,
+                    at("image"),
+                    "missing field `image` (or name a registered lambda with `handler`)",
+                ));
+            }
+            (None, Some(_), None) => {
+                return Err(errs.at(
+                    fs,
+                    at("command"),
+                    "missing field `command` (or name a registered lambda with `handler`)",
+                ));
+            }
+        };
         let timeout_s = match &f.timeout {
             None => DEFAULT_TIMEOUT_S,
             Some(t) => {
@@ -848,8 +927,9 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         };
         functions.push(Function {
             name,
-            image: f.image.value.clone(),
-            command: f.command.value.iter().map(|w| w.value.clone()).collect(),
+            image,
+            command,
+            handler,
             timeout_s,
             instances,
         });

@@ -201,6 +201,51 @@ fn refuses_bad_files_with_place_and_field() {
 }
 
 #[test]
+fn a_function_runs_a_handler_or_an_executable() {
+    let dag = Dag::from_yaml(
+        "h.yaml",
+        "name: h\nfunctions:\n  - { name: a, handler: my_lambda.v2 }\n  - { name: b, image: i, command: [x] }\nedges:\n  - { from: a, to: b, kind: one }\n",
+    )
+    .expect("a handler and an executable");
+    assert_eq!(dag.functions[0].handler.as_deref(), Some("my_lambda.v2"));
+    assert!(dag.functions[0].image.is_empty() && dag.functions[0].command.is_empty());
+    assert_eq!(dag.functions[1].handler, None);
+    // The stored form of an executable does not change (its warm-container identity hashes it).
+    let json = serde_json::to_value(&dag.functions[1]).expect("json");
+    assert!(json.get("handler").is_none(), "{json}");
+    let back: Dag =
+        serde_json::from_value(serde_json::to_value(&dag).expect("json")).expect("back");
+    assert_eq!(back, dag);
+
+    check(
+        "functions:\n  - { name: a, handler: h, image: i, command: [x] }\n",
+        &[":3:", "functions[0].handler", "not both"],
+    );
+    check(
+        "functions:\n  - { name: a, handler: h, command: [x] }\n",
+        &["functions[0].handler", "not both"],
+    );
+    check(
+        "functions:\n  - { name: a }\n",
+        &["functions[0].image", "missing field `image`", "handler"],
+    );
+    check(
+        "functions:\n  - { name: a, image: i }\n",
+        &["functions[0].command", "missing field `command`"],
+    );
+    for bad in ["../x", ".hidden", "a b", "\"\""] {
+        check(
+            &format!("functions:\n  - {{ name: a, handler: {bad} }}\n"),
+            &["functions[0].handler", "not a lambda name"],
+        );
+    }
+    check(
+        "functions:\n  - { name: a, handler: [h] }\n",
+        &["functions[0].handler"],
+    );
+}
+
+#[test]
 fn refuses_a_bad_dag_name() {
     let err = Dag::from_yaml(
         "n.yaml",

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod package;
 pub mod tarball;
 pub mod worker;
 
@@ -49,8 +50,29 @@ pub enum StartError {
     Io(#[from] std::io::Error),
 }
 
+/// A future the [`DagRunner`] answers with.
+pub type DagFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// What `POST /run/<name>` calls when `name` is not a registered lambda but may be a DAG: the
+/// control plane runs a job of that DAG with the event as its input.
+pub trait DagRunner: Send + Sync {
+    /// Whether a DAG of this name is applied.
+    fn has_dag<'a>(&'a self, name: &'a str) -> DagFuture<'a, bool>;
+
+    /// Runs a job of DAG `name` with `event` as its input and returns the final function's
+    /// result, or the job's error when it failed or could not start.
+    fn run_dag<'a>(
+        &'a self,
+        name: &'a str,
+        event: serde_json::Value,
+    ) -> DagFuture<'a, Result<serde_json::Value, String>>;
+}
+
 struct Lambda {
     dir: PathBuf,
+    /// Its tarball as installed, for DAG stages on other hosts (`None`: installed by a version
+    /// that did not keep it; upload it again to use it in a DAG).
+    package: Option<package::Package>,
     config: LambdaConfig,
     version: u64,
     idle: Vec<Worker>,
@@ -67,6 +89,8 @@ struct Timer {
 /// The listener's shared state.
 pub struct Handlers {
     root: PathBuf,
+    /// `<dir>/packages/<name>.tar.gz`: each lambda's tarball as installed.
+    packages: PathBuf,
     python: PathBuf,
     runtime: PathBuf,
     cfg: OpenLambdaConfig,
@@ -76,6 +100,8 @@ pub struct Handlers {
     versions: AtomicU64,
     stats: Mutex<BTreeMap<String, Timer>>,
     cold_starts: AtomicUsize,
+    /// Runs DAGs for `/run/<dag-name>`, once the control plane set it.
+    dags: std::sync::OnceLock<Arc<dyn DagRunner>>,
 }
 
 impl Handlers {
@@ -103,10 +129,13 @@ impl Handlers {
         }
         let root = cfg.dir.join("registry");
         tokio::fs::create_dir_all(&root).await?;
+        let packages = cfg.dir.join("packages");
+        tokio::fs::create_dir_all(&packages).await?;
         let runtime = cfg.dir.join("sonic_ol_runtime.py");
         tokio::fs::write(&runtime, RUNTIME_PY).await?;
         let handlers = Handlers {
             root: root.clone(),
+            packages: packages.clone(),
             python: PathBuf::from(exe),
             runtime,
             lambdas: Mutex::new(HashMap::new()),
@@ -114,6 +143,7 @@ impl Handlers {
             versions: AtomicU64::new(1),
             stats: Mutex::new(BTreeMap::new()),
             cold_starts: AtomicUsize::new(0),
+            dags: std::sync::OnceLock::new(),
             cfg,
         };
         let mut rd = tokio::fs::read_dir(&root).await?;
@@ -124,7 +154,17 @@ impl Handlers {
                 continue;
             }
             match LambdaConfig::load(&e.path()) {
-                Ok(config) => handlers.put(&name, e.path(), config, 0),
+                Ok(config) => {
+                    let path = packages.join(format!("{name}.tar.gz"));
+                    let package = match tokio::fs::read(&path).await {
+                        Ok(bytes) => Some(package::Package {
+                            sha256: package::sha256_hex(&bytes),
+                            path,
+                        }),
+                        Err(_) => None,
+                    };
+                    handlers.put(&name, e.path(), package, config, 0)
+                }
                 Err(err) => {
                     tracing::warn!(lambda = %name, error = %err, "skipped an installed lambda")
                 }
@@ -133,10 +173,18 @@ impl Handlers {
         Ok(Arc::new(handlers))
     }
 
-    fn put(&self, name: &str, dir: PathBuf, config: LambdaConfig, queued: usize) {
+    fn put(
+        &self,
+        name: &str,
+        dir: PathBuf,
+        package: Option<package::Package>,
+        config: LambdaConfig,
+        queued: usize,
+    ) {
         let version = self.versions.fetch_add(1, Ordering::Relaxed);
         let lambda = Lambda {
             dir,
+            package,
             config,
             version,
             idle: Vec::new(),
@@ -155,9 +203,37 @@ impl Handlers {
         t.total_ms += since.elapsed().as_secs_f64() * 1000.0;
     }
 
+    /// The registered lambda `name`'s tarball (its digest and where the registry keeps it), for
+    /// a DAG stage that runs it; `None` when no such lambda is registered, or it was installed
+    /// by a version that did not keep its tarball.
+    pub fn package(&self, name: &str) -> Option<package::Package> {
+        lock(&self.lambdas)
+            .get(name)
+            .and_then(|l| l.package.clone())
+    }
+
+    /// `POST /run/<name>` of a name that is not a registered lambda runs the DAG of that name
+    /// through `runner` (the first call wins).
+    pub fn set_dags(&self, runner: Arc<dyn DagRunner>) {
+        let _ = self.dags.set(runner);
+    }
+
+    /// Whether a lambda named `name` is registered.
+    pub fn has(&self, name: &str) -> bool {
+        lock(&self.lambdas).contains_key(name)
+    }
+
     /// How many Python workers were started (cold starts), for tests and benches.
     pub fn cold_starts(&self) -> usize {
         self.cold_starts.load(Ordering::Relaxed)
+    }
+}
+
+impl std::fmt::Debug for Handlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handlers")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
     }
 }
 
@@ -284,6 +360,13 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
     if let Some(r) = invalid_name(name) {
         return r;
     }
+    if !h.has(name)
+        && let Some(dags) = h.dags.get()
+        && sonic_dag_name(name)
+        && dags.has_dag(name).await
+    {
+        return run_dag(dags.as_ref(), name, method, body).await;
+    }
     let (slots, _queued) = {
         let mut lambdas = lock(&h.lambdas);
         let Some(l) = lambdas.get_mut(name) else {
@@ -371,6 +454,45 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
     }
 }
 
+/// A DAG's name: `[a-z0-9-]`, starting and ending with a letter or digit, at most 63.
+fn sonic_dag_name(name: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && edge(name.chars().next())
+        && edge(name.chars().last())
+}
+
+/// `POST /run/<dag-name>`: a job of the DAG with the body as its input; 200 with the final
+/// function's result, 500 with the job's error.
+async fn run_dag(dags: &dyn DagRunner, name: &str, method: &Method, body: &[u8]) -> Response {
+    if method != Method::POST {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("HTTP method not allowed. Sent: {method}, Allowed: [POST]"),
+        );
+    }
+    let event: serde_json::Value = if body.iter().all(u8::is_ascii_whitespace) {
+        serde_json::Value::Null
+    } else {
+        match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("the body is not JSON: {e}"),
+                );
+            }
+        }
+    };
+    match dags.run_dag(name, event).await {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
+}
+
 fn give_back(h: &Handlers, name: &str, w: Worker) {
     let mut lambdas = lock(&h.lambdas);
     if let Some(l) = lambdas.get_mut(name)
@@ -430,6 +552,7 @@ async fn install(
     let staging = h.root.join(format!(".new-{name}-{n}"));
     let max = h.cfg.max_unpacked;
     let st = staging.clone();
+    let tarball = body.clone();
     let unpacked = tokio::task::spawn_blocking(move || -> Result<LambdaConfig, String> {
         std::fs::create_dir(&st).map_err(|e| e.to_string())?;
         tarball::unpack(&body, &st, max).map_err(|e| e.to_string())?;
@@ -453,6 +576,23 @@ async fn install(
             );
         }
     };
+    // The tarball is kept as sent (it unpacked safely), for DAG stages on other hosts.
+    let sha256 = package::sha256_hex(&tarball);
+    let package_path = h.packages.join(format!("{name}.tar.gz"));
+    let package_tmp = h.packages.join(format!(".new-{name}-{n}"));
+    let kept = async {
+        tokio::fs::write(&package_tmp, &tarball).await?;
+        tokio::fs::rename(&package_tmp, &package_path).await
+    }
+    .await;
+    if let Err(e) = kept {
+        let _ = tokio::fs::remove_dir_all(&staging).await;
+        let _ = tokio::fs::remove_file(&package_tmp).await;
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot keep the tarball: {e}"),
+        );
+    }
     let dest = h.root.join(&name);
     let old = h.root.join(format!(".old-{name}-{n}"));
     let swapped = async {
@@ -475,7 +615,11 @@ async fn install(
     let previous = lock(&h.lambdas).remove(&name);
     let queued = previous.as_ref().map_or(0, |l| l.queued);
     drop(previous);
-    h.put(&name, dest, config, queued);
+    let package = package::Package {
+        sha256,
+        path: package_path,
+    };
+    h.put(&name, dest, Some(package), config, queued);
     let _ = tokio::fs::remove_dir_all(&old).await;
     h.record("registry-upload", t0);
     tracing::info!(lambda = %name, "lambda installed");
@@ -496,6 +640,7 @@ async fn remove(State(h): State<Arc<Handlers>>, UrlPath(name): UrlPath<String>) 
     if let Err(e) = tokio::fs::remove_dir_all(h.root.join(&name)).await {
         tracing::warn!(lambda = %name, error = %e, "cannot remove the lambda's folder");
     }
+    let _ = tokio::fs::remove_file(h.packages.join(format!("{name}.tar.gz"))).await;
     text(StatusCode::OK, format!("lambda `{name}` deleted"))
 }
 

@@ -1,0 +1,518 @@
+//! OpenLambda handlers as DAG stages, across hosts: a control plane started from its own
+//! configuration with the OpenLambda listener (the registry), agents that know only its URL and
+//! the join token (their own data folders: they fetch the handlers' code from the object store,
+//! SeaweedFS when `SONIC_S3_ENDPOINT` names one, as in CI). A DAG mixing Python handlers and the
+//! Rust `synthetic` lambda runs under every policy with byte-identical results; bad handler
+//! outputs fail the instance with a clear error; an unregistered handler refuses the job.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sonic_agent::config::{AgentConfig, SandboxChoice};
+use sonic_agent::server::RunningAgent;
+use sonic_api::control::{JobMode, JobStatus, JobSummary};
+use sonic_control::config::OpenLambdaSettings;
+use sonic_control::{ControlConfig, RunningControl, SystemClock};
+use sonic_core::regression::Convergence;
+use sonic_core::units::{ByteSize, Seconds};
+use sonic_storage::StoreChoice;
+
+mod support;
+
+use support::{base64, lambda_dir};
+
+const TOKEN: &str = "api-token-0123456789abcdef";
+const JOIN: &str = "join-token-0123456789abcdef";
+
+/// split (Python) writes the job input as two binary parts with the `sonic` module (large
+/// data); copy (Rust) copies each part on; count (Python) gathers them, reads the files and
+/// returns JSON, which becomes the job's result.
+const DAG: &str = r#"
+name: mixed
+params: { label: hello }
+functions:
+  - { name: split, handler: py-split, timeout: 30s }
+  - { name: copy, image: sonic-lambdas:latest, command: [synthetic, copy, --to, count], timeout: 30s }
+  - { name: count, handler: py-count, timeout: 30s }
+edges:
+  - { from: split, to: copy, kind: scatter }
+  - { from: copy, to: count, kind: gather }
+"#;
+
+const SPLIT: &str = r#"
+import sonic
+
+def f(event):
+    [data] = [i for i in sonic.inputs() if i.sender == "input"]
+    raw = data.read_bytes()
+    assert event["inputs"][0]["size"] == len(raw)
+    half = len(raw) // 2
+    with sonic.output("copy", "part-0.bin") as out:
+        out.write(raw[:half])
+    sonic.write_bytes("copy", "part-1.bin", raw[half:])
+    return None
+"#;
+
+const COUNT: &str = r#"
+import hashlib, os, sonic
+
+def f(event):
+    files = sonic.inputs("copy")
+    joined = b"".join(i.read_bytes() for i in files)
+    return {
+        "label": event["params"]["label"],
+        "greeting": os.environ.get("GREETING"),
+        "parts": [i.rel for i in files],
+        "bytes": len(joined),
+        "sha256": hashlib.sha256(joined).hexdigest(),
+        "instances": event["instances"],
+    }
+"#;
+
+/// A `.tar.gz` made by Python's `tarfile`, as OpenLambda's scripts make them.
+fn tarball(files: &[(&str, &str)]) -> Vec<u8> {
+    let spec = serde_json::to_string(files).expect("json");
+    let script = "import tarfile, io, json, sys\nbuf = io.BytesIO()\nwith tarfile.open(fileobj=buf, mode='w:gz') as tar:\n    for name, text in json.loads(sys.argv[1]):\n        data = text.encode()\n        info = tarfile.TarInfo(name)\n        info.size = len(data)\n        tar.addfile(info, io.BytesIO(data))\nsys.stdout.buffer.write(buf.getvalue())\n";
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, &spec])
+        .output()
+        .expect("python3 (needed to run handlers)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// The store of this run: SeaweedFS when the tests have one (CI), else a folder.
+fn store_choice(dir: &Path) -> StoreChoice {
+    match std::env::var("SONIC_S3_ENDPOINT") {
+        Ok(endpoint) if !endpoint.is_empty() => StoreChoice::S3(sonic_storage::s3::S3Config::new(
+            endpoint,
+            "sonic-handlers",
+            "sonic",
+            "sonicsecret",
+        )),
+        _ => StoreChoice::Local {
+            root: dir.join("store"),
+        },
+    }
+}
+
+pub struct Cluster {
+    pub control: RunningControl,
+    agents: Vec<RunningAgent>,
+    pub http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    pub async fn start() -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = ControlConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: dir.path().join("control"),
+            token: TOKEN.into(),
+            join_token: JOIN.into(),
+            store: Some(store_choice(dir.path())),
+            openlambda: Some(OpenLambdaSettings {
+                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                token: String::new(),
+                python: "python3".into(),
+                timeout: Seconds(30.0),
+                max_body: ByteSize(1 << 20),
+            }),
+            ..ControlConfig::default()
+        };
+        let mut runtime = sonic_control::server::runtime_from_config(&config)
+            .await
+            .expect("runtime");
+        runtime.config.max_attempts = 2;
+        runtime.config.backoff = Duration::from_millis(20);
+        // Lambda times of milliseconds are noise: a few samples converge the models.
+        runtime.config.convergence = Convergence {
+            max_mape: 1000.0,
+            min_samples: 3,
+        };
+        let control =
+            sonic_control::start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
+                .await
+                .expect("control plane");
+        let mut agents = Vec::new();
+        for (id, vm_type) in [("a-1", "m5.large"), ("a-2", "m5.xlarge")] {
+            let cfg = AgentConfig {
+                id: id.to_owned(),
+                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                // A host of its own: nothing of the control plane's folder is visible to it.
+                data_dir: dir.path().join(id),
+                vm_type: vm_type.into(),
+                control_url: Some(control.url()),
+                join_token: JOIN.to_owned(),
+                sandbox: SandboxChoice::Process,
+                bin_dirs: vec![lambda_dir().to_path_buf()],
+                heartbeat_interval_ms: 200,
+                output_quota_mb: 2,
+                ..AgentConfig::default()
+            };
+            agents.push(
+                sonic_agent::start_from_config(cfg)
+                    .await
+                    .expect("agent joins"),
+            );
+        }
+        let c = Cluster {
+            control,
+            agents,
+            http: reqwest::Client::new(),
+            _dir: dir,
+        };
+        c.wait_alive().await;
+        c
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.control.url())
+    }
+
+    pub fn ol_url(&self, path: &str) -> String {
+        let ol = self.control.openlambda.as_ref().expect("openlambda");
+        format!("{}{path}", ol.url())
+    }
+
+    async fn wait_alive(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let v = self.get_json("/v1/agents").await;
+            let agents = v["agents"].as_array().cloned().unwrap_or_default();
+            if agents.len() == 2 && agents.iter().all(|a| a["alive"] == json!(true)) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "agents not alive: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.http
+            .get(self.url(path))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json")
+    }
+
+    pub async fn upload(&self, name: &str, files: &[(&str, &str)]) {
+        let r = self
+            .http
+            .post(self.ol_url(&format!("/registry/{name}")))
+            .body(tarball(files))
+            .send()
+            .await
+            .expect("upload");
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap_or_default());
+    }
+
+    pub async fn apply(&self, yaml: &str) {
+        let r = self
+            .http
+            .put(self.url("/v1/dags"))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/yaml")
+            .body(yaml.to_owned())
+            .send()
+            .await
+            .expect("apply");
+        assert!(r.status().is_success(), "apply: {}", r.status());
+    }
+
+    /// Submits a job; the status and body of the answer.
+    pub async fn try_submit(&self, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(self.url("/v1/jobs"))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .expect("submit");
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn run(&self, body: Value) -> (Value, JobSummary) {
+        let (status, v) = self.try_submit(body).await;
+        assert_eq!(status, 202, "{v}");
+        let id = v["job_id"].as_str().expect("id").to_owned();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let v = self.get_json(&format!("/v1/jobs/{id}")).await;
+            let s: JobSummary = serde_json::from_value(v.clone()).expect("summary");
+            if s.status.is_terminal() {
+                return (v, s);
+            }
+            assert!(Instant::now() < deadline, "job {id} did not end: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every result file of a job, read through the API (keyed without the job id).
+    pub async fn results(&self, s: &JobSummary) -> Vec<(String, Vec<u8>)> {
+        let mut files = Vec::new();
+        for out in &s.outputs {
+            let marker = format!("jobs/{}/result/", s.job_id);
+            let key = out
+                .split_once(&marker)
+                .map(|(_, k)| k.to_owned())
+                .unwrap_or_else(|| panic!("output {out} is not a result"));
+            let r = self
+                .http
+                .get(self.url(&format!("/v1/jobs/{}/results/{key}", s.job_id)))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .expect("result");
+            assert_eq!(r.status(), 200, "{out}");
+            files.push((key, r.bytes().await.expect("bytes").to_vec()));
+        }
+        files.sort();
+        files
+    }
+
+    pub async fn stop(self) {
+        for a in self.agents {
+            a.stop().await;
+        }
+        self.control.stop().await;
+    }
+}
+
+fn input(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+fn job(policy: Option<&str>, data: &[u8]) -> Value {
+    let mut body = json!({
+        "dag": "mixed",
+        "input": { "name": "data.bin", "base64": base64(data) },
+    });
+    if let Some(p) = policy {
+        body["policy"] = json!(p);
+    }
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dag_of_handlers_and_executables_runs_alike_under_every_policy() {
+    let c = Cluster::start().await;
+    c.upload("py-split", &[("f.py", SPLIT)]).await;
+    c.upload(
+        "py-count",
+        &[
+            ("f.py", COUNT),
+            ("ol.yaml", "environment:\n  GREETING: hi from ol.yaml\n"),
+        ],
+    )
+    .await;
+    c.apply(DAG).await;
+
+    // Profiling at three sizes, so that the models converge and a later job is planned.
+    for n in [20_000, 60_000, 100_000] {
+        let (v, s) = c.run(job(None, &input(n))).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    }
+    let data = input(80_000);
+    let want = json!({
+        "label": "hello",
+        "greeting": "hi from ol.yaml",
+        "parts": ["copy/0/split/0/part-0.bin", "copy/1/split/0/part-1.bin"],
+        "bytes": data.len(),
+        "sha256": sha256_hex(&data),
+        "instances": 1,
+    });
+    let mut all = Vec::new();
+    for policy in ["remote", "direct", "local", "sonic"] {
+        let (v, s) = c.run(job(Some(policy), &data)).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
+        let method = match policy {
+            "local" => Some("vm-storage"),
+            "sonic" => None,
+            p => Some(p),
+        };
+        if let Some(m) = method {
+            assert!(s.edges.iter().all(|e| e.method == m), "{policy}: {v}");
+        } else {
+            assert_eq!(s.mode, JobMode::Planned, "sonic plans once converged: {v}");
+        }
+        let files = c.results(&s).await;
+        assert_eq!(files.len(), 1, "{policy}: {v}");
+        assert_eq!(files[0].0, "output.json", "{policy}");
+        let got: Value = serde_json::from_slice(&files[0].1).expect("the result is JSON");
+        assert_eq!(got, want, "{policy}");
+        all.push(files);
+    }
+    for (i, files) in all.iter().enumerate().skip(1) {
+        assert_eq!(files, &all[0], "policy {i} differs from remote");
+    }
+    c.stop().await;
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    sonic_openlambda::package::sha256_hex(data)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_handlers_and_outputs_fail_with_a_clear_error() {
+    let c = Cluster::start().await;
+    let one = |handler: &str| {
+        format!(
+            "name: bad-{handler}\nfunctions:\n  - {{ name: only, handler: {handler}, timeout: 30s }}\n"
+        )
+    };
+    // A handler that is not registered refuses the job: nothing is stored.
+    c.apply(&one("missing")).await;
+    let (status, v) = c.try_submit(json!({ "dag": "bad-missing" })).await;
+    assert_eq!(status, 400, "{v}");
+    let msg = v["error"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("handler `missing` is not registered") && msg.contains("function only"),
+        "{v}"
+    );
+    assert_eq!(
+        c.get_json("/v1/jobs").await["jobs"]
+            .as_array()
+            .map(Vec::len),
+        Some(0)
+    );
+
+    for (name, code, expect) in [
+        (
+            "unjson",
+            "def f(event):\n    return {1, 2}\n",
+            "not JSON-serializable",
+        ),
+        (
+            "raises",
+            "def f(event):\n    raise ValueError('no such thing')\n",
+            "the handler raised ValueError: no such thing",
+        ),
+        (
+            "big",
+            "def f(event):\n    return 'x' * (3 << 20)\n",
+            "quota",
+        ),
+        (
+            "bigfile",
+            "import sonic\ndef f(event):\n    sonic.write_bytes('result', 'big.bin', b'x' * (3 << 20))\n",
+            "quota",
+        ),
+    ] {
+        c.upload(name, &[("f.py", code)]).await;
+        c.apply(&one(name)).await;
+        let (v, s) = c.run(json!({ "dag": format!("bad-{name}") })).await;
+        assert_eq!(s.status, JobStatus::Failed, "{name}: {v}");
+        let err = s.error.clone().unwrap_or_default();
+        assert!(err.contains(expect), "{name}: expected {expect:?} in {err}");
+    }
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dag_is_invocable_like_a_lambda() {
+    let c = Cluster::start().await;
+    c.upload(
+        "py-double",
+        &[(
+            "f.py",
+            "def f(event):\n    [i] = event['inputs']\n    return {'doubled': i['value']['n'] * 2}\n",
+        )],
+    )
+    .await;
+    c.upload(
+        "py-boom",
+        &[("f.py", "def f(event):\n    raise RuntimeError('boom')\n")],
+    )
+    .await;
+    // The last function is the Rust lambda: it copies the handler's output.json to result/.
+    c.apply(
+        "name: double\nfunctions:\n  - { name: twice, handler: py-double, timeout: 30s }\n  - { name: copy, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }\nedges:\n  - { from: twice, to: copy, kind: one }\n",
+    )
+    .await;
+    c.apply("name: boom\nfunctions:\n  - { name: only, handler: py-boom, timeout: 30s }\n")
+        .await;
+    let call = |method: reqwest::Method, name: &str, body: &str| {
+        c.http
+            .request(method, c.ol_url(&format!("/run/{name}")))
+            .body(body.to_owned())
+            .send()
+    };
+    let r = call(reqwest::Method::POST, "double", r#"{"n": 21}"#)
+        .await
+        .expect("run");
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["content-type"].to_str().unwrap_or_default(),
+        "application/json"
+    );
+    assert_eq!(
+        r.json::<Value>().await.expect("json"),
+        json!({"doubled": 42})
+    );
+    // It ran as a job of the DAG, recorded as any other.
+    let jobs = c.get_json("/v1/jobs?dag=double").await;
+    assert_eq!(jobs["jobs"].as_array().map(Vec::len), Some(1), "{jobs}");
+
+    // A failed job: 500 with its error.
+    let r = call(reqwest::Method::POST, "boom", "{}")
+        .await
+        .expect("run");
+    assert_eq!(r.status(), 500);
+    let text = r.text().await.expect("text");
+    assert!(text.contains("RuntimeError: boom"), "{text}");
+
+    // Only POST runs a DAG; a body that is not JSON is refused before any job.
+    let r = call(reqwest::Method::PUT, "double", "{}")
+        .await
+        .expect("run");
+    assert_eq!(r.status(), 405);
+    assert_eq!(
+        r.text().await.expect("text"),
+        "HTTP method not allowed. Sent: PUT, Allowed: [POST]\n"
+    );
+    let r = call(reqwest::Method::POST, "double", "{nope")
+        .await
+        .expect("run");
+    assert_eq!(r.status(), 400);
+    let jobs = c.get_json("/v1/jobs?dag=double").await;
+    assert_eq!(jobs["jobs"].as_array().map(Vec::len), Some(1), "{jobs}");
+
+    // Lambdas keep OpenLambda's behaviour: a registered one runs, an unknown name is 404.
+    let r = call(
+        reqwest::Method::POST,
+        "py-double",
+        r#"{"inputs": [{"value": {"n": 1}}]}"#,
+    )
+    .await
+    .expect("run");
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<Value>().await.expect("json"),
+        json!({"doubled": 2})
+    );
+    let r = call(reqwest::Method::POST, "nope", "{}")
+        .await
+        .expect("run");
+    assert_eq!(r.status(), 404);
+    assert!(
+        r.text()
+            .await
+            .expect("text")
+            .contains("not in the registry")
+    );
+    c.stop().await;
+}
