@@ -149,6 +149,21 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
         }
         None => Catalog::default(),
     };
+    let catalog = catalog
+        .dilated(config.dilation)
+        .map_err(|e| ServeError::Catalog {
+            path: config
+                .catalog
+                .clone()
+                .unwrap_or_else(|| "(built-in)".into()),
+            message: e.to_string(),
+        })?;
+    if config.dilation > 1.0 {
+        tracing::info!(
+            dilation = config.dilation,
+            "time-dilated cluster: planning with the catalog's links and store this many times slower"
+        );
+    }
     let file_key = match (&config.file_key, &config.file_key_file) {
         (Some(k), _) => k.clone(),
         (None, Some(path)) => sonic_daemon::secret::read_file("file_key_file", path)?,
@@ -179,6 +194,7 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
     jobs.agent_store = Some(choice.to_spec());
     jobs.planning = config.plan_budget();
     jobs.prewarm = config.prewarm;
+    jobs.dilation = config.dilation;
     tracing::info!(store = %choice.describe(), "object store open");
     Ok(Runtime::new(store, Some(catalog), jobs).with_http(http))
 }
