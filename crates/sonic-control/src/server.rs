@@ -356,6 +356,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_dilated_control_plane_plans_with_the_dilated_catalog_and_says_so() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = ControlConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: dir.path().join("data"),
+            token: "0123456789abcdef0123".into(),
+            dilation: 4.0,
+            ..ControlConfig::default()
+        };
+        let running = start(config, Arc::new(SystemClock)).await.expect("start");
+        let health = raw_get(running.addr, "/v1/health", None).await;
+        assert!(health.contains("\"dilation\":4.0"), "{health}");
+        let rt = running.state.jobs.as_ref().expect("a runtime");
+        let want = Catalog::default().dilated(4.0).expect("dilated");
+        assert_eq!(rt.catalog.as_ref(), Some(&want));
+        assert_eq!(rt.config.dilation, 4.0);
+        running.stop().await;
+    }
+
+    #[tokio::test]
     async fn serves_openlambda_when_configured() {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = ControlConfig {
