@@ -2,8 +2,9 @@
 # A Sonic cluster of containers on this machine (interfaces.md §4): every container is a host with
 # its own address on the private Docker network `sonic`.
 #
-#   bash deploy/cluster.sh up [--agents N] [--sandbox process|docker] [--scale F] [--tls]
-#                             [--lambdas DIR] [--release] [--catalog FILE] [--no-build]
+#   bash deploy/cluster.sh up [--agents N | --vms TYPE:N,...] [--scale F | --dilation D|auto]
+#                             [--sandbox process|docker] [--tls] [--lambdas DIR] [--release]
+#                             [--catalog FILE] [--no-build] [--dry-run]
 #   bash deploy/cluster.sh status [-o table|json]
 #   bash deploy/cluster.sh down
 #
@@ -21,13 +22,23 @@
 #     keeps what already runs as asked (so `up` twice is quick), waits until every agent has joined
 #     (SONIC_CLUSTER_TIMEOUT seconds, default 180), saves the ofctl context
 #     (${XDG_CONFIG_HOME:-~/.config}/sonic/config.json) and prints the server URL as its last line.
-#   --agents N        agents (default 4, as `ofctl up`)
+#   --agents N        agents (default 4, as `ofctl up`), VM types in catalog order, repeating
+#   --vms TYPE:N,...  one agent per VM, these types in this order (e.g. m5.large:4,m5.xlarge:2);
+#                     instead of --agents
 #   --sandbox S       process (default): lambdas run as processes inside the agent's container;
 #                     docker: as sibling containers of sonic-lambdas:latest (the Docker socket and
 #                     the agent's data folder .ci-data/cluster/agent-N are mounted at the same path)
 #   --scale F         each agent container gets --cpus vcpus*F, --memory memory_mb*F (>= 256 MiB)
 #                     and an egress/ingress limit of network_mbps*F; it still declares its type's
 #                     vCPUs and memory. Default: min(1, cores / sum of the agents' vCPUs)
+#   --dilation D      a time-dilated cluster (DieCast): instead of --scale, each agent gets
+#                     --cpus vcpus/D, its type's memory (memory does not dilate), network rate
+#                     network_mbps/D, and sees the store D times slower (the catalog's
+#                     remote_storage request latency x D, throughputs / D: the agent's
+#                     store_profile); the control plane plans with the catalog dilated by D
+#                     (SONIC_CONTROL_DILATION). Times the cluster reports are D times the emulated
+#                     ones (docs/evaluation.md). auto: D = max(1, vCPUs / cores), to a hundredth.
+#   --dry-run         print what the agents would get (one JSON document) and start nothing
 #   --tls             certificates from deploy/certs.sh in .ci-data/cluster/tls; each daemon gets
 #                     ca.pem and its own NAME.pem/NAME.key read-only in /etc/sonic/tls (never
 #                     ca.key); every URL is https://, the ofctl context names the CA (ca_file)
@@ -36,6 +47,7 @@
 #   --catalog FILE    VM types (default deploy/catalog.yaml); mounted into the control plane
 #   --no-build        skip cargo build (use the binaries in target/)
 # Secrets (API token, join token) are kept in .ci-data/cluster/secrets.env (mode 0600) and reused.
+# SONIC_CLUSTER_CORES=N stands for this machine's cores (nproc) in the defaults above.
 # SONIC_CLUSTER_STORE_PORT=P publishes the store's S3 port on 127.0.0.1:P (debugging only).
 # The control plane takes request bodies up to 1GiB (`ofctl run --input FILE` sends the file inline,
 # base64, as with `ofctl up`); SONIC_CLUSTER_MAX_BODY changes that. SONIC_CLUSTER_LOG sets RUST_LOG.
@@ -63,7 +75,7 @@ TLS_IN=/etc/sonic/tls
 
 log() { echo "cluster: $*" >&2; }
 die() { echo "cluster: $*" >&2; exit 1; }
-usage() { sed -n '2,40p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+usage() { sed -n '2,57p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 
 need() {
     command -v docker >/dev/null || die "docker is not installed"
@@ -122,48 +134,155 @@ state_get() {
 
 # --- the catalog ---------------------------------------------------------------------------------
 
-# Prints "name vcpus memory_mb network_mbps" per VM type, in catalog order.
-catalog_types() {
-    python3 - "$1" <<'PY'
-import re, sys
-path = sys.argv[1]
+# plan_agents CATALOG AGENTS VMS SCALE DILATION CORES: what every agent container gets, as one
+# JSON document (printed by `up --dry-run`; the rest of `up` reads it): the VM types in order (from
+# --vms, else the catalog's, repeating, for --agents), and per agent its CPU quota, memory limit,
+# network rate and store profile, with the scale or dilation that made them. Exit 2 on bad input.
+plan_agents() {
+    python3 - "$@" <<'PY'
+import json, math, re, sys
+
+path, agents, vms_arg, scale_arg, dilation_arg, cores = sys.argv[1:7]
+cores = int(cores)
+
+def fail(msg, code=1):
+    print(f"cluster: {msg}", file=sys.stderr)
+    sys.exit(code)
+
 text = open(path).read()
 try:
     import yaml
-    vms = yaml.safe_load(text)["vm_types"]
+    doc = yaml.safe_load(text) or {}
 except ImportError:
-    # No PyYAML: the catalog's own style, one flow mapping per item, or block mappings.
-    vms, cur, inside = [], None, False
+    # No PyYAML: the catalog's own style: flow or block mappings under vm_types (a list) and
+    # remote_storage (a mapping, a flow one may span lines).
+    def scalar(v):
+        v = v.strip().strip("'\"")
+        try:
+            return float(v) if re.search(r"[.eE]", v) else int(v)
+        except ValueError:
+            return v
+    def pairs(body, into):
+        for part in body.strip().strip("{}").split(","):
+            if ":" in part:
+                k, v = part.split(":", 1)
+                into[k.strip()] = scalar(v)
+    doc, section, cur, pending = {}, None, None, ""
     for line in text.splitlines():
         s = line.split("#", 1)[0].rstrip()
         if not s.strip():
             continue
-        if re.match(r"^vm_types:\s*$", s):
-            inside = True
+        if pending:
+            pending += " " + s.strip()
+            if "}" in s:
+                pairs(pending, doc[section]); pending = ""
             continue
-        if inside and re.match(r"^\S", s):
-            break
-        if not inside:
+        top = re.match(r"^(\w+):\s*(.*)$", s)
+        if top:
+            section, rest = top.group(1), top.group(2)
+            if section == "vm_types":
+                doc[section] = []
+            elif rest.startswith("{"):
+                doc[section] = {}
+                if "}" in rest:
+                    pairs(rest, doc[section])
+                else:
+                    pending = rest
+            elif rest:
+                doc[section] = scalar(rest)
+            else:
+                doc[section] = {}
             continue
-        m = re.match(r"^\s*-\s*(.*)$", s)
-        body = m.group(1) if m else s.strip()
-        if m:
-            cur = {}
-            vms.append(cur)
-        body = body.strip().strip("{}")
-        for part in body.split(","):
-            if ":" in part:
-                k, v = part.split(":", 1)
-                cur[k.strip()] = v.strip().strip("'\"")
+        if section == "vm_types":
+            m = re.match(r"^\s*-\s*(.*)$", s)
+            if m:
+                cur = {}
+                doc["vm_types"].append(cur)
+                pairs(m.group(1), cur)
+            elif cur is not None:
+                pairs(s, cur)
+        elif isinstance(doc.get(section), dict):
+            pairs(s, doc[section])
 except Exception as e:  # noqa: BLE001
-    sys.exit(f"{path}: {e}")
-if not vms:
-    sys.exit(f"{path}: no vm_types")
-for vm in vms:
+    fail(f"{path}: {e}")
+types = []
+for vm in doc.get("vm_types") or []:
     try:
-        print(vm["name"], int(vm["vcpus"]), int(vm["memory_mb"]), float(vm["network_mbps"]))
-    except (KeyError, ValueError) as e:
-        sys.exit(f"{path}: a vm_type lacks name, vcpus, memory_mb or network_mbps: {vm}")
+        types.append({"name": str(vm["name"]), "vcpus": int(vm["vcpus"]),
+                      "memory_mb": int(vm["memory_mb"]), "network_mbps": float(vm["network_mbps"])})
+    except (KeyError, ValueError, TypeError):
+        fail(f"{path}: a vm_type lacks name, vcpus, memory_mb or network_mbps: {vm}")
+if not types:
+    fail(f"{path}: no vm_types")
+by_name = {t["name"]: t for t in types}
+
+# The VMs, one agent each.
+if vms_arg:
+    order = []
+    for item in vms_arg.split(","):
+        name, sep, count = item.strip().rpartition(":")
+        if not sep or not name or not re.fullmatch(r"[1-9][0-9]*", count):
+            fail(f"--vms takes TYPE:COUNT,... (e.g. m5.large:4,m5.xlarge:2), not {item!r}", 2)
+        if name not in by_name:
+            fail(f"--vms: {name} is not a VM type of {path} ({', '.join(by_name)})", 2)
+        order += [by_name[name]] * int(count)
+else:
+    order = [types[i % len(types)] for i in range(int(agents))]
+if len(order) > 200:
+    fail(f"{len(order)} agents: at most 200", 2)
+vcpus = sum(t["vcpus"] for t in order)
+
+def num(s, what, lo, hi):
+    try:
+        f = float(s)
+    except ValueError:
+        f = float("nan")
+    if not (lo < f <= hi) or math.isnan(f):
+        fail(f"{what} takes a number in ({lo:g}, {hi:g}], not {s!r}", 2)
+    return f
+
+scale = dilation = None
+if dilation_arg:
+    if dilation_arg == "auto":
+        # Enough that the agents' quotas (vCPUs / D) fit the cores, at least 1; rounded up to
+        # a hundredth.
+        dilation = max(1.0, math.ceil(vcpus / cores * 100 - 1e-9) / 100)
+    else:
+        dilation = num(dilation_arg, "--dilation", 0, 1000)
+        if dilation < 1:
+            fail(f"--dilation takes a number >= 1 or auto, not {dilation_arg!r}", 2)
+elif scale_arg:
+    scale = num(scale_arg, "--scale", 0, 64)
+else:
+    scale = math.floor(min(1.0, cores / vcpus) * 10000) / 10000
+
+def short(x):
+    return float(f"{x:.4f}")
+
+store = None
+if dilation is not None:
+    r = doc.get("remote_storage") or {}
+    try:
+        store = {"request_latency_ms": short(float(r.get("request_latency_ms", 25)) * dilation),
+                 "write_mbps": short(float(r.get("write_mbps", 600)) / dilation),
+                 "read_mbps": short(float(r.get("read_mbps", 400)) / dilation)}
+    except (TypeError, ValueError):
+        fail(f"{path}: remote_storage figures must be numbers: {r}")
+
+rows = []
+for n, t in enumerate(order, 1):
+    f = 1.0 / dilation if dilation is not None else scale
+    want = t["vcpus"] * f
+    # Docker refuses a quota above the machine's cores: such an agent gets them all.
+    cpus = short(min(cores, max(0.01, want)))
+    # Memory does not dilate: a dilated agent has its type's memory.
+    mem = t["memory_mb"] if dilation is not None else max(256, int(t["memory_mb"] * f))
+    rows.append({"name": f"sonic-agent-{n}", "vm_type": t["name"], "vcpus": t["vcpus"],
+                 "memory_mb": t["memory_mb"], "cpus": cpus, "cpus_capped": want > cores,
+                 "memory_limit_mb": mem, "network_mbps": short(t["network_mbps"] * f),
+                 "store": store})
+print(json.dumps({"catalog": path, "cores": cores, "vcpus": vcpus, "scale": scale,
+                  "dilation": dilation, "agents": rows}))
 PY
 }
 
@@ -331,15 +450,19 @@ PY
 
 cmd_up() {
     local agents=4 sandbox=process scale="" lambdas="" profile=debug build=1
+    local vms="" dilation="" dry_run=0 agents_given=0
     local catalog="$ROOT/deploy/catalog.yaml"
     TLS=0
     while [ "$#" -gt 0 ]; do
         case "$1" in
-            --agents | --sandbox | --scale | --lambdas | --catalog)
+            --agents | --sandbox | --scale | --lambdas | --catalog | --vms | --dilation)
                 [ "$#" -ge 2 ] || { log "$1 needs a value"; exit 2; } ;;
         esac
         case "$1" in
-            --agents) agents="${2:-}"; shift 2 ;;
+            --agents) agents="${2:-}"; agents_given=1; shift 2 ;;
+            --vms) vms="${2:-}"; shift 2 ;;
+            --dilation) dilation="${2:-}"; shift 2 ;;
+            --dry-run) dry_run=1; shift ;;
             --sandbox) sandbox="${2:-}"; shift 2 ;;
             --scale) scale="${2:-}"; shift 2 ;;
             --tls) TLS=1; shift ;;
@@ -353,17 +476,33 @@ cmd_up() {
         esac
     done
     [[ "$agents" =~ ^[1-9][0-9]*$ ]] || { log "--agents takes a positive number"; exit 2; }
-    case "$sandbox" in process | docker) ;; *) log "--sandbox is process or docker"; exit 2 ;; esac
-    if [ -n "$scale" ] && ! python3 -c 'import sys; f=float(sys.argv[1]); sys.exit(0 if 0<f<=64 else 1)' "$scale" 2>/dev/null; then
-        log "--scale takes a number in (0, 64]"
+    if [ -n "$vms" ] && [ "$agents_given" = 1 ]; then
+        log "--agents and --vms: give one (--vms names every agent's VM type)"
         exit 2
     fi
+    if [ -n "$dilation" ] && [ -n "$scale" ]; then
+        log "--scale and --dilation: give one (a dilated agent's CPU and network are its type's / D)"
+        exit 2
+    fi
+    case "$sandbox" in process | docker) ;; *) log "--sandbox is process or docker"; exit 2 ;; esac
+    command -v python3 >/dev/null || die "python3 is needed (catalog, JSON)"
     if [ -n "$lambdas" ]; then
         [ -d "$lambdas" ] || die "--lambdas $lambdas is not a folder"
         lambdas="$(cd "$lambdas" && pwd -P)"
     fi
     [ -f "$catalog" ] || die "no catalog at $catalog"
     catalog="$(cd "$(dirname "$catalog")" && pwd -P)/$(basename "$catalog")"
+
+    # VM types and what each agent container gets (scale or dilation).
+    local cores plan rc=0
+    cores="${SONIC_CLUSTER_CORES:-$(nproc)}"
+    [[ "$cores" =~ ^[1-9][0-9]*$ ]] || { log "SONIC_CLUSTER_CORES takes a positive number"; exit 2; }
+    plan="$(plan_agents "$catalog" "$agents" "$vms" "$scale" "$dilation" "$cores")" || rc=$?
+    [ "$rc" = 0 ] || exit "$rc"
+    if [ "$dry_run" = 1 ]; then
+        echo "$plan"
+        return
+    fi
     need
     local t0=$SECONDS
 
@@ -380,21 +519,28 @@ cmd_up() {
     log "images ready in $((SECONDS - t0)) s"
     load_secrets
 
-    # VM types, catalog order, repeating; the scale.
-    local types=()
-    mapfile -t types < <(catalog_types "$catalog")
-    [ "${#types[@]}" -gt 0 ] || die "$catalog: no VM types"
-    local cores sum_vcpus=0 i
-    cores="$(nproc)"
-    for ((i = 0; i < agents; i++)); do
-        read -r _ v _ _ <<<"${types[i % ${#types[@]}]}"
-        sum_vcpus=$((sum_vcpus + v))
-    done
-    if [ -z "$scale" ]; then
-        scale="$(python3 -c 'import sys; import math; print(math.floor(min(1.0, int(sys.argv[1]) / int(sys.argv[2])) * 10000) / 10000)' "$cores" "$sum_vcpus")"
-        log "scale $scale: $cores cores for $sum_vcpus vCPUs of $agents agents (at most 1)"
+    local rows=() sum_vcpus
+    mapfile -t rows < <(python3 -c '
+import json, sys
+p = json.loads(sys.argv[1])
+for a in p["agents"]:
+    s = a["store"] or {}
+    print(a["name"], a["vm_type"], a["vcpus"], a["memory_mb"], a["cpus"], a["memory_limit_mb"],
+          a["network_mbps"], s.get("request_latency_ms", "-"), s.get("write_mbps", "-"),
+          s.get("read_mbps", "-"), "capped" if a["cpus_capped"] else "-")
+' "$plan")
+    agents="${#rows[@]}"
+    read -r sum_vcpus scale dilation < <(python3 -c '
+import json, sys
+p = json.loads(sys.argv[1])
+print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] if p["dilation"] is not None else "-")
+' "$plan")
+    [ "$scale" = - ] && scale=""
+    [ "$dilation" = - ] && dilation=""
+    if [ -n "$dilation" ]; then
+        log "dilation $dilation: $sum_vcpus vCPUs of $agents agents on $cores cores; each agent gets vCPUs / $dilation cores, its type's network rate / $dilation, its type's memory, the store $dilation times slower"
     else
-        log "scale $scale (given): $sum_vcpus vCPUs of $agents agents on $cores cores"
+        log "scale $scale: $cores cores for $sum_vcpus vCPUs of $agents agents"
     fi
 
     # TLS material.
@@ -456,6 +602,7 @@ cmd_up() {
         -e SONIC_S3_ACCESS_KEY=sonic \
         -e SONIC_S3_SECRET_KEY=sonicsecret \
         -e "SONIC_S3_OUTAGE_WINDOW_MS=${SONIC_CLUSTER_STORE_OUTAGE_MS:-30000}" \
+        -e "SONIC_CONTROL_DILATION=${dilation:-1}" \
         -e "RUST_LOG=${SONIC_CLUSTER_LOG:-info}" -e NO_COLOR=1 \
         "${tls_args[@]}" --
 
@@ -468,22 +615,16 @@ cmd_up() {
         legacy=(-e "SONIC_AGENT_TOKEN=$API_TOKEN" -e "SONIC_FILE_KEY=$FILE_KEY")
         log "this sonic-agent does not take SONIC_JOIN_TOKEN yet: agents get the API token and a file key"
     fi
-    local n name vm vcpus mem mbps cpus mem_limit rate data_dir args cmd
+    local n name vm vcpus mem cpus mem_limit rate data_dir args cmd lat wmbps rmbps capped
     for ((n = 1; n <= agents; n++)); do
-        name="sonic-agent-$n"
-        read -r vm vcpus mem mbps <<<"${types[(n - 1) % ${#types[@]}]}"
-        # Docker refuses a quota above the machine's cores: such an agent gets them all.
-        read -r cpus mem_limit rate < <(python3 -c '
-import sys
-v, m, b, f, cores = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
-print(f"{min(cores, max(0.01, v * f)):.3f}".rstrip("0").rstrip("."), max(256, int(m * f)), f"{b * f:.3f}".rstrip("0").rstrip("."))
-' "$vcpus" "$mem" "$mbps" "$scale" "$cores")
-        if python3 -c 'import sys; sys.exit(0 if int(sys.argv[1]) * float(sys.argv[2]) > int(sys.argv[3]) else 1)' "$vcpus" "$scale" "$cores"; then
-            log "$name: $vcpus vCPUs x $scale is more than the $cores cores here: --cpus $cpus"
+        read -r name vm vcpus mem cpus mem_limit rate lat wmbps rmbps capped <<<"${rows[n - 1]}"
+        if [ "$capped" = capped ]; then
+            log "$name: $vcpus vCPUs x ${scale:-1/$dilation} is more than the $cores cores here: --cpus $cpus"
         fi
         # --init: an init as pid 1 reaps what lambdas leave behind (the agent is not an init).
         args=(--init --label sonic.role=agent --label "sonic.vm_type=$vm" --label "sonic.vcpus=$vcpus"
             --label "sonic.memory_mb=$mem" --label "sonic.network_mbps=$rate"
+            --label "sonic.dilation=${dilation:-}"
             --cpus "$cpus" --memory "${mem_limit}m" --memory-swap "${mem_limit}m"
             -e "SONIC_AGENT_ID=$name"
             -e "SONIC_AGENT_LISTEN=0.0.0.0:$AGENT_PORT"
@@ -496,6 +637,11 @@ print(f"{min(cores, max(0.01, v * f)):.3f}".rstrip("0").rstrip("."), max(256, in
             -e "SONIC_JOIN_TOKEN=$JOIN_TOKEN"
             -e "SONIC_AGENT_SANDBOX=$sandbox"
             -e "RUST_LOG=${SONIC_CLUSTER_LOG:-info}" -e NO_COLOR=1)
+        if [ -n "$dilation" ]; then
+            # The store as a remote one seen from a VM running $dilation times slower.
+            args+=(-e "SONIC_AGENT_STORE_LATENCY_MS=$lat" -e "SONIC_AGENT_STORE_WRITE_MBPS=$wmbps"
+                -e "SONIC_AGENT_STORE_READ_MBPS=$rmbps")
+        fi
         args+=("${legacy[@]}")
         if [ "$sandbox" = docker ]; then
             # Sibling containers bind-mount host paths: the data folder has the same path inside.
@@ -531,11 +677,12 @@ print(f"{min(cores, max(0.01, v * f)):.3f}".rstrip("0").rstrip("."), max(256, in
         fi
     done
 
-    python3 - "$STATE_FILE" "$port" "$SERVER" "$agents" "$sandbox" "$scale" "$TLS" "$profile" "$lambdas" "$catalog" <<'PY'
+    python3 - "$STATE_FILE" "$port" "$SERVER" "$agents" "$sandbox" "$scale" "$TLS" "$profile" "$lambdas" "$catalog" "$dilation" "$vms" <<'PY'
 import json, sys
-path, port, server, agents, sandbox, scale, tls, profile, lambdas, catalog = sys.argv[1:]
+path, port, server, agents, sandbox, scale, tls, profile, lambdas, catalog, dilation, vms = sys.argv[1:]
 json.dump({"port": int(port), "server": server, "agents": int(agents), "sandbox": sandbox,
-           "scale": float(scale), "tls": tls == "1", "profile": profile,
+           "scale": float(scale) if scale else None, "dilation": float(dilation) if dilation else None,
+           "vms": vms or None, "tls": tls == "1", "profile": profile,
            "lambdas": lambdas or None, "catalog": catalog}, open(path, "w"), indent=2)
 PY
 
@@ -604,21 +751,22 @@ cmd_status() {
     mapfile -t ids < <(cluster_containers)
     local rows=""
     if [ "${#ids[@]}" -gt 0 ]; then
-        rows="$(docker inspect -f '{{.Name}}	{{.State.Status}}	{{with index .NetworkSettings.Networks "sonic"}}{{.IPAddress}}{{end}}	{{index .Config.Labels "sonic.role"}}	{{index .Config.Labels "sonic.vm_type"}}	{{index .Config.Labels "sonic.vcpus"}}	{{index .Config.Labels "sonic.memory_mb"}}	{{index .Config.Labels "sonic.network_mbps"}}	{{.HostConfig.NanoCpus}}	{{.HostConfig.Memory}}' "${ids[@]}")"
+        rows="$(docker inspect -f '{{.Name}}	{{.State.Status}}	{{with index .NetworkSettings.Networks "sonic"}}{{.IPAddress}}{{end}}	{{index .Config.Labels "sonic.role"}}	{{index .Config.Labels "sonic.vm_type"}}	{{index .Config.Labels "sonic.vcpus"}}	{{index .Config.Labels "sonic.memory_mb"}}	{{index .Config.Labels "sonic.network_mbps"}}	{{.HostConfig.NanoCpus}}	{{.HostConfig.Memory}}	{{index .Config.Labels "sonic.dilation"}}' "${ids[@]}")"
     fi
     local network=false
     docker network inspect "$NET" >/dev/null 2>&1 && network=true
-    ROWS="$rows" python3 - "$out" "$SERVER" "$answers" "$joined" "$network" "$(state_get sandbox)" "$(state_get scale)" <<'PY'
+    ROWS="$rows" python3 - "$out" "$SERVER" "$answers" "$joined" "$network" "$(state_get sandbox)" "$(state_get scale)" "$(state_get dilation)" <<'PY'
 import os
 import json, sys
-out, server, answers, joined, network, sandbox, scale = sys.argv[1:8]
+out, server, answers, joined, network, sandbox, scale, dilation = sys.argv[1:9]
 joined = set(joined.split())
 rows = []
 for line in os.environ.get("ROWS", "").splitlines():
     if not line.strip():
         continue
     fields = [("" if f == "<no value>" else f) for f in line.split("\t")]
-    name, state, addr, role, vm, vcpus, mem, mbps, nano, memlim = fields
+    fields += [""] * (11 - len(fields))
+    name, state, addr, role, vm, vcpus, mem, mbps, nano, memlim, dil = fields[:11]
     name = name.lstrip("/")
     if not role:
         role = "store" if name == "sonic-store" else "control" if name == "sonic-control" else "agent"
@@ -630,6 +778,7 @@ for line in os.environ.get("ROWS", "").splitlines():
         r["vcpus"] = int(vcpus) if vcpus else None
         r["declared_memory_mb"] = int(mem) if mem else None
         r["network_mbps"] = float(mbps) if mbps else None
+        r["dilation"] = float(dil) if dil else None
         r["joined"] = (name in joined) if answers == "true" else None
     rows.append(r)
 order = {"store": 0, "control": 1, "agent": 2}
@@ -639,7 +788,8 @@ def key(r):
 rows.sort(key=key)
 doc = {"network": "sonic" if network == "true" else None, "server": server or None,
        "control_answers": answers == "true", "sandbox": sandbox or None,
-       "scale": float(scale) if scale else None, "containers": rows}
+       "scale": float(scale) if scale else None,
+       "dilation": float(dilation) if dilation else None, "containers": rows}
 if out == "json":
     print(json.dumps(doc, indent=2))
     sys.exit(0)
@@ -656,6 +806,10 @@ w = [max(len(row[i]) for row in table) for i in range(len(head))]
 for row in table:
     print("  ".join(c.ljust(w[i]) for i, c in enumerate(row)).rstrip())
 print(f"server: {server or '-'} ({'answers' if answers == 'true' else 'not answering'}), network sonic: {'yes' if network == 'true' else 'no'}")
+if dilation:
+    print(f"dilation: {float(dilation):g} (agents run {float(dilation):g} times slower than their VMs: divide measured times by it)")
+elif scale:
+    print(f"scale: {float(scale):g} (not dilated)")
 PY
 }
 

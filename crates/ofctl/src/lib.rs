@@ -205,13 +205,25 @@ pub enum Command {
         /// Where the CSV files, the SVG charts and report.md go.
         #[arg(long, default_value = "docs/results")]
         out: PathBuf,
-        /// Run only these experiments (repeatable; default: all).
+        /// Run only these experiments (repeatable; default: all but `dilation`, which only runs
+        /// when named).
         #[arg(long, value_enum)]
         only: Vec<bench::Experiment>,
         /// Seeds the random order of the policies in each round and the bootstrap intervals
         /// (default: drawn from the clock; the report names it, so a run can be repeated).
         #[arg(long)]
         seed: Option<u64>,
+        /// Where the cluster experiments run: a cluster started in this process, or the cluster
+        /// of containers `deploy/cluster.sh up` started (its saved context, or --server).
+        #[arg(long, value_enum, default_value_t = bench::harness::ClusterKind::InProcess)]
+        cluster: bench::harness::ClusterKind,
+        /// The container cluster's time dilation factor (`cluster.sh up --dilation D`): checked
+        /// against what its control plane reports, which is what divides the measured times.
+        #[arg(long)]
+        dilation: Option<f64>,
+        /// Rounds of the dilation check (one job per policy each).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
+        dilation_reps: u32,
     },
     /// Register or update a DAG.
     Apply {
@@ -318,7 +330,15 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             out: out_dir,
             only,
             seed,
+            cluster,
+            dilation,
+            dilation_reps,
         } => {
+            if let Some(d) = dilation
+                && !(d.is_finite() && d >= 1.0)
+            {
+                return Err(UsageError(format!("--dilation takes a number >= 1, not {d}")).into());
+            }
             let seed = seed.unwrap_or_else(|| {
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -329,6 +349,10 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 out_dir,
                 only,
                 seed,
+                cluster,
+                server: cli.server.clone(),
+                dilation,
+                dilation_reps: dilation_reps as usize,
             };
             runtime()?.block_on(bench::run(up, opts, out))
         }

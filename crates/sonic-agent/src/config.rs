@@ -174,6 +174,16 @@ pub struct AgentArgs {
     /// Seconds an idle warm container (process environment) is kept after its last run.
     #[arg(long, env = "SONIC_AGENT_WARM_IDLE_S")]
     pub warm_idle_s: Option<u64>,
+    /// Make the store answer like a remote one: wait this long before every request (ms;
+    /// `store_profile.request_latency_ms`; a time-dilated cluster: deploy/cluster.sh --dilation).
+    #[arg(long, env = "SONIC_AGENT_STORE_LATENCY_MS")]
+    pub store_latency_ms: Option<f64>,
+    /// One store connection's upload throughput, megabits per second (`store_profile.write_mbps`).
+    #[arg(long, env = "SONIC_AGENT_STORE_WRITE_MBPS")]
+    pub store_write_mbps: Option<f64>,
+    /// One store connection's download throughput, megabits per second (`store_profile.read_mbps`).
+    #[arg(long, env = "SONIC_AGENT_STORE_READ_MBPS")]
+    pub store_read_mbps: Option<f64>,
     /// How log lines are written: text, or json (one object per line, with the run's span).
     #[arg(long, env = "SONIC_LOG_FORMAT", default_value = "text")]
     pub log_format: sonic_daemon::logging::LogFormat,
@@ -210,6 +220,9 @@ impl AgentConfig {
             .set("store.local.root", a.store_dir.as_ref())
             .set("output_quota_mb", a.output_quota_mb)
             .set("warm_idle_s", a.warm_idle_s)
+            .set("store_profile.request_latency_ms", a.store_latency_ms)
+            .set("store_profile.write_mbps", a.store_write_mbps)
+            .set("store_profile.read_mbps", a.store_read_mbps)
             .extract()?;
         if !args.bin_dirs.is_empty() {
             cfg.bin_dirs = args.bin_dirs.clone();
@@ -254,6 +267,9 @@ impl AgentConfig {
                 &self.token,
             )?;
             sonic_daemon::secret::check("file_key (SONIC_FILE_KEY)", &self.file_key)?;
+        }
+        if let Some(p) = &self.store_profile {
+            p.check().map_err(ConfigError::Invalid)?;
         }
         if let Some(url) = &self.advertise_url
             && !(url.starts_with("http://") || url.starts_with("https://"))
@@ -322,6 +338,29 @@ mod tests {
         assert_eq!(cfg.vm_type, "m5.2xlarge");
         assert_eq!(cfg.network_mbps, Some(1250.0));
         assert_eq!(cfg.heartbeat_interval_ms, 2000);
+        assert_eq!(cfg.store_profile, None);
+    }
+
+    #[test]
+    fn store_profile_from_flags_a_figure_left_out_is_none() {
+        let args = AgentArgs {
+            token: Some("0123456789abcdef".into()),
+            file_key: Some("fedcba9876543210".into()),
+            store_latency_ms: Some(100.0),
+            store_read_mbps: Some(100.0),
+            ..AgentArgs::default()
+        };
+        let cfg = AgentConfig::load(&args).expect("load");
+        let p = cfg.store_profile.expect("a profile");
+        assert_eq!(
+            (p.request_latency_ms, p.write_mbps, p.read_mbps),
+            (100.0, 0.0, 100.0)
+        );
+        let bad = AgentArgs {
+            store_write_mbps: Some(-1.0),
+            ..args
+        };
+        assert!(AgentConfig::load(&bad).is_err());
     }
 
     #[test]

@@ -17,6 +17,15 @@ pub struct ControlHealth {
     /// `ok`, or `unavailable` when the database does not answer.
     pub status: String,
     pub version: String,
+    /// The cluster's time dilation factor D (deploy/cluster.sh --dilation): the control plane
+    /// plans with a catalog whose links and store are D times slower, and times it reports are
+    /// in the cluster's dilated time (divide by D for the emulated ones). 1 when not dilated.
+    #[serde(default = "one")]
+    pub dilation: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// A stored DAG, as listed: `GET /v1/dags`, and the answer to `PUT`/`POST /v1/dags`.

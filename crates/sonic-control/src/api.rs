@@ -524,6 +524,7 @@ async fn health(State(state): State<Shared>) -> Response {
     let body = ControlHealth {
         status: if ok { "ok" } else { "unavailable" }.to_owned(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
+        dilation: state.jobs.as_ref().map_or(1.0, |rt| rt.config.dilation),
     };
     let status = if ok {
         StatusCode::OK

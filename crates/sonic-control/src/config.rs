@@ -60,6 +60,12 @@ pub struct ControlConfig {
     /// OpenLambda's worker API (`/run/<name>`, `/registry`) on a listener of its own, with
     /// Python handlers (docs/python.md); `None`: not served.
     pub openlambda: Option<OpenLambdaSettings>,
+    /// The cluster's time dilation factor D (>= 1; 1: none): every agent runs D times slower
+    /// than the VM it stands for (deploy/cluster.sh --dilation), so the control plane plans
+    /// with the catalog dilated by D (network and store figures,
+    /// [`sonic_core::catalog::Catalog::dilated`]) and its predictions are in the cluster's
+    /// dilated time. `GET /v1/health` reports it.
+    pub dilation: f64,
 }
 
 /// The OpenLambda listener's settings (`openlambda:` in the file, `--openlambda ADDR`).
@@ -140,6 +146,7 @@ impl Default for ControlConfig {
             plan_memory: ByteSize(crate::learning::PLAN_MEMORY),
             prewarm: true,
             openlambda: None,
+            dilation: 1.0,
         }
     }
 }
@@ -163,6 +170,7 @@ impl std::fmt::Debug for ControlConfig {
             .field("plan_memory", &self.plan_memory)
             .field("prewarm", &self.prewarm)
             .field("openlambda", &self.openlambda)
+            .field("dilation", &self.dilation)
             .finish()
     }
 }
@@ -245,6 +253,10 @@ pub struct ControlArgs {
     /// The bearer token the OpenLambda listener requires (needed off loopback).
     #[arg(long, env = "SONIC_OPENLAMBDA_TOKEN", hide_env_values = true)]
     pub openlambda_token: Option<String>,
+    /// The cluster's time dilation factor (>= 1): plan with the catalog's links and store this
+    /// many times slower (deploy/cluster.sh --dilation).
+    #[arg(long, env = "SONIC_CONTROL_DILATION")]
+    pub dilation: Option<f64>,
     /// How log lines are written: text, or json (one object per line, with the job's and the
     /// run's spans).
     #[arg(long, env = "SONIC_LOG_FORMAT", default_value = "text")]
@@ -285,6 +297,7 @@ impl ControlConfig {
             .set("plan_memory", a.plan_memory)
             .set("openlambda.listen", a.openlambda)
             .set("openlambda.token", a.openlambda_token.as_ref())
+            .set("dilation", a.dilation)
             .extract()?;
         cfg.check()?;
         Ok(cfg)
@@ -312,6 +325,12 @@ impl ControlConfig {
             return Err(ConfigError::Invalid(
                 "max_body must be between 1KiB and 1GiB".into(),
             ));
+        }
+        if !(self.dilation.is_finite() && self.dilation >= 1.0) {
+            return Err(ConfigError::Invalid(format!(
+                "dilation must be a number >= 1, not {}",
+                self.dilation
+            )));
         }
         let t = self.plan_budget.0;
         if !(t.is_finite() && t > 0.0 && t <= 3_600.0) {
@@ -397,6 +416,19 @@ mod tests {
         );
         assert_eq!(cfg.catalog.as_deref(), Some("catalog.yaml"));
         assert_eq!(cfg.data_dir, dir.path().join("data"));
+        assert_eq!(cfg.dilation, 1.0);
+        let dilated = ControlArgs {
+            dilation: Some(4.0),
+            ..args.clone()
+        };
+        assert_eq!(ControlConfig::load(&dilated).expect("load").dilation, 4.0);
+        for bad in [0.5, f64::NAN] {
+            let a = ControlArgs {
+                dilation: Some(bad),
+                ..args.clone()
+            };
+            assert!(ControlConfig::load(&a).is_err(), "{bad}");
+        }
         assert!(
             !format!("{cfg:?}").contains("0123456789abcdef"),
             "token redacted"

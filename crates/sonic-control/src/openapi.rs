@@ -405,7 +405,8 @@ fn main_schemas(int: &Value, time: &Value) -> Value {
         },
         "ControlHealth": {
             "type": "object", "required": ["status", "version"],
-            "properties": { "status": { "type": "string", "enum": ["ok", "unavailable"] }, "version": { "type": "string" } }
+            "properties": { "status": { "type": "string", "enum": ["ok", "unavailable"] }, "version": { "type": "string" },
+                "dilation": { "type": "number", "description": "the cluster's time dilation factor (1: none); times are in dilated time" } }
         },
         "DagSummary": {
             "type": "object",

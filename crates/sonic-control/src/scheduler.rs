@@ -90,6 +90,9 @@ pub struct JobsConfig {
     /// Whether the agents that will run the stages reading from a stage that starts are asked
     /// to start those stages' containers meanwhile (`prewarm`), so that they start hot.
     pub prewarm: bool,
+    /// The time dilation factor of the cluster (1: none); the catalog is already dilated by it
+    /// ([`sonic_core::catalog::Catalog::dilated`]); reported by `GET /v1/health`.
+    pub dilation: f64,
 }
 
 impl std::fmt::Debug for JobsConfig {
@@ -104,6 +107,7 @@ impl std::fmt::Debug for JobsConfig {
             .field("planning", &self.planning)
             .field("job_attempts", &self.job_attempts)
             .field("health_timeout", &self.health_timeout)
+            .field("dilation", &self.dilation)
             .finish()
     }
 }
@@ -129,6 +133,7 @@ impl JobsConfig {
             job_attempts: 3,
             health_timeout: Duration::from_secs(3),
             prewarm: true,
+            dilation: 1.0,
         }
     }
 }

@@ -149,6 +149,21 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
         }
         None => Catalog::default(),
     };
+    let catalog = catalog
+        .dilated(config.dilation)
+        .map_err(|e| ServeError::Catalog {
+            path: config
+                .catalog
+                .clone()
+                .unwrap_or_else(|| "(built-in)".into()),
+            message: e.to_string(),
+        })?;
+    if config.dilation > 1.0 {
+        tracing::info!(
+            dilation = config.dilation,
+            "time-dilated cluster: planning with the catalog's links and store this many times slower"
+        );
+    }
     let file_key = match (&config.file_key, &config.file_key_file) {
         (Some(k), _) => k.clone(),
         (None, Some(path)) => sonic_daemon::secret::read_file("file_key_file", path)?,
@@ -179,6 +194,7 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
     jobs.agent_store = Some(choice.to_spec());
     jobs.planning = config.plan_budget();
     jobs.prewarm = config.prewarm;
+    jobs.dilation = config.dilation;
     tracing::info!(store = %choice.describe(), "object store open");
     Ok(Runtime::new(store, Some(catalog), jobs).with_http(http))
 }
@@ -346,6 +362,26 @@ mod tests {
             tokio::net::TcpStream::connect(addr).await.is_err(),
             "still listening after stop"
         );
+    }
+
+    #[tokio::test]
+    async fn a_dilated_control_plane_plans_with_the_dilated_catalog_and_says_so() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = ControlConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: dir.path().join("data"),
+            token: "0123456789abcdef0123".into(),
+            dilation: 4.0,
+            ..ControlConfig::default()
+        };
+        let running = start(config, Arc::new(SystemClock)).await.expect("start");
+        let health = raw_get(running.addr, "/v1/health", None).await;
+        assert!(health.contains("\"dilation\":4.0"), "{health}");
+        let rt = running.state.jobs.as_ref().expect("a runtime");
+        let want = Catalog::default().dilated(4.0).expect("dilated");
+        assert_eq!(rt.catalog.as_ref(), Some(&want));
+        assert_eq!(rt.config.dilation, 4.0);
+        running.stop().await;
     }
 
     #[tokio::test]

@@ -204,6 +204,7 @@ edges:
                 latency_s: 1.0,
                 cost_usd: 1.0,
                 perf_per_dollar: 1.0,
+                requests_usd: 0.0,
             },
         },
         second_best: None,

@@ -230,6 +230,37 @@ impl Catalog {
         vm.memory_mb.saturating_sub(self.reserve_mb) as f64
     }
 
+    /// The catalog as a cluster dilated in time by `d` sees it (DieCast: every resource runs `d`
+    /// times slower, so `d` seconds of the cluster stand for one emulated second): VM network
+    /// rates, the store's throughputs and request rate divided by `d`, its request latency
+    /// multiplied by `d`. Prices are per second of VM and per request, and stay: what a dilated
+    /// job is charged for its VMs is `d` times the emulated charge (the evaluation divides it),
+    /// per-request charges are the same. vCPUs and memory stay the type's (each agent still
+    /// stands for one whole VM; its CPU quota is what is dilated). `d` must be finite and >= 1
+    /// (1: this catalog).
+    pub fn dilated(&self, d: f64) -> Result<Catalog, CatalogError> {
+        if !(d.is_finite() && d >= 1.0) {
+            return Err(CatalogError::Invalid {
+                field: "dilation".into(),
+                message: format!("{d} is not a number >= 1"),
+            });
+        }
+        let mut c = self.clone();
+        for v in &mut c.vm_types {
+            v.network_mbps /= d;
+        }
+        let r = &mut c.remote_storage;
+        r.write_mbps /= d;
+        r.read_mbps /= d;
+        r.request_latency_ms *= d;
+        r.requests_per_s /= d;
+        if let Some(a) = &mut r.aggregate_mbps {
+            *a /= d;
+        }
+        c.check()?;
+        Ok(c)
+    }
+
     /// The catalog as YAML, in the format [`Catalog::from_yaml`] reads.
     pub fn to_yaml(&self) -> Result<String, CatalogError> {
         serde_saphyr::to_string(self).map_err(|e| CatalogError::Yaml(e.to_string()))
@@ -282,6 +313,32 @@ mod tests {
         c.check().unwrap();
         let yaml = c.to_yaml().unwrap();
         assert_eq!(Catalog::from_yaml(&yaml).unwrap(), c);
+    }
+
+    #[test]
+    fn dilation_slows_links_and_store_and_keeps_prices_cpus_memory() {
+        let c = Catalog::default();
+        assert_eq!(c.dilated(1.0).unwrap(), c);
+        let d = c.dilated(4.0).unwrap();
+        for (a, b) in c.vm_types.iter().zip(&d.vm_types) {
+            assert_eq!(
+                (a.vcpus, a.memory_mb, a.usd_per_hour),
+                (b.vcpus, b.memory_mb, b.usd_per_hour)
+            );
+            assert!((b.network_mbps * 4.0 - a.network_mbps).abs() < 1e-9);
+        }
+        let (r, s) = (&c.remote_storage, &d.remote_storage);
+        assert!((s.write_mbps * 4.0 - r.write_mbps).abs() < 1e-9);
+        assert!((s.read_mbps * 4.0 - r.read_mbps).abs() < 1e-9);
+        assert!((s.request_latency_ms - 4.0 * r.request_latency_ms).abs() < 1e-9);
+        assert!((s.requests_per_s * 4.0 - r.requests_per_s).abs() < 1e-9);
+        assert_eq!(
+            (s.put_usd_per_1k, s.get_usd_per_1k),
+            (r.put_usd_per_1k, r.get_usd_per_1k)
+        );
+        for bad in [0.5, 0.0, -2.0, f64::NAN, f64::INFINITY] {
+            assert!(c.dilated(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -106,6 +106,11 @@ pub struct Predicted {
     pub latency_s: f64,
     pub cost_usd: f64,
     pub perf_per_dollar: f64,
+    /// The part of `cost_usd` charged per store request (PUT, GET), which does not grow with
+    /// time; the rest (VMs, storage by the second) does (a time-dilated cluster divides only
+    /// that rest: docs/evaluation.md).
+    #[serde(default)]
+    pub requests_usd: f64,
 }
 
 /// A plan: placements, methods, prediction.
@@ -245,6 +250,7 @@ impl Plan {
                 latency_s: pred.latency_s,
                 cost_usd: pred.cost_usd,
                 perf_per_dollar: pred.perf_per_dollar,
+                requests_usd: pred.cost.requests_usd,
             },
         }
     }

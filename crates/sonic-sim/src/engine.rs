@@ -525,6 +525,7 @@ fn prepare(
                     latency_s: pred.latency_s,
                     cost_usd: pred.cost_usd,
                     perf_per_dollar: pred.perf_per_dollar,
+                    requests_usd: pred.cost.requests_usd,
                 },
                 first,
                 second,

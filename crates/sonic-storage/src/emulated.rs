@@ -17,15 +17,19 @@ use serde::Deserialize;
 
 use crate::{ObjectInfo, ObjectStore, StoreError};
 
-/// What a remote store costs in time, per request and per byte of one connection.
+/// What a remote store costs in time, per request and per byte of one connection. A figure
+/// left out of a configuration is 0 (none, unlimited).
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreProfile {
     /// Waited before every request.
+    #[serde(default)]
     pub request_latency_ms: f64,
     /// One connection's upload throughput, megabits per second (0: unlimited).
+    #[serde(default)]
     pub write_mbps: f64,
     /// One connection's download throughput, megabits per second (0: unlimited).
+    #[serde(default)]
     pub read_mbps: f64,
 }
 

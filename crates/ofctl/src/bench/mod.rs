@@ -12,11 +12,12 @@
 
 pub mod apps;
 pub mod fig10;
+pub mod harness;
 pub mod report;
 pub mod sim;
 pub mod stats;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -33,6 +34,7 @@ use crate::commands::{self, JobInput, JobRequest};
 use crate::progress::Progress;
 use crate::up::{Cluster, ClusterInfo};
 use apps::App;
+use harness::{ClusterKind, Harness};
 
 /// The experiments `--only` can pick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -45,6 +47,9 @@ pub enum Experiment {
     Fig6,
     /// The simulator's paper-scale experiments (Fig. 6, 9, 14, 15).
     Sim,
+    /// The dilation check's run on one cluster: mapreduce-sort at one size, forced `remote` and
+    /// `direct` (deploy/dilation-check.sh runs it at several factors and compares).
+    Dilation,
 }
 
 /// How much the harness runs.
@@ -53,15 +58,26 @@ pub struct BenchOptions {
     /// A few minutes: fewer sizes, fanouts and repetitions.
     pub quick: bool,
     pub out_dir: PathBuf,
-    /// Empty: every experiment.
+    /// Empty: every experiment but `dilation`.
     pub only: Vec<Experiment>,
     /// Seeds the random order of the policies in each round and the bootstrap intervals; the
     /// report names it.
     pub seed: u64,
+    /// Where the cluster experiments run.
+    pub cluster: ClusterKind,
+    /// The container cluster's URL (else the saved context).
+    pub server: Option<String>,
+    /// The container cluster's dilation factor, when the caller wants it checked.
+    pub dilation: Option<f64>,
+    /// Repetitions per policy of the dilation check.
+    pub dilation_reps: usize,
 }
 
 impl BenchOptions {
     fn wants(&self, e: Experiment) -> bool {
+        if e == Experiment::Dilation {
+            return self.only.contains(&e);
+        }
         self.only.is_empty() || self.only.contains(&e)
     }
 
@@ -104,12 +120,29 @@ pub struct Row {
     pub placement: String,
     /// The longest edge's data-passing time the job summary reports (seconds).
     pub edge_s: f64,
-    /// The planner's own time for a planned job (µs; 0 when not planned).
+    /// The planner's own time for a planned job (µs; 0 when not planned; the control plane's
+    /// own time, not dilated).
     pub planning_us: f64,
+    /// What the plan predicted (emulated time, as the measured figures); `None` without a plan.
+    pub predicted_latency_s: Option<f64>,
+    pub predicted_cost_usd: Option<f64>,
+    /// The time dilation factor of the cluster the job ran on (1: none). Latency, cost, Perf/$,
+    /// edge time and the predictions above are already the emulated ones (divided by it:
+    /// [`harness::emulated`]).
+    pub dilation: f64,
 }
 
 impl Row {
-    fn from_summary(experiment: &str, variant: &str, policy: &str, s: &JobSummary) -> Row {
+    /// The job's row, its times and costs in emulated time (`dilation` >= 1: the factor of the
+    /// cluster it ran on).
+    pub fn from_summary(
+        experiment: &str,
+        variant: &str,
+        policy: &str,
+        s: &JobSummary,
+        dilation: f64,
+    ) -> Row {
+        let e = harness::emulated(s, dilation);
         Row {
             experiment: experiment.into(),
             app: s.dag.clone(),
@@ -118,9 +151,9 @@ impl Row {
             job_id: s.job_id.clone(),
             mode: s.mode.to_string(),
             input_bytes: s.input_bytes,
-            latency_s: s.latency_s,
-            cost_usd: s.cost_usd,
-            perf_per_dollar: s.perf_per_dollar,
+            latency_s: e.latency_s,
+            cost_usd: e.cost_usd,
+            perf_per_dollar: e.perf_per_dollar,
             methods: s
                 .edges
                 .iter()
@@ -147,12 +180,19 @@ impl Row {
                         .join(" ")
                 })
                 .unwrap_or_default(),
-            edge_s: s.edges.iter().map(|e| e.seconds).fold(0.0, f64::max),
+            edge_s: e.edge_s,
             planning_us: s
                 .plan
                 .as_ref()
                 .and_then(|p| p.report["planning_time_us"].as_f64())
                 .unwrap_or(0.0),
+            predicted_latency_s: e.predicted_latency_s,
+            predicted_cost_usd: e.predicted_cost_usd,
+            dilation: if dilation.is_finite() && dilation >= 1.0 {
+                dilation
+            } else {
+                1.0
+            },
         }
     }
 }
@@ -288,11 +328,12 @@ fn measures(rows: &[&Row]) -> Vec<stats::Job> {
 /// The measured jobs as CSV (header first).
 pub fn csv(rows: &[Row]) -> String {
     let mut s = String::from(
-        "experiment,app,variant,policy,job_id,mode,input_bytes,latency_s,cost_usd,perf_per_dollar,edge_s,planning_us,methods,plan_used,placement\n",
+        "experiment,app,variant,policy,job_id,mode,input_bytes,latency_s,cost_usd,perf_per_dollar,edge_s,planning_us,methods,plan_used,placement,predicted_latency_s,predicted_cost_usd,dilation\n",
     );
+    let opt = |v: Option<f64>, digits: usize| v.map_or(String::new(), |x| format!("{x:.digits$}"));
     for r in rows {
         s.push_str(&format!(
-            "{},{},{},{},{},{},{},{:.4},{:.8},{:.2},{:.4},{:.0},{},{},{}\n",
+            "{},{},{},{},{},{},{},{:.4},{:.8},{:.2},{:.4},{:.0},{},{},{},{},{},{}\n",
             r.experiment,
             r.app,
             r.variant,
@@ -307,7 +348,10 @@ pub fn csv(rows: &[Row]) -> String {
             r.planning_us,
             r.methods,
             r.plan_used,
-            r.placement
+            r.placement,
+            opt(r.predicted_latency_s, 4),
+            opt(r.predicted_cost_usd, 8),
+            r.dilation
         ));
     }
     s
@@ -360,6 +404,9 @@ pub struct Results {
     pub models: BTreeMap<String, DagModelsView>,
     /// Each application's profiling samples (as the control plane recorded them).
     pub samples: BTreeMap<String, Vec<sonic_control::store::SampleRecord>>,
+    /// The time dilation factor of the cluster the cluster experiments ran on (1: none, also
+    /// before one ran); what is recorded here is already in emulated time.
+    pub dilation: f64,
 }
 
 /// `ofctl bench`.
@@ -383,12 +430,31 @@ pub async fn run(args: UpArgs, opts: BenchOptions, out: &mut dyn Write) -> anyho
     };
     std::fs::create_dir_all(&opts.out_dir)
         .with_context(|| format!("cannot create {}", opts.out_dir.display()))?;
-    let mut results = Results::default();
+    let mut results = Results {
+        dilation: 1.0,
+        ..Results::default()
+    };
+    if opts.wants(Experiment::Dilation) {
+        let written = dilation_run(&args, &opts, &data_dir, &mut results).await?;
+        writeln!(
+            out,
+            "wrote {} in {:.0} s",
+            written.display(),
+            started.elapsed().as_secs_f64()
+        )?;
+        if opts.only.len() == 1 {
+            return Ok(());
+        }
+    }
     let wants_cluster = opts.wants(Experiment::Fig7) || opts.wants(Experiment::Fig2);
     if wants_cluster {
         cluster_experiments(&args, &opts, &catalog, &data_dir.join("main"), &mut results).await?;
     }
-    if opts.wants(Experiment::Fig6) {
+    if opts.wants(Experiment::Fig6) && opts.cluster == ClusterKind::Containers {
+        results.notes.push(
+            "fig6 runs on clusters of one VM type it starts in this process; not run with --cluster containers".into(),
+        );
+    } else if opts.wants(Experiment::Fig6) {
         for vm in ["m5.large", "m5.xlarge"] {
             if let Err(e) =
                 broadcast_experiment(&args, &opts, &catalog, vm, &data_dir, &mut results).await
@@ -420,7 +486,7 @@ pub async fn run(args: UpArgs, opts: BenchOptions, out: &mut dyn Write) -> anyho
 /// A job the harness submits.
 struct Job<'a> {
     dag: &'a str,
-    input: Option<(String, &'a str)>,
+    input: Option<JobInput>,
     params: Vec<(String, Value)>,
     policy: Option<&'a str>,
     planned: bool,
@@ -429,10 +495,7 @@ struct Job<'a> {
 async fn run_job(client: &Client, job: Job<'_>) -> anyhow::Result<JobSummary> {
     let req = JobRequest {
         dag: job.dag.into(),
-        input: job.input.map(|(key, name)| JobInput::Key {
-            key,
-            name: name.into(),
-        }),
+        input: job.input,
         params: job.params,
         policy: job.policy.map(str::to_owned),
         planned: job.planned,
@@ -446,24 +509,33 @@ async fn run_job(client: &Client, job: Job<'_>) -> anyhow::Result<JobSummary> {
     Ok(serde_json::from_value(v)?)
 }
 
-/// Inputs put into the store once per (application, size).
+/// Inputs made once per (application, size): put into the store, or kept as files to send.
 struct Inputs {
     prefix: String,
-    stored: HashSet<String>,
+    /// Per key: the job input and its size in bytes.
+    stored: BTreeMap<String, (JobInput, u64)>,
     dir: PathBuf,
 }
 
 impl Inputs {
-    async fn key(&mut self, cluster: &Cluster, app: &App, size: u64) -> anyhow::Result<String> {
+    /// The job input of `app` at `size`, and its bytes.
+    async fn input(
+        &mut self,
+        cluster: &Harness,
+        app: &App,
+        size: u64,
+    ) -> anyhow::Result<(JobInput, u64)> {
         let key = format!("{}{}/{size}/{}", self.prefix, app.name, app.input_name);
-        if self.stored.contains(&key) {
-            return Ok(key);
+        if let Some(found) = self.stored.get(&key) {
+            return Ok(found.clone());
         }
-        cluster
-            .put_input(&key, &apps::input(app, size)?, &self.dir)
+        let data = apps::input(app, size)?;
+        let input = cluster
+            .input(&key, app.input_name, &data, &self.dir)
             .await?;
-        self.stored.insert(key.clone());
-        Ok(key)
+        let made = (input, data.len() as u64);
+        self.stored.insert(key, made.clone());
+        Ok(made)
     }
 }
 
@@ -494,29 +566,141 @@ async fn cluster_experiments(
     data_dir: &Path,
     results: &mut Results,
 ) -> anyhow::Result<()> {
-    let listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    let mut options = args.options(data_dir.to_path_buf(), listen);
-    options.emulate_store = true;
-    let mut note = |line: &str| eprintln!("{line}");
-    let cluster = Cluster::start(options, &mut note).await?;
+    let cluster = harness(args, opts, data_dir).await?;
+    results.dilation = cluster.dilation();
     let mut inputs = Inputs {
         prefix: format!("bench/{}/", std::process::id()),
-        stored: HashSet::new(),
+        stored: BTreeMap::new(),
         dir: data_dir.to_path_buf(),
     };
     let outcome = measure_apps(&cluster, opts, catalog, &mut inputs, results).await;
-    if let Err(e) = cluster.store.delete_prefix(&inputs.prefix).await {
-        eprintln!("ofctl bench: cannot delete the bench inputs: {e}");
-    }
-    results
-        .clusters
-        .push(("applications (Fig. 2, 7, 10)".into(), cluster.info.clone()));
+    cluster.forget_inputs(&inputs.prefix).await;
+    results.clusters.push((
+        "applications (Fig. 2, 7, 10)".into(),
+        cluster.info().clone(),
+    ));
     cluster.stop().await;
     outcome
 }
 
+/// The cluster the options name: `ofctl up`'s, started here in `data_dir` (the store emulated
+/// per agent), or the running cluster of containers.
+async fn harness(args: &UpArgs, opts: &BenchOptions, data_dir: &Path) -> anyhow::Result<Harness> {
+    match opts.cluster {
+        ClusterKind::InProcess => {
+            if opts.dilation.is_some_and(|d| d != 1.0) {
+                anyhow::bail!(
+                    "--dilation is the factor of a cluster of containers (--cluster containers); the in-process cluster is not dilated"
+                );
+            }
+            std::fs::create_dir_all(data_dir)
+                .with_context(|| format!("cannot create {}", data_dir.display()))?;
+            let listen = SocketAddr::from(([127, 0, 0, 1], 0));
+            let mut options = args.options(data_dir.to_path_buf(), listen);
+            options.emulate_store = true;
+            Harness::start(options).await
+        }
+        ClusterKind::Containers => {
+            std::fs::create_dir_all(data_dir)
+                .with_context(|| format!("cannot create {}", data_dir.display()))?;
+            let h = Harness::connect(opts.server.as_deref(), opts.dilation).await?;
+            eprintln!(
+                "bench: the cluster of containers at {} ({} agents, dilation {})",
+                h.info().server,
+                h.info().agents.len(),
+                h.dilation()
+            );
+            Ok(h)
+        }
+    }
+}
+
+/// The size of the dilation check's mapreduce-sort input (bytes).
+pub const DILATION_SORT_BYTES: u64 = 32_000_000;
+/// The dilation check's policies (forced, spread over the agents as profiling places them).
+pub const DILATION_POLICIES: [&str; 2] = ["remote", "direct"];
+
+/// The dilation check on one cluster: mapreduce-sort at [`DILATION_SORT_BYTES`] under each of
+/// [`DILATION_POLICIES`], `dilation_reps` rounds, in emulated time; writes `jobs.csv` (with the
+/// cluster's factor in its `dilation` column) into the output folder and returns its path.
+async fn dilation_run(
+    args: &UpArgs,
+    opts: &BenchOptions,
+    data_dir: &Path,
+    results: &mut Results,
+) -> anyhow::Result<PathBuf> {
+    let dir = data_dir.join("dilation");
+    let cluster = harness(args, opts, &dir).await?;
+    results.dilation = cluster.dilation();
+    let outcome = async {
+        let client = cluster.client()?;
+        let app = apps::apps()
+            .into_iter()
+            .find(|a| a.name == "mapreduce-sort")
+            .ok_or_else(|| anyhow!("no mapreduce-sort application"))?;
+        commands::apply_text(&client, app.file, app.yaml.to_owned())
+            .await
+            .with_context(|| format!("apply {}", app.file))?;
+        let mut inputs = Inputs {
+            prefix: format!("bench/{}/", std::process::id()),
+            stored: BTreeMap::new(),
+            dir: dir.clone(),
+        };
+        let (input, _) = inputs.input(&cluster, &app, DILATION_SORT_BYTES).await?;
+        let variant = format!("D={}", cluster.dilation());
+        let total = opts.dilation_reps * DILATION_POLICIES.len();
+        let mut k = 0;
+        for _ in 0..opts.dilation_reps {
+            for policy in DILATION_POLICIES {
+                k += 1;
+                let job = Job {
+                    dag: app.name,
+                    input: Some(input.clone()),
+                    params: Vec::new(),
+                    policy: Some(policy),
+                    planned: false,
+                };
+                record(
+                    &client,
+                    job,
+                    "dilation",
+                    &variant,
+                    policy,
+                    results,
+                    (k, total),
+                )
+                .await;
+            }
+        }
+        cluster.forget_inputs(&inputs.prefix).await;
+        anyhow::Ok(())
+    }
+    .await;
+    results
+        .clusters
+        .push(("dilation check".into(), cluster.info().clone()));
+    cluster.stop().await;
+    outcome?;
+    for n in &results.notes {
+        eprintln!("ofctl bench: {n}");
+    }
+    let path = opts.out_dir.join("jobs.csv");
+    let rows: Vec<Row> = results
+        .rows
+        .iter()
+        .filter(|r| r.experiment == "dilation")
+        .cloned()
+        .collect();
+    if rows.is_empty() {
+        anyhow::bail!("the dilation check measured no job (see above)");
+    }
+    std::fs::write(&path, csv(&rows))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
+}
+
 async fn measure_apps(
-    cluster: &Cluster,
+    cluster: &Harness,
     opts: &BenchOptions,
     catalog: &Catalog,
     inputs: &mut Inputs,
@@ -535,8 +719,8 @@ async fn measure_apps(
     if opts.wants(Experiment::Fig7) {
         for app in &all {
             let sizes = apps::sizes(app, n_train, n_test);
-            let key = inputs.key(cluster, app, sizes.measured).await?;
-            overhead_route(&client, app, results, &key, cluster).await;
+            let (input, bytes) = inputs.input(cluster, app, sizes.measured).await?;
+            overhead_route(&client, app, results, bytes).await;
             let total = reps * FIG7_POLICIES.len();
             let mut k = 0;
             let mut rng =
@@ -548,7 +732,7 @@ async fn measure_apps(
                     k += 1;
                     let job = Job {
                         dag: app.name,
-                        input: Some((key.clone(), app.input_name)),
+                        input: Some(input.clone()),
                         params: Vec::new(),
                         policy: Some(policy),
                         planned: STATIC.contains(&policy),
@@ -558,7 +742,7 @@ async fn measure_apps(
             }
             finish_overhead(app, results);
         }
-        match sim::validate(catalog, cluster, results) {
+        match sim::validate(catalog, cluster.info(), results) {
             Ok(v) => results.validation = v,
             Err(e) => results
                 .notes
@@ -571,7 +755,7 @@ async fn measure_apps(
             .find(|a| a.name == "ml-pipeline")
             .ok_or_else(|| anyhow!("no ml-pipeline application"))?;
         let sizes = apps::sizes(app, n_train, n_test);
-        let key = inputs.key(cluster, app, sizes.measured).await?;
+        let (input, _) = inputs.input(cluster, app, sizes.measured).await?;
         let reps2 = stats::MIN_ROUNDS;
         let total = reps2 * 3 * FIG2_POLICIES.len();
         let mut k = 0;
@@ -582,7 +766,7 @@ async fn measure_apps(
                     k += 1;
                     let job = Job {
                         dag: app.name,
-                        input: Some((key.clone(), app.input_name)),
+                        input: Some(input.clone()),
                         params: vec![("trees".into(), Value::from(trees))],
                         policy: Some(policy),
                         planned: STATIC.contains(&policy),
@@ -609,10 +793,11 @@ async fn record(
     let app = job.dag.to_owned();
     match run_job(client, job).await {
         Ok(s) if s.status == JobStatus::Succeeded => {
+            let row = Row::from_summary(experiment, variant, policy, &s, results.dilation);
             eprintln!(
                 "[{experiment} {k}/{total}] {app} {variant} {policy}: {:.2} s ${:.7} ({}; {})",
-                s.latency_s,
-                s.cost_usd,
+                row.latency_s,
+                row.cost_usd,
                 s.mode,
                 s.edges
                     .iter()
@@ -633,9 +818,7 @@ async fn record(
                     results.plans.push((name, plan.report.clone()));
                 }
             }
-            results
-                .rows
-                .push(Row::from_summary(experiment, variant, policy, &s));
+            results.rows.push(row);
         }
         Ok(s) => {
             eprintln!(
@@ -665,7 +848,7 @@ async fn record(
 /// Profiles `app` (forced `remote`, spread over the agents: the control plane's profiling) at
 /// the training then the held-out sizes, then until the models converge; computes Fig. 10.
 async fn profile(
-    cluster: &Cluster,
+    cluster: &Harness,
     client: &Client,
     app: &App,
     sizes: &apps::Sizes,
@@ -693,15 +876,17 @@ async fn profile(
         if i >= total && converged_after.is_some() {
             break;
         }
-        let key = inputs.key(cluster, app, size).await?;
+        let (input, _) = inputs.input(cluster, app, size).await?;
         let job = Job {
             dag: app.name,
-            input: Some((key, app.input_name)),
+            input: Some(input),
             params: Vec::new(),
             policy: Some("remote"),
             planned: false,
         };
-        let s = run_job(client, job).await?;
+        let mut s = run_job(client, job).await?;
+        // In emulated time, as every figure of the run.
+        s.latency_s /= results.dilation.max(1.0);
         n += 1;
         let ok = s.status == JobStatus::Succeeded;
         eprintln!(
@@ -754,7 +939,12 @@ async fn profile(
     }
     // Fig. 10 from the recorded samples: training jobs in the order they ran, held-out fixed.
     let mut m: DagModelsView = client.get(&models_path).await?;
-    let samples = fig10::samples_from_view(app.name, &std::mem::take(&mut m.samples));
+    let mut samples = fig10::samples_from_view(app.name, &std::mem::take(&mut m.samples));
+    // Emulated time: Fig. 10's errors are ratios (unchanged), the simulator's validation
+    // reruns these parameters on the catalog's own (undilated) VMs.
+    for s in &mut samples {
+        harness::emulated_sample(&mut s.measured, results.dilation);
+    }
     results.models.insert(app.name.into(), m);
     let mine: Vec<&Profiled> = results
         .profiled
@@ -777,14 +967,7 @@ async fn profile(
 }
 
 /// Times the plan route (prediction + planning + HTTP) for the measured input.
-async fn overhead_route(
-    client: &Client,
-    app: &App,
-    results: &mut Results,
-    key: &str,
-    cluster: &Cluster,
-) {
-    let bytes = cluster.store.head(key).await.ok().flatten().unwrap_or(0);
+async fn overhead_route(client: &Client, app: &App, results: &mut Results, bytes: u64) {
     let path = format!("/v1/dags/{}/plan?input_bytes={bytes}", encode(app.name));
     let mut times = Vec::new();
     for _ in 0..7 {
@@ -937,6 +1120,9 @@ mod tests {
             placement: String::new(),
             edge_s: 0.0,
             planning_us: 0.0,
+            predicted_latency_s: None,
+            predicted_cost_usd: None,
+            dilation: 1.0,
         }
     }
 

@@ -741,6 +741,9 @@ mod tests {
             placement: String::new(),
             edge_s: 0.0,
             planning_us: 0.0,
+            predicted_latency_s: None,
+            predicted_cost_usd: None,
+            dilation: 1.0,
         }
     }
 

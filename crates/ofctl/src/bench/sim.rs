@@ -20,7 +20,7 @@ use crate::charts::{self, BarChart, BarGroup, LineChart, Series};
 
 use super::apps;
 use super::{Results, aggregate};
-use crate::up::Cluster as RealCluster;
+use crate::up::ClusterInfo;
 
 /// VMs of each type in the simulated copy of the emulated cluster.
 pub const VALIDATION_VMS: u32 = 64;
@@ -70,13 +70,13 @@ pub fn policy(name: &str) -> Option<Policy> {
 /// profiling jobs measured at the measured input size, and sets it next to the real mean.
 pub fn validate(
     catalog: &Catalog,
-    real: &RealCluster,
+    real: &ClusterInfo,
     results: &Results,
 ) -> anyhow::Result<Vec<ValidationRow>> {
     // The emulated cluster runs every VM a plan asks for (several share an agent, each charged
     // as its own VM): it stands for a cluster with enough VMs of each of its types.
     let mut counts: BTreeMap<String, u32> = BTreeMap::new();
-    for a in &real.info.agents {
+    for a in &real.agents {
         counts.insert(a.vm_type.clone(), VALIDATION_VMS);
     }
     let counts: Vec<(String, u32)> = counts.into_iter().collect();

@@ -1,0 +1,141 @@
+//! `deploy/cluster.sh up --dry-run` (interfaces.md §4): the arguments it takes or refuses, and
+//! what each agent container would get, scaled or time-dilated (`--dilation D`: CPU quota vCPUs /
+//! D, network rate / D, memory unchanged, the store D times slower), without Docker: no container
+//! starts. Needs bash and python3 (as cluster.sh does).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `cluster.sh up --dry-run ARGS` on a machine of 2 cores: (exit code, stdout, stderr).
+fn dry_run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new("bash")
+        .arg(root().join("deploy/cluster.sh"))
+        .args(["up", "--dry-run"])
+        .args(args)
+        .env("SONIC_CLUSTER_CORES", "2")
+        .output()
+        .expect("run bash deploy/cluster.sh (needs bash and python3)");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn plan(args: &[&str]) -> Value {
+    let (code, out, err) = dry_run(args);
+    assert_eq!(code, 0, "cluster.sh up --dry-run {args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out}"))
+}
+
+fn close(v: &Value, want: f64) -> bool {
+    v.as_f64().is_some_and(|x| (x - want).abs() < 1e-6)
+}
+
+/// (vm_type, cpus, memory limit MB, network Mbit/s) of every agent.
+fn agents(p: &Value) -> Vec<(String, f64, u64, f64)> {
+    p["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            assert_eq!(a["name"], format!("sonic-agent-{}", i + 1));
+            (
+                a["vm_type"].as_str().unwrap().to_owned(),
+                a["cpus"].as_f64().unwrap(),
+                a["memory_limit_mb"].as_u64().unwrap(),
+                a["network_mbps"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn dilation_divides_cpu_network_and_store_and_keeps_memory() {
+    // One agent per VM, in the order asked; D = 4 as asked.
+    let p = plan(&["--vms", "m5.large:2,m5.xlarge:1", "--dilation", "4"]);
+    assert!(close(&p["dilation"], 4.0) && p["scale"].is_null(), "{p}");
+    assert_eq!(p["vcpus"], 8);
+    let want = [
+        ("m5.large", 0.5, 8192, 187.5),
+        ("m5.large", 0.5, 8192, 187.5),
+        ("m5.xlarge", 1.0, 16384, 312.5),
+    ];
+    let got = agents(&p);
+    assert_eq!(got.len(), 3);
+    for ((vm, cpus, mem, net), (wvm, wcpus, wmem, wnet)) in got.iter().zip(want) {
+        assert_eq!((vm.as_str(), *mem), (wvm, wmem));
+        assert!(
+            (cpus - wcpus).abs() < 1e-9 && (net - wnet).abs() < 1e-9,
+            "{got:?}"
+        );
+    }
+    // The catalog's store (25 ms, 600/400 Mbit/s) four times slower, for every agent.
+    for a in p["agents"].as_array().unwrap() {
+        let s = &a["store"];
+        assert!(close(&s["request_latency_ms"], 100.0), "{s}");
+        assert!(
+            close(&s["write_mbps"], 150.0) && close(&s["read_mbps"], 100.0),
+            "{s}"
+        );
+    }
+
+    // auto: the agents' vCPUs (the default four agents: 2+4+8+2) fit the 2 cores at D = 8.
+    let p = plan(&["--dilation", "auto"]);
+    assert!(close(&p["dilation"], 8.0), "{p}");
+    let cpus: f64 = agents(&p).iter().map(|a| a.1).sum();
+    assert!((cpus - 2.0).abs() < 1e-9, "{p}");
+    // A cluster that fits as it is is not dilated below 1.
+    let p = plan(&["--vms", "m5.large:1", "--dilation", "auto"]);
+    assert!(close(&p["dilation"], 1.0), "{p}");
+}
+
+#[test]
+fn without_dilation_the_scale_is_as_before() {
+    let p = plan(&["--agents", "4"]);
+    assert!(p["dilation"].is_null() && close(&p["scale"], 0.125), "{p}");
+    let got = agents(&p);
+    let types: Vec<&str> = got.iter().map(|a| a.0.as_str()).collect();
+    assert_eq!(types, ["m5.large", "m5.xlarge", "m5.2xlarge", "t2.large"]);
+    // Memory scales with --scale (not with --dilation); the store is left as it is.
+    assert_eq!(got[0].2, 1024);
+    assert!(p["agents"][0]["store"].is_null());
+    let p = plan(&["--agents", "5", "--scale", "0.5"]);
+    assert_eq!(agents(&p)[4].0, "m5.large");
+    assert!(
+        close(&p["agents"][2]["cpus"], 2.0),
+        "capped at the cores: {p}"
+    );
+    assert_eq!(p["agents"][2]["cpus_capped"], true);
+}
+
+#[test]
+fn refuses_bad_arguments_with_exit_2() {
+    for args in [
+        &["--vms", "m5.huge:1"][..],
+        &["--vms", "m5.large"],
+        &["--vms", "m5.large:0"],
+        &["--vms", "m5.large:2,"],
+        &["--agents", "2", "--vms", "m5.large:1"],
+        &["--dilation", "0.5"],
+        &["--dilation", "x"],
+        &["--dilation", "nan"],
+        &["--scale", "0.5", "--dilation", "2"],
+        &["--dilation"],
+        &["--agents", "0"],
+    ] {
+        let (code, out, err) = dry_run(args);
+        assert_eq!(code, 2, "{args:?} was not refused: {out}{err}");
+        assert!(err.contains("cluster:"), "{args:?}: no reason given: {err}");
+        assert!(out.is_empty(), "{args:?}: printed a plan: {out}");
+    }
+}
