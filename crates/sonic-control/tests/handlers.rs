@@ -137,6 +137,7 @@ impl Cluster {
         runtime.config.convergence = Convergence {
             max_mape: 1000.0,
             min_samples: 3,
+            ..Convergence::default()
         };
         let control =
             sonic_control::start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
