@@ -6,7 +6,7 @@
 //! outputs fail the instance with a clear error; an unregistered handler refuses the job.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -125,6 +125,7 @@ impl Cluster {
                 python: "python3".into(),
                 timeout: Seconds(30.0),
                 max_body: ByteSize(1 << 20),
+                pip_timeout: Seconds(300.0),
             }),
             ..ControlConfig::default()
         };
@@ -137,6 +138,7 @@ impl Cluster {
         runtime.config.convergence = Convergence {
             max_mape: 1000.0,
             min_samples: 3,
+            ..Convergence::default()
         };
         let control =
             sonic_control::start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
@@ -172,6 +174,11 @@ impl Cluster {
         };
         c.wait_alive().await;
         c
+    }
+
+    /// The folder the control plane (`control/`) and the agents (`a-1/`, `a-2/`) keep their data in.
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -514,5 +521,56 @@ async fn a_dag_is_invocable_like_a_lambda() {
             .expect("text")
             .contains("not in the registry")
     );
+    c.stop().await;
+}
+
+/// A handler stage with a `requirements.txt` runs in the environment the agent built from its
+/// tarball (a tiny wheel from PyPI: needs the network, a few seconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_stage_runs_in_its_requirements_environment() {
+    let c = Cluster::start().await;
+    c.upload(
+        "py-six",
+        &[
+            (
+                "f.py",
+                "import sys, six\ndef f(event):\n    return {'six': six.__version__, 'prefix': sys.prefix}\n",
+            ),
+            ("requirements.txt", "six==1.16.0\n"),
+        ],
+    )
+    .await;
+    // Built at upload in the control plane's folder: one environment, named by the pins' digest.
+    let venvs: Vec<String> = std::fs::read_dir(c.dir().join("control/openlambda/venvs"))
+        .expect("venvs")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(venvs.len(), 1, "{venvs:?}");
+    c.apply("name: six\nfunctions:\n  - { name: only, handler: py-six, timeout: 120s }\n")
+        .await;
+    for _ in 0..2 {
+        let r = c
+            .http
+            .post(c.ol_url("/run/six"))
+            .body("{}")
+            .send()
+            .await
+            .expect("run");
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["six"], "1.16.0", "{v}");
+        // The agent's own environment, in its data folder, under the same digest.
+        let prefix = PathBuf::from(v["prefix"].as_str().unwrap_or_default());
+        let agent = ["a-1", "a-2"]
+            .iter()
+            .find(|a| prefix.starts_with(c.dir().join(a)))
+            .unwrap_or_else(|| panic!("{v}"));
+        assert_eq!(
+            prefix,
+            c.dir().join(agent).join("handlers/venvs").join(&venvs[0]),
+            "{v}"
+        );
+    }
     c.stop().await;
 }
