@@ -574,3 +574,59 @@ async fn a_handler_stage_runs_in_its_requirements_environment() {
     }
     c.stop().await;
 }
+
+/// The ML pipeline as Python handlers (`lambdas/python/ml-pipeline/`, `dags/ml-pipeline-py.yaml`)
+/// with numpy from PyPI: the forest beats the majority baseline by far. Ignored: it installs
+/// numpy (18 MB) from PyPI on the control plane and on each agent that runs a stage (22 s here).
+/// `cargo test -p sonic-control --test handlers -- --ignored ml_pipeline`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "installs numpy (18 MB) from PyPI on every host: 22 s here"]
+async fn the_ml_pipeline_as_python_handlers() {
+    let c = Cluster::start().await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lambdas/python/ml-pipeline");
+    for stage in ["pca", "train", "combine"] {
+        let read =
+            |f: &str| std::fs::read_to_string(root.join(stage).join(f)).expect("lambda file");
+        let (code, reqs) = (read("f.py"), read("requirements.txt"));
+        c.upload(
+            &format!("ml-py-{stage}"),
+            &[("f.py", code.as_str()), ("requirements.txt", reqs.as_str())],
+        )
+        .await;
+    }
+    let dag = std::fs::read_to_string(root.join("../../../dags/ml-pipeline-py.yaml")).expect("dag");
+    c.apply(&dag).await;
+    // Two classes around two centres in 4 features, labels last; a little noise.
+    let mut csv = String::from("a,b,c,d,label\n");
+    for i in 0..3000u64 {
+        let class = i % 2;
+        let jitter = |k: u64| ((i * 7919 + k * 104_729) % 1000) as f64 / 250.0 - 2.0;
+        let centre = if class == 0 { -1.0 } else { 1.0 };
+        csv.push_str(&format!(
+            "{:.3},{:.3},{:.3},{:.3},{class}\n",
+            centre + jitter(1),
+            centre * 0.5 + jitter(2),
+            jitter(3),
+            -centre + jitter(4)
+        ));
+    }
+    let body = json!({
+        "dag": "ml-pipeline-py",
+        "input": { "name": "data.csv", "base64": base64(csv.as_bytes()) },
+        "params": { "trees": 3, "components": 3 },
+    });
+    let (v, s) = c.run(body).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    let files = c.results(&s).await;
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["accuracy.json", "model.json"], "{v}");
+    let report: Value = serde_json::from_slice(&files[0].1).expect("accuracy.json");
+    assert_eq!(report["trees"], 3, "{report}");
+    assert_eq!(report["test_rows"], 600, "{report}");
+    let (acc, base) = (
+        report["accuracy"].as_f64().unwrap_or(0.0),
+        report["majority_baseline"].as_f64().unwrap_or(1.0),
+    );
+    assert!(acc > base + 0.2, "{report}");
+    c.stop().await;
+}
