@@ -666,6 +666,7 @@ impl Cluster {
                     python: "python3".into(),
                     timeout: Seconds(30.0),
                     max_body: ByteSize(64 * 1024 * 1024),
+                    pip_timeout: Seconds(300.0),
                 }),
             ..ControlConfig::default()
         };

@@ -144,7 +144,8 @@ fn check_handler(req: &RunRequest, h: &HandlerRun) -> Result<(), RunError> {
 
 /// The command and extra environment of a handler run: its lambda fetched from the store,
 /// checked against its digest and unpacked once per digest (`<data_dir>/handlers/<sha256>/`),
-/// run by the shipped Python runner with the host's `python3` (process sandbox only).
+/// run by the shipped Python runner with the host's `python3` (process sandbox only), or with
+/// the interpreter of its `requirements.txt`'s environment (`<data_dir>/handlers/venvs/`).
 async fn handler_command(
     state: &Arc<AgentState>,
     h: &HandlerRun,
@@ -184,17 +185,36 @@ async fn handler_command(
         }
     }
     let rt_dir = cache.join("runtime");
-    let (runner, config) = {
+    let (runner, config, requirements) = {
         let (rt_dir, code) = (rt_dir.clone(), dir.clone());
         tokio::task::spawn_blocking(move || {
             let runner = sonic_openlambda::package::install_runtime(&rt_dir)
                 .map_err(|e| format!("cannot write the Python runner: {e}"))?;
             let config = sonic_openlambda::LambdaConfig::load(&code).map_err(|e| e.to_string())?;
-            Ok::<_, String>((runner, config))
+            let reqs =
+                sonic_openlambda::venv::Requirements::load(&code).map_err(|e| e.to_string())?;
+            Ok::<_, String>((runner, config, reqs))
         })
         .await
         .map_err(|e| fail(e.to_string()))?
         .map_err(fail)?
+    };
+    // Its requirements.txt's environment, built here the first time a run of this set needs it
+    // (that run pays pip's install; later runs, and concurrent ones, share it).
+    let python = match &requirements {
+        None => "python3".to_owned(),
+        Some(r) => {
+            let built = !state.venvs.ready(r);
+            let python = state
+                .venvs
+                .ensure(r)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            if built {
+                tracing::info!(handler = %h.name, requirements = %r.sha256(), "handler environment ready");
+            }
+            python.display().to_string()
+        }
     };
     let mut env: Vec<(String, String)> = config
         .env()
@@ -209,7 +229,7 @@ async fn handler_command(
         serde_json::to_string(&h.routes).unwrap_or_else(|_| "{}".into()),
     ));
     let command = vec![
-        "python3".to_owned(),
+        python,
         runner.display().to_string(),
         dir.display().to_string(),
     ];

@@ -38,6 +38,9 @@ pub struct AgentState {
     pub fetch_locks: FetchLocks,
     /// What `GET /metrics` shows.
     pub metrics: crate::metrics::AgentMetrics,
+    /// The environments of handler stages with a `requirements.txt`
+    /// (`<data_dir>/handlers/venvs/<sha256>/`, pip's cache in `<data_dir>/handlers/pip-cache/`).
+    pub venvs: sonic_openlambda::venv::Venvs,
     runs: Mutex<HashMap<String, RunReport>>,
     /// The runs going on, to stop them: run id -> its task.
     tasks: Mutex<HashMap<String, tokio::task::AbortHandle>>,
@@ -63,6 +66,12 @@ impl AgentState {
             running: AtomicU32::new(0),
             fetch_locks: FetchLocks::default(),
             metrics: crate::metrics::AgentMetrics::default(),
+            venvs: sonic_openlambda::venv::Venvs::new(
+                config.data_dir.join("handlers").join("venvs"),
+                config.data_dir.join("handlers").join("pip-cache"),
+                std::path::PathBuf::from("python3"),
+                sonic_openlambda::venv::DEFAULT_PIP_TIMEOUT,
+            ),
             runs: Mutex::new(HashMap::new()),
             tasks: Mutex::new(HashMap::new()),
             sandbox,

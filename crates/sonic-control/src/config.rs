@@ -87,6 +87,13 @@ pub struct OpenLambdaSettings {
     /// Larger events and lambda tarballs get 413.
     #[serde(default = "default_openlambda_body")]
     pub max_body: ByteSize,
+    /// The longest building one `requirements.txt` environment (venv and pip) may take.
+    #[serde(default = "default_pip_timeout")]
+    pub pip_timeout: Seconds,
+}
+
+fn default_pip_timeout() -> Seconds {
+    Seconds(sonic_openlambda::venv::DEFAULT_PIP_TIMEOUT.as_secs_f64())
 }
 
 fn default_python() -> String {
@@ -109,6 +116,7 @@ impl std::fmt::Debug for OpenLambdaSettings {
             .field("python", &self.python)
             .field("timeout", &self.timeout)
             .field("max_body", &self.max_body)
+            .field("pip_timeout", &self.pip_timeout)
             .finish()
     }
 }
@@ -122,6 +130,7 @@ impl OpenLambdaSettings {
         c.python = self.python.clone();
         c.timeout = Duration::from_secs_f64(self.timeout.0);
         c.max_body = usize::try_from(self.max_body.0).unwrap_or(usize::MAX);
+        c.pip_timeout = Duration::from_secs_f64(self.pip_timeout.0);
         c
     }
 }
@@ -359,6 +368,12 @@ impl ControlConfig {
             if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
                 return Err(ConfigError::Invalid(
                     "openlambda.timeout must be positive and at most a day".into(),
+                ));
+            }
+            let t = ol.pip_timeout.0;
+            if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
+                return Err(ConfigError::Invalid(
+                    "openlambda.pip_timeout must be positive and at most a day".into(),
                 ));
             }
             if ol.max_body.0 < 1024 || ol.max_body.0 > 1024 * 1024 * 1024 {

@@ -397,6 +397,7 @@ mod tests {
                 python: "python3".into(),
                 timeout: sonic_core::units::Seconds(10.0),
                 max_body: sonic_core::units::ByteSize(1 << 20),
+                pip_timeout: sonic_core::units::Seconds(300.0),
             }),
             ..ControlConfig::default()
         };

@@ -6,7 +6,7 @@
 //! outputs fail the instance with a clear error; an unregistered handler refuses the job.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -125,6 +125,7 @@ impl Cluster {
                 python: "python3".into(),
                 timeout: Seconds(30.0),
                 max_body: ByteSize(1 << 20),
+                pip_timeout: Seconds(300.0),
             }),
             ..ControlConfig::default()
         };
@@ -173,6 +174,11 @@ impl Cluster {
         };
         c.wait_alive().await;
         c
+    }
+
+    /// The folder the control plane (`control/`) and the agents (`a-1/`, `a-2/`) keep their data in.
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -515,5 +521,112 @@ async fn a_dag_is_invocable_like_a_lambda() {
             .expect("text")
             .contains("not in the registry")
     );
+    c.stop().await;
+}
+
+/// A handler stage with a `requirements.txt` runs in the environment the agent built from its
+/// tarball (a tiny wheel from PyPI: needs the network, a few seconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_stage_runs_in_its_requirements_environment() {
+    let c = Cluster::start().await;
+    c.upload(
+        "py-six",
+        &[
+            (
+                "f.py",
+                "import sys, six\ndef f(event):\n    return {'six': six.__version__, 'prefix': sys.prefix}\n",
+            ),
+            ("requirements.txt", "six==1.16.0\n"),
+        ],
+    )
+    .await;
+    // Built at upload in the control plane's folder: one environment, named by the pins' digest.
+    let venvs: Vec<String> = std::fs::read_dir(c.dir().join("control/openlambda/venvs"))
+        .expect("venvs")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(venvs.len(), 1, "{venvs:?}");
+    c.apply("name: six\nfunctions:\n  - { name: only, handler: py-six, timeout: 120s }\n")
+        .await;
+    for _ in 0..2 {
+        let r = c
+            .http
+            .post(c.ol_url("/run/six"))
+            .body("{}")
+            .send()
+            .await
+            .expect("run");
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["six"], "1.16.0", "{v}");
+        // The agent's own environment, in its data folder, under the same digest.
+        let prefix = PathBuf::from(v["prefix"].as_str().unwrap_or_default());
+        let agent = ["a-1", "a-2"]
+            .iter()
+            .find(|a| prefix.starts_with(c.dir().join(a)))
+            .unwrap_or_else(|| panic!("{v}"));
+        assert_eq!(
+            prefix,
+            c.dir().join(agent).join("handlers/venvs").join(&venvs[0]),
+            "{v}"
+        );
+    }
+    c.stop().await;
+}
+
+/// The ML pipeline as Python handlers (`lambdas/python/ml-pipeline/`, `dags/ml-pipeline-py.yaml`)
+/// with numpy from PyPI: the forest beats the majority baseline by far. Ignored: it installs
+/// numpy (18 MB) from PyPI on the control plane and on each agent that runs a stage (22 s here).
+/// `cargo test -p sonic-control --test handlers -- --ignored ml_pipeline`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "installs numpy (18 MB) from PyPI on every host: 22 s here"]
+async fn the_ml_pipeline_as_python_handlers() {
+    let c = Cluster::start().await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lambdas/python/ml-pipeline");
+    for stage in ["pca", "train", "combine"] {
+        let read =
+            |f: &str| std::fs::read_to_string(root.join(stage).join(f)).expect("lambda file");
+        let (code, reqs) = (read("f.py"), read("requirements.txt"));
+        c.upload(
+            &format!("ml-py-{stage}"),
+            &[("f.py", code.as_str()), ("requirements.txt", reqs.as_str())],
+        )
+        .await;
+    }
+    let dag = std::fs::read_to_string(root.join("../../../dags/ml-pipeline-py.yaml")).expect("dag");
+    c.apply(&dag).await;
+    // Two classes around two centres in 4 features, labels last; a little noise.
+    let mut csv = String::from("a,b,c,d,label\n");
+    for i in 0..3000u64 {
+        let class = i % 2;
+        let jitter = |k: u64| ((i * 7919 + k * 104_729) % 1000) as f64 / 250.0 - 2.0;
+        let centre = if class == 0 { -1.0 } else { 1.0 };
+        csv.push_str(&format!(
+            "{:.3},{:.3},{:.3},{:.3},{class}\n",
+            centre + jitter(1),
+            centre * 0.5 + jitter(2),
+            jitter(3),
+            -centre + jitter(4)
+        ));
+    }
+    let body = json!({
+        "dag": "ml-pipeline-py",
+        "input": { "name": "data.csv", "base64": base64(csv.as_bytes()) },
+        "params": { "trees": 3, "components": 3 },
+    });
+    let (v, s) = c.run(body).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    let files = c.results(&s).await;
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["accuracy.json", "model.json"], "{v}");
+    let report: Value = serde_json::from_slice(&files[0].1).expect("accuracy.json");
+    assert_eq!(report["trees"], 3, "{report}");
+    assert_eq!(report["test_rows"], 600, "{report}");
+    let (acc, base) = (
+        report["accuracy"].as_f64().unwrap_or(0.0),
+        report["majority_baseline"].as_f64().unwrap_or(1.0),
+    );
+    assert!(acc > base + 0.2, "{report}");
     c.stop().await;
 }

@@ -30,6 +30,8 @@ pub struct OpenLambdaConfig {
     pub workers_per_lambda: usize,
     /// Calls a lambda may have waiting or running; past it, 429.
     pub queue_per_lambda: usize,
+    /// The longest building a `requirements.txt` environment (venv and pip) may take.
+    pub pip_timeout: Duration,
 }
 
 impl std::fmt::Debug for OpenLambdaConfig {
@@ -59,6 +61,7 @@ impl OpenLambdaConfig {
             max_unpacked: 1 << 30,
             workers_per_lambda: cores.max(2),
             queue_per_lambda: 256,
+            pip_timeout: crate::venv::DEFAULT_PIP_TIMEOUT,
         }
     }
 }

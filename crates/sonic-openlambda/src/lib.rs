@@ -10,6 +10,7 @@
 pub mod config;
 pub mod package;
 pub mod tarball;
+pub mod venv;
 pub mod worker;
 
 use std::collections::{BTreeMap, HashMap};
@@ -74,6 +75,8 @@ struct Lambda {
     /// that did not keep it; upload it again to use it in a DAG).
     package: Option<package::Package>,
     config: LambdaConfig,
+    /// Its `requirements.txt` pins: its workers run in their environment.
+    requirements: Option<venv::Requirements>,
     version: u64,
     idle: Vec<Worker>,
     queued: usize,
@@ -94,6 +97,9 @@ pub struct Handlers {
     python: PathBuf,
     runtime: PathBuf,
     cfg: OpenLambdaConfig,
+    /// The `requirements.txt` environments: `<dir>/venvs/<sha256>/`, pip's cache in
+    /// `<dir>/pip-cache/`.
+    venvs: venv::Venvs,
     lambdas: Mutex<HashMap<String, Lambda>>,
     /// Serializes registry writes, so that two uploads of one name do not interleave.
     installs: tokio::sync::Mutex<()>,
@@ -133,10 +139,17 @@ impl Handlers {
         tokio::fs::create_dir_all(&packages).await?;
         let runtime = cfg.dir.join("sonic_ol_runtime.py");
         tokio::fs::write(&runtime, RUNTIME_PY).await?;
+        let venvs = venv::Venvs::new(
+            cfg.dir.join("venvs"),
+            cfg.dir.join("pip-cache"),
+            PathBuf::from(&exe),
+            cfg.pip_timeout,
+        );
         let handlers = Handlers {
             root: root.clone(),
             packages: packages.clone(),
             python: PathBuf::from(exe),
+            venvs,
             runtime,
             lambdas: Mutex::new(HashMap::new()),
             installs: tokio::sync::Mutex::new(()),
@@ -153,8 +166,14 @@ impl Handlers {
                 let _ = tokio::fs::remove_dir_all(e.path()).await;
                 continue;
             }
-            match LambdaConfig::load(&e.path()) {
-                Ok(config) => {
+            let loaded = LambdaConfig::load(&e.path())
+                .map_err(|e| e.to_string())
+                .and_then(|c| {
+                    let reqs = venv::Requirements::load(&e.path()).map_err(|e| e.to_string())?;
+                    Ok((c, reqs))
+                });
+            match loaded {
+                Ok((config, requirements)) => {
                     let path = packages.join(format!("{name}.tar.gz"));
                     let package = match tokio::fs::read(&path).await {
                         Ok(bytes) => Some(package::Package {
@@ -163,7 +182,7 @@ impl Handlers {
                         }),
                         Err(_) => None,
                     };
-                    handlers.put(&name, e.path(), package, config, 0)
+                    handlers.put(&name, e.path(), package, config, requirements, 0)
                 }
                 Err(err) => {
                     tracing::warn!(lambda = %name, error = %err, "skipped an installed lambda")
@@ -179,6 +198,7 @@ impl Handlers {
         dir: PathBuf,
         package: Option<package::Package>,
         config: LambdaConfig,
+        requirements: Option<venv::Requirements>,
         queued: usize,
     ) {
         let version = self.versions.fetch_add(1, Ordering::Relaxed);
@@ -186,6 +206,7 @@ impl Handlers {
             dir,
             package,
             config,
+            requirements,
             version,
             idle: Vec::new(),
             queued,
@@ -425,15 +446,29 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
         };
         let current = l.version;
         l.idle.retain_mut(|w| w.version == current && w.alive());
-        (l.idle.pop(), l.dir.clone(), l.config.env(), current)
+        let reqs = l.requirements.clone();
+        (l.idle.pop(), l.dir.clone(), l.config.env(), reqs, current)
     };
-    let (warm, dir, env, version) = taken;
+    let (warm, dir, env, reqs, version) = taken;
     let mut w = match warm {
         Some(w) => w,
         None => {
+            // Built at upload; after a restart or a removed folder, built again here once.
+            let python = match &reqs {
+                None => h.python.clone(),
+                Some(r) => match h.venvs.ensure(r).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        return text(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            format!("lambda `{name}`: {e}"),
+                        );
+                    }
+                },
+            };
             h.cold_starts.fetch_add(1, Ordering::Relaxed);
             let t = Instant::now();
-            let started = Worker::start(&h.python, &h.runtime, &dir, &env, version, &limits).await;
+            let started = Worker::start(&python, &h.runtime, &dir, &env, version, &limits).await;
             h.record("cold-start", t);
             match started {
                 Ok(w) => w,
@@ -547,22 +582,24 @@ async fn install(
         return r;
     }
     let t0 = Instant::now();
-    let _one = h.installs.lock().await;
     let n = h.versions.fetch_add(1, Ordering::Relaxed);
     let staging = h.root.join(format!(".new-{name}-{n}"));
     let max = h.cfg.max_unpacked;
     let st = staging.clone();
     let tarball = body.clone();
-    let unpacked = tokio::task::spawn_blocking(move || -> Result<LambdaConfig, String> {
+    type Unpacked = (LambdaConfig, Option<venv::Requirements>);
+    let unpacked = tokio::task::spawn_blocking(move || -> Result<Unpacked, String> {
         std::fs::create_dir(&st).map_err(|e| e.to_string())?;
         tarball::unpack(&body, &st, max).map_err(|e| e.to_string())?;
         if !st.join("f.py").is_file() {
             return Err("the tarball has no f.py at its top (pack the lambda's folder: tar -czf name.tar.gz -C dir .)".into());
         }
-        LambdaConfig::load(&st).map_err(|e| e.to_string())
+        let config = LambdaConfig::load(&st).map_err(|e| e.to_string())?;
+        let reqs = venv::Requirements::load(&st).map_err(|e| e.to_string())?;
+        Ok((config, reqs))
     })
     .await;
-    let config = match unpacked {
+    let (config, requirements) = match unpacked {
         Ok(Ok(c)) => c,
         Ok(Err(msg)) => {
             let _ = tokio::fs::remove_dir_all(&staging).await;
@@ -576,6 +613,20 @@ async fn install(
             );
         }
     };
+    // Its environment is built before anything is replaced: a failed install keeps the previous
+    // version serving. Concurrent uploads of one requirements set wait for the same build.
+    if let Some(r) = &requirements
+        && let Err(e) = h.venvs.ensure(r).await
+    {
+        let _ = tokio::fs::remove_dir_all(&staging).await;
+        let status = match e {
+            venv::VenvError::Pip { .. } => StatusCode::BAD_REQUEST,
+            venv::VenvError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        return text(status, format!("lambda `{name}` not installed: {e}"));
+    }
+    let _one = h.installs.lock().await;
     // The tarball is kept as sent (it unpacked safely), for DAG stages on other hosts.
     let sha256 = package::sha256_hex(&tarball);
     let package_path = h.packages.join(format!("{name}.tar.gz"));
@@ -619,7 +670,7 @@ async fn install(
         sha256,
         path: package_path,
     };
-    h.put(&name, dest, Some(package), config, queued);
+    h.put(&name, dest, Some(package), config, requirements, queued);
     let _ = tokio::fs::remove_dir_all(&old).await;
     h.record("registry-upload", t0);
     tracing::info!(lambda = %name, "lambda installed");

@@ -476,3 +476,133 @@ async fn a_token_off_loopback_and_when_set() -> Res {
     ol.stop().await;
     Ok(())
 }
+
+/// The folders under `<dir>/venvs/` (one per requirements set built).
+fn venvs(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("venvs"))
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn unpinned_requirements_are_refused_and_change_nothing() -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    let v1 = "def f(event):\n    return 'v1'\n";
+    assert_eq!(
+        upload(&ol, "pins", tarball(&[("f.py", v1)], "")?).await?.0,
+        201
+    );
+    let v2 = "def f(event):\n    return 'v2'\n";
+    for (reqs, says) in [
+        ("six\n", "line 1: `six` is not pinned as name==version"),
+        ("# ok\nsix>=1.16\n", "line 2: `six>=1.16` is not pinned"),
+        ("--index-url http://example.com/simple\n", "not pinned"),
+        ("six==1.16.0\nsix==1.17.0\n", "pins six more than once"),
+    ] {
+        let tgz = tarball(&[("f.py", v2), ("requirements.txt", reqs)], "")?;
+        let (status, body) = upload(&ol, "pins", tgz).await?;
+        assert_eq!(status, 400, "{reqs}: {body}");
+        assert!(body.contains(says), "{reqs}: {body}");
+    }
+    // Nothing changed: the old code answers, and no environment was made.
+    assert_eq!(
+        run(&ol, "pins", &serde_json::json!(null)).await?,
+        (200, "\"v1\"".into())
+    );
+    assert!(venvs(dir.path()).is_empty());
+    // A requirements.txt of comments only pins nothing: no environment either.
+    let tgz = tarball(&[("f.py", v2), ("requirements.txt", "# none yet\n\n")], "")?;
+    assert_eq!(upload(&ol, "pins", tgz).await?.0, 201);
+    assert_eq!(
+        run(&ol, "pins", &serde_json::json!(null)).await?,
+        (200, "\"v2\"".into())
+    );
+    assert!(venvs(dir.path()).is_empty());
+    ol.stop().await;
+    Ok(())
+}
+
+/// Installs a tiny pure-Python wheel (`six`, 11 kB) from PyPI: needs the network, a few seconds.
+#[tokio::test]
+async fn requirements_install_from_pypi_into_a_shared_venv() -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    let code = "import sys, six\ndef f(event):\n    return {'six': six.__version__, 'prefix': sys.prefix, 'tag': TAG}\n";
+    let with = |tag: &str, reqs: &str| {
+        tarball(
+            &[
+                ("f.py", &format!("TAG = '{tag}'\n{code}")),
+                ("requirements.txt", reqs),
+            ],
+            "",
+        )
+    };
+    // Two lambdas with the same pins, uploaded at once: one build, one environment.
+    let (a, b) = tokio::join!(
+        upload(&ol, "six-a", with("a", "six==1.16.0\n")?),
+        upload(&ol, "six-b", with("b", "# same\nSix == 1.16.0\n")?)
+    );
+    let (a, b) = (a?, b?);
+    assert_eq!((a.0, b.0), (201, 201), "{a:?} {b:?}");
+    let built = venvs(dir.path());
+    assert_eq!(built.len(), 1, "{built:?}");
+    assert!(dir.path().join("pip-cache").is_dir());
+    for name in ["six-a", "six-b"] {
+        let (status, body) = run(&ol, name, &serde_json::json!(null)).await?;
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body)?;
+        assert_eq!(v["six"], "1.16.0");
+        let prefix = v["prefix"].as_str().unwrap_or_default();
+        assert!(
+            Path::new(prefix).ends_with(Path::new("venvs").join(&built[0])),
+            "{prefix}"
+        );
+    }
+    // A version that does not exist: 400 with pip's last lines, and the old code still serves.
+    let (status, body) = upload(&ol, "six-a", with("a2", "six==99.0.0\n")?).await?;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("pip install of requirements.txt failed"),
+        "{body}"
+    );
+    assert!(body.contains("six==99.0.0"), "{body}");
+    assert_eq!(venvs(dir.path()), built, "a failed build leaves nothing");
+    let (status, body) = run(&ol, "six-a", &serde_json::json!(null)).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body)?["tag"],
+        "a"
+    );
+    // New pins, new environment; the other lambda keeps its own.
+    let (status, body) = upload(&ol, "six-a", with("a3", "six==1.17.0\n")?).await?;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(venvs(dir.path()).len(), 2);
+    let (_, body) = run(&ol, "six-a", &serde_json::json!(null)).await?;
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body)?["six"],
+        "1.17.0"
+    );
+    let (_, body) = run(&ol, "six-b", &serde_json::json!(null)).await?;
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body)?["six"],
+        "1.16.0"
+    );
+    ol.stop().await;
+    // After a restart the lambdas run in their environments again, without building.
+    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    let (_, body) = run(&ol, "six-a", &serde_json::json!(null)).await?;
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body)?["six"],
+        "1.17.0"
+    );
+    assert_eq!(venvs(dir.path()).len(), 2);
+    ol.stop().await;
+    Ok(())
+}
