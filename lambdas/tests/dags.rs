@@ -27,6 +27,21 @@ fn every_dag_file_parses_and_names_our_binaries() {
         dag.fanouts(&dag.job_params(&Default::default()))
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         for f in &dag.functions {
+            if let Some(handler) = &f.handler {
+                // A Python handler stage: its lambda folder is shipped under lambdas/python/.
+                let folder = python_lambda_folder(&dag.name, handler).unwrap_or_else(|| {
+                    panic!(
+                        "{}: {} names handler {handler:?}, which lambdas/python/ does not ship",
+                        dag.name, f.name
+                    )
+                });
+                assert!(
+                    folder.join("f.py").is_file(),
+                    "{}: no f.py",
+                    folder.display()
+                );
+                continue;
+            }
             assert_eq!(f.image, "sonic-lambdas:latest", "{}: {}", dag.name, f.name);
             assert!(
                 programs.contains_key(&f.command[0]),
@@ -45,10 +60,25 @@ fn every_dag_file_parses_and_names_our_binaries() {
             "broadcast",
             "mapreduce-sort",
             "ml-pipeline",
+            "ml-pipeline-py",
             "synthetic-chain",
             "video-analytics"
         ]
     );
+}
+
+/// The folder under `lambdas/python/` holding the lambda a Python DAG's function names: the
+/// DAG `<app>-py` uploads `lambdas/python/<app>/<stage>/` as `<short>-py-<stage>` (docs/python.md).
+fn python_lambda_folder(dag: &str, handler: &str) -> Option<std::path::PathBuf> {
+    let shipped = [("ml-pipeline-py", "ml-pipeline", "ml-py-")];
+    let (_, app, prefix) = shipped.iter().find(|(d, _, _)| *d == dag)?;
+    let stage = handler.strip_prefix(prefix)?;
+    Some(
+        support::dags_dir()
+            .join("../lambdas/python")
+            .join(app)
+            .join(stage),
+    )
 }
 
 #[test]
