@@ -1,7 +1,7 @@
 //! `deploy/cluster.sh up --dry-run` (interfaces.md §4): the arguments it takes or refuses, and
 //! what each agent container would get, scaled or time-dilated (`--dilation D`: CPU quota vCPUs /
-//! D, network rate / D, memory unchanged, the store D times slower), without Docker: no container
-//! starts. Needs bash and python3 (as cluster.sh does).
+//! D, network rate / D, memory unchanged, the store D times slower; `auto` leaves a core outside
+//! the agents' quotas), without Docker: no container starts. Needs bash and python3 (as cluster.sh does).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -16,11 +16,16 @@ fn root() -> PathBuf {
 
 /// `cluster.sh up --dry-run ARGS` on a machine of 2 cores: (exit code, stdout, stderr).
 fn dry_run(args: &[&str]) -> (i32, String, String) {
+    dry_run_on(2, args)
+}
+
+/// `cluster.sh up --dry-run ARGS` on a machine of `cores` cores.
+fn dry_run_on(cores: u32, args: &[&str]) -> (i32, String, String) {
     let out = Command::new("bash")
         .arg(root().join("deploy/cluster.sh"))
         .args(["up", "--dry-run"])
         .args(args)
-        .env("SONIC_CLUSTER_CORES", "2")
+        .env("SONIC_CLUSTER_CORES", cores.to_string())
         .output()
         .expect("run bash deploy/cluster.sh (needs bash and python3)");
     (
@@ -79,6 +84,13 @@ fn dilation_divides_cpu_network_and_store_and_keeps_memory() {
             "{got:?}"
         );
     }
+    // The quota over a 10 ms period, not Docker's 100 ms (a burst shorter than the share of a
+    // period would run undilated).
+    for a in p["agents"].as_array().unwrap() {
+        let (period, quota) = (&a["cpu_period_us"], &a["cpu_quota_us"]);
+        assert!(close(period, 10_000.0), "{a}");
+        assert!(close(quota, a["cpus"].as_f64().unwrap() * 10_000.0), "{a}");
+    }
     // The catalog's store (25 ms, 600/400 Mbit/s) four times slower, for every agent.
     for a in p["agents"].as_array().unwrap() {
         let s = &a["store"];
@@ -89,14 +101,37 @@ fn dilation_divides_cpu_network_and_store_and_keeps_memory() {
         );
     }
 
-    // auto: the agents' vCPUs (the default four agents: 2+4+8+2) fit the 2 cores at D = 8.
+    // auto: the agents' vCPUs (the default four agents: 2+4+8+2) fit the 2 cores less one
+    // (left to the store and the control plane, which are not dilated) at D = 16.
     let p = plan(&["--dilation", "auto"]);
-    assert!(close(&p["dilation"], 8.0), "{p}");
+    assert!(close(&p["dilation"], 16.0), "{p}");
     let cpus: f64 = agents(&p).iter().map(|a| a.1).sum();
-    assert!((cpus - 2.0).abs() < 1e-9, "{p}");
+    assert!((cpus - 1.0).abs() < 1e-9, "{p}");
+    assert!(
+        close(&p["agent_cpus"], 1.0) && close(&p["free_cores"], 1.0),
+        "{p}"
+    );
+    // The dilation check's cluster (4 vCPUs): D = 4 leaves a core; D = 2, asked for, leaves none.
+    let p = plan(&["--vms", "m5.large:2", "--dilation", "auto"]);
+    assert!(
+        close(&p["dilation"], 4.0) && close(&p["free_cores"], 1.0),
+        "{p}"
+    );
+    let p = plan(&["--vms", "m5.large:2", "--dilation", "2"]);
+    assert!(close(&p["free_cores"], 0.0), "{p}");
     // A cluster that fits as it is is not dilated below 1.
-    let p = plan(&["--vms", "m5.large:1", "--dilation", "auto"]);
-    assert!(close(&p["dilation"], 1.0), "{p}");
+    let (code, out, err) = dry_run_on(4, &["--vms", "m5.large:1", "--dilation", "auto"]);
+    assert_eq!(code, 0, "{err}");
+    let p: Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        close(&p["dilation"], 1.0) && close(&p["free_cores"], 2.0),
+        "{p}"
+    );
+    // On one core nothing can be left: the agents get it.
+    let (code, out, err) = dry_run_on(1, &["--vms", "m5.large:1", "--dilation", "auto"]);
+    assert_eq!(code, 0, "{err}");
+    let p: Value = serde_json::from_str(&out).unwrap();
+    assert!(close(&p["dilation"], 2.0), "{p}");
 }
 
 #[test]
@@ -109,6 +144,7 @@ fn without_dilation_the_scale_is_as_before() {
     // Memory scales with --scale (not with --dilation); the store is left as it is.
     assert_eq!(got[0].2, 1024);
     assert!(p["agents"][0]["store"].is_null());
+    assert!(p["agents"][0]["cpu_period_us"].is_null(), "{p}");
     let p = plan(&["--agents", "5", "--scale", "0.5"]);
     assert_eq!(agents(&p)[4].0, "m5.large");
     assert!(
