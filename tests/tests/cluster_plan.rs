@@ -175,3 +175,59 @@ fn refuses_bad_arguments_with_exit_2() {
         assert!(out.is_empty(), "{args:?}: printed a plan: {out}");
     }
 }
+
+/// `deploy/dilation-breakdown.py` on two factors' job summaries (as `dilation-check.sh` keeps
+/// them): each part's mean real seconds, and which part grew with D and which did not.
+#[test]
+fn the_breakdown_tells_dilated_parts_from_fixed_ones() {
+    let dir = std::env::temp_dir().join(format!("sonic-breakdown-{}", std::process::id()));
+    for d in [4.0_f64, 8.0] {
+        let sums = dir.join(format!("D={d}")).join("summaries");
+        std::fs::create_dir_all(&sums).unwrap();
+        // A lambda of 0.2 s x D then one of 0.5 s x D, each with 0.1 s x D of staging; 0.5 s
+        // before the first dispatch and 0.3 s between the stages that do not dilate.
+        let s = serde_json::json!({
+            "job_id": "j", "policy": "remote", "status": "succeeded",
+            "latency_s": 0.5 + 0.3 * d + 0.3 + 0.6 * d + 0.2,
+            "edges": [{"from": "a", "to": "b", "method": "remote", "bytes": 1, "seconds": 0.1 * d}],
+            "functions": [
+                {"name": "a", "instance": 0, "seconds": 0.2 * d, "started_s": 0.5,
+                 "ended_s": 0.5 + 0.3 * d},
+                {"name": "b", "instance": 0, "seconds": 0.5 * d, "started_s": 0.8 + 0.3 * d,
+                 "ended_s": 0.8 + 0.9 * d},
+            ],
+        });
+        std::fs::write(sums.join("j.json"), s.to_string()).unwrap();
+    }
+    let out = Command::new("python3")
+        .arg(root().join("deploy/dilation-breakdown.py"))
+        .arg(&dir)
+        .args(["4", "8"])
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = std::fs::read_to_string(dir.join("breakdown.csv")).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "policy,dilation,jobs,latency_real_s,before_real_s,exec_real_s,run_real_s,between_real_s,after_real_s,edge_max_real_s"
+    );
+    // D = 4: latency 0.5 + 1.2 + 0.3 + 2.4 + 0.2; exec 0.8 + 2.0; run 0.4 + 0.4.
+    assert_eq!(
+        lines[1],
+        "remote,4,1,4.6000,0.5000,2.8000,0.8000,0.3000,0.2000,0.4000"
+    );
+    assert!(lines[2].starts_with("remote,8,1,8.2000,0.5000,5.6000,1.6000,0.3000,0.2000"));
+    assert!(
+        stdout.contains("before=1.00")
+            && stdout.contains("exec=2.00")
+            && stdout.contains("between=1.00"),
+        "{stdout}"
+    );
+}
