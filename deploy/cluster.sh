@@ -37,7 +37,9 @@
 #                     remote_storage request latency x D, throughputs / D: the agent's
 #                     store_profile); the control plane plans with the catalog dilated by D
 #                     (SONIC_CONTROL_DILATION). Times the cluster reports are D times the emulated
-#                     ones (docs/evaluation.md). auto: D = max(1, vCPUs / cores), to a hundredth.
+#                     ones (docs/evaluation.md). auto: D = max(1, vCPUs / (cores - 1)), to a
+#                     hundredth: one core is left outside the agents' quotas for what is not
+#                     dilated (the store, the control plane); a D that leaves less is warned of.
 #   --dry-run         print what the agents would get (one JSON document) and start nothing
 #   --tls             certificates from deploy/certs.sh in .ci-data/cluster/tls; each daemon gets
 #                     ca.pem and its own NAME.pem/NAME.key read-only in /etc/sonic/tls (never
@@ -241,12 +243,19 @@ def num(s, what, lo, hi):
         fail(f"{what} takes a number in ({lo:g}, {hi:g}], not {s!r}", 2)
     return f
 
+# A dilated agent's CPU quota period, microseconds (rows below say why).
+CPU_PERIOD_US = 10000
+
+# The cores a dilated cluster's agents may take: all but one (one core is all there is).
+agent_cores = cores - 1 if cores >= 2 else cores
+
 scale = dilation = None
 if dilation_arg:
     if dilation_arg == "auto":
-        # Enough that the agents' quotas (vCPUs / D) fit the cores, at least 1; rounded up to
-        # a hundredth.
-        dilation = max(1.0, math.ceil(vcpus / cores * 100 - 1e-9) / 100)
+        # Enough that the agents' quotas (vCPUs / D) fit the cores less one, left to what is
+        # not dilated (the store, the control plane, ofctl: they would otherwise take CPU the
+        # agents were given, and the agents theirs); at least 1; rounded up to a hundredth.
+        dilation = max(1.0, math.ceil(vcpus / agent_cores * 100 - 1e-9) / 100)
     else:
         dilation = num(dilation_arg, "--dilation", 0, 1000)
         if dilation < 1:
@@ -277,12 +286,23 @@ for n, t in enumerate(order, 1):
     cpus = short(min(cores, max(0.01, want)))
     # Memory does not dilate: a dilated agent has its type's memory.
     mem = t["memory_mb"] if dilation is not None else max(256, int(t["memory_mb"] * f))
+    # A dilated agent's quota is enforced over a short period (CPU_PERIOD_US, not Docker's
+    # 100 ms): CFS throttles a container only once it has used its quota of the period, so
+    # work shorter than that share (a process start, a request handled between two waits) runs
+    # at full speed, undilated. The kernel takes a quota of at least 1 ms.
+    period = quota = None
+    if dilation is not None:
+        period = max(CPU_PERIOD_US, math.ceil(1000 / cpus))
+        quota = max(1000, round(cpus * period))
     rows.append({"name": f"sonic-agent-{n}", "vm_type": t["name"], "vcpus": t["vcpus"],
                  "memory_mb": t["memory_mb"], "cpus": cpus, "cpus_capped": want > cores,
+                 "cpu_period_us": period, "cpu_quota_us": quota,
                  "memory_limit_mb": mem, "network_mbps": short(t["network_mbps"] * f),
                  "store": store})
+quotas = short(sum(r["cpus"] for r in rows))
 print(json.dumps({"catalog": path, "cores": cores, "vcpus": vcpus, "scale": scale,
-                  "dilation": dilation, "agents": rows}))
+                  "dilation": dilation, "agent_cpus": quotas,
+                  "free_cores": short(max(0.0, cores - quotas)), "agents": rows}))
 PY
 }
 
@@ -527,18 +547,23 @@ for a in p["agents"]:
     s = a["store"] or {}
     print(a["name"], a["vm_type"], a["vcpus"], a["memory_mb"], a["cpus"], a["memory_limit_mb"],
           a["network_mbps"], s.get("request_latency_ms", "-"), s.get("write_mbps", "-"),
-          s.get("read_mbps", "-"), "capped" if a["cpus_capped"] else "-")
+          s.get("read_mbps", "-"), "capped" if a["cpus_capped"] else "-",
+          a["cpu_period_us"] or "-", a["cpu_quota_us"] or "-")
 ' "$plan")
     agents="${#rows[@]}"
-    read -r sum_vcpus scale dilation < <(python3 -c '
+    local free_cores
+    read -r sum_vcpus scale dilation free_cores < <(python3 -c '
 import json, sys
 p = json.loads(sys.argv[1])
-print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] if p["dilation"] is not None else "-")
+print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] if p["dilation"] is not None else "-", p["free_cores"])
 ' "$plan")
     [ "$scale" = - ] && scale=""
     [ "$dilation" = - ] && dilation=""
     if [ -n "$dilation" ]; then
         log "dilation $dilation: $sum_vcpus vCPUs of $agents agents on $cores cores; each agent gets vCPUs / $dilation cores, its type's network rate / $dilation, its type's memory, the store $dilation times slower"
+        if [ "$cores" -ge 2 ] && python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < 1 else 1)' "$free_cores"; then
+            log "warning: the agents' quotas leave $free_cores of $cores cores to the store and the control plane (not dilated): they will take CPU the agents were given, and the figures depend on D (--dilation auto leaves one core)"
+        fi
     else
         log "scale $scale: $cores cores for $sum_vcpus vCPUs of $agents agents"
     fi
@@ -616,8 +641,14 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
         log "this sonic-agent does not take SONIC_JOIN_TOKEN yet: agents get the API token and a file key"
     fi
     local n name vm vcpus mem cpus mem_limit rate data_dir args cmd lat wmbps rmbps capped
+    local period quota cpu_args
     for ((n = 1; n <= agents; n++)); do
-        read -r name vm vcpus mem cpus mem_limit rate lat wmbps rmbps capped <<<"${rows[n - 1]}"
+        read -r name vm vcpus mem cpus mem_limit rate lat wmbps rmbps capped period quota <<<"${rows[n - 1]}"
+        cpu_args=(--cpus "$cpus")
+        if [ "$period" != - ]; then
+            # Dilated: the same share over a short period (plan_agents says why).
+            cpu_args=(--cpu-period "$period" --cpu-quota "$quota")
+        fi
         if [ "$capped" = capped ]; then
             log "$name: $vcpus vCPUs x ${scale:-1/$dilation} is more than the $cores cores here: --cpus $cpus"
         fi
@@ -625,7 +656,7 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
         args=(--init --label sonic.role=agent --label "sonic.vm_type=$vm" --label "sonic.vcpus=$vcpus"
             --label "sonic.memory_mb=$mem" --label "sonic.network_mbps=$rate"
             --label "sonic.dilation=${dilation:-}"
-            --cpus "$cpus" --memory "${mem_limit}m" --memory-swap "${mem_limit}m"
+            "${cpu_args[@]}" --memory "${mem_limit}m" --memory-swap "${mem_limit}m"
             -e "SONIC_AGENT_ID=$name"
             -e "SONIC_AGENT_LISTEN=0.0.0.0:$AGENT_PORT"
             -e "SONIC_AGENT_ADVERTISE_URL=$scheme://$name:$AGENT_PORT"
@@ -751,7 +782,7 @@ cmd_status() {
     mapfile -t ids < <(cluster_containers)
     local rows=""
     if [ "${#ids[@]}" -gt 0 ]; then
-        rows="$(docker inspect -f '{{.Name}}	{{.State.Status}}	{{with index .NetworkSettings.Networks "sonic"}}{{.IPAddress}}{{end}}	{{index .Config.Labels "sonic.role"}}	{{index .Config.Labels "sonic.vm_type"}}	{{index .Config.Labels "sonic.vcpus"}}	{{index .Config.Labels "sonic.memory_mb"}}	{{index .Config.Labels "sonic.network_mbps"}}	{{.HostConfig.NanoCpus}}	{{.HostConfig.Memory}}	{{index .Config.Labels "sonic.dilation"}}' "${ids[@]}")"
+        rows="$(docker inspect -f '{{.Name}}	{{.State.Status}}	{{with index .NetworkSettings.Networks "sonic"}}{{.IPAddress}}{{end}}	{{index .Config.Labels "sonic.role"}}	{{index .Config.Labels "sonic.vm_type"}}	{{index .Config.Labels "sonic.vcpus"}}	{{index .Config.Labels "sonic.memory_mb"}}	{{index .Config.Labels "sonic.network_mbps"}}	{{.HostConfig.NanoCpus}}	{{.HostConfig.Memory}}	{{index .Config.Labels "sonic.dilation"}}	{{.HostConfig.CpuQuota}}	{{.HostConfig.CpuPeriod}}' "${ids[@]}")"
     fi
     local network=false
     docker network inspect "$NET" >/dev/null 2>&1 && network=true
@@ -765,8 +796,11 @@ for line in os.environ.get("ROWS", "").splitlines():
     if not line.strip():
         continue
     fields = [("" if f == "<no value>" else f) for f in line.split("\t")]
-    fields += [""] * (11 - len(fields))
-    name, state, addr, role, vm, vcpus, mem, mbps, nano, memlim, dil = fields[:11]
+    fields += [""] * (13 - len(fields))
+    name, state, addr, role, vm, vcpus, mem, mbps, nano, memlim, dil, cquota, cperiod = fields[:13]
+    if not (nano and int(nano)) and cquota and int(cquota) > 0 and cperiod and int(cperiod) > 0:
+        # A dilated agent's quota over its own period (--cpu-period, --cpu-quota).
+        nano = str(int(cquota) * 10**9 // int(cperiod))
     name = name.lstrip("/")
     if not role:
         role = "store" if name == "sonic-store" else "control" if name == "sonic-control" else "agent"

@@ -5,14 +5,17 @@
 # (spread over the agents as profiling places them), REPS rounds. It holds when, per policy, the
 # mean latency and the mean cost at every factor are within TOL of the first factor's.
 #
-#   bash deploy/dilation-check.sh [--factors 2,4] [--reps 5] [--vms m5.large:2] [--tol 0.10]
+#   bash deploy/dilation-check.sh [--factors 4,8] [--reps 5] [--vms m5.large:2] [--tol 0.10]
 #                                 [--out DIR] [--release] [--no-build] [--keep]
 #
-#   --factors   the dilation factors, compared with the first (default 2,4)
-#   --vms       the cluster, one agent per VM (default m5.large:2: 4 vCPUs, so that D = 2 fits
-#               2 cores)
-#   --out       where each factor's jobs.csv goes (DIR/D=<factor>/jobs.csv) and the comparison
-#               (DIR/dilation.csv); default .ci-data/dilation-check
+#   --factors   the dilation factors, compared with the first (default 4,8: on 2 cores, D = 4 is
+#               the least that leaves a core to the store and the control plane, which are not
+#               dilated; cluster.sh warns of a D that leaves less)
+#   --vms       the cluster, one agent per VM (default m5.large:2: 4 vCPUs)
+#   --out       where each factor's jobs.csv goes (DIR/D=<factor>/jobs.csv, its jobs' summaries in
+#               DIR/D=<factor>/summaries/), the comparison (DIR/dilation.csv) and where the real
+#               time goes per factor (DIR/breakdown.csv, deploy/dilation-breakdown.py);
+#               default .ci-data/dilation-check
 #   --release   daemons, lambdas and ofctl from target/release (default target/debug)
 #   --no-build  use the binaries and images already built
 #   --keep      leave the last cluster up (default: `cluster.sh down` at the end, whatever happened)
@@ -22,7 +25,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-factors=2,4
+factors=4,8
 reps=5
 vms=m5.large:2
 tol=0.10
@@ -32,7 +35,7 @@ build=1
 keep=0
 
 log() { echo "dilation-check: $*" >&2; }
-usage() { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 
 while [ "$#" -gt 0 ]; do
     case "$1" in
@@ -96,7 +99,18 @@ for d in "${FACTORS[@]}"; do
     mkdir -p "$out/D=$d"
     "$OFCTL" bench --cluster containers --dilation "$d" --only dilation \
         --dilation-reps "$reps" --out "$out/D=$d" >&2
+    # Every job's summary as the cluster measured it (real time), for the breakdown below.
+    mkdir -p "$out/D=$d/summaries"
+    python3 -c 'import csv, sys; [print(r["job_id"]) for r in csv.DictReader(open(sys.argv[1]))]' \
+        "$out/D=$d/jobs.csv" | while read -r id; do
+        "$OFCTL" -o json describe job "$id" >"$out/D=$d/summaries/$id.json" ||
+            log "no summary of job $id"
+    done
 done
+
+# Where the time goes, per factor (real time): which parts dilate and which do not.
+python3 "$ROOT/deploy/dilation-breakdown.py" "$out" "${FACTORS[@]}" >&2 ||
+    log "no breakdown (deploy/dilation-breakdown.py failed)"
 
 python3 - "$out" "$tol" "${FACTORS[@]}" <<'PY'
 import csv, statistics, sys

@@ -1,7 +1,7 @@
 //! `deploy/cluster.sh up --dry-run` (interfaces.md §4): the arguments it takes or refuses, and
 //! what each agent container would get, scaled or time-dilated (`--dilation D`: CPU quota vCPUs /
-//! D, network rate / D, memory unchanged, the store D times slower), without Docker: no container
-//! starts. Needs bash and python3 (as cluster.sh does).
+//! D, network rate / D, memory unchanged, the store D times slower; `auto` leaves a core outside
+//! the agents' quotas), without Docker: no container starts. Needs bash and python3 (as cluster.sh does).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -16,11 +16,16 @@ fn root() -> PathBuf {
 
 /// `cluster.sh up --dry-run ARGS` on a machine of 2 cores: (exit code, stdout, stderr).
 fn dry_run(args: &[&str]) -> (i32, String, String) {
+    dry_run_on(2, args)
+}
+
+/// `cluster.sh up --dry-run ARGS` on a machine of `cores` cores.
+fn dry_run_on(cores: u32, args: &[&str]) -> (i32, String, String) {
     let out = Command::new("bash")
         .arg(root().join("deploy/cluster.sh"))
         .args(["up", "--dry-run"])
         .args(args)
-        .env("SONIC_CLUSTER_CORES", "2")
+        .env("SONIC_CLUSTER_CORES", cores.to_string())
         .output()
         .expect("run bash deploy/cluster.sh (needs bash and python3)");
     (
@@ -79,6 +84,13 @@ fn dilation_divides_cpu_network_and_store_and_keeps_memory() {
             "{got:?}"
         );
     }
+    // The quota over a 10 ms period, not Docker's 100 ms (a burst shorter than the share of a
+    // period would run undilated).
+    for a in p["agents"].as_array().unwrap() {
+        let (period, quota) = (&a["cpu_period_us"], &a["cpu_quota_us"]);
+        assert!(close(period, 10_000.0), "{a}");
+        assert!(close(quota, a["cpus"].as_f64().unwrap() * 10_000.0), "{a}");
+    }
     // The catalog's store (25 ms, 600/400 Mbit/s) four times slower, for every agent.
     for a in p["agents"].as_array().unwrap() {
         let s = &a["store"];
@@ -89,14 +101,37 @@ fn dilation_divides_cpu_network_and_store_and_keeps_memory() {
         );
     }
 
-    // auto: the agents' vCPUs (the default four agents: 2+4+8+2) fit the 2 cores at D = 8.
+    // auto: the agents' vCPUs (the default four agents: 2+4+8+2) fit the 2 cores less one
+    // (left to the store and the control plane, which are not dilated) at D = 16.
     let p = plan(&["--dilation", "auto"]);
-    assert!(close(&p["dilation"], 8.0), "{p}");
+    assert!(close(&p["dilation"], 16.0), "{p}");
     let cpus: f64 = agents(&p).iter().map(|a| a.1).sum();
-    assert!((cpus - 2.0).abs() < 1e-9, "{p}");
+    assert!((cpus - 1.0).abs() < 1e-9, "{p}");
+    assert!(
+        close(&p["agent_cpus"], 1.0) && close(&p["free_cores"], 1.0),
+        "{p}"
+    );
+    // The dilation check's cluster (4 vCPUs): D = 4 leaves a core; D = 2, asked for, leaves none.
+    let p = plan(&["--vms", "m5.large:2", "--dilation", "auto"]);
+    assert!(
+        close(&p["dilation"], 4.0) && close(&p["free_cores"], 1.0),
+        "{p}"
+    );
+    let p = plan(&["--vms", "m5.large:2", "--dilation", "2"]);
+    assert!(close(&p["free_cores"], 0.0), "{p}");
     // A cluster that fits as it is is not dilated below 1.
-    let p = plan(&["--vms", "m5.large:1", "--dilation", "auto"]);
-    assert!(close(&p["dilation"], 1.0), "{p}");
+    let (code, out, err) = dry_run_on(4, &["--vms", "m5.large:1", "--dilation", "auto"]);
+    assert_eq!(code, 0, "{err}");
+    let p: Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        close(&p["dilation"], 1.0) && close(&p["free_cores"], 2.0),
+        "{p}"
+    );
+    // On one core nothing can be left: the agents get it.
+    let (code, out, err) = dry_run_on(1, &["--vms", "m5.large:1", "--dilation", "auto"]);
+    assert_eq!(code, 0, "{err}");
+    let p: Value = serde_json::from_str(&out).unwrap();
+    assert!(close(&p["dilation"], 2.0), "{p}");
 }
 
 #[test]
@@ -109,6 +144,7 @@ fn without_dilation_the_scale_is_as_before() {
     // Memory scales with --scale (not with --dilation); the store is left as it is.
     assert_eq!(got[0].2, 1024);
     assert!(p["agents"][0]["store"].is_null());
+    assert!(p["agents"][0]["cpu_period_us"].is_null(), "{p}");
     let p = plan(&["--agents", "5", "--scale", "0.5"]);
     assert_eq!(agents(&p)[4].0, "m5.large");
     assert!(
@@ -138,4 +174,60 @@ fn refuses_bad_arguments_with_exit_2() {
         assert!(err.contains("cluster:"), "{args:?}: no reason given: {err}");
         assert!(out.is_empty(), "{args:?}: printed a plan: {out}");
     }
+}
+
+/// `deploy/dilation-breakdown.py` on two factors' job summaries (as `dilation-check.sh` keeps
+/// them): each part's mean real seconds, and which part grew with D and which did not.
+#[test]
+fn the_breakdown_tells_dilated_parts_from_fixed_ones() {
+    let dir = std::env::temp_dir().join(format!("sonic-breakdown-{}", std::process::id()));
+    for d in [4.0_f64, 8.0] {
+        let sums = dir.join(format!("D={d}")).join("summaries");
+        std::fs::create_dir_all(&sums).unwrap();
+        // A lambda of 0.2 s x D then one of 0.5 s x D, each with 0.1 s x D of staging; 0.5 s
+        // before the first dispatch and 0.3 s between the stages that do not dilate.
+        let s = serde_json::json!({
+            "job_id": "j", "policy": "remote", "status": "succeeded",
+            "latency_s": 0.5 + 0.3 * d + 0.3 + 0.6 * d + 0.2,
+            "edges": [{"from": "a", "to": "b", "method": "remote", "bytes": 1, "seconds": 0.1 * d}],
+            "functions": [
+                {"name": "a", "instance": 0, "seconds": 0.2 * d, "started_s": 0.5,
+                 "ended_s": 0.5 + 0.3 * d},
+                {"name": "b", "instance": 0, "seconds": 0.5 * d, "started_s": 0.8 + 0.3 * d,
+                 "ended_s": 0.8 + 0.9 * d},
+            ],
+        });
+        std::fs::write(sums.join("j.json"), s.to_string()).unwrap();
+    }
+    let out = Command::new("python3")
+        .arg(root().join("deploy/dilation-breakdown.py"))
+        .arg(&dir)
+        .args(["4", "8"])
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = std::fs::read_to_string(dir.join("breakdown.csv")).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "policy,dilation,jobs,latency_real_s,before_real_s,exec_real_s,run_real_s,between_real_s,after_real_s,edge_max_real_s"
+    );
+    // D = 4: latency 0.5 + 1.2 + 0.3 + 2.4 + 0.2; exec 0.8 + 2.0; run 0.4 + 0.4.
+    assert_eq!(
+        lines[1],
+        "remote,4,1,4.6000,0.5000,2.8000,0.8000,0.3000,0.2000,0.4000"
+    );
+    assert!(lines[2].starts_with("remote,8,1,8.2000,0.5000,5.6000,1.6000,0.3000,0.2000"));
+    assert!(
+        stdout.contains("before=1.00")
+            && stdout.contains("exec=2.00")
+            && stdout.contains("between=1.00"),
+        "{stdout}"
+    );
 }

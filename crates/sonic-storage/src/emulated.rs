@@ -1,16 +1,20 @@
 //! [`Emulated`]: any [`ObjectStore`] made to answer like a remote object store with the
-//! catalog's characteristics (`remote_storage` in deploy/catalog.yaml): every request waits the
-//! store's request latency first, and a transfer takes at least `bytes / throughput` of one
-//! connection (uploads at the write rate, downloads at the read rate). Used by the evaluation
+//! catalog's characteristics (`remote_storage` in deploy/catalog.yaml): every request answers no
+//! sooner than the store's request latency plus `bytes / throughput` of one connection (uploads
+//! at the write rate, downloads at the read rate) after it started. The real store's own service
+//! time is spent inside that deadline, not added to it (on a time-dilated cluster the real store
+//! is not slowed down, so an added service time would not dilate). Used by the evaluation
 //! (`ofctl bench`), where the real store is a SeaweedFS on the same machine, far faster and
 //! nearer than S3, so that `remote` passing costs what the model says it costs.
 //!
-//! The per-connection rate is enforced by completion time (a transfer that finished early waits
-//! out the rest), not by shaping the flow: the agent's own network limiter already shapes it, and
+//! The latency and the per-connection rate are enforced by completion time (a request that
+//! finished early waits out the rest), not by shaping the flow: the agent's own network limiter already shapes it, and
 //! what the planner's model predicts is when a transfer ends.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -75,78 +79,85 @@ impl<S: ObjectStore> Emulated<S> {
         self.profile
     }
 
-    async fn request(&self) {
-        if self.profile.request_latency_ms > 0.0 {
-            tokio::time::sleep(Duration::from_secs_f64(
-                self.profile.request_latency_ms / 1000.0,
-            ))
-            .await;
-        }
+    /// The least time a request moving `bytes` at `mbps` takes, from its start: the request
+    /// latency plus the transfer at one connection's rate.
+    fn least(&self, bytes: u64, mbps: f64) -> Duration {
+        Duration::from_secs_f64(self.profile.request_latency_ms / 1000.0)
+            + StoreProfile::floor(bytes, mbps)
     }
 
-    /// Waits until a transfer of `bytes` that started at `started` has taken its least time.
-    async fn pace(started: Instant, bytes: u64, mbps: f64) {
-        let floor = StoreProfile::floor(bytes, mbps);
-        let spent = started.elapsed();
-        if floor > spent {
-            tokio::time::sleep(floor - spent).await;
-        }
+    /// Answers no sooner than `started` + the request's least time (`bytes` at `mbps`; an
+    /// error moved nothing and costs the latency alone). The real store's own service time,
+    /// spent between `started` and now, is part of that least time, not added to it: a remote
+    /// store's latency and rate are what the request takes in all, and the store under this
+    /// wrapper (on the same machine, not slowed down with a time-dilated cluster) would
+    /// otherwise add its own time on top at every request.
+    async fn answer<T>(
+        &self,
+        started: Instant,
+        result: Result<T, StoreError>,
+        bytes: impl FnOnce(&T) -> u64,
+        mbps: f64,
+    ) -> Result<T, StoreError> {
+        let n = result.as_ref().map(bytes).unwrap_or(0);
+        tokio::time::sleep_until(started + self.least(n, mbps)).await;
+        result
     }
 }
 
 #[async_trait::async_trait]
 impl<S: ObjectStore> ObjectStore for Emulated<S> {
     async fn put_file(&self, key: &str, path: &Path) -> Result<u64, StoreError> {
-        self.request().await;
         let started = Instant::now();
-        let n = self.inner.put_file(key, path).await?;
-        Self::pace(started, n, self.profile.write_mbps).await;
-        Ok(n)
+        let r = self.inner.put_file(key, path).await;
+        self.answer(started, r, |n| *n, self.profile.write_mbps)
+            .await
     }
 
     async fn get_file(&self, key: &str, path: &Path) -> Result<u64, StoreError> {
-        self.request().await;
         let started = Instant::now();
-        let n = self.inner.get_file(key, path).await?;
-        Self::pace(started, n, self.profile.read_mbps).await;
-        Ok(n)
+        let r = self.inner.get_file(key, path).await;
+        self.answer(started, r, |n| *n, self.profile.read_mbps)
+            .await
     }
 
     async fn put_bytes(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
-        self.request().await;
         let started = Instant::now();
         let n = data.len() as u64;
-        self.inner.put_bytes(key, data).await?;
-        Self::pace(started, n, self.profile.write_mbps).await;
-        Ok(())
+        let r = self.inner.put_bytes(key, data).await;
+        self.answer(started, r, |_| n, self.profile.write_mbps)
+            .await
     }
 
     async fn get_bytes(&self, key: &str) -> Result<Bytes, StoreError> {
-        self.request().await;
         let started = Instant::now();
-        let data = self.inner.get_bytes(key).await?;
-        Self::pace(started, data.len() as u64, self.profile.read_mbps).await;
-        Ok(data)
+        let r = self.inner.get_bytes(key).await;
+        self.answer(started, r, |d| d.len() as u64, self.profile.read_mbps)
+            .await
     }
 
     async fn head(&self, key: &str) -> Result<Option<u64>, StoreError> {
-        self.request().await;
-        self.inner.head(key).await
+        let started = Instant::now();
+        let r = self.inner.head(key).await;
+        self.answer(started, r, |_| 0, 0.0).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
-        self.request().await;
-        self.inner.list(prefix).await
+        let started = Instant::now();
+        let r = self.inner.list(prefix).await;
+        self.answer(started, r, |_| 0, 0.0).await
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.request().await;
-        self.inner.delete(key).await
+        let started = Instant::now();
+        let r = self.inner.delete(key).await;
+        self.answer(started, r, |_| 0, 0.0).await
     }
 
     async fn delete_prefix(&self, prefix: &str) -> Result<usize, StoreError> {
-        self.request().await;
-        self.inner.delete_prefix(prefix).await
+        let started = Instant::now();
+        let r = self.inner.delete_prefix(prefix).await;
+        self.answer(started, r, |_| 0, 0.0).await
     }
 
     fn retries(&self) -> u64 {
@@ -187,6 +198,124 @@ mod tests {
         assert_eq!(store.list("a/").await.unwrap().len(), 1);
         assert_eq!(store.delete_prefix("a/").await.unwrap(), 1);
         assert_eq!(store.head("a/b").await.unwrap(), None);
+    }
+
+    /// A store that takes `service` of (paused, virtual) time for every request: the real
+    /// store under the emulation, with its own service time.
+    #[derive(Debug)]
+    struct Slow {
+        inner: MemoryStore,
+        service: Duration,
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for Slow {
+        async fn put_file(&self, key: &str, path: &Path) -> Result<u64, StoreError> {
+            tokio::time::sleep(self.service).await;
+            self.inner.put_file(key, path).await
+        }
+        async fn get_file(&self, key: &str, path: &Path) -> Result<u64, StoreError> {
+            tokio::time::sleep(self.service).await;
+            self.inner.get_file(key, path).await
+        }
+        async fn put_bytes(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
+            tokio::time::sleep(self.service).await;
+            self.inner.put_bytes(key, data).await
+        }
+        async fn get_bytes(&self, key: &str) -> Result<Bytes, StoreError> {
+            tokio::time::sleep(self.service).await;
+            self.inner.get_bytes(key).await
+        }
+        async fn head(&self, key: &str) -> Result<Option<u64>, StoreError> {
+            tokio::time::sleep(self.service).await;
+            self.inner.head(key).await
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+            tokio::time::sleep(self.service).await;
+            self.inner.list(prefix).await
+        }
+        async fn delete(&self, key: &str) -> Result<(), StoreError> {
+            tokio::time::sleep(self.service).await;
+            self.inner.delete(key).await
+        }
+        async fn delete_prefix(&self, prefix: &str) -> Result<usize, StoreError> {
+            tokio::time::sleep(self.service).await;
+            self.inner.delete_prefix(prefix).await
+        }
+    }
+
+    /// Milliseconds of virtual time `f` took.
+    async fn took<T>(f: impl std::future::Future<Output = T>) -> (T, f64) {
+        let t0 = Instant::now();
+        let out = f.await;
+        (out, t0.elapsed().as_secs_f64() * 1000.0)
+    }
+
+    fn near(ms: f64, want: f64) -> bool {
+        // The timer wheel's granularity is a millisecond.
+        (ms - want).abs() <= 2.0
+    }
+
+    // On tokio's paused clock (virtual time, advanced to each timer as the test waits): one
+    // deadline per request, latency + bytes at the rate, from the request's start; the real
+    // store's service time counts inside it, never on top of it.
+    #[tokio::test(start_paused = true)]
+    async fn the_real_stores_time_is_absorbed_by_the_emulated_one() {
+        let profile = StoreProfile {
+            request_latency_ms: 100.0,
+            write_mbps: 80.0, // 1 MB: 100 ms
+            read_mbps: 40.0,  // 1 MB: 200 ms
+        };
+        let store = |service_ms: u64| {
+            Emulated::new(
+                Slow {
+                    inner: MemoryStore::new(),
+                    service: Duration::from_millis(service_ms),
+                },
+                profile,
+            )
+        };
+        let mb = Bytes::from(vec![1u8; 1_000_000]);
+
+        // A store faster than the emulated one: latency + transfer, whatever its own time.
+        for service in [0, 50, 150] {
+            let s = store(service);
+            let (r, ms) = took(s.put_bytes("k", mb.clone())).await;
+            r.unwrap();
+            assert!(near(ms, 200.0), "put, service {service} ms: {ms} ms");
+            let (r, ms) = took(s.get_bytes("k")).await;
+            assert_eq!(r.unwrap().len(), 1_000_000);
+            assert!(near(ms, 300.0), "get, service {service} ms: {ms} ms");
+            let (r, ms) = took(s.head("k")).await;
+            assert_eq!(r.unwrap(), Some(1_000_000));
+            let want = (service as f64).max(100.0);
+            assert!(near(ms, want), "head, service {service} ms: {ms} ms");
+        }
+
+        // A store slower than the emulated one answers when it answers.
+        let s = store(500);
+        let (r, ms) = took(s.put_bytes("k", mb.clone())).await;
+        r.unwrap();
+        assert!(near(ms, 500.0), "slow put: {ms} ms");
+
+        // A failed request moved nothing: the latency alone.
+        let s = store(10);
+        let (r, ms) = took(s.get_bytes("missing")).await;
+        assert!(r.is_err());
+        assert!(near(ms, 100.0), "failed get: {ms} ms");
+
+        // Files: the bytes the inner store says it moved.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![2u8; 500_000]).unwrap();
+        let s = store(20);
+        let (r, ms) = took(s.put_file("f", &path)).await;
+        assert_eq!(r.unwrap(), 500_000);
+        assert!(near(ms, 150.0), "put_file: {ms} ms");
+        let back = dir.path().join("g");
+        let (r, ms) = took(s.get_file("f", &back)).await;
+        assert_eq!(r.unwrap(), 500_000);
+        assert!(near(ms, 200.0), "get_file: {ms} ms");
     }
 
     #[test]

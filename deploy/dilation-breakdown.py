@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Where a dilated cluster's job time goes, per factor (deploy/dilation-check.sh runs it).
+
+    python3 deploy/dilation-breakdown.py OUT D1 D2 ...
+
+Reads OUT/D=<d>/summaries/*.json (job summaries, `ofctl -o json describe job ID`, as measured by
+the cluster: real time, not divided by D) and writes OUT/breakdown.csv: per policy and factor, the
+mean real seconds of each part of a job, and prints them with, for each part, the ratio of its
+real time at the last factor to the first. A part that dilates grows with D (ratio = D_last /
+D_first); a part that does not keeps its real time (ratio 1) and so shrinks in emulated time.
+
+Parts of a job (stages in the order they started; times from the summary's started_s/ended_s):
+  before    job start to its first instance's dispatch (queueing, planning, staging the input)
+  exec      per stage, the longest instance's lambda time (`seconds`), summed over the stages
+  run       per stage, its span (first dispatch to last report) less that longest lambda time:
+            fetching inputs, starting, uploading outputs, the run request and report, imbalance
+  between   from one stage's last report to the next stage's first dispatch, summed (the
+            control plane between stages)
+  after     the last report to the job's end (the control plane finishing the job)
+  latency   the whole (= before + exec + run + between + after, stages not overlapping)
+"""
+import csv
+import glob
+import json
+import os
+import statistics
+import sys
+
+PARTS = ["latency", "before", "exec", "run", "between", "after", "edge_max"]
+
+
+def parts(s):
+    stages = {}
+    for f in s.get("functions", []):
+        if f.get("started_s") is None or f.get("ended_s") is None:
+            return None
+        st = stages.setdefault(f["name"], {"start": f["started_s"], "end": f["ended_s"], "exec": 0.0})
+        st["start"] = min(st["start"], f["started_s"])
+        st["end"] = max(st["end"], f["ended_s"])
+        st["exec"] = max(st["exec"], f["seconds"])
+    if not stages:
+        return None
+    order = sorted(stages.values(), key=lambda x: x["start"])
+    between = sum(max(0.0, b["start"] - a["end"]) for a, b in zip(order, order[1:]))
+    return {
+        "latency": s["latency_s"],
+        "before": order[0]["start"],
+        "exec": sum(x["exec"] for x in order),
+        "run": sum(x["end"] - x["start"] - x["exec"] for x in order),
+        "between": between,
+        "after": s["latency_s"] - max(x["end"] for x in order),
+        "edge_max": max((e["seconds"] for e in s.get("edges", [])), default=0.0),
+    }
+
+
+def main():
+    out, factors = sys.argv[1], sys.argv[2:]
+    cells = {}
+    for d in factors:
+        for path in sorted(glob.glob(os.path.join(out, f"D={d}", "summaries", "*.json"))):
+            with open(path) as f:
+                s = json.load(f)
+            p = parts(s)
+            if p is not None and s.get("status") == "succeeded":
+                cells.setdefault((s["policy"], d), []).append(p)
+    rows = []
+    for (policy, d), ps in sorted(cells.items(), key=lambda kv: (kv[0][0], float(kv[0][1]))):
+        rows.append([policy, d, len(ps)] + [statistics.mean(p[k] for p in ps) for k in PARTS])
+    with open(os.path.join(out, "breakdown.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["policy", "dilation", "jobs"] + [f"{k}_real_s" for k in PARTS])
+        for r in rows:
+            w.writerow(r[:3] + [f"{x:.4f}" for x in r[3:]])
+    print("real seconds per job (mean), as the cluster measured them:")
+    print("  ".join(["POLICY", "D", "JOBS"] + [k.upper() for k in PARTS]))
+    for r in rows:
+        print("  ".join([r[0], r[1], str(r[2])] + [f"{x:.3f}" for x in r[3:]]))
+    lo, hi = factors[0], factors[-1]
+    for policy in sorted({p for p, _ in cells}):
+        a = [r for r in rows if r[0] == policy and r[1] == lo]
+        b = [r for r in rows if r[0] == policy and r[1] == hi]
+        if a and b:
+            ratios = [f"{k}={y / x:.2f}" if x > 1e-6 else f"{k}=-" for k, x, y in zip(PARTS, a[0][3:], b[0][3:])]
+            print(f"{policy}: real time at D={hi} / at D={lo} (dilates: {float(hi) / float(lo):.2f}; "
+                  f"does not: 1.00): " + " ".join(ratios))
+
+
+if __name__ == "__main__":
+    main()
