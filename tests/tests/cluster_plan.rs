@@ -225,9 +225,9 @@ fn the_breakdown_tells_dilated_parts_from_fixed_ones() {
         lines[1],
         "remote,4,1,4.6000,1.0000,3.6000,0.5000,2.8000,0.8000,0.3000,0.2000,0.4000,1.1500,1.9000"
     );
-    assert!(lines[2].starts_with(
-        "remote,8,1,8.2000,1.0000,7.2000,0.5000,5.6000,1.6000,0.3000,0.2000"
-    ));
+    assert!(
+        lines[2].starts_with("remote,8,1,8.2000,1.0000,7.2000,0.5000,5.6000,1.6000,0.3000,0.2000")
+    );
     assert!(lines[2].ends_with(",1.0250,1.9000"), "{}", lines[2]);
     assert!(
         stdout.contains("before=1.00")
