@@ -162,6 +162,7 @@ impl Cluster {
                 timeout: Seconds(30.0),
                 max_body: ByteSize(1 << 20),
                 pip_timeout: Seconds(300.0),
+                worker_memory: ByteSize(1 << 30),
             }),
             ..ControlConfig::default()
         };
