@@ -27,7 +27,13 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
 }
 
 /// One run of the echo handler with warm key `key`; checks its result.
-async fn run(sandbox: &dyn Sandbox, base: &Path, key: &str, docker: bool, n: usize) -> Res<Duration> {
+async fn run(
+    sandbox: &dyn Sandbox,
+    base: &Path,
+    key: &str,
+    docker: bool,
+    n: usize,
+) -> Res<Duration> {
     let code = base.join("code");
     let rt = base.join("runtime");
     let runner = sonic_openlambda::package::install_runtime(&rt)?;
@@ -38,7 +44,10 @@ async fn run(sandbox: &dyn Sandbox, base: &Path, key: &str, docker: bool, n: usi
     std::fs::write(input.join("input/event.json"), format!("{{\"n\": {n}}}"))?;
     let mut env = vec![
         ("SONIC_PARAMS".to_owned(), "{}".to_owned()),
-        ("SONIC_HANDLER_ROUTES".into(), r#"{"result": "result"}"#.into()),
+        (
+            "SONIC_HANDLER_ROUTES".into(),
+            r#"{"result": "result"}"#.into(),
+        ),
         ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
     ];
     let (command, image, mounts) = if docker {

@@ -219,9 +219,10 @@ async fn handler_command(
         .map_err(fail)?
     };
     let venvs = if docker {
-        state.docker_venvs.as_ref().ok_or_else(|| {
-            fail("this agent's Docker sandbox has no environment builder".into())
-        })?
+        state
+            .docker_venvs
+            .as_ref()
+            .ok_or_else(|| fail("this agent's Docker sandbox has no environment builder".into()))?
     } else {
         &state.venvs
     };

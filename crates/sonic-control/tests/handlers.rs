@@ -125,7 +125,9 @@ async fn docker_ready() {
     )
     .await
     .unwrap_or_else(|e| {
-        panic!("these tests need a running Docker engine: {e}. Start it (e.g. `service docker start`).")
+        panic!(
+            "these tests need a running Docker engine: {e}. Start it (e.g. `service docker start`)."
+        )
     });
     for (image, script) in [
         ("sonic-python:latest", "deploy/build-python-image.sh"),
@@ -787,10 +789,7 @@ def f(event):
     // A handler that never returns: killed at its timeout, the call fails saying so.
     c.upload(
         "sleeper",
-        &[(
-            "f.py",
-            "import time\ndef f(event):\n    time.sleep(3600)\n",
-        )],
+        &[("f.py", "import time\ndef f(event):\n    time.sleep(3600)\n")],
     )
     .await;
     c.apply(&one("dag-sleeper", "sleeper", "2s")).await;
@@ -809,10 +808,8 @@ def f(event):
         )],
     )
     .await;
-    c.apply(
-        "name: dag-hog\nfunctions:\n  - { name: only, handler: hog, timeout: 60s }\n",
-    )
-    .await;
+    c.apply("name: dag-hog\nfunctions:\n  - { name: only, handler: hog, timeout: 60s }\n")
+        .await;
     let r = call("dag-hog", "{}".into()).await.expect("run");
     assert_eq!(r.status(), 500);
     let text = r.text().await.expect("text");
@@ -862,7 +859,10 @@ async fn a_handler_stage_runs_in_its_requirements_environment_in_docker() {
     }
     built.sort();
     built.dedup();
-    assert!(!built.is_empty(), "no environment in an agent's docker-venvs");
+    assert!(
+        !built.is_empty(),
+        "no environment in an agent's docker-venvs"
+    );
     for dir in &built {
         assert!(
             dir.join("bin/python").exists() && dir.join(".sonic-ready").is_file(),

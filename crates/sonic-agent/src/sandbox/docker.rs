@@ -936,9 +936,8 @@ const LABEL_VENV_BUILD: &str = "sonic.venv-build";
 /// (`pip --python`) installs the pins. The container is removed when the build ends or its
 /// future is dropped (the time bound).
 pub fn venv_builder(image: String) -> Result<sonic_openlambda::venv::BuildFn, SandboxError> {
-    let docker = Docker::connect_with_local_defaults().map_err(|e| {
-        SandboxError::Unavailable(format!("the Docker engine is unreachable: {e}"))
-    })?;
+    let docker = Docker::connect_with_local_defaults()
+        .map_err(|e| SandboxError::Unavailable(format!("the Docker engine is unreachable: {e}")))?;
     Ok(Arc::new(move |dir, cache, reqs| {
         let (docker, image) = (docker.clone(), image.clone());
         Box::pin(build_venv(docker, image, dir, cache, reqs))
@@ -1013,7 +1012,8 @@ async fn build_venv(
             env.push(format!("{k}={v}"));
         }
     }
-    let bind = |host: &Path, inside: &str, mode: &str| format!("{}:{inside}:{mode}", host.display());
+    let bind =
+        |host: &Path, inside: &str, mode: &str| format!("{}:{inside}:{mode}", host.display());
     let mut binds = vec![
         bind(&dir, VENV_DIR, "rw"),
         bind(&cache, PIP_CACHE_DIR, "rw"),
@@ -1045,7 +1045,10 @@ async fn build_venv(
         ..Default::default()
     };
     let created = docker
-        .create_container(None::<bollard::query_parameters::CreateContainerOptions>, body)
+        .create_container(
+            None::<bollard::query_parameters::CreateContainerOptions>,
+            body,
+        )
         .await
         .map_err(|e| match e {
             DockerError::DockerResponseServerError {
