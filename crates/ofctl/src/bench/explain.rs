@@ -568,13 +568,19 @@ impl Explanation {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
     /// A planned job of the chain a -> b: a 2 instances on one agent (concurrency 2), b 2
     /// instances on two agents; times as given.
-    fn summary(policy: &str, latency: f64, cost: f64, edge_s: f64, b_wait: f64) -> JobSummary {
+    pub(crate) fn summary(
+        policy: &str,
+        latency: f64,
+        cost: f64,
+        edge_s: f64,
+        b_wait: f64,
+    ) -> JobSummary {
         // a: dispatched at 0.1, lambdas 1.0 and 0.8 s, ends 1.2; b: dispatched b_wait after a,
         // stages edge_s then computes 2.0 s.
         let b_start = 1.2 + b_wait;

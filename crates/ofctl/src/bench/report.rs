@@ -807,6 +807,54 @@ mod tests {
         assert_eq!(sim.goal(), "**no** (no interval)");
     }
 
+    /// The section on cases Sonic does not win explains each from the jobs, and leaves the wins
+    /// out.
+    #[test]
+    fn losses_are_explained_from_the_jobs() {
+        use crate::bench::explain::{job_times, tests::summary};
+        let mut results = Results::default();
+        let mut add = |variant: &str, policy: &str, latency: f64, edge_s: f64| {
+            let s = summary(policy, latency, 0.002, edge_s, 0.3);
+            results
+                .rows
+                .push(Row::from_summary("fig7", variant, policy, &s, 1.0));
+            results
+                .times
+                .extend(job_times(("fig7", variant, policy), &s, 1.0));
+        };
+        for k in 0..5 {
+            let jitter = 0.01 * f64::from(k);
+            // "slow": Sonic's data passing takes 2 s more than local's.
+            add("slow", "local", 5.0 + jitter, 0.5);
+            add("slow", "sonic", 7.0 + jitter, 2.5 + jitter);
+            // "fast": Sonic wins clearly.
+            add("fast", "local", 5.0 + jitter, 0.5);
+            add("fast", "sonic", 2.5 + jitter, 0.1);
+        }
+        let cells = aggregate_seeded(&results.rows, 3);
+        let all = verdicts(&cells);
+        assert_eq!(all.len(), 2);
+        let mut s = String::new();
+        losses(&mut s, &results, &all);
+        assert!(s.contains("### fig7 chain slow: 0.715 of `local`"), "{s}");
+        assert!(s.contains("a loss: the interval is below 1"), "{s}");
+        assert!(
+            s.contains("the term that made the difference is **data passing**"),
+            "{s}"
+        );
+        assert!(s.contains("most in `b`"), "{s}");
+        assert!(
+            s.contains("| `b` | sonic | 1.50 / 2.00 | 0.50 / 2.52 |"),
+            "{s}"
+        );
+        assert!(!s.contains("fast"), "a win is not listed: {s}");
+        // Without per-stage records, the section says so rather than guess.
+        results.times.clear();
+        let mut s = String::new();
+        losses(&mut s, &results, &all);
+        assert!(s.contains("No per-stage record of these jobs"), "{s}");
+    }
+
     #[test]
     fn crossover_is_the_first_fanout_where_remote_wins() {
         let rows = vec![
