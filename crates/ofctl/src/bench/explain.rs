@@ -192,12 +192,13 @@ pub fn job_times(
             .map(|g| ends.get(g).copied().unwrap_or(0.0))
             .fold(0.0, f64::max);
         let span = (a.end - ready).max(0.0);
-        let data: f64 = s
+        // A fold from +0 (an empty `sum` of floats is -0, printed "-0.0000").
+        let data = s
             .edges
             .iter()
             .filter(|e| e.to == *f)
             .map(|e| e.seconds.max(0.0) / d)
-            .sum();
+            .fold(0.0, |a, x| a + x);
         let data = data.min(span);
         let compute = a
             .agents
@@ -628,6 +629,7 @@ pub(crate) mod tests {
         // a: ready at 0, ends 1.2; two lambdas on one agent at concurrency 2: compute
         // max(1.0, 1.8 / 2) = 1.0; waiting the rest (dispatch at 0.1, imbalance).
         assert!(close(a.measured.compute_s, 1.0) && close(a.measured.data_s, 0.0));
+        assert!(a.measured.data_s.is_sign_positive(), "no -0 in the CSV");
         assert!(close(a.measured.wait_s, 0.2), "{a:?}");
         // b: ready at 1.2, ends 1.2 + 0.3 + 0.5 + 2.0 = 4.0: data 0.5, compute 2.0 (its agents
         // run one lambda each), waiting 0.3.
