@@ -20,6 +20,10 @@
 //!
 //! The job's terms add up its *critical path* (from the last stage to end, back through the
 //! sender that ended last) and, in its waiting, the time from the last stage's end to the job's.
+//!
+//! On a dilated cluster, instants are in emulated time as the bench counts a job's latency
+//! ([`super::harness::Clock`]: the control plane's part as measured, the agents' divided by D),
+//! durations inside instances (lambda time, staging) divided by D, predictions divided by D.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -146,9 +150,12 @@ pub fn job_times(
         end: f64,
         agents: BTreeMap<String, Vec<f64>>,
     }
+    // Instants as the bench counts a job's latency on a dilated cluster (the control plane's
+    // part as measured, the agents' divided by `d`); durations inside instances divided by `d`.
+    let clock = super::harness::Clock::of(s, d)?;
     let mut acc: BTreeMap<&str, Acc> = BTreeMap::new();
     for f in &s.functions {
-        let (start, end) = (f.started_s? / d, f.ended_s? / d);
+        let (start, end) = (clock.at(f.started_s?), clock.at(f.ended_s?));
         let a = acc.entry(f.name.as_str()).or_insert(Acc {
             start,
             end,
@@ -254,7 +261,8 @@ pub fn job_times(
     if has_prediction {
         mark(&mut stages, &|x| x.predicted_end_s, false);
     }
-    let latency = s.latency_s / d;
+    let e = super::harness::emulated(s, d);
+    let latency = e.latency_s;
     let mut measured = Terms::default();
     for x in stages.iter().filter(|x| x.critical) {
         measured.add(&x.measured);
@@ -268,7 +276,6 @@ pub fn job_times(
         }
         t
     });
-    let e = super::harness::emulated(s, d);
     Some(JobTimes {
         experiment: experiment.to_owned(),
         app: s.dag.clone(),
@@ -646,9 +653,22 @@ pub(crate) mod tests {
         let p = j.predicted.expect("predicted");
         assert!(close(p.data_s, 0.5) && close(p.compute_s, 2.5) && close(p.wait_s, 0.0));
         assert_eq!(b.predicted_end_s, Some(3.0));
-        // Dilated by 2: every time halves.
+        // Dilated by 2: the agents' part halves, the control plane's does not (0.1 s before
+        // the first dispatch, 0.3 s between a's last report and b's first dispatch, 1.0 s after
+        // b's): the terms still add up to the emulated latency.
         let h = job_times(("fig7", "", "sonic"), &s, 2.0).expect("times");
-        assert!(close(h.measured.total(), 2.5) && close(h.stages[1].measured.data_s, 0.25));
+        let emulated = crate::bench::harness::emulated(&s, 2.0).latency_s;
+        assert!(close(emulated, 1.4 + (5.0 - 1.4) / 2.0), "{emulated}");
+        assert!(close(h.latency_s, emulated) && close(h.measured.total(), emulated));
+        assert!(close(h.stages[1].measured.data_s, 0.25));
+        assert!(close(h.stages[1].measured.compute_s, 1.0));
+        // b: ready at a's end (0.1 + 1.1 / 2 = 0.65), dispatched 0.3 s later (the control
+        // plane's, as measured), then 2.5 s of agents' time, halved.
+        assert!(
+            close(h.stages[1].end_s, 0.65 + 0.3 + 1.25),
+            "{:?}",
+            h.stages[1]
+        );
         assert!(close(h.predicted.unwrap().compute_s, 1.25));
         // A summary that does not say when instances ran has no breakdown.
         let mut old = s.clone();
