@@ -139,16 +139,25 @@ pub struct SimConfig {
     /// book of the admitted jobs' predicted stages says when they free up). Off: every job
     /// runs the planner's best plan for the whole cluster, as if alone.
     pub load_aware: bool,
+    /// The warm-container rule of the system (`sonic_core::warm`): jobs of a DAG share warm
+    /// containers across jobs only once every function's cold-time model has converged.
+    /// `None` (default): converged before the run (every job here is planned, which the system
+    /// does only after its models converged), so every job shares. `Some(n)`: each DAG's models
+    /// start with `n` jobs' cold-time samples and each job that ends adds one; a job that
+    /// arrives before they converge (`Convergence::default()`: 5 samples) runs in warm
+    /// containers of its own only.
+    pub cold_samples: Option<usize>,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             seed: 1,
-            // OpenLambda and AWS Lambda keep idle containers for minutes; 10 min is common.
-            keep_alive_s: 600.0,
+            // The agents' default (`warm_idle_s`).
+            keep_alive_s: sonic_core::warm::DEFAULT_KEEP_ALIVE_S as f64,
             cpu_sharing: true,
             load_aware: true,
+            cold_samples: None,
         }
     }
 }
