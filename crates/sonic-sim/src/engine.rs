@@ -171,6 +171,8 @@ struct PendingFlow {
 #[derive(Debug)]
 struct Vm {
     free_mb: f64,
+    /// vCPU slots no granted slot holds (`SimConfig::vcpu_slots`).
+    free_cpus: f64,
     vcpus: f64,
     usd_per_s: f64,
     running: u32,
@@ -278,6 +280,8 @@ struct EdgeRun {
 struct Lease {
     vm: usize,
     reserved: f64,
+    /// vCPU slots it holds while its stage computes.
+    cpus: f64,
     weight: f64,
     holding: bool,
     mark: f64,
@@ -660,6 +664,7 @@ impl<'a> Sim<'a> {
             ]);
             vms.push(Vm {
                 free_mb: catalog.usable_mb(ty),
+                free_cpus: f64::from(ty.vcpus),
                 vcpus: f64::from(ty.vcpus),
                 usd_per_s: ty.usd_per_second(),
                 running: 0,
@@ -1157,6 +1162,7 @@ impl<'a> Sim<'a> {
                         .map(|_| Lease {
                             vm: NONE,
                             reserved: 0.0,
+                            cpus: 0.0,
                             weight: 0.0,
                             holding: false,
                             mark: 0.0,
@@ -1231,11 +1237,21 @@ impl<'a> Sim<'a> {
     fn can_grow(&self, j: usize, r: usize) -> bool {
         let job = &self.jobs[j];
         let grp = &job.groups[job.stages[r].group];
-        job.stages[r]
-            .slots
-            .iter()
-            .zip(&grp.leases)
-            .all(|(s, l)| s.need - l.reserved <= self.vms[l.vm].free_mb + 1e-9)
+        job.stages[r].slots.iter().zip(&grp.leases).all(|(s, l)| {
+            s.need - l.reserved <= self.vms[l.vm].free_mb + 1e-9
+                && self.cpus_for(s.conc, l.vm) - l.cpus <= self.vms[l.vm].free_cpus + 1e-9
+        })
+    }
+
+    /// The vCPU slots a slot running `conc` lambdas at once holds on `vm`, as the control
+    /// plane's resource manager reserves them (one per lambda, at most the VM's vCPUs); none
+    /// when `SimConfig::vcpu_slots` is off.
+    fn cpus_for(&self, conc: u32, vm: usize) -> f64 {
+        if self.cfg.vcpu_slots {
+            f64::from(conc).min(self.vms[vm].vcpus)
+        } else {
+            0.0
+        }
     }
 
     fn grant_continue(&mut self, j: usize, r: usize) {
@@ -1254,6 +1270,10 @@ impl<'a> Sim<'a> {
                 self.rm_dirty = true;
             }
             self.jobs[j].groups[g].leases[i].reserved = new;
+            let cpus = self.cpus_for(self.jobs[j].stages[r].slots[i].conc, vm);
+            let old_cpus = self.jobs[j].groups[g].leases[i].cpus;
+            self.vms[vm].free_cpus -= cpus - old_cpus;
+            self.jobs[j].groups[g].leases[i].cpus = cpus;
             self.set_weight(j, g, i, new);
             let slot = &mut self.jobs[j].stages[r].slots[i];
             slot.vm = vm;
@@ -1302,6 +1322,9 @@ impl<'a> Sim<'a> {
                     .iter()
                     .copied()
                     .filter(|&v| self.vms[v].free_mb + 1e-9 >= reserve)
+                    .filter(|&v| {
+                        self.vms[v].free_cpus + 1e-9 >= self.cpus_for(st.slots[slot].conc, v)
+                    })
                     .min_by_key(|&v| {
                         let vm = &self.vms[v];
                         let same_stage = st.slots.iter().any(|s| s.vm == v);
@@ -1327,11 +1350,14 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let g = self.jobs[j].stages[r].group;
         let reserve = self.jobs[j].stages[r].slots[i].reserve;
+        let cpus = self.cpus_for(self.jobs[j].stages[r].slots[i].conc, vm);
         self.vms[vm].free_mb -= reserve;
+        self.vms[vm].free_cpus -= cpus;
         {
             let lease = &mut self.jobs[j].groups[g].leases[i];
             lease.vm = vm;
             lease.reserved = reserve;
+            lease.cpus = cpus;
             lease.weight = 0.0;
             lease.holding = true;
         }
@@ -1431,6 +1457,11 @@ impl<'a> Sim<'a> {
                 continue;
             }
             let (vm, reserved, uploads) = (lease.vm, lease.reserved, lease.uploads);
+            if lease.cpus > 0.0 {
+                self.vms[vm].free_cpus += lease.cpus;
+                self.jobs[j].groups[g].leases[i].cpus = 0.0;
+                self.rm_dirty = true;
+            }
             if need != Need::Memory && reserved > 0.0 {
                 self.vms[vm].free_mb += reserved;
                 self.jobs[j].groups[g].leases[i].reserved = 0.0;
@@ -1764,6 +1795,16 @@ impl<'a> Sim<'a> {
         job.stages[r].end = now;
         job.stages_done += 1;
         job.groups[g].running = None;
+        // Its lambdas are done: the vCPU slots are free (a vm-storage receiver on these VMs
+        // asks for its own).
+        for i in 0..job.groups[g].leases.len() {
+            let lease = &mut job.groups[g].leases[i];
+            if lease.cpus > 0.0 {
+                self.vms[lease.vm].free_cpus += lease.cpus;
+                lease.cpus = 0.0;
+                self.rm_dirty = true;
+            }
+        }
         self.unbook(j, r);
         let job = &mut self.jobs[j];
         for &e in job.pb.outgoing(r) {

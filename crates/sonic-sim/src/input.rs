@@ -147,6 +147,11 @@ pub struct SimConfig {
     /// arrives before they converge (`Convergence::default()`: 5 samples) runs in warm
     /// containers of its own only.
     pub cold_samples: Option<usize>,
+    /// The control plane's resource manager accounts vCPU slots besides memory: a granted slot
+    /// holds one vCPU per lambda it runs at once (at most its VM's vCPUs) while its stage
+    /// computes, and a slot that does not fit waits rather than oversubscribing the VM. Off:
+    /// slots are granted by memory alone, and lambdas beyond the vCPUs share them.
+    pub vcpu_slots: bool,
 }
 
 impl Default for SimConfig {
@@ -158,6 +163,7 @@ impl Default for SimConfig {
             cpu_sharing: true,
             load_aware: true,
             cold_samples: None,
+            vcpu_slots: true,
         }
     }
 }

@@ -345,8 +345,10 @@ fn lambdas_beyond_the_vcpus_slow_each_other_down() {
         let jobs: Vec<JobSpec> = (0..n)
             .map(|i| job(&format!("j{i}"), &a, Policy::Local, 0.0))
             .collect();
+        // Slots granted by memory alone, so that both jobs run at once.
         let config = SimConfig {
             cpu_sharing,
+            vcpu_slots: false,
             ..SimConfig::default()
         };
         simulate(&c, &jobs, &config).unwrap().jobs[0].latency_s
@@ -530,4 +532,39 @@ fn a_changed_function_definition_gets_containers_of_its_own() {
         .map(|j| (j.stages[0].cold, j.stages[0].hot))
         .collect();
     assert_eq!(starts, vec![(1, 0), (1, 0), (0, 1)]);
+}
+
+#[test]
+fn a_slot_that_does_not_fit_the_vcpus_waits_rather_than_oversubscribing() {
+    // As the control plane's resource manager: one vCPU slot per lambda run at once. Each job
+    // runs its 64 lambdas of 1 s per stage 16 at once on the only 16-vCPU VM (8 s alone). With
+    // vCPU slots accounted the second job's stage waits for the first's (never more than 16
+    // lambdas run); granted by memory alone, both run at once, 32 lambdas on 16 vCPUs.
+    let params = PAIR_PARAMS
+        .replace("instances: 1", "instances: 64")
+        .replace("memory_mb: 1000", "memory_mb: 100");
+    let a = app(PAIR_DAG, &params);
+    let jobs: Vec<JobSpec> = (0..2)
+        .map(|i| job(&format!("j{i}"), &a, Policy::Local, 0.0))
+        .collect();
+    let c = slow_nic_cluster(1);
+    let slots = simulate(&c, &jobs, &SimConfig::default()).unwrap();
+    check_conservation(&slots, &jobs);
+    assert_eq!(slots.cluster.peak_running, 16);
+    let memory_only = simulate(
+        &c,
+        &jobs,
+        &SimConfig {
+            vcpu_slots: false,
+            ..SimConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(memory_only.cluster.peak_running, 32);
+    // The waiting job's first stage starts only when the other's ends.
+    let (x, y) = (&slots.jobs[0].stages[0], &slots.jobs[1].stages[0]);
+    assert!(
+        y.start_s >= x.end_s - 1e-9 || x.start_s >= y.end_s - 1e-9,
+        "{x:?} {y:?}"
+    );
 }

@@ -32,6 +32,7 @@ options:
                       converged before the run)
   --no-cpu-sharing    lambdas never slow each other down on a VM
   --no-load-aware     sonic and oracle run the plan best alone, whatever the cluster's load
+  --no-vcpu-slots     grant slots by memory alone (lambdas beyond the vCPUs share them)
   --validate          run one job of each application alone per policy, next to the model
   -o table|json       output (default table)
 
@@ -88,6 +89,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
             "--cold-samples" => a.config.cold_samples = Some(num(&flag, it.next())?),
             "--no-cpu-sharing" => a.config.cpu_sharing = false,
             "--no-load-aware" => a.config.load_aware = false,
+            "--no-vcpu-slots" => a.config.vcpu_slots = false,
             "--validate" => a.validate = true,
             "--policy" => {
                 let v = it.next().ok_or("--policy needs a value")?;
