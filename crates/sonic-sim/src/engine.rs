@@ -9,7 +9,9 @@
 //!   (the first `K mod n` slots one more), needs `min(c, size) * memory` MB on one VM of the
 //!   plan's type, and is granted by the resource manager (first fit in FIFO order with
 //!   backfilling, preferring a VM that does not already host this stage, then a VM with a warm
-//!   container of the function, then the VM with the fewest holders, then a seeded order).
+//!   container of the function, then the VM with the fewest holders, then a seeded order);
+//!   a slot also holds one vCPU slot per lambda it runs at once while its stage computes
+//!   (`SimConfig::vcpu_slots`), as the control plane's resource manager accounts them.
 //! - A granted slot fetches its inputs (direct: one flow per sender VM; remote: one download),
 //!   then runs its instances `c` at a time; an instance is hot when its VM holds an idle warm
 //!   container of the same function (DAG, function name and definition), else cold. The warm
