@@ -462,13 +462,20 @@ fn prepare(
         return Err(job_err(name, format!("arrival {} s", spec.arrival_s)));
     }
     let catalog = cluster.catalog().clone();
+    // As the control plane re-plans a job under the capacity the resource manager has
+    // (`planned::allocate`, `Answer::Capacity`): a stage never uses more VMs of a type than the
+    // cluster has. The best plan within the limits is the best plan whenever that fits.
+    let limits: BTreeMap<String, u32> = cluster.counts().into_iter().collect();
+    let limited = |pb: PlanProblem| pb.with_vm_limits(&limits);
     let pb = PlanProblem::from_dag(&spec.dag, &spec.params, catalog.clone(), spec.bounds)
+        .and_then(limited)
         .map_err(|e| job_err(name, e))?;
     let told = match spec.policy {
         Policy::Oracle => &spec.params,
         _ => spec.predicted.as_ref().unwrap_or(&spec.params),
     };
     let plan_pb = PlanProblem::from_dag(&spec.dag, told, catalog.clone(), spec.bounds)
+        .and_then(limited)
         .map_err(|e| job_err(name, e))?;
     for (a, b) in pb.stages().iter().zip(plan_pb.stages()) {
         if a.name != b.name || a.instances != b.instances {
@@ -495,7 +502,7 @@ fn prepare(
         } else {
             let mut sub = catalog.clone();
             sub.vm_types = types.iter().map(|&t| catalog.vm_types[t].clone()).collect();
-            match PlanProblem::from_dag(&spec.dag, told, sub, spec.bounds) {
+            match PlanProblem::from_dag(&spec.dag, told, sub, spec.bounds).and_then(limited) {
                 Ok(p) => p,
                 Err(_) => continue,
             }

@@ -568,3 +568,29 @@ fn a_slot_that_does_not_fit_the_vcpus_waits_rather_than_oversubscribing() {
         "{x:?} {y:?}"
     );
 }
+
+#[test]
+fn a_plan_never_asks_for_more_vms_than_the_cluster_has() {
+    // As the control plane re-plans a job under the resource manager's capacity: on two
+    // m5.large, no stage of any application runs on more than two VMs, and never twice on one.
+    let apps = scenario::builtin_apps().unwrap();
+    let c = cluster("m5.large=2");
+    for a in &apps {
+        let spec = job("j", a, Policy::Sonic, 0.0);
+        let r = simulate(&c, std::slice::from_ref(&spec), &SimConfig::default()).unwrap();
+        check_conservation(&r, std::slice::from_ref(&spec));
+        for st in &r.jobs[0].stages {
+            assert!(
+                st.vms <= 2,
+                "{} {}: {} VMs",
+                a.dag.name,
+                st.function,
+                st.vms
+            );
+            let mut on = st.on_vms.clone();
+            on.sort_unstable();
+            on.dedup();
+            assert_eq!(on.len(), st.on_vms.len(), "{} {}", a.dag.name, st.function);
+        }
+    }
+}
