@@ -9,4 +9,5 @@ pub mod params;
 pub mod planner;
 pub mod regression;
 pub mod units;
+pub mod warm;
 mod yaml;

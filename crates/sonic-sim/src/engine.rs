@@ -9,10 +9,15 @@
 //!   (the first `K mod n` slots one more), needs `min(c, size) * memory` MB on one VM of the
 //!   plan's type, and is granted by the resource manager (first fit in FIFO order with
 //!   backfilling, preferring a VM that does not already host this stage, then a VM with a warm
-//!   container of the function, then the VM with the fewest holders, then a seeded order).
+//!   container of the function, then the VM with the fewest holders, then a seeded order);
+//!   a slot also holds one vCPU slot per lambda it runs at once while its stage computes
+//!   (`SimConfig::vcpu_slots`), as the control plane's resource manager accounts them.
 //! - A granted slot fetches its inputs (direct: one flow per sender VM; remote: one download),
 //!   then runs its instances `c` at a time; an instance is hot when its VM holds an idle warm
-//!   container of the same function (of any job of the same DAG), else cold.
+//!   container of the same function (DAG, function name and definition), else cold. The warm
+//!   rule is the system's (`sonic_core::warm`): a job whose DAG's cold-time models have not
+//!   converged when it arrives uses and leaves warm containers of its own only; later jobs
+//!   share them across jobs (`SimConfig::cold_samples`).
 //! - When a slot's instances are done it uploads its `remote` outputs. Its VM stays *held* by
 //!   the job while it computes, uploads, serves a `direct` edge not yet fetched, or keeps a file
 //!   for a vm-storage receiver (which also keeps its memory).
@@ -29,6 +34,7 @@ use sonic_core::catalog::{SECONDS_PER_MONTH, mbps_to_bytes_per_s};
 use sonic_core::dag::EdgeKind;
 use sonic_core::model::{Assignment, Method, Placement, PlanProblem, perf_per_dollar};
 use sonic_core::planner::{Policy, Predicted, plan};
+use sonic_core::regression::{Convergence, DagModels, FunctionSample};
 
 use crate::SimError;
 use crate::input::{Cluster, JobSpec, SimConfig};
@@ -167,6 +173,8 @@ struct PendingFlow {
 #[derive(Debug)]
 struct Vm {
     free_mb: f64,
+    /// vCPU slots no granted slot holds (`SimConfig::vcpu_slots`).
+    free_cpus: f64,
     vcpus: f64,
     usd_per_s: f64,
     running: u32,
@@ -177,8 +185,9 @@ struct Vm {
     acc: f64,
     last: f64,
     busy_s: f64,
-    /// Idle warm containers: (function key, expiry).
-    warm: Vec<(u32, f64)>,
+    /// Idle warm containers: (function key, owner, expiry); the owner is the job whose runs
+    /// alone may use it, `None` for a container shared across jobs (`sonic_core::warm`).
+    warm: Vec<(u32, Option<usize>, f64)>,
     rank: usize,
 }
 
@@ -273,6 +282,8 @@ struct EdgeRun {
 struct Lease {
     vm: usize,
     reserved: f64,
+    /// vCPU slots it holds while its stage computes.
+    cpus: f64,
     weight: f64,
     holding: bool,
     mark: f64,
@@ -312,6 +323,12 @@ struct Job {
     model_latency: f64,
     model_cost: f64,
     fn_keys: Vec<u32>,
+    /// Shares warm containers across jobs (its DAG's cold-time models had converged when it
+    /// arrived); else only among its own runs.
+    shares_warm: bool,
+    /// Its cold-time sample, recorded in its DAG's models when it ends: (input size, per
+    /// function the true cold time).
+    cold_sample: (f64, BTreeMap<String, FunctionSample>),
     /// The memory per lambda the plan was made with (the prediction): what slots reserve.
     pred_mem: Vec<f64>,
     /// The plans the job may run, best alone first (load-aware admission picks one).
@@ -363,6 +380,11 @@ struct Sim<'a> {
     active_tasks: Vec<usize>,
     jobs: Vec<Job>,
     queue: Vec<Request>,
+    /// Per DAG, its models' cold-time samples (`SimConfig::cold_samples`); `None`: converged
+    /// before the run.
+    models: Option<BTreeMap<String, DagModels>>,
+    /// A job's cold-time sample its DAG's models refused (the run stops with it).
+    model_error: Option<SimError>,
     /// Requests or free memory changed since the resource manager last looked.
     rm_dirty: bool,
     aggregate_link: Option<u32>,
@@ -433,20 +455,27 @@ fn prepare(
     cluster: &Cluster,
     cfg: &SimConfig,
     forced: Option<Assignment>,
-    fn_ids: &mut BTreeMap<(String, String), u32>,
+    fn_ids: &mut BTreeMap<(String, String, String), u32>,
 ) -> Result<Job, SimError> {
     let name = &spec.name;
     if !(spec.arrival_s.is_finite() && spec.arrival_s >= 0.0) {
         return Err(job_err(name, format!("arrival {} s", spec.arrival_s)));
     }
     let catalog = cluster.catalog().clone();
+    // As the control plane re-plans a job under the capacity the resource manager has
+    // (`planned::allocate`, `Answer::Capacity`): a stage never uses more VMs of a type than the
+    // cluster has. The best plan within the limits is the best plan whenever that fits.
+    let limits: BTreeMap<String, u32> = cluster.counts().into_iter().collect();
+    let limited = |pb: PlanProblem| pb.with_vm_limits(&limits);
     let pb = PlanProblem::from_dag(&spec.dag, &spec.params, catalog.clone(), spec.bounds)
+        .and_then(limited)
         .map_err(|e| job_err(name, e))?;
     let told = match spec.policy {
         Policy::Oracle => &spec.params,
         _ => spec.predicted.as_ref().unwrap_or(&spec.params),
     };
     let plan_pb = PlanProblem::from_dag(&spec.dag, told, catalog.clone(), spec.bounds)
+        .and_then(limited)
         .map_err(|e| job_err(name, e))?;
     for (a, b) in pb.stages().iter().zip(plan_pb.stages()) {
         if a.name != b.name || a.instances != b.instances {
@@ -473,7 +502,7 @@ fn prepare(
         } else {
             let mut sub = catalog.clone();
             sub.vm_types = types.iter().map(|&t| catalog.vm_types[t].clone()).collect();
-            match PlanProblem::from_dag(&spec.dag, told, sub, spec.bounds) {
+            match PlanProblem::from_dag(&spec.dag, told, sub, spec.bounds).and_then(limited) {
                 Ok(p) => p,
                 Err(_) => continue,
             }
@@ -541,7 +570,18 @@ fn prepare(
         .iter()
         .map(|s| {
             let next = fn_ids.len() as u32;
-            *fn_ids.entry((app.clone(), s.name.clone())).or_insert(next)
+            // The function's identity across jobs, as `sonic_api::agent::function_key`: the
+            // DAG's name, the function's and its definition.
+            let definition = spec
+                .dag
+                .functions
+                .iter()
+                .find(|f| f.name == s.name)
+                .and_then(|f| serde_json::to_string(f).ok())
+                .unwrap_or_default();
+            *fn_ids
+                .entry((app.clone(), s.name.clone(), definition))
+                .or_insert(next)
         })
         .collect();
     let stages = c0
@@ -578,6 +618,23 @@ fn prepare(
         model_cost: c0.model_cost,
         candidates,
         fn_keys,
+        shares_warm: true,
+        cold_sample: (
+            spec.params.edges.iter().map(|e| e.bytes.0 as f64).sum(),
+            spec.params
+                .functions
+                .iter()
+                .map(|(n, f)| {
+                    (
+                        n.clone(),
+                        FunctionSample {
+                            cold_s: Some(f.cold_s),
+                            ..Default::default()
+                        },
+                    )
+                })
+                .collect(),
+        ),
         stages,
         groups: Vec::new(),
         stages_done: 0,
@@ -616,6 +673,7 @@ impl<'a> Sim<'a> {
             ]);
             vms.push(Vm {
                 free_mb: catalog.usable_mb(ty),
+                free_cpus: f64::from(ty.vcpus),
                 vcpus: f64::from(ty.vcpus),
                 usd_per_s: ty.usd_per_second(),
                 running: 0,
@@ -669,6 +727,8 @@ impl<'a> Sim<'a> {
             unfinished: jobs.len(),
             jobs,
             queue: Vec::new(),
+            models: None,
+            model_error: None,
             rm_dirty: false,
             aggregate_link,
             running_total: 0,
@@ -677,6 +737,22 @@ impl<'a> Sim<'a> {
             local_price: catalog.local_storage.usd_per_gb_month / SECONDS_PER_MONTH / 1e9,
             remote_price: store.usd_per_gb_month / SECONDS_PER_MONTH / 1e9,
         };
+        if let Some(n) = cfg.cold_samples {
+            let mut models: BTreeMap<String, DagModels> = BTreeMap::new();
+            for (j, spec) in specs.iter().enumerate() {
+                if models.contains_key(&sim.jobs[j].app) {
+                    continue;
+                }
+                let mut m = DagModels::new(&spec.dag, Convergence::default(), cfg.seed);
+                let (x, sample) = &sim.jobs[j].cold_sample;
+                for _ in 0..n {
+                    m.add_sample(*x, sample, &[])
+                        .map_err(|e| job_err(&spec.name, format!("cold-time sample: {e}")))?;
+                }
+                models.insert(sim.jobs[j].app.clone(), m);
+            }
+            sim.models = Some(models);
+        }
         for j in 0..sim.jobs.len() {
             let t = sim.jobs[j].arrival;
             sim.push(t, EvKind::Arrive(j));
@@ -749,6 +825,9 @@ impl<'a> Sim<'a> {
             if self.rm_dirty {
                 self.schedule();
             }
+            if let Some(e) = self.model_error.take() {
+                return Err(e);
+            }
         }
         if self.unfinished > 0 {
             return Err(SimError::Stalled {
@@ -782,6 +861,13 @@ impl<'a> Sim<'a> {
     // ---- jobs and stages ----
 
     fn arrive(&mut self, j: usize) {
+        // As the control plane decides when a job starts (`scheduler::run`).
+        self.jobs[j].shares_warm = match &self.models {
+            None => true,
+            Some(m) => m
+                .get(&self.jobs[j].app)
+                .is_none_or(sonic_core::warm::shares_across_jobs),
+        };
         self.admit(j);
         for r in 0..self.jobs[j].stages.len() {
             if self.jobs[j].pb.incoming(r).is_empty() {
@@ -1085,6 +1171,7 @@ impl<'a> Sim<'a> {
                         .map(|_| Lease {
                             vm: NONE,
                             reserved: 0.0,
+                            cpus: 0.0,
                             weight: 0.0,
                             holding: false,
                             mark: 0.0,
@@ -1159,11 +1246,21 @@ impl<'a> Sim<'a> {
     fn can_grow(&self, j: usize, r: usize) -> bool {
         let job = &self.jobs[j];
         let grp = &job.groups[job.stages[r].group];
-        job.stages[r]
-            .slots
-            .iter()
-            .zip(&grp.leases)
-            .all(|(s, l)| s.need - l.reserved <= self.vms[l.vm].free_mb + 1e-9)
+        job.stages[r].slots.iter().zip(&grp.leases).all(|(s, l)| {
+            s.need - l.reserved <= self.vms[l.vm].free_mb + 1e-9
+                && self.cpus_for(s.conc, l.vm) - l.cpus <= self.vms[l.vm].free_cpus + 1e-9
+        })
+    }
+
+    /// The vCPU slots a slot running `conc` lambdas at once holds on `vm`, as the control
+    /// plane's resource manager reserves them (one per lambda, at most the VM's vCPUs); none
+    /// when `SimConfig::vcpu_slots` is off.
+    fn cpus_for(&self, conc: u32, vm: usize) -> f64 {
+        if self.cfg.vcpu_slots {
+            f64::from(conc).min(self.vms[vm].vcpus)
+        } else {
+            0.0
+        }
     }
 
     fn grant_continue(&mut self, j: usize, r: usize) {
@@ -1182,6 +1279,10 @@ impl<'a> Sim<'a> {
                 self.rm_dirty = true;
             }
             self.jobs[j].groups[g].leases[i].reserved = new;
+            let cpus = self.cpus_for(self.jobs[j].stages[r].slots[i].conc, vm);
+            let old_cpus = self.jobs[j].groups[g].leases[i].cpus;
+            self.vms[vm].free_cpus -= cpus - old_cpus;
+            self.jobs[j].groups[g].leases[i].cpus = cpus;
             self.set_weight(j, g, i, new);
             let slot = &mut self.jobs[j].stages[r].slots[i];
             slot.vm = vm;
@@ -1230,10 +1331,17 @@ impl<'a> Sim<'a> {
                     .iter()
                     .copied()
                     .filter(|&v| self.vms[v].free_mb + 1e-9 >= reserve)
+                    .filter(|&v| {
+                        self.vms[v].free_cpus + 1e-9 >= self.cpus_for(st.slots[slot].conc, v)
+                    })
                     .min_by_key(|&v| {
                         let vm = &self.vms[v];
                         let same_stage = st.slots.iter().any(|s| s.vm == v);
-                        let warm = vm.warm.iter().any(|&(k, exp)| k == key && exp >= now);
+                        let owner = (!jb.shares_warm).then_some(job);
+                        let warm = vm
+                            .warm
+                            .iter()
+                            .any(|&(k, o, exp)| k == key && o == owner && exp >= now);
                         (same_stage, !warm, vm.holders, vm.rank)
                     });
                 match best {
@@ -1251,11 +1359,14 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let g = self.jobs[j].stages[r].group;
         let reserve = self.jobs[j].stages[r].slots[i].reserve;
+        let cpus = self.cpus_for(self.jobs[j].stages[r].slots[i].conc, vm);
         self.vms[vm].free_mb -= reserve;
+        self.vms[vm].free_cpus -= cpus;
         {
             let lease = &mut self.jobs[j].groups[g].leases[i];
             lease.vm = vm;
             lease.reserved = reserve;
+            lease.cpus = cpus;
             lease.weight = 0.0;
             lease.holding = true;
         }
@@ -1355,6 +1466,11 @@ impl<'a> Sim<'a> {
                 continue;
             }
             let (vm, reserved, uploads) = (lease.vm, lease.reserved, lease.uploads);
+            if lease.cpus > 0.0 {
+                self.vms[vm].free_cpus += lease.cpus;
+                self.jobs[j].groups[g].leases[i].cpus = 0.0;
+                self.rm_dirty = true;
+            }
             if need != Need::Memory && reserved > 0.0 {
                 self.vms[vm].free_mb += reserved;
                 self.jobs[j].groups[g].leases[i].reserved = 0.0;
@@ -1556,10 +1672,11 @@ impl<'a> Sim<'a> {
             }
             let vm = s.vm;
             let key = self.jobs[j].fn_keys[r];
+            let owner = (!self.jobs[j].shares_warm).then_some(j);
             let now = self.now;
             let warm = &mut self.vms[vm].warm;
-            warm.retain(|&(_, exp)| exp >= now);
-            let hot = match warm.iter().position(|&(k, _)| k == key) {
+            warm.retain(|&(_, _, exp)| exp >= now);
+            let hot = match warm.iter().position(|&(k, o, _)| k == key && o == owner) {
                 Some(p) => {
                     warm.remove(p);
                     true
@@ -1593,9 +1710,10 @@ impl<'a> Sim<'a> {
 
     fn task_done(&mut self, t: Task) {
         let key = self.jobs[t.job].fn_keys[t.stage];
+        let owner = (!self.jobs[t.job].shares_warm).then_some(t.job);
         let v = &mut self.vms[t.vm];
         v.running -= 1;
-        v.warm.push((key, self.now + self.cfg.keep_alive_s));
+        v.warm.push((key, owner, self.now + self.cfg.keep_alive_s));
         self.running_total -= 1;
         self.instances += 1;
         let s = &mut self.jobs[t.job].stages[t.stage].slots[t.slot];
@@ -1686,6 +1804,16 @@ impl<'a> Sim<'a> {
         job.stages[r].end = now;
         job.stages_done += 1;
         job.groups[g].running = None;
+        // Its lambdas are done: the vCPU slots are free (a vm-storage receiver on these VMs
+        // asks for its own).
+        for i in 0..job.groups[g].leases.len() {
+            let lease = &mut job.groups[g].leases[i];
+            if lease.cpus > 0.0 {
+                self.vms[lease.vm].free_cpus += lease.cpus;
+                lease.cpus = 0.0;
+                self.rm_dirty = true;
+            }
+        }
         self.unbook(j, r);
         let job = &mut self.jobs[j];
         for &e in job.pb.outgoing(r) {
@@ -1706,6 +1834,21 @@ impl<'a> Sim<'a> {
         if self.jobs[j].stages_done == self.jobs[j].stages.len() {
             self.jobs[j].finish = Some(now);
             self.unfinished -= 1;
+            self.record_cold_sample(j);
+        }
+    }
+
+    /// Adds job `j`'s cold times to its DAG's models, as the control plane does when a job
+    /// ends (one sample per function).
+    fn record_cold_sample(&mut self, j: usize) {
+        let job = &self.jobs[j];
+        let Some(m) = self.models.as_mut().and_then(|m| m.get_mut(&job.app)) else {
+            return;
+        };
+        let (x, sample) = &job.cold_sample;
+        if let Err(e) = m.add_sample(*x, sample, &[]) {
+            self.model_error
+                .get_or_insert_with(|| job_err(&job.name, format!("cold-time sample: {e}")));
         }
     }
 

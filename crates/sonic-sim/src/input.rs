@@ -139,16 +139,31 @@ pub struct SimConfig {
     /// book of the admitted jobs' predicted stages says when they free up). Off: every job
     /// runs the planner's best plan for the whole cluster, as if alone.
     pub load_aware: bool,
+    /// The warm-container rule of the system (`sonic_core::warm`): jobs of a DAG share warm
+    /// containers across jobs only once every function's cold-time model has converged.
+    /// `None` (default): converged before the run (every job here is planned, which the system
+    /// does only after its models converged), so every job shares. `Some(n)`: each DAG's models
+    /// start with `n` jobs' cold-time samples and each job that ends adds one; a job that
+    /// arrives before they converge (`Convergence::default()`: 5 samples) runs in warm
+    /// containers of its own only.
+    pub cold_samples: Option<usize>,
+    /// The control plane's resource manager accounts vCPU slots besides memory: a granted slot
+    /// holds one vCPU per lambda it runs at once (at most its VM's vCPUs) while its stage
+    /// computes, and a slot that does not fit waits rather than oversubscribing the VM. Off:
+    /// slots are granted by memory alone, and lambdas beyond the vCPUs share them.
+    pub vcpu_slots: bool,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             seed: 1,
-            // OpenLambda and AWS Lambda keep idle containers for minutes; 10 min is common.
-            keep_alive_s: 600.0,
+            // The agents' default (`warm_idle_s`).
+            keep_alive_s: sonic_core::warm::DEFAULT_KEEP_ALIVE_S as f64,
             cpu_sharing: true,
             load_aware: true,
+            cold_samples: None,
+            vcpu_slots: true,
         }
     }
 }

@@ -345,8 +345,10 @@ fn lambdas_beyond_the_vcpus_slow_each_other_down() {
         let jobs: Vec<JobSpec> = (0..n)
             .map(|i| job(&format!("j{i}"), &a, Policy::Local, 0.0))
             .collect();
+        // Slots granted by memory alone, so that both jobs run at once.
         let config = SimConfig {
             cpu_sharing,
+            vcpu_slots: false,
             ..SimConfig::default()
         };
         simulate(&c, &jobs, &config).unwrap().jobs[0].latency_s
@@ -449,4 +451,146 @@ fn refusals_name_the_job() {
         .to_string();
     assert!(err.contains("fanout"), "{err}");
     let _ = Arc::<Dag>::clone;
+}
+
+const SOLO_DAG: &str = "name: solo\nfunctions:\n  - { name: f, image: x, command: [x] }\n";
+const SOLO_PARAMS: &str =
+    "functions:\n  f: { memory_mb: 1000, cold_s: 2, hot_s: 1, instances: 1 }\n";
+
+/// Jobs of `app` on one m5.large, one every `gap_s` seconds (each ends before the next).
+fn solo_run(a: &App, jobs: usize, gap_s: f64, config: &SimConfig) -> Vec<(u32, u32)> {
+    let specs: Vec<JobSpec> = (0..jobs)
+        .map(|k| job(&format!("j{k}"), a, Policy::Local, k as f64 * gap_s))
+        .collect();
+    let r = simulate(&cluster("m5.large=1"), &specs, config).unwrap();
+    check_conservation(&r, &specs);
+    r.jobs
+        .iter()
+        .map(|j| (j.stages[0].cold, j.stages[0].hot))
+        .collect()
+}
+
+#[test]
+fn warm_containers_are_shared_across_jobs_only_once_cold_times_converged() {
+    // The system's rule (`sonic_core::warm`, `scheduler::run`): before the DAG's cold-time
+    // models converge (5 samples), every job uses containers of its own, so starts cold. The
+    // job that arrives after the fifth ended shares, but finds only the fifth's own container,
+    // so starts cold too; from the next one on, jobs run in the previous job's container.
+    let a = app(SOLO_DAG, SOLO_PARAMS);
+    let learning = SimConfig {
+        cold_samples: Some(0),
+        ..SimConfig::default()
+    };
+    let starts = solo_run(&a, 8, 10.0, &learning);
+    assert_eq!(&starts[..6], &[(1, 0); 6], "{starts:?}");
+    assert_eq!(&starts[6..], &[(0, 1); 2], "{starts:?}");
+    // Two samples already: the fourth job is the first to share, the fifth the first hot.
+    let starts = solo_run(
+        &a,
+        5,
+        10.0,
+        &SimConfig {
+            cold_samples: Some(2),
+            ..SimConfig::default()
+        },
+    );
+    assert_eq!(starts, vec![(1, 0), (1, 0), (1, 0), (1, 0), (0, 1)]);
+    // Converged before the run (the default): every job after the first is hot.
+    let starts = solo_run(&a, 3, 10.0, &SimConfig::default());
+    assert_eq!(starts, vec![(1, 0), (0, 1), (0, 1)]);
+}
+
+#[test]
+fn warm_containers_expire_after_the_agents_keep_alive() {
+    // The agents keep an idle container 60 s by default (`warm_idle_s`).
+    assert_eq!(SimConfig::default().keep_alive_s, 60.0);
+    let a = app(SOLO_DAG, SOLO_PARAMS);
+    // Job 0 ends at 2 s; job 1 arrives at 61.5 s (59.5 s idle): hot; job 2 at 123 s (60.5 s
+    // after job 1 ended at 62.5 s): cold.
+    let starts = solo_run(&a, 3, 61.5, &SimConfig::default());
+    assert_eq!(starts, vec![(1, 0), (0, 1), (1, 0)]);
+}
+
+#[test]
+fn a_changed_function_definition_gets_containers_of_its_own() {
+    // The key is the DAG's name, the function's and its definition (`function_key`): the same
+    // DAG applied again with another command does not run in the old one's containers.
+    let a = app(SOLO_DAG, SOLO_PARAMS);
+    let b = app(
+        &SOLO_DAG.replace("command: [x]", "command: [y]"),
+        SOLO_PARAMS,
+    );
+    let specs = [
+        job("old", &a, Policy::Local, 0.0),
+        job("new", &b, Policy::Local, 10.0),
+        job("new2", &b, Policy::Local, 20.0),
+    ];
+    let r = simulate(&cluster("m5.large=1"), &specs, &SimConfig::default()).unwrap();
+    let starts: Vec<(u32, u32)> = r
+        .jobs
+        .iter()
+        .map(|j| (j.stages[0].cold, j.stages[0].hot))
+        .collect();
+    assert_eq!(starts, vec![(1, 0), (1, 0), (0, 1)]);
+}
+
+#[test]
+fn a_slot_that_does_not_fit_the_vcpus_waits_rather_than_oversubscribing() {
+    // As the control plane's resource manager: one vCPU slot per lambda run at once. Each job
+    // runs its 64 lambdas of 1 s per stage 16 at once on the only 16-vCPU VM (8 s alone). With
+    // vCPU slots accounted the second job's stage waits for the first's (never more than 16
+    // lambdas run); granted by memory alone, both run at once, 32 lambdas on 16 vCPUs.
+    let params = PAIR_PARAMS
+        .replace("instances: 1", "instances: 64")
+        .replace("memory_mb: 1000", "memory_mb: 100");
+    let a = app(PAIR_DAG, &params);
+    let jobs: Vec<JobSpec> = (0..2)
+        .map(|i| job(&format!("j{i}"), &a, Policy::Local, 0.0))
+        .collect();
+    let c = slow_nic_cluster(1);
+    let slots = simulate(&c, &jobs, &SimConfig::default()).unwrap();
+    check_conservation(&slots, &jobs);
+    assert_eq!(slots.cluster.peak_running, 16);
+    let memory_only = simulate(
+        &c,
+        &jobs,
+        &SimConfig {
+            vcpu_slots: false,
+            ..SimConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(memory_only.cluster.peak_running, 32);
+    // The waiting job's first stage starts only when the other's ends.
+    let (x, y) = (&slots.jobs[0].stages[0], &slots.jobs[1].stages[0]);
+    assert!(
+        y.start_s >= x.end_s - 1e-9 || x.start_s >= y.end_s - 1e-9,
+        "{x:?} {y:?}"
+    );
+}
+
+#[test]
+fn a_plan_never_asks_for_more_vms_than_the_cluster_has() {
+    // As the control plane re-plans a job under the resource manager's capacity: on two
+    // m5.large, no stage of any application runs on more than two VMs, and never twice on one.
+    let apps = scenario::builtin_apps().unwrap();
+    let c = cluster("m5.large=2");
+    for a in &apps {
+        let spec = job("j", a, Policy::Sonic, 0.0);
+        let r = simulate(&c, std::slice::from_ref(&spec), &SimConfig::default()).unwrap();
+        check_conservation(&r, std::slice::from_ref(&spec));
+        for st in &r.jobs[0].stages {
+            assert!(
+                st.vms <= 2,
+                "{} {}: {} VMs",
+                a.dag.name,
+                st.function,
+                st.vms
+            );
+            let mut on = st.on_vms.clone();
+            on.sort_unstable();
+            on.dedup();
+            assert_eq!(on.len(), st.on_vms.len(), "{} {}", a.dag.name, st.function);
+        }
+    }
 }

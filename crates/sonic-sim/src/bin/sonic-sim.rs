@@ -26,9 +26,13 @@ options:
   --policy P,...      policies to run (default sonic,remote,local,direct,oracle)
   --catalog FILE      VM catalog YAML (default: the built-in catalog, deploy/catalog.yaml)
   --params APP=FILE   parameters of one application (default: scenarios/fig9/APP.params.yaml)
-  --keep-alive S      idle warm containers live S seconds (default 600)
+  --keep-alive S      idle warm containers live S seconds (default 60, the agents')
+  --cold-samples N    each DAG's cold-time models start with N samples, one more per job that
+                      ends; jobs share warm containers only once they converged (default:
+                      converged before the run)
   --no-cpu-sharing    lambdas never slow each other down on a VM
   --no-load-aware     sonic and oracle run the plan best alone, whatever the cluster's load
+  --no-vcpu-slots     grant slots by memory alone (lambdas beyond the vCPUs share them)
   --validate          run one job of each application alone per policy, next to the model
   -o table|json       output (default table)
 
@@ -82,8 +86,10 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
                 a.config.seed = a.workload.seed;
             }
             "--keep-alive" => a.config.keep_alive_s = num(&flag, it.next())?,
+            "--cold-samples" => a.config.cold_samples = Some(num(&flag, it.next())?),
             "--no-cpu-sharing" => a.config.cpu_sharing = false,
             "--no-load-aware" => a.config.load_aware = false,
+            "--no-vcpu-slots" => a.config.vcpu_slots = false,
             "--validate" => a.validate = true,
             "--policy" => {
                 let v = it.next().ok_or("--policy needs a value")?;
