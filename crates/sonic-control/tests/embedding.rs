@@ -5,9 +5,9 @@
 //! (`dags/synthetic-chain.yaml`) runs three profiling jobs, then, once every agent was stopped,
 //! a planned job whose grant starts agents again.
 //!
-//! The container variant needs a Docker engine and the image `sonic-agent:latest`
-//! (`bash deploy/build-images.sh --debug`, which CI runs before the tests); without them it says
-//! so loudly and passes without running (`SONIC_CONTAINER_TESTS=1` makes that a failure).
+//! The container variant needs a Docker engine and the image `sonic-agent-host:latest`
+//! (`bash deploy/images/build.sh`, which CI runs before the tests); without them it says so
+//! loudly and passes without running (`SONIC_CONTAINER_TESTS=1` makes that a failure).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
@@ -82,9 +82,13 @@ async fn the_host_starts_agents_on_demand_and_stops_them_when_idle() {
     let out = platform::run(&opts).await.expect("the host runs the DAG");
     check(&out, dir.path()).await;
     assert!(
-        out.events
-            .iter()
-            .all(|e| !matches!(e, Event::Started { limits: Some(_), .. })),
+        out.events.iter().all(|e| !matches!(
+            e,
+            Event::Started {
+                limits: Some(_),
+                ..
+            }
+        )),
         "processes have no container limits: {:?}",
         out.events
     );
@@ -98,11 +102,11 @@ async fn docker_with_image(image: &str) -> Result<bollard::Docker, String> {
     Ok(docker)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_host_starts_agent_containers_on_demand_and_removes_them_when_idle() {
-    let image = containers::DEFAULT_IMAGE;
-    let docker = match docker_with_image(image).await {
-        Ok(d) => d,
+/// Docker with the agent image, or `None` after a loud message (a failure with
+/// `SONIC_CONTAINER_TESTS=1`).
+async fn docker_or_skip(image: &str) -> Option<bollard::Docker> {
+    match docker_with_image(image).await {
+        Ok(d) => Some(d),
         Err(e) if std::env::var("SONIC_CONTAINER_TESTS").is_ok_and(|v| v == "1") => {
             panic!("SONIC_CONTAINER_TESTS=1 and {e}")
         }
@@ -112,10 +116,23 @@ async fn the_host_starts_agent_containers_on_demand_and_removes_them_when_idle()
                  !!! SKIPPED: agents as containers: {e}\n\
                  !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
             );
-            return;
+            None
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_starts_agent_containers_on_demand_and_removes_them_when_idle() {
+    let image = containers::DEFAULT_IMAGE;
+    let Some(docker) = docker_or_skip(image).await else {
+        return;
     };
-    let engine_cpus = docker.info().await.expect("docker info").ncpu.expect("ncpu") as u64;
+    let engine_cpus = docker
+        .info()
+        .await
+        .expect("docker info")
+        .ncpu
+        .expect("ncpu") as u64;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut opts = scenario(dir.path());
     opts.containers = Some(containers::ContainerOptions {
@@ -148,14 +165,20 @@ async fn the_host_starts_agent_containers_on_demand_and_removes_them_when_idle()
     for (agent, _) in started(&out.events) {
         let log = dir.path().join("agents").join(agent).join("agent.log");
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        assert!(text.contains("agent listening"), "{}: {text}", log.display());
+        assert!(
+            text.contains("agent listening"),
+            "{}: {text}",
+            log.display()
+        );
         assert!(!text.contains("report push"), "{}: {text}", log.display());
     }
 
     // Nothing is left: no container of the run, running or not, and no network.
     let (run, network) = out.containers.clone().expect("a container run");
     assert!(network.starts_with("sonic-host-"), "{network}");
-    let left = containers::list_run(&docker, &run).await.expect("docker ps");
+    let left = containers::list_run(&docker, &run)
+        .await
+        .expect("docker ps");
     assert!(left.is_empty(), "containers left: {left:?}");
     assert!(
         !containers::network_exists(&docker, &network)
@@ -204,7 +227,12 @@ async fn check(out: &platform::Outcome, dir: &Path) {
         let want: Vec<u8> = (0..OUTPUT_BYTES as u64)
             .map(|k| (k.wrapping_mul(31) % 251) as u8)
             .collect();
-        assert!(bytes[..] == want[..], "{}: {key}: {} bytes", s.job_id, bytes.len());
+        assert!(
+            bytes[..] == want[..],
+            "{}: {key}: {} bytes",
+            s.job_id,
+            bytes.len()
+        );
     }
 
     // On demand: nothing ran before the first job; its first instance started an agent.
@@ -412,4 +440,58 @@ async fn a_grant_starts_distinct_machines_and_gives_a_vm_storage_receiver_its_se
     m.release("j-pair");
     m.stop_all().await;
     assert!(m.running().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_not_cleaned_up_are_removed_with_their_network_when_dropped() {
+    let image = containers::DEFAULT_IMAGE;
+    let Some(docker) = docker_or_skip(image).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = containers::Containers::setup(containers::ContainerOptions {
+        image: image.into(),
+        agent_bin: Some(agent_bin().to_path_buf()),
+        ..containers::ContainerOptions::default()
+    })
+    .await
+    .expect("setup");
+    let (run, network) = (c.run.clone(), c.network.clone());
+    let agent = containers::AgentContainer {
+        id: "host-1".into(),
+        ip: c.address(0).expect("an address"),
+        vm_type: "m5.large".into(),
+        vcpus: 2,
+        memory_mb: 512,
+        data_dir: dir.path().join("agent"),
+        store_dir: dir.path().join("store"),
+        lambda_dirs: vec![support::lambda_dir().to_path_buf()],
+        agent_token: "agent-token-0123456789abcdef".into(),
+        file_key: "file-key-0123456789abcdef".into(),
+    };
+    std::fs::create_dir_all(&agent.store_dir).expect("store");
+    let name = c.start(&agent).await.expect("a container starts");
+    assert_eq!(
+        containers::list_run(&docker, &run)
+            .await
+            .expect("docker ps"),
+        [name]
+    );
+    assert!(
+        containers::network_exists(&docker, &network)
+            .await
+            .expect("inspect")
+    );
+    // Dropped without `cleanup` (as when the host fails on its way): the guard removes both.
+    drop(c);
+    let left = containers::list_run(&docker, &run)
+        .await
+        .expect("docker ps");
+    assert!(left.is_empty(), "containers left: {left:?}");
+    assert!(
+        !containers::network_exists(&docker, &network)
+            .await
+            .expect("inspect"),
+        "the network {network} is left"
+    );
 }

@@ -34,9 +34,11 @@ use bollard::query_parameters::{
 };
 use futures::StreamExt;
 
-/// The image `deploy/build-images.sh --debug` builds: the agent alone (its lambdas come from the
-/// host's folders).
-pub const DEFAULT_IMAGE: &str = "sonic-agent:latest";
+/// The image `deploy/images/build.sh` builds (and `deploy/cluster.sh` runs): Debian with CA
+/// certificates and python3, `sonic-agent` and the lambdas. (`sonic-agent:latest` of
+/// `deploy/build-images.sh` has no CA certificates: its agent exits at start, "http client:
+/// builder error".)
+pub const DEFAULT_IMAGE: &str = "sonic-agent-host:latest";
 /// The port every agent listens on inside its container.
 pub const AGENT_PORT: u16 = 7070;
 /// The label every container and the network of one run carry.
@@ -156,9 +158,8 @@ pub async fn check_image(docker: &Docker, image: &str) -> Result<(), String> {
 
 fn missing_image(image: &str) -> String {
     format!(
-        "the agent image {image} is missing: build it with `bash deploy/build-images.sh --debug` \
-         (sonic-agent:latest), or `bash deploy/images/build.sh` (sonic-agent-host:latest) and pass \
-         --image sonic-agent-host:latest"
+        "the agent image {image} is missing: build it with `bash deploy/images/build.sh` \
+         (sonic-agent-host:latest, debug binaries)"
     )
 }
 
@@ -307,7 +308,7 @@ impl Containers {
             self.remove(&name).await;
             return Err(format!(
                 "cannot start the container {name} of {}: {e} (the image must have sonic-agent on \
-                 its PATH: `bash deploy/build-images.sh --debug`){logs}",
+                 its PATH: `bash deploy/images/build.sh`){logs}",
                 self.options.image
             ));
         }

@@ -6,7 +6,7 @@
 //! ```sh
 //! cargo build -p sonic-agent --bin sonic-agent && cargo build -p sonic-lambdas --bin synthetic
 //! cargo run -p sonic-control --example host -- --dag dags/synthetic-chain.yaml
-//! bash deploy/build-images.sh --debug   # the agent image, for --launch container
+//! bash deploy/images/build.sh           # the agent image, for --launch container
 //! cargo run -p sonic-control --example host -- --launch container
 //! ```
 

@@ -579,7 +579,9 @@ impl Host {
             }
             Some(Agent::Container(name)) => match self.containers() {
                 Ok(c) => c.stop(&name, &self.log_of(&node.machine)).await,
-                Err(e) => tracing::warn!(agent = %node.machine.id, error = %e, "cannot stop the agent"),
+                Err(e) => {
+                    tracing::warn!(agent = %node.machine.id, error = %e, "cannot stop the agent")
+                }
             },
         }
         let mut book = self.book();

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
-use sonic_api::control::JobSummary;
+use sonic_api::control::{JobStatus, JobSummary};
 use sonic_control::{ControlConfig, JobsConfig, Runtime, SystemClock, start_with_jobs};
 use sonic_core::catalog::Catalog;
 use sonic_storage::ObjectStore;
@@ -185,7 +185,15 @@ async fn scenario(api: &Api, manager: &OnDemand, opts: &Options) -> anyhow::Resu
     let mut summaries = Vec::new();
     for &n in &opts.sizes {
         let id = api.submit(&dag_name, n, &opts.params, None).await?;
-        summaries.push(api.wait(&id, opts.patience).await?);
+        let s = api.wait(&id, opts.patience).await?;
+        if s.status != JobStatus::Succeeded {
+            bail!(
+                "profiling job {id} ended {:?}: {}",
+                s.status,
+                s.error.as_deref().unwrap_or("no error given")
+            );
+        }
+        summaries.push(s);
     }
     wait_all_stopped(manager, opts.patience).await?;
     let before_planned = manager.events().len();
