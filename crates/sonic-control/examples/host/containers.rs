@@ -412,9 +412,13 @@ impl Containers {
         }
     }
 
-    /// The names of this run's containers that exist now (running or not).
-    pub async fn existing(&self) -> Result<Vec<String>, String> {
-        list_run(&self.docker, &self.run).await
+    /// What of this run exists now: its containers (running or not) and its network, by name.
+    pub async fn leftovers(&self) -> Result<Vec<String>, String> {
+        let mut left = list_run(&self.docker, &self.run).await?;
+        if network_exists(&self.docker, &self.network).await? {
+            left.push(format!("network {}", self.network));
+        }
+        Ok(left)
     }
 
     /// Removes this run's containers and its network.

@@ -112,6 +112,10 @@ pub async fn run(opts: &Options) -> anyhow::Result<Outcome> {
     let cleaned = c.cleanup().await;
     let mut outcome = outcome?;
     cleaned.map_err(|e| anyhow::anyhow!("cleaning up: {e}"))?;
+    let left = c.leftovers().await.map_err(anyhow::Error::msg)?;
+    if !left.is_empty() {
+        bail!("left after cleaning up: {}", left.join(", "));
+    }
     outcome.containers = Some((c.run.clone(), c.network.clone()));
     Ok(outcome)
 }
