@@ -40,6 +40,8 @@
 #                     ones (docs/evaluation.md). auto: D = max(1, vCPUs / (cores - 1)), to a
 #                     hundredth: one core is left outside the agents' quotas for what is not
 #                     dilated (the store, the control plane); a D that leaves less is warned of.
+#                     The containers run under a CPU cgroup of their own (/sonic-dilated, heavily
+#                     weighted: prepare_cgroup says why), so the agents get their quotas first.
 #   --dry-run         print what the agents would get (one JSON document) and start nothing
 #   --tls             certificates from deploy/certs.sh in .ci-data/cluster/tls; each daemon gets
 #                     ca.pem and its own NAME.pem/NAME.key read-only in /etc/sonic/tls (never
@@ -56,7 +58,8 @@
 # SONIC_CLUSTER_STORE_OUTAGE_MS: how long the control plane and (told when they join) the agents
 # wait out a store outage before failing (default 30000).
 # down: removes the containers (and the lambda containers agents started), the network, the
-#     volumes and the agents' folders; keeps the secrets and certificates; exit 0 when nothing is there.
+#     volumes, the agents' folders and the dilated cluster's cgroup; keeps the secrets and
+#     certificates; exit 0 when nothing is there.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -74,10 +77,12 @@ LABEL=sonic.cluster=1
 AGENT_PORT=7070
 CONTROL_PORT=7000
 TLS_IN=/etc/sonic/tls
+# A dilated cluster's containers run in a CPU cgroup of their own (prepare_cgroup says why).
+DILATED_CGROUP=sonic-dilated
 
 log() { echo "cluster: $*" >&2; }
 die() { echo "cluster: $*" >&2; exit 1; }
-usage() { sed -n '2,57p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+usage() { sed -n '2,62p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 
 need() {
     command -v docker >/dev/null || die "docker is not installed"
@@ -393,6 +398,45 @@ for a in doc.get("agents", []) if isinstance(doc, dict) else []:
 ' || true
 }
 
+# --- the dilated cluster's CPU weight ------------------------------------------------------------
+
+# prepare_cgroup: prints the --cgroup-parent a dilated cluster's containers get, or nothing (and
+# warns) when it cannot be made. A dilated agent must run at its quota (vCPUs / D), not slower:
+# its quota is the emulation. But Docker puts every container under one cgroup (`docker`) that,
+# with the cgroupfs driver, weighs as much as a single process of nice 0 against every other
+# process of this machine (cgroup v1: all in the root cgroup), so on a busy machine (a few
+# compilers, even at nice 10) the agents together get less than their quotas and run slower
+# than their VMs / D: a slowdown that does not scale with D. Under a cgroup of their own with a
+# large weight they get their quotas first; the quotas still cap what the agents take, and what
+# the store and the control plane take is what they need (they are not dilated).
+prepare_cgroup() {
+    local info
+    info="$(docker info -f '{{.CgroupDriver}} {{.CgroupVersion}}' 2>/dev/null || true)"
+    case "$info" in
+        "cgroupfs 1")
+            if mkdir -p "/sys/fs/cgroup/cpu/$DILATED_CGROUP" 2>/dev/null &&
+                echo 65536 >"/sys/fs/cgroup/cpu/$DILATED_CGROUP/cpu.shares" 2>/dev/null; then
+                echo "/$DILATED_CGROUP"
+                return
+            fi ;;
+        "cgroupfs 2")
+            if mkdir -p "/sys/fs/cgroup/$DILATED_CGROUP" 2>/dev/null &&
+                echo 10000 >"/sys/fs/cgroup/$DILATED_CGROUP/cpu.weight" 2>/dev/null; then
+                echo "/$DILATED_CGROUP"
+                return
+            fi ;;
+    esac
+    log "warning: cannot give the dilated cluster a CPU cgroup of its own (Docker: ${info:-?}; needs the cgroupfs driver and root): on a busy machine its agents may get less than their quotas"
+}
+
+# remove_cgroup: the dilated cluster's cgroup, once empty (in every hierarchy runc made it in).
+remove_cgroup() {
+    local d
+    for d in /sys/fs/cgroup/*/"$DILATED_CGROUP" "/sys/fs/cgroup/$DILATED_CGROUP"; do
+        [ -d "$d" ] && rmdir "$d" 2>/dev/null || true
+    done
+}
+
 # --- container creation --------------------------------------------------------------------------
 
 # ensure NAME IMAGE ARGS... -- CMD...: the container runs with exactly these settings. A running
@@ -585,9 +629,17 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
 
     ensure_network
 
+    # A dilated cluster's containers get their CPU before this machine's other processes.
+    local cg_args=()
+    if [ -n "$dilation" ]; then
+        local parent
+        parent="$(prepare_cgroup)"
+        [ -n "$parent" ] && cg_args=(--cgroup-parent "$parent")
+    fi
+
     # The store.
     ensure_volume sonic-store-data
-    local store_args=(-v sonic-store-data:/data --label sonic.role=store)
+    local store_args=(-v sonic-store-data:/data --label sonic.role=store "${cg_args[@]}")
     if [ -n "${SONIC_CLUSTER_STORE_PORT:-}" ]; then
         store_args+=(-p "127.0.0.1:$SONIC_CLUSTER_STORE_PORT:8333")
     fi
@@ -612,7 +664,7 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
     ensure_volume sonic-control-data
     mapfile -t tls_args < <(tls_env "$CONTROL")
     ensure "$CONTROL" "$CONTROL_IMAGE" \
-        --label sonic.role=control \
+        --label sonic.role=control "${cg_args[@]}" \
         -p "127.0.0.1:$port:$CONTROL_PORT" \
         -v sonic-control-data:/var/lib/sonic-control \
         -v "$catalog:/etc/sonic/catalog.yaml:ro" \
@@ -656,7 +708,7 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
         args=(--init --label sonic.role=agent --label "sonic.vm_type=$vm" --label "sonic.vcpus=$vcpus"
             --label "sonic.memory_mb=$mem" --label "sonic.network_mbps=$rate"
             --label "sonic.dilation=${dilation:-}"
-            "${cpu_args[@]}" --memory "${mem_limit}m" --memory-swap "${mem_limit}m"
+            "${cpu_args[@]}" "${cg_args[@]}" --memory "${mem_limit}m" --memory-swap "${mem_limit}m"
             -e "SONIC_AGENT_ID=$name"
             -e "SONIC_AGENT_LISTEN=0.0.0.0:$AGENT_PORT"
             -e "SONIC_AGENT_ADVERTISE_URL=$scheme://$name:$AGENT_PORT"
@@ -892,6 +944,7 @@ cmd_down() {
                 bash -c 'rm -rf /cluster/agent-*' >/dev/null 2>&1 || log "could not remove all of ${dirs[*]}"
         fi
     fi
+    remove_cgroup
     rm -f "$STATE_FILE"
     log "down"
 }

@@ -216,18 +216,26 @@ fn the_breakdown_tells_dilated_parts_from_fixed_ones() {
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(
         lines[0],
-        "policy,dilation,jobs,latency_real_s,before_real_s,exec_real_s,run_real_s,between_real_s,after_real_s,edge_max_real_s"
+        "policy,dilation,jobs,latency_real_s,control_real_s,agents_real_s,before_real_s,exec_real_s,run_real_s,between_real_s,after_real_s,edge_max_real_s,emulated_all_divided_s,emulated_s"
     );
-    // D = 4: latency 0.5 + 1.2 + 0.3 + 2.4 + 0.2; exec 0.8 + 2.0; run 0.4 + 0.4.
+    // D = 4: latency 0.5 + 1.2 + 0.3 + 2.4 + 0.2; no instance out for 0.5 + 0.3 + 0.2 s (the
+    // control plane's), the agents' 3.6 s; exec 0.8 + 2.0; run 0.4 + 0.4; emulated 4.6 / 4 with
+    // all of it divided, 1.0 + 3.6 / 4 with the control plane's part not.
     assert_eq!(
         lines[1],
-        "remote,4,1,4.6000,0.5000,2.8000,0.8000,0.3000,0.2000,0.4000"
+        "remote,4,1,4.6000,1.0000,3.6000,0.5000,2.8000,0.8000,0.3000,0.2000,0.4000,1.1500,1.9000"
     );
-    assert!(lines[2].starts_with("remote,8,1,8.2000,0.5000,5.6000,1.6000,0.3000,0.2000"));
+    assert!(
+        lines[2].starts_with("remote,8,1,8.2000,1.0000,7.2000,0.5000,5.6000,1.6000,0.3000,0.2000")
+    );
+    assert!(lines[2].ends_with(",1.0250,1.9000"), "{}", lines[2]);
     assert!(
         stdout.contains("before=1.00")
             && stdout.contains("exec=2.00")
-            && stdout.contains("between=1.00"),
+            && stdout.contains("between=1.00")
+            && stdout.contains("control=1.00")
+            && stdout.contains("agents=2.00")
+            && stdout.contains(" emul=1.00"),
         "{stdout}"
     );
 }

@@ -368,63 +368,24 @@ pub fn function_key(dag: &Dag, i: usize) -> String {
     sonic_api::agent::function_key(&dag.name, &f.name, &definition)
 }
 
+/// Standard base64 that decodes with or without padding.
+const BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new()
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+);
+
 /// Encodes standard base64, padded.
 pub fn encode_base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    use base64::Engine as _;
+    BASE64.encode(data)
 }
 
 /// Decodes standard base64 (with or without padding; whitespace ignored).
 pub fn decode_base64(text: &str) -> Result<Vec<u8>, String> {
-    let mut out = Vec::with_capacity(text.len() * 3 / 4);
-    let mut acc: u32 = 0;
-    let mut bits = 0u32;
-    let mut padding = false;
-    for c in text.bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            b'=' => {
-                padding = true;
-                continue;
-            }
-            b' ' | b'\n' | b'\r' | b'\t' => continue,
-            _ => return Err(format!("invalid base64 character {:?}", c as char)),
-        };
-        if padding {
-            return Err("base64 data after padding".into());
-        }
-        acc = (acc << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    if bits >= 6 {
-        return Err("truncated base64".into());
-    }
-    Ok(out)
+    use base64::Engine as _;
+    let compact: Vec<u8> = text.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
+    BASE64.decode(compact).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -28,11 +28,16 @@ impl SplitMix64 {
         lo + (hi - lo) * self.next_f64()
     }
 
+    /// Uniform in `0..n` (`n > 0`; the modulo bias is below 2^-50 for the sizes used here).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
     /// A permutation of `0..n` (Fisher-Yates).
     pub fn permutation(&mut self, n: usize) -> Vec<usize> {
         let mut v: Vec<usize> = (0..n).collect();
         for i in (1..n).rev() {
-            let j = (self.next_u64() % (i as u64 + 1)) as usize;
+            let j = self.below(i + 1);
             v.swap(i, j);
         }
         v

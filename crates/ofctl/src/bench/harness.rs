@@ -180,12 +180,18 @@ impl Harness {
     }
 }
 
-/// What a job ran, in emulated time: on a cluster dilated by `d`, every time is divided by `d`.
-/// The measured cost is VM time only (`cost_usd` of the summary: the catalog price of each VM
-/// the job held times how long it held it, and the same for executions a lost agent made it
-/// discard; no per-request store charge is in it), so all of it is divided by `d`. A predicted
-/// cost also counts the store's requests (`requests_usd` of the plan's prediction), which do not
-/// grow with time: only the rest is divided.
+/// What a job ran, in emulated time. On a cluster dilated by `d` the agents run `d` times slower
+/// than their VMs and the control plane does not: it runs at this machine's speed, as it would
+/// beside real VMs. So the part of a job when no instance of it was out on an agent (from the
+/// job's start to its first dispatch, between one stage's last report and the next stage's
+/// first dispatch, after the last report: the control plane's own work, [`control_plane_s`]) is
+/// counted as measured, and the rest, the agents' part, is divided by `d`. The measured cost is
+/// VM time only (`cost_usd` of the summary: the catalog price of each VM the job held times how
+/// long it held it, and the same for executions a lost agent made it discard; no per-request
+/// store charge is in it): each VM's time, as the instances on it span it, is split the same
+/// way (the control plane's part of it as measured, the rest divided by `d`), and the cost
+/// scaled by the ratio. A predicted cost also counts the store's requests (`requests_usd` of the
+/// plan's prediction), which do not grow with time: only the rest is divided.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Emulated {
     pub latency_s: f64,
@@ -195,13 +201,85 @@ pub struct Emulated {
     pub edge_s: f64,
     pub predicted_latency_s: Option<f64>,
     pub predicted_cost_usd: Option<f64>,
+    /// The control plane's part of the job's latency ([`control_plane_s`]), real seconds,
+    /// counted undivided in `latency_s`.
+    pub control_s: f64,
+}
+
+/// The instances' `[started_s, ended_s]` intervals of a summary (dispatch to report), sorted and
+/// merged; `None` when an instance lacks them (a summary recorded before they were measured).
+fn busy(s: &JobSummary) -> Option<Vec<(f64, f64)>> {
+    let mut iv = Vec::with_capacity(s.functions.len());
+    for f in &s.functions {
+        let (a, b) = (f.started_s?, f.ended_s?);
+        if !(a.is_finite() && b.is_finite()) {
+            return None;
+        }
+        iv.push((a.max(0.0), b.max(a.max(0.0))));
+    }
+    if iv.is_empty() {
+        return None;
+    }
+    iv.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let mut merged: Vec<(f64, f64)> = Vec::with_capacity(iv.len());
+    for (a, b) in iv {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    Some(merged)
+}
+
+/// Seconds of `[from, to]` that no interval of `busy` covers.
+fn idle_within(busy: &[(f64, f64)], from: f64, to: f64) -> f64 {
+    let covered: f64 = busy
+        .iter()
+        .map(|&(a, b)| (b.min(to) - a.max(from)).max(0.0))
+        .sum();
+    (to - from - covered).max(0.0)
+}
+
+/// The control plane's part of a job's latency, real seconds: the time from the job's start to
+/// its end when no instance of it was out on an agent (sent and not yet reported): queueing,
+/// planning and the first dispatch, the scheduling between stages, finishing the job. 0 when
+/// the summary does not say when its instances ran.
+pub fn control_plane_s(s: &JobSummary) -> f64 {
+    busy(s).map_or(0.0, |b| idle_within(&b, 0.0, s.latency_s.max(0.0)))
 }
 
 /// `s` in emulated time on a cluster dilated by `d` (>= 1; 1 leaves the figures as they are).
 pub fn emulated(s: &JobSummary, d: f64) -> Emulated {
     let d = if d.is_finite() && d >= 1.0 { d } else { 1.0 };
-    let latency_s = s.latency_s / d;
-    let cost_usd = s.cost_usd / d;
+    let merged = busy(s);
+    let control_s = merged
+        .as_ref()
+        .map_or(0.0, |b| idle_within(b, 0.0, s.latency_s.max(0.0)))
+        .min(s.latency_s.max(0.0));
+    // Measured time t of which `c` is the control plane's: c + (t - c) / d.
+    let split = |t: f64, c: f64| c + (t - c) / d;
+    let latency_s = split(s.latency_s, control_s);
+    // Each VM's time, as the instances on it span it (per agent: a summary does not say which
+    // of an agent's VMs an instance had), split the same way; the cost scales with the total.
+    let mut spans: std::collections::BTreeMap<&str, (f64, f64)> = Default::default();
+    if merged.is_some() {
+        for f in &s.functions {
+            if let (Some(a), Some(b)) = (f.started_s, f.ended_s) {
+                let e = spans.entry(f.agent.as_str()).or_insert((a, b));
+                e.0 = e.0.min(a);
+                e.1 = e.1.max(b);
+            }
+        }
+    }
+    let (held, emulated_held) = spans.values().fold((0.0, 0.0), |(h, e), &(a, b)| {
+        let c = merged.as_ref().map_or(0.0, |m| idle_within(m, a, b));
+        (h + (b - a), e + split(b - a, c))
+    });
+    let cost_usd = if held > 0.0 {
+        s.cost_usd * emulated_held / held
+    } else {
+        s.cost_usd / d
+    };
     let predicted = s
         .plan
         .as_ref()
@@ -227,6 +305,7 @@ pub fn emulated(s: &JobSummary, d: f64) -> Emulated {
         edge_s: s.edges.iter().map(|e| e.seconds).fold(0.0, f64::max) / d,
         predicted_latency_s,
         predicted_cost_usd,
+        control_s,
     }
 }
 
@@ -251,7 +330,7 @@ pub fn emulated_sample(measured: &mut Value, d: f64) {
 mod tests {
     use super::*;
     use serde_json::json;
-    use sonic_api::control::{EdgeRun, JobPlan};
+    use sonic_api::control::{EdgeRun, FunctionRun, JobPlan};
 
     fn summary(latency: f64, cost: f64, predicted: Option<Value>) -> JobSummary {
         let mut s: JobSummary = serde_json::from_value(json!({
@@ -310,6 +389,52 @@ mod tests {
             emulated(&old, 2.0).predicted_cost_usd.unwrap(),
             0.002
         ));
+    }
+
+    fn run(agent: &str, started: f64, ended: f64) -> FunctionRun {
+        FunctionRun {
+            name: "f".into(),
+            instance: 0,
+            agent: agent.into(),
+            vm_type: "m5.large".into(),
+            cold: false,
+            seconds: ended - started,
+            peak_memory_mb: None,
+            attempts: 1,
+            started_s: Some(started),
+            ended_s: Some(ended),
+        }
+    }
+
+    #[test]
+    fn the_control_planes_part_is_counted_as_measured() {
+        // 10 s measured at D = 4: nothing out on an agent during [0, 1], [4, 5] and [9, 10]
+        // (3 s of the control plane's), instances on a over [1, 4] and [5, 9], on b over
+        // [1, 3.5] and [2, 4].
+        let mut s = summary(10.0, 0.008, None);
+        s.functions = vec![
+            run("a", 1.0, 4.0),
+            run("b", 1.0, 3.5),
+            run("b", 2.0, 4.0),
+            run("a", 5.0, 9.0),
+        ];
+        assert!(close(control_plane_s(&s), 3.0));
+        let e = emulated(&s, 4.0);
+        assert!(close(e.control_s, 3.0));
+        assert!(close(e.latency_s, 3.0 + 7.0 / 4.0), "{}", e.latency_s);
+        // a held [1, 9] (1 s of it the control plane's), b [1, 4] (none): 11 s of VM time
+        // become 1 + 7 / 4 + 3 / 4 s.
+        let want = 0.008 * (1.0 + 7.0 / 4.0 + 3.0 / 4.0) / 11.0;
+        assert!(close(e.cost_usd, want), "{} vs {want}", e.cost_usd);
+        assert!(close(e.perf_per_dollar, 1.0 / (e.latency_s * e.cost_usd)));
+        // Not dilated: as measured.
+        let e = emulated(&s, 1.0);
+        assert!(close(e.latency_s, 10.0) && close(e.cost_usd, 0.008));
+        // Instances without their times: all of it divided.
+        s.functions[0].started_s = None;
+        assert_eq!(control_plane_s(&s), 0.0);
+        let e = emulated(&s, 4.0);
+        assert!(close(e.latency_s, 2.5) && close(e.cost_usd, 0.002));
     }
 
     #[test]

@@ -886,7 +886,7 @@ async fn profile(
         };
         let mut s = run_job(client, job).await?;
         // In emulated time, as every figure of the run.
-        s.latency_s /= results.dilation.max(1.0);
+        s.latency_s = harness::emulated(&s, results.dilation).latency_s;
         n += 1;
         let ok = s.status == JobStatus::Succeeded;
         eprintln!(

@@ -18,29 +18,9 @@ pub const MIN_JOBS: usize = 2;
 /// random order).
 pub const MIN_ROUNDS: usize = 5;
 
-/// SplitMix64: a small seeded generator, so that a run's order and intervals follow from its
-/// seed alone.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`; the modulo bias is below 2^-50 for the sizes used here).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
+/// The seeded generator (the simulator's SplitMix64), so that a run's order and intervals follow
+/// from its seed alone.
+pub type Rng = sonic_sim::SplitMix64;
 
 /// `items` in a random order (Fisher-Yates).
 pub fn shuffled<T: Clone>(items: &[T], rng: &mut Rng) -> Vec<T> {

@@ -585,28 +585,6 @@ fn parse_params(text: &str) -> Result<serde_json::Map<String, Value>, String> {
     Ok(out)
 }
 
-/// Standard base64 with padding (the API's inline input).
-fn base64(data: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 pub async fn run(
     State(state): State<Shared>,
     name: Result<Path<String>, PathRejection>,
@@ -640,7 +618,7 @@ pub async fn run(
             let data: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
             Some(JobInput {
                 name: Some("input.bin".into()),
-                base64: Some(base64(&data)),
+                base64: Some(crate::jobs::encode_base64(&data)),
                 key: None,
             })
         } else {
@@ -1414,7 +1392,5 @@ mod tests {
         assert_eq!(p["name"], "x");
         assert_eq!(p["flag"], true);
         assert!(parse_params("novalue").is_err());
-        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
-        assert_eq!(base64(b"fo"), "Zm8=");
     }
 }
