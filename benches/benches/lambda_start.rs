@@ -38,6 +38,7 @@ fn spec(dir: &Path, n: usize, key: &str) -> RunSpec {
         cpus: 1.0,
         timeout: Duration::from_secs(60),
         output_quota_bytes: u64::MAX,
+        mounts: Vec::new(),
     }
 }
 

@@ -667,6 +667,7 @@ impl Cluster {
                     timeout: Seconds(30.0),
                     max_body: ByteSize(64 * 1024 * 1024),
                     pip_timeout: Seconds(300.0),
+                    worker_memory: ByteSize(2 << 30),
                 }),
             ..ControlConfig::default()
         };

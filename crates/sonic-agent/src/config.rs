@@ -86,7 +86,13 @@ pub struct AgentConfig {
     /// Most megabytes one function instance may write (its outputs, its log; no single file
     /// larger); past it the instance is killed and fails. A run request may ask for less.
     pub output_quota_mb: u64,
+    /// The image the Docker sandbox runs Python handler stages in (`deploy/build-python-image.sh`
+    /// builds it; docs/python.md). Not used by the process sandbox.
+    pub python_image: String,
 }
+
+/// The image `deploy/build-python-image.sh` builds: Debian's python3 and `sonic-launcher`.
+pub const PYTHON_IMAGE: &str = "sonic-python:latest";
 
 impl Default for AgentConfig {
     fn default() -> Self {
@@ -112,6 +118,7 @@ impl Default for AgentConfig {
             store_profile: None,
             bin_dirs: Vec::new(),
             output_quota_mb: DEFAULT_OUTPUT_QUOTA_MB,
+            python_image: PYTHON_IMAGE.into(),
         }
     }
 }
@@ -174,6 +181,9 @@ pub struct AgentArgs {
     /// Seconds an idle warm container (process environment) is kept after its last run.
     #[arg(long, env = "SONIC_AGENT_WARM_IDLE_S")]
     pub warm_idle_s: Option<u64>,
+    /// The image Python handler stages run in with the Docker sandbox.
+    #[arg(long, env = "SONIC_AGENT_PYTHON_IMAGE")]
+    pub python_image: Option<String>,
     /// Make the store answer like a remote one: wait this long before every request (ms;
     /// `store_profile.request_latency_ms`; a time-dilated cluster: deploy/cluster.sh --dilation).
     #[arg(long, env = "SONIC_AGENT_STORE_LATENCY_MS")]
@@ -220,6 +230,7 @@ impl AgentConfig {
             .set("store.local.root", a.store_dir.as_ref())
             .set("output_quota_mb", a.output_quota_mb)
             .set("warm_idle_s", a.warm_idle_s)
+            .set("python_image", a.python_image.as_ref())
             .set("store_profile.request_latency_ms", a.store_latency_ms)
             .set("store_profile.write_mbps", a.store_write_mbps)
             .set("store_profile.read_mbps", a.store_read_mbps)

@@ -142,24 +142,43 @@ fn check_handler(req: &RunRequest, h: &HandlerRun) -> Result<(), RunError> {
     Ok(())
 }
 
+/// Where a handler's code and Sonic's Python runtime are in its container (Docker sandbox).
+const HANDLER_DIR: &str = "/sonic/handler";
+const RUNTIME_DIR: &str = "/sonic/runtime";
+
+/// How a handler run starts: its command, extra environment, image and mounts.
+struct HandlerLaunch {
+    command: Vec<String>,
+    env: Vec<(String, String)>,
+    /// The Python image (Docker sandbox); empty for the process sandbox.
+    image: String,
+    mounts: Vec<crate::sandbox::Mount>,
+}
+
 /// The command and extra environment of a handler run: its lambda fetched from the store,
 /// checked against its digest and unpacked once per digest (`<data_dir>/handlers/<sha256>/`),
-/// run by the shipped Python runner with the host's `python3` (process sandbox only), or with
-/// the interpreter of its `requirements.txt`'s environment (`<data_dir>/handlers/venvs/`).
+/// run by the shipped Python runner (`<data_dir>/handlers/runtime/`). The process sandbox runs
+/// it with the host's `python3`, or the interpreter of its `requirements.txt`'s environment
+/// (`<data_dir>/handlers/venvs/`); the Docker sandbox in a container of the Python image
+/// (`config.python_image`), the code, the runtime and the environment (built in that image,
+/// `<data_dir>/handlers/docker-venvs/`) bound read-only into it.
 async fn handler_command(
     state: &Arc<AgentState>,
     h: &HandlerRun,
-) -> Result<(Vec<String>, Vec<(String, String)>), RunError> {
+) -> Result<HandlerLaunch, RunError> {
     let fail = |message: String| RunError::Handler {
         name: h.name.clone(),
         message,
     };
-    if state.sandbox.kind() != "process" {
-        return Err(fail(format!(
-            "handler stages run in the process sandbox (the host's python3); this agent's {} sandbox has no Python image yet",
-            state.sandbox.kind()
-        )));
-    }
+    let docker = match state.sandbox.kind() {
+        "process" => false,
+        "docker" => true,
+        other => {
+            return Err(fail(format!(
+                "handler stages run in the process or Docker sandbox, not {other}"
+            )));
+        }
+    };
     let cache = state.config.data_dir.join("handlers");
     let dir = cache.join(&h.sha256);
     if !dir.join("f.py").is_file() {
@@ -199,21 +218,25 @@ async fn handler_command(
         .map_err(|e| fail(e.to_string()))?
         .map_err(fail)?
     };
+    let venvs = if docker {
+        state
+            .docker_venvs
+            .as_ref()
+            .ok_or_else(|| fail("this agent's Docker sandbox has no environment builder".into()))?
+    } else {
+        &state.venvs
+    };
     // Its requirements.txt's environment, built here the first time a run of this set needs it
     // (that run pays pip's install; later runs, and concurrent ones, share it).
-    let python = match &requirements {
-        None => "python3".to_owned(),
+    let venv = match &requirements {
+        None => None,
         Some(r) => {
-            let built = !state.venvs.ready(r);
-            let python = state
-                .venvs
-                .ensure(r)
-                .await
-                .map_err(|e| fail(e.to_string()))?;
+            let built = !venvs.ready(r);
+            let python = venvs.ensure(r).await.map_err(|e| fail(e.to_string()))?;
             if built {
-                tracing::info!(handler = %h.name, requirements = %r.sha256(), "handler environment ready");
+                tracing::info!(handler = %h.name, requirements = %r.sha256(), docker, "handler environment ready");
             }
-            python.display().to_string()
+            Some((venvs.dir_of(r), python))
         }
     };
     let mut env: Vec<(String, String)> = config
@@ -221,19 +244,65 @@ async fn handler_command(
         .into_iter()
         .filter(|(k, _)| !k.starts_with("SONIC_") && k != "PYTHONPATH")
         .collect();
-    env.push(("PYTHONPATH".into(), rt_dir.display().to_string()));
     env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
     env.push(("PYTHONUNBUFFERED".into(), "1".into()));
     env.push((
         "SONIC_HANDLER_ROUTES".into(),
         serde_json::to_string(&h.routes).unwrap_or_else(|_| "{}".into()),
     ));
-    let command = vec![
-        python,
-        runner.display().to_string(),
-        dir.display().to_string(),
+    if !docker {
+        env.push(("PYTHONPATH".into(), rt_dir.display().to_string()));
+        let python = venv.map_or_else(|| "python3".to_owned(), |(_, p)| p.display().to_string());
+        return Ok(HandlerLaunch {
+            command: vec![
+                python,
+                runner.display().to_string(),
+                dir.display().to_string(),
+            ],
+            env,
+            image: String::new(),
+            mounts: Vec::new(),
+        });
+    }
+    use crate::sandbox::Mount;
+    use crate::sandbox::docker::VENV_DIR;
+    env.push(("PYTHONPATH".into(), RUNTIME_DIR.into()));
+    env.push(("HOME".into(), "/tmp".into()));
+    env.push(("LANG".into(), "C.UTF-8".into()));
+    let mut mounts = vec![
+        Mount {
+            host: dir.clone(),
+            container: HANDLER_DIR.into(),
+        },
+        Mount {
+            host: rt_dir.clone(),
+            container: RUNTIME_DIR.into(),
+        },
     ];
-    Ok((command, env))
+    let python = match venv {
+        None => "python3".to_owned(),
+        Some((venv_dir, _)) => {
+            mounts.push(Mount {
+                host: venv_dir,
+                container: VENV_DIR.into(),
+            });
+            format!("{VENV_DIR}/bin/python")
+        }
+    };
+    let runner_name = runner
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(HandlerLaunch {
+        command: vec![
+            python,
+            format!("{RUNTIME_DIR}/{runner_name}"),
+            HANDLER_DIR.into(),
+        ],
+        env,
+        image: state.config.python_image.clone(),
+        mounts,
+    })
 }
 
 /// The quota of an instance: what the request asks, at most the agent's own.
@@ -295,6 +364,7 @@ pub async fn prewarm(state: &AgentState, req: &PrewarmRequest) -> Result<Prewarm
         // Not used: nothing runs.
         timeout: std::time::Duration::from_secs(1),
         output_quota_bytes: quota_mb(state, req.output_quota_mb).saturating_mul(1024 * 1024),
+        mounts: Vec::new(),
     };
     let (started, warm) = state.sandbox.prewarm(&spec, count).await?;
     tracing::info!(key = %spec.warm_key, asked = req.count, started, warm, "prewarmed");
@@ -430,18 +500,19 @@ async fn run_inner(
     for (to, n) in &req.fanouts {
         env.push((sonic_core::dag::fanout_env_var(to), n.to_string()));
     }
-    let command = match &req.handler {
+    let (command, image, mounts) = match &req.handler {
         Some(h) => {
-            let (command, extra) = handler_command(state, h).await?;
-            env.extend(extra);
-            command
+            let launch = handler_command(state, h).await?;
+            env.extend(launch.env);
+            (launch.command, launch.image, launch.mounts)
         }
-        None => req.command.clone(),
+        None => (req.command.clone(), req.image.clone(), Vec::new()),
     };
     let spec = RunSpec {
         run_id: report.run_id.clone(),
         warm_key: req.warm_key(),
-        image: req.image.clone(),
+        image,
+        mounts,
         command,
         env,
         input_dir: input_dir.clone(),

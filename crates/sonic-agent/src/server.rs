@@ -41,6 +41,10 @@ pub struct AgentState {
     /// The environments of handler stages with a `requirements.txt`
     /// (`<data_dir>/handlers/venvs/<sha256>/`, pip's cache in `<data_dir>/handlers/pip-cache/`).
     pub venvs: sonic_openlambda::venv::Venvs,
+    /// With the Docker sandbox, the same built in containers of the Python image, for its
+    /// containers (`<data_dir>/handlers/docker-venvs/<sha256>/`, seen at
+    /// `sandbox::docker::VENV_DIR`; pip's cache in `<data_dir>/handlers/docker-pip-cache/`).
+    pub docker_venvs: Option<sonic_openlambda::venv::Venvs>,
     runs: Mutex<HashMap<String, RunReport>>,
     /// The runs going on, to stop them: run id -> its task.
     tasks: Mutex<HashMap<String, tokio::task::AbortHandle>>,
@@ -57,6 +61,18 @@ impl AgentState {
     ) -> Result<AgentState, crate::files::FileError> {
         let files = FileStore::open(&config.data_dir)?;
         let throttle = throttle.storage_throttle();
+        let docker_venvs = if sandbox.kind() == "docker" {
+            let builder = crate::sandbox::docker::venv_builder(config.python_image.clone())
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            Some(sonic_openlambda::venv::Venvs::with_builder(
+                config.data_dir.join("handlers").join("docker-venvs"),
+                config.data_dir.join("handlers").join("docker-pip-cache"),
+                builder,
+                sonic_openlambda::venv::DEFAULT_PIP_TIMEOUT,
+            ))
+        } else {
+            None
+        };
         Ok(AgentState {
             files,
             throttle,
@@ -72,6 +88,7 @@ impl AgentState {
                 std::path::PathBuf::from("python3"),
                 sonic_openlambda::venv::DEFAULT_PIP_TIMEOUT,
             ),
+            docker_venvs,
             runs: Mutex::new(HashMap::new()),
             tasks: Mutex::new(HashMap::new()),
             sandbox,

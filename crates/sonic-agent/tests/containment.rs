@@ -93,6 +93,7 @@ fn spec(dir: &Path, run: &str, command: &[&str]) -> RunSpec {
         // Generous: a quota test that is not stopped ends by writing everything, not by this.
         timeout: Duration::from_secs(120),
         output_quota_bytes: QUOTA_MB * MIB,
+        mounts: Vec::new(),
     }
 }
 

@@ -94,6 +94,7 @@ impl Setup {
             cpus: 1.0,
             timeout: Duration::from_secs(30),
             output_quota_bytes: 1 << 30,
+            mounts: Vec::new(),
         }
     }
 

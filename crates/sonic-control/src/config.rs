@@ -90,6 +90,14 @@ pub struct OpenLambdaSettings {
     /// The longest building one `requirements.txt` environment (venv and pip) may take.
     #[serde(default = "default_pip_timeout")]
     pub pip_timeout: Seconds,
+    /// The most address space one warm `/run/` worker may map; past it the handler gets
+    /// `MemoryError` (docs/python.md). 0: no limit.
+    #[serde(default = "default_worker_memory")]
+    pub worker_memory: ByteSize,
+}
+
+fn default_worker_memory() -> ByteSize {
+    ByteSize(sonic_openlambda::DEFAULT_WORKER_MEMORY)
 }
 
 fn default_pip_timeout() -> Seconds {
@@ -131,6 +139,7 @@ impl OpenLambdaSettings {
         c.timeout = Duration::from_secs_f64(self.timeout.0);
         c.max_body = usize::try_from(self.max_body.0).unwrap_or(usize::MAX);
         c.pip_timeout = Duration::from_secs_f64(self.pip_timeout.0);
+        c.worker_memory = self.worker_memory.0;
         c
     }
 }

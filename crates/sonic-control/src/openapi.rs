@@ -608,6 +608,7 @@ fn main_schemas(int: &Value, time: &Value) -> Value {
                 "stages": { "type": "array", "items": { "type": "object" } },
                 "edges": { "type": "array", "items": { "type": "object" } },
                 "predicted": { "type": "object" },
+                "timing": { "type": "array", "items": { "type": "object" }, "description": "per stage, the predicted timing: function, ready_s (its last sender ended), start_s, upload_s, wait_s, fetch_s, compute_s, end_s = ready_s + upload_s + wait_s + fetch_s + compute_s, batches" },
                 "second_best": { "type": "object", "nullable": true },
                 "planning_time_us": int.clone(),
                 "exact": { "type": "boolean", "description": "whether the plan is proven optimal; false: a limit of the planning budget stopped the search and this is the best plan found within it" },

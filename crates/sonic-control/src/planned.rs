@@ -334,6 +334,7 @@ edges:
                     edge("b", "c", Method::VmStorage),
                 ],
                 predicted: predicted(),
+                timing: Vec::new(),
             },
             second_best: with_second.then(|| Plan {
                 stages: vec![
@@ -346,6 +347,7 @@ edges:
                     edge("b", "c", Method::Direct),
                 ],
                 predicted: predicted(),
+                timing: Vec::new(),
             }),
             table: Vec::new(),
             exact: true,

@@ -799,6 +799,7 @@ edges:
                 perf_per_dollar: 1.0,
                 requests_usd: 0.0,
             },
+            timing: Vec::new(),
         }
     }
 

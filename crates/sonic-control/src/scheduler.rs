@@ -903,6 +903,7 @@ fn job_plan(
             "stages": map.get("stages").cloned().unwrap_or_default(),
             "edges": map.get("edges").cloned().unwrap_or_default(),
             "predicted": map.get("predicted").cloned().unwrap_or_default(),
+            "timing": map.get("timing").cloned().unwrap_or_default(),
         });
         if let Ok(serde_json::Value::Object(second)) = serde_json::to_value(&alloc.plan) {
             map.extend(second);

@@ -398,6 +398,7 @@ mod tests {
                 timeout: sonic_core::units::Seconds(10.0),
                 max_body: sonic_core::units::ByteSize(1 << 20),
                 pip_timeout: sonic_core::units::Seconds(300.0),
+                worker_memory: sonic_core::units::ByteSize(1 << 30),
             }),
             ..ControlConfig::default()
         };

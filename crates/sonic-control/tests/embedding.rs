@@ -353,6 +353,7 @@ edges:
                 perf_per_dollar: 1.0,
                 requests_usd: 0.0,
             },
+            timing: Vec::new(),
         },
         second_best: None,
         memory_limit_mb: vec![512, 512],

@@ -4,6 +4,11 @@
 //! SeaweedFS when `SONIC_S3_ENDPOINT` names one, as in CI). A DAG mixing Python handlers and the
 //! Rust `synthetic` lambda runs under every policy with byte-identical results; bad handler
 //! outputs fail the instance with a clear error; an unregistered handler refuses the job.
+//!
+//! The `*_in_docker` tests run the same in the Docker sandbox: handler stages in containers of
+//! `sonic-python:latest` (`bash deploy/build-python-image.sh --debug`), the Rust stages in
+//! `sonic-lambdas:latest` (`bash deploy/build-images.sh --debug`). Like the repository's other
+//! Docker tests they need the engine and the images, and fail saying so without them.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -110,8 +115,41 @@ pub struct Cluster {
     _dir: tempfile::TempDir,
 }
 
+/// Fails the test, saying what to do, when Docker does not answer or an image is missing.
+async fn docker_ready() {
+    let sandbox = sonic_agent::sandbox::DockerSandbox::connect_with(
+        sonic_agent::sandbox::DockerConfig {
+            work_dir: std::env::temp_dir().join("sonic-handlers-docker-check"),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "these tests need a running Docker engine: {e}. Start it (e.g. `service docker start`)."
+        )
+    });
+    for (image, script) in [
+        ("sonic-python:latest", "deploy/build-python-image.sh"),
+        ("sonic-lambdas:latest", "deploy/build-images.sh"),
+    ] {
+        assert!(
+            sandbox.image_exists(image).await.unwrap_or(false),
+            "image {image} is missing: build it with `bash {script} --debug`"
+        );
+    }
+}
+
 impl Cluster {
     pub async fn start() -> Cluster {
+        Cluster::start_in(SandboxChoice::Process).await
+    }
+
+    /// Agents with this sandbox (Docker: checked first, see [`docker_ready`]).
+    pub async fn start_in(sandbox: SandboxChoice) -> Cluster {
+        if sandbox == SandboxChoice::Docker {
+            docker_ready().await;
+        }
         let dir = tempfile::tempdir().expect("tempdir");
         let config = ControlConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -126,6 +164,7 @@ impl Cluster {
                 timeout: Seconds(30.0),
                 max_body: ByteSize(1 << 20),
                 pip_timeout: Seconds(300.0),
+                worker_memory: ByteSize(1 << 30),
             }),
             ..ControlConfig::default()
         };
@@ -154,7 +193,7 @@ impl Cluster {
                 vm_type: vm_type.into(),
                 control_url: Some(control.url()),
                 join_token: JOIN.to_owned(),
-                sandbox: SandboxChoice::Process,
+                sandbox,
                 bin_dirs: vec![lambda_dir().to_path_buf()],
                 heartbeat_interval_ms: 200,
                 output_quota_mb: 2,
@@ -316,7 +355,16 @@ fn job(policy: Option<&str>, data: &[u8]) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dag_of_handlers_and_executables_runs_alike_under_every_policy() {
-    let c = Cluster::start().await;
+    mixed_dag_under_every_policy(SandboxChoice::Process).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dag_of_handlers_and_executables_runs_alike_under_every_policy_in_docker() {
+    mixed_dag_under_every_policy(SandboxChoice::Docker).await;
+}
+
+async fn mixed_dag_under_every_policy(sandbox: SandboxChoice) {
+    let c = Cluster::start_in(sandbox).await;
     c.upload("py-split", &[("f.py", SPLIT)]).await;
     c.upload(
         "py-count",
@@ -375,7 +423,16 @@ fn sha256_hex(data: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_handlers_and_outputs_fail_with_a_clear_error() {
-    let c = Cluster::start().await;
+    bad_handlers(SandboxChoice::Process).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_handlers_and_outputs_fail_with_a_clear_error_in_docker() {
+    bad_handlers(SandboxChoice::Docker).await;
+}
+
+async fn bad_handlers(sandbox: SandboxChoice) {
+    let c = Cluster::start_in(sandbox).await;
     let one = |handler: &str| {
         format!(
             "name: bad-{handler}\nfunctions:\n  - {{ name: only, handler: {handler}, timeout: 30s }}\n"
@@ -628,5 +685,190 @@ async fn the_ml_pipeline_as_python_handlers() {
         report["majority_baseline"].as_f64().unwrap_or(1.0),
     );
     assert!(acc > base + 0.2, "{report}");
+    c.stop().await;
+}
+
+/// What OpenLambda's `scripts/test.py` asks of a worker, through `POST /run/<dag>` with DAGs of
+/// one handler each, in the Docker sandbox: an echo installed from a tarball with `ol.yaml`'s
+/// environment (it runs in a container of the Python image, its code bound read-only at
+/// `/sonic/handler`), a handler that raises, a code update picked up by the next call, a burst
+/// of concurrent calls, and a handler that never returns (its timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openlambda_requests_run_handler_stages_in_docker() {
+    let c = Cluster::start_in(SandboxChoice::Docker).await;
+    // DAGs named apart from their lambdas: a lambda of the DAG's name would answer instead.
+    let one = |dag: &str, handler: &str, timeout: &str| {
+        format!(
+            "name: {dag}\nfunctions:\n  - {{ name: only, handler: {handler}, timeout: {timeout} }}\n"
+        )
+    };
+    let call = |name: &str, body: String| {
+        c.http
+            .post(c.ol_url(&format!("/run/{name}")))
+            .body(body)
+            .send()
+    };
+    const ECHO: &str = r#"
+import os, sys
+def f(event):
+    [i] = event["inputs"]
+    probe = "/sonic/probe"
+    try:
+        open(probe, "w").close()
+        read_only = False
+    except OSError:
+        read_only = True
+    return {"echo": i["value"], "greeting": os.environ.get("GREETING"), "file": __file__,
+            "python": sys.executable, "code_read_only": not os.access("/sonic/handler", os.W_OK),
+            "root_read_only": read_only, "input": i["path"].startswith("/sonic/in/")}
+"#;
+    c.upload(
+        "echo",
+        &[
+            ("f.py", ECHO),
+            ("ol.yaml", "environment:\n  GREETING: hello from ol.yaml\n"),
+        ],
+    )
+    .await;
+    c.apply(&one("dag-echo", "echo", "30s")).await;
+    let r = call("dag-echo", r#"{"x": 1}"#.into()).await.expect("run");
+    let status = r.status();
+    let text = r.text().await.expect("text");
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).expect("json"),
+        json!({
+            "echo": {"x": 1},
+            "greeting": "hello from ol.yaml",
+            "file": "/sonic/handler/f.py",
+            "python": "/usr/bin/python3",
+            "code_read_only": true,
+            "root_read_only": true,
+            "input": true,
+        })
+    );
+
+    // A burst of concurrent calls, each answered with its own event.
+    let calls = (0..6).map(|i| call("dag-echo", format!(r#"{{"x": {i}}}"#)));
+    for (i, r) in futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        let r = r.expect("run");
+        assert_eq!(r.status(), 200, "call {i}");
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["echo"], json!({"x": i}), "call {i}");
+    }
+
+    // A code update: the next call runs the new code (a new digest, new containers).
+    c.upload(
+        "echo",
+        &[("f.py", "def f(event):\n    return {'version': 2}\n")],
+    )
+    .await;
+    let r = call("dag-echo", "{}".into()).await.expect("run");
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<Value>().await.expect("json"),
+        json!({"version": 2})
+    );
+
+    // A handler that raises: 500 with its error.
+    c.upload(
+        "boom",
+        &[("f.py", "def f(event):\n    raise RuntimeError('boom')\n")],
+    )
+    .await;
+    c.apply(&one("dag-boom", "boom", "30s")).await;
+    let r = call("dag-boom", "{}".into()).await.expect("run");
+    assert_eq!(r.status(), 500);
+    let text = r.text().await.expect("text");
+    assert!(text.contains("RuntimeError: boom"), "{text}");
+
+    // A handler that never returns: killed at its timeout, the call fails saying so.
+    c.upload(
+        "sleeper",
+        &[("f.py", "import time\ndef f(event):\n    time.sleep(3600)\n")],
+    )
+    .await;
+    c.apply(&one("dag-sleeper", "sleeper", "2s")).await;
+    let r = call("dag-sleeper", "{}".into()).await.expect("run");
+    assert_eq!(r.status(), 500);
+    let text = r.text().await.expect("text");
+    assert!(text.contains("timeout"), "{text}");
+
+    // One that allocates without bound: stopped at its container's memory limit (the default
+    // 1024 MB of a stage), the host unharmed.
+    c.upload(
+        "hog",
+        &[(
+            "f.py",
+            "def f(event):\n    hoard = []\n    while True:\n        hoard.append(bytearray(16 << 20))\n",
+        )],
+    )
+    .await;
+    c.apply("name: dag-hog\nfunctions:\n  - { name: only, handler: hog, timeout: 60s }\n")
+        .await;
+    let r = call("dag-hog", "{}".into()).await.expect("run");
+    assert_eq!(r.status(), 500);
+    let text = r.text().await.expect("text");
+    assert!(text.contains("memory limit"), "{text}");
+    c.stop().await;
+}
+
+/// A handler stage with a `requirements.txt` in the Docker sandbox: the agent builds its
+/// environment with the Python image's own python and pip (in a container, from PyPI: needs the
+/// network), in its data folder, and the stage's container sees it read-only at `/sonic/venv`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_stage_runs_in_its_requirements_environment_in_docker() {
+    let c = Cluster::start_in(SandboxChoice::Docker).await;
+    c.upload(
+        "py-six",
+        &[
+            (
+                "f.py",
+                "import sys, six\ndef f(event):\n    return {'six': six.__version__, 'prefix': sys.prefix}\n",
+            ),
+            ("requirements.txt", "six==1.16.0\n"),
+        ],
+    )
+    .await;
+    c.apply("name: six\nfunctions:\n  - { name: only, handler: py-six, timeout: 120s }\n")
+        .await;
+    let mut built = Vec::new();
+    for _ in 0..2 {
+        let r = c
+            .http
+            .post(c.ol_url("/run/six"))
+            .body("{}")
+            .send()
+            .await
+            .expect("run");
+        let status = r.status();
+        let text = r.text().await.expect("text");
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(v, json!({"six": "1.16.0", "prefix": "/sonic/venv"}));
+        for agent in ["a-1", "a-2"] {
+            let root = c.dir().join(agent).join("handlers/docker-venvs");
+            if let Ok(entries) = std::fs::read_dir(&root) {
+                built.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()));
+            }
+        }
+    }
+    built.sort();
+    built.dedup();
+    assert!(
+        !built.is_empty(),
+        "no environment in an agent's docker-venvs"
+    );
+    for dir in &built {
+        assert!(
+            dir.join("bin/python").exists() && dir.join(".sonic-ready").is_file(),
+            "{}",
+            dir.display()
+        );
+    }
     c.stop().await;
 }

@@ -1400,6 +1400,52 @@ mod tests {
         assert!(close(pr.stages[1].start_s, 12.0));
     }
 
+    /// The plan's per-stage timing splits each stage's time after its last sender into upload,
+    /// wait, fetch and compute, which add up to its predicted end.
+    #[test]
+    fn stage_timing_adds_up_to_the_predicted_ends() {
+        let p = lightgbm(2);
+        let one = |vm, vms| Placement {
+            vm,
+            vms,
+            concurrent: 1,
+        };
+        let a = Assignment {
+            placements: vec![one(0, 1), one(0, 2), one(0, 1)],
+            methods: vec![Method::Remote, Method::Remote],
+        };
+        let pr = p.evaluate(&a).unwrap();
+        let t = crate::planner::timing(&p, &pr);
+        assert_eq!(t.len(), 3);
+        for (x, sp) in t.iter().zip(&pr.stages) {
+            let sum = x.ready_s + x.upload_s + x.wait_s + x.fetch_s + x.compute_s;
+            assert!(close(sum, sp.end_s), "{x:?}");
+            assert!(x.upload_s >= 0.0 && x.wait_s >= 0.0);
+        }
+        assert_eq!(t[0].function, "pca");
+        assert!(close(t[0].ready_s, 0.0) && close(t[0].compute_s, 10.0));
+        // train: ready when pca ended (10 s), 2 s uploading the 1 GB, then 4 s fetching it.
+        assert!(close(t[1].ready_s, 10.0) && close(t[1].upload_s, 2.0));
+        assert!(close(t[1].wait_s, 0.0) && close(t[1].fetch_s, 4.0));
+        assert!(close(t[1].compute_s, 14.0) && close(t[1].end_s, 30.0));
+        // The plan carries it, and its JSON has the terms by name.
+        let plan = crate::planner::Plan::new(&p, &a, &pr);
+        assert_eq!(plan.timing, t);
+        let v = serde_json::to_value(&plan).unwrap();
+        assert_eq!(v["timing"][1]["function"], "train");
+        assert!(close(v["timing"][1]["upload_s"].as_f64().unwrap(), 2.0));
+        // All on one VM by vm-storage: no upload; combine waits for nothing but train.
+        let local = Assignment {
+            placements: vec![one(0, 1), one(0, 1), one(0, 1)],
+            methods: vec![Method::VmStorage, Method::VmStorage],
+        };
+        let pr = p.evaluate(&local).unwrap();
+        for x in crate::planner::timing(&p, &pr) {
+            assert!(close(x.upload_s, 0.0) && close(x.fetch_s, 0.0), "{x:?}");
+            assert!(close(x.ready_s + x.wait_s + x.compute_s, x.end_s), "{x:?}");
+        }
+    }
+
     #[test]
     fn infeasible_vm_storage() {
         let p = lightgbm(6);

@@ -113,12 +113,39 @@ pub struct Predicted {
     pub requests_usd: f64,
 }
 
+/// The model's timing of one stage of a plan, split into the terms an evaluation compares with
+/// what a job measured (docs/evaluation.md, "Prediction quality"): from `ready_s` (its last
+/// sender ended) to `end_s` = `ready_s` + `upload_s` + `wait_s` + `fetch_s` + `compute_s`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageTiming {
+    pub function: String,
+    /// When its last sender's lambdas ended (0 for a stage without inputs).
+    pub ready_s: f64,
+    /// When every input was durable and its VMs were free: it starts fetching.
+    pub start_s: f64,
+    /// The part of `start_s - ready_s` spent uploading a sender's outputs to the store (the
+    /// `remote` edge that made the inputs durable last).
+    pub upload_s: f64,
+    /// The rest of `start_s - ready_s`: its VMs still busy with an earlier stage (vm-storage).
+    pub wait_s: f64,
+    /// Fetching its inputs onto its VMs (the slowest incoming edge).
+    pub fetch_s: f64,
+    /// Compute of the fullest VM: `cold + (batches - 1) * hot`.
+    pub compute_s: f64,
+    pub end_s: f64,
+    pub batches: u32,
+}
+
 /// A plan: placements, methods, prediction.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     pub stages: Vec<PlanStage>,
     pub edges: Vec<PlanEdge>,
     pub predicted: Predicted,
+    /// Per stage, in the plan's stage order, the predicted timing (empty in plans recorded
+    /// before it was reported).
+    #[serde(default)]
+    pub timing: Vec<StageTiming>,
 }
 
 /// What the planner returns.
@@ -146,6 +173,8 @@ pub struct PlanReport {
     pub stages: Vec<PlanStage>,
     pub edges: Vec<PlanEdge>,
     pub predicted: Predicted,
+    /// Per stage, the predicted timing of the plan above.
+    pub timing: Vec<StageTiming>,
     pub second_best: Option<Plan>,
     pub planning_time_us: u64,
     /// Whether the plan is proven optimal (`false`: a limit of the planning budget stopped the
@@ -164,12 +193,44 @@ impl PlanOutcome {
             stages: self.best.stages.clone(),
             edges: self.best.edges.clone(),
             predicted: self.best.predicted,
+            timing: self.best.timing.clone(),
             second_best: self.second_best.clone(),
             planning_time_us,
             exact: self.exact,
             stopped: self.stopped,
         }
     }
+}
+
+/// Each stage's predicted timing, split into terms (see [`StageTiming`]).
+pub fn timing(pb: &PlanProblem, pred: &Prediction) -> Vec<StageTiming> {
+    pb.stages()
+        .iter()
+        .enumerate()
+        .map(|(s, st)| {
+            let sp = &pred.stages[s];
+            let inputs = pb.incoming(s);
+            let end_of = |e: usize| pred.stages.get(pb.edges()[e].from).map_or(0.0, |x| x.end_s);
+            let ready = inputs.iter().map(|&e| end_of(e)).fold(0.0, f64::max);
+            let durable = inputs
+                .iter()
+                .map(|&e| end_of(e) + pred.edges.get(e).map_or(0.0, |t| t.upload_s))
+                .fold(ready, f64::max);
+            let gap = (sp.start_s - ready).max(0.0);
+            let upload = (durable - ready).clamp(0.0, gap);
+            StageTiming {
+                function: st.name.clone(),
+                ready_s: ready,
+                start_s: sp.start_s,
+                upload_s: upload,
+                wait_s: gap - upload,
+                fetch_s: sp.fetch_s,
+                compute_s: sp.compute_s,
+                end_s: sp.end_s,
+                batches: sp.batches,
+            }
+        })
+        .collect()
 }
 
 /// Why no plan came out.
@@ -252,6 +313,7 @@ impl Plan {
                 perf_per_dollar: pred.perf_per_dollar,
                 requests_usd: pred.cost.requests_usd,
             },
+            timing: timing(pb, pred),
         }
     }
 

@@ -27,6 +27,14 @@ def main():
         proto_out.write(json.dumps(obj).encode("utf-8") + b"\n")
         proto_out.flush()
 
+    # The worker's memory bound (SONIC_WORKER_MEMORY bytes of address space, soft and hard, so
+    # the handler cannot raise it): past it an allocation raises MemoryError in the handler.
+    limit = os.environ.pop("SONIC_WORKER_MEMORY", "")
+    if limit:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (int(limit), int(limit)))
+
     sys.path.insert(0, code_dir)
     try:
         spec = importlib.util.spec_from_file_location("f", os.path.join(code_dir, "f.py"))

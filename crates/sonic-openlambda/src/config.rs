@@ -32,6 +32,11 @@ pub struct OpenLambdaConfig {
     pub queue_per_lambda: usize,
     /// The longest building a `requirements.txt` environment (venv and pip) may take.
     pub pip_timeout: Duration,
+    /// The most address space one warm worker may map (`RLIMIT_AS`, set by the runtime before
+    /// it imports `f.py`): past it an allocation raises `MemoryError` in the handler, so a
+    /// handler that allocates without bound fails its call instead of taking the host's
+    /// memory. 0: no limit.
+    pub worker_memory: u64,
 }
 
 impl std::fmt::Debug for OpenLambdaConfig {
@@ -62,6 +67,7 @@ impl OpenLambdaConfig {
             workers_per_lambda: cores.max(2),
             queue_per_lambda: 256,
             pip_timeout: crate::venv::DEFAULT_PIP_TIMEOUT,
+            worker_memory: crate::DEFAULT_WORKER_MEMORY,
         }
     }
 }

@@ -434,6 +434,7 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
     let limits = Limits {
         timeout: h.cfg.timeout,
         max_output: h.cfg.max_output,
+        memory: h.cfg.worker_memory,
     };
     // A warm worker of the current code, or a cold start.
     let taken = {
@@ -750,6 +751,8 @@ pub async fn start(cfg: OpenLambdaConfig) -> Result<Running, StartError> {
 
 /// The default timeout of a call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The address space a warm worker may map by default (2 GiB).
+pub const DEFAULT_WORKER_MEMORY: u64 = 2 << 30;
 
 impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

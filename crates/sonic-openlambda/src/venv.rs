@@ -194,14 +194,41 @@ pub enum VenvError {
     Io(#[from] std::io::Error),
 }
 
+/// A build of one environment somewhere else than with a host interpreter (e.g. in a
+/// container of the image its runs will use): called with the environment's folder (not there
+/// yet), pip's cache folder and the pins; it makes the folder and installs the pins into it.
+/// Dropping its future must stop the build (the time bound drops it).
+pub type BuildFn = Arc<
+    dyn Fn(
+            PathBuf,
+            PathBuf,
+            Requirements,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), VenvError>> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// The environments of one host: `<root>/<sha256>/`, pip's cache in `pip_cache`.
-#[derive(Debug)]
 pub struct Venvs {
     root: PathBuf,
     pip_cache: PathBuf,
     python: PathBuf,
     timeout: Duration,
+    builder: Option<BuildFn>,
     builds: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl std::fmt::Debug for Venvs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Venvs")
+            .field("root", &self.root)
+            .field("pip_cache", &self.pip_cache)
+            .field("python", &self.python)
+            .field("timeout", &self.timeout)
+            .field("builder", &self.builder.as_ref().map(|_| "custom"))
+            .finish()
+    }
 }
 
 /// The last `n` non-empty lines of `bytes`.
@@ -242,8 +269,28 @@ impl Venvs {
             pip_cache,
             python,
             timeout,
+            builder: None,
             builds: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Environments under `root` made by `builder` instead of a host interpreter (the same
+    /// markers, time bound and one-build-per-set as [`Venvs::new`]).
+    pub fn with_builder(
+        root: PathBuf,
+        pip_cache: PathBuf,
+        builder: BuildFn,
+        timeout: Duration,
+    ) -> Venvs {
+        Venvs {
+            builder: Some(builder),
+            ..Venvs::new(root, pip_cache, PathBuf::from("python3"), timeout)
+        }
+    }
+
+    /// The folder of `reqs`'s environment (it may not be built yet).
+    pub fn dir_of(&self, reqs: &Requirements) -> PathBuf {
+        self.root.join(reqs.sha256())
     }
 
     /// The interpreter of `reqs`'s environment (it may not be built yet).
@@ -275,6 +322,7 @@ impl Venvs {
             python: self.python.clone(),
             timeout: self.timeout,
             reqs: reqs.clone(),
+            builder: self.builder.clone(),
         };
         let task = tokio::spawn(async move {
             let _one = lock.lock().await;
@@ -295,6 +343,7 @@ struct Build {
     python: PathBuf,
     timeout: Duration,
     reqs: Requirements,
+    builder: Option<BuildFn>,
 }
 
 impl Build {
@@ -307,7 +356,13 @@ impl Build {
         tokio::fs::create_dir_all(&self.root).await?;
         tokio::fs::create_dir_all(&self.pip_cache).await?;
         let t0 = std::time::Instant::now();
-        let built = tokio::time::timeout(self.timeout, self.build())
+        let build: std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<(), VenvError>> + Send + '_>,
+        > = match &self.builder {
+            Some(b) => b(self.dir.clone(), self.pip_cache.clone(), self.reqs.clone()),
+            None => Box::pin(self.build()),
+        };
+        let built = tokio::time::timeout(self.timeout, build)
             .await
             .unwrap_or(Err(VenvError::Timeout(self.timeout)));
         match built {

@@ -43,6 +43,8 @@ pub struct Limits {
     pub timeout: Duration,
     /// The largest result line read back.
     pub max_output: usize,
+    /// The worker's address space (`RLIMIT_AS`), bytes; 0: no limit.
+    pub memory: u64,
 }
 
 impl Worker {
@@ -72,6 +74,11 @@ impl Worker {
         }
         cmd.env("PYTHONDONTWRITEBYTECODE", "1");
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        // Read (and removed from the handler's environment) by the runtime, which sets it as
+        // its RLIMIT_AS before it imports f.py.
+        if limits.memory > 0 {
+            cmd.env("SONIC_WORKER_MEMORY", limits.memory.to_string());
+        }
         let mut child = cmd
             .spawn()
             .map_err(|e| CallError::Worker(format!("cannot start {}: {e}", python.display())))?;

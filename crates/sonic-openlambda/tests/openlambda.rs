@@ -181,6 +181,36 @@ async fn warm_worker_keeps_its_import_and_sees_ol_yaml() -> Res {
     Ok(())
 }
 
+/// A handler that allocates without bound meets its worker's memory bound (`worker_memory`,
+/// RLIMIT_AS): the call fails with `MemoryError` in its traceback, the host keeps its memory,
+/// and the worker answers the next call.
+#[tokio::test]
+async fn a_handler_that_allocates_without_bound_fails_with_memory_error() -> Res {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(dir.path());
+    cfg.worker_memory = 512 << 20;
+    let ol = sonic_openlambda::start(cfg).await?;
+    let code = "import resource\nhoard = []\ndef f(event):\n    if event == 'limit':\n        return resource.getrlimit(resource.RLIMIT_AS)\n    if event == 'hog':\n        while True:\n            hoard.append(bytearray(16 << 20))\n    hoard.clear()\n    return 'ok'\n";
+    assert_eq!(
+        upload(&ol, "hog", tarball(&[("f.py", code)], "")?).await?.0,
+        201
+    );
+    let limit = 512u64 << 20;
+    assert_eq!(
+        run(&ol, "hog", &serde_json::json!("limit")).await?,
+        (200, format!("[{limit},{limit}]"))
+    );
+    let (status, body) = run(&ol, "hog", &serde_json::json!("hog")).await?;
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("MemoryError"), "{body}");
+    assert_eq!(
+        run(&ol, "hog", &serde_json::json!("x")).await?,
+        (200, "\"ok\"".into())
+    );
+    ol.stop().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn exceptions_timeouts_and_output_bounds() -> Res {
     let dir = tempfile::tempdir()?;

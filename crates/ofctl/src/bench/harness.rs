@@ -248,6 +248,30 @@ pub fn control_plane_s(s: &JobSummary) -> f64 {
     busy(s).map_or(0.0, |b| idle_within(&b, 0.0, s.latency_s.max(0.0)))
 }
 
+/// A job's instants in emulated time, as [`emulated`] counts its latency: the time before `t`
+/// when no instance was out on an agent as measured, the rest divided by `d`; so the clock at
+/// the job's end reads its emulated latency.
+#[derive(Debug, Clone)]
+pub struct Clock {
+    busy: Vec<(f64, f64)>,
+    d: f64,
+}
+
+impl Clock {
+    /// `None` when the summary does not say when its instances ran.
+    pub fn of(s: &JobSummary, d: f64) -> Option<Clock> {
+        let d = if d.is_finite() && d >= 1.0 { d } else { 1.0 };
+        Some(Clock { busy: busy(s)?, d })
+    }
+
+    /// `t` seconds after the job started (measured), in emulated time.
+    pub fn at(&self, t: f64) -> f64 {
+        let t = t.max(0.0);
+        let idle = idle_within(&self.busy, 0.0, t).min(t);
+        idle + (t - idle) / self.d
+    }
+}
+
 /// `s` in emulated time on a cluster dilated by `d` (>= 1; 1 leaves the figures as they are).
 pub fn emulated(s: &JobSummary, d: f64) -> Emulated {
     let d = if d.is_finite() && d >= 1.0 { d } else { 1.0 };

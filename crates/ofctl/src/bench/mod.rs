@@ -11,8 +11,10 @@
 //! the real runs) and runs the paper-scale experiments (Fig. 6, 9, 14, 15).
 
 pub mod apps;
+pub mod explain;
 pub mod fig10;
 pub mod harness;
+pub mod predictions;
 pub mod report;
 pub mod sim;
 pub mod stats;
@@ -407,6 +409,9 @@ pub struct Results {
     /// The time dilation factor of the cluster the cluster experiments ran on (1: none, also
     /// before one ran); what is recorded here is already in emulated time.
     pub dilation: f64,
+    /// Every measured job's time per stage, predicted and measured (in the order of `rows`;
+    /// a job whose summary does not say when its instances ran has none).
+    pub times: Vec<explain::JobTimes>,
 }
 
 /// `ofctl bench`.
@@ -794,6 +799,11 @@ async fn record(
     match run_job(client, job).await {
         Ok(s) if s.status == JobStatus::Succeeded => {
             let row = Row::from_summary(experiment, variant, policy, &s, results.dilation);
+            results.times.extend(explain::job_times(
+                (experiment, variant, policy),
+                &s,
+                results.dilation,
+            ));
             eprintln!(
                 "[{experiment} {k}/{total}] {app} {variant} {policy}: {:.2} s ${:.7} ({}; {})",
                 row.latency_s,

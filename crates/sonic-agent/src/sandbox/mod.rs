@@ -53,6 +53,21 @@ pub struct RunSpec {
     /// past it the instance is killed and reported as `OutputQuotaExceeded`. No single file may
     /// grow past it either (`RLIMIT_FSIZE`). `u64::MAX` for no quota.
     pub output_quota_bytes: u64,
+    /// Host folders shown read-only to the instance, besides its input and output folders (a
+    /// Python handler's code, runtime and environment): the Docker sandbox binds each at its
+    /// `container` path; the process sandbox runs on the host, where the command names the host
+    /// paths, and ignores them.
+    pub mounts: Vec<Mount>,
+}
+
+/// A host folder bound read-only into an instance's container.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Mount {
+    /// The folder on the host.
+    pub host: PathBuf,
+    /// Where the instance sees it: an absolute path outside `/sonic/in`, `/sonic/out` and the
+    /// launcher's control folder.
+    pub container: String,
 }
 
 /// How an instance ended.

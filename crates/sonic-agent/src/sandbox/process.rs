@@ -894,6 +894,7 @@ mod tests {
             cpus: 1.0,
             timeout: Duration::from_secs(1),
             output_quota_bytes: u64::MAX,
+            mounts: Vec::new(),
         }
     }
 
