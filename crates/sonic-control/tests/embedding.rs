@@ -1,11 +1,18 @@
 //! The example host platform (`examples/host`, the same modules compiled here): the control
-//! plane embedded as a library with the host's own resource manager, which starts `sonic-agent`
-//! processes (process sandbox) on demand and stops them when idle. A DAG of the repository
+//! plane embedded as a library with the host's own resource manager, which starts agents on
+//! demand and stops them when idle: `sonic-agent` processes (process sandbox), or containers of
+//! the agent image on a network of their own (process sandbox inside). A DAG of the repository
 //! (`dags/synthetic-chain.yaml`) runs three profiling jobs, then, once every agent was stopped,
 //! a planned job whose grant starts agents again.
+//!
+//! The container variant needs a Docker engine and the image `sonic-agent-host:latest`
+//! (`bash deploy/images/build.sh`, which CI runs before the tests); without them it says so
+//! loudly and passes without running (`SONIC_CONTAINER_TESTS=1` makes that a failure).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
+#[path = "../examples/host/containers.rs"]
+mod containers;
 #[path = "../examples/host/on_demand.rs"]
 mod on_demand;
 #[path = "../examples/host/platform.rs"]
@@ -49,21 +56,140 @@ fn started(events: &[Event]) -> Vec<(&str, &str)> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_host_starts_agents_on_demand_and_stops_them_when_idle() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let opts = platform::Options {
+/// The scenario's options: small jobs, a short idle period.
+fn scenario(dir: &Path) -> platform::Options {
+    platform::Options {
         agent_bin: agent_bin().to_path_buf(),
         lambda_dir: support::lambda_dir().to_path_buf(),
-        dir: dir.path().to_path_buf(),
+        dir: dir.to_path_buf(),
         dag: std::fs::read_to_string(workspace().join("dags/synthetic-chain.yaml"))
             .expect("dags/synthetic-chain.yaml"),
-        params: json!({ "compute_ms": 5, "alloc_mb": 4, "output_bytes": 20000 }),
+        params: json!({ "compute_ms": 5, "alloc_mb": 4, "output_bytes": OUTPUT_BYTES }),
         sizes: vec![10_000, 30_000, 50_000],
         idle: Duration::from_millis(300),
         patience: Duration::from_secs(120),
-    };
+        containers: None,
+    }
+}
+
+/// What the last function of synthetic-chain writes (`output_bytes`).
+const OUTPUT_BYTES: usize = 20_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_starts_agents_on_demand_and_stops_them_when_idle() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = scenario(dir.path());
     let out = platform::run(&opts).await.expect("the host runs the DAG");
+    check(&out, dir.path()).await;
+    assert!(
+        out.events.iter().all(|e| !matches!(
+            e,
+            Event::Started {
+                limits: Some(_),
+                ..
+            }
+        )),
+        "processes have no container limits: {:?}",
+        out.events
+    );
+    assert!(out.containers.is_none());
+}
+
+/// Docker and the agent image, or why not.
+async fn docker_with_image(image: &str) -> Result<bollard::Docker, String> {
+    let docker = containers::connect(Duration::from_secs(3)).await?;
+    containers::check_image(&docker, image).await?;
+    Ok(docker)
+}
+
+/// Docker with the agent image, or `None` after a loud message (a failure with
+/// `SONIC_CONTAINER_TESTS=1`).
+async fn docker_or_skip(image: &str) -> Option<bollard::Docker> {
+    match docker_with_image(image).await {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("SONIC_CONTAINER_TESTS").is_ok_and(|v| v == "1") => {
+            panic!("SONIC_CONTAINER_TESTS=1 and {e}")
+        }
+        Err(e) => {
+            eprintln!(
+                "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+                 !!! SKIPPED: agents as containers: {e}\n\
+                 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+            );
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_starts_agent_containers_on_demand_and_removes_them_when_idle() {
+    let image = containers::DEFAULT_IMAGE;
+    let Some(docker) = docker_or_skip(image).await else {
+        return;
+    };
+    let engine_cpus = docker
+        .info()
+        .await
+        .expect("docker info")
+        .ncpu
+        .expect("ncpu") as u64;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut opts = scenario(dir.path());
+    opts.containers = Some(containers::ContainerOptions {
+        image: image.into(),
+        // The agent of this tree (the image gives the filesystem): a stale image does not
+        // test old code.
+        agent_bin: Some(agent_bin().to_path_buf()),
+        ..containers::ContainerOptions::default()
+    });
+    let out = platform::run(&opts).await.expect("the host runs the DAG");
+    check(&out, dir.path()).await;
+
+    // Every start was a container, limited to its machine's vCPUs (at most the engine's) and
+    // memory, as Docker reports them.
+    let machines = platform::machines();
+    for e in &out.events {
+        if let Event::Started { agent, limits, .. } = e {
+            let m = machines.iter().find(|m| &m.id == agent).expect("a machine");
+            let limits = limits.expect("a container's limits");
+            assert_eq!(
+                limits.millicpus,
+                u64::from(m.vcpus).min(engine_cpus) * 1000,
+                "{agent}"
+            );
+            assert_eq!(limits.memory_mb, m.memory_mb, "{agent}");
+        }
+    }
+    // The agents' logs were kept on the host when their containers were removed, and say
+    // they reached the control plane on the gateway: no report push failed.
+    for (agent, _) in started(&out.events) {
+        let log = dir.path().join("agents").join(agent).join("agent.log");
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            text.contains("agent listening"),
+            "{}: {text}",
+            log.display()
+        );
+        assert!(!text.contains("report push"), "{}: {text}", log.display());
+    }
+
+    // Nothing is left: no container of the run, running or not, and no network.
+    let (run, network) = out.containers.clone().expect("a container run");
+    assert!(network.starts_with("sonic-host-"), "{network}");
+    let left = containers::list_run(&docker, &run)
+        .await
+        .expect("docker ps");
+    assert!(left.is_empty(), "containers left: {left:?}");
+    assert!(
+        !containers::network_exists(&docker, &network)
+            .await
+            .expect("network inspect"),
+        "the network {network} is left"
+    );
+}
+
+/// What both variants assert about the scenario's outcome.
+async fn check(out: &platform::Outcome, dir: &Path) {
     let events = &out.events;
 
     // Every job succeeded: three profiling jobs taught the models, the fourth was planned.
@@ -87,6 +213,27 @@ async fn the_host_starts_agents_on_demand_and_stops_them_when_idle() {
             JobMode::Planned
         ]
     );
+
+    // Every job's result is c's output, every byte as the lambda writes it.
+    let store = sonic_storage::local::LocalStore::new(dir.join("store")).expect("store");
+    for s in &out.summaries {
+        assert_eq!(s.outputs.len(), 1, "{}: {:?}", s.job_id, s.outputs);
+        let key = s.outputs[0]
+            .strip_prefix("store://")
+            .unwrap_or_else(|| panic!("{}: {:?}", s.job_id, s.outputs));
+        let bytes = sonic_storage::ObjectStore::get_bytes(&store, key)
+            .await
+            .expect("the job's output");
+        let want: Vec<u8> = (0..OUTPUT_BYTES as u64)
+            .map(|k| (k.wrapping_mul(31) % 251) as u8)
+            .collect();
+        assert!(
+            bytes[..] == want[..],
+            "{}: {key}: {} bytes",
+            s.job_id,
+            bytes.len()
+        );
+    }
 
     // On demand: nothing ran before the first job; its first instance started an agent.
     let first = &out.summaries[0].job_id;
@@ -226,6 +373,7 @@ fn manager(dir: &Path) -> on_demand::OnDemand {
             agent_token: "agent-token-0123456789abcdef".into(),
             file_key: "file-key-0123456789abcdef".into(),
             start_timeout: Duration::from_secs(30),
+            containers: None,
         },
         Duration::from_secs(3600),
     )
@@ -293,4 +441,58 @@ async fn a_grant_starts_distinct_machines_and_gives_a_vm_storage_receiver_its_se
     m.release("j-pair");
     m.stop_all().await;
     assert!(m.running().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_not_cleaned_up_are_removed_with_their_network_when_dropped() {
+    let image = containers::DEFAULT_IMAGE;
+    let Some(docker) = docker_or_skip(image).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = containers::Containers::setup(containers::ContainerOptions {
+        image: image.into(),
+        agent_bin: Some(agent_bin().to_path_buf()),
+        ..containers::ContainerOptions::default()
+    })
+    .await
+    .expect("setup");
+    let (run, network) = (c.run.clone(), c.network.clone());
+    let agent = containers::AgentContainer {
+        id: "host-1".into(),
+        ip: c.address(0).expect("an address"),
+        vm_type: "m5.large".into(),
+        vcpus: 2,
+        memory_mb: 512,
+        data_dir: dir.path().join("agent"),
+        store_dir: dir.path().join("store"),
+        lambda_dirs: vec![support::lambda_dir().to_path_buf()],
+        agent_token: "agent-token-0123456789abcdef".into(),
+        file_key: "file-key-0123456789abcdef".into(),
+    };
+    std::fs::create_dir_all(&agent.store_dir).expect("store");
+    let name = c.start(&agent).await.expect("a container starts");
+    assert_eq!(
+        containers::list_run(&docker, &run)
+            .await
+            .expect("docker ps"),
+        [name]
+    );
+    assert!(
+        containers::network_exists(&docker, &network)
+            .await
+            .expect("inspect")
+    );
+    // Dropped without `cleanup` (as when the host fails on its way): the guard removes both.
+    drop(c);
+    let left = containers::list_run(&docker, &run)
+        .await
+        .expect("docker ps");
+    assert!(left.is_empty(), "containers left: {left:?}");
+    assert!(
+        !containers::network_exists(&docker, &network)
+            .await
+            .expect("inspect"),
+        "the network {network} is left"
+    );
 }

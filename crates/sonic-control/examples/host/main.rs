@@ -1,12 +1,16 @@
 //! A host platform that embeds the Sonic control plane as a library and decides itself where
-//! jobs run: its [`on_demand::OnDemand`] resource manager starts `sonic-agent` processes when
-//! a job needs them and stops them when idle (docs/embedding.md walks through it).
+//! jobs run: its [`on_demand::OnDemand`] resource manager starts agents when a job needs them,
+//! as `sonic-agent` processes or as containers of the agent image (`--launch container`), and
+//! stops them when idle (docs/embedding.md walks through it).
 //!
 //! ```sh
 //! cargo build -p sonic-agent --bin sonic-agent && cargo build -p sonic-lambdas --bin synthetic
 //! cargo run -p sonic-control --example host -- --dag dags/synthetic-chain.yaml
+//! bash deploy/images/build.sh           # the agent image, for --launch container
+//! cargo run -p sonic-control --example host -- --launch container
 //! ```
 
+mod containers;
 mod on_demand;
 mod platform;
 
@@ -37,6 +41,25 @@ struct Args {
     /// An agent nobody holds for this long is stopped, milliseconds.
     #[arg(long, default_value_t = 2000)]
     idle_ms: u64,
+    /// How agents start: as processes, as containers of --image (Docker must answer), or auto
+    /// (containers when Docker answers and has the image, else processes).
+    #[arg(long, value_enum, default_value_t = Launch::Process)]
+    launch: Launch,
+    /// The agent image (containers).
+    #[arg(long, default_value = containers::DEFAULT_IMAGE)]
+    image: String,
+    /// Containers run the `sonic-agent` of --agent-bin (mounted read-only) instead of the
+    /// image's.
+    #[arg(long)]
+    mount_agent: bool,
+}
+
+/// How the host starts its agents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Launch {
+    Process,
+    Container,
+    Auto,
 }
 
 #[tokio::main]
@@ -56,8 +79,31 @@ async fn main() -> anyhow::Result<()> {
         .context("this program is not in a target folder")?
         .to_path_buf();
     let dir = tempfile::tempdir().context("a folder for the run")?;
+    let agent_bin = args.agent_bin.unwrap_or_else(|| target.join("sonic-agent"));
+    let containers = containers::ContainerOptions {
+        image: args.image.clone(),
+        agent_bin: args.mount_agent.then(|| agent_bin.clone()),
+        ..containers::ContainerOptions::default()
+    };
+    let containers = match args.launch {
+        Launch::Process => None,
+        Launch::Container => Some(containers),
+        Launch::Auto => {
+            let usable = match containers::connect(Duration::from_secs(3)).await {
+                Ok(docker) => containers::check_image(&docker, &args.image).await,
+                Err(e) => Err(e),
+            };
+            match usable {
+                Ok(()) => Some(containers),
+                Err(e) => {
+                    eprintln!("host: agents as processes: {e}");
+                    None
+                }
+            }
+        }
+    };
     let opts = platform::Options {
-        agent_bin: args.agent_bin.unwrap_or_else(|| target.join("sonic-agent")),
+        agent_bin,
         lambda_dir: args.lambda_dir.unwrap_or(target),
         dir: dir.path().to_path_buf(),
         dag: std::fs::read_to_string(&args.dag)
@@ -66,6 +112,7 @@ async fn main() -> anyhow::Result<()> {
         sizes: args.sizes,
         idle: Duration::from_millis(args.idle_ms),
         patience: Duration::from_secs(300),
+        containers,
     };
     let outcome = platform::run(&opts).await?;
     for s in &outcome.summaries {
@@ -90,6 +137,9 @@ async fn main() -> anyhow::Result<()> {
         println!("  {e:?}");
     }
     println!("running at the end: {:?}", outcome.running_at_end);
+    if let Some((run, network)) = &outcome.containers {
+        println!("removed: the containers labelled sonic.host.run={run} and the network {network}");
+    }
     Ok(())
 }
 

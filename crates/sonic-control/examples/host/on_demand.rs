@@ -1,5 +1,6 @@
 //! A host platform's [`ResourceManager`]: agents started on demand, as child processes of the
-//! host (the `sonic-agent` binary with the process sandbox), and stopped once idle.
+//! host (the `sonic-agent` binary with the process sandbox) or as containers of the agent image
+//! ([`crate::containers`], when [`Launcher::containers`] is set), and stopped once idle.
 //!
 //! The host owns an inventory of machines ([`Machine`]): it registers each with the control
 //! plane once, with the URL its agent will listen at, and keeps them registered by
@@ -24,6 +25,8 @@ use sonic_control::resources::{
     Answer, BoxFuture, Grant, Offer, ResourceError, ResourceManager, Slot,
 };
 
+use crate::containers::{AGENT_PORT, AgentContainer, Containers, Limits};
+
 /// A machine of the host's inventory: one agent, standing for one VM of `vm_type`.
 #[derive(Debug, Clone)]
 pub struct Machine {
@@ -37,10 +40,10 @@ pub struct Machine {
     pub memory_mb: u64,
 }
 
-/// How the host starts an agent process.
+/// How the host starts an agent: a process, or a container when `containers` is set.
 #[derive(Debug, Clone)]
 pub struct Launcher {
-    /// The `sonic-agent` binary.
+    /// The `sonic-agent` binary (processes only).
     pub agent_bin: PathBuf,
     /// Where the lambdas' executables are (the process sandbox's `PATH`).
     pub lambda_dirs: Vec<PathBuf>,
@@ -54,34 +57,51 @@ pub struct Launcher {
     pub file_key: String,
     /// How long an agent may take to answer its health check after it was started.
     pub start_timeout: Duration,
+    /// Agents as containers on this run's network (its `i`-th machine at its `i`-th address)
+    /// instead of processes.
+    pub containers: Option<Arc<Containers>>,
 }
 
 /// What the host did, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// An agent process started, for `why` (a job's grant or one of its instances).
+    /// An agent started, for `why` (a job's grant or one of its instances).
     Started {
         /// The agent.
         agent: String,
         /// For what.
         why: String,
-        /// From starting the process to its first healthy answer, milliseconds.
+        /// From starting the process (creating the container) to its first healthy answer,
+        /// milliseconds.
         took_ms: u64,
+        /// A container's CPU quota and memory limit, as Docker reports them (`None`: a process).
+        limits: Option<Limits>,
     },
-    /// An agent process was stopped after being idle.
+    /// An agent was stopped after being idle (its container removed).
     Stopped {
         /// The agent.
         agent: String,
     },
 }
 
-/// One machine and its agent process, if running.
+/// An agent that runs.
+#[derive(Debug)]
+enum Agent {
+    /// A child process.
+    Process(tokio::process::Child),
+    /// A container, by name.
+    Container(String),
+}
+
+/// One machine and its agent, if running.
 #[derive(Debug)]
 struct Node {
     machine: Machine,
     url: String,
     port: u16,
-    process: tokio::sync::Mutex<Option<tokio::process::Child>>,
+    /// Its container's address (agents as containers).
+    ip: Option<std::net::Ipv4Addr>,
+    process: tokio::sync::Mutex<Option<Agent>>,
 }
 
 /// Who holds what, shared by the manager's calls and the background task.
@@ -93,7 +113,7 @@ struct Book {
     idle_since: HashMap<String, Instant>,
     /// Per job: the agents it holds (an agent once, however many of its VMs it is).
     jobs: HashMap<String, Vec<String>>,
-    /// Agents whose process runs.
+    /// Agents that run.
     running: HashSet<String>,
     events: Vec<Event>,
 }
@@ -121,23 +141,36 @@ enum NoFit {
 }
 
 impl OnDemand {
-    /// A manager over `machines`, each given a loopback port for its agent now; agents idle
-    /// for `idle` are stopped.
+    /// A manager over `machines`, each given its agent's address now: a loopback port (the
+    /// agent as a process) or an address on the containers' network; agents idle for `idle`
+    /// are stopped.
     pub fn new(
         machines: Vec<Machine>,
         launcher: Launcher,
         idle: Duration,
     ) -> std::io::Result<Self> {
         let mut nodes = Vec::with_capacity(machines.len());
-        for machine in machines {
-            // A free port now, for the agent to bind later: the URL the control plane knows
-            // must not change between starts.
+        for (i, machine) in machines.into_iter().enumerate() {
+            // The URL the control plane knows must not change between starts: a free port
+            // now, for the agent to bind later, or the container's fixed address.
+            if let Some(c) = &launcher.containers {
+                let ip = c.address(i).map_err(std::io::Error::other)?;
+                nodes.push(Node {
+                    url: format!("http://{ip}:{AGENT_PORT}"),
+                    port: AGENT_PORT,
+                    ip: Some(ip),
+                    machine,
+                    process: tokio::sync::Mutex::new(None),
+                });
+                continue;
+            }
             let port = std::net::TcpListener::bind(("127.0.0.1", 0))?
                 .local_addr()?
                 .port();
             nodes.push(Node {
                 url: format!("http://127.0.0.1:{port}"),
                 port,
+                ip: None,
                 machine,
                 process: tokio::sync::Mutex::new(None),
             });
@@ -224,14 +257,14 @@ impl OnDemand {
         self.host.book().events.clone()
     }
 
-    /// The agents whose process runs now, by id.
+    /// The agents that run now, by id.
     pub fn running(&self) -> Vec<String> {
         let mut r: Vec<String> = self.host.book().running.iter().cloned().collect();
         r.sort();
         r
     }
 
-    /// Stops every agent process (the host is shutting down).
+    /// Stops every agent (the host is shutting down).
     pub async fn stop_all(&self) {
         for n in &self.host.nodes {
             self.host.stop(n).await;
@@ -343,28 +376,115 @@ impl Host {
             .node(id)
             .ok_or_else(|| format!("agent {id} is not one of this host's"))?;
         let mut process = node.process.lock().await;
-        if let Some(child) = process.as_mut() {
-            match child.try_wait() {
+        match process.as_mut() {
+            Some(Agent::Process(child)) => match child.try_wait() {
                 Ok(None) => return Ok(false),
                 Ok(Some(status)) => {
                     tracing::warn!(agent = id, %status, "agent process had exited: starting it again");
                 }
                 Err(e) => return Err(format!("agent {id}: {e}")),
+            },
+            Some(Agent::Container(name)) => {
+                let c = self.containers()?;
+                match c.running(name).await {
+                    Ok(true) => return Ok(false),
+                    Ok(false) => {
+                        tracing::warn!(agent = id, "agent container is gone: starting it again")
+                    }
+                    Err(e) => {
+                        tracing::warn!(agent = id, error = %e, "agent container had stopped: starting it again")
+                    }
+                }
             }
+            None => {}
         }
         let since = Instant::now();
-        let child = self.spawn(node).await?;
+        let (agent, limits) = if self.launcher.containers.is_some() {
+            let name = self.start_container(node).await?;
+            let limits = self.containers()?.limits(&name).await?;
+            (Agent::Container(name), Some(limits))
+        } else {
+            (Agent::Process(self.spawn(node).await?), None)
+        };
         let took_ms = since.elapsed().as_millis() as u64;
-        *process = Some(child);
+        *process = Some(agent);
         let mut book = self.book();
         book.running.insert(id.to_owned());
         book.events.push(Event::Started {
             agent: id.to_owned(),
             why: why.to_owned(),
             took_ms,
+            limits,
         });
         tracing::info!(agent = id, why, took_ms, "agent started on demand");
         Ok(true)
+    }
+
+    fn containers(&self) -> Result<&Containers, String> {
+        self.launcher
+            .containers
+            .as_deref()
+            .ok_or_else(|| "this host runs its agents as processes".to_owned())
+    }
+
+    /// Starts the container of `node` and waits until its agent answers its health check.
+    async fn start_container(&self, node: &Node) -> Result<String, String> {
+        let c = self.containers()?;
+        let l = &self.launcher;
+        let m = &node.machine;
+        let ip = node
+            .ip
+            .ok_or_else(|| format!("agent {} has no container address", m.id))?;
+        let spec = AgentContainer {
+            id: m.id.clone(),
+            ip,
+            vm_type: m.vm_type.clone(),
+            vcpus: m.vcpus,
+            memory_mb: m.memory_mb,
+            data_dir: l.data_dir.join(&m.id).join("data"),
+            store_dir: l.store_dir.clone(),
+            lambda_dirs: l.lambda_dirs.clone(),
+            agent_token: l.agent_token.clone(),
+            file_key: l.file_key.clone(),
+        };
+        let name = c.start(&spec).await?;
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + l.start_timeout;
+        let mut checked = Instant::now();
+        loop {
+            let healthy = http
+                .get(format!("{}/v1/health", node.url))
+                .timeout(Duration::from_secs(1))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if healthy {
+                return Ok(name);
+            }
+            // An agent that exits at start (a bad setting, a missing library) says why in
+            // its log; asking the engine every 200 ms keeps the poll cheap.
+            if checked.elapsed() >= Duration::from_millis(200) {
+                checked = Instant::now();
+                if let Err(e) = c.running(&name).await {
+                    c.stop(&name, &self.log_of(m)).await;
+                    return Err(format!("agent {}: {e}", m.id));
+                }
+            }
+            if Instant::now() > deadline {
+                let logs = c.logs(&name).await;
+                c.stop(&name, &self.log_of(m)).await;
+                return Err(format!(
+                    "agent {} (container {name}) did not answer at {} within {:?}{logs}",
+                    m.id, node.url, l.start_timeout
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Where an agent's log is kept on the host.
+    fn log_of(&self, m: &Machine) -> PathBuf {
+        self.launcher.data_dir.join(&m.id).join("agent.log")
     }
 
     /// Runs `sonic-agent` for `node` and waits until it answers its health check.
@@ -447,13 +567,22 @@ impl Host {
         self.kill(node, &mut process).await;
     }
 
-    /// Kills the agent process in `process`, if any (the caller holds the node's lock).
-    async fn kill(&self, node: &Node, process: &mut Option<tokio::process::Child>) {
-        let Some(mut child) = process.take() else {
-            return;
-        };
-        if let Err(e) = child.kill().await {
-            tracing::warn!(agent = %node.machine.id, error = %e, "cannot stop the agent");
+    /// Stops the agent in `process`, if any: kills its process, or stops and removes its
+    /// container (the caller holds the node's lock).
+    async fn kill(&self, node: &Node, process: &mut Option<Agent>) {
+        match process.take() {
+            None => return,
+            Some(Agent::Process(mut child)) => {
+                if let Err(e) = child.kill().await {
+                    tracing::warn!(agent = %node.machine.id, error = %e, "cannot stop the agent");
+                }
+            }
+            Some(Agent::Container(name)) => match self.containers() {
+                Ok(c) => c.stop(&name, &self.log_of(&node.machine)).await,
+                Err(e) => {
+                    tracing::warn!(agent = %node.machine.id, error = %e, "cannot stop the agent")
+                }
+            },
         }
         let mut book = self.book();
         book.running.remove(&node.machine.id);

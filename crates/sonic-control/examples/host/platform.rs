@@ -3,7 +3,9 @@
 //! library in this process, registers its machines, then runs a DAG: profiling jobs first (their
 //! instances start agents through [`sonic_control::resources::ResourceManager::slot`]), then,
 //! once every agent went idle and was stopped, a job planned with what they taught the models
-//! (its grant starts agents again).
+//! (its grant starts agents again). Agents are processes, or containers on a network made for
+//! the run ([`Options::containers`]); the control plane then listens on that network's gateway,
+//! and every container and the network are removed at the end, whatever happened.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,12 +14,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
-use sonic_api::control::JobSummary;
+use sonic_api::control::{JobStatus, JobSummary};
 use sonic_control::{ControlConfig, JobsConfig, Runtime, SystemClock, start_with_jobs};
 use sonic_core::catalog::Catalog;
 use sonic_storage::ObjectStore;
 use sonic_storage::local::LocalStore;
 
+use crate::containers::{ContainerOptions, Containers};
 use crate::on_demand::{Event, Launcher, Machine, OnDemand};
 
 /// The VM types of the host's machines, as the planner sees them.
@@ -50,6 +53,8 @@ pub struct Options {
     pub idle: Duration,
     /// How long to wait for a job, or for the agents to stop.
     pub patience: Duration,
+    /// Agents as containers of this image (`None`: as processes).
+    pub containers: Option<ContainerOptions>,
 }
 
 /// What happened.
@@ -63,6 +68,9 @@ pub struct Outcome {
     pub before_planned: usize,
     /// The agents still running at the end (all were idle long enough to stop: none).
     pub running_at_end: Vec<String>,
+    /// Agents as containers: the run's id (label `sonic.host.run`) and its network's name, both
+    /// removed by now.
+    pub containers: Option<(String, String)>,
 }
 
 /// The inventory: machines the host can start agents on.
@@ -87,10 +95,42 @@ fn secret() -> String {
 
 /// Runs the whole scenario (see the module's documentation).
 pub async fn run(opts: &Options) -> anyhow::Result<Outcome> {
+    let containers = match &opts.containers {
+        Some(c) => Some(Arc::new(
+            Containers::setup(c.clone())
+                .await
+                .map_err(anyhow::Error::msg)?,
+        )),
+        None => None,
+    };
+    let outcome = run_with(opts, containers.clone()).await;
+    let Some(c) = containers else {
+        return outcome;
+    };
+    // Whatever happened: the run's containers and its network go (dropping the last handle
+    // would too, but here the error is seen).
+    let cleaned = c.cleanup().await;
+    let mut outcome = outcome?;
+    cleaned.map_err(|e| anyhow::anyhow!("cleaning up: {e}"))?;
+    let left = c.leftovers().await.map_err(anyhow::Error::msg)?;
+    if !left.is_empty() {
+        bail!("left after cleaning up: {}", left.join(", "));
+    }
+    outcome.containers = Some((c.run.clone(), c.network.clone()));
+    Ok(outcome)
+}
+
+async fn run_with(opts: &Options, containers: Option<Arc<Containers>>) -> anyhow::Result<Outcome> {
     let store_dir = opts.dir.join("store");
     let store = Arc::new(LocalStore::new(&store_dir).context("object store")?);
     let catalog = Catalog::from_yaml(CATALOG).context("catalog")?;
     let (api_token, agent_token, file_key) = (secret(), secret(), secret());
+    // Containers reach the control plane (their reports) at the host's address on their
+    // network; processes at loopback.
+    let listen = match &containers {
+        Some(c) => SocketAddr::from((c.gateway, 0)),
+        None => SocketAddr::from(([127, 0, 0, 1], 0)),
+    };
 
     let manager = OnDemand::new(
         machines(),
@@ -102,6 +142,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Outcome> {
             agent_token: agent_token.clone(),
             file_key: file_key.clone(),
             start_timeout: Duration::from_secs(30),
+            containers,
         },
         opts.idle,
     )?;
@@ -109,7 +150,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Outcome> {
     let runtime =
         Runtime::new(store.clone(), Some(catalog), jobs).with_resources(Arc::new(manager.clone()));
     let config = ControlConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        listen,
         data_dir: opts.dir.join("control"),
         token: api_token.clone(),
         ..ControlConfig::default()
@@ -119,10 +160,13 @@ pub async fn run(opts: &Options) -> anyhow::Result<Outcome> {
         .context("start the control plane")?;
     let url = control.url();
     let beat = (opts.idle / 2).min(Duration::from_secs(2));
-    let background = manager
-        .keep_registered(&url, &agent_token, beat)
-        .await
-        .map_err(anyhow::Error::msg)?;
+    let background = match manager.keep_registered(&url, &agent_token, beat).await {
+        Ok(b) => b,
+        Err(e) => {
+            control.stop().await;
+            bail!(e);
+        }
+    };
 
     let api = Api {
         http: reqwest::Client::new(),
@@ -145,7 +189,15 @@ async fn scenario(api: &Api, manager: &OnDemand, opts: &Options) -> anyhow::Resu
     let mut summaries = Vec::new();
     for &n in &opts.sizes {
         let id = api.submit(&dag_name, n, &opts.params, None).await?;
-        summaries.push(api.wait(&id, opts.patience).await?);
+        let s = api.wait(&id, opts.patience).await?;
+        if s.status != JobStatus::Succeeded {
+            bail!(
+                "profiling job {id} ended {:?}: {}",
+                s.status,
+                s.error.as_deref().unwrap_or("no error given")
+            );
+        }
+        summaries.push(s);
     }
     wait_all_stopped(manager, opts.patience).await?;
     let before_planned = manager.events().len();
@@ -161,6 +213,7 @@ async fn scenario(api: &Api, manager: &OnDemand, opts: &Options) -> anyhow::Resu
         events: manager.events(),
         before_planned,
         running_at_end: manager.running(),
+        containers: None,
     })
 }
 
