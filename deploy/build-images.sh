@@ -94,6 +94,15 @@ make_image() {
         done < <(ldd "$src" | awk '/=>/ { if ($3 ~ /^\//) print $3; next } $1 ~ /^\// { print $1 }')
     done
 
+    # The agent speaks HTTPS (the control plane over TLS, S3): its HTTP client needs the CA
+    # certificates, or it does not start ("http client: builder error").
+    if [ "$image" = "$AGENT_IMAGE" ]; then
+        local bundle=/etc/ssl/certs/ca-certificates.crt
+        [ -f "$bundle" ] || { log "missing $bundle (apt-get install ca-certificates)"; exit 1; }
+        mkdir -p "$rootfs/etc/ssl/certs"
+        cp -L "$bundle" "$rootfs/etc/ssl/certs/ca-certificates.crt"
+    fi
+
     # The content hash: paths, modes and bytes, in a stable order.
     local hash current old_id size
     hash="$(cd "$rootfs" && find . -type f -print0 | LC_ALL=C sort -z |
