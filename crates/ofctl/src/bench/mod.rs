@@ -733,7 +733,7 @@ async fn measure_apps(
                     let job = Job {
                         dag: app.name,
                         input: Some(input.clone()),
-                        params: Vec::new(),
+                        params: app.job_params(),
                         policy: Some(policy),
                         planned: STATIC.contains(&policy),
                     };
@@ -880,7 +880,7 @@ async fn profile(
         let job = Job {
             dag: app.name,
             input: Some(input),
-            params: Vec::new(),
+            params: app.job_params(),
             policy: Some("remote"),
             planned: false,
         };
