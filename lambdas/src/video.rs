@@ -762,8 +762,7 @@ pub fn extract_stage(ctx: &Context, to: &str) -> Result<FrameInfo, VideoError> {
     };
     let out = ctx.create_output(to, FRAME_FILE)?;
     let target = out.target().to_path_buf();
-    let mut w =
-        y4m::Writer::new(BufWriter::new(out), &header).map_err(io_err(&target))?;
+    let mut w = y4m::Writer::new(BufWriter::new(out), &header).map_err(io_err(&target))?;
     w.write_frame(&frames[pick]).map_err(io_err(&target))?;
     finish_chunk(w, &target)?;
     let json = serde_json::to_vec(&info).map_err(|e| VideoError::Labels(e.to_string()))?;
@@ -806,7 +805,10 @@ pub fn classify_stage(ctx: &Context) -> Result<ChunkLabel, VideoError> {
     let mut reader = y4m::Reader::new(BufReader::new(file)).map_err(y4m_err(&frame_path))?;
     let header = reader.header().clone();
     let mut frame = Vec::new();
-    if !reader.read_frame(&mut frame).map_err(y4m_err(&frame_path))? {
+    if !reader
+        .read_frame(&mut frame)
+        .map_err(y4m_err(&frame_path))?
+    {
         return Err(VideoError::NoFrames(frame_path));
     }
     let f = features(

@@ -208,7 +208,10 @@ fn assert_same_labels(got: &video::Labels, want: &video::Labels) {
             ..l.clone()
         };
         assert_eq!(strip(g), strip(w));
-        assert!((g.confidence - w.confidence).abs() < 1e-12, "{g:?} vs {w:?}");
+        assert!(
+            (g.confidence - w.confidence).abs() < 1e-12,
+            "{g:?} vs {w:?}"
+        );
     }
 }
 
@@ -237,7 +240,11 @@ fn video_analytics_labels_every_chunk_correctly() {
         std::slice::from_ref(&input),
     );
     assert_eq!(run.fanout("extract"), Some(10), "ceil(47 / 5) chunks");
-    assert_eq!(run.fanout("classify"), Some(10), "the one edge keeps the fanout");
+    assert_eq!(
+        run.fanout("classify"),
+        Some(10),
+        "the one edge keeps the fanout"
+    );
     // One result file per chunk, named by chunk, written by the classify instance of that chunk.
     let mut names: Vec<(u32, String)> = run
         .results
@@ -290,7 +297,10 @@ fn video_analytics_labels_every_chunk_correctly() {
             String::from_utf8_lossy(&out.stderr)
         );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!((v["right"].clone(), v["chunks"].clone()), (json!(right), json!(10)));
+        assert_eq!(
+            (v["right"].clone(), v["chunks"].clone()),
+            (json!(right), json!(10))
+        );
     }
     // A missing chunk is refused, not scored.
     let missing: Vec<PathBuf> = all
