@@ -384,15 +384,26 @@ fn the_applications_validate_and_agree_under_every_policy() {
     let reference =
         sonic_lambdas::video::reference_labels(&video_inputs[2], 10.0, "middle").expect("labels");
     every_policy(&up, "video-analytics", &video_inputs, &[], &|dir, files| {
+        // `ofctl fetch` lays the results out as <function>/<instance>/<name>.
         let names: Vec<&String> = files.keys().collect();
-        let want: Vec<String> = (0..5).map(sonic_lambdas::video::label_file).collect();
+        let want: Vec<String> = (0..5)
+            .map(|k| format!("classify/{k}/{}", sonic_lambdas::video::label_file(k)))
+            .collect();
         assert_eq!(
             names,
             want.iter().collect::<Vec<_>>(),
             "50 s in 10 s chunks: one label file per chunk, written by classify"
         );
-        let labels = sonic_lambdas::video::Labels::read(&[dir.to_path_buf()])
+        let paths: Vec<PathBuf> = want.iter().map(|n| dir.join(n)).collect();
+        let labels = sonic_lambdas::video::Labels::read(&paths)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        assert_eq!(labels, reference);
+        assert_eq!(labels.chunks, reference.chunks);
+        for (got, want) in labels.labels.iter().zip(&reference.labels) {
+            assert_eq!(
+                (got.chunk, got.frame, got.label, &got.class),
+                (want.chunk, want.frame, want.label, &want.class)
+            );
+            assert!((got.confidence - want.confidence).abs() < 1e-12);
+        }
     });
 }
