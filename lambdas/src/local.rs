@@ -407,7 +407,8 @@ fn link_or_copy(src: &Path, dst: &Path) -> Result<u64, LocalError> {
 }
 
 /// Moves the outputs of `from`'s `senders` instances for `to` into the receivers' input folders.
-/// Returns the edge's traffic and, for a scatter, the receiver count it sets.
+/// Returns the edge's traffic and, for a scatter or a one edge, the receiver count it sets (one
+/// per part; as many as the senders, which a scattered sender learned only at run time).
 fn route(
     root: &Path,
     from: &str,
@@ -456,6 +457,12 @@ fn route(
             }
             scattered = Some(files.len() as u32);
         }
+        EdgeKind::One if receivers.is_some_and(|r| r != senders) => {
+            return Err(err(format!(
+                "a one edge pairs instances, but {from} has {senders} and {to} {}",
+                receivers.unwrap_or_default()
+            )));
+        }
         EdgeKind::One | EdgeKind::Broadcast | EdgeKind::Gather | EdgeKind::Shuffle => {
             let m = match kind {
                 EdgeKind::Gather => 1,
@@ -488,6 +495,9 @@ fn route(
                 }
             }
         }
+    }
+    if kind == EdgeKind::One {
+        scattered = Some(senders);
     }
     Ok((edge, scattered))
 }

@@ -1,5 +1,6 @@
-//! Video analytics (the paper's §5.3): split a video into fixed-length chunks, pick a
-//! representative frame of each chunk and classify it, collect one label per chunk.
+//! Video analytics (the paper's §5.3 and Fig. 1): `split` cuts a video into fixed-length chunks,
+//! `extract` picks a representative frame of each chunk, `classify` classifies each frame and
+//! writes the chunk's label to the job's results (long-term storage).
 //!
 //! Videos are Y4M (see [`crate::y4m`]). The generator draws scenes of five classes of synthetic
 //! shapes (a disc, a box, a diamond, horizontal and vertical stripes) in random colours, moving,
@@ -20,8 +21,12 @@ use crate::y4m::{self, Header, Y4mError};
 
 /// The scene classes, by label.
 pub const CLASSES: [&str; 5] = ["disc", "box", "diamond", "hstripes", "vstripes"];
-/// The label file each `extract` instance writes.
-pub const LABEL_FILE: &str = "label.json";
+/// The frame each `extract` instance sends its `classify` (a one-frame Y4M stream).
+pub const FRAME_FILE: &str = "frame.y4m";
+/// Where that frame comes from ([`FrameInfo`]), sent beside it.
+pub const FRAME_INFO_FILE: &str = "frame.json";
+/// Each `classify` instance writes `result/<LABEL_PREFIX><chunk>.json` ([`label_file`]).
+pub const LABEL_PREFIX: &str = "label-";
 /// The default chunk length (the paper uses 10 s chunks).
 pub const DEFAULT_CHUNK_SECONDS: f64 = 10.0;
 /// The weights the project trained (`sonic-gen train-video-model`).
@@ -667,7 +672,18 @@ fn finish_chunk(w: ChunkWriter, target: &Path) -> Result<(), VideoError> {
     Ok(())
 }
 
-/// One chunk's label, what `extract` sends to `collect`.
+/// What `extract` sends `classify` beside the frame: where the frame comes from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FrameInfo {
+    pub chunk: u32,
+    pub start_s: f64,
+    /// Frames in the chunk.
+    pub frames: u64,
+    /// The representative frame, within the chunk.
+    pub frame: u64,
+}
+
+/// One chunk's label, what `classify` writes as `result/label-<chunk>.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChunkLabel {
     pub chunk: u32,
@@ -678,6 +694,11 @@ pub struct ChunkLabel {
     pub label: usize,
     pub class: String,
     pub confidence: f64,
+}
+
+/// The result file of chunk `k`: `label-<k, 5 digits>.json`, so that names sort in chunk order.
+pub fn label_file(chunk: u32) -> String {
+    format!("{LABEL_PREFIX}{chunk:05}.json")
 }
 
 /// The index of the representative frame: the middle one, or (`max-variance`) the one whose luma
@@ -712,12 +733,12 @@ fn pick_frame(frames: &[Vec<u8>], luma: usize, how: &str) -> Result<usize, Video
 }
 
 /// `extract`: picks the representative frame of its chunk (`frame` parameter: `middle`, the
-/// default, or `max-variance`), classifies it with the embedded model, and sends
-/// `<to>/label.json`. The chunk index is the instance index (scatter order).
-pub fn extract_stage(ctx: &Context, to: &str) -> Result<ChunkLabel, VideoError> {
+/// default, or `max-variance`) and sends it to `<to>` as `frame.y4m` (a one-frame Y4M stream
+/// with the chunk's header: an image ffmpeg reads), with `frame.json` ([`FrameInfo`]). The chunk
+/// index is the instance index (scatter order).
+pub fn extract_stage(ctx: &Context, to: &str) -> Result<FrameInfo, VideoError> {
     let seconds = chunk_seconds(ctx)?;
     let how: String = ctx.param_or("frame", "middle".to_string())?;
-    let model = Classifier::embedded()?;
     let path = first_input(ctx)?;
     let file = File::open(&path).map_err(io_err(&path))?;
     let mut reader = y4m::Reader::new(BufReader::new(file)).map_err(y4m_err(&path))?;
@@ -732,70 +753,187 @@ pub fn extract_stage(ctx: &Context, to: &str) -> Result<ChunkLabel, VideoError> 
     }
     let luma = header.width * header.height;
     let pick = pick_frame(&frames, luma, &how)?;
-    let f = features(&frames[pick][..luma], header.width, header.height);
-    let (label, confidence) = model.classify(&f);
     let fpc = frames_per_chunk(&header, seconds);
-    let result = ChunkLabel {
+    let info = FrameInfo {
         chunk: ctx.instance,
         start_s: (u64::from(ctx.instance) * fpc) as f64 / header.fps(),
         frames: frames.len() as u64,
         frame: pick as u64,
+    };
+    let out = ctx.create_output(to, FRAME_FILE)?;
+    let target = out.target().to_path_buf();
+    let mut w = y4m::Writer::new(BufWriter::new(out), &header).map_err(io_err(&target))?;
+    w.write_frame(&frames[pick]).map_err(io_err(&target))?;
+    finish_chunk(w, &target)?;
+    let json = serde_json::to_vec(&info).map_err(|e| VideoError::Labels(e.to_string()))?;
+    ctx.write_output(to, FRAME_INFO_FILE, &json)?;
+    info!(
+        chunk = info.chunk,
+        frames = info.frames,
+        frame = info.frame,
+        "extract done"
+    );
+    Ok(info)
+}
+
+/// `classify`: classifies the frame its `extract` sent (the `one` edge pairs instance i with
+/// instance i) with the embedded model and writes the chunk's label as
+/// `result/label-<chunk>.json`: every chunk's label goes to long-term storage, as in the paper.
+pub fn classify_stage(ctx: &Context) -> Result<ChunkLabel, VideoError> {
+    let model = Classifier::embedded()?;
+    let files = crate::input_files(ctx)?;
+    let find = |name: &str| {
+        files
+            .iter()
+            .find(|f| f.name == name)
+            .map(|f| f.path.clone())
+            .ok_or_else(|| VideoError::Labels(format!("no {name} received")))
+    };
+    let (frame_path, info_path) = (find(FRAME_FILE)?, find(FRAME_INFO_FILE)?);
+    let bytes = fs::read(&info_path).map_err(io_err(&info_path))?;
+    let info: FrameInfo = serde_json::from_slice(&bytes)
+        .map_err(|e| VideoError::Labels(format!("{}: {e}", info_path.display())))?;
+    if info.chunk != ctx.instance {
+        return Err(VideoError::Labels(format!(
+            "{}: chunk {} sent to classify instance {}",
+            info_path.display(),
+            info.chunk,
+            ctx.instance
+        )));
+    }
+    let file = File::open(&frame_path).map_err(io_err(&frame_path))?;
+    let mut reader = y4m::Reader::new(BufReader::new(file)).map_err(y4m_err(&frame_path))?;
+    let header = reader.header().clone();
+    let mut frame = Vec::new();
+    if !reader
+        .read_frame(&mut frame)
+        .map_err(y4m_err(&frame_path))?
+    {
+        return Err(VideoError::NoFrames(frame_path));
+    }
+    let f = features(
+        &frame[..header.width * header.height],
+        header.width,
+        header.height,
+    );
+    let (label, confidence) = model.classify(&f);
+    let result = ChunkLabel {
+        chunk: info.chunk,
+        start_s: info.start_s,
+        frames: info.frames,
+        frame: info.frame,
         label,
         class: model.classes.get(label).cloned().unwrap_or_default(),
         confidence,
     };
-    let json = serde_json::to_vec(&result).map_err(|e| VideoError::Labels(e.to_string()))?;
-    ctx.write_output(to, LABEL_FILE, &json)?;
+    let json = serde_json::to_vec_pretty(&result).map_err(|e| VideoError::Labels(e.to_string()))?;
+    ctx.write_output(RESULT, &label_file(result.chunk), &json)?;
     info!(
         chunk = result.chunk,
-        frames = result.frames,
         class = result.class,
         confidence,
-        "extract done"
+        "classify done"
     );
     Ok(result)
 }
 
-/// `result/labels.json`.
+/// Every chunk's label, in chunk order: what a job's `result/label-*.json` files say together.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Labels {
     pub chunks: usize,
     pub labels: Vec<ChunkLabel>,
 }
 
-/// `collect`: gathers every chunk's label, checks there is exactly one per chunk `0..n`, and
-/// writes `result/labels.json` in chunk order.
-pub fn collect_stage(ctx: &Context) -> Result<Labels, VideoError> {
+impl Labels {
+    /// Reads the label files among `paths` (a folder stands for its `label-*.json` files; other
+    /// names are skipped) and checks there is exactly one label for each chunk `0..n`.
+    pub fn read(paths: &[PathBuf]) -> Result<Labels, VideoError> {
+        let mut files = Vec::new();
+        for p in paths {
+            if p.is_dir() {
+                for entry in fs::read_dir(p).map_err(io_err(p))? {
+                    files.push(entry.map_err(io_err(p))?.path());
+                }
+            } else {
+                files.push(p.clone());
+            }
+        }
+        let mut labels = Vec::new();
+        for f in files {
+            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if !(name.starts_with(LABEL_PREFIX) && name.ends_with(".json")) {
+                continue;
+            }
+            let bytes = fs::read(&f).map_err(io_err(&f))?;
+            let l: ChunkLabel = serde_json::from_slice(&bytes)
+                .map_err(|e| VideoError::Labels(format!("{}: {e}", f.display())))?;
+            labels.push(l);
+        }
+        Labels::from_labels(labels)
+    }
+
+    /// Sorts `labels` by chunk and checks there is exactly one for each chunk `0..n`.
+    pub fn from_labels(mut labels: Vec<ChunkLabel>) -> Result<Labels, VideoError> {
+        labels.sort_by_key(|l| l.chunk);
+        for (i, l) in labels.iter().enumerate() {
+            if l.chunk as usize != i {
+                return Err(VideoError::Labels(format!(
+                    "chunk {i} has {} labels",
+                    if (l.chunk as usize) < i { "two" } else { "no" }
+                )));
+            }
+        }
+        if labels.is_empty() {
+            return Err(VideoError::Labels("no label found".into()));
+        }
+        Ok(Labels {
+            chunks: labels.len(),
+            labels,
+        })
+    }
+}
+
+/// What the DAG computes, in one process: every chunk's label for the video at `path`, cut in
+/// chunks of `chunk_seconds`, the representative frame picked by `how` (`middle` or
+/// `max-variance`). A job's result files must say exactly this.
+pub fn reference_labels(path: &Path, chunk_seconds: f64, how: &str) -> Result<Labels, VideoError> {
+    let model = Classifier::embedded()?;
+    let file = File::open(path).map_err(io_err(path))?;
+    let mut reader = y4m::Reader::new(BufReader::new(file)).map_err(y4m_err(path))?;
+    let header = reader.header().clone();
+    let fpc = frames_per_chunk(&header, chunk_seconds);
+    let luma = header.width * header.height;
     let mut labels = Vec::new();
-    for f in crate::input_files(ctx)? {
-        if f.name != LABEL_FILE {
-            continue;
+    let mut chunk: Vec<Vec<u8>> = Vec::new();
+    let mut finish = |chunk: &mut Vec<Vec<u8>>| -> Result<(), VideoError> {
+        if chunk.is_empty() {
+            return Ok(());
         }
-        let bytes = fs::read(&f.path).map_err(io_err(&f.path))?;
-        let l: ChunkLabel = serde_json::from_slice(&bytes)
-            .map_err(|e| VideoError::Labels(format!("{}: {e}", f.path.display())))?;
-        labels.push(l);
-    }
-    labels.sort_by_key(|l| l.chunk);
-    for (i, l) in labels.iter().enumerate() {
-        if l.chunk as usize != i {
-            return Err(VideoError::Labels(format!(
-                "chunk {i} has {} labels",
-                if (l.chunk as usize) < i { "two" } else { "no" }
-            )));
-        }
-    }
-    if labels.is_empty() {
-        return Err(VideoError::Labels("no label received".into()));
-    }
-    let out = Labels {
-        chunks: labels.len(),
-        labels,
+        let k = labels.len() as u32;
+        let pick = pick_frame(chunk, luma, how)?;
+        let (label, confidence) =
+            model.classify(&features(&chunk[pick][..luma], header.width, header.height));
+        labels.push(ChunkLabel {
+            chunk: k,
+            start_s: (u64::from(k) * fpc) as f64 / header.fps(),
+            frames: chunk.len() as u64,
+            frame: pick as u64,
+            label,
+            class: model.classes.get(label).cloned().unwrap_or_default(),
+            confidence,
+        });
+        chunk.clear();
+        Ok(())
     };
-    let json = serde_json::to_vec_pretty(&out).map_err(|e| VideoError::Labels(e.to_string()))?;
-    ctx.write_output(RESULT, "labels.json", &json)?;
-    info!(chunks = out.chunks, "collect done");
-    Ok(out)
+    let mut buf = Vec::new();
+    while reader.read_frame(&mut buf).map_err(y4m_err(path))? {
+        chunk.push(std::mem::take(&mut buf));
+        if chunk.len() as u64 == fpc {
+            finish(&mut chunk)?;
+        }
+    }
+    finish(&mut chunk)?;
+    Labels::from_labels(labels)
 }
 
 /// The fraction of chunks whose label is the truth.

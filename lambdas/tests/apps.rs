@@ -198,6 +198,35 @@ fn video_input(dir: &Path, seconds: u32, scene_seconds: u32, seed: u64) -> (Path
     (p, truth)
 }
 
+/// `got` says what `want` says: the same chunks, frames and classes, the confidences equal up
+/// to JSON's last digit (serde_json reads a float back within an ulp or so).
+fn assert_same_labels(got: &video::Labels, want: &video::Labels) {
+    assert_eq!(got.chunks, want.chunks);
+    for (g, w) in got.labels.iter().zip(&want.labels) {
+        let strip = |l: &video::ChunkLabel| video::ChunkLabel {
+            confidence: 0.0,
+            ..l.clone()
+        };
+        assert_eq!(strip(g), strip(w));
+        assert!(
+            (g.confidence - w.confidence).abs() < 1e-12,
+            "{g:?} vs {w:?}"
+        );
+    }
+}
+
+/// The job's labels: every `result/label-*.json` the run wrote, checked one per chunk.
+fn video_labels(run: &sonic_lambdas::local::JobRun) -> video::Labels {
+    let files: Vec<PathBuf> = run
+        .results
+        .iter()
+        .inspect(|r| assert_eq!(r.function, "classify", "{r:?}"))
+        .map(|r| r.path.clone())
+        .collect();
+    assert_eq!(files.len(), run.results.len());
+    video::Labels::read(&files).unwrap()
+}
+
 #[test]
 fn video_analytics_labels_every_chunk_correctly() {
     let dir = tempfile::tempdir().unwrap();
@@ -211,12 +240,26 @@ fn video_analytics_labels_every_chunk_correctly() {
         std::slice::from_ref(&input),
     );
     assert_eq!(run.fanout("extract"), Some(10), "ceil(47 / 5) chunks");
-    let path = &run.result("labels.json").expect("result/labels.json").path;
-    let labels: video::Labels = serde_json::from_slice(&fs::read(path).unwrap()).unwrap();
+    assert_eq!(
+        run.fanout("classify"),
+        Some(10),
+        "the one edge keeps the fanout"
+    );
+    // One result file per chunk, named by chunk, written by the classify instance of that chunk.
+    let mut names: Vec<(u32, String)> = run
+        .results
+        .iter()
+        .map(|r| (r.instance, r.name.clone()))
+        .collect();
+    names.sort();
+    let want: Vec<(u32, String)> = (0..10).map(|k| (k, video::label_file(k))).collect();
+    assert_eq!(names, want);
+    let labels = video_labels(&run);
     assert_eq!(labels.chunks, 10);
-    let chunks: Vec<u32> = labels.labels.iter().map(|l| l.chunk).collect();
-    assert_eq!(chunks, (0..10).collect::<Vec<_>>());
     assert_eq!(labels.labels[9].frames, 20);
+    // Exactly what one process computes from the same video.
+    let reference = video::reference_labels(&input, 5.0, "middle").unwrap();
+    assert_same_labels(&labels, &reference);
     let (right, total) = truth.score(&labels);
     eprintln!("video-analytics: {right}/{total} chunks right");
     assert!(right * 10 >= total * 9, "{right}/{total}: {labels:?}");
@@ -226,27 +269,60 @@ fn video_analytics_labels_every_chunk_correctly() {
     classes.dedup();
     assert!(classes.len() >= 3, "{:?}", truth.scenes);
 
-    // The scorer's command line agrees.
+    // The scorer's command line agrees, given the folder of result files.
     let truth_path = dir.path().join("truth.json");
     fs::write(&truth_path, serde_json::to_vec(&truth).unwrap()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_video-analytics"))
-        .args(["score", "--labels"])
-        .arg(path)
-        .arg("--truth")
-        .arg(&truth_path)
-        .output()
-        .unwrap();
+    // As `ofctl fetch` leaves them: every result file in one folder.
+    let result_dir = dir.path().join("fetched");
+    fs::create_dir(&result_dir).unwrap();
+    for r in &run.results {
+        fs::copy(&r.path, result_dir.join(&r.name)).unwrap();
+    }
+    let score = |labels: &[PathBuf]| {
+        Command::new(env!("CARGO_BIN_EXE_video-analytics"))
+            .arg("score")
+            .arg("--labels")
+            .args(labels)
+            .arg("--truth")
+            .arg(&truth_path)
+            .output()
+            .unwrap()
+    };
+    let all: Vec<PathBuf> = run.results.iter().map(|r| r.path.clone()).collect();
+    for args in [vec![result_dir], all.clone()] {
+        let out = score(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            (v["right"].clone(), v["chunks"].clone()),
+            (json!(right), json!(10))
+        );
+    }
+    // A missing chunk is refused, not scored.
+    let missing: Vec<PathBuf> = all
+        .iter()
+        .filter(|p| !p.ends_with(video::label_file(4)))
+        .cloned()
+        .collect();
+    let out = score(&missing);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("chunk 4 has no labels"));
+    // So is a set without its last chunks: the labels must cover the whole video.
+    let out = score(&all[..9]);
+    assert!(!out.status.success());
     assert!(
-        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).contains("cover 450 of the video's 470 frames"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["right"], right);
 }
 
 #[test]
-fn video_chunks_are_standalone_y4m_and_max_variance_works() {
+fn video_extract_sends_one_frame_that_classify_labels() {
     let dir = tempfile::tempdir().unwrap();
     let (input, truth) = video_input(dir.path(), 12, 4, 2);
     let dag = support::dag("video-analytics");
@@ -260,24 +336,44 @@ fn video_chunks_are_standalone_y4m_and_max_variance_works() {
         std::slice::from_ref(&input),
     );
     assert_eq!(run.fanout("extract"), Some(3));
-    // Each chunk is a complete stream with the input's header.
+    assert_eq!(run.fanout("classify"), Some(3));
     let header = fs::read(&input).unwrap()[..40].to_vec();
+    let labels = video_labels(&run);
     for k in 0..3u32 {
+        // Each chunk is a complete stream with the input's header.
         let chunk = dir
             .path()
             .join(format!("job/extract/{k}/in/split/0/chunk-{k:05}.y4m"));
         let bytes = fs::read(&chunk).unwrap();
         assert_eq!(bytes[..40], header[..]);
         let mut r = sonic_lambdas::y4m::Reader::new(&bytes[..]).unwrap();
+        let mut frames = Vec::new();
         let mut buf = Vec::new();
-        let mut n = 0;
         while r.read_frame(&mut buf).unwrap() {
-            n += 1;
+            frames.push(std::mem::take(&mut buf));
         }
-        assert_eq!(n, 40);
+        assert_eq!(frames.len(), 40);
+        // Classify k received extract k's frame (the one edge pairs i with i): a one-frame
+        // stream with the same header, the frame its info names.
+        let sent = dir.path().join(format!("job/classify/{k}/in/extract/{k}"));
+        let info: video::FrameInfo =
+            serde_json::from_slice(&fs::read(sent.join(video::FRAME_INFO_FILE)).unwrap()).unwrap();
+        assert_eq!((info.chunk, info.frames), (k, 40));
+        let frame = fs::read(sent.join(video::FRAME_FILE)).unwrap();
+        assert_eq!(frame[..40], header[..]);
+        let mut r = sonic_lambdas::y4m::Reader::new(&frame[..]).unwrap();
+        assert!(r.read_frame(&mut buf).unwrap());
+        assert_eq!(buf, frames[info.frame as usize]);
+        assert!(!r.read_frame(&mut buf).unwrap(), "one frame only");
+        assert_eq!(labels.labels[k as usize].frame, info.frame);
     }
-    let path = &run.result("labels.json").unwrap().path;
-    let labels: video::Labels = serde_json::from_slice(&fs::read(path).unwrap()).unwrap();
+    // The edge carries exactly the frames and their info.
+    let edge = run.edges.iter().find(|e| e.to == "classify").unwrap();
+    assert_eq!((edge.kind.as_str(), edge.files), ("one", 6));
+    assert_same_labels(
+        &labels,
+        &video::reference_labels(&input, 4.0, "max-variance").unwrap(),
+    );
     let (right, total) = truth.score(&labels);
     assert_eq!(total, 3);
     assert!(right >= 2, "{labels:?} vs {:?}", truth.scenes);

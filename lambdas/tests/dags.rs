@@ -128,7 +128,14 @@ fn application_dags_have_the_papers_shapes() {
         kinds(&video),
         [
             s("split", "extract", EdgeKind::Scatter),
-            s("extract", "collect", EdgeKind::Gather)
+            s("extract", "classify", EdgeKind::One)
         ]
+    );
+    // Extract and Classify run one instance per chunk each: the paper's fanout-19 stages.
+    assert_eq!(
+        video
+            .fanouts(&video.job_params(&Default::default()))
+            .unwrap(),
+        [Fanout::Known(1), Fanout::Scattered, Fanout::Scattered]
     );
 }

@@ -111,10 +111,8 @@ fn video_analytics_at_documented_sizes() {
             &[],
             std::slice::from_ref(&input),
         );
-        let labels: video::Labels = serde_json::from_slice(
-            &std::fs::read(&run.result("labels.json").unwrap().path).unwrap(),
-        )
-        .unwrap();
+        let files: Vec<std::path::PathBuf> = run.results.iter().map(|r| r.path.clone()).collect();
+        let labels = video::Labels::read(&files).unwrap();
         let (right, total) = truth.score(&labels);
         eprintln!(
             "video {seconds} s ({} MB): {right}/{total} chunks right",

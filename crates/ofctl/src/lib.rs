@@ -205,8 +205,8 @@ pub enum Command {
         /// Where the CSV files, the SVG charts and report.md go.
         #[arg(long, default_value = "docs/results")]
         out: PathBuf,
-        /// Run only these experiments (repeatable; default: all but `dilation`, which only runs
-        /// when named).
+        /// Run only these experiments (repeatable; default: all but `dilation` and `profile`,
+        /// which only run when named).
         #[arg(long, value_enum)]
         only: Vec<bench::Experiment>,
         /// Seeds the random order of the policies in each round and the bootstrap intervals

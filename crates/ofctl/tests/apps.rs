@@ -2,7 +2,8 @@
 //! pipeline and video analytics, each run with `ofctl run --wait -o json` under `remote` (three
 //! profiling jobs at growing input sizes, so that the models can predict), then `local`, `direct`
 //! and `sonic` at the largest size. Every result is fetched with `ofctl fetch` and validated (a
-//! sorted permutation; accuracy well above chance; one label per chunk, with the expected count),
+//! sorted permutation; accuracy well above chance; one label file per chunk, the labels one process
+//! computes from the same video),
 //! and the results of the four policies must be byte-identical.
 //!
 //! The cluster is `up --sandbox auto --store auto`: where `.ci/run` runs it, Docker (with the
@@ -379,18 +380,30 @@ fn the_applications_validate_and_agree_under_every_policy() {
         );
         p
     });
-    every_policy(&up, "video-analytics", &video_inputs, &[], &|_, files| {
-        let labels: Value = serde_json::from_slice(
-            files
-                .get("labels.json")
-                .unwrap_or_else(|| panic!("no labels.json in {:?}", files.keys())),
-        )
-        .expect("labels.json is JSON");
-        let n = labels
-            .as_array()
-            .or_else(|| labels["labels"].as_array())
-            .unwrap_or_else(|| panic!("labels.json holds no list: {labels}"))
-            .len();
-        assert_eq!(n, 5, "50 s in 10 s chunks is 5 labels: {labels}");
+    // What one process computes from the 50 s video: the four policies' label files must say it.
+    let reference =
+        sonic_lambdas::video::reference_labels(&video_inputs[2], 10.0, "middle").expect("labels");
+    every_policy(&up, "video-analytics", &video_inputs, &[], &|dir, files| {
+        // `ofctl fetch` lays the results out as <function>/<instance>/<name>.
+        let names: Vec<&String> = files.keys().collect();
+        let want: Vec<String> = (0..5)
+            .map(|k| format!("classify/{k}/{}", sonic_lambdas::video::label_file(k)))
+            .collect();
+        assert_eq!(
+            names,
+            want.iter().collect::<Vec<_>>(),
+            "50 s in 10 s chunks: one label file per chunk, written by classify"
+        );
+        let paths: Vec<PathBuf> = want.iter().map(|n| dir.join(n)).collect();
+        let labels = sonic_lambdas::video::Labels::read(&paths)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        assert_eq!(labels.chunks, reference.chunks);
+        for (got, want) in labels.labels.iter().zip(&reference.labels) {
+            assert_eq!(
+                (got.chunk, got.frame, got.label, &got.class),
+                (want.chunk, want.frame, want.label, &want.class)
+            );
+            assert!((got.confidence - want.confidence).abs() < 1e-12);
+        }
     });
 }

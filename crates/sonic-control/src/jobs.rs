@@ -145,21 +145,25 @@ pub fn result_prefix(job: &str, dag: &Dag, function: usize, instance: u32, fanou
     }
 }
 
-/// How many instances function `i` runs: its known fanout, or for a scatter receiver the number of
-/// files its sender wrote for it.
+/// How many instances function `i` runs: its known fanout, for a scatter receiver the number of
+/// files its sender wrote for it, and for a one edge's receiver its sender's count.
 pub fn stage_fanout(ctx: &StageContext<'_>, i: usize) -> u32 {
     match ctx.fanouts.get(i) {
         Some(Fanout::Known(n)) => *n,
         _ => {
             let name = &ctx.dag.functions[i].name;
+            if let Some(e) = ctx.dag.incoming(i).find(|e| e.kind == EdgeKind::Scatter) {
+                return ctx
+                    .produced
+                    .get(e.from)
+                    .map_or(0, |p| p.iter().filter(|f| &f.to == name).count() as u32);
+            }
+            // A one edge keeps its sender's fanout, which a scatter upstream set at run time
+            // (video analytics: split -scatter-> extract -one-> classify).
             ctx.dag
                 .incoming(i)
-                .find(|e| e.kind == EdgeKind::Scatter)
-                .map_or(0, |e| {
-                    ctx.produced
-                        .get(e.from)
-                        .map_or(0, |p| p.iter().filter(|f| &f.to == name).count() as u32)
-                })
+                .find(|e| e.kind == EdgeKind::One)
+                .map_or(0, |e| stage_fanout(ctx, e.from))
         }
     }
 }

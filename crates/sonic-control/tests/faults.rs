@@ -525,7 +525,7 @@ async fn killing_an_agent_in_any_stage_of_any_application_changes_no_result() {
         App {
             file: "video-analytics.yaml",
             dag: "video-analytics",
-            stages: ["split", "extract", "collect"],
+            stages: ["split", "extract", "classify"],
             input: dir.join("video.y4m"),
             params: json!({}),
         },

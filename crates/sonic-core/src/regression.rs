@@ -267,8 +267,12 @@ impl Model {
         let xs: Vec<f64> = self.samples.iter().map(|s| s.0 / scale).collect();
         let ys: Vec<f64> = self.samples.iter().map(|s| s.1).collect();
         let mean_abs = ys.iter().map(|y| y.abs()).sum::<f64>() / n as f64;
-        // MAPE with a floor on the denominator, so that zeros (an empty edge) do not explode it.
-        let floor = (1e-3 * mean_abs).max(1e-12);
+        // MAPE with a floor on the denominator: the quantity's (`crate::mode::floor`, the one
+        // the drift rule measures errors against: 50 ms off a 0.1 s lambda is not an error that
+        // changes a plan), and 0.1% of the mean, so that zeros (an empty edge) do not explode it.
+        let floor = crate::mode::floor(self.quantity)
+            .max(1e-3 * mean_abs)
+            .max(1e-12);
 
         // Folds: a seeded shuffle, then round robin.
         let k = FOLDS.min(n);
@@ -673,6 +677,50 @@ mod tests {
 
     fn sizes(n: usize) -> Vec<f64> {
         (1..=n).map(|i| i as f64 * 37e6).collect()
+    }
+
+    /// `y` with a deterministic relative jitter of +-`jitter` around `f(x)`.
+    fn jittered(f: impl Fn(f64) -> f64, jitter: f64) -> impl Fn(f64) -> f64 {
+        move |x| {
+            let k = (x / 37e6).round() as i64;
+            let sign = if k % 2 == 0 { 1.0 } else { -1.0 };
+            f(x) * (1.0 + sign * jitter * ((k % 3) as f64 + 1.0) / 3.0)
+        }
+    }
+
+    #[test]
+    fn errors_below_the_quantitys_floor_do_not_hold_convergence_back() {
+        let rule = Convergence::default();
+        // A 0.1 s lambda whose time jitters by up to 30% (30 ms): its error against the 0.25 s
+        // floor is under 15%, so it converges.
+        let short = model(
+            Quantity::Time,
+            jittered(|x| 0.1 + 1e-10 * x, 0.3),
+            &sizes(12),
+        );
+        let f = short.fit.as_ref().unwrap();
+        assert!(f.cv_mape < rule.max_mape, "{f:?}");
+        assert!(short.converged(&rule));
+        // The same jitter on a 2 s lambda is 0.6 s: a real error, it does not converge.
+        let long = model(
+            Quantity::Time,
+            jittered(|x| 2.0 + 2e-9 * x, 0.3),
+            &sizes(12),
+        );
+        assert!(!long.converged(&rule), "{:?}", long.fit);
+        // Memory likewise: 3 MB off a 6 MB process is far below the 32 MB floor.
+        let small = model(
+            Quantity::Memory,
+            jittered(|x| 6.0 + 1e-8 * x, 0.5),
+            &sizes(12),
+        );
+        assert!(small.converged(&rule), "{:?}", small.fit);
+        let large = model(
+            Quantity::Memory,
+            jittered(|x| 600.0 + 1e-6 * x, 0.5),
+            &sizes(12),
+        );
+        assert!(!large.converged(&rule), "{:?}", large.fit);
     }
 
     #[test]

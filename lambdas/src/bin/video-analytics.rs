@@ -1,10 +1,10 @@
 //! `video-analytics`: the video analytics lambdas.
 //!
 //! ```text
-//! video-analytics split [--to extract]     # Y4M -> <to>/chunk-<k>.y4m (scatter), `chunk_seconds`
-//! video-analytics extract [--to collect]   # chunk -> representative frame -> <to>/label.json
-//! video-analytics collect                  # labels -> result/labels.json
-//! video-analytics score --labels labels.json --truth truth.json   # against `sonic-gen video --truth`
+//! video-analytics split [--to extract]      # Y4M -> <to>/chunk-<k>.y4m (scatter), `chunk_seconds`
+//! video-analytics extract [--to classify]   # chunk -> <to>/frame.y4m + <to>/frame.json
+//! video-analytics classify                  # frame -> result/label-<k>.json
+//! video-analytics score --labels RESULT_DIR_OR_FILES... --truth truth.json   # against `sonic-gen video --truth`
 //! ```
 
 use std::path::PathBuf;
@@ -16,24 +16,25 @@ use sonic_lambda::Context;
 use sonic_lambdas::video;
 
 #[derive(Parser)]
-#[command(about = "Video analytics lambdas (split, extract, collect) and a scorer")]
+#[command(about = "Video analytics lambdas (split, extract, classify) and a scorer")]
 enum Cmd {
     /// Cut the video into chunks of `chunk_seconds`, one per extract instance.
     Split {
         #[arg(long, default_value = "extract")]
         to: String,
     },
-    /// Pick a chunk's representative frame and classify it with the embedded model.
+    /// Pick a chunk's representative frame and send it (frame.y4m, frame.json).
     Extract {
-        #[arg(long, default_value = "collect")]
+        #[arg(long, default_value = "classify")]
         to: String,
     },
-    /// Gather one label per chunk into result/labels.json.
-    Collect,
-    /// Compare result/labels.json with a generated video's truth (prints JSON).
+    /// Classify the frame with the embedded model into result/label-<chunk>.json.
+    Classify,
+    /// Compare a job's label files (result/label-*.json, or the folder holding them) with a
+    /// generated video's truth (prints JSON); fails unless there is one label per chunk.
     Score {
-        #[arg(long)]
-        labels: PathBuf,
+        #[arg(long, num_args = 1.., required = true)]
+        labels: Vec<PathBuf>,
         #[arg(long)]
         truth: PathBuf,
     },
@@ -54,13 +55,19 @@ fn run() -> anyhow::Result<()> {
             let l = video::extract_stage(&Context::from_env()?, &to)?;
             println!("{}", serde_json::to_string(&l)?);
         }
-        Cmd::Collect => {
-            let l = video::collect_stage(&Context::from_env()?)?;
-            println!("{{\"chunks\":{}}}", l.chunks);
+        Cmd::Classify => {
+            let l = video::classify_stage(&Context::from_env()?)?;
+            println!("{}", serde_json::to_string(&l)?);
         }
         Cmd::Score { labels, truth } => {
-            let labels: video::Labels = read_json(&labels)?;
+            let labels = video::Labels::read(&labels)?;
             let truth: video::Truth = read_json(&truth)?;
+            let covered: u64 = labels.labels.iter().map(|l| l.frames).sum();
+            anyhow::ensure!(
+                covered == truth.frames,
+                "the labels cover {covered} of the video's {} frames",
+                truth.frames
+            );
             let (right, total) = truth.score(&labels);
             let accuracy = if total == 0 {
                 0.0

@@ -30,9 +30,30 @@ pub struct App {
     pub hi: u64,
     /// The unit of `lo`/`hi` in the report.
     pub unit: &'static str,
+    /// The size Fig. 7 measures at (in `[lo, hi]`; profiling runs at it too, so that the oracle
+    /// has its measurements): the paper's where this machine allows (docs/evaluation.md).
+    pub measured: u64,
+    /// Job parameters of every job of the application (profiling and measured): the paper's
+    /// fanouts.
+    pub params: &'static [(&'static str, u32)],
 }
 
-/// The paper's three applications.
+impl App {
+    /// [`App::params`] as a job's parameter overrides.
+    pub fn job_params(&self) -> Vec<(String, serde_json::Value)> {
+        self.params
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+            .collect()
+    }
+}
+
+/// The frame rate of the evaluation's videos: at 64x48 pixels, 18 frames a second make the
+/// paper's 3-minute video 15 MB, the paper's size (§5.4).
+pub const VIDEO_FPS: u32 = 18;
+
+/// The paper's three applications, at the paper's fanouts (§5.4: sort 30, LightGBM 6, video 19)
+/// and, where this machine allows, its sizes; docs/evaluation.md says why the others are smaller.
 pub fn apps() -> Vec<App> {
     vec![
         App {
@@ -41,9 +62,13 @@ pub fn apps() -> Vec<App> {
             yaml: include_str!("../../../../dags/mapreduce-sort.yaml"),
             input: InputKind::SortBytes,
             input_name: "records.bin",
-            lo: 4_000_000,
-            hi: 32_000_000,
+            // The paper sorts 1.5 GB; every job's result stays in the store (1.5 GB x ~45
+            // jobs is more disk than this machine has) and the CPU time grows with it.
+            lo: 8_000_000,
+            hi: 128_000_000,
             unit: "bytes",
+            measured: 64_000_000,
+            params: &[("mappers", 30), ("reducers", 30)],
         },
         App {
             name: "ml-pipeline",
@@ -51,9 +76,13 @@ pub fn apps() -> Vec<App> {
             yaml: include_str!("../../../../dags/ml-pipeline.yaml"),
             input: InputKind::MlRows,
             input_name: "train.csv",
-            lo: 2_000,
-            hi: 16_000,
+            // The paper trains on 200 MB (1.7 M rows here); training grows faster than the
+            // rows, and ~110 ML jobs run (profiling, Fig. 7, Fig. 2).
+            lo: 4_000,
+            hi: 32_000,
             unit: "rows",
+            measured: 16_000,
+            params: &[("trees", 6)],
         },
         App {
             name: "video-analytics",
@@ -64,6 +93,9 @@ pub fn apps() -> Vec<App> {
             lo: 40,
             hi: 320,
             unit: "seconds",
+            // The paper's 3-minute video with fanout 19 (10 s chunks): 181 to 190 s.
+            measured: 185,
+            params: &[("chunk_seconds", 10)],
         },
     ]
 }
@@ -74,7 +106,8 @@ pub const BROADCAST_YAML: &str = include_str!("../../../../dags/broadcast.yaml")
 /// The sizes profiling runs at: `train` spans `[lo, hi]` evenly, in an order that covers the
 /// range early (the first k jobs of Fig. 10 are spread out, as online profiling of varied inputs
 /// would be); `test` lies between the training sizes and is held out of Fig. 10's fits. The
-/// measured jobs run at `train`'s middle size, which the oracle has measurements of.
+/// measured jobs run at the application's `measured` size, which replaces the training size
+/// nearest it (so that the oracle has measurements of it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sizes {
     pub train: Vec<u64>,
@@ -93,10 +126,17 @@ pub fn sizes(app: &App, n_train: usize, n_test: usize) -> Sizes {
             _ => v.round() as u64,
         }
     };
-    let grid: Vec<u64> = (0..n)
+    let mut grid: Vec<u64> = (0..n)
         .map(|i| round(app.lo as f64 + step * i as f64))
         .collect();
-    let measured = grid[n / 2];
+    let measured = round(app.measured.clamp(app.lo, app.hi) as f64);
+    // The inner grid point nearest the measured size becomes it (the ends stay the range's).
+    if !grid.contains(&measured) && n > 2 {
+        let nearest = (1..n - 1)
+            .min_by_key(|&i| grid[i].abs_diff(measured))
+            .unwrap_or(n / 2);
+        grid[nearest] = measured;
+    }
     // Ends first, then halves: 0, n-1, middle, quarters...
     let mut order: Vec<usize> = vec![0, n - 1];
     let mut parts = vec![(0usize, n - 1)];
@@ -159,6 +199,7 @@ pub fn input(app: &App, size: u64) -> anyhow::Result<Vec<u8>> {
             let mut out = Vec::new();
             let spec = video::VideoSpec {
                 seconds: u32::try_from(size)?,
+                fps: VIDEO_FPS,
                 ..video::VideoSpec::default()
             };
             video::generate(&mut out, &spec)?;
@@ -191,7 +232,24 @@ mod tests {
             let full = sizes(&app, 12, 4);
             assert_eq!(full.train.len(), 12);
             assert_eq!(full.test.len(), 4);
+            assert_eq!(full.measured, app.measured);
+            assert!(full.train.contains(&app.measured), "{}", app.name);
         }
+    }
+
+    #[test]
+    fn the_measured_jobs_are_the_papers_where_the_machine_allows() {
+        let a = apps();
+        // Sort at fanout 30 (mappers and reducers), LightGBM with 6 trees.
+        assert_eq!(a[0].params, [("mappers", 30), ("reducers", 30)]);
+        assert_eq!(a[1].params, [("trees", 6)]);
+        // Video: a 3-minute video of 15 MB whose 10 s chunks make fanout 19.
+        let video = &a[2];
+        let chunk = video.params[0].1;
+        assert_eq!(video.measured.div_ceil(u64::from(chunk)), 19);
+        assert!((180..190).contains(&video.measured));
+        let bytes = input(video, video.measured).unwrap().len() as f64;
+        assert!((14e6..16e6).contains(&bytes), "{bytes} bytes");
     }
 
     #[test]

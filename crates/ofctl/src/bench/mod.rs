@@ -52,6 +52,9 @@ pub enum Experiment {
     /// The dilation check's run on one cluster: mapreduce-sort at one size, forced `remote` and
     /// `direct` (deploy/dilation-check.sh runs it at several factors and compares).
     Dilation,
+    /// Profiling only, as the other experiments start: each application until its models
+    /// converge (or the cap); prints how many jobs each needed and every model's error.
+    Profile,
 }
 
 /// How much the harness runs.
@@ -77,7 +80,7 @@ pub struct BenchOptions {
 
 impl BenchOptions {
     fn wants(&self, e: Experiment) -> bool {
-        if e == Experiment::Dilation {
+        if matches!(e, Experiment::Dilation | Experiment::Profile) {
             return self.only.contains(&e);
         }
         self.only.is_empty() || self.only.contains(&e)
@@ -451,6 +454,12 @@ pub async fn run(args: UpArgs, opts: BenchOptions, out: &mut dyn Write) -> anyho
             return Ok(());
         }
     }
+    if opts.wants(Experiment::Profile) {
+        profile_run(&args, &opts, &data_dir.join("profile"), &mut results, out).await?;
+        if opts.only.len() == 1 {
+            return Ok(());
+        }
+    }
     let wants_cluster = opts.wants(Experiment::Fig7) || opts.wants(Experiment::Fig2);
     if wants_cluster {
         cluster_experiments(&args, &opts, &catalog, &data_dir.join("main"), &mut results).await?;
@@ -726,20 +735,21 @@ async fn measure_apps(
             let sizes = apps::sizes(app, n_train, n_test);
             let (input, bytes) = inputs.input(cluster, app, sizes.measured).await?;
             overhead_route(&client, app, results, bytes).await;
-            let total = reps * FIG7_POLICIES.len();
+            let policies = gated(&FIG7_POLICIES, app.name, "fig7", results);
+            let total = reps * policies.len();
             let mut k = 0;
             let mut rng =
                 stats::Rng::new(stats::seed_for(opts.seed, &format!("fig7/{}", app.name)));
             for _ in 0..reps {
                 // A random order in each round: no policy always runs first (cold caches) or
                 // right after the same neighbour.
-                for policy in stats::shuffled(&FIG7_POLICIES, &mut rng) {
+                for policy in stats::shuffled(&policies, &mut rng) {
                     k += 1;
                     let job = Job {
                         dag: app.name,
                         input: Some(input.clone()),
-                        params: Vec::new(),
-                        policy: Some(policy),
+                        params: app.job_params(),
+                        policy: forced(policy),
                         planned: STATIC.contains(&policy),
                     };
                     record(&client, job, "fig7", "", policy, results, (k, total)).await;
@@ -762,18 +772,19 @@ async fn measure_apps(
         let sizes = apps::sizes(app, n_train, n_test);
         let (input, _) = inputs.input(cluster, app, sizes.measured).await?;
         let reps2 = stats::MIN_ROUNDS;
-        let total = reps2 * 3 * FIG2_POLICIES.len();
+        let policies = gated(&FIG2_POLICIES, app.name, "fig2", results);
+        let total = reps2 * 3 * policies.len();
         let mut k = 0;
         let mut rng = stats::Rng::new(stats::seed_for(opts.seed, "fig2"));
         for _ in 0..reps2 {
             for trees in [1u32, 3, 12] {
-                for policy in stats::shuffled(&FIG2_POLICIES, &mut rng) {
+                for policy in stats::shuffled(&policies, &mut rng) {
                     k += 1;
                     let job = Job {
                         dag: app.name,
                         input: Some(input.clone()),
                         params: vec![("trees".into(), Value::from(trees))],
-                        policy: Some(policy),
+                        policy: forced(policy),
                         planned: STATIC.contains(&policy),
                     };
                     let variant = format!("trees={trees}");
@@ -783,6 +794,35 @@ async fn measure_apps(
         }
     }
     Ok(())
+}
+
+/// The policies an experiment runs for `app`: all of `policies`, but `sonic` only when the
+/// application's models converged during profiling. Sonic is measured unforced, as a user's job
+/// runs (planned once the models converged); the bench never forces it past the convergence
+/// gate, and says so when it leaves it out.
+fn gated(
+    policies: &[&'static str],
+    app: &str,
+    experiment: &str,
+    results: &mut Results,
+) -> Vec<&'static str> {
+    let converged = matches!(results.converged_after.get(app), Some(Some(_)));
+    if !converged && policies.contains(&"sonic") {
+        results.notes.push(format!(
+            "{experiment} {app}: sonic not measured: the models did not converge during profiling, and the bench does not force sonic past the convergence gate"
+        ));
+    }
+    policies
+        .iter()
+        .copied()
+        .filter(|p| converged || *p != "sonic")
+        .collect()
+}
+
+/// The policy a measured job forces: none for `sonic` (an unforced job of a converged DAG runs
+/// planned, as a user's would), the policy itself otherwise.
+fn forced(policy: &str) -> Option<&str> {
+    (policy != "sonic").then_some(policy)
 }
 
 /// Runs one measured job and records it (or a note saying why it is missing).
@@ -855,6 +895,9 @@ async fn record(
     }
 }
 
+/// Most profiling jobs per application in a full run.
+pub const PROFILING_CAP: usize = 35;
+
 /// Profiles `app` (forced `remote`, spread over the agents: the control plane's profiling) at
 /// the training then the held-out sizes, then until the models converge; computes Fig. 10.
 async fn profile(
@@ -866,7 +909,11 @@ async fn profile(
     inputs: &mut Inputs,
     results: &mut Results,
 ) -> anyhow::Result<()> {
-    let extra = if opts.quick { 4 } else { 8 };
+    // Profiling goes on (cycling over the training sizes) until the models converge, up to the
+    // paper's 35 jobs (§5.6.1: "with 35 jobs we reach convergence for all predictions"); fewer
+    // in a quick run.
+    let cap = if opts.quick { 20 } else { PROFILING_CAP };
+    let extra = cap.saturating_sub(sizes.train.len() + sizes.test.len());
     let planned: Vec<(u64, bool)> = sizes
         .train
         .iter()
@@ -875,6 +922,7 @@ async fn profile(
         .collect();
     let models_path = format!("/v1/dags/{}/models", encode(app.name));
     let mut converged_after = None;
+    let mut models_why: Option<String> = None;
     let mut n = 0;
     let total = planned.len();
     for (i, (size, held_out)) in planned
@@ -890,7 +938,7 @@ async fn profile(
         let job = Job {
             dag: app.name,
             input: Some(input),
-            params: Vec::new(),
+            params: app.job_params(),
             policy: Some("remote"),
             planned: false,
         };
@@ -936,6 +984,7 @@ async fn profile(
             if m.converged {
                 converged_after = Some(n);
             }
+            models_why = m.mode.map(|v| v.reason);
         }
     }
     results
@@ -943,8 +992,9 @@ async fn profile(
         .insert(app.name.into(), converged_after);
     if converged_after.is_none() {
         results.notes.push(format!(
-            "{}: the models did not converge within {n} profiling jobs; its sonic and baseline jobs plan with what the models predict",
-            app.name
+            "{}: the models did not converge within {n} profiling jobs ({}); sonic is not measured, the baselines plan with what the models predict",
+            app.name,
+            models_why.unwrap_or_else(|| "the control plane gave no reason".into())
         ));
     }
     // Fig. 10 from the recorded samples: training jobs in the order they ran, held-out fixed.
@@ -973,6 +1023,76 @@ async fn profile(
         .extend(fig10::error_curves(app.name, &train, &test));
     let profiled: Vec<_> = train.into_iter().chain(test).collect();
     results.samples.insert(app.name.into(), profiled);
+    Ok(())
+}
+
+/// `--only profile`: every application profiled as the other experiments start (same sizes,
+/// parameters and cap), then a table on `out`: the jobs each ran, after how many its models
+/// converged, and every model's cross-validated error; each application's models with their
+/// samples go to `models-<app>.json` in the output folder.
+async fn profile_run(
+    args: &UpArgs,
+    opts: &BenchOptions,
+    data_dir: &Path,
+    results: &mut Results,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let cluster = harness(args, opts, data_dir).await?;
+    results.dilation = cluster.dilation();
+    let mut inputs = Inputs {
+        prefix: format!("bench/{}/", std::process::id()),
+        stored: BTreeMap::new(),
+        dir: data_dir.to_path_buf(),
+    };
+    let outcome = async {
+        let client = cluster.client()?;
+        let (n_train, n_test, _) = opts.scale();
+        for app in apps::apps() {
+            commands::apply_text(&client, app.file, app.yaml.to_owned())
+                .await
+                .with_context(|| format!("apply {}", app.file))?;
+            let sizes = apps::sizes(&app, n_train, n_test);
+            profile(&cluster, &client, &app, &sizes, opts, &mut inputs, results).await?;
+            // The models with their samples, for a closer look.
+            let path = format!("/v1/dags/{}/models", encode(app.name));
+            let view: Value = client.get(&path).await?;
+            let file = opts.out_dir.join(format!("models-{}.json", app.name));
+            std::fs::write(&file, serde_json::to_string_pretty(&view)?)
+                .with_context(|| format!("cannot write {}", file.display()))?;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    cluster.forget_inputs(&inputs.prefix).await;
+    cluster.stop().await;
+    outcome?;
+    writeln!(out, "app | profiling jobs | converged after")?;
+    for (app, after) in &results.converged_after {
+        let jobs = results.profiled.iter().filter(|p| p.app == *app).count();
+        let after = after.map_or_else(|| "not converged".to_owned(), |n| format!("{n} jobs"));
+        writeln!(out, "{app} | {jobs} | {after}")?;
+    }
+    writeln!(
+        out,
+        "\napp | parameter | converged | samples | degree | CV MAPE %"
+    )?;
+    for (app, m) in &results.models {
+        for v in &m.models {
+            writeln!(
+                out,
+                "{app} | {} | {} | {} | {} | {}",
+                v.parameter,
+                if v.converged { "yes" } else { "no" },
+                v.samples,
+                v.degree.map_or_else(|| "-".into(), |d| d.to_string()),
+                v.cv_mape
+                    .map_or_else(|| "-".into(), |e| format!("{:.1}", e * 100.0))
+            )?;
+        }
+    }
+    for n in &results.notes {
+        writeln!(out, "note: {n}")?;
+    }
     Ok(())
 }
 
