@@ -112,7 +112,7 @@ impl Default for AgentConfig {
             tls: None,
             ca_file: None,
             sandbox: SandboxChoice::Auto,
-            warm_idle_s: 60,
+            warm_idle_s: sonic_core::warm::DEFAULT_KEEP_ALIVE_S,
             heartbeat_interval_ms: 2000,
             store: None,
             store_profile: None,

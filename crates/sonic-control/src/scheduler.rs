@@ -1582,8 +1582,9 @@ async fn succeed(
     Ok(ended)
 }
 
-/// Whether the DAG's models learned every function's cold time (converged, under the rule in
-/// force).
+/// Whether the DAG's jobs share warm containers across jobs: once the models learned every
+/// function's cold time under the rule in force (`sonic_core::warm`, the rule the simulator
+/// follows too).
 async fn cold_times_learned(state: &ControlState, rt: &Runtime, dag: &Dag) -> bool {
     let (d, rule) = (dag.clone(), rt.config.convergence);
     match state
@@ -1591,7 +1592,7 @@ async fn cold_times_learned(state: &ControlState, rt: &Runtime, dag: &Dag) -> bo
         .run(move |db| crate::learning::current(db, &d, rule))
         .await
     {
-        Ok(m) => m.functions.values().all(|f| f.cold_s.converged(&rule)),
+        Ok(m) => sonic_core::warm::shares_across_jobs(&m),
         Err(e) => {
             tracing::warn!(dag = %dag.name, error = %e, "cannot read the models");
             false
