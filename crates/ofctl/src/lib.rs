@@ -224,6 +224,10 @@ pub enum Command {
         /// Rounds of the dilation check (one job per policy each).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
         dilation_reps: u32,
+        /// Only this application (repeatable; default: all three). Fig. 2 runs only with
+        /// `ml-pipeline`.
+        #[arg(long = "app", value_name = "NAME")]
+        apps: Vec<String>,
     },
     /// Register or update a DAG.
     Apply {
@@ -333,7 +337,16 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             cluster,
             dilation,
             dilation_reps,
+            apps,
         } => {
+            let known: Vec<&str> = bench::apps::apps().iter().map(|a| a.name).collect();
+            if let Some(bad) = apps.iter().find(|a| !known.contains(&a.as_str())) {
+                return Err(UsageError(format!(
+                    "--app {bad}: not an application of the bench ({})",
+                    known.join(", ")
+                ))
+                .into());
+            }
             if let Some(d) = dilation
                 && !(d.is_finite() && d >= 1.0)
             {
@@ -353,6 +366,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 server: cli.server.clone(),
                 dilation,
                 dilation_reps: dilation_reps as usize,
+                apps,
             };
             runtime()?.block_on(bench::run(up, opts, out))
         }

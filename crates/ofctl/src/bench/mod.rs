@@ -76,6 +76,8 @@ pub struct BenchOptions {
     pub dilation: Option<f64>,
     /// Repetitions per policy of the dilation check.
     pub dilation_reps: usize,
+    /// Only these applications (by name; empty: all of [`apps::apps`]).
+    pub apps: Vec<String>,
 }
 
 impl BenchOptions {
@@ -84,6 +86,14 @@ impl BenchOptions {
             return self.only.contains(&e);
         }
         self.only.is_empty() || self.only.contains(&e)
+    }
+
+    /// The applications to run: [`apps::apps`], or those `--app` named, in that order.
+    fn apps(&self) -> Vec<apps::App> {
+        apps::apps()
+            .into_iter()
+            .filter(|a| self.apps.is_empty() || self.apps.iter().any(|n| n == a.name))
+            .collect()
     }
 
     /// (training sizes, held-out sizes, rounds) of the application runs: every comparison of
@@ -442,6 +452,19 @@ pub async fn run(args: UpArgs, opts: BenchOptions, out: &mut dyn Write) -> anyho
         dilation: 1.0,
         ..Results::default()
     };
+    if !opts.apps.is_empty() {
+        let left_out: Vec<&str> = apps::apps()
+            .iter()
+            .map(|a| a.name)
+            .filter(|n| !opts.apps.iter().any(|x| x == n))
+            .collect();
+        if !left_out.is_empty() {
+            results.notes.push(format!(
+                "applications not run (--app): {}",
+                left_out.join(", ")
+            ));
+        }
+    }
     if opts.wants(Experiment::Dilation) {
         let written = dilation_run(&args, &opts, &data_dir, &mut results).await?;
         writeln!(
@@ -722,7 +745,7 @@ async fn measure_apps(
 ) -> anyhow::Result<()> {
     let client = cluster.client()?;
     let (n_train, n_test, reps) = opts.scale();
-    let all = apps::apps();
+    let all = opts.apps();
     for app in &all {
         commands::apply_text(&client, app.file, app.yaml.to_owned())
             .await
@@ -765,10 +788,12 @@ async fn measure_apps(
         }
     }
     if opts.wants(Experiment::Fig2) {
-        let app = all
-            .iter()
-            .find(|a| a.name == "ml-pipeline")
-            .ok_or_else(|| anyhow!("no ml-pipeline application"))?;
+        let Some(app) = all.iter().find(|a| a.name == "ml-pipeline") else {
+            results
+                .notes
+                .push("fig2 not run: it is the ml-pipeline's, and --app left it out".into());
+            return Ok(());
+        };
         let sizes = apps::sizes(app, n_train, n_test);
         let (input, _) = inputs.input(cluster, app, sizes.measured).await?;
         let reps2 = stats::MIN_ROUNDS;
@@ -1047,7 +1072,7 @@ async fn profile_run(
     let outcome = async {
         let client = cluster.client()?;
         let (n_train, n_test, _) = opts.scale();
-        for app in apps::apps() {
+        for app in opts.apps() {
             commands::apply_text(&client, app.file, app.yaml.to_owned())
                 .await
                 .with_context(|| format!("apply {}", app.file))?;
