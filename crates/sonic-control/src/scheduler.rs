@@ -538,6 +538,8 @@ struct Progress {
     written: BTreeMap<usize, u64>,
     /// Per edge index: the methods the agents reported staging its files with.
     observed: BTreeMap<usize, BTreeSet<String>>,
+    /// Per function index: each instance's overhead ([`instance_overhead_s`]).
+    overheads: BTreeMap<usize, Vec<f64>>,
     /// Per (agent index, the plan's VM on it): when the job first and last held it. Several
     /// VMs of a plan can share one agent (a small cluster); each is charged as the VM it is.
     spans: HashMap<(usize, usize), (Instant, Instant)>,
@@ -1753,11 +1755,34 @@ fn record_instance(
             .or_default()
             .insert(s.method.clone());
     }
+    let staged_on_edges: f64 = per_edge.values().map(|(_, s)| s).sum();
     for (edge, (bytes, seconds)) in per_edge {
         let total = progress.edges.entry(edge).or_default();
         total.0 += bytes;
         total.1 = total.1.max(seconds);
     }
+    // Uploads to the store of outputs on the DAG's edges: the model counts them as the edge's
+    // upload (remote); results and everything else are the instance's overhead.
+    let uploaded_on_edges: f64 = r
+        .outputs
+        .iter()
+        .filter(|o| {
+            dag.edges
+                .iter()
+                .any(|e| e.from == f.function && dag.functions[e.to].name == o.to)
+        })
+        .filter_map(|o| o.upload_seconds)
+        .sum();
+    progress
+        .overheads
+        .entry(f.function)
+        .or_default()
+        .push(instance_overhead_s(
+            f.ended.saturating_duration_since(f.started).as_secs_f64(),
+            r.seconds.unwrap_or(0.0),
+            staged_on_edges,
+            uploaded_on_edges,
+        ));
     for o in &r.outputs {
         if let Some(edge) = dag
             .edges
@@ -1797,6 +1822,23 @@ fn record_instance(
             });
         }
     }
+}
+
+/// An instance's *overhead*, the per-instance term of the model (`FunctionParams::overhead_s`):
+/// the time from sending it (after its permits) to taking its report, less its lambda's own
+/// time and the data passing the model counts on the DAG's edges (staging its inputs from
+/// senders, uploading its outputs for receivers). What is left is what the system pays per
+/// instance: the request and the report, loading the job's input (first stages), moving and
+/// registering outputs, uploading results (last stages), the records kept around it. Never
+/// negative (clocks of the agent and the control plane differ by a little).
+pub(crate) fn instance_overhead_s(
+    sent_to_report_s: f64,
+    lambda_s: f64,
+    staged_on_edges_s: f64,
+    uploaded_on_edges_s: f64,
+) -> f64 {
+    let o = sent_to_report_s - lambda_s - staged_on_edges_s - uploaded_on_edges_s;
+    if o.is_finite() { o.max(0.0) } else { 0.0 }
 }
 
 /// `<function>/<instance>/<to>/<name>` -> instance.
@@ -2285,6 +2327,11 @@ fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
                     .collect();
                 (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64)
             };
+            let overhead = p
+                .overheads
+                .get(&i)
+                .filter(|o| !o.is_empty())
+                .map(|o| o.iter().sum::<f64>() / o.len() as f64);
             let memory = runs
                 .iter()
                 .filter_map(|r| r.peak_memory_mb)
@@ -2295,6 +2342,7 @@ fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
                     "memory_mb": memory,
                     "cold_s": mean(true),
                     "hot_s": mean(false),
+                    "overhead_s": overhead,
                     "instances": p.instances.get(&i).copied().unwrap_or(0),
                 }),
             );
@@ -2332,4 +2380,20 @@ fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::instance_overhead_s;
+
+    #[test]
+    fn an_instance_overhead_is_what_the_model_does_not_count_elsewhere() {
+        // Sent to reported 1.0 s: 0.5 s of lambda, 0.2 s staging from senders, 0.1 s
+        // uploading for receivers: 0.2 s is the system's.
+        let o = instance_overhead_s(1.0, 0.5, 0.2, 0.1);
+        assert!((o - 0.2).abs() < 1e-12, "{o}");
+        // Never negative, never a NaN.
+        assert_eq!(instance_overhead_s(0.5, 0.6, 0.0, 0.0), 0.0);
+        assert_eq!(instance_overhead_s(f64::NAN, 0.1, 0.0, 0.0), 0.0);
+    }
 }
