@@ -1309,8 +1309,8 @@ mod tests {
             PlanProblem::new(stages.clone(), edges.clone(), catalog(), Bounds::default()).unwrap();
         stages[0].overhead_s = 0.25;
         stages[1].overhead_s = 0.5;
-        let with = PlanProblem::new(stages.clone(), edges.clone(), catalog(), Bounds::default())
-            .unwrap();
+        let with =
+            PlanProblem::new(stages.clone(), edges.clone(), catalog(), Bounds::default()).unwrap();
         let one = |c| Placement {
             vm: 0,
             vms: 1,
@@ -1541,7 +1541,11 @@ mod tests {
         let q = PlanProblem::new(stages, edges, catalog(), Bounds::default()).unwrap();
         let pr = q.evaluate(&a).unwrap();
         let t = crate::planner::timing(&q, &pr);
-        assert!(close(t[1].overhead_s, 0.3) && close(t[1].wait_s, 0.3), "{:?}", t[1]);
+        assert!(
+            close(t[1].overhead_s, 0.3) && close(t[1].wait_s, 0.3),
+            "{:?}",
+            t[1]
+        );
         assert!(close(t[1].end_s, 30.3) && close(t[2].ready_s, 30.3));
         for (x, sp) in t.iter().zip(&pr.stages) {
             let sum = x.ready_s + x.upload_s + x.wait_s + x.fetch_s + x.compute_s;

@@ -21,10 +21,11 @@ pub struct FunctionParams {
     pub hot_s: f64,
     /// The stage's fanout.
     pub instances: u32,
-    /// Time each instance takes beyond its compute and the data passing the model counts on
-    /// its edges: sending it, loading the job's input (first stages), registering its outputs
-    /// and uploading its results (last stages), its report. Paid once per batch
-    /// (docs/model.md, "Per-instance overhead"); 0 when not given.
+    /// Time a batch of instances takes beyond the mean compute and the data passing the model
+    /// counts on its edges (its slowest instance's): sending it, loading the job's input (first
+    /// stages), registering its outputs and uploading its results (last stages), its report,
+    /// the instances' spread. Paid once per batch (docs/model.md, "Per-instance overhead");
+    /// 0 when not given.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub overhead_s: f64,
 }

@@ -937,7 +937,10 @@ mod tests {
             .remove("overhead_s");
         let back: DagModels = serde_json::from_value(old).unwrap();
         assert!(back.functions["pca"].overhead_s.samples.is_empty());
-        assert_eq!(back.params_for(1e9).unwrap().functions["pca"].overhead_s, 0.0);
+        assert_eq!(
+            back.params_for(1e9).unwrap().functions["pca"].overhead_s,
+            0.0
+        );
         assert!(
             summary
                 .iter()
