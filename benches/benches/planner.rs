@@ -31,6 +31,7 @@ fn stage(i: usize, k: u32) -> Stage {
         cold_s: 5.0 + i as f64,
         hot_s: 4.0 + 0.5 * i as f64,
         instances: k,
+        overhead_s: 0.0,
     }
 }
 

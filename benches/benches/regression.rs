@@ -25,6 +25,7 @@ fn params(x: f64) -> Params {
         cold_s: t,
         hot_s: 0.9 * t,
         instances: k,
+        overhead_s: 0.0,
     };
     Params {
         functions: [

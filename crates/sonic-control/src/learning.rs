@@ -53,6 +53,7 @@ pub fn sample_parts(s: &SampleRecord) -> (BTreeMap<String, FunctionSample>, Vec<
                     memory_mb: num("memory_mb"),
                     cold_s: num("cold_s"),
                     hot_s: num("hot_s"),
+                    overhead_s: num("overhead_s"),
                     // A stage that ran no instance measured no fanout.
                     instances: m["instances"]
                         .as_u64()
@@ -120,6 +121,7 @@ pub fn fit_all(dag: &Dag, samples: &[SampleRecord], rule: Convergence) -> DagMod
                 (&mut m.cold_s, f.cold_s),
                 (&mut m.hot_s, f.hot_s),
                 (&mut m.instances, f.instances.map(f64::from)),
+                (&mut m.overhead_s, f.overhead_s),
             ];
             for (model, y) in pairs {
                 if let Some(y) = y {
@@ -146,6 +148,7 @@ pub fn fit_all(dag: &Dag, samples: &[SampleRecord], rule: Convergence) -> DagMod
             &mut f.cold_s,
             &mut f.hot_s,
             &mut f.instances,
+            &mut f.overhead_s,
         ]);
     }
     all.extend(models.edges.iter_mut().map(|e| &mut e.bytes));
@@ -533,6 +536,7 @@ pub fn measured_params(
         let memory = mean(&pick(&|s| s.memory_mb));
         let cold = mean(&pick(&|s| s.cold_s));
         let hot = mean(&pick(&|s| s.hot_s));
+        let overhead = mean(&pick(&|s| s.overhead_s));
         let instances = pick(&|s| s.instances.map(f64::from))
             .into_iter()
             .fold(0.0_f64, f64::max);
@@ -549,6 +553,7 @@ pub fn measured_params(
                 cold_s,
                 hot_s: hot.unwrap_or(cold_s),
                 instances: (instances.round() as u32).max(1),
+                overhead_s: overhead.unwrap_or(0.0),
             },
         );
     }
@@ -712,7 +717,7 @@ edges:
     /// A job at `x` input bytes with exact linear parameters.
     fn sample(job: usize, x: u64) -> SampleRecord {
         let xf = x as f64;
-        let f = |mem: f64, t: f64, k: u32| json!({"memory_mb": mem + xf / 1e6, "cold_s": t + xf / 1e7, "hot_s": null, "instances": k});
+        let f = |mem: f64, t: f64, k: u32| json!({"memory_mb": mem + xf / 1e6, "cold_s": t + xf / 1e7, "hot_s": null, "instances": k, "overhead_s": 0.1 + xf / 1e8});
         SampleRecord {
             dag: "fan".into(),
             job: format!("j-{job}"),
@@ -940,6 +945,12 @@ edges:
         assert_eq!(p.edges[1].bytes, ByteSize(120_000_000));
         // hot_s was never measured: it falls back to cold_s.
         assert_eq!(p.functions["gen"].hot_s, p.functions["gen"].cold_s);
+        // The per-instance overhead is learned from the samples too.
+        assert!((p.functions["mid"].overhead_s - 0.7).abs() < 1e-6);
+        // An oracle plans with the mean measured at the size.
+        let m = measured_params(&dag, &db.samples("fan").expect("samples"), 50_000_000)
+            .expect("measured");
+        assert!((m.functions["sink"].overhead_s - 0.6).abs() < 1e-9);
     }
 
     #[test]

@@ -361,6 +361,7 @@ edges:
             cold_s: 1.0,
             hot_s: 1.0,
             instances: 1,
+            overhead_s: 0.0,
         };
         Params {
             functions: [("a", p(100.0)), ("b", p(memory_mb)), ("c", p(10.0))]

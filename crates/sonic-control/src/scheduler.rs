@@ -538,6 +538,9 @@ struct Progress {
     written: BTreeMap<usize, u64>,
     /// Per edge index: the methods the agents reported staging its files with.
     observed: BTreeMap<usize, BTreeSet<String>>,
+    /// Per function index: each instance's time outside the data passing the model counts on
+    /// the DAG's edges, and its lambda's own time ([`stage_overhead_s`]).
+    outside_edges: BTreeMap<usize, Vec<(f64, f64)>>,
     /// Per (agent index, the plan's VM on it): when the job first and last held it. Several
     /// VMs of a plan can share one agent (a small cluster); each is charged as the VM it is.
     spans: HashMap<(usize, usize), (Instant, Instant)>,
@@ -1753,11 +1756,30 @@ fn record_instance(
             .or_default()
             .insert(s.method.clone());
     }
+    let staged_on_edges: f64 = per_edge.values().map(|(_, s)| s).sum();
     for (edge, (bytes, seconds)) in per_edge {
         let total = progress.edges.entry(edge).or_default();
         total.0 += bytes;
         total.1 = total.1.max(seconds);
     }
+    // Uploads to the store of outputs on the DAG's edges: the model counts them as the edge's
+    // upload (remote); results and everything else are the instance's overhead.
+    let uploaded_on_edges: f64 = r
+        .outputs
+        .iter()
+        .filter(|o| {
+            dag.edges
+                .iter()
+                .any(|e| e.from == f.function && dag.functions[e.to].name == o.to)
+        })
+        .filter_map(|o| o.upload_seconds)
+        .sum();
+    progress.outside_edges.entry(f.function).or_default().push((
+        f.ended.saturating_duration_since(f.started).as_secs_f64()
+            - staged_on_edges
+            - uploaded_on_edges,
+        r.seconds.unwrap_or(0.0),
+    ));
     for o in &r.outputs {
         if let Some(edge) = dag
             .edges
@@ -1797,6 +1819,30 @@ fn record_instance(
             });
         }
     }
+}
+
+/// A stage's *overhead* in one job, the per-batch term of the model
+/// (`FunctionParams::overhead_s`), from its instances' `(time outside the edges' data passing,
+/// lambda time)`: the first is from sending the instance (after its permits) to taking its
+/// report, less its staging of inputs from DAG senders and its uploads of outputs for DAG
+/// receivers (the model counts those on the edges). The stage ends with its slowest instance
+/// while the model's compute is the mean lambda's, so the overhead is the slowest instance's
+/// time outside the edges less the mean lambda time: what the system pays per instance (the
+/// request and the report, loading the job's input in first stages, moving and registering
+/// outputs, uploading results in last stages, the records kept around it) and its instances'
+/// spread. Never negative; `None` without an instance.
+pub(crate) fn stage_overhead_s(instances: &[(f64, f64)]) -> Option<f64> {
+    let finite: Vec<(f64, f64)> = instances
+        .iter()
+        .copied()
+        .filter(|(a, b)| a.is_finite() && b.is_finite())
+        .collect();
+    if finite.is_empty() {
+        return None;
+    }
+    let slowest = finite.iter().map(|x| x.0).fold(f64::NEG_INFINITY, f64::max);
+    let mean_lambda = finite.iter().map(|x| x.1).sum::<f64>() / finite.len() as f64;
+    Some((slowest - mean_lambda).max(0.0))
 }
 
 /// `<function>/<instance>/<to>/<name>` -> instance.
@@ -2285,6 +2331,7 @@ fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
                     .collect();
                 (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64)
             };
+            let overhead = p.outside_edges.get(&i).and_then(|o| stage_overhead_s(o));
             let memory = runs
                 .iter()
                 .filter_map(|r| r.peak_memory_mb)
@@ -2295,6 +2342,7 @@ fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
                     "memory_mb": memory,
                     "cold_s": mean(true),
                     "hot_s": mean(false),
+                    "overhead_s": overhead,
                     "instances": p.instances.get(&i).copied().unwrap_or(0),
                 }),
             );
@@ -2332,4 +2380,25 @@ fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stage_overhead_s;
+
+    #[test]
+    fn a_stage_overhead_is_what_its_slowest_instance_adds_to_the_mean_lambda() {
+        // One instance: sent to reported 1.0 s less 0.2 s staging from senders and 0.1 s
+        // uploading for receivers is 0.7 s outside the edges, of which 0.5 s lambda.
+        let o = stage_overhead_s(&[(0.7, 0.5)]).expect("one");
+        assert!((o - 0.2).abs() < 1e-12, "{o}");
+        // Two: the slowest (0.9 s outside the edges) against the mean lambda (0.4 s).
+        let o = stage_overhead_s(&[(0.6, 0.5), (0.9, 0.3)]).expect("two");
+        assert!((o - 0.5).abs() < 1e-12, "{o}");
+        // Never negative, NaNs left out, nothing without instances.
+        assert_eq!(stage_overhead_s(&[(0.5, 0.6)]), Some(0.0));
+        let o = stage_overhead_s(&[(f64::NAN, 0.1), (0.3, 0.1)]).expect("one finite");
+        assert!((o - 0.2).abs() < 1e-12, "{o}");
+        assert_eq!(stage_overhead_s(&[]), None);
+    }
 }

@@ -404,6 +404,12 @@ async fn a_dag_runs_under_every_policy_with_identical_results() {
         let sample = samples.iter().find(|x| x.job == id).expect("sample");
         assert_eq!(sample.input_bytes, n);
         assert_eq!(sample.measured["functions"]["mid"]["instances"], 2);
+        // Every function's per-instance overhead was measured: what its instances took beyond
+        // the lambda and the edges' data passing.
+        for f in ["gen", "mid", "sink"] {
+            let o = sample.measured["functions"][f]["overhead_s"].as_f64();
+            assert!(o.is_some_and(|o| o >= 0.0), "{policy}: {f}: {o:?}");
+        }
         // The model's edge bytes are what the sender wrote: the broadcast file once.
         assert_eq!(sample.measured["edges"][0]["bytes"], n);
         assert_eq!(sample.measured["edges"][1]["bytes"], 2 * n);

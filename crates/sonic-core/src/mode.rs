@@ -464,6 +464,7 @@ mod tests {
                 cold_s: Some(cold),
                 hot_s: None,
                 instances: Some(2),
+                overhead_s: None,
             };
             let fs: BTreeMap<String, FunctionSample> =
                 [("a".to_owned(), f), ("b".to_owned(), f)].into();

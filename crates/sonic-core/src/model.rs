@@ -69,6 +69,11 @@ pub struct Stage {
     pub hot_s: f64,
     /// The fanout K.
     pub instances: u32,
+    /// What each batch of its instances takes beyond compute and the modeled data passing
+    /// (sending, the job's input, registering outputs, results, the report; learned per
+    /// function like the times): a VM's batches take `B * overhead_s` more.
+    #[serde(default)]
+    pub overhead_s: f64,
 }
 
 /// An edge as given to [`PlanProblem::new`], by function name.
@@ -267,6 +272,8 @@ pub(crate) struct StepOut {
     pub start: f64,
     pub fetch: f64,
     pub compute: f64,
+    /// The per-instance overhead of its batches (after the compute).
+    pub overhead: f64,
     pub end: f64,
     /// Cost added by this step, all parts (the sum of the four below, in a fixed order).
     pub cost: f64,
@@ -285,6 +292,9 @@ pub struct StagePrediction {
     pub fetch_s: f64,
     /// Compute time of the fullest VM: `cold + (batches - 1) * hot`.
     pub compute_s: f64,
+    /// Per-instance overhead of the fullest VM: `batches * overhead_s`; `end_s` is
+    /// `start_s + fetch_s + compute_s + overhead_s`.
+    pub overhead_s: f64,
     pub end_s: f64,
     pub batches: u32,
     /// Cost of this stage and every stage before it in topological order.
@@ -371,6 +381,12 @@ impl PlanProblem {
                 return Err(bad(format!(
                     "times cold {} s, hot {} s must be numbers >= 0",
                     s.cold_s, s.hot_s
+                )));
+            }
+            if !(s.overhead_s.is_finite() && s.overhead_s >= 0.0) {
+                return Err(bad(format!(
+                    "overhead {} s must be a number >= 0",
+                    s.overhead_s
                 )));
             }
             if s.instances == 0 {
@@ -546,6 +562,7 @@ impl PlanProblem {
                 cold_s: p.cold_s,
                 hot_s: p.hot_s,
                 instances: p.instances,
+                overhead_s: p.overhead_s,
             });
         }
         if let Some(extra) = params
@@ -726,6 +743,18 @@ impl PlanProblem {
         st.cold_s + f64::from(self.batches(s, pl) - 1) * st.hot_s
     }
 
+    /// Per-instance overhead of the fullest VM: every batch pays it once
+    /// (`batches * overhead_s`).
+    pub fn overhead_s(&self, s: usize, pl: Placement) -> f64 {
+        f64::from(self.batches(s, pl)) * self.stages[s].overhead_s
+    }
+
+    /// How long the fullest VM is busy with the stage once its inputs are fetched: compute and
+    /// the per-instance overhead of every batch.
+    pub fn busy_s(&self, s: usize, pl: Placement) -> f64 {
+        self.compute_s(s, pl) + self.overhead_s(s, pl)
+    }
+
     pub(crate) fn vm_type(&self, vm: usize) -> &VmType {
         &self.catalog.vm_types[vm]
     }
@@ -895,7 +924,8 @@ impl PlanProblem {
             times.push((t, flow));
         }
         let compute = self.compute_s(r, pl);
-        let end = start + fetch + compute;
+        let overhead = self.overhead_s(r, pl);
+        let end = start + fetch + compute + overhead;
 
         let (lp, rp) = (self.local_price, self.remote_price);
         let put = self.catalog.remote_storage.put_usd_per_1k / 1e3;
@@ -946,6 +976,7 @@ impl PlanProblem {
             start,
             fetch,
             compute,
+            overhead,
             end,
             cost,
             vm_usd,
@@ -1092,6 +1123,7 @@ impl PlanProblem {
                 start_s: out.start,
                 fetch_s: out.fetch,
                 compute_s: out.compute,
+                overhead_s: out.overhead,
                 end_s: out.end,
                 batches: self.batches(r, pl),
                 cost_so_far_usd: total,
@@ -1226,6 +1258,7 @@ mod tests {
             cold_s: cold,
             hot_s: hot,
             instances: k,
+            overhead_s: 0.0,
         }
     }
 
@@ -1238,6 +1271,13 @@ mod tests {
         }
     }
 
+    fn lightgbm_edges(k: u32) -> Vec<EdgeSpec> {
+        vec![
+            edge("pca", "train", EdgeKind::Broadcast, 1e9),
+            edge("train", "combine", EdgeKind::Gather, 1e8 * f64::from(k)),
+        ]
+    }
+
     fn lightgbm(k: u32) -> PlanProblem {
         PlanProblem::new(
             vec![
@@ -1245,10 +1285,7 @@ mod tests {
                 stage("train", 1000.0, 14.0, 12.0, k),
                 stage("combine", 500.0, 2.0, 1.0, 1),
             ],
-            vec![
-                edge("pca", "train", EdgeKind::Broadcast, 1e9),
-                edge("train", "combine", EdgeKind::Gather, 1e8 * f64::from(k)),
-            ],
+            lightgbm_edges(k),
             catalog(),
             Bounds::default(),
         )
@@ -1257,6 +1294,57 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+    }
+
+    #[test]
+    fn every_batch_pays_the_per_instance_overhead() {
+        // train: 6 instances on one VM of type a, 2 at once: 3 batches, each paying 0.5 s of
+        // overhead after its compute (14 cold, then 12 hot twice).
+        let mut stages = vec![
+            stage("pca", 1000.0, 10.0, 9.0, 1),
+            stage("train", 1000.0, 14.0, 12.0, 6),
+        ];
+        let edges = vec![edge("pca", "train", EdgeKind::Broadcast, 1e9)];
+        let plain =
+            PlanProblem::new(stages.clone(), edges.clone(), catalog(), Bounds::default()).unwrap();
+        stages[0].overhead_s = 0.25;
+        stages[1].overhead_s = 0.5;
+        let with =
+            PlanProblem::new(stages.clone(), edges.clone(), catalog(), Bounds::default()).unwrap();
+        let one = |c| Placement {
+            vm: 0,
+            vms: 1,
+            concurrent: c,
+        };
+        let a = Assignment {
+            placements: vec![one(1), one(2)],
+            methods: vec![Method::VmStorage],
+        };
+        assert_eq!(with.batches(1, one(2)), 3);
+        assert!(close(with.overhead_s(1, one(2)), 1.5));
+        assert!(close(with.busy_s(1, one(2)), 14.0 + 2.0 * 12.0 + 1.5));
+        let (p0, p1) = (plain.evaluate(&a).unwrap(), with.evaluate(&a).unwrap());
+        // The sender ends 0.25 s later, the receiver starts then and pays 3 x 0.5 s more.
+        assert!(close(p1.stages[0].end_s, p0.stages[0].end_s + 0.25));
+        assert!(close(p1.stages[1].start_s, p0.stages[1].start_s + 0.25));
+        assert!(close(p1.stages[1].compute_s, p0.stages[1].compute_s));
+        assert!(close(p1.stages[1].overhead_s, 1.5));
+        let s1 = &p1.stages[1];
+        assert!(close(
+            s1.end_s,
+            s1.start_s + s1.fetch_s + s1.compute_s + s1.overhead_s
+        ));
+        assert!(close(p1.latency_s, p0.latency_s + 0.25 + 1.5));
+        // The VM is held (and paid) for it: $0.001/s.
+        assert!(close(p1.cost.vm_usd - p0.cost.vm_usd, 0.001 * (0.25 + 1.5)));
+        // A negative or infinite overhead is refused.
+        stages[1].overhead_s = -1.0;
+        assert!(matches!(
+            PlanProblem::new(stages.clone(), edges.clone(), catalog(), Bounds::default()),
+            Err(ProblemError::BadStage { .. })
+        ));
+        stages[1].overhead_s = f64::INFINITY;
+        assert!(PlanProblem::new(stages, edges, catalog(), Bounds::default()).is_err());
     }
 
     #[test]
@@ -1443,6 +1531,25 @@ mod tests {
         for x in crate::planner::timing(&p, &pr) {
             assert!(close(x.upload_s, 0.0) && close(x.fetch_s, 0.0), "{x:?}");
             assert!(close(x.ready_s + x.wait_s + x.compute_s, x.end_s), "{x:?}");
+            assert_eq!(x.overhead_s, 0.0);
+        }
+        // A per-instance overhead is waiting (neither data passing nor compute), as an
+        // evaluation measures it: train's 2 instances on 2 VMs pay it once each.
+        let mut stages = p.stages().to_vec();
+        stages[1].overhead_s = 0.3;
+        let edges = lightgbm_edges(2);
+        let q = PlanProblem::new(stages, edges, catalog(), Bounds::default()).unwrap();
+        let pr = q.evaluate(&a).unwrap();
+        let t = crate::planner::timing(&q, &pr);
+        assert!(
+            close(t[1].overhead_s, 0.3) && close(t[1].wait_s, 0.3),
+            "{:?}",
+            t[1]
+        );
+        assert!(close(t[1].end_s, 30.3) && close(t[2].ready_s, 30.3));
+        for (x, sp) in t.iter().zip(&pr.stages) {
+            let sum = x.ready_s + x.upload_s + x.wait_s + x.fetch_s + x.compute_s;
+            assert!(close(sum, sp.end_s), "{x:?}");
         }
     }
 

@@ -21,6 +21,17 @@ pub struct FunctionParams {
     pub hot_s: f64,
     /// The stage's fanout.
     pub instances: u32,
+    /// Time a batch of instances takes beyond the mean compute and the data passing the model
+    /// counts on its edges (its slowest instance's): sending it, loading the job's input (first
+    /// stages), registering its outputs and uploading its results (last stages), its report,
+    /// the instances' spread. Paid once per batch (docs/model.md, "Per-instance overhead");
+    /// 0 when not given.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub overhead_s: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// Bytes on one edge: the total the sending stage writes for the receiving stage.
@@ -88,7 +99,11 @@ impl Params {
                     format!("{} is not a positive number", f.memory_mb),
                 ));
             }
-            for (field, v) in [("cold_s", f.cold_s), ("hot_s", f.hot_s)] {
+            for (field, v) in [
+                ("cold_s", f.cold_s),
+                ("hot_s", f.hot_s),
+                ("overhead_s", f.overhead_s),
+            ] {
                 if !(v.is_finite() && v >= 0.0) {
                     return Err(bad(at(field), format!("{v} is not a number >= 0")));
                 }

@@ -116,6 +116,9 @@ pub struct Predicted {
 /// The model's timing of one stage of a plan, split into the terms an evaluation compares with
 /// what a job measured (docs/evaluation.md, "Prediction quality"): from `ready_s` (its last
 /// sender ended) to `end_s` = `ready_s` + `upload_s` + `wait_s` + `fetch_s` + `compute_s`.
+/// `wait_s` holds what is neither data passing nor compute: the VMs busy with an earlier stage
+/// (before `start_s`) and the per-instance overhead (`overhead_s`, after the compute), as an
+/// evaluation measures waiting (a stage's time that is neither).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StageTiming {
     pub function: String,
@@ -126,8 +129,14 @@ pub struct StageTiming {
     /// The part of `start_s - ready_s` spent uploading a sender's outputs to the store (the
     /// `remote` edge that made the inputs durable last).
     pub upload_s: f64,
-    /// The rest of `start_s - ready_s`: its VMs still busy with an earlier stage (vm-storage).
+    /// The rest of `start_s - ready_s` (its VMs still busy with an earlier stage, vm-storage),
+    /// plus `overhead_s`.
     pub wait_s: f64,
+    /// The part of `wait_s` that is the per-instance overhead of its batches
+    /// (`batches * overhead_s` of the function): sending, the job's input, outputs and results
+    /// registered and uploaded, the report. 0 in plans recorded before it was modeled.
+    #[serde(default)]
+    pub overhead_s: f64,
     /// Fetching its inputs onto its VMs (the slowest incoming edge).
     pub fetch_s: f64,
     /// Compute of the fullest VM: `cold + (batches - 1) * hot`.
@@ -223,7 +232,8 @@ pub fn timing(pb: &PlanProblem, pred: &Prediction) -> Vec<StageTiming> {
                 ready_s: ready,
                 start_s: sp.start_s,
                 upload_s: upload,
-                wait_s: gap - upload,
+                wait_s: gap - upload + sp.overhead_s,
+                overhead_s: sp.overhead_s,
                 fetch_s: sp.fetch_s,
                 compute_s: sp.compute_s,
                 end_s: sp.end_s,

@@ -372,6 +372,16 @@ pub struct FunctionModels {
     /// Only warm runs measure it; until it converges, predictions use the cold time.
     pub hot_s: Model,
     pub instances: Model,
+    /// Per-instance overhead (`FunctionParams::overhead_s`); predicted as soon as it has a
+    /// sample (0 before), and never holds back convergence. Absent from models stored before
+    /// it was learned.
+    #[serde(default = "overhead_model")]
+    pub overhead_s: Model,
+}
+
+/// An empty overhead model (for models stored before overheads were learned).
+fn overhead_model() -> Model {
+    Model::new(Quantity::Time, 0x0BE7_4EAD)
 }
 
 /// The bytes model of one edge.
@@ -390,6 +400,9 @@ pub struct FunctionSample {
     pub cold_s: Option<f64>,
     pub hot_s: Option<f64>,
     pub instances: Option<u32>,
+    /// Mean per-instance overhead (`FunctionParams::overhead_s`).
+    #[serde(default)]
+    pub overhead_s: Option<f64>,
 }
 
 /// Every model of one DAG.
@@ -453,6 +466,11 @@ impl DagModels {
                         cold_s: next(Quantity::Time),
                         hot_s: next(Quantity::Time),
                         instances: next(Quantity::Fanout),
+                        // Seeded apart from the sequence, so the other models keep their folds.
+                        overhead_s: Model::new(
+                            Quantity::Time,
+                            seed ^ overhead_model().seed.wrapping_mul(0x9E37_79B9),
+                        ),
                     },
                 )
             })
@@ -508,6 +526,7 @@ impl DagModels {
                 (&mut m.cold_s, s.cold_s),
                 (&mut m.hot_s, s.hot_s),
                 (&mut m.instances, s.instances.map(f64::from)),
+                (&mut m.overhead_s, s.overhead_s),
             ];
             for (model, y) in pairs {
                 if let Some(y) = y {
@@ -547,6 +566,7 @@ impl DagModels {
                         cold_s: Some(f.cold_s),
                         hot_s: Some(f.hot_s),
                         instances: Some(f.instances),
+                        overhead_s: Some(f.overhead_s),
                     },
                 )
             })
@@ -622,6 +642,9 @@ impl DagModels {
                     cold_s,
                     hot_s,
                     instances: need(&f.instances, format!("{name}.instances"))? as u32,
+                    // What the system pays per instance beyond compute and the modeled data
+                    // passing: from its first sample on (0 before: nothing measured yet).
+                    overhead_s: f.overhead_s.predict(input_bytes).unwrap_or(0.0),
                 },
             );
         }
@@ -654,6 +677,7 @@ impl DagModels {
             out.push(one(format!("{name}.cold_s"), &f.cold_s));
             out.push(one(format!("{name}.hot_s"), &f.hot_s));
             out.push(one(format!("{name}.instances"), &f.instances));
+            out.push(one(format!("{name}.overhead_s"), &f.overhead_s));
         }
         for e in &self.edges {
             out.push(one(format!("{}->{}.bytes", e.from, e.to), &e.bytes));
@@ -843,6 +867,7 @@ mod tests {
                     cold_s: Some(1.0 + 4e-8 * x),
                     hot_s: None,
                     instances: Some(1),
+                    overhead_s: Some(0.2 + 1e-9 * x),
                 },
             );
             f.insert(
@@ -852,6 +877,7 @@ mod tests {
                     cold_s: Some(3.0),
                     hot_s: None,
                     instances: Some(6),
+                    overhead_s: None,
                 },
             );
             let e = [EdgeParams {
@@ -871,6 +897,11 @@ mod tests {
         );
         assert_eq!(p.functions["train"].instances, 6);
         assert!((p.edges[0].bytes.0 as f64 - 5e8).abs() <= 1.0);
+        // The per-instance overhead is learned like the times; a function that never measured
+        // it has none.
+        let o = p.functions["pca"].overhead_s;
+        assert!((o - 1.2).abs() < 1e-6, "pca overhead {o}");
+        assert_eq!(p.functions["train"].overhead_s, 0.0);
 
         // Noisy hot times (relative error far above 15%) of a function whose cold time is
         // seconds: not converged, yet with 5 samples they replace the cold time.
@@ -892,7 +923,24 @@ mod tests {
         let hot = noisy.params_for(1e9).unwrap().functions["train"].hot_s;
         assert!((hot - 3.0).abs() < 1e-9, "{hot}");
         let summary = dm.summary();
-        assert_eq!(summary.len(), 9);
+        assert_eq!(summary.len(), 11);
+        assert!(
+            summary
+                .iter()
+                .any(|s| s.parameter == "pca.overhead_s" && s.samples == 8)
+        );
+        // Models stored before overheads were learned still read, with an empty one.
+        let mut old = serde_json::to_value(&dm).unwrap();
+        old["functions"]["pca"]
+            .as_object_mut()
+            .unwrap()
+            .remove("overhead_s");
+        let back: DagModels = serde_json::from_value(old).unwrap();
+        assert!(back.functions["pca"].overhead_s.samples.is_empty());
+        assert_eq!(
+            back.params_for(1e9).unwrap().functions["pca"].overhead_s,
+            0.0
+        );
         assert!(
             summary
                 .iter()

@@ -21,6 +21,7 @@ fn stage(i: usize, k: u32) -> Stage {
         cold_s: 5.0 + (i % 8) as f64,
         hot_s: 4.0 + 0.5 * (i % 8) as f64,
         instances: k,
+        overhead_s: 0.0,
     }
 }
 

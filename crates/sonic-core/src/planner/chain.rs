@@ -232,7 +232,7 @@ impl<'a> Chain<'a> {
                 opts[s]
                     .iter()
                     .map(|o| {
-                        pb.compute_s(
+                        pb.busy_s(
                             s,
                             Placement {
                                 vm: o.vm,
@@ -814,6 +814,7 @@ mod tests {
                 cold_s: 1.0 + 10.0 * u(),
                 hot_s: 0.5 + 8.0 * u(),
                 instances: k,
+                overhead_s: 0.5 * u(),
             })
             .collect();
         let edges = (0..n - 1)

@@ -291,7 +291,7 @@ impl<'a> Search<'a> {
                 .iter()
                 .map(|&e| {
                     let c = pb.edges()[e].to;
-                    pb.stages()[c].cold_s + tail_t[c]
+                    pb.stages()[c].cold_s + pb.stages()[c].overhead_s + tail_t[c]
                 })
                 .fold(0.0, f64::max);
         }
@@ -308,7 +308,7 @@ impl<'a> Search<'a> {
                     .iter()
                     .map(|o| {
                         o.rate
-                            * pb.compute_s(
+                            * pb.busy_s(
                                 s,
                                 Placement {
                                     vm: o.vm,

@@ -203,6 +203,9 @@ pub(crate) fn table(
             if sp.batches == 1 { "" } else { "es" },
             sp.compute_s
         );
+        if sp.overhead_s > 0.0 {
+            reason.push_str(&format!(", {:.3} s overhead", sp.overhead_s));
+        }
         for &e in pb.incoming(s) {
             let from = &pb.stages()[pb.edges()[e].from].name;
             let others: Vec<String> = methods
