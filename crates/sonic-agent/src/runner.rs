@@ -254,7 +254,10 @@ async fn handler_command(
         env.push(("PYTHONPATH".into(), rt_dir.display().to_string()));
         // The warm runtime of the instance ends when the agent is gone (docs/python.md).
         env.push(("SONIC_AGENT_PID".into(), std::process::id().to_string()));
-        let python = venv.map_or_else(|| "python3".to_owned(), |(_, p)| p.display().to_string());
+        let python = match venv {
+            Some((_, p)) => p.display().to_string(),
+            None => host_python().await.to_owned(),
+        };
         return Ok(HandlerLaunch {
             command: vec![
                 python,
@@ -316,6 +319,34 @@ fn handler_peak(output_dir: &Path) -> Option<u64> {
     let _ = std::fs::remove_file(&path);
     let v: serde_json::Value = serde_json::from_slice(&text?).ok()?;
     v.get("peak_kib")?.as_u64().map(|k| k.saturating_mul(1024))
+}
+
+/// The interpreter the host's `python3` is (`sys.executable`), found once: a handler stage's
+/// hot run starts it per run (the client of the instance's warm runtime), and a shim in front
+/// of it (pyenv's is a bash script) would cost more than the start itself. `python3` when it
+/// does not say.
+pub async fn host_python() -> &'static str {
+    static PYTHON: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+    PYTHON
+        .get_or_init(|| async {
+            let out = tokio::process::Command::new("python3")
+                .args(["-c", "import sys; print(sys.executable)"])
+                .stdin(std::process::Stdio::null())
+                .output()
+                .await;
+            match out {
+                Ok(o) if o.status.success() => {
+                    let exe = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+                    if exe.starts_with('/') {
+                        exe
+                    } else {
+                        "python3".to_owned()
+                    }
+                }
+                _ => "python3".to_owned(),
+            }
+        })
+        .await
 }
 
 /// The quota of an instance: what the request asks, at most the agent's own.
