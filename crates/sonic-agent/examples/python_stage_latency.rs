@@ -3,11 +3,15 @@
 //! host's `python3`), measured at the sandbox: from the run's request to its end, outputs
 //! collected (docs/python.md).
 //!
-//! `cargo run -p sonic-agent --example python_stage_latency [hot] [cold]`
+//! `cargo run -p sonic-agent --example python_stage_latency [hot] [cold] [import_ms]`
 //!
-//! A cold run has a new warm key (Docker: a new container; process: a new environment); a hot
-//! run reuses the key's warm container (environment). Every run starts `python3`, imports the
-//! handler and calls it once, in both sandboxes.
+//! A cold run has a new warm key (Docker: a new container; process: a new environment): it
+//! starts the instance's warm Python runtime, which imports the handler; a hot run reuses the
+//! key's warm container (environment) and its runtime: it starts the small client (`python3`)
+//! that hands the call over, and `f.py` is not imported again. `import_ms` (0 by default) makes
+//! importing the handler take that long (a sleep at module level, standing for a heavy import
+//! such as numpy's). The process sandbox runs the interpreter behind the host's `python3`, as
+//! the agent does (`sonic_agent::runner::host_python`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -18,7 +22,13 @@ use sonic_agent::sandbox::{
 
 type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
-const ECHO: &str = "def f(event):\n    return event['inputs'][0]['value']\n";
+/// The echo handler, its import taking `import_ms`.
+fn echo(import_ms: u64) -> String {
+    format!(
+        "import time\ntime.sleep({})\n\ndef f(event):\n    return event['inputs'][0]['value']\n",
+        import_ms as f64 / 1000.0
+    )
+}
 
 fn pct(v: &mut [Duration], p: f64) -> f64 {
     v.sort();
@@ -74,7 +84,7 @@ async fn run(
         env.push(("PYTHONPATH".into(), rt.display().to_string()));
         (
             vec![
-                "python3".to_owned(),
+                sonic_agent::runner::host_python().await.to_owned(),
                 runner.display().to_string(),
                 code.display().to_string(),
             ],
@@ -112,9 +122,15 @@ async fn run(
     Ok(took)
 }
 
-async fn measure(sandbox: &dyn Sandbox, base: &Path, hot: usize, cold: usize) -> Res {
+async fn measure(
+    sandbox: &dyn Sandbox,
+    base: &Path,
+    hot: usize,
+    cold: usize,
+    import_ms: u64,
+) -> Res {
     std::fs::create_dir_all(base.join("code"))?;
-    std::fs::write(base.join("code/f.py"), ECHO)?;
+    std::fs::write(base.join("code/f.py"), echo(import_ms))?;
     let docker = sandbox.kind() == "docker";
     let mut n = 0;
     let mut colds = Vec::new();
@@ -149,17 +165,18 @@ async fn main() -> Res {
     let mut args = std::env::args().skip(1);
     let hot: usize = args.next().map_or(Ok(200), |s| s.parse())?;
     let cold: usize = args.next().map_or(Ok(30), |s| s.parse())?;
+    let import_ms: u64 = args.next().map_or(Ok(0), |s| s.parse())?;
     let dir = tempfile::tempdir()?;
     let docker = DockerSandbox::connect_with(DockerConfig {
         work_dir: dir.path().join("containers"),
         ..DockerConfig::default()
     })
     .await?;
-    measure(&docker, &dir.path().join("docker"), hot, cold).await?;
+    measure(&docker, &dir.path().join("docker"), hot, cold, import_ms).await?;
     let process = ProcessSandbox::new(ProcessConfig {
         work_dir: dir.path().join("processes"),
         ..ProcessConfig::default()
     })?;
-    measure(&process, &dir.path().join("process"), hot, cold).await?;
+    measure(&process, &dir.path().join("process"), hot, cold, import_ms).await?;
     Ok(())
 }

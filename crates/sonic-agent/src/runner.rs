@@ -252,7 +252,12 @@ async fn handler_command(
     ));
     if !docker {
         env.push(("PYTHONPATH".into(), rt_dir.display().to_string()));
-        let python = venv.map_or_else(|| "python3".to_owned(), |(_, p)| p.display().to_string());
+        // The warm runtime of the instance ends when the agent is gone (docs/python.md).
+        env.push(("SONIC_AGENT_PID".into(), std::process::id().to_string()));
+        let python = match venv {
+            Some((_, p)) => p.display().to_string(),
+            None => host_python().await.to_owned(),
+        };
         return Ok(HandlerLaunch {
             command: vec![
                 python,
@@ -303,6 +308,45 @@ async fn handler_command(
         image: state.config.python_image.clone(),
         mounts,
     })
+}
+
+/// What the Python runner reported of a handler run (`sonic_dag_runner.py`, `USAGE_FILE`): the
+/// peak resident memory of the warm runtime during the call, in bytes. The file is removed (it
+/// is not an output).
+fn handler_peak(output_dir: &Path) -> Option<u64> {
+    let path = output_dir.join(".sonic-handler-usage.json");
+    let text = std::fs::read(&path).ok();
+    let _ = std::fs::remove_file(&path);
+    let v: serde_json::Value = serde_json::from_slice(&text?).ok()?;
+    v.get("peak_kib")?.as_u64().map(|k| k.saturating_mul(1024))
+}
+
+/// The interpreter the host's `python3` is (`sys.executable`), found once: a handler stage's
+/// hot run starts it per run (the client of the instance's warm runtime), and a shim in front
+/// of it (pyenv's is a bash script) would cost more than the start itself. `python3` when it
+/// does not say.
+pub async fn host_python() -> &'static str {
+    static PYTHON: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+    PYTHON
+        .get_or_init(|| async {
+            let out = tokio::process::Command::new("python3")
+                .args(["-c", "import sys; print(sys.executable)"])
+                .stdin(std::process::Stdio::null())
+                .output()
+                .await;
+            match out {
+                Ok(o) if o.status.success() => {
+                    let exe = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+                    if exe.starts_with('/') {
+                        exe
+                    } else {
+                        "python3".to_owned()
+                    }
+                }
+                _ => "python3".to_owned(),
+            }
+        })
+        .await
 }
 
 /// The quota of an instance: what the request asks, at most the agent's own.
@@ -531,9 +575,23 @@ async fn run_inner(
     report.cold = Some(outcome.cold);
     report.seconds = Some(outcome.duration.as_secs_f64());
     report.start_latency_s = Some(outcome.start_latency.as_secs_f64());
-    report.peak_memory_mb = outcome
-        .peak_memory_bytes
-        .map(|b| b as f64 / (1024.0 * 1024.0));
+    let mut peak = outcome.peak_memory_bytes;
+    if req.handler.is_some()
+        && let Some(handler_peak) = handler_peak(&output_dir)
+    {
+        // The call ran in the instance's warm Python runtime, not in the run's own process.
+        peak = Some(peak.unwrap_or(0).max(handler_peak));
+    }
+    report.peak_memory_mb = peak.map(|b| b as f64 / (1024.0 * 1024.0));
+    let mut termination = outcome.termination.clone();
+    if state.sandbox.kind() == "process"
+        && matches!(termination, Termination::Exited(_))
+        && peak.is_some_and(|p| p > req.memory_limit_mb.saturating_mul(1024 * 1024))
+    {
+        // As the process sandbox checks its own process's peak after the fact: the runtime
+        // the handler ran in went over the run's limit.
+        termination = Termination::OutOfMemory;
+    }
     report.log = outcome.log.clone();
     if checked > 0 {
         report.log.insert_str(
@@ -541,7 +599,7 @@ async fn run_inner(
             &format!("sonic: {checked} inputs complete before the start (sizes checked)\n"),
         );
     }
-    match outcome.termination {
+    match termination {
         Termination::Exited(0) => {}
         Termination::Exited(code) => {
             report.status = RunStatus::Failed;

@@ -696,12 +696,6 @@ async fn the_ml_pipeline_as_python_handlers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openlambda_requests_run_handler_stages_in_docker() {
     let c = Cluster::start_in(SandboxChoice::Docker).await;
-    // DAGs named apart from their lambdas: a lambda of the DAG's name would answer instead.
-    let one = |dag: &str, handler: &str, timeout: &str| {
-        format!(
-            "name: {dag}\nfunctions:\n  - {{ name: only, handler: {handler}, timeout: {timeout} }}\n"
-        )
-    };
     let call = |name: &str, body: String| {
         c.http
             .post(c.ol_url(&format!("/run/{name}")))
@@ -722,18 +716,17 @@ def f(event):
             "python": sys.executable, "code_read_only": not os.access("/sonic/handler", os.W_OK),
             "root_read_only": read_only, "input": i["path"].startswith("/sonic/in/")}
 "#;
-    c.upload(
+    let (status, text) = run_handler(
+        &c,
         "echo",
         &[
             ("f.py", ECHO),
             ("ol.yaml", "environment:\n  GREETING: hello from ol.yaml\n"),
         ],
+        "30s",
+        r#"{"x": 1}"#,
     )
     .await;
-    c.apply(&one("dag-echo", "echo", "30s")).await;
-    let r = call("dag-echo", r#"{"x": 1}"#.into()).await.expect("run");
-    let status = r.status();
-    let text = r.text().await.expect("text");
     assert_eq!(status, 200, "{text}");
     assert_eq!(
         serde_json::from_str::<Value>(&text).expect("json"),
@@ -775,46 +768,50 @@ def f(event):
     );
 
     // A handler that raises: 500 with its error.
-    c.upload(
-        "boom",
-        &[("f.py", "def f(event):\n    raise RuntimeError('boom')\n")],
-    )
-    .await;
-    c.apply(&one("dag-boom", "boom", "30s")).await;
-    let r = call("dag-boom", "{}".into()).await.expect("run");
-    assert_eq!(r.status(), 500);
-    let text = r.text().await.expect("text");
+    let boom = "def f(event):\n    raise RuntimeError('boom')\n";
+    let (status, text) = run_handler(&c, "boom", &[("f.py", boom)], "30s", "{}").await;
+    assert_eq!(status, 500);
     assert!(text.contains("RuntimeError: boom"), "{text}");
 
     // A handler that never returns: killed at its timeout, the call fails saying so.
-    c.upload(
-        "sleeper",
-        &[("f.py", "import time\ndef f(event):\n    time.sleep(3600)\n")],
-    )
-    .await;
-    c.apply(&one("dag-sleeper", "sleeper", "2s")).await;
-    let r = call("dag-sleeper", "{}".into()).await.expect("run");
-    assert_eq!(r.status(), 500);
-    let text = r.text().await.expect("text");
+    let sleeper = "import time\ndef f(event):\n    time.sleep(3600)\n";
+    let (status, text) = run_handler(&c, "sleeper", &[("f.py", sleeper)], "2s", "{}").await;
+    assert_eq!(status, 500);
     assert!(text.contains("timeout"), "{text}");
 
     // One that allocates without bound: stopped at its container's memory limit (the default
     // 1024 MB of a stage), the host unharmed.
-    c.upload(
-        "hog",
-        &[(
-            "f.py",
-            "def f(event):\n    hoard = []\n    while True:\n        hoard.append(bytearray(16 << 20))\n",
-        )],
-    )
-    .await;
-    c.apply("name: dag-hog\nfunctions:\n  - { name: only, handler: hog, timeout: 60s }\n")
-        .await;
-    let r = call("dag-hog", "{}".into()).await.expect("run");
-    assert_eq!(r.status(), 500);
-    let text = r.text().await.expect("text");
+    let hog = "def f(event):\n    hoard = []\n    while True:\n        hoard.append(bytearray(16 << 20))\n";
+    let (status, text) = run_handler(&c, "hog", &[("f.py", hog)], "60s", "{}").await;
+    assert_eq!(status, 500);
     assert!(text.contains("memory limit"), "{text}");
     c.stop().await;
+}
+
+/// Uploads the lambda `name`, applies the DAG `dag-<name>` of one stage running it with
+/// `timeout` (a DAG named apart from its lambda: a lambda of the DAG's name would answer
+/// instead), calls `POST /run/dag-<name>` with `body` and answers its status and text.
+async fn run_handler(
+    c: &Cluster,
+    name: &str,
+    files: &[(&str, &str)],
+    timeout: &str,
+    body: &str,
+) -> (u16, String) {
+    c.upload(name, files).await;
+    c.apply(&format!(
+        "name: dag-{name}\nfunctions:\n  - {{ name: only, handler: {name}, timeout: {timeout} }}\n"
+    ))
+    .await;
+    let r = c
+        .http
+        .post(c.ol_url(&format!("/run/dag-{name}")))
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("run");
+    let status = r.status().as_u16();
+    (status, r.text().await.expect("text"))
 }
 
 /// A handler stage with a `requirements.txt` in the Docker sandbox: the agent builds its

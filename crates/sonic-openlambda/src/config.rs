@@ -37,6 +37,10 @@ pub struct OpenLambdaConfig {
     /// handler that allocates without bound fails its call instead of taking the host's
     /// memory. 0: no limit.
     pub worker_memory: u64,
+    /// The CPUs one warm worker may use (a CFS quota: a cgroup of its own per worker, cgroup
+    /// v1 `cpu` or v2 `cpu.max`); 0: none. Where cgroups cannot be made (not root), workers
+    /// run unbounded and the listener says so once.
+    pub worker_cpus: f64,
 }
 
 impl std::fmt::Debug for OpenLambdaConfig {
@@ -68,6 +72,7 @@ impl OpenLambdaConfig {
             queue_per_lambda: 256,
             pip_timeout: crate::venv::DEFAULT_PIP_TIMEOUT,
             worker_memory: crate::DEFAULT_WORKER_MEMORY,
+            worker_cpus: crate::DEFAULT_WORKER_CPUS,
         }
     }
 }

@@ -435,6 +435,7 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
         timeout: h.cfg.timeout,
         max_output: h.cfg.max_output,
         memory: h.cfg.worker_memory,
+        cpus: h.cfg.worker_cpus,
     };
     // A warm worker of the current code, or a cold start.
     let taken = {
@@ -753,6 +754,9 @@ pub async fn start(cfg: OpenLambdaConfig) -> Result<Running, StartError> {
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The address space a warm worker may map by default (2 GiB).
 pub const DEFAULT_WORKER_MEMORY: u64 = 2 << 30;
+
+/// The CPUs one warm `/run/` worker may use by default (`OpenLambdaConfig::worker_cpus`).
+pub const DEFAULT_WORKER_CPUS: f64 = 1.0;
 
 impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -27,13 +27,95 @@ pub enum CallError {
     Worker(String),
 }
 
-/// One warm worker; dropping it kills the process.
+/// One warm worker; dropping it kills the process (and then removes its CPU group).
 pub struct Worker {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     /// The code version it imported.
     pub version: u64,
+    /// Its CPU bound, when it has one; after `child`, so that it is removed after the kill.
+    _cpu: Option<CpuGroup>,
+}
+
+/// A worker's CPU bound: a cgroup of its own with a CFS quota (cgroup v1 `cpu` controller at
+/// `/sys/fs/cgroup/cpu`, else cgroup v2 `cpu.max`), removed when dropped.
+struct CpuGroup {
+    dir: std::path::PathBuf,
+}
+
+/// The CFS period of worker CPU groups (µs).
+const CPU_PERIOD_US: u64 = 100_000;
+
+impl CpuGroup {
+    /// Makes a group allowing `cpus` CPUs and moves `pid` into it.
+    fn create(cpus: f64, pid: u32) -> std::io::Result<CpuGroup> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("sonic-openlambda-{}-{n}", std::process::id());
+        let quota = ((cpus * CPU_PERIOD_US as f64) as u64).max(1_000);
+        let v1 = Path::new("/sys/fs/cgroup/cpu");
+        let v2 = Path::new("/sys/fs/cgroup");
+        let (dir, limits) = if v1.join("cpu.cfs_quota_us").is_file() {
+            (
+                v1.join(name),
+                vec![
+                    ("cpu.cfs_period_us", CPU_PERIOD_US.to_string()),
+                    ("cpu.cfs_quota_us", quota.to_string()),
+                ],
+            )
+        } else if v2.join("cgroup.controllers").is_file() {
+            (
+                v2.join(name),
+                vec![("cpu.max", format!("{quota} {CPU_PERIOD_US}"))],
+            )
+        } else {
+            return Err(std::io::Error::other("no cgroup cpu controller"));
+        };
+        std::fs::create_dir(&dir)?;
+        // From here on, a failure removes the group (drop).
+        let group = CpuGroup { dir };
+        for (file, value) in limits {
+            std::fs::write(group.dir.join(file), value)?;
+        }
+        std::fs::write(group.dir.join("cgroup.procs"), pid.to_string())?;
+        Ok(group)
+    }
+}
+
+impl Drop for CpuGroup {
+    fn drop(&mut self) {
+        let dir = std::mem::take(&mut self.dir);
+        // The worker was killed just before: removal waits (briefly) for it to exit.
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while std::fs::remove_dir(&dir).is_err() && std::time::Instant::now() < deadline {
+                if !dir.exists() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+    }
+}
+
+/// Puts a new worker under its CPU bound; where no group can be made, says so once and lets it
+/// run unbounded.
+fn bound_cpu(cpus: f64, pid: Option<u32>) -> Option<CpuGroup> {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !(cpus.is_finite() && cpus > 0.0) {
+        return None;
+    }
+    let pid = pid?;
+    match CpuGroup::create(cpus, pid) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(error = %e, "cannot bound the CPU of /run/ workers (cgroups need root): they run unbounded");
+            }
+            None
+        }
+    }
 }
 
 /// How workers start and how much a call may take.
@@ -45,6 +127,8 @@ pub struct Limits {
     pub max_output: usize,
     /// The worker's address space (`RLIMIT_AS`), bytes; 0: no limit.
     pub memory: u64,
+    /// The CPUs the worker may use (its own cgroup's CFS quota); 0: no limit.
+    pub cpus: f64,
 }
 
 impl Worker {
@@ -88,11 +172,14 @@ impl Worker {
             return Err(CallError::Worker("no pipes".into()));
         };
         tokio::spawn(drain(stderr));
+        // Right after the start, while the runtime is still starting Python.
+        let cpu = bound_cpu(limits.cpus, child.id());
         let mut w = Worker {
             child,
             stdin,
             stdout: BufReader::new(stdout),
             version,
+            _cpu: cpu,
         };
         let first = tokio::time::timeout(limits.timeout, w.read_line(limits.max_output))
             .await

@@ -211,6 +211,46 @@ async fn a_handler_that_allocates_without_bound_fails_with_memory_error() -> Res
     Ok(())
 }
 
+/// Each worker runs under its CPU bound (`worker_cpus`): a cgroup of its own whose CFS quota is
+/// that many CPUs, which the handler sees from inside. Needs root and cgroup v1's `cpu`
+/// controller (this project's machines).
+#[tokio::test]
+async fn a_worker_runs_under_its_cpu_bound() -> Res {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(dir.path());
+    cfg.worker_cpus = 0.5;
+    let ol = sonic_openlambda::start(cfg).await?;
+    let code = "def f(event):\n    [path] = [l.split(':', 2)[2].strip() for l in open('/proc/self/cgroup') if l.split(':')[1] in ('cpu', 'cpu,cpuacct', 'cpuacct,cpu')]\n    base = '/sys/fs/cgroup/cpu' + path\n    return {'group': path, 'quota': int(open(base + '/cpu.cfs_quota_us').read()), 'period': int(open(base + '/cpu.cfs_period_us').read())}\n";
+    assert_eq!(
+        upload(&ol, "cpu", tarball(&[("f.py", code)], "")?).await?.0,
+        201
+    );
+    let (status, body) = run(&ol, "cpu", &serde_json::json!(null)).await?;
+    assert_eq!(
+        status, 200,
+        "{body} (needs root and cgroup v1's cpu controller)"
+    );
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    assert!(
+        v["group"]
+            .as_str()
+            .is_some_and(|g| g.contains("sonic-openlambda-")),
+        "{v}"
+    );
+    assert_eq!(v["quota"], 50_000, "{v}");
+    assert_eq!(v["period"], 100_000, "{v}");
+    let group = Path::new("/sys/fs/cgroup/cpu")
+        .join(v["group"].as_str().unwrap_or("/").trim_start_matches('/'));
+    ol.stop().await;
+    // The worker's group goes with it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while group.exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!group.exists(), "{} left behind", group.display());
+    Ok(())
+}
+
 #[tokio::test]
 async fn exceptions_timeouts_and_output_bounds() -> Res {
     let dir = tempfile::tempdir()?;

@@ -39,7 +39,12 @@
 //!   idle time after its last run, or made by `prewarm`) is hot: the binary is then in the page
 //!   cache and the `TMPDIR` state of earlier runs of the key is still there; else it is cold.
 //!   Warm keys name a function across jobs (docs/agent.md), so a later job's runs are hot too;
-//!   what is job-specific (environment, input and output folders) is each run's own.
+//!   what is job-specific (environment, input and output folders) is each run's own. An
+//!   environment whose run was killed (timeout, memory, quota, a signal) or broke containment is
+//!   removed, never reused, as the Docker sandbox's container.
+//! - With cgroups, a run's command gets its memory group's folder as `SONIC_MEMORY_CGROUP`, so
+//!   that a process it hands its work to (a Python handler's warm runtime, docs/python.md) can
+//!   join the group for the run and leave it after.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -638,8 +643,13 @@ impl Launch {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("SONIC_INPUT_DIR", &self.input_dir)
             .env("SONIC_OUTPUT_DIR", &self.output_dir)
-            .current_dir(&self.env_dir)
-            .stdin(Stdio::null())
+            .current_dir(&self.env_dir);
+        if let Some(cg) = cgroup {
+            // A process the run hands its work to (a handler's warm Python runtime) joins the
+            // run's memory group for it (docs/python.md).
+            cmd.env("SONIC_MEMORY_CGROUP", &cg.dir);
+        }
+        cmd.stdin(Stdio::null())
             .stdout(writer.try_clone()?)
             .stderr(writer)
             .process_group(0);
@@ -763,7 +773,14 @@ impl Sandbox for ProcessSandbox {
             dir: Some(env_dir.clone()),
         };
         let result = self.run_in(&spec, env_dir, cold, t0).await;
-        if let Some(dir) = lease.dir.take() {
+        // An environment whose run was killed (timeout, memory, quota, a signal) or broke its
+        // containment is not reused, as the Docker sandbox's container: whatever it held (a
+        // handler's warm Python runtime) went with the run, and the next run is cold.
+        let reusable = match &result {
+            Ok(outcome) => matches!(outcome.termination, Termination::Exited(_)),
+            Err(_) => false,
+        };
+        if reusable && let Some(dir) = lease.dir.take() {
             self.release_env(&spec.warm_key, dir);
         }
         result
