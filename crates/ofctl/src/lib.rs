@@ -5,8 +5,6 @@
 //! ([`config`]) or `--server` / `SONIC_SERVER` and `SONIC_TOKEN`. The cluster and the client are
 //! the `sonic-cluster` library's.
 
-pub mod bench;
-pub mod charts;
 pub mod commands;
 pub mod demo;
 pub mod plan;
@@ -15,6 +13,8 @@ pub mod up;
 
 /// The control plane's client, the saved context and the progress line live in `sonic-cluster`.
 pub use sonic_cluster::{SandboxArg, StoreArg, client, config, progress};
+/// `ofctl bench` is the front door of the evaluation, the `sonic-eval` crate.
+pub use sonic_eval as bench;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -326,6 +326,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             let opts = bench::BenchOptions {
                 quick,
                 out_dir,
+                data_dir: up.data_dir.clone(),
                 only,
                 seed,
                 cluster,
@@ -333,7 +334,9 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 dilation,
                 dilation_reps: dilation_reps as usize,
             };
-            runtime()?.block_on(bench::run(up, opts, out))
+            // Each cluster the bench starts gets its own data folder and a free port.
+            let base = up.options(PathBuf::new(), SocketAddr::from(([127, 0, 0, 1], 0)));
+            runtime()?.block_on(bench::run(base, opts, out))
         }
         command => {
             let target = config::resolve(cli.server.as_deref())?;
