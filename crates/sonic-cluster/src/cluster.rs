@@ -807,32 +807,13 @@ impl Cluster {
 
     /// Polls the agent list until every agent of this cluster is alive.
     async fn wait_alive(&self, limit: Duration) -> anyhow::Result<()> {
-        let client = self.client()?;
-        let deadline = Instant::now() + limit;
-        loop {
-            let list: AgentList = client.get("/v1/agents").await?;
-            let alive = self
-                .info
-                .agents
-                .iter()
-                .filter(|a| {
-                    list.agents
-                        .iter()
-                        .any(|r| r.agent_id == a.agent_id && r.alive)
-                })
-                .count();
-            if alive == self.info.agents.len() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "only {alive} of {} agents registered within {} s",
-                    self.info.agents.len(),
-                    limit.as_secs()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let ids: Vec<String> = self
+            .info
+            .agents
+            .iter()
+            .map(|a| a.agent_id.clone())
+            .collect();
+        wait_alive(&self.client()?, &ids, limit).await
     }
 
     /// Stops the agents, the control plane, and SeaweedFS when this cluster started it.
@@ -846,6 +827,30 @@ impl Cluster {
         {
             eprintln!("ofctl: stopping SeaweedFS: {e}");
         }
+    }
+}
+
+/// Polls the agent list of the control plane `client` talks to until every agent named in `ids`
+/// is registered and alive; an error once `limit` has passed.
+pub async fn wait_alive(client: &Client, ids: &[String], limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let list: AgentList = client.get("/v1/agents").await?;
+        let alive = ids
+            .iter()
+            .filter(|id| list.agents.iter().any(|r| r.agent_id == **id && r.alive))
+            .count();
+        if alive == ids.len() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "only {alive} of {} agents registered within {} s",
+                ids.len(),
+                limit.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
