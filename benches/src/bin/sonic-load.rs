@@ -544,21 +544,13 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
                 .map_err(|e| anyhow!("agent {id}: {e}"))?,
         );
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (_, v, _) = api.call(reqwest::Method::GET, "/v1/agents", None).await?;
-        let alive = v["agents"]
-            .as_array()
-            .map(|a| a.iter().filter(|x| x["alive"] == true).count())
-            .unwrap_or(0);
-        if alive as u64 == n_agents {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("only {alive} agents registered");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let ids: Vec<String> = (1..=n_agents).map(|i| format!("a-{i}")).collect();
+    let client = sonic_cluster::Client::new(sonic_cluster::config::Target {
+        server: url.clone(),
+        token: Some(TOKEN.into()),
+        ca_file: None,
+    })?;
+    sonic_cluster::cluster::wait_alive(&client, &ids, Duration::from_secs(60)).await?;
     for dag in [ONE.to_string(), fanout_dag(sleep_ms), chain_dag()] {
         let (code, v, _) = api
             .call(

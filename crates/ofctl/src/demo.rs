@@ -19,6 +19,7 @@ use crate::progress::Progress;
 use crate::render::{self, Table};
 use crate::up::{Cluster, ClusterInfo, wait_for_signal, write_info};
 use crate::{Output, UpArgs};
+use sonic_eval::apps::sort_records;
 
 /// How much the demo runs.
 #[derive(Debug, Clone, Copy)]
@@ -106,34 +107,6 @@ pub struct DagReport {
     pub notes: Vec<String>,
     /// The planned jobs' summaries.
     pub planned_jobs: Vec<Value>,
-}
-
-/// gensort-like records (docs/applications.md): a 10-byte random key, `00 11`, the record number
-/// in 32 hex digits, `88 99 AA BB`, 48 filler characters, `CC DD EE FF`.
-pub fn sort_records(bytes: u64, seed: u64) -> Vec<u8> {
-    let records = bytes / 100;
-    let mut out = Vec::with_capacity((records * 100) as usize);
-    let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
-    let mut next = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
-    for i in 0..records {
-        let a = next().to_be_bytes();
-        let b = next().to_be_bytes();
-        out.extend_from_slice(&a);
-        out.extend_from_slice(&b[..2]);
-        out.extend_from_slice(&[0x00, 0x11]);
-        out.extend_from_slice(format!("{i:032X}").as_bytes());
-        out.extend_from_slice(&[0x88, 0x99, 0xAA, 0xBB]);
-        let filler = b'A' + (i % 26) as u8;
-        out.extend(std::iter::repeat_n(filler, 48));
-        out.extend_from_slice(&[0xCC, 0xDD, 0xEE, 0xFF]);
-    }
-    out
 }
 
 /// `ofctl demo`.
@@ -479,20 +452,6 @@ fn write_report(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn records_have_the_documented_layout() {
-        let r = sort_records(1050, 1);
-        assert_eq!(r.len(), 1000, "whole records only");
-        for (i, rec) in r.chunks(100).enumerate() {
-            assert_eq!(&rec[10..12], &[0x00, 0x11]);
-            assert_eq!(&rec[12..44], format!("{i:032X}").as_bytes());
-            assert_eq!(&rec[44..48], &[0x88, 0x99, 0xAA, 0xBB]);
-            assert_eq!(&rec[96..100], &[0xCC, 0xDD, 0xEE, 0xFF]);
-        }
-        assert_ne!(&r[0..10], &r[100..110], "keys differ");
-        assert_eq!(sort_records(500, 7), sort_records(500, 7), "deterministic");
-    }
 
     #[test]
     fn the_demo_dags_are_the_shipped_files() {

@@ -2,18 +2,19 @@
 //!
 //! `plan` is offline; `up` and `demo` run a whole cluster in this process ([`up`]); the other
 //! commands talk to a control plane over HTTP ([`client`]), found through the saved configuration
-//! ([`config`]) or `--server` / `SONIC_SERVER` and `SONIC_TOKEN`.
+//! ([`config`]) or `--server` / `SONIC_SERVER` and `SONIC_TOKEN`. The cluster and the client are
+//! the `sonic-cluster` library's.
 
-pub mod bench;
-pub mod charts;
-pub mod client;
 pub mod commands;
-pub mod config;
 pub mod demo;
 pub mod plan;
-pub mod progress;
 pub mod render;
 pub mod up;
+
+/// The control plane's client, the saved context and the progress line live in `sonic-cluster`.
+pub use sonic_cluster::{SandboxArg, StoreArg, client, config, progress};
+/// `ofctl bench` is the front door of the evaluation, the `sonic-eval` crate.
+pub use sonic_eval as bench;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -86,28 +87,6 @@ pub struct Cli {
     pub server: Option<String>,
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// Which sandbox the agents of `ofctl up` run lambdas in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum SandboxArg {
-    /// Docker when an engine answers (building the lambda image when it is missing), else
-    /// processes (a fallback, said so).
-    #[default]
-    Auto,
-    Docker,
-    Process,
-}
-
-/// Which object store `ofctl up` uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum StoreArg {
-    /// SeaweedFS (S3) when it answers, else installed and started; a local directory is the
-    /// fallback (said so).
-    #[default]
-    Auto,
-    S3,
-    Local,
 }
 
 /// What `ofctl get` lists.
@@ -360,6 +339,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             let opts = bench::BenchOptions {
                 quick,
                 out_dir,
+                data_dir: up.data_dir.clone(),
                 only,
                 seed,
                 cluster,
@@ -368,7 +348,9 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 dilation_reps: dilation_reps as usize,
                 apps,
             };
-            runtime()?.block_on(bench::run(up, opts, out))
+            // Each cluster the bench starts gets its own data folder and a free port.
+            let base = up.options(PathBuf::new(), SocketAddr::from(([127, 0, 0, 1], 0)));
+            runtime()?.block_on(bench::run(base, opts, out))
         }
         command => {
             let target = config::resolve(cli.server.as_deref())?;

@@ -713,7 +713,7 @@ fn cell_table(s: &mut String, cells: &[Cell], experiment: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::{Row, aggregate};
+    use crate::{Row, aggregate};
 
     fn row(variant: &str, policy: &str, lat: f64) -> Row {
         Row {
@@ -811,7 +811,7 @@ mod tests {
     /// out.
     #[test]
     fn losses_are_explained_from_the_jobs() {
-        use crate::bench::explain::{job_times, tests::summary};
+        use crate::explain::{job_times, tests::summary};
         let mut results = Results::default();
         let mut add = |variant: &str, policy: &str, latency: f64, edge_s: f64| {
             let s = summary(policy, latency, 0.002, edge_s, 0.3);

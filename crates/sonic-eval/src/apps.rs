@@ -3,7 +3,33 @@
 
 use sonic_lambdas::{ml, video};
 
-use crate::demo::sort_records;
+/// gensort-like records (docs/applications.md): a 10-byte random key, `00 11`, the record number
+/// in 32 hex digits, `88 99 AA BB`, 48 filler characters, `CC DD EE FF`.
+pub fn sort_records(bytes: u64, seed: u64) -> Vec<u8> {
+    let records = bytes / 100;
+    let mut out = Vec::with_capacity((records * 100) as usize);
+    let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    for i in 0..records {
+        let a = next().to_be_bytes();
+        let b = next().to_be_bytes();
+        out.extend_from_slice(&a);
+        out.extend_from_slice(&b[..2]);
+        out.extend_from_slice(&[0x00, 0x11]);
+        out.extend_from_slice(format!("{i:032X}").as_bytes());
+        out.extend_from_slice(&[0x88, 0x99, 0xAA, 0xBB]);
+        let filler = b'A' + (i % 26) as u8;
+        out.extend(std::iter::repeat_n(filler, 48));
+        out.extend_from_slice(&[0xCC, 0xDD, 0xEE, 0xFF]);
+    }
+    out
+}
 
 /// What one job's input is.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,7 +85,7 @@ pub fn apps() -> Vec<App> {
         App {
             name: "mapreduce-sort",
             file: "dags/mapreduce-sort.yaml",
-            yaml: include_str!("../../../../dags/mapreduce-sort.yaml"),
+            yaml: include_str!("../../../dags/mapreduce-sort.yaml"),
             input: InputKind::SortBytes,
             input_name: "records.bin",
             // The paper sorts 1.5 GB; every job's result stays in the store (1.5 GB x ~45
@@ -73,7 +99,7 @@ pub fn apps() -> Vec<App> {
         App {
             name: "ml-pipeline",
             file: "dags/ml-pipeline.yaml",
-            yaml: include_str!("../../../../dags/ml-pipeline.yaml"),
+            yaml: include_str!("../../../dags/ml-pipeline.yaml"),
             input: InputKind::MlRows,
             input_name: "train.csv",
             // The paper trains on 200 MB (1.7 M rows here); training grows faster than the
@@ -87,7 +113,7 @@ pub fn apps() -> Vec<App> {
         App {
             name: "video-analytics",
             file: "dags/video-analytics.yaml",
-            yaml: include_str!("../../../../dags/video-analytics.yaml"),
+            yaml: include_str!("../../../dags/video-analytics.yaml"),
             input: InputKind::VideoSeconds,
             input_name: "video.y4m",
             lo: 40,
@@ -101,7 +127,7 @@ pub fn apps() -> Vec<App> {
 }
 
 /// The broadcast microbenchmark of Fig. 6.
-pub const BROADCAST_YAML: &str = include_str!("../../../../dags/broadcast.yaml");
+pub const BROADCAST_YAML: &str = include_str!("../../../dags/broadcast.yaml");
 
 /// The sizes profiling runs at: `train` spans `[lo, hi]` evenly, in an order that covers the
 /// range early (the first k jobs of Fig. 10 are spread out, as online profiling of varied inputs
@@ -211,6 +237,20 @@ pub fn input(app: &App, size: u64) -> anyhow::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_have_the_documented_layout() {
+        let r = sort_records(1050, 1);
+        assert_eq!(r.len(), 1000, "whole records only");
+        for (i, rec) in r.chunks(100).enumerate() {
+            assert_eq!(&rec[10..12], &[0x00, 0x11]);
+            assert_eq!(&rec[12..44], format!("{i:032X}").as_bytes());
+            assert_eq!(&rec[44..48], &[0x88, 0x99, 0xAA, 0xBB]);
+            assert_eq!(&rec[96..100], &[0xCC, 0xDD, 0xEE, 0xFF]);
+        }
+        assert_ne!(&r[0..10], &r[100..110], "keys differ");
+        assert_eq!(sort_records(500, 7), sort_records(500, 7), "deterministic");
+    }
 
     #[test]
     fn sizes_span_the_range_and_hold_out_others() {

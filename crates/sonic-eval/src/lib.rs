@@ -1,8 +1,8 @@
-//! `ofctl bench`: the SONIC paper's experiments on an emulated cluster on this machine, and at
-//! the paper's scale in the simulator (docs/evaluation.md). Writes CSV, SVG charts and a
-//! markdown report into the output folder.
+//! Sonic's evaluation (what `ofctl bench` runs): the SONIC paper's experiments on an emulated
+//! cluster on this machine, and at the paper's scale in the simulator (docs/evaluation.md).
+//! Writes CSV, SVG charts ([`charts`]) and a markdown report into the output folder.
 //!
-//! On the emulated cluster (`ofctl up`'s cluster: agents standing for the catalog's VM types,
+//! On the emulated cluster (`sonic-cluster`'s, as `ofctl up` starts it: agents standing for the catalog's VM types,
 //! each limited to its type's bandwidth; the store answering with the catalog's request latency
 //! and per-connection throughput): each application is profiled at varied input sizes (Fig. 10
 //! is computed from those samples), then measured under every policy (Fig. 7), the ML pipeline
@@ -11,6 +11,7 @@
 //! the real runs) and runs the paper-scale experiments (Fig. 6, 9, 14, 15).
 
 pub mod apps;
+pub mod charts;
 pub mod explain;
 pub mod fig10;
 pub mod harness;
@@ -30,13 +31,12 @@ use serde_json::Value;
 use sonic_api::control::{DagModelsView, JobMode, JobStatus, JobSummary};
 use sonic_core::catalog::Catalog;
 
-use crate::UpArgs;
-use crate::client::{Client, encode};
-use crate::commands::{self, JobInput, JobRequest};
-use crate::progress::Progress;
-use crate::up::{Cluster, ClusterInfo};
 use apps::App;
 use harness::{ClusterKind, Harness};
+use sonic_cluster::client::{Client, encode};
+use sonic_cluster::jobs::{self, JobInput, JobRequest};
+use sonic_cluster::progress::Progress;
+use sonic_cluster::{Cluster, ClusterInfo, ClusterOptions};
 
 /// The experiments `--only` can pick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -63,6 +63,9 @@ pub struct BenchOptions {
     /// A few minutes: fewer sizes, fanouts and repetitions.
     pub quick: bool,
     pub out_dir: PathBuf,
+    /// Where the clusters started here keep their files (each in a folder of its own under it);
+    /// `None`: a temporary folder, removed at the end.
+    pub data_dir: Option<PathBuf>,
     /// Empty: every experiment but `dilation`.
     pub only: Vec<Experiment>,
     /// Seeds the random order of the policies in each round and the bootstrap intervals; the
@@ -427,18 +430,25 @@ pub struct Results {
     pub times: Vec<explain::JobTimes>,
 }
 
-/// `ofctl bench`.
-pub async fn run(args: UpArgs, opts: BenchOptions, out: &mut dyn Write) -> anyhow::Result<()> {
+/// `ofctl bench`: every experiment `opts` asks for, then the files of the output folder (their
+/// list on `out`). The clusters it starts here take `base`'s agents, catalog, sandbox, store,
+/// lambdas and OpenLambda listener; each gets its own data folder, a free port and the emulated
+/// store.
+pub async fn run(
+    base: ClusterOptions,
+    opts: BenchOptions,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     let temp = tempfile::Builder::new()
         .prefix("sonic-bench-")
         .tempdir()
         .context("cannot make a temporary folder")?;
-    let data_dir = args
+    let data_dir = opts
         .data_dir
         .clone()
         .unwrap_or_else(|| temp.path().to_path_buf());
-    let catalog = match &args.catalog {
+    let catalog = match &base.catalog {
         Some(p) => {
             let text = std::fs::read_to_string(p)
                 .with_context(|| format!("cannot read {}", p.display()))?;
@@ -466,7 +476,7 @@ pub async fn run(args: UpArgs, opts: BenchOptions, out: &mut dyn Write) -> anyho
         }
     }
     if opts.wants(Experiment::Dilation) {
-        let written = dilation_run(&args, &opts, &data_dir, &mut results).await?;
+        let written = dilation_run(&base, &opts, &data_dir, &mut results).await?;
         writeln!(
             out,
             "wrote {} in {:.0} s",
@@ -478,14 +488,14 @@ pub async fn run(args: UpArgs, opts: BenchOptions, out: &mut dyn Write) -> anyho
         }
     }
     if opts.wants(Experiment::Profile) {
-        profile_run(&args, &opts, &data_dir.join("profile"), &mut results, out).await?;
+        profile_run(&base, &opts, &data_dir.join("profile"), &mut results, out).await?;
         if opts.only.len() == 1 {
             return Ok(());
         }
     }
     let wants_cluster = opts.wants(Experiment::Fig7) || opts.wants(Experiment::Fig2);
     if wants_cluster {
-        cluster_experiments(&args, &opts, &catalog, &data_dir.join("main"), &mut results).await?;
+        cluster_experiments(&base, &opts, &catalog, &data_dir.join("main"), &mut results).await?;
     }
     if opts.wants(Experiment::Fig6) && opts.cluster == ClusterKind::Containers {
         results.notes.push(
@@ -494,7 +504,7 @@ pub async fn run(args: UpArgs, opts: BenchOptions, out: &mut dyn Write) -> anyho
     } else if opts.wants(Experiment::Fig6) {
         for vm in ["m5.large", "m5.xlarge"] {
             if let Err(e) =
-                broadcast_experiment(&args, &opts, &catalog, vm, &data_dir, &mut results).await
+                broadcast_experiment(&base, &opts, &catalog, vm, &data_dir, &mut results).await
             {
                 results.notes.push(format!("fig6 on {vm}: {e:#}"));
                 eprintln!("ofctl bench: fig6 on {vm}: {e:#}");
@@ -537,12 +547,12 @@ async fn run_job(client: &Client, job: Job<'_>) -> anyhow::Result<JobSummary> {
         policy: job.policy.map(str::to_owned),
         planned: job.planned,
     };
-    let accepted = commands::submit(client, &req).await?;
+    let accepted = jobs::submit(client, &req).await?;
     let id = accepted["job_id"]
         .as_str()
         .ok_or_else(|| anyhow!("POST /v1/jobs answered no job_id"))?
         .to_owned();
-    let v = commands::wait_job(client, &id, &mut Progress::new()).await?;
+    let v = jobs::wait_job(client, &id, &mut Progress::new()).await?;
     Ok(serde_json::from_value(v)?)
 }
 
@@ -555,6 +565,16 @@ struct Inputs {
 }
 
 impl Inputs {
+    /// None made yet: they go under `bench/<this process>/` in the store, or as files into
+    /// `dir`.
+    fn new(dir: &Path) -> Inputs {
+        Inputs {
+            prefix: format!("bench/{}/", std::process::id()),
+            stored: BTreeMap::new(),
+            dir: dir.to_path_buf(),
+        }
+    }
+
     /// The job input of `app` at `size`, and its bytes.
     async fn input(
         &mut self,
@@ -591,25 +611,26 @@ pub(crate) fn slug(variant: &str) -> String {
     if s.is_empty() { s } else { format!("{s}-") }
 }
 
+/// The error on one line (causes joined, newlines folded), at most 300 characters.
 fn short(e: &anyhow::Error) -> String {
-    crate::one_line(e).chars().take(300).collect()
+    format!("{e:#}")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(300)
+        .collect()
 }
 
 /// Profiling, Fig. 10, Fig. 7, the overhead, the validation and Fig. 2 on one cluster.
 async fn cluster_experiments(
-    args: &UpArgs,
+    base: &ClusterOptions,
     opts: &BenchOptions,
     catalog: &Catalog,
     data_dir: &Path,
     results: &mut Results,
 ) -> anyhow::Result<()> {
-    let cluster = harness(args, opts, data_dir).await?;
-    results.dilation = cluster.dilation();
-    let mut inputs = Inputs {
-        prefix: format!("bench/{}/", std::process::id()),
-        stored: BTreeMap::new(),
-        dir: data_dir.to_path_buf(),
-    };
+    let (cluster, mut inputs) = start_run(base, opts, data_dir, results).await?;
     let outcome = measure_apps(&cluster, opts, catalog, &mut inputs, results).await;
     cluster.forget_inputs(&inputs.prefix).await;
     results.clusters.push((
@@ -620,9 +641,36 @@ async fn cluster_experiments(
     outcome
 }
 
+/// The cluster one run of experiments uses ([`harness`]) and the inputs it makes there (in
+/// `data_dir`); its dilation factor goes into `results`.
+async fn start_run(
+    base: &ClusterOptions,
+    opts: &BenchOptions,
+    data_dir: &Path,
+    results: &mut Results,
+) -> anyhow::Result<(Harness, Inputs)> {
+    let cluster = harness(base, opts, data_dir).await?;
+    results.dilation = cluster.dilation();
+    Ok((cluster, Inputs::new(data_dir)))
+}
+
+/// `base` for a cluster started here in `data_dir`: any free port, the store emulated per agent.
+fn options_in(base: &ClusterOptions, data_dir: &Path) -> ClusterOptions {
+    ClusterOptions {
+        data_dir: data_dir.to_path_buf(),
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        emulate_store: true,
+        ..base.clone()
+    }
+}
+
 /// The cluster the options name: `ofctl up`'s, started here in `data_dir` (the store emulated
 /// per agent), or the running cluster of containers.
-async fn harness(args: &UpArgs, opts: &BenchOptions, data_dir: &Path) -> anyhow::Result<Harness> {
+async fn harness(
+    base: &ClusterOptions,
+    opts: &BenchOptions,
+    data_dir: &Path,
+) -> anyhow::Result<Harness> {
     match opts.cluster {
         ClusterKind::InProcess => {
             if opts.dilation.is_some_and(|d| d != 1.0) {
@@ -632,10 +680,7 @@ async fn harness(args: &UpArgs, opts: &BenchOptions, data_dir: &Path) -> anyhow:
             }
             std::fs::create_dir_all(data_dir)
                 .with_context(|| format!("cannot create {}", data_dir.display()))?;
-            let listen = SocketAddr::from(([127, 0, 0, 1], 0));
-            let mut options = args.options(data_dir.to_path_buf(), listen);
-            options.emulate_store = true;
-            Harness::start(options).await
+            Harness::start(options_in(base, data_dir)).await
         }
         ClusterKind::Containers => {
             std::fs::create_dir_all(data_dir)
@@ -661,28 +706,22 @@ pub const DILATION_POLICIES: [&str; 2] = ["remote", "direct"];
 /// [`DILATION_POLICIES`], `dilation_reps` rounds, in emulated time; writes `jobs.csv` (with the
 /// cluster's factor in its `dilation` column) into the output folder and returns its path.
 async fn dilation_run(
-    args: &UpArgs,
+    base: &ClusterOptions,
     opts: &BenchOptions,
     data_dir: &Path,
     results: &mut Results,
 ) -> anyhow::Result<PathBuf> {
     let dir = data_dir.join("dilation");
-    let cluster = harness(args, opts, &dir).await?;
-    results.dilation = cluster.dilation();
+    let (cluster, mut inputs) = start_run(base, opts, &dir, results).await?;
     let outcome = async {
         let client = cluster.client()?;
         let app = apps::apps()
             .into_iter()
             .find(|a| a.name == "mapreduce-sort")
             .ok_or_else(|| anyhow!("no mapreduce-sort application"))?;
-        commands::apply_text(&client, app.file, app.yaml.to_owned())
+        jobs::apply_text(&client, app.file, app.yaml.to_owned())
             .await
             .with_context(|| format!("apply {}", app.file))?;
-        let mut inputs = Inputs {
-            prefix: format!("bench/{}/", std::process::id()),
-            stored: BTreeMap::new(),
-            dir: dir.clone(),
-        };
         let (input, _) = inputs.input(&cluster, &app, DILATION_SORT_BYTES).await?;
         let variant = format!("D={}", cluster.dilation());
         let total = opts.dilation_reps * DILATION_POLICIES.len();
@@ -747,7 +786,7 @@ async fn measure_apps(
     let (n_train, n_test, reps) = opts.scale();
     let all = opts.apps();
     for app in &all {
-        commands::apply_text(&client, app.file, app.yaml.to_owned())
+        jobs::apply_text(&client, app.file, app.yaml.to_owned())
             .await
             .with_context(|| format!("apply {}", app.file))?;
         let sizes = apps::sizes(app, n_train, n_test);
@@ -1056,24 +1095,18 @@ async fn profile(
 /// converged, and every model's cross-validated error; each application's models with their
 /// samples go to `models-<app>.json` in the output folder.
 async fn profile_run(
-    args: &UpArgs,
+    base: &ClusterOptions,
     opts: &BenchOptions,
     data_dir: &Path,
     results: &mut Results,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    let cluster = harness(args, opts, data_dir).await?;
-    results.dilation = cluster.dilation();
-    let mut inputs = Inputs {
-        prefix: format!("bench/{}/", std::process::id()),
-        stored: BTreeMap::new(),
-        dir: data_dir.to_path_buf(),
-    };
+    let (cluster, mut inputs) = start_run(base, opts, data_dir, results).await?;
     let outcome = async {
         let client = cluster.client()?;
         let (n_train, n_test, _) = opts.scale();
         for app in opts.apps() {
-            commands::apply_text(&client, app.file, app.yaml.to_owned())
+            jobs::apply_text(&client, app.file, app.yaml.to_owned())
                 .await
                 .with_context(|| format!("apply {}", app.file))?;
             let sizes = apps::sizes(&app, n_train, n_test);
@@ -1179,7 +1212,7 @@ pub const FIG6_NET_SCALE: f64 = 0.25;
 /// first agent, each sink on an agent of its own, one receiver per VM as in the paper; an agent
 /// fetches a broadcast file once for all its receivers, so sharing agents would hide the fanout).
 async fn broadcast_experiment(
-    args: &UpArgs,
+    base: &ClusterOptions,
     opts: &BenchOptions,
     catalog: &Catalog,
     vm: &str,
@@ -1206,16 +1239,14 @@ async fn broadcast_experiment(
     std::fs::write(&catalog_path, serde_json::to_string_pretty(&one)?)
         .with_context(|| format!("cannot write {}", catalog_path.display()))?;
     let fanouts = fig6_fanouts(opts.quick);
-    let mut up = args.clone();
-    up.agents = fanouts.iter().max().copied().unwrap_or(1) + 1;
-    up.catalog = Some(catalog_path);
-    let mut options = up.options(dir.join("cluster"), SocketAddr::from(([127, 0, 0, 1], 0)));
-    options.emulate_store = true;
+    let mut options = options_in(base, &dir.join("cluster"));
+    options.agents = fanouts.iter().max().copied().unwrap_or(1) + 1;
+    options.catalog = Some(catalog_path);
     let mut note = |line: &str| eprintln!("{line}");
     let cluster = Cluster::start(options, &mut note).await?;
     let outcome = async {
         let client = cluster.client()?;
-        commands::apply_text(
+        jobs::apply_text(
             &client,
             "dags/broadcast.yaml",
             apps::BROADCAST_YAML.to_owned(),

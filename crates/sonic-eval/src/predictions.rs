@@ -283,7 +283,7 @@ pub fn report(s: &mut String, jobs: &[JobTimes]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::explain::StageTime;
+    use crate::explain::StageTime;
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9

@@ -20,7 +20,7 @@ use crate::charts::{self, BarChart, BarGroup, LineChart, Series};
 
 use super::apps;
 use super::{Results, aggregate};
-use crate::up::ClusterInfo;
+use sonic_cluster::ClusterInfo;
 
 /// VMs of each type in the simulated copy of the emulated cluster.
 pub const VALIDATION_VMS: u32 = 64;

@@ -657,7 +657,7 @@ pub(crate) mod tests {
         // the first dispatch, 0.3 s between a's last report and b's first dispatch, 1.0 s after
         // b's): the terms still add up to the emulated latency.
         let h = job_times(("fig7", "", "sonic"), &s, 2.0).expect("times");
-        let emulated = crate::bench::harness::emulated(&s, 2.0).latency_s;
+        let emulated = crate::harness::emulated(&s, 2.0).latency_s;
         assert!(close(emulated, 1.4 + (5.0 - 1.4) / 2.0), "{emulated}");
         assert!(close(h.latency_s, emulated) && close(h.measured.total(), emulated));
         assert!(close(h.stages[1].measured.data_s, 0.25));

@@ -10,10 +10,10 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 use sonic_api::control::{AgentList, ControlHealth, JobSummary};
 
-use crate::client::Client;
-use crate::commands::JobInput;
-use crate::config;
-use crate::up::{AgentView, Cluster, ClusterInfo, ClusterOptions};
+use sonic_cluster::client::Client;
+use sonic_cluster::cluster::{AgentView, Cluster, ClusterInfo, ClusterOptions};
+use sonic_cluster::config;
+use sonic_cluster::jobs::JobInput;
 
 /// Which cluster the bench's cluster experiments run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
