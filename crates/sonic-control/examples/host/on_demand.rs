@@ -448,31 +448,31 @@ impl Host {
             file_key: l.file_key.clone(),
         };
         let name = c.start(&spec).await?;
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + l.start_timeout;
         let mut checked = Instant::now();
-        // An agent that exits at start (a bad setting, a missing library) says why in its
-        // log; asking the engine every 200 ms keeps the poll cheap.
-        let waited = wait_healthy(&node.url, l.start_timeout, async || {
-            if checked.elapsed() < Duration::from_millis(200) {
-                return None;
+        loop {
+            if answers_health(&http, &node.url).await {
+                return Ok(name);
             }
-            checked = Instant::now();
-            c.running(&name).await.err()
-        })
-        .await;
-        match waited {
-            Ok(()) => Ok(name),
-            Err(NotHealthy::Exited(e)) => {
-                c.stop(&name, &self.log_of(m)).await;
-                Err(format!("agent {}: {e}", m.id))
+            // An agent that exits at start (a bad setting, a missing library) says why in
+            // its log; asking the engine every 200 ms keeps the poll cheap.
+            if checked.elapsed() >= Duration::from_millis(200) {
+                checked = Instant::now();
+                if let Err(e) = c.running(&name).await {
+                    c.stop(&name, &self.log_of(m)).await;
+                    return Err(format!("agent {}: {e}", m.id));
+                }
             }
-            Err(NotHealthy::TimedOut) => {
+            if Instant::now() > deadline {
                 let logs = c.logs(&name).await;
                 c.stop(&name, &self.log_of(m)).await;
-                Err(format!(
+                return Err(format!(
                     "agent {} (container {name}) did not answer at {} within {:?}{logs}",
                     m.id, node.url, l.start_timeout
-                ))
+                ));
             }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -525,26 +525,27 @@ impl Host {
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("cannot run {}: {e}", l.agent_bin.display()))?;
-        let waited = wait_healthy(&node.url, l.start_timeout, async || {
-            match child.try_wait() {
-                Ok(Some(status)) => Some(format!(
-                    "exited at start ({status}); its log: {}",
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + l.start_timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "agent {} exited at start ({status}); its log: {}",
+                    m.id,
                     dir.join("agent.log").display()
-                )),
-                _ => None,
+                ));
             }
-        })
-        .await;
-        match waited {
-            Ok(()) => Ok(child),
-            Err(NotHealthy::Exited(e)) => Err(format!("agent {} {e}", m.id)),
-            Err(NotHealthy::TimedOut) => {
+            if answers_health(&http, &node.url).await {
+                return Ok(child);
+            }
+            if Instant::now() > deadline {
                 let _ = child.kill().await;
-                Err(format!(
+                return Err(format!(
                     "agent {} did not answer within {:?}",
                     m.id, l.start_timeout
-                ))
+                ));
             }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -689,40 +690,11 @@ impl ResourceManager for OnDemand {
     }
 }
 
-/// Why an agent did not become healthy.
-enum NotHealthy {
-    /// It stopped at start (the reason, from the caller's check).
-    Exited(String),
-    /// It did not answer within the start timeout.
-    TimedOut,
-}
-
-/// Polls the agent at `url` (`GET /v1/health`, 1 s per request, every 20 ms) until it answers
-/// 2xx or `timeout` passes; before each poll `exited` says whether the agent already stopped
-/// (`Some(why)`).
-async fn wait_healthy(
-    url: &str,
-    timeout: Duration,
-    mut exited: impl AsyncFnMut() -> Option<String>,
-) -> Result<(), NotHealthy> {
-    let http = reqwest::Client::new();
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(why) = exited().await {
-            return Err(NotHealthy::Exited(why));
-        }
-        let healthy = http
-            .get(format!("{url}/v1/health"))
-            .timeout(Duration::from_secs(1))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success());
-        if healthy {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(NotHealthy::TimedOut);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Whether the agent at `url` answers `GET /v1/health` with a success within a second.
+async fn answers_health(http: &reqwest::Client, url: &str) -> bool {
+    http.get(format!("{url}/v1/health"))
+        .timeout(Duration::from_secs(1))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
 }
