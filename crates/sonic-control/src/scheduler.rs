@@ -712,12 +712,38 @@ async fn execute_from(
         (Some(_), Some(ms)) => instant_at(&state, ms),
         _ => Instant::now(),
     };
-    // Recorded before the job shows as running: a job a restart finds running can go on.
-    if resumed.is_none() {
+    // Recorded before the job shows as running: a job a restart finds running can go on. A new
+    // unplanned job records both in one commit.
+    let fresh = resumed.is_none() && planned.is_none();
+    if fresh {
+        let record = ExecutionRecord {
+            number: 1,
+            inputs: inputs
+                .iter()
+                .map(|i| (i.name.clone(), i.key.clone()))
+                .collect(),
+            lost: Vec::new(),
+            hosts: Vec::new(),
+        };
+        let (id, now) = (job.id.clone(), state.clock.now_ms());
+        if let Err(e) = state
+            .db
+            .run(move |db| {
+                db.write(|w| {
+                    w.set_job_execution(&id, &record, now)?;
+                    w.set_job_status(&id, JobStatus::Running, now)
+                })
+            })
+            .await
+        {
+            tracing::error!(job = %job.id, error = %e, "cannot record the job's execution and start");
+        }
+        rt.publish(&job.id, |e| e.status = JobStatus::Running);
+    } else if resumed.is_none() {
         record_execution(&state, &job.id, 1, &inputs, &BTreeSet::new()).await;
     }
     // A planned job shows as running once the resource manager admits it (`Runtime::admit`).
-    if planned.is_none() {
+    if planned.is_none() && !fresh {
         let now = state.clock.now_ms();
         let id = job.id.clone();
         if let Err(e) = state
@@ -854,8 +880,11 @@ async fn execute_from(
         let learned = state
             .db
             .run(move |db| {
-                db.put_sample(&s)?;
+                // The sample is added under the lock too: a refit then finds the stored fit one
+                // sample behind and adds it, where samples of jobs ending at once made it fit
+                // every sample again.
                 let _one_at_a_time = models.models.lock().unwrap_or_else(|p| p.into_inner());
+                db.put_sample(&s)?;
                 crate::learning::refit(db, &dag, rule, now, Some(&finished))
             })
             .await;
@@ -873,10 +902,12 @@ async fn execute_from(
     let recorded = state
         .db
         .run(move |db| {
-            let found = db.finish_job(&id, status, Some(&summary), error.as_deref(), now)?;
-            // An ended job is never resumed: what its executions sent is forgotten.
-            db.delete_instance_runs(&id)?;
-            Ok(found)
+            db.write(|w| {
+                let found = w.finish_job(&id, status, Some(&summary), error.as_deref(), now)?;
+                // An ended job is never resumed: what its executions sent is forgotten.
+                w.delete_instance_runs(&id)?;
+                Ok(found)
+            })
         })
         .await;
     if let Err(e) = recorded {
@@ -1581,7 +1612,18 @@ async fn succeed(
         started_ms: ms_at(state, f.started),
         ended_ms: Some(ms_at(state, f.ended)),
     };
-    put_files(state, files, Some(ended_run)).await?;
+    // Its log goes with them (one commit): the attempt kept only the logs of runs that failed.
+    let log = Some((
+        job.to_owned(),
+        InstanceLog {
+            function: ended_run.function.clone(),
+            instance: f.instance,
+            attempt: f.attempts,
+            agent: ended_run.agent.clone(),
+            log: f.report.log.clone(),
+        },
+    ));
+    put_files(state, files, Some(ended_run), log).await?;
     Ok(ended)
 }
 
@@ -1622,6 +1664,7 @@ async fn put_files(
     state: &Arc<ControlState>,
     mut files: Vec<FileRecord>,
     ended: Option<InstanceRunRecord>,
+    log: Option<(String, InstanceLog)>,
 ) -> Result<(), Failure> {
     let now = state.clock.now_ms();
     for r in &mut files {
@@ -1630,11 +1673,16 @@ async fn put_files(
     state
         .db
         .run(move |db| {
-            files.iter().try_for_each(|r| db.put_file(r))?;
-            match &ended {
-                Some(e) => db.put_instance_run(e),
-                None => Ok(()),
-            }
+            db.write(|w| {
+                files.iter().try_for_each(|r| w.put_file(r))?;
+                if let Some((job, l)) = &log {
+                    w.put_log(job, l, now)?;
+                }
+                match &ended {
+                    Some(e) => w.put_instance_run(e),
+                    None => Ok(()),
+                }
+            })
         })
         .await
         .map_err(|e| Failure::Job(format!("database: {e}")))
@@ -1990,11 +2038,18 @@ impl AttemptTask {
             tracing::warn!(job = %req.job_id, function = %req.function, error = %e, "cannot record the run");
         }
         let outcome = attempt_once(state, rt, agent, req, &self.cancel).await;
+        // A run that succeeded has its log recorded with its files (`succeed`), in one commit.
         let log = match &outcome {
-            Ok(report) => report.log.clone(),
-            Err(e) => format!("[sonic-control] no report from agent {}: {e}\n", agent.id),
+            Ok(report) if report.status == RunStatus::Succeeded => None,
+            Ok(report) => Some(report.log.clone()),
+            Err(e) => Some(format!(
+                "[sonic-control] no report from agent {}: {e}\n",
+                agent.id
+            )),
         };
-        keep_log(state, req, agent, log).await;
+        if let Some(log) = log {
+            keep_log(state, req, agent, log).await;
+        }
         // Logged here, in the run's span (the job's inside it).
         match &outcome {
             Ok(r) if r.status == RunStatus::Succeeded => {
@@ -2171,8 +2226,12 @@ async fn clear(
     keep: &str,
     timeout: Option<Duration>,
 ) {
-    for a in agents {
-        if let Err(e) = rt.agents.clear_job(a, job, timeout).await {
+    // Every agent at once: the job's end waits for the slowest, not for their sum.
+    let cleared =
+        futures::future::join_all(agents.iter().map(|a| rt.agents.clear_job(a, job, timeout)))
+            .await;
+    for (a, outcome) in agents.iter().zip(cleared) {
+        if let Err(e) = outcome {
             tracing::warn!(job, agent = %a.id, error = %e, "agent did not clean the job");
         }
     }
@@ -2219,7 +2278,7 @@ async fn result_outputs(state: &Arc<ControlState>, rt: &Runtime, job: &str) -> V
         .collect();
     if let Err(e) = state
         .db
-        .run(move |db| records.iter().try_for_each(|r| db.put_file(r)))
+        .run(move |db| db.write(|w| records.iter().try_for_each(|r| w.put_file(r))))
         .await
     {
         tracing::warn!(job, error = %e, "cannot record the job's results");

@@ -36,6 +36,8 @@ pub const DB_FILE: &str = "sonic.db";
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections that only read, beside the writer, for a database in a file.
 pub const READERS: usize = 4;
+/// Prepared statements each connection keeps (the hot paths' statements are prepared once).
+const STATEMENT_CACHE: usize = 64;
 
 /// The schema, one migration per version; the database records how many it has applied in
 /// `schema_version`. Append new migrations; never edit one that has shipped.
@@ -421,6 +423,7 @@ impl Readers {
                     OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
                 )?;
                 c.busy_timeout(BUSY_TIMEOUT)?;
+                c.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
                 Ok(Mutex::new(c))
             })
             .collect::<Result<_, StoreError>>()?;
@@ -611,6 +614,7 @@ impl Db {
         // NORMAL: a commit survives the process, not a power loss (see the module's comment).
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         migrate(&mut conn)?;
         Ok(Db {
             conn: Arc::new(Mutex::new(conn)),
@@ -643,6 +647,19 @@ impl Db {
         tokio::task::spawn_blocking(move || f(&db))
             .await
             .map_err(|e| StoreError::Task(e.to_string()))?
+    }
+
+    /// Runs `f`'s writes in one transaction on the writer: all of them are recorded, or none
+    /// (an error from `f` rolls back). One commit instead of one per write.
+    pub fn write<T>(
+        &self,
+        f: impl FnOnce(&Writer<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let out = f(&Writer(&tx))?;
+        tx.commit()?;
+        Ok(out)
     }
 
     /// The schema version the file is at.
@@ -711,18 +728,16 @@ impl Db {
     pub fn get_dag(&self, name: &str) -> Result<Option<DagRecord>, StoreError> {
         Ok(self
             .reader()
-            .query_row(
-                &format!("SELECT {DAG_COLUMNS} FROM dags WHERE name = ?1"),
-                params![name],
-                dag_row,
-            )
+            .prepare_cached(&format!("SELECT {DAG_COLUMNS} FROM dags WHERE name = ?1"))?
+            .query_row(params![name], dag_row)
             .optional()?)
     }
 
     /// Every DAG, by name.
     pub fn list_dags(&self) -> Result<Vec<DagRecord>, StoreError> {
         let conn = self.reader();
-        let mut stmt = conn.prepare(&format!("SELECT {DAG_COLUMNS} FROM dags ORDER BY name"))?;
+        let mut stmt =
+            conn.prepare_cached(&format!("SELECT {DAG_COLUMNS} FROM dags ORDER BY name"))?;
         let rows = stmt.query_map([], dag_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
@@ -740,7 +755,8 @@ impl Db {
     pub fn count_dags(&self) -> Result<u64, StoreError> {
         let n: i64 = self
             .reader()
-            .query_row("SELECT COUNT(*) FROM dags", [], |r| r.get(0))?;
+            .prepare_cached("SELECT COUNT(*) FROM dags")?
+            .query_row([], |r| r.get(0))?;
         Ok(n.max(0) as u64)
     }
 
@@ -793,14 +809,7 @@ impl Db {
         status: JobStatus,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        let n = self.conn().execute(
-            "UPDATE jobs SET status = ?2, updated_ms = ?3, \
-               started_ms = CASE WHEN ?2 = 'running' THEN COALESCE(started_ms, ?3) ELSE started_ms END, \
-               finished_ms = CASE WHEN ?2 IN ('succeeded', 'failed') THEN ?3 ELSE finished_ms END \
-             WHERE id = ?1",
-            params![id, status.as_str(), now_ms],
-        )?;
-        Ok(n > 0)
+        Writer(&self.conn()).set_job_status(id, status, now_ms)
     }
 
     /// Records how a job ended. Returns whether the job exists.
@@ -812,27 +821,16 @@ impl Db {
         error: Option<&str>,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        if !status.is_terminal() {
-            return Err(StoreError::Invalid(format!(
-                "{status} is not a final job status"
-            )));
-        }
-        let summary_text = summary.map(|s| to_json(s, "job summary")).transpose()?;
-        let n = self.conn().execute(
-            "UPDATE jobs SET status = ?2, summary = ?3, error = ?4, finished_ms = ?5, updated_ms = ?5 \
-             WHERE id = ?1",
-            params![id, status.as_str(), summary_text, error, now_ms],
-        )?;
-        Ok(n > 0)
+        Writer(&self.conn()).finish_job(id, status, summary, error, now_ms)
     }
 
     /// Records the plan a job runs with. Returns whether the job exists.
     pub fn set_job_plan(&self, id: &str, plan: &JobPlan, now_ms: i64) -> Result<bool, StoreError> {
         let text = to_json(plan, "job plan")?;
-        let n = self.conn().execute(
-            "UPDATE jobs SET plan = ?2, updated_ms = ?3 WHERE id = ?1",
-            params![id, text, now_ms],
-        )?;
+        let n = self
+            .conn()
+            .prepare_cached("UPDATE jobs SET plan = ?2, updated_ms = ?3 WHERE id = ?1")?
+            .execute(params![id, text, now_ms])?;
         Ok(n > 0)
     }
 
@@ -840,18 +838,15 @@ impl Db {
     pub fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
         Ok(self
             .reader()
-            .query_row(
-                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"),
-                params![id],
-                job_row,
-            )
+            .prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"))?
+            .query_row(params![id], job_row)
             .optional()?)
     }
 
     /// The newest `limit` jobs, of one DAG or of all.
     pub fn list_jobs(&self, dag: Option<&str>, limit: u32) -> Result<Vec<JobRecord>, StoreError> {
         let conn = self.reader();
-        let mut stmt = conn.prepare(&format!(
+        let mut stmt = conn.prepare_cached(&format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE (?1 IS NULL OR dag = ?1) \
              ORDER BY created_ms DESC, id DESC LIMIT ?2"
         ))?;
@@ -866,53 +861,22 @@ impl Db {
         execution: &ExecutionRecord,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        let text = to_json(execution, "job execution")?;
-        let n = self.conn().execute(
-            "UPDATE jobs SET execution = ?2, updated_ms = ?3 WHERE id = ?1",
-            params![id, text, now_ms],
-        )?;
-        Ok(n > 0)
+        Writer(&self.conn()).set_job_execution(id, execution, now_ms)
     }
 
     /// The execution a job is in, as last recorded.
     pub fn job_execution(&self, id: &str) -> Result<Option<ExecutionRecord>, StoreError> {
         Ok(self
             .reader()
-            .query_row(
-                "SELECT execution FROM jobs WHERE id = ?1",
-                params![id],
-                |r| opt_json_col(r, 0),
-            )
+            .prepare_cached("SELECT execution FROM jobs WHERE id = ?1")?
+            .query_row(params![id], |r| opt_json_col(r, 0))
             .optional()?
             .flatten())
     }
 
     /// Records an instance sent (or sent again, or ended), replacing its earlier row.
     pub fn put_instance_run(&self, r: &InstanceRunRecord) -> Result<(), StoreError> {
-        let report = r
-            .report
-            .as_ref()
-            .map(|x| to_json(x, "run report"))
-            .transpose()?;
-        self.conn().execute(
-            "INSERT INTO instance_runs (job, execution, function, instance, attempt, agent, report, \
-               started_ms, ended_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
-             ON CONFLICT (job, execution, function, instance) DO UPDATE SET \
-               attempt = excluded.attempt, agent = excluded.agent, report = excluded.report, \
-               started_ms = excluded.started_ms, ended_ms = excluded.ended_ms",
-            params![
-                r.job,
-                r.execution,
-                r.function,
-                r.instance,
-                r.attempt,
-                r.agent,
-                report,
-                r.started_ms,
-                r.ended_ms
-            ],
-        )?;
-        Ok(())
+        Writer(&self.conn()).put_instance_run(r)
     }
 
     /// The instances one execution of a job sent, by function and instance.
@@ -922,7 +886,7 @@ impl Db {
         execution: u32,
     ) -> Result<Vec<InstanceRunRecord>, StoreError> {
         let conn = self.reader();
-        let mut stmt = conn.prepare(
+        let mut stmt = conn.prepare_cached(
             "SELECT job, execution, function, instance, attempt, agent, report, started_ms, \
                ended_ms FROM instance_runs WHERE job = ?1 AND execution = ?2 \
              ORDER BY function, instance",
@@ -945,9 +909,7 @@ impl Db {
 
     /// Forgets what a job's executions sent (once it ended); returns how many rows.
     pub fn delete_instance_runs(&self, job: &str) -> Result<usize, StoreError> {
-        Ok(self
-            .conn()
-            .execute("DELETE FROM instance_runs WHERE job = ?1", params![job])?)
+        Writer(&self.conn()).delete_instance_runs(job)
     }
 
     // ---- samples ----
@@ -956,20 +918,17 @@ impl Db {
     pub fn put_sample(&self, s: &SampleRecord) -> Result<(), StoreError> {
         let measured = to_json(&s.measured, "sample")?;
         let input_bytes = u64_to_i64(s.input_bytes, "input_bytes")?;
-        self.conn().execute(
-            "INSERT INTO samples (dag, job, input_bytes, measured, created_ms) \
+        self.conn().prepare_cached("INSERT INTO samples (dag, job, input_bytes, measured, created_ms) \
              VALUES (?1, ?2, ?3, ?4, ?5) \
              ON CONFLICT (job) DO UPDATE SET dag = excluded.dag, input_bytes = excluded.input_bytes, \
-               measured = excluded.measured, created_ms = excluded.created_ms",
-            params![s.dag, s.job, input_bytes, measured, s.created_ms],
-        )?;
+               measured = excluded.measured, created_ms = excluded.created_ms")?.execute(params![s.dag, s.job, input_bytes, measured, s.created_ms])?;
         Ok(())
     }
 
     /// A DAG's samples, oldest first.
     pub fn samples(&self, dag: &str) -> Result<Vec<SampleRecord>, StoreError> {
         let conn = self.reader();
-        let mut stmt = conn.prepare(&format!(
+        let mut stmt = conn.prepare_cached(&format!(
             "SELECT {SAMPLE_COLUMNS} FROM samples WHERE dag = ?1 ORDER BY id"
         ))?;
         let rows = stmt.query_map(params![dag], sample_row)?;
@@ -982,12 +941,9 @@ impl Db {
     pub fn put_model(&self, m: &ModelRecord) -> Result<(), StoreError> {
         let models = to_json(&m.models, "models")?;
         let samples = u64_to_i64(m.samples, "samples")?;
-        self.conn().execute(
-            "INSERT INTO models (dag, models, converged, samples, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5) \
+        self.conn().prepare_cached("INSERT INTO models (dag, models, converged, samples, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5) \
              ON CONFLICT (dag) DO UPDATE SET models = excluded.models, converged = excluded.converged, \
-               samples = excluded.samples, updated_ms = excluded.updated_ms",
-            params![m.dag, models, m.converged, samples, m.updated_ms],
-        )?;
+               samples = excluded.samples, updated_ms = excluded.updated_ms")?.execute(params![m.dag, models, m.converged, samples, m.updated_ms])?;
         Ok(())
     }
 
@@ -995,19 +951,18 @@ impl Db {
     pub fn get_model(&self, dag: &str) -> Result<Option<ModelRecord>, StoreError> {
         Ok(self
             .reader()
-            .query_row(
+            .prepare_cached(
                 "SELECT dag, models, converged, samples, updated_ms FROM models WHERE dag = ?1",
-                params![dag],
-                |r| {
-                    Ok(ModelRecord {
-                        dag: r.get(0)?,
-                        models: json_col(r, 1)?,
-                        converged: r.get(2)?,
-                        samples: u64_col(r, 3)?,
-                        updated_ms: r.get(4)?,
-                    })
-                },
-            )
+            )?
+            .query_row(params![dag], |r| {
+                Ok(ModelRecord {
+                    dag: r.get(0)?,
+                    models: json_col(r, 1)?,
+                    converged: r.get(2)?,
+                    samples: u64_col(r, 3)?,
+                    updated_ms: r.get(4)?,
+                })
+            })
             .optional()?)
     }
 
@@ -1021,11 +976,8 @@ impl Db {
         updated_ms: i64,
     ) -> Result<(), StoreError> {
         let state = to_json(state, "dag mode")?;
-        self.conn().execute(
-            "INSERT INTO dag_modes (dag, state, updated_ms) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (dag) DO UPDATE SET state = excluded.state, updated_ms = excluded.updated_ms",
-            params![dag, state, updated_ms],
-        )?;
+        self.conn().prepare_cached("INSERT INTO dag_modes (dag, state, updated_ms) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (dag) DO UPDATE SET state = excluded.state, updated_ms = excluded.updated_ms")?.execute(params![dag, state, updated_ms])?;
         Ok(())
     }
 
@@ -1033,11 +985,8 @@ impl Db {
     pub fn get_dag_mode(&self, dag: &str) -> Result<Option<serde_json::Value>, StoreError> {
         Ok(self
             .reader()
-            .query_row(
-                "SELECT state FROM dag_modes WHERE dag = ?1",
-                params![dag],
-                |r| json_col(r, 0),
-            )
+            .prepare_cached("SELECT state FROM dag_modes WHERE dag = ?1")?
+            .query_row(params![dag], |r| json_col(r, 0))
             .optional()?)
     }
 
@@ -1045,22 +994,13 @@ impl Db {
 
     /// Keeps one instance attempt's log (replacing the same attempt's earlier row).
     pub fn put_log(&self, job: &str, l: &InstanceLog, now_ms: i64) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT INTO instance_logs (job, function, instance, attempt, agent, log, created_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
-             ON CONFLICT (job, function, instance, attempt) DO UPDATE SET agent = excluded.agent, \
-               log = excluded.log, created_ms = excluded.created_ms",
-            params![
-                job, l.function, l.instance, l.attempt, l.agent, l.log, now_ms
-            ],
-        )?;
-        Ok(())
+        Writer(&self.conn()).put_log(job, l, now_ms)
     }
 
     /// A job's instance logs (of one function, or all), by function, instance and attempt.
     pub fn logs(&self, job: &str, function: Option<&str>) -> Result<Vec<InstanceLog>, StoreError> {
         let conn = self.reader();
-        let mut stmt = conn.prepare(
+        let mut stmt = conn.prepare_cached(
             "SELECT function, instance, attempt, agent, log FROM instance_logs \
              WHERE job = ?1 AND (?2 IS NULL OR function = ?2) \
              ORDER BY function, instance, attempt",
@@ -1082,45 +1022,24 @@ impl Db {
     /// Records where a file is (replacing the row of the same `(job, file_id)`: a retried writer
     /// overwrites its own output).
     pub fn put_file(&self, f: &FileRecord) -> Result<(), StoreError> {
-        if f.local.is_none() && f.object_key.is_none() {
-            return Err(StoreError::Invalid(format!(
-                "file {} of job {} has no location",
-                f.file_id, f.job
-            )));
-        }
-        let size = u64_to_i64(f.size, "size")?;
-        let (agent, path) = match &f.local {
-            Some(l) => (Some(l.agent.as_str()), Some(l.path.as_str())),
-            None => (None, None),
-        };
-        self.conn().execute(
-            &format!(
-                "INSERT INTO files ({FILE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
-                 ON CONFLICT (job, file_id) DO UPDATE SET agent = excluded.agent, path = excluded.path, \
-                   object_key = excluded.object_key, size = excluded.size, checksum = excluded.checksum, \
-                   created_ms = excluded.created_ms"
-            ),
-            params![f.job, f.file_id, agent, path, f.object_key, size, f.checksum, f.created_ms],
-        )?;
-        Ok(())
+        Writer(&self.conn()).put_file(f)
     }
 
     /// The file `file_id` of `job`.
     pub fn get_file(&self, job: &str, file_id: &str) -> Result<Option<FileRecord>, StoreError> {
         Ok(self
             .reader()
-            .query_row(
-                &format!("SELECT {FILE_COLUMNS} FROM files WHERE job = ?1 AND file_id = ?2"),
-                params![job, file_id],
-                file_row,
-            )
+            .prepare_cached(&format!(
+                "SELECT {FILE_COLUMNS} FROM files WHERE job = ?1 AND file_id = ?2"
+            ))?
+            .query_row(params![job, file_id], file_row)
             .optional()?)
     }
 
     /// A job's files, by id.
     pub fn files(&self, job: &str) -> Result<Vec<FileRecord>, StoreError> {
         let conn = self.reader();
-        let mut stmt = conn.prepare(&format!(
+        let mut stmt = conn.prepare_cached(&format!(
             "SELECT {FILE_COLUMNS} FROM files WHERE job = ?1 ORDER BY file_id"
         ))?;
         let rows = stmt.query_map(params![job], file_row)?;
@@ -1129,9 +1048,7 @@ impl Db {
 
     /// Forgets a job's files (after its data was cleaned up); returns how many.
     pub fn delete_files(&self, job: &str) -> Result<usize, StoreError> {
-        Ok(self
-            .conn()
-            .execute("DELETE FROM files WHERE job = ?1", params![job])?)
+        Writer(&self.conn()).delete_files(job)
     }
 
     // ---- agents ----
@@ -1139,14 +1056,15 @@ impl Db {
     /// Registers an agent, or re-registers it (a restarted agent) with its new capacity.
     pub fn register_agent(&self, c: &Capacity, now_ms: i64) -> Result<AgentRecord, StoreError> {
         let capacity = to_json(c, "capacity")?;
-        self.conn().execute(
-            "INSERT INTO agents (id, url, vm_type, capacity, registered_ms, last_heartbeat_ms) \
+        self.conn()
+            .prepare_cached(
+                "INSERT INTO agents (id, url, vm_type, capacity, registered_ms, last_heartbeat_ms) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?5) \
              ON CONFLICT (id) DO UPDATE SET url = excluded.url, vm_type = excluded.vm_type, \
                capacity = excluded.capacity, registered_ms = excluded.registered_ms, \
                last_heartbeat_ms = excluded.last_heartbeat_ms",
-            params![c.agent_id, c.url, c.vm_type, capacity, now_ms],
-        )?;
+            )?
+            .execute(params![c.agent_id, c.url, c.vm_type, capacity, now_ms])?;
         Ok(AgentRecord {
             id: c.agent_id.clone(),
             url: c.url.clone(),
@@ -1191,18 +1109,16 @@ impl Db {
     pub fn get_agent(&self, id: &str) -> Result<Option<AgentRecord>, StoreError> {
         Ok(self
             .reader()
-            .query_row(
-                &format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"),
-                params![id],
-                agent_row,
-            )
+            .prepare_cached(&format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"))?
+            .query_row(params![id], agent_row)
             .optional()?)
     }
 
     /// Every agent, by id.
     pub fn list_agents(&self) -> Result<Vec<AgentRecord>, StoreError> {
         let conn = self.reader();
-        let mut stmt = conn.prepare(&format!("SELECT {AGENT_COLUMNS} FROM agents ORDER BY id"))?;
+        let mut stmt =
+            conn.prepare_cached(&format!("SELECT {AGENT_COLUMNS} FROM agents ORDER BY id"))?;
         let rows = stmt.query_map([], agent_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
@@ -1213,6 +1129,142 @@ impl Db {
             .conn()
             .execute("DELETE FROM agents WHERE id = ?1", params![id])?;
         Ok(n > 0)
+    }
+}
+
+/// The writing connection, in a transaction when it comes from [`Db::write`]: the writes that
+/// must be recorded together (an instance's end, its files and its log) commit once. Statements
+/// are prepared once per connection (SQLite's statement cache).
+pub struct Writer<'a>(&'a Connection);
+
+impl Writer<'_> {
+    /// Moves a job to `status`; the first move to `running` records the start, a move to a terminal
+    /// status the end. Returns whether the job exists.
+    pub fn set_job_status(
+        &self,
+        id: &str,
+        status: JobStatus,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let n = self.0.prepare_cached("UPDATE jobs SET status = ?2, updated_ms = ?3, \
+               started_ms = CASE WHEN ?2 = 'running' THEN COALESCE(started_ms, ?3) ELSE started_ms END, \
+               finished_ms = CASE WHEN ?2 IN ('succeeded', 'failed') THEN ?3 ELSE finished_ms END \
+             WHERE id = ?1")?.execute(params![id, status.as_str(), now_ms])?;
+        Ok(n > 0)
+    }
+
+    /// Records the execution a job is in. Returns whether the job exists.
+    pub fn set_job_execution(
+        &self,
+        id: &str,
+        execution: &ExecutionRecord,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let text = to_json(execution, "job execution")?;
+        let n = self
+            .0
+            .prepare_cached("UPDATE jobs SET execution = ?2, updated_ms = ?3 WHERE id = ?1")?
+            .execute(params![id, text, now_ms])?;
+        Ok(n > 0)
+    }
+
+    /// Records how a job ended. Returns whether the job exists.
+    pub fn finish_job(
+        &self,
+        id: &str,
+        status: JobStatus,
+        summary: Option<&JobSummary>,
+        error: Option<&str>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        if !status.is_terminal() {
+            return Err(StoreError::Invalid(format!(
+                "{status} is not a final job status"
+            )));
+        }
+        let summary_text = summary.map(|s| to_json(s, "job summary")).transpose()?;
+        let n = self.0.prepare_cached(
+            "UPDATE jobs SET status = ?2, summary = ?3, error = ?4, finished_ms = ?5, updated_ms = ?5 \
+             WHERE id = ?1")?.execute(params![id, status.as_str(), summary_text, error, now_ms])?;
+        Ok(n > 0)
+    }
+
+    /// Records an instance sent (or sent again, or ended), replacing its earlier row.
+    pub fn put_instance_run(&self, r: &InstanceRunRecord) -> Result<(), StoreError> {
+        let report = r
+            .report
+            .as_ref()
+            .map(|x| to_json(x, "run report"))
+            .transpose()?;
+        self.0.prepare_cached(
+            "INSERT INTO instance_runs (job, execution, function, instance, attempt, agent, report, \
+               started_ms, ended_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+             ON CONFLICT (job, execution, function, instance) DO UPDATE SET \
+               attempt = excluded.attempt, agent = excluded.agent, report = excluded.report, \
+               started_ms = excluded.started_ms, ended_ms = excluded.ended_ms")?.execute(params![
+                r.job,
+                r.execution,
+                r.function,
+                r.instance,
+                r.attempt,
+                r.agent,
+                report,
+                r.started_ms,
+                r.ended_ms
+            ])?;
+        Ok(())
+    }
+
+    /// Forgets what a job's executions sent (once it ended); returns how many rows.
+    pub fn delete_instance_runs(&self, job: &str) -> Result<usize, StoreError> {
+        Ok(self
+            .0
+            .prepare_cached("DELETE FROM instance_runs WHERE job = ?1")?
+            .execute(params![job])?)
+    }
+
+    /// Keeps one instance attempt's log (replacing the same attempt's earlier row).
+    pub fn put_log(&self, job: &str, l: &InstanceLog, now_ms: i64) -> Result<(), StoreError> {
+        self.0.prepare_cached(
+            "INSERT INTO instance_logs (job, function, instance, attempt, agent, log, created_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+             ON CONFLICT (job, function, instance, attempt) DO UPDATE SET agent = excluded.agent, \
+               log = excluded.log, created_ms = excluded.created_ms")?.execute(params![
+                job, l.function, l.instance, l.attempt, l.agent, l.log, now_ms
+            ])?;
+        Ok(())
+    }
+
+    /// Records where a file is (replacing the row of the same `(job, file_id)`: a retried writer
+    /// overwrites its own output).
+    pub fn put_file(&self, f: &FileRecord) -> Result<(), StoreError> {
+        if f.local.is_none() && f.object_key.is_none() {
+            return Err(StoreError::Invalid(format!(
+                "file {} of job {} has no location",
+                f.file_id, f.job
+            )));
+        }
+        let size = u64_to_i64(f.size, "size")?;
+        let (agent, path) = match &f.local {
+            Some(l) => (Some(l.agent.as_str()), Some(l.path.as_str())),
+            None => (None, None),
+        };
+        self.0.prepare_cached(
+            &format!(
+                "INSERT INTO files ({FILE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                 ON CONFLICT (job, file_id) DO UPDATE SET agent = excluded.agent, path = excluded.path, \
+                   object_key = excluded.object_key, size = excluded.size, checksum = excluded.checksum, \
+                   created_ms = excluded.created_ms"
+            ))?.execute(params![f.job, f.file_id, agent, path, f.object_key, size, f.checksum, f.created_ms])?;
+        Ok(())
+    }
+
+    /// Forgets a job's files (after its data was cleaned up); returns how many.
+    pub fn delete_files(&self, job: &str) -> Result<usize, StoreError> {
+        Ok(self
+            .0
+            .prepare_cached("DELETE FROM files WHERE job = ?1")?
+            .execute(params![job])?)
     }
 }
 
