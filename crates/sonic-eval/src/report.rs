@@ -11,6 +11,8 @@ use super::{
     explain, fig10, predictions, sim as bsim,
 };
 use crate::charts::{self, BarChart, BarGroup, LineChart, Series};
+use crate::harness::ClusterKind;
+use sonic_cluster::cluster::ClusterInfo;
 
 /// Writes every file; returns their names.
 pub fn write_all(
@@ -389,18 +391,8 @@ fn report(opts: &BenchOptions, results: &Results, cells: &[Cell], seconds: f64) 
     for (what, info) in &results.clusters {
         let _ = writeln!(
             s,
-            "## The emulated cluster: {what}\n\nOne process runs the control plane and {} agents \
-             ({} sandbox; store: {} at {}). Each agent stands for one VM of its type: its egress and \
-             ingress are limited to the type's bandwidth (catalog values, not scaled), and the agents \
-             see the store with the catalog's request latency and one connection's read and write \
-             throughput (`remote_storage`). Not emulated: compute and memory. All agents share this \
-             machine's cores and disk, so a lambda computes no faster on a larger type, and the \
-             inputs are small enough for 2 cores. Costs are the model's (catalog price x time each \
-             agent was held by the job), not a bill.\n",
-            info.agents.len(),
-            info.sandbox,
-            info.store,
-            info.store_location
+            "## The emulated cluster: {what}\n\n{}\n",
+            cluster_text(opts, results.dilation, info)
         );
         s.push_str(
             "| agent | VM type | vCPUs | memory MB | network Mbit/s |\n|---|---|---|---|---|\n",
@@ -710,10 +702,91 @@ fn cell_table(s: &mut String, cells: &[Cell], experiment: &str) {
     s.push('\n');
 }
 
+/// What the cluster a run measured on emulates and what it does not: the in-process cluster,
+/// or the cluster of containers (time-dilated when `dilation` > 1).
+fn cluster_text(opts: &BenchOptions, dilation: f64, info: &ClusterInfo) -> String {
+    let n = info.agents.len();
+    match opts.cluster {
+        ClusterKind::InProcess => format!(
+            "One process runs the control plane and {n} agents ({} sandbox; store: {} at {}). \
+             Each agent stands for one VM of its type: its egress and ingress are limited to the \
+             type's bandwidth (catalog values, not scaled), and the agents see the store with the \
+             catalog's request latency and one connection's read and write throughput \
+             (`remote_storage`). Not emulated: compute and memory. All agents share this \
+             machine's cores and disk, so a lambda computes no faster on a larger type, and the \
+             inputs are small enough for 2 cores. Costs are the model's (catalog price x time \
+             each agent was held by the job), not a bill.",
+            info.sandbox, info.store, info.store_location
+        ),
+        ClusterKind::Containers if dilation > 1.0 => format!(
+            "The cluster of containers (`deploy/cluster.sh`): a control plane, a store and {n} \
+             agent containers, one per VM ({} sandbox: the lambdas run inside their agent's \
+             limits; store: {} at {}), time-dilated by D = {dilation} (DieCast): each agent's \
+             CPU quota is its type's vCPUs / D cores and its network rate the type's / D (the \
+             table's figures), and it sees the store D times slower (request latency x D, \
+             throughput / D); the control plane plans with the catalog dilated the same way. \
+             Every time and cost in this report is emulated: measured / D, the control plane's \
+             own part of a job undivided (docs/evaluation.md, \"The dilated cluster\"). Not \
+             emulated: memory (the type's, not dilated) and this machine's memory bandwidth \
+             and disk. Costs are the model's (catalog price x time each agent was held by the \
+             job), not a bill.",
+            info.sandbox, info.store, info.store_location
+        ),
+        ClusterKind::Containers => format!(
+            "The cluster of containers (`deploy/cluster.sh`): a control plane, a store and {n} \
+             agent containers ({} sandbox; store: {} at {}), not time-dilated: each agent's CPU \
+             and network are what `cluster.sh` gave it (the table), on this machine's cores. \
+             Costs are the model's (catalog price x time each agent was held by the job), not a \
+             bill.",
+            info.sandbox, info.store, info.store_location
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{Row, aggregate};
+
+    #[test]
+    fn the_cluster_paragraph_says_what_the_run_emulated() {
+        let info = ClusterInfo {
+            server: "http://127.0.0.1:7000".into(),
+            sandbox: "process".into(),
+            sandbox_reason: String::new(),
+            store: "s3".into(),
+            store_location: "the cluster's own store (sonic-store)".into(),
+            store_reason: String::new(),
+            data_dir: std::path::PathBuf::new(),
+            lambdas: None,
+            openlambda: None,
+            agents: Vec::new(),
+        };
+        let mut opts = BenchOptions {
+            quick: true,
+            out_dir: std::path::PathBuf::new(),
+            data_dir: None,
+            only: Vec::new(),
+            seed: 1,
+            cluster: ClusterKind::InProcess,
+            server: None,
+            dilation: None,
+            dilation_reps: 3,
+            apps: Vec::new(),
+        };
+        let local = cluster_text(&opts, 1.0, &info);
+        assert!(
+            local.contains("Not emulated: compute and memory"),
+            "{local}"
+        );
+        opts.cluster = ClusterKind::Containers;
+        let dilated = cluster_text(&opts, 16.0, &info);
+        assert!(dilated.contains("time-dilated by D = 16"), "{dilated}");
+        assert!(dilated.contains("vCPUs / D cores"), "{dilated}");
+        assert!(!dilated.contains("Not emulated: compute"), "{dilated}");
+        let plain = cluster_text(&opts, 1.0, &info);
+        assert!(plain.contains("not time-dilated"), "{plain}");
+    }
 
     fn row(variant: &str, policy: &str, lat: f64) -> Row {
         Row {
