@@ -705,42 +705,40 @@ fn cell_table(s: &mut String, cells: &[Cell], experiment: &str) {
 /// What the cluster a run measured on emulates and what it does not: the in-process cluster,
 /// or the cluster of containers (time-dilated when `dilation` > 1).
 fn cluster_text(opts: &BenchOptions, dilation: f64, info: &ClusterInfo) -> String {
+    const COSTS: &str =
+        "Costs are the model's (catalog price x time each agent was held by the job), not a bill.";
     let n = info.agents.len();
-    match opts.cluster {
+    let (sandbox, store, at) = (&info.sandbox, &info.store, &info.store_location);
+    let what = match opts.cluster {
         ClusterKind::InProcess => format!(
-            "One process runs the control plane and {n} agents ({} sandbox; store: {} at {}). \
-             Each agent stands for one VM of its type: its egress and ingress are limited to the \
-             type's bandwidth (catalog values, not scaled), and the agents see the store with the \
-             catalog's request latency and one connection's read and write throughput \
-             (`remote_storage`). Not emulated: compute and memory. All agents share this \
-             machine's cores and disk, so a lambda computes no faster on a larger type, and the \
-             inputs are small enough for 2 cores. Costs are the model's (catalog price x time \
-             each agent was held by the job), not a bill.",
-            info.sandbox, info.store, info.store_location
+            "One process runs the control plane and {n} agents ({sandbox} sandbox; store: {store} \
+             at {at}). Each agent stands for one VM of its type: its egress and ingress are \
+             limited to the type's bandwidth (catalog values, not scaled), and the agents see the \
+             store with the catalog's request latency and one connection's read and write \
+             throughput (`remote_storage`). Not emulated: compute and memory. All agents share \
+             this machine's cores and disk, so a lambda computes no faster on a larger type, and \
+             the inputs are small enough for 2 cores."
         ),
         ClusterKind::Containers if dilation > 1.0 => format!(
             "The cluster of containers (`deploy/cluster.sh`): a control plane, a store and {n} \
-             agent containers, one per VM ({} sandbox: the lambdas run inside their agent's \
-             limits; store: {} at {}), time-dilated by D = {dilation} (DieCast): each agent's \
-             CPU quota is its type's vCPUs / D cores and its network rate the type's / D (the \
-             table's figures), and it sees the store D times slower (request latency x D, \
-             throughput / D); the control plane plans with the catalog dilated the same way. \
-             Every time and cost in this report is emulated: measured / D, the control plane's \
-             own part of a job undivided (docs/evaluation.md, \"The dilated cluster\"). Not \
-             emulated: memory (the type's, not dilated) and this machine's memory bandwidth \
-             and disk. Costs are the model's (catalog price x time each agent was held by the \
-             job), not a bill.",
-            info.sandbox, info.store, info.store_location
+             agent containers, one per VM ({sandbox} sandbox: the lambdas run inside their \
+             agent's limits; store: {store} at {at}), time-dilated by D = {dilation} (DieCast): \
+             each agent's CPU quota is its type's vCPUs / D cores and its network rate the \
+             type's / D (the table's figures), and it sees the store D times slower (request \
+             latency x D, throughput / D); the control plane plans with the catalog dilated the \
+             same way. Every time and cost in this report is emulated: measured / D, the control \
+             plane's own part of a job undivided (docs/evaluation.md, \"The dilated cluster\"). \
+             Not emulated: memory (the type's, not dilated) and this machine's memory bandwidth \
+             and disk."
         ),
         ClusterKind::Containers => format!(
             "The cluster of containers (`deploy/cluster.sh`): a control plane, a store and {n} \
-             agent containers ({} sandbox; store: {} at {}), not time-dilated: each agent's CPU \
-             and network are what `cluster.sh` gave it (the table), on this machine's cores. \
-             Costs are the model's (catalog price x time each agent was held by the job), not a \
-             bill.",
-            info.sandbox, info.store, info.store_location
+             agent containers ({sandbox} sandbox; store: {store} at {at}), not time-dilated: \
+             each agent's CPU and network are what `cluster.sh` gave it (the table), on this \
+             machine's cores."
         ),
-    }
+    };
+    format!("{what} {COSTS}")
 }
 
 #[cfg(test)]
