@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use futures::StreamExt;
 use sonic_api::agent::{
     FileSource, HandlerRun, MAX_PREWARM, OutputFile, PrewarmRequest, Prewarmed, RunReport,
     RunRequest, RunStatus, StagedInput,
@@ -74,8 +75,16 @@ pub fn check_request(req: &RunRequest) -> Result<JobId, RunError> {
             "memory_limit_mb, cpus, timeout_ms and output_quota_mb must be positive".into(),
         ));
     }
+    let mut dests = std::collections::HashSet::new();
     for input in &req.inputs {
         FilePath::parse(&input.dest).map_err(|e| RunError::Invalid(format!("input dest: {e}")))?;
+        // Inputs are staged concurrently: two of them must not land on one path.
+        if !dests.insert(input.dest.as_str()) {
+            return Err(RunError::Invalid(format!(
+                "input dest {:?} named twice",
+                input.dest
+            )));
+        }
         if let FileSource::VmStorage { file_path } | FileSource::Direct { file_path, .. } =
             &input.source
         {
@@ -522,9 +531,30 @@ async fn run_inner(
             .await
             .map_err(|e| RunError::Invalid(format!("scratch: {e}")))?;
     }
-    for input in &req.inputs {
-        let staged = stage_input(state, &job, input, &input_dir).await?;
-        report.staged.push(staged);
+    // Inputs are staged concurrently (a receiver of a shuffle reads one file from every sender:
+    // one at a time, it would pay the store's or the peer's request latency once per file, where
+    // the model pays it once per VM and direction). Each input's `seconds` is its share of the
+    // staging's wall time.
+    let started = Instant::now();
+    // The futures are made first (a closure inside the stream would not be `Send` for every
+    // lifetime, as the spawned run needs).
+    let fetches: Vec<_> = req
+        .inputs
+        .iter()
+        .map(|input| stage_input(state, &job, input, &input_dir))
+        .collect();
+    let results: Vec<Result<StagedInput, RunError>> = futures::stream::iter(fetches)
+        .buffered(TRANSFER_CONCURRENCY)
+        .collect()
+        .await;
+    let (mut staged, failed) = split_results(results);
+    share_wall_time(
+        staged.iter_mut().map(|s| &mut s.seconds),
+        started.elapsed().as_secs_f64(),
+    );
+    report.staged.extend(staged);
+    if let Some(e) = failed {
+        return Err(e);
     }
     let checked = check_complete(req, &input_dir)?;
 
@@ -823,6 +853,58 @@ fn walk_outputs(dir: &Path) -> Result<Vec<PathBuf>, RunError> {
     Ok(out)
 }
 
+/// How many transfers one instance runs at once: its inputs' fetches, its outputs' uploads.
+pub const TRANSFER_CONCURRENCY: usize = 8;
+
+/// The successes, in order, and the first failure.
+fn split_results<T>(results: Vec<Result<T, RunError>>) -> (Vec<T>, Option<RunError>) {
+    let mut ok = Vec::with_capacity(results.len());
+    let mut failed = None;
+    for r in results {
+        match r {
+            Ok(v) => ok.push(v),
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    (ok, failed)
+}
+
+/// Transfers that overlapped in time: scales their own durations down so that they sum to the
+/// wall time they took together (each keeps its share), so that what the control plane adds up
+/// per edge is time the instance spent, not more. Durations that did not overlap (their sum is
+/// within the wall time) are left as they are.
+fn share_wall_time<'a>(seconds: impl Iterator<Item = &'a mut f64>, wall: f64) {
+    let mut seconds: Vec<&mut f64> = seconds.collect();
+    let sum: f64 = seconds.iter().map(|s| **s).sum();
+    if sum > wall && sum > 0.0 && wall.is_finite() {
+        let k = wall / sum;
+        for s in &mut seconds {
+            **s *= k;
+        }
+    }
+}
+
+/// Uploads output `i` (file `dest`, object `key`); its index and how long it took.
+async fn upload_one(
+    state: &AgentState,
+    store: &dyn sonic_storage::ObjectStore,
+    i: usize,
+    key: String,
+    path: String,
+    dest: PathBuf,
+) -> Result<(usize, f64), RunError> {
+    let t = Instant::now();
+    crate::transfer::upload_remote(store, &key, &dest, &state.meter)
+        .await
+        .map_err(|e| RunError::Output {
+            path,
+            message: e.to_string(),
+        })?;
+    Ok((i, t.elapsed().as_secs_f64()))
+}
+
 async fn route_outputs(
     state: &Arc<AgentState>,
     req: &RunRequest,
@@ -839,6 +921,7 @@ async fn route_outputs(
             })??
     };
     let mut outputs = Vec::with_capacity(files.len());
+    let mut uploads: Vec<(usize, PathBuf)> = Vec::new();
     for rel in files {
         let rel_str = rel.to_string_lossy().to_string();
         let oerr = |m: String| RunError::Output {
@@ -881,19 +964,41 @@ async fn route_outputs(
             upload_seconds: None,
         };
         if let Some(prefix) = &route.upload_prefix {
-            let store = state
-                .store
-                .as_ref()
-                .ok_or_else(|| oerr("this agent has no object store".into()))?;
-            let key = format!("{}/{}", prefix.trim_end_matches('/'), name);
-            let started = Instant::now();
-            crate::transfer::upload_remote(store.as_ref(), &key, &dest, &state.meter)
-                .await
-                .map_err(|e| oerr(e.to_string()))?;
-            out.key = Some(key);
-            out.upload_seconds = Some(started.elapsed().as_secs_f64());
+            if state.store.is_none() {
+                return Err(oerr("this agent has no object store".into()));
+            }
+            out.key = Some(format!("{}/{}", prefix.trim_end_matches('/'), name));
+            uploads.push((outputs.len(), dest));
         }
         outputs.push(out);
+    }
+    // The uploads, concurrently (as the inputs' fetches); each output's `upload_seconds` is its
+    // share of their wall time.
+    if let Some(store) = state.store.as_ref() {
+        let started = Instant::now();
+        let sends: Vec<_> = uploads
+            .into_iter()
+            .map(|(i, dest)| {
+                let key = outputs[i].key.clone().unwrap_or_default();
+                let path = format!("{}/{}", outputs[i].to, outputs[i].name);
+                upload_one(state, store.as_ref(), i, key, path, dest)
+            })
+            .collect();
+        let results: Vec<Result<(usize, f64), RunError>> = futures::stream::iter(sends)
+            .buffered(TRANSFER_CONCURRENCY)
+            .collect()
+            .await;
+        let (mut done, failed) = split_results(results);
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        share_wall_time(
+            done.iter_mut().map(|(_, s)| s),
+            started.elapsed().as_secs_f64(),
+        );
+        for (i, s) in done {
+            outputs[i].upload_seconds = Some(s);
+        }
     }
     Ok(outputs)
 }

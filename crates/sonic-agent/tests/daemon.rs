@@ -2,6 +2,7 @@
 //! reaches receivers by `vm-storage`, `direct` and `remote`, byte-exact, through the run API.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -45,7 +46,7 @@ struct Cluster {
     _dir: tempfile::TempDir,
 }
 
-async fn agent(id: &str, root: &Path, store: Arc<LocalStore>) -> RunningAgent {
+async fn agent(id: &str, root: &Path, store: Arc<dyn ObjectStore>) -> RunningAgent {
     let mut cfg: AgentConfig = local_config(id, &root.join(id), TOKEN, FILE_KEY);
     cfg.bin_dirs = vec![lambda_dir().to_path_buf()];
     let sandbox = ProcessSandbox::new(ProcessConfig {
@@ -250,6 +251,187 @@ async fn a_file_moves_by_every_method_byte_exact() {
             .expect("list")
             .is_empty()
     );
+    c.a.stop().await;
+    c.b.stop().await;
+}
+
+/// A store whose uploads and downloads each take 30 ms more, counting how many are in flight at
+/// once (the most seen).
+#[derive(Debug)]
+struct Counting {
+    inner: LocalStore,
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Counting {
+    async fn timed<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(n, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let out = f.await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Counting {
+    async fn put_file(&self, key: &str, path: &Path) -> Result<u64, sonic_storage::StoreError> {
+        self.timed(self.inner.put_file(key, path)).await
+    }
+    async fn get_file(&self, key: &str, path: &Path) -> Result<u64, sonic_storage::StoreError> {
+        self.timed(self.inner.get_file(key, path)).await
+    }
+    async fn put_bytes(
+        &self,
+        key: &str,
+        data: bytes::Bytes,
+    ) -> Result<(), sonic_storage::StoreError> {
+        self.inner.put_bytes(key, data).await
+    }
+    async fn get_bytes(&self, key: &str) -> Result<bytes::Bytes, sonic_storage::StoreError> {
+        self.inner.get_bytes(key).await
+    }
+    async fn head(&self, key: &str) -> Result<Option<u64>, sonic_storage::StoreError> {
+        self.inner.head(key).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<sonic_storage::ObjectInfo>, sonic_storage::StoreError> {
+        self.inner.list(prefix).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), sonic_storage::StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn delete_prefix(&self, prefix: &str) -> Result<usize, sonic_storage::StoreError> {
+        self.inner.delete_prefix(prefix).await
+    }
+}
+
+/// A shuffle's files: one instance uploads its six outputs and another fetches six inputs
+/// concurrently (the store sees several requests in flight, where one at a time would pay its
+/// latency six times), byte-exact; each transfer's reported seconds are its share of the time
+/// they took together, so they never add up to more than the instance's span. Two inputs named
+/// alike are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_moves_its_files_concurrently() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(Counting {
+        inner: LocalStore::new(dir.path().join("store")).expect("store"),
+        now: AtomicUsize::new(0),
+        most: AtomicUsize::new(0),
+    });
+    let a = agent("a-1", dir.path(), store.clone()).await;
+    let c = Cluster {
+        b: agent("a-2", dir.path(), store.clone()).await,
+        a,
+        store: Arc::new(LocalStore::new(dir.path().join("unused")).expect("store")),
+        http: reqwest::Client::new(),
+        _dir: dir,
+    };
+    let job = "j-daemon-shuffle";
+    let receivers: Vec<String> = (0..6).map(|i| format!("r{i}")).collect();
+    let mut send = request(
+        job,
+        "send",
+        &[
+            "--output-bytes",
+            "100000",
+            "--to",
+            &receivers.join(","),
+            "--name",
+            "part",
+        ],
+    );
+    send.outputs = receivers
+        .iter()
+        .map(|r| OutputRoute {
+            to: r.clone(),
+            keep_local: false,
+            upload_prefix: Some(format!("jobs/{job}/send/0/{r}")),
+        })
+        .collect();
+    let sent = c.run(&c.a, &send).await;
+    assert_eq!(sent.status, RunStatus::Succeeded, "{sent:?}");
+    assert_eq!(sent.outputs.len(), 6, "{sent:?}");
+    assert!(
+        store.most.load(Ordering::SeqCst) > 1,
+        "the six uploads went one at a time"
+    );
+    let uploads: f64 = sent.outputs.iter().filter_map(|o| o.upload_seconds).sum();
+    assert_eq!(
+        sent.outputs
+            .iter()
+            .filter(|o| o.upload_seconds.is_some())
+            .count(),
+        6
+    );
+
+    store.most.store(0, Ordering::SeqCst);
+    let mut recv = request(job, "gather", &["--mode", "copy", "--to", "result"]);
+    recv.inputs = sent
+        .outputs
+        .iter()
+        .map(|o| InputSpec {
+            dest: format!("send/0/{}", o.to),
+            source: FileSource::Remote {
+                key: o.key.clone().expect("uploaded"),
+            },
+            expected_size: Some(o.size),
+        })
+        .collect();
+    recv.outputs = vec![OutputRoute {
+        to: "result".into(),
+        keep_local: true,
+        upload_prefix: None,
+    }];
+    let started = Instant::now();
+    let got = c.run(&c.b, &recv).await;
+    let span = started.elapsed().as_secs_f64();
+    assert_eq!(got.status, RunStatus::Succeeded, "{got:?}");
+    assert!(
+        store.most.load(Ordering::SeqCst) > 1,
+        "the six downloads went one at a time"
+    );
+    assert_eq!(got.staged.len(), 6);
+    let mut outs = got.outputs.clone();
+    outs.sort_by(|x, y| x.name.cmp(&y.name));
+    for (o, s) in outs.iter().zip(&sent.outputs) {
+        assert_eq!(o.checksum, s.checksum, "{} differs", o.name);
+    }
+    let staged: f64 = got.staged.iter().map(|s| s.seconds).sum();
+    assert!(
+        staged <= span && uploads > 0.0,
+        "staged {staged} s in an instance of {span} s"
+    );
+
+    // The same destination twice: refused, nothing runs.
+    let mut twice = recv.clone();
+    twice.attempt = 2;
+    twice.inputs[1].dest = twice.inputs[0].dest.clone();
+    let r = c
+        .http
+        .post(format!("{}/v1/runs", c.b.url()))
+        .bearer_auth(TOKEN)
+        .json(&twice)
+        .send()
+        .await
+        .expect("post run");
+    let status = r.status();
+    let body = r.text().await.unwrap_or_default();
+    if status.is_success() {
+        let id: RunAccepted = serde_json::from_str(&body).expect("accepted");
+        let got = c.wait_report(&c.b, &id.run_id).await;
+        assert_eq!(got.status, RunStatus::Error, "{got:?}");
+        assert!(
+            got.error.as_deref().unwrap_or("").contains("named twice"),
+            "{got:?}"
+        );
+    } else {
+        assert!(body.contains("named twice"), "{status}: {body}");
+    }
     c.a.stop().await;
     c.b.stop().await;
 }
