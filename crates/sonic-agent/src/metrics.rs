@@ -247,6 +247,7 @@ mod tests {
                 method: "direct".into(),
                 bytes: 100,
                 seconds: 0.25,
+                fetched: true,
             }],
             outputs: vec![OutputFile {
                 file_path: "f/0/result/x".into(),

@@ -707,7 +707,7 @@ async fn stage_input(
     let started = Instant::now();
     // Every source first lands in the job's namespace (once per agent), then is linked into the
     // instance's input folder: no byte copy on this agent whatever the method.
-    let (method, local, bytes) = match &input.source {
+    let (method, local, bytes, fetched) = match &input.source {
         FileSource::VmStorage { file_path } => {
             let path = FilePath::parse(file_path).map_err(|e| err(e.to_string()))?;
             let meta = state
@@ -719,7 +719,7 @@ async fn stage_input(
                 .files
                 .resolve(job, &path)
                 .map_err(|e| err(e.to_string()))?;
-            ("vm-storage", local, meta.size)
+            ("vm-storage", local, meta.size, false)
         }
         FileSource::Direct {
             peer_url,
@@ -729,12 +729,12 @@ async fn stage_input(
             let path = FilePath::parse(file_path).map_err(|e| err(e.to_string()))?;
             let lock = state.fetch_locks.get(&format!("{job}/{file_path}"));
             let _guard = lock.lock().await;
-            let size = match state
+            let (size, fetched) = match state
                 .files
                 .meta(job, &path)
                 .map_err(|e| err(e.to_string()))?
             {
-                Some(meta) => meta.size,
+                Some(meta) => (meta.size, false),
                 None => {
                     let dest = state
                         .files
@@ -756,14 +756,14 @@ async fn stage_input(
                         .files
                         .register_verified(job, &path, stats.bytes, &stats.checksum)
                         .map_err(|e| err(e.to_string()))?;
-                    stats.bytes
+                    (stats.bytes, true)
                 }
             };
             let local = state
                 .files
                 .resolve(job, &path)
                 .map_err(|e| err(e.to_string()))?;
-            ("direct", local, size)
+            ("direct", local, size, fetched)
         }
         FileSource::Remote { key } => {
             let store = state
@@ -773,12 +773,12 @@ async fn stage_input(
             let path = FilePath::parse(&format!("remote/{key}")).map_err(|e| err(e.to_string()))?;
             let lock = state.fetch_locks.get(&format!("{job}/remote/{key}"));
             let _guard = lock.lock().await;
-            let size = match state
+            let (size, fetched) = match state
                 .files
                 .meta(job, &path)
                 .map_err(|e| err(e.to_string()))?
             {
-                Some(meta) => meta.size,
+                Some(meta) => (meta.size, false),
                 None => {
                     let dest = state
                         .files
@@ -788,18 +788,19 @@ async fn stage_input(
                         crate::transfer::download_remote(store.as_ref(), key, &dest, &state.meter)
                             .await
                             .map_err(|e| err(e.to_string()))?;
-                    state
+                    let size = state
                         .files
                         .register_verified(job, &path, stats.bytes, &stats.checksum)
                         .map_err(|e| err(e.to_string()))?
-                        .size
+                        .size;
+                    (size, true)
                 }
             };
             let local = state
                 .files
                 .resolve(job, &path)
                 .map_err(|e| err(e.to_string()))?;
-            ("remote", local, size)
+            ("remote", local, size, fetched)
         }
     };
     link_local(&local, &target).map_err(|e| err(e.to_string()))?;
@@ -808,6 +809,7 @@ async fn stage_input(
         method: method.to_owned(),
         bytes,
         seconds: started.elapsed().as_secs_f64(),
+        fetched,
     })
 }
 

@@ -300,6 +300,15 @@ pub struct StagedInput {
     pub method: String,
     pub bytes: u64,
     pub seconds: f64,
+    /// Whether staging it moved the file to this agent (a `direct` fetch, a `remote` GET);
+    /// `false` when it was there already (`vm-storage`, or fetched for another instance on
+    /// this agent). Absent from older agents: taken as `true`.
+    #[serde(default = "fetched_by_default")]
+    pub fetched: bool,
+}
+
+fn fetched_by_default() -> bool {
+    true
 }
 
 /// One output file the instance wrote, where it now lives.

@@ -244,8 +244,20 @@ pub struct JobSummary {
     pub mode: JobMode,
     pub input_bytes: u64,
     pub latency_s: f64,
+    /// Everything the job cost, USD: the VMs it held (and executions a lost agent made it
+    /// discard), plus `storage_usd` and `requests_usd`.
     pub cost_usd: f64,
     pub perf_per_dollar: f64,
+    /// Of `cost_usd`: keeping the job's intermediate files, on the agents' disks and in the
+    /// object store, from when each was written to the job's end (GB-seconds at the catalog's
+    /// prices). 0 from older control planes.
+    #[serde(default)]
+    pub storage_usd: f64,
+    /// Of `cost_usd`: the object store's requests on the DAG's edges, PUTs of the files sent
+    /// `remote` and GETs of those fetched, at the catalog's prices per request (these do not
+    /// grow with time). 0 from older control planes.
+    #[serde(default)]
+    pub requests_usd: f64,
     #[serde(default)]
     pub edges: Vec<EdgeRun>,
     #[serde(default)]

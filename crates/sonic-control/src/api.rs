@@ -812,6 +812,8 @@ pub fn job_view(r: JobRecord) -> JobSummary {
         input_bytes: r.input_bytes,
         latency_s: 0.0,
         cost_usd: 0.0,
+        storage_usd: 0.0,
+        requests_usd: 0.0,
         perf_per_dollar: 0.0,
         edges: Vec::new(),
         functions: Vec::new(),

@@ -374,6 +374,8 @@ mod tests {
             input_bytes: 10,
             latency_s: 2.0,
             cost_usd: 0.001,
+            storage_usd: 0.0,
+            requests_usd: 0.0,
             perf_per_dollar: 500.0,
             edges: vec![EdgeRun {
                 from: "gen".into(),

@@ -16,7 +16,7 @@ use sonic_api::agent::{RunReport, RunRequest, RunStatus};
 use sonic_api::control::{
     EdgeRun, FunctionRun, InstanceLog, JobEvent, JobPlan, JobStatus, JobSummary, StageHosts,
 };
-use sonic_core::catalog::Catalog;
+use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
 use sonic_core::dag::{Dag, Fanout};
 use sonic_core::regression::Convergence;
 use sonic_storage::ObjectStore;
@@ -558,6 +558,47 @@ struct Progress {
     /// What the executions a lost agent made the job abandon cost, USD (counted in the job's
     /// cost: their work was paid for and discarded).
     discarded_usd: f64,
+    /// The store's requests and the files kept, for the job's storage cost.
+    store: StoreUse,
+}
+
+/// What a job's intermediate files used of storage (the model's storage terms,
+/// spec/model.md "Cost of a job"): the object store's requests on the DAG's edges, and every
+/// file sent on an edge, its size, where it is kept and since when (kept until the job's end,
+/// when the agents and the store delete them).
+#[derive(Debug, Default)]
+struct StoreUse {
+    /// Files sent `remote`: one PUT each.
+    puts: u64,
+    /// Remote inputs an agent fetched (not those another instance on it had fetched).
+    gets: u64,
+    /// (bytes, written at, in the object store (else on an agent's disk)).
+    kept: Vec<(u64, Instant, bool)>,
+}
+
+impl StoreUse {
+    /// (storage, requests) in USD at `catalog`'s prices, the files kept until `end`.
+    fn cost(&self, catalog: Option<&Catalog>, end: Instant) -> (f64, f64) {
+        let Some(c) = catalog else {
+            return (0.0, 0.0);
+        };
+        let per_byte_s = |usd_per_gb_month: f64| usd_per_gb_month / SECONDS_PER_MONTH / 1e9;
+        let (local, remote) = (
+            per_byte_s(c.local_storage.usd_per_gb_month),
+            per_byte_s(c.remote_storage.usd_per_gb_month),
+        );
+        let storage = self
+            .kept
+            .iter()
+            .map(|&(bytes, since, in_store)| {
+                let price = if in_store { remote } else { local };
+                bytes as f64 * end.saturating_duration_since(since).as_secs_f64() * price
+            })
+            .sum();
+        let requests = self.puts as f64 * c.remote_storage.put_usd_per_1k / 1e3
+            + self.gets as f64 * c.remote_storage.get_usd_per_1k / 1e3;
+        (storage, requests)
+    }
 }
 
 /// Runs a submitted job to its end and records it. Never fails: errors become a failed job.
@@ -1798,6 +1839,9 @@ fn record_instance(
         let entry = per_edge.entry(edge).or_default();
         entry.0 += s.bytes;
         entry.1 += s.seconds;
+        if s.method == "remote" && s.fetched {
+            progress.store.gets += 1;
+        }
         progress
             .observed
             .entry(edge)
@@ -1835,6 +1879,10 @@ fn record_instance(
             .position(|e| e.from == f.function && dag.functions[e.to].name == o.to)
         {
             *progress.written.entry(edge).or_default() += o.size;
+            if o.key.is_some() {
+                progress.store.puts += 1;
+                progress.store.kept.push((o.size, f.ended, true));
+            }
         }
         let keep_local = o.to != "result"
             && dag.edges.iter().enumerate().any(|(i, e)| {
@@ -1842,6 +1890,9 @@ fn record_instance(
                     && dag.functions[e.to].name == o.to
                     && progress.methods.get(i) != Some(&Method::Remote)
             });
+        if keep_local {
+            progress.store.kept.push((o.size, f.ended, false));
+        }
         let instance = instance_from_path(&o.file_path).unwrap_or(f.instance);
         produced[f.function].push(Produced {
             instance,
@@ -2325,7 +2376,8 @@ fn summarize(
     outputs: Vec<String>,
     error: Option<&String>,
 ) -> JobSummary {
-    let cost_usd = spans_cost(rt, p) + p.discarded_usd;
+    let (storage_usd, requests_usd) = p.store.cost(rt.catalog.as_ref(), Instant::now());
+    let cost_usd = spans_cost(rt, p) + p.discarded_usd + storage_usd + requests_usd;
     let perf_per_dollar = if latency_s > 0.0 && cost_usd > 0.0 {
         1.0 / (latency_s * cost_usd)
     } else {
@@ -2367,6 +2419,8 @@ fn summarize(
         latency_s,
         cost_usd,
         perf_per_dollar,
+        storage_usd,
+        requests_usd,
         edges,
         functions,
         outputs,
@@ -2443,7 +2497,35 @@ fn unix_now() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::stage_overhead_s;
+    use super::{StoreUse, stage_overhead_s};
+    use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_jobs_storage_costs_its_requests_and_its_files_kept() {
+        let c = Catalog::default();
+        let t0 = Instant::now();
+        let end = t0 + Duration::from_secs(10);
+        let use_ = StoreUse {
+            puts: 30,
+            gets: 29,
+            // 1 GB in the store for 10 s, 2 GB on a disk for 5 s.
+            kept: vec![
+                (1_000_000_000, t0, true),
+                (2_000_000_000, t0 + Duration::from_secs(5), false),
+            ],
+        };
+        let (storage, requests) = use_.cost(Some(&c), end);
+        let r = &c.remote_storage;
+        let want_requests = 30.0 * r.put_usd_per_1k / 1e3 + 29.0 * r.get_usd_per_1k / 1e3;
+        assert!((requests - want_requests).abs() < 1e-15, "{requests}");
+        let want_storage = (10.0 * r.usd_per_gb_month
+            + 2.0 * 5.0 * c.local_storage.usd_per_gb_month)
+            / SECONDS_PER_MONTH;
+        assert!((storage - want_storage).abs() < 1e-15, "{storage}");
+        // Without a catalog there are no prices.
+        assert_eq!(use_.cost(None, end), (0.0, 0.0));
+    }
 
     #[test]
     fn a_stage_overhead_is_what_its_slowest_instance_adds_to_the_mean_lambda() {

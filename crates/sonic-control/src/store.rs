@@ -1355,6 +1355,8 @@ mod tests {
             input_bytes: 200_000_000,
             latency_s: 31.2,
             cost_usd: 0.0013,
+            storage_usd: 0.0,
+            requests_usd: 0.0,
             perf_per_dollar: 24_600.0,
             edges: vec![EdgeRun {
                 from: "pca".into(),

@@ -352,6 +352,27 @@ async fn a_dag_runs_under_every_policy_with_identical_results() {
         assert!(
             (s.perf_per_dollar - 1.0 / (s.latency_s * s.cost_usd)).abs() < 1e-6 * s.perf_per_dollar
         );
+        // The store's requests: `remote` PUTs gen's file for the mids and the mids' two for
+        // sink (3), and GETs the first on each agent with a mid (1 or 2) and the two on sink's
+        // agent (2); the other policies make none. Every policy keeps files for a while.
+        let r = Catalog::from_yaml(CATALOG).expect("catalog").remote_storage;
+        let (put, get) = (r.put_usd_per_1k / 1e3, r.get_usd_per_1k / 1e3);
+        if policy == "remote" {
+            let least = 3.0 * put + 3.0 * get - 1e-12;
+            let most = 3.0 * put + 4.0 * get + 1e-12;
+            assert!(
+                (least..=most).contains(&s.requests_usd),
+                "{policy}: requests_usd {} not in [{least}, {most}]: {v}",
+                s.requests_usd
+            );
+        } else {
+            assert_eq!(s.requests_usd, 0.0, "{policy}: {v}");
+        }
+        assert!(
+            s.storage_usd > 0.0,
+            "{policy}: files kept cost something: {v}"
+        );
+        assert!(s.cost_usd > s.storage_usd + s.requests_usd, "{v}");
         // gen 1 + mid 2 + sink 1 instances, each once.
         assert_eq!(s.functions.len(), 4, "{v}");
         assert!(

@@ -186,12 +186,14 @@ impl Harness {
 /// job's start to its first dispatch, between one stage's last report and the next stage's
 /// first dispatch, after the last report: the control plane's own work, [`control_plane_s`]) is
 /// counted as measured, and the rest, the agents' part, is divided by `d`. The measured cost is
-/// VM time only (`cost_usd` of the summary: the catalog price of each VM the job held times how
-/// long it held it, and the same for executions a lost agent made it discard; no per-request
-/// store charge is in it): each VM's time, as the instances on it span it, is split the same
-/// way (the control plane's part of it as measured, the rest divided by `d`), and the cost
-/// scaled by the ratio. A predicted cost also counts the store's requests (`requests_usd` of the
-/// plan's prediction), which do not grow with time: only the rest is divided.
+/// `cost_usd` of the summary: the catalog price of each VM the job held times how long it held
+/// it (and the same for executions a lost agent made it discard), its files kept
+/// (`storage_usd`), and the store's requests (`requests_usd`). The requests do not grow with
+/// time and count as they are; for the rest, each VM's time, as the instances on it span it, is
+/// split the same way (the control plane's part of it as measured, the rest divided by `d`),
+/// and the cost scaled by the ratio (the files' keeping, a few millionths of it, with it). A
+/// predicted cost also counts the store's requests (`requests_usd` of the plan's prediction),
+/// the same way: only the rest is divided.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Emulated {
     pub latency_s: f64,
@@ -299,11 +301,15 @@ pub fn emulated(s: &JobSummary, d: f64) -> Emulated {
         let c = merged.as_ref().map_or(0.0, |m| idle_within(m, a, b));
         (h + (b - a), e + split(b - a, c))
     });
-    let cost_usd = if held > 0.0 {
-        s.cost_usd * emulated_held / held
-    } else {
-        s.cost_usd / d
-    };
+    // The store's requests cost the same however slow the cluster: only the rest dilates.
+    let requests = s.requests_usd.clamp(0.0, s.cost_usd.max(0.0));
+    let timed = s.cost_usd - requests;
+    let cost_usd = requests
+        + if held > 0.0 {
+            timed * emulated_held / held
+        } else {
+            timed / d
+        };
     let predicted = s
         .plan
         .as_ref()
@@ -396,6 +402,12 @@ mod tests {
         assert!(close(e.perf_per_dollar, 1.0 / (2.0 * 0.001)));
         assert!(close(e.predicted_latency_s.unwrap(), 1.5));
         assert!(close(e.predicted_cost_usd.unwrap(), 0.004 / 4.0 + 0.0001));
+        // The measured cost's store requests are not divided either.
+        let mut with_requests = s.clone();
+        with_requests.cost_usd = 0.0041;
+        with_requests.requests_usd = 0.0001;
+        let e = emulated(&with_requests, 4.0);
+        assert!(close(e.cost_usd, 0.004 / 4.0 + 0.0001), "{}", e.cost_usd);
         // Not dilated: as reported.
         let e = emulated(&s, 1.0);
         assert!(close(e.latency_s, 8.0) && close(e.predicted_cost_usd.unwrap(), 0.0041));
