@@ -340,14 +340,15 @@ pub fn emulated(s: &JobSummary, d: f64) -> Emulated {
 }
 
 /// A profiling sample (`--params` shape, as the control plane recorded it) in emulated time:
-/// functions' `cold_s` and `hot_s` divided by `d`; bytes, memory and instances stay.
+/// functions' `cold_s`, `hot_s` and `overhead_s` (a wall time per instance, measured on the
+/// dilated clock like the others) divided by `d`; bytes, memory and instances stay.
 pub fn emulated_sample(measured: &mut Value, d: f64) {
     if !(d.is_finite() && d > 1.0) {
         return;
     }
     if let Some(functions) = measured["functions"].as_object_mut() {
         for f in functions.values_mut() {
-            for k in ["cold_s", "hot_s"] {
+            for k in ["cold_s", "hot_s", "overhead_s"] {
                 if let Some(x) = f[k].as_f64() {
                     f[k] = Value::from(x / d);
                 }
@@ -476,10 +477,12 @@ mod tests {
     #[test]
     fn samples_are_rescaled_in_time_only() {
         let mut m = json!({"functions": {"f": {"memory_mb": 100.0, "cold_s": 4.0, "hot_s": null,
-            "instances": 3}}, "edges": [{"from": "f", "to": "g", "bytes": 1000}]});
+            "instances": 3, "overhead_s": 0.8}}, "edges": [{"from": "f", "to": "g", "bytes": 1000}]});
         emulated_sample(&mut m, 4.0);
         assert_eq!(m["functions"]["f"]["cold_s"], 1.0);
         assert!(m["functions"]["f"]["hot_s"].is_null());
+        // The per-instance overhead is a time too (it was left dilated before).
+        assert_eq!(m["functions"]["f"]["overhead_s"], 0.2);
         assert_eq!(m["functions"]["f"]["memory_mb"], 100.0);
         assert_eq!(m["functions"]["f"]["instances"], 3);
         assert_eq!(m["edges"][0]["bytes"], 1000);

@@ -55,6 +55,9 @@ pub enum Experiment {
     /// Profiling only, as the other experiments start: each application until its models
     /// converge (or the cap); prints how many jobs each needed and every model's error.
     Profile,
+    /// No cluster: the simulator's validation again, from the `validation-inputs.json` a run
+    /// saved in `--out`; rewrites that folder's `validation.csv` and prints the table.
+    Validate,
 }
 
 /// How much the harness runs.
@@ -85,7 +88,10 @@ pub struct BenchOptions {
 
 impl BenchOptions {
     fn wants(&self, e: Experiment) -> bool {
-        if matches!(e, Experiment::Dilation | Experiment::Profile) {
+        if matches!(
+            e,
+            Experiment::Dilation | Experiment::Profile | Experiment::Validate
+        ) {
             return self.only.contains(&e);
         }
         self.only.is_empty() || self.only.contains(&e)
@@ -412,6 +418,9 @@ pub struct Results {
     pub fig10: Vec<fig10::ErrorPoint>,
     pub overhead: Vec<Overhead>,
     pub validation: Vec<sim::ValidationRow>,
+    /// What the validation ran with, saved as `validation-inputs.json` (`--only validate`
+    /// re-runs it from there).
+    pub validation_inputs: Option<sim::ValidationInputs>,
     pub sim: Option<sim::SimResults>,
     pub notes: Vec<String>,
     /// Each application's measured input size (its unit) and bytes.
@@ -474,6 +483,21 @@ pub async fn run(
                 left_out.join(", ")
             ));
         }
+    }
+    if opts.only.contains(&Experiment::Validate) {
+        if opts.only.len() > 1 {
+            anyhow::bail!(
+                "--only validate re-runs a saved run's validation and runs nothing else; give it alone"
+            );
+        }
+        let inputs = sim::read_inputs(&opts.out_dir)?;
+        let rows = sim::validate_inputs(&inputs)?;
+        let path = opts.out_dir.join("validation.csv");
+        let text = sim::validation_csv(&rows);
+        std::fs::write(&path, &text).with_context(|| format!("cannot write {}", path.display()))?;
+        write!(out, "{text}")?;
+        writeln!(out, "wrote {}", path.display())?;
+        return Ok(());
     }
     if opts.wants(Experiment::Dilation) {
         let written = dilation_run(&base, &opts, &data_dir, &mut results).await?;
@@ -820,7 +844,10 @@ async fn measure_apps(
             finish_overhead(app, results);
         }
         match sim::validate(catalog, cluster.info(), results) {
-            Ok(v) => results.validation = v,
+            Ok((inputs, v)) => {
+                results.validation = v;
+                results.validation_inputs = Some(inputs);
+            }
             Err(e) => results
                 .notes
                 .push(format!("simulator validation: {}", short(&e))),

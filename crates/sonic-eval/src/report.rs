@@ -62,6 +62,9 @@ pub fn write_all(
     if !results.validation.is_empty() {
         write("validation.csv", bsim::validation_csv(&results.validation))?;
     }
+    if let Some(v) = &results.validation_inputs {
+        write(bsim::VALIDATION_INPUTS, serde_json::to_string_pretty(v)?)?;
+    }
     if let Some(s) = &results.sim {
         for (name, text) in bsim::files(s)? {
             write(&name, text)?;
@@ -528,7 +531,7 @@ fn report(opts: &BenchOptions, results: &Results, cells: &[Cell], seconds: f64) 
 
     // ---- validation ----
     if !results.validation.is_empty() {
-        s.push_str("## The simulator against the real runs\n\nEach Fig. 7 job simulated alone on a cluster of the emulated cluster's VM types (64 of each: the emulated cluster runs every VM a plan asks for, several VMs sharing one agent), with the parameters the profiling jobs measured at that input ([validation.csv](validation.csv)). Alone on such a cluster the simulator reproduces the model, so the error is the model's against this machine: shared cores (lambdas of several emulated VMs compute on the same 2 cores), per-job overheads the model has no term for (container starts, staging, HTTP), and the measured parameters' own noise. `sonic` is simulated with the measured parameters (as `oracle`), so it shows the simulator's error, not the predictions'.\n\n| app | policy | real latency s | simulated s | error | real cost $ | simulated $ | error |\n|---|---|---|---|---|---|---|---|\n");
+        s.push_str("## The simulator against the real runs\n\nEach Fig. 7 cell simulated alone as the system ran it ([validation.csv](validation.csv)): the plan of its first job (`plans/`), on the run's VMs (one per agent), with the bandwidths the planner used for that plan (measured, in emulated time) and the parameters the profiling jobs measured at that input, each function's per-instance overhead included; the cost as the job summary computes it (each VM at its full price from its first instance's start to its last one's end; no storage or requests). Alone on an idle cluster the simulator reproduces the model for that plan, so the error is the model's against this machine (docs/simulator.md, \"Validation against the dilated cluster\"). Its inputs are in [validation-inputs.json](validation-inputs.json): `ofctl bench --only validate --out DIR` re-runs it without the cluster.\n\n| app | policy | real latency s | simulated s | error | real cost $ | simulated $ | error |\n|---|---|---|---|---|---|---|---|\n");
         for r in &results.validation {
             let _ = writeln!(
                 s,

@@ -12,8 +12,12 @@ use sonic_core::dag::Dag;
 use sonic_core::planner::Policy;
 use std::fmt::Write as _;
 
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sonic_core::params::Params;
 use sonic_sim::experiments as ex;
-use sonic_sim::{Cluster, JobSpec, SimConfig, validate_alone};
+use sonic_sim::{Cluster, JobSpec, PlanShape, SimConfig, validate_alone, validate_plan};
+use std::path::Path;
 
 use super::report::Verdict;
 use crate::charts::{self, BarChart, BarGroup, LineChart, Series};
@@ -22,8 +26,9 @@ use super::apps;
 use super::{Results, aggregate};
 use sonic_cluster::ClusterInfo;
 
-/// VMs of each type in the simulated copy of the emulated cluster.
-pub const VALIDATION_VMS: u32 = 64;
+/// The file of a run's output folder that holds what the simulator's validation needs
+/// ([`ValidationInputs`]): `ofctl bench --only validate --out DIR` re-runs it from there.
+pub const VALIDATION_INPUTS: &str = "validation-inputs.json";
 
 /// The simulator next to the real runs for one (application, policy).
 #[derive(Debug, Clone, PartialEq)]
@@ -66,23 +71,78 @@ pub fn policy(name: &str) -> Option<Policy> {
     })
 }
 
-/// Simulates each Fig. 7 cell's job alone on the emulated cluster's VMs, with the parameters the
-/// profiling jobs measured at the measured input size, and sets it next to the real mean.
-pub fn validate(
+/// Everything the simulator's validation of a run needs, all in emulated time: saved with the
+/// run ([`VALIDATION_INPUTS`]) so that it can be re-run without the cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ValidationInputs {
+    /// The cluster's time dilation factor (1: none); every time below is already divided by it.
+    pub dilation: f64,
+    /// The catalog the cluster's control plane was given (before dilation and before the
+    /// measured bandwidths replaced its VM types' `network_mbps`).
+    pub catalog: Catalog,
+    /// VMs of each type the cluster had (its agents: one per VM on the container cluster).
+    pub vms: BTreeMap<String, u32>,
+    pub apps: Vec<AppInputs>,
+}
+
+/// One application's inputs: the parameters the profiling jobs measured at the Fig. 7 input
+/// (`learning::measured_params`, the oracle's), and its cells.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AppInputs {
+    pub app: String,
+    pub input_bytes: u64,
+    pub params: Params,
+    pub cells: Vec<CellInputs>,
+}
+
+/// One Fig. 7 cell: the mean of its measured jobs (as in `jobs.csv`), the plan its first job
+/// ran (as in `plans/`) and the bandwidth per VM type the planner used for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellInputs {
+    pub policy: String,
+    pub jobs: usize,
+    pub real_latency_s: f64,
+    pub real_cost_usd: f64,
+    /// `None`: the cell's jobs ran unplanned; the simulator plans them with the policy.
+    pub plan: Option<PlanShape>,
+    /// Mbit/s per VM type the planner used (`network_mbps` of its report), emulated time.
+    pub network_mbps: BTreeMap<String, f64>,
+}
+
+/// The planner's bandwidths of a plan report (`network_mbps`), in emulated time: the measured
+/// ones multiplied by `dilation`, the catalog's (undilated in `catalog`) left out.
+fn report_network(report: &Value, dilation: f64) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    if let Some(m) = report["network_mbps"].as_object() {
+        for (t, v) in m {
+            if v["source"].as_str() == Some("measured")
+                && let Some(x) = v["network_mbps"].as_f64()
+            {
+                out.insert(t.clone(), x * dilation);
+            }
+        }
+    }
+    out
+}
+
+/// Collects the validation's inputs from a run: each Fig. 7 cell's measured mean, the plan its
+/// first job ran, and the application's measured parameters at that input.
+pub fn inputs(
     catalog: &Catalog,
     real: &ClusterInfo,
     results: &Results,
-) -> anyhow::Result<Vec<ValidationRow>> {
-    // The emulated cluster runs every VM a plan asks for (several share an agent, each charged
-    // as its own VM): it stands for a cluster with enough VMs of each of its types.
-    let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+) -> anyhow::Result<ValidationInputs> {
+    let mut vms: BTreeMap<String, u32> = BTreeMap::new();
     for a in &real.agents {
-        counts.insert(a.vm_type.clone(), VALIDATION_VMS);
+        *vms.entry(a.vm_type.clone()).or_default() += 1;
     }
-    let counts: Vec<(String, u32)> = counts.into_iter().collect();
-    let cluster = Cluster::new(catalog, &counts).map_err(|e| anyhow!("{e}"))?;
+    let d = if results.dilation.is_finite() && results.dilation >= 1.0 {
+        results.dilation
+    } else {
+        1.0
+    };
     let cells = aggregate(&results.rows);
-    let mut out = Vec::new();
+    let mut apps_out = Vec::new();
     for app in apps::apps() {
         let Some(&(_, bytes)) = results.measured_sizes.get(app.name) else {
             continue;
@@ -91,39 +151,128 @@ pub fn validate(
             continue;
         };
         let dag = Dag::from_yaml(app.file, app.yaml).map_err(|e| anyhow!("{e}"))?;
+        // Emulated time already (`harness::emulated_sample`).
         let params = sonic_control::learning::measured_params(&dag, samples, bytes)
             .map_err(|e| anyhow!("{e}"))
             .with_context(|| format!("{}: measured parameters", app.name))?;
-        let dag = Arc::new(dag);
+        let mut out = Vec::new();
         for c in cells
             .iter()
             .filter(|c| c.experiment == "fig7" && c.app == app.name)
         {
+            let report = results
+                .plans
+                .iter()
+                .find(|(n, _)| *n == format!("fig7-{}-{}.json", app.name, c.policy))
+                .map(|(_, v)| v);
+            let plan = report
+                .map(|r| serde_json::from_value::<PlanShape>(r.clone()))
+                .transpose()
+                .with_context(|| format!("{} {}: the plan report", app.name, c.policy))?;
+            out.push(CellInputs {
+                policy: c.policy.clone(),
+                jobs: c.jobs,
+                real_latency_s: c.latency_s,
+                real_cost_usd: c.cost_usd,
+                plan,
+                network_mbps: report.map(|r| report_network(r, d)).unwrap_or_default(),
+            });
+        }
+        apps_out.push(AppInputs {
+            app: app.name.into(),
+            input_bytes: bytes,
+            params,
+            cells: out,
+        });
+    }
+    Ok(ValidationInputs {
+        dilation: d,
+        catalog: catalog.clone(),
+        vms,
+        apps: apps_out,
+    })
+}
+
+/// Simulates each cell's job alone, as the system ran it: the plan its first job ran (planned
+/// by the policy when the cell has none), on a cluster of the run's VMs (at least as many of a
+/// type as the plan asks for), the catalog with the bandwidths the planner used, the
+/// parameters measured at that input (with each function's per-instance overhead); the cost
+/// as the job summary computes it (`JobCost::summary_usd`). Errors name the cell.
+pub fn validate_inputs(v: &ValidationInputs) -> anyhow::Result<Vec<ValidationRow>> {
+    let mut out = Vec::new();
+    for app in &v.apps {
+        let a = apps::apps()
+            .into_iter()
+            .find(|a| a.name == app.app)
+            .ok_or_else(|| anyhow!("no application {:?}", app.app))?;
+        let dag = Arc::new(Dag::from_yaml(a.file, a.yaml).map_err(|e| anyhow!("{e}"))?);
+        for c in &app.cells {
             let Some(p) = policy(&c.policy) else {
                 continue;
             };
+            let name = format!("{}-{}", app.app, c.policy);
+            let mut catalog = v.catalog.clone();
+            for t in &mut catalog.vm_types {
+                if let Some(&mbps) = c.network_mbps.get(&t.name) {
+                    t.network_mbps = mbps;
+                }
+            }
+            let mut counts = v.vms.clone();
+            for s in c.plan.iter().flat_map(|p| &p.stages) {
+                let n = counts.entry(s.vm_type.clone()).or_default();
+                *n = (*n).max(s.vms);
+            }
+            let counts: Vec<(String, u32)> = counts.into_iter().collect();
+            let cluster = Cluster::new(&catalog, &counts).map_err(|e| anyhow!("{name}: {e}"))?;
             let job = JobSpec {
-                name: format!("{}-{}", app.name, c.policy),
+                name: name.clone(),
                 dag: dag.clone(),
-                params: params.clone(),
+                params: app.params.clone(),
                 predicted: None,
                 arrival_s: 0.0,
                 policy: p,
                 bounds: dag.bounds,
             };
-            let v = validate_alone(&cluster, &job, &SimConfig::default())
-                .map_err(|e| anyhow!("{}: {e}", job.name))?;
+            let config = SimConfig::default();
+            let r = match &c.plan {
+                Some(plan) => validate_plan(&cluster, &job, plan, &config),
+                None => validate_alone(&cluster, &job, &config),
+            }
+            .map_err(|e| anyhow!("{name}: {e}"))?;
             out.push(ValidationRow {
-                app: app.name.into(),
+                app: app.app.clone(),
                 policy: c.policy.clone(),
-                real_latency_s: c.latency_s,
-                sim_latency_s: v.job.latency_s,
-                real_cost_usd: c.cost_usd,
-                sim_cost_usd: v.job.cost_usd,
+                real_latency_s: c.real_latency_s,
+                sim_latency_s: r.job.latency_s,
+                real_cost_usd: c.real_cost_usd,
+                sim_cost_usd: r.job.cost.summary_usd,
             });
         }
     }
     Ok(out)
+}
+
+/// The validation of a finished run (its inputs, which the report saves, and its rows).
+pub fn validate(
+    catalog: &Catalog,
+    real: &ClusterInfo,
+    results: &Results,
+) -> anyhow::Result<(ValidationInputs, Vec<ValidationRow>)> {
+    let v = inputs(catalog, real, results)?;
+    let rows = validate_inputs(&v)?;
+    Ok((v, rows))
+}
+
+/// Reads a run's [`VALIDATION_INPUTS`] from `dir`.
+pub fn read_inputs(dir: &Path) -> anyhow::Result<ValidationInputs> {
+    let path = dir.join(VALIDATION_INPUTS);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "cannot read {} (runs before it was saved cannot be re-validated)",
+            path.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| path.display().to_string())
 }
 
 /// The profiling samples of `app` the harness kept.
@@ -491,4 +640,142 @@ pub fn report(out: &mut String, s: &SimResults) {
         );
     }
     out.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use serde_json::json;
+    use sonic_sim::{EdgeShape, StageShape};
+
+    fn ml_params(overhead: f64) -> Params {
+        Params::from_yaml(&format!(
+            "functions:\n  pca: {{ memory_mb: 50, cold_s: 0.2, hot_s: 0.1, instances: 1, overhead_s: {overhead} }}\n  train: {{ memory_mb: 80, cold_s: 0.5, hot_s: 0.4, instances: 6, overhead_s: {overhead} }}\n  combine: {{ memory_mb: 40, cold_s: 0.1, hot_s: 0.1, instances: 1, overhead_s: {overhead} }}\nedges:\n  - {{ from: pca, to: train, bytes: 2000000 }}\n  - {{ from: train, to: combine, bytes: 500000 }}\n"
+        ))
+        .unwrap()
+    }
+
+    /// The Fig. 7 `remote` plan of the committed dilated run: everything on the one t2.large.
+    fn remote_plan() -> PlanShape {
+        let st = |f: &str, c: u32| StageShape {
+            function: f.into(),
+            vm_type: "t2.large".into(),
+            vms: 1,
+            concurrent: c,
+        };
+        let ed = |a: &str, b: &str| EdgeShape {
+            from: a.into(),
+            to: b.into(),
+            method: sonic_core::model::Method::Remote,
+        };
+        PlanShape {
+            stages: vec![st("pca", 1), st("train", 2), st("combine", 1)],
+            edges: vec![ed("pca", "train"), ed("train", "combine")],
+        }
+    }
+
+    fn inputs(overhead: f64, t2_mbps: Option<f64>) -> ValidationInputs {
+        let vms: BTreeMap<String, u32> = ["m5.large", "m5.xlarge", "m5.2xlarge", "t2.large"]
+            .iter()
+            .map(|t| ((*t).to_owned(), 1))
+            .collect();
+        ValidationInputs {
+            dilation: 16.0,
+            catalog: Catalog::default(),
+            vms,
+            apps: vec![AppInputs {
+                app: "ml-pipeline".into(),
+                input_bytes: 1_947_657,
+                params: ml_params(overhead),
+                cells: vec![
+                    CellInputs {
+                        policy: "remote".into(),
+                        jobs: 5,
+                        real_latency_s: 0.7,
+                        real_cost_usd: 2e-5,
+                        plan: Some(remote_plan()),
+                        network_mbps: t2_mbps
+                            .map(|m| BTreeMap::from([("t2.large".to_owned(), m)]))
+                            .unwrap_or_default(),
+                    },
+                    CellInputs {
+                        policy: "local".into(),
+                        jobs: 5,
+                        real_latency_s: 0.2,
+                        real_cost_usd: 2e-5,
+                        plan: None,
+                        network_mbps: BTreeMap::new(),
+                    },
+                ],
+            }],
+        }
+    }
+
+    #[test]
+    fn saved_inputs_read_back_and_rerun_the_same() {
+        let v = inputs(0.05, Some(176.0));
+        let text = serde_json::to_string_pretty(&v).unwrap();
+        let back: ValidationInputs = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, v);
+        let a = validate_inputs(&v).unwrap();
+        assert_eq!(a, validate_inputs(&back).unwrap());
+        assert_eq!(a.len(), 2);
+        assert!(
+            a.iter()
+                .all(|r| r.sim_latency_s > 0.0 && r.sim_cost_usd > 0.0)
+        );
+        // `local` had no plan: planned by its policy, on the one largest VM the run had.
+        assert_eq!(a[1].policy, "local");
+    }
+
+    #[test]
+    fn the_overhead_is_paid_once_per_batch_of_the_plan_the_system_ran() {
+        let (o0, o1) = (0.0, 0.1);
+        let without = validate_inputs(&inputs(o0, None)).unwrap();
+        let with = validate_inputs(&inputs(o1, None)).unwrap();
+        // The remote plan: pca 1 batch, train 6 on one VM 2 at once (3 batches), combine 1;
+        // a chain, so the job takes 5 overheads more.
+        let grew = with[0].sim_latency_s - without[0].sim_latency_s;
+        assert!((grew - 5.0 * (o1 - o0)).abs() < 1e-6, "{grew}");
+        // Paid on the VM too: the one t2.large for 0.5 s more.
+        let price = Catalog::default()
+            .vm_type("t2.large")
+            .unwrap()
+            .usd_per_second();
+        let paid = with[0].sim_cost_usd - without[0].sim_cost_usd;
+        assert!((paid - 0.5 * price).abs() < 1e-12, "{paid}");
+    }
+
+    #[test]
+    fn the_bandwidth_the_planner_measured_is_the_one_simulated() {
+        let nominal = validate_inputs(&inputs(0.0, None)).unwrap();
+        let measured = validate_inputs(&inputs(0.0, Some(100.0))).unwrap();
+        // The catalog's t2.large has 500 Mbit/s; at 100 the remote edges take longer.
+        assert!(measured[0].sim_latency_s > nominal[0].sim_latency_s + 0.01);
+        // `local` moves nothing between VMs.
+        assert!((measured[1].sim_latency_s - nominal[1].sim_latency_s).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_plan_reports_measured_bandwidths_in_emulated_time() {
+        let r = json!({"network_mbps": {
+            "t2.large": {"network_mbps": 11.0, "reports": 29, "source": "measured"},
+            "m5.large": {"network_mbps": 46.875, "reports": 0, "source": "catalog"}}});
+        let n = report_network(&r, 16.0);
+        assert_eq!(n, BTreeMap::from([("t2.large".to_owned(), 176.0)]));
+        assert!(report_network(&json!({}), 16.0).is_empty());
+        // A plan report (as `plans/` keeps them, abridged) is a plan shape.
+        let report = json!({"dag": "ml-pipeline", "policy": "remote", "exact": true,
+            "edges": [
+                {"from": "pca", "method": "remote", "predicted_s": 2.0, "to": "train"},
+                {"from": "train", "method": "remote", "predicted_s": 1.4, "to": "combine"}],
+            "stages": [
+                {"concurrent": 1, "function": "pca", "per_vm": 1, "vm_type": "t2.large", "vms": 1},
+                {"concurrent": 2, "function": "train", "per_vm": 6, "vm_type": "t2.large", "vms": 1},
+                {"concurrent": 1, "function": "combine", "per_vm": 1, "vm_type": "t2.large", "vms": 1}],
+            "timing": []});
+        let shape: PlanShape = serde_json::from_value(report).unwrap();
+        assert_eq!(shape, remote_plan());
+    }
 }

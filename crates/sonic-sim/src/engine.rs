@@ -87,6 +87,97 @@ pub fn validate_alone(
     job: &JobSpec,
     config: &SimConfig,
 ) -> Result<Validation, SimError> {
+    alone(cluster, job, None, config)
+}
+
+/// A plan by names, as the control plane's plan report gives it (`ofctl plan -o json`, the
+/// evaluation's `plans/`: `stages` with `function`, `vm_type`, `vms`, `concurrent`; `edges`
+/// with `from`, `to`, `method`; other fields are ignored).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct PlanShape {
+    pub stages: Vec<StageShape>,
+    pub edges: Vec<EdgeShape>,
+}
+
+/// Where one stage of a [`PlanShape`] runs.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct StageShape {
+    pub function: String,
+    pub vm_type: String,
+    pub vms: u32,
+    pub concurrent: u32,
+}
+
+/// How one edge of a [`PlanShape`] passes its data.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct EdgeShape {
+    pub from: String,
+    pub to: String,
+    pub method: Method,
+}
+
+impl PlanShape {
+    /// The plan in `pb`'s indices (its stages and edges, its catalog's VM types); an error
+    /// names what the plan lacks or what `pb` does not know.
+    pub fn assignment(&self, pb: &PlanProblem) -> Result<Assignment, String> {
+        let mut placements = Vec::with_capacity(pb.stages().len());
+        for st in pb.stages() {
+            let s = self
+                .stages
+                .iter()
+                .find(|s| s.function == st.name)
+                .ok_or_else(|| format!("the plan has no stage {:?}", st.name))?;
+            let vm = pb
+                .catalog()
+                .vm_types
+                .iter()
+                .position(|v| v.name == s.vm_type)
+                .ok_or_else(|| format!("the catalog has no VM type {:?}", s.vm_type))?;
+            placements.push(Placement {
+                vm,
+                vms: s.vms,
+                concurrent: s.concurrent,
+            });
+        }
+        let mut methods = Vec::with_capacity(pb.edges().len());
+        for e in pb.edges() {
+            let (from, to) = (&pb.stages()[e.from].name, &pb.stages()[e.to].name);
+            let m = self
+                .edges
+                .iter()
+                .find(|x| &x.from == from && &x.to == to)
+                .ok_or_else(|| format!("the plan has no edge {from} -> {to}"))?;
+            methods.push(m.method);
+        }
+        Ok(Assignment {
+            placements,
+            methods,
+        })
+    }
+}
+
+/// [`validate_alone`] for a given plan instead of the one the job's policy would choose: the
+/// evaluation simulates the plan the system ran. The plan must run on `cluster`'s catalog.
+pub fn validate_plan(
+    cluster: &Cluster,
+    job: &JobSpec,
+    plan: &PlanShape,
+    config: &SimConfig,
+) -> Result<Validation, SimError> {
+    let pb = PlanProblem::from_dag(&job.dag, &job.params, cluster.catalog().clone(), job.bounds)
+        .map_err(|e| job_err(&job.name, e))?;
+    let a = plan
+        .assignment(&pb)
+        .map_err(|e| job_err(&job.name, format!("the given plan: {e}")))?;
+    alone(cluster, job, Some(a), config)
+}
+
+fn alone(
+    cluster: &Cluster,
+    job: &JobSpec,
+    forced: Option<Assignment>,
+    config: &SimConfig,
+) -> Result<Validation, SimError> {
     let mut spec = job.clone();
     spec.arrival_s = 0.0;
     // Alone on an idle cluster nothing waits: load-aware admission would pick the plan best
@@ -95,7 +186,7 @@ pub fn validate_alone(
         load_aware: false,
         ..*config
     };
-    let report = simulate(cluster, &[spec], &config)?;
+    let report = simulate_plans(cluster, &[spec], &[forced], &config)?;
     let job = report
         .jobs
         .into_iter()
@@ -118,6 +209,8 @@ enum EvKind {
     Arrive(usize),
     /// A transfer's request latency is over: its bytes start to flow.
     Activate(usize),
+    /// A lambda's per-instance overhead (`Stage::overhead_s`) is over: the instance ends.
+    Overhead(Task),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -288,6 +381,10 @@ struct Lease {
     holding: bool,
     mark: f64,
     uploads: u32,
+    /// When the job first and last had an instance on this VM (from the grant of its first
+    /// instance's slot to its last instance's end, uploads included): what the control plane's
+    /// job summary charges (`JobCost::summary_usd`).
+    span: Option<(f64, f64)>,
 }
 
 /// The VMs one stage took, reused by later stages through vm-storage (the model's group).
@@ -820,6 +917,7 @@ impl<'a> Sim<'a> {
                             self.net.start(pf.bytes, &pf.links, pf.tag);
                         }
                     }
+                    EvKind::Overhead(t) => self.instance_done(t),
                 }
             }
             if self.rm_dirty {
@@ -1176,6 +1274,7 @@ impl<'a> Sim<'a> {
                             holding: false,
                             mark: 0.0,
                             uploads: 0,
+                            span: None,
                         })
                         .collect(),
                     stages: vec![r],
@@ -1369,6 +1468,7 @@ impl<'a> Sim<'a> {
             lease.cpus = cpus;
             lease.weight = 0.0;
             lease.holding = true;
+            lease.span = Some(lease.span.map_or((now, now), |(a, b)| (a.min(now), b)));
         }
         self.settle(vm);
         self.vms[vm].holders += 1;
@@ -1405,6 +1505,13 @@ impl<'a> Sim<'a> {
         lease.mark = acc;
         self.vms[vm].weight += w - lease.weight;
         lease.weight = w;
+    }
+
+    /// The job's instance on lease `i` of group `g` ran until now.
+    fn extend_span(&mut self, j: usize, g: usize, i: usize) {
+        let now = self.now;
+        let lease = &mut self.jobs[j].groups[g].leases[i];
+        lease.span = Some(lease.span.map_or((now, now), |(a, b)| (a, b.max(now))));
     }
 
     fn release_holder(&mut self, j: usize, g: usize, i: usize) {
@@ -1644,6 +1751,8 @@ impl<'a> Sim<'a> {
             } => {
                 let g = self.jobs[job].stages[stage].group;
                 self.jobs[job].groups[g].leases[slot].uploads -= 1;
+                // The upload is part of the sender's instance in the system.
+                self.extend_span(job, g, slot);
                 let done = self.jobs[job].stages[stage].state == State::Done;
                 let er = &mut self.jobs[job].edges[edge];
                 er.uploads_left -= 1;
@@ -1708,13 +1817,29 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// A lambda's compute is over: it gives back its vCPU share, then pays its function's
+    /// per-instance overhead (`Stage::overhead_s`: sending, registering outputs, the report) in
+    /// wall time, holding its place in the slot's concurrency, as the model charges each batch
+    /// once (`PlanProblem::overhead_s`); the instance ends after it.
     fn task_done(&mut self, t: Task) {
+        self.vms[t.vm].running -= 1;
+        self.running_total -= 1;
+        let overhead = self.jobs[t.job].pb.stages()[t.stage].overhead_s;
+        if overhead > 0.0 {
+            let at = self.now + overhead;
+            self.push(at, EvKind::Overhead(t));
+        } else {
+            self.instance_done(t);
+        }
+    }
+
+    /// An instance ended: its container stays warm, the slot runs its next instance or is done.
+    fn instance_done(&mut self, t: Task) {
         let key = self.jobs[t.job].fn_keys[t.stage];
         let owner = (!self.jobs[t.job].shares_warm).then_some(t.job);
-        let v = &mut self.vms[t.vm];
-        v.running -= 1;
-        v.warm.push((key, owner, self.now + self.cfg.keep_alive_s));
-        self.running_total -= 1;
+        self.vms[t.vm]
+            .warm
+            .push((key, owner, self.now + self.cfg.keep_alive_s));
         self.instances += 1;
         let s = &mut self.jobs[t.job].stages[t.stage].slots[t.slot];
         s.running -= 1;
@@ -1755,6 +1880,7 @@ impl<'a> Sim<'a> {
         self.jobs[j].stages[r].slots[i].finished = true;
         self.jobs[j].stages[r].slots_done += 1;
         let g = self.jobs[j].stages[r].group;
+        self.extend_span(j, g, i);
         let vm = self.jobs[j].stages[r].slots[i].vm;
         let outgoing: Vec<usize> = self.jobs[j].pb.outgoing(r).to_vec();
         for e in outgoing {
@@ -1894,6 +2020,17 @@ impl<'a> Sim<'a> {
                 let finish = job.finish.unwrap_or(self.now);
                 let latency = finish - job.arrival;
                 let cost = job.cost.total();
+                let mut job_cost = job.cost;
+                job_cost.summary_usd = job
+                    .groups
+                    .iter()
+                    .flat_map(|g| {
+                        let usd_per_s = catalog.vm_types[g.vm_type].usd_per_second();
+                        g.leases
+                            .iter()
+                            .filter_map(move |l| l.span.map(|(a, b)| usd_per_s * (b - a)))
+                    })
+                    .sum();
                 let stages = job
                     .pb
                     .stages()
@@ -1940,7 +2077,7 @@ impl<'a> Sim<'a> {
                     finish_s: finish,
                     latency_s: latency,
                     cost_usd: cost,
-                    cost: job.cost,
+                    cost: job_cost,
                     perf_per_dollar: perf_per_dollar(latency, cost),
                     planned: job.planned,
                     model_latency_s: job.model_latency,

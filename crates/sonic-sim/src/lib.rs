@@ -19,7 +19,9 @@ mod report;
 mod rng;
 pub mod scenario;
 
-pub use engine::{Validation, simulate, validate_alone};
+pub use engine::{
+    EdgeShape, PlanShape, StageShape, Validation, simulate, validate_alone, validate_plan,
+};
 pub use input::{Cluster, JobSpec, SimConfig};
 pub use report::{
     AppSummary, ClusterStats, EdgeReport, JobCost, JobReport, PolicySummary, SimReport,

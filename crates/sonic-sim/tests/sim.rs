@@ -602,3 +602,186 @@ fn a_plan_never_asks_for_more_vms_than_the_cluster_has() {
         }
     }
 }
+
+/// `app` with every function's per-instance overhead set to a fraction of its cold time.
+fn with_overhead(a: &App, fraction: f64) -> App {
+    let mut b = a.clone();
+    for f in b.params.functions.values_mut() {
+        f.overhead_s = fraction * f.cold_s + 0.05;
+    }
+    b
+}
+
+#[test]
+fn a_lone_job_pays_the_learned_overhead_as_the_model_does() {
+    let c = cluster(AMPLE);
+    let config = SimConfig::default();
+    for a in scenario::builtin_apps().unwrap() {
+        let o = with_overhead(&a, 0.3);
+        for p in Policy::ALL {
+            let v = validate_alone(&c, &job("one", &o, p, 0.0), &config).unwrap();
+            assert!(
+                v.latency_rel_error < 1e-6 && v.cost_rel_error < 1e-6,
+                "{} {p}: simulated {} s ${}, model {} s ${}",
+                a.dag.name,
+                v.job.latency_s,
+                v.job.cost_usd,
+                v.model_latency_s,
+                v.model_cost_usd
+            );
+            // Once per batch on every stage's fullest VM: at least the first stage's overhead
+            // more than its compute alone.
+            let first = &v.job.stages[0];
+            let f = &o.params.functions[&first.function];
+            assert!(
+                first.end_s - first.start_s >= f.cold_s + f.overhead_s - 1e-9,
+                "{} {p}: the first stage took {} s",
+                a.dag.name,
+                first.end_s - first.start_s
+            );
+        }
+    }
+}
+
+#[test]
+fn the_overhead_is_paid_once_per_batch() {
+    // One function, 4 instances on one m5.large (2 vCPUs): 2 batches of 2, each 3 s of compute
+    // (hot = cold) and 1 s of overhead: 8 s, not 3 + 3 + 4 x 1.
+    let a = app(
+        "name: one\nfunctions:\n  - { name: f, image: x, command: [x], instances: 4 }\n",
+        "functions:\n  f: { memory_mb: 1000, cold_s: 3, hot_s: 3, instances: 4, overhead_s: 1 }\n",
+    );
+    let mut catalog = Catalog::default();
+    catalog.vm_types.retain(|t| t.name == "m5.large");
+    let c = Cluster::new(&catalog, &[("m5.large".into(), 1)]).unwrap();
+    let v = validate_alone(&c, &job("j", &a, Policy::Local, 0.0), &SimConfig::default()).unwrap();
+    assert_eq!(v.job.stages[0].vms, 1);
+    assert_eq!(v.job.stages[0].concurrent, 2);
+    assert!((v.job.latency_s - 8.0).abs() < 1e-9, "{}", v.job.latency_s);
+    assert!(v.latency_rel_error < 1e-9);
+    // The job summary's cost: the one VM at its full price for the 8 s.
+    let price = Catalog::default()
+        .vm_type("m5.large")
+        .unwrap()
+        .usd_per_second();
+    assert!(
+        (v.job.cost.summary_usd - 8.0 * price).abs() < 1e-12,
+        "{} vs {}",
+        v.job.cost.summary_usd,
+        8.0 * price
+    );
+}
+
+#[test]
+fn the_summary_cost_charges_whole_vms_without_storage_or_requests() {
+    let c = cluster(AMPLE);
+    let config = SimConfig::default();
+    let catalog = Catalog::default();
+    for a in scenario::builtin_apps().unwrap() {
+        for p in Policy::ALL {
+            let v = validate_alone(&c, &job("one", &a, p, 0.0), &config).unwrap();
+            let cost = &v.job.cost;
+            // No VM is charged beyond the job's life, nor for more VMs than its stages had.
+            let bound: f64 = v
+                .job
+                .stages
+                .iter()
+                .map(|s| {
+                    f64::from(s.vms)
+                        * catalog.vm_type(&s.vm_type).unwrap().usd_per_second()
+                        * v.job.latency_s
+                })
+                .sum();
+            assert!(
+                cost.summary_usd > 0.0 && cost.summary_usd <= bound * (1.0 + 1e-9),
+                "{} {p}: {cost:?} bound {bound}",
+                a.dag.name
+            );
+            if p == Policy::Local {
+                // One VM for the whole job, every edge vm-storage: its price for the latency.
+                let s = &v.job.stages[0];
+                let price = catalog.vm_type(&s.vm_type).unwrap().usd_per_second();
+                assert!(v.job.stages.iter().all(|x| x.vms == 1));
+                assert!(
+                    (cost.summary_usd - price * v.job.latency_s).abs() <= 1e-9 * cost.summary_usd,
+                    "{} local: {cost:?} latency {}",
+                    a.dag.name,
+                    v.job.latency_s
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_given_plan_runs_as_given() {
+    use sonic_sim::{EdgeShape, PlanShape, StageShape};
+    let c = cluster(AMPLE);
+    let a = scenario::builtin_apps()
+        .unwrap()
+        .into_iter()
+        .find(|a| a.dag.name == "ml-pipeline")
+        .unwrap();
+    let shape = |method: Method| PlanShape {
+        stages: vec![
+            StageShape {
+                function: "pca".into(),
+                vm_type: "m5.large".into(),
+                vms: 1,
+                concurrent: 1,
+            },
+            StageShape {
+                function: "train".into(),
+                vm_type: "m5.xlarge".into(),
+                vms: 3,
+                concurrent: 2,
+            },
+            StageShape {
+                function: "combine".into(),
+                vm_type: "m5.large".into(),
+                vms: 1,
+                concurrent: 1,
+            },
+        ],
+        edges: vec![
+            EdgeShape {
+                from: "pca".into(),
+                to: "train".into(),
+                method,
+            },
+            EdgeShape {
+                from: "train".into(),
+                to: "combine".into(),
+                method,
+            },
+        ],
+    };
+    let config = SimConfig::default();
+    let j = job("given", &a, Policy::Sonic, 0.0);
+    let remote = sonic_sim::validate_plan(&c, &j, &shape(Method::Remote), &config).unwrap();
+    let direct = sonic_sim::validate_plan(&c, &j, &shape(Method::Direct), &config).unwrap();
+    for (v, m) in [(&remote, Method::Remote), (&direct, Method::Direct)] {
+        assert!(
+            v.job.edges.iter().all(|e| e.method == m),
+            "{:?}",
+            v.job.edges
+        );
+        let placed: Vec<(&str, u32, u32)> = v
+            .job
+            .stages
+            .iter()
+            .map(|s| (s.vm_type.as_str(), s.vms, s.concurrent))
+            .collect();
+        assert_eq!(
+            placed,
+            [("m5.large", 1, 1), ("m5.xlarge", 3, 2), ("m5.large", 1, 1)]
+        );
+        assert!(v.latency_rel_error < 1e-6 && v.cost_rel_error < 1e-6);
+    }
+    assert!(remote.job.latency_s != direct.job.latency_s);
+    // A plan that does not fit the DAG is refused, naming what is missing.
+    let mut bad = shape(Method::Remote);
+    bad.stages.pop();
+    let e = sonic_sim::validate_plan(&c, &j, &bad, &config).unwrap_err();
+    assert!(e.to_string().contains("combine"), "{e}");
+}
