@@ -2030,7 +2030,10 @@ impl<'a> Sim<'a> {
                             .iter()
                             .filter_map(move |l| l.span.map(|(a, b)| usd_per_s * (b - a)))
                     })
-                    .sum();
+                    .sum::<f64>()
+                    + job.cost.local_storage_usd
+                    + job.cost.remote_storage_usd
+                    + job.cost.requests_usd;
                 let stages = job
                     .pb
                     .stages()

@@ -20,12 +20,14 @@ pub struct JobCost {
     pub local_storage_usd: f64,
     pub remote_storage_usd: f64,
     pub requests_usd: f64,
-    /// What the control plane's job summary charges for the same run (`scheduler::spans_cost`):
-    /// each VM the job had (a lease of its plan) at its type's full price, from the grant of its
-    /// first instance's slot to its last instance's end (the `remote` uploads included, which
-    /// the system makes inside the sender's instance); no storage, no requests, no share of a
-    /// VM with other jobs. Not part of [`JobCost::total`]: the evaluation compares it with the
-    /// measured jobs' cost.
+    /// What the control plane's job summary charges for the same run (`cost_usd`:
+    /// `scheduler::spans_cost` plus the summary's `storage_usd` and `requests_usd`): each VM the
+    /// job had (a lease of its plan) at its type's full price, from the grant of its first
+    /// instance's slot to its last instance's end (the `remote` uploads included, which the
+    /// system makes inside the sender's instance), no share of a VM with other jobs; plus the
+    /// storage and the requests as above (the summary keeps files to the job's end, the model
+    /// to their receiver's: a difference of millionths). Not part of [`JobCost::total`]: the
+    /// evaluation compares it with the measured jobs' cost.
     pub summary_usd: f64,
 }
 

@@ -673,7 +673,7 @@ fn the_overhead_is_paid_once_per_batch() {
 }
 
 #[test]
-fn the_summary_cost_charges_whole_vms_without_storage_or_requests() {
+fn the_summary_cost_charges_whole_vms_with_the_storage_and_the_requests() {
     let c = cluster(AMPLE);
     let config = SimConfig::default();
     let catalog = Catalog::default();
@@ -681,8 +681,11 @@ fn the_summary_cost_charges_whole_vms_without_storage_or_requests() {
         for p in Policy::ALL {
             let v = validate_alone(&c, &job("one", &a, p, 0.0), &config).unwrap();
             let cost = &v.job.cost;
-            // No VM is charged beyond the job's life, nor for more VMs than its stages had.
-            let bound: f64 = v
+            // No VM is charged beyond the job's life, nor for more VMs than its stages had;
+            // the storage and the requests are the model's.
+            let storage = cost.local_storage_usd + cost.remote_storage_usd + cost.requests_usd;
+            let bound: f64 = storage
+                + v
                 .job
                 .stages
                 .iter()
@@ -691,19 +694,22 @@ fn the_summary_cost_charges_whole_vms_without_storage_or_requests() {
                         * catalog.vm_type(&s.vm_type).unwrap().usd_per_second()
                         * v.job.latency_s
                 })
-                .sum();
+                .sum::<f64>();
             assert!(
-                cost.summary_usd > 0.0 && cost.summary_usd <= bound * (1.0 + 1e-9),
+                cost.summary_usd > storage && cost.summary_usd <= bound * (1.0 + 1e-9),
                 "{} {p}: {cost:?} bound {bound}",
                 a.dag.name
             );
             if p == Policy::Local {
-                // One VM for the whole job, every edge vm-storage: its price for the latency.
+                // One VM for the whole job, every edge vm-storage (no requests): its price for
+                // the latency, and the files kept.
                 let s = &v.job.stages[0];
                 let price = catalog.vm_type(&s.vm_type).unwrap().usd_per_second();
                 assert!(v.job.stages.iter().all(|x| x.vms == 1));
+                assert_eq!(cost.requests_usd, 0.0);
                 assert!(
-                    (cost.summary_usd - price * v.job.latency_s).abs() <= 1e-9 * cost.summary_usd,
+                    (cost.summary_usd - storage - price * v.job.latency_s).abs()
+                        <= 1e-9 * cost.summary_usd,
                     "{} local: {cost:?} latency {}",
                     a.dag.name,
                     v.job.latency_s
