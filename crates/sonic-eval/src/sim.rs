@@ -738,13 +738,17 @@ mod tests {
         // a chain, so the job takes 5 overheads more.
         let grew = with[0].sim_latency_s - without[0].sim_latency_s;
         assert!((grew - 5.0 * (o1 - o0)).abs() < 1e-6, "{grew}");
-        // Paid on the VM too: the one t2.large for 0.5 s more.
+        // Paid on the VM too: the one t2.large for 0.5 s more (and the files kept 0.5 s longer
+        // in the store: a ten-thousandth of that).
         let price = Catalog::default()
             .vm_type("t2.large")
             .unwrap()
             .usd_per_second();
         let paid = with[0].sim_cost_usd - without[0].sim_cost_usd;
-        assert!((paid - 0.5 * price).abs() < 1e-12, "{paid}");
+        assert!(
+            paid >= 0.5 * price && paid - 0.5 * price < 1e-4 * 0.5 * price,
+            "{paid}"
+        );
     }
 
     #[test]

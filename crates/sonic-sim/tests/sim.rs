@@ -685,16 +685,15 @@ fn the_summary_cost_charges_whole_vms_with_the_storage_and_the_requests() {
             // the storage and the requests are the model's.
             let storage = cost.local_storage_usd + cost.remote_storage_usd + cost.requests_usd;
             let bound: f64 = storage
-                + v
-                .job
-                .stages
-                .iter()
-                .map(|s| {
-                    f64::from(s.vms)
-                        * catalog.vm_type(&s.vm_type).unwrap().usd_per_second()
-                        * v.job.latency_s
-                })
-                .sum::<f64>();
+                + v.job
+                    .stages
+                    .iter()
+                    .map(|s| {
+                        f64::from(s.vms)
+                            * catalog.vm_type(&s.vm_type).unwrap().usd_per_second()
+                            * v.job.latency_s
+                    })
+                    .sum::<f64>();
             assert!(
                 cost.summary_usd > storage && cost.summary_usd <= bound * (1.0 + 1e-9),
                 "{} {p}: {cost:?} bound {bound}",
