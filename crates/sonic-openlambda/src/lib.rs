@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod docker_venv;
 pub mod package;
 pub mod tarball;
 pub mod venv;
@@ -103,6 +104,10 @@ pub struct Handlers {
     /// The `requirements.txt` environments: `<dir>/venvs/<sha256>/`, pip's cache in
     /// `<dir>/pip-cache/`.
     venvs: venv::Venvs,
+    /// The Docker sandbox's environments, built in containers of its image:
+    /// `<dir>/docker-venvs/<sha256>/` (seen at `/sonic/venv`), pip's cache in
+    /// `<dir>/docker-pip-cache/`.
+    docker_venvs: Option<venv::Venvs>,
     lambdas: Mutex<HashMap<String, Lambda>>,
     /// Serializes registry writes, so that two uploads of one name do not interleave.
     installs: tokio::sync::Mutex<()>,
@@ -159,8 +164,18 @@ impl Handlers {
             PathBuf::from(&exe),
             cfg.pip_timeout,
         );
+        let docker_venvs = match &cfg.sandbox {
+            WorkerSandbox::Process => None,
+            WorkerSandbox::Docker { image } => Some(venv::Venvs::with_builder(
+                cfg.dir.join("docker-venvs"),
+                cfg.dir.join("docker-pip-cache"),
+                docker_venv::venv_builder(image.clone()).map_err(StartError::Image)?,
+                cfg.pip_timeout,
+            )),
+        };
         let handlers = Handlers {
             root: root.clone(),
+            docker_venvs,
             packages: packages.clone(),
             python: PathBuf::from(exe),
             venvs,
@@ -256,6 +271,12 @@ impl Handlers {
     /// Whether a lambda named `name` is registered.
     pub fn has(&self, name: &str) -> bool {
         lock(&self.lambdas).contains_key(name)
+    }
+
+    /// Where `/run/` workers' `requirements.txt` environments are built: on the host with
+    /// `python` (process sandbox), or in containers of the image (Docker).
+    fn venvs_for_workers(&self) -> &venv::Venvs {
+        self.docker_venvs.as_ref().unwrap_or(&self.venvs)
     }
 
     /// How many Python workers were started (cold starts), for tests and benches.
@@ -499,17 +520,10 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
         Some(w) => w,
         None => {
             // Built at upload; after a restart or a removed folder, built again here once.
-            let python = match (&reqs, &h.cfg.sandbox) {
-                (None, _) => h.python.clone(),
-                (Some(_), WorkerSandbox::Docker { .. }) => {
-                    return text(
-                        StatusCode::NOT_IMPLEMENTED,
-                        format!(
-                            "lambda `{name}` has a requirements.txt: /run/ workers in the Docker sandbox do not run requirements environments yet (its DAG stages do; docs/python.md)"
-                        ),
-                    );
-                }
-                (Some(r), WorkerSandbox::Process) => match h.venvs.ensure(r).await {
+            // The interpreter (process sandbox) or the environment's folder (Docker).
+            let python = match &reqs {
+                None => h.python.clone(),
+                Some(r) => match h.venvs_for_workers().ensure(r).await {
                     Ok(p) => p,
                     Err(e) => {
                         return text(
@@ -518,6 +532,10 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
                         );
                     }
                 },
+            };
+            let docker_venv = match (&reqs, &h.docker_venvs) {
+                (Some(r), Some(v)) => Some(v.dir_of(r)),
+                _ => None,
             };
             h.cold_starts.fetch_add(1, Ordering::Relaxed);
             let t = Instant::now();
@@ -530,6 +548,7 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
                     image,
                     runtime: &h.runtime,
                     registry: &h.root,
+                    venv: docker_venv.as_deref(),
                 },
             };
             let started = Worker::start(place, &dir, &env, version, &limits).await;
@@ -680,7 +699,7 @@ async fn install(
     // Its environment is built before anything is replaced: a failed install keeps the previous
     // version serving. Concurrent uploads of one requirements set wait for the same build.
     if let Some(r) = &requirements
-        && let Err(e) = h.venvs.ensure(r).await
+        && let Err(e) = h.venvs_for_workers().ensure(r).await
     {
         let _ = tokio::fs::remove_dir_all(&staging).await;
         let status = match e {

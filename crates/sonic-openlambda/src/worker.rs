@@ -348,6 +348,9 @@ pub enum Place<'a> {
         runtime: &'a Path,
         /// The listener's registry folder, its containers' [`REGISTRY_LABEL`].
         registry: &'a Path,
+        /// The lambda's `requirements.txt` environment (built in the image), bound read-only
+        /// at [`crate::docker_venv::VENV_DIR`], whose Python then runs the runtime.
+        venv: Option<&'a Path>,
     },
 }
 
@@ -378,8 +381,9 @@ impl Worker {
                 image,
                 runtime,
                 registry,
+                venv,
             } => {
-                let (cmd, name) = docker_command(image, runtime, registry, dir, env, limits)?;
+                let (cmd, name) = docker_command(image, runtime, registry, venv, dir, env, limits)?;
                 (cmd, Some(name))
             }
         };
@@ -571,16 +575,18 @@ fn host_command(
 /// folder, as the Docker sandbox runs a handler stage: no network, a read-only root, no
 /// capabilities, `/tmp` a tmpfs, `HOME=/tmp`, `LANG=C.UTF-8`, the lambda's `ol.yaml`
 /// environment, memory (= memory and swap) and CPUs bounded by Docker, the image never pulled.
+#[allow(clippy::too_many_arguments)] // the container's parts, each named
 fn docker_command(
     image: &str,
     runtime: &Path,
     registry: &Path,
+    venv: Option<&Path>,
     dir: &Path,
     env: &[(String, String)],
     limits: &Limits,
 ) -> Result<(Command, String), CallError> {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    for p in [runtime, dir] {
+    for p in [runtime, dir].into_iter().chain(venv) {
         let text = p.to_string_lossy();
         if !p.is_absolute() || text.contains([':', ',', '\0']) {
             return Err(CallError::Worker(format!(
@@ -608,6 +614,10 @@ fn docker_command(
         &format!("{}:{RUNTIME_DIR}/sonic_ol_runtime.py:ro", runtime.display()),
     ])
     .args(["-w", HANDLER_DIR]);
+    let venv_dir = crate::docker_venv::VENV_DIR;
+    if let Some(v) = venv {
+        cmd.args(["-v", &format!("{}:{venv_dir}:ro", v.display())]);
+    }
     if limits.memory > 0 {
         let m = limits.memory.to_string();
         cmd.args(["--memory", &m, "--memory-swap", &m])
@@ -626,9 +636,13 @@ fn docker_command(
     for (k, v) in env {
         cmd.args(["-e", &format!("{k}={v}")]);
     }
+    let python = match venv {
+        Some(_) => format!("{venv_dir}/bin/python"),
+        None => "python3".to_owned(),
+    };
     cmd.arg(image)
         .args([
-            "python3",
+            python.as_str(),
             &format!("{RUNTIME_DIR}/sonic_ol_runtime.py"),
             HANDLER_DIR,
         ])

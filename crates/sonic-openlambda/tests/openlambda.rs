@@ -917,3 +917,100 @@ async fn requirements_install_from_pypi_into_a_shared_venv() -> Res {
     ol.stop().await;
     Ok(())
 }
+
+/// A 100 MB body (past the default 64 MiB `max_body`) gets 413 on `/run/` and on the registry,
+/// and changes nothing: the installed lambda keeps answering.
+#[tokio::test]
+async fn a_100_mb_body_gets_413_and_changes_nothing() -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    assert_eq!(
+        upload(&ol, "echo", tarball(&[("f.py", ECHO)], "")?)
+            .await?
+            .0,
+        201
+    );
+    let huge = vec![b' '; 100_000_000];
+    let http = reqwest::Client::new();
+    for route in ["run/echo", "registry/echo"] {
+        let r = http
+            .post(format!("{}/{route}", ol.url()))
+            .body(huge.clone())
+            .send()
+            .await?;
+        assert_eq!(r.status().as_u16(), 413, "{route}");
+    }
+    assert_eq!(
+        run(&ol, "echo", &serde_json::json!("still")).await?,
+        (200, "\"still\"".into())
+    );
+    let names: Vec<String> = http
+        .get(format!("{}/registry", ol.url()))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(names, vec!["echo".to_string()]);
+    ol.stop().await;
+    Ok(())
+}
+
+/// In the Docker sandbox a lambda's `requirements.txt` environment is built in a container of
+/// the Python image (`<dir>/docker-venvs/<sha256>/`, as the agents build theirs) at upload, and
+/// its workers run that environment's Python, bound at `/sonic/venv`; a pin that does not exist
+/// is refused at upload and the installed version keeps serving. Needs PyPI.
+#[tokio::test]
+async fn requirements_install_from_pypi_into_an_image_venv_in_docker() -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config_in(dir.path(), Sb::Docker)).await?;
+    let code = "import sys, six\ndef f(event):\n    return {'six': six.__version__, 'prefix': sys.prefix, 'exe': sys.executable, 'tag': TAG}\n";
+    let with = |tag: &str, reqs: &str| {
+        tarball(
+            &[
+                ("f.py", &format!("TAG = '{tag}'\n{code}")),
+                ("requirements.txt", reqs),
+            ],
+            "",
+        )
+    };
+    let (status, body) = upload(&ol, "six", with("a", "six==1.16.0\n")?).await?;
+    assert_eq!(status, 201, "{body}");
+    let listed = |sub: &str| -> Vec<String> {
+        std::fs::read_dir(dir.path().join(sub))
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        listed("docker-venvs").len(),
+        1,
+        "one environment, built in the image"
+    );
+    assert!(venvs(dir.path()).is_empty(), "none on the host");
+    let (status, body) = run(&ol, "six", &serde_json::json!(null)).await?;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    assert_eq!(v["six"], "1.16.0", "{v}");
+    assert_eq!(v["prefix"], "/sonic/venv", "{v}");
+    let (status, body) = upload(&ol, "six", with("b", "six==99.0.0\n")?).await?;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("pip install of requirements.txt failed"),
+        "{body}"
+    );
+    let (status, body) = run(&ol, "six", &serde_json::json!(null)).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body)?["tag"],
+        "a"
+    );
+    stop(ol, dir.path(), Sb::Docker).await?;
+    let builds = std::process::Command::new("docker")
+        .args(["ps", "-aq", "--filter", "label=sonic.venv-build"])
+        .output()?;
+    assert!(builds.stdout.is_empty(), "build containers left");
+    Ok(())
+}
