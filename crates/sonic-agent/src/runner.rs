@@ -319,15 +319,35 @@ async fn handler_command(
     })
 }
 
-/// What the Python runner reported of a handler run (`sonic_dag_runner.py`, `USAGE_FILE`): the
-/// peak resident memory of the warm runtime during the call, in bytes. The file is removed (it
-/// is not an output).
-fn handler_peak(output_dir: &Path) -> Option<u64> {
+/// What the Python runner reported of a handler run (`sonic_dag_runner.py`, `USAGE_FILE`).
+#[derive(Debug, Default, PartialEq)]
+struct HandlerUsage {
+    /// The peak resident memory of the warm runtime during the call, in bytes.
+    peak: Option<u64>,
+    /// The run started its instance's runtime (which imported `f.py`): a cold start for the
+    /// handler even in a warm instance (the previous runtime ended, e.g. the handler called
+    /// `os._exit`).
+    runtime_started: bool,
+}
+
+/// Reads (and removes: it is not an output) what the Python runner reported of a handler run.
+fn handler_usage(output_dir: &Path) -> HandlerUsage {
     let path = output_dir.join(".sonic-handler-usage.json");
     let text = std::fs::read(&path).ok();
     let _ = std::fs::remove_file(&path);
-    let v: serde_json::Value = serde_json::from_slice(&text?).ok()?;
-    v.get("peak_kib")?.as_u64().map(|k| k.saturating_mul(1024))
+    let Some(v) = text.and_then(|t| serde_json::from_slice::<serde_json::Value>(&t).ok()) else {
+        return HandlerUsage::default();
+    };
+    HandlerUsage {
+        peak: v
+            .get("peak_kib")
+            .and_then(serde_json::Value::as_u64)
+            .map(|k| k.saturating_mul(1024)),
+        runtime_started: v
+            .get("runtime_started")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false),
+    }
 }
 
 /// The interpreter the host's `python3` is (`sys.executable`), found once: a handler stage's
@@ -606,11 +626,16 @@ async fn run_inner(
     report.seconds = Some(outcome.duration.as_secs_f64());
     report.start_latency_s = Some(outcome.start_latency.as_secs_f64());
     let mut peak = outcome.peak_memory_bytes;
-    if req.handler.is_some()
-        && let Some(handler_peak) = handler_peak(&output_dir)
-    {
-        // The call ran in the instance's warm Python runtime, not in the run's own process.
-        peak = Some(peak.unwrap_or(0).max(handler_peak));
+    if req.handler.is_some() {
+        let usage = handler_usage(&output_dir);
+        if let Some(handler_peak) = usage.peak {
+            // The call ran in the instance's warm Python runtime, not in the run's own process.
+            peak = Some(peak.unwrap_or(0).max(handler_peak));
+        }
+        if usage.runtime_started {
+            // A new runtime imported the handler: a cold start, whatever the instance was.
+            report.cold = Some(true);
+        }
     }
     report.peak_memory_mb = peak.map(|b| b as f64 / (1024.0 * 1024.0));
     let mut termination = outcome.termination.clone();
@@ -1003,4 +1028,31 @@ async fn route_outputs(
         }
     }
     Ok(outputs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The runner's usage file: the runtime's peak and whether the run started the runtime
+    /// (reported cold); the file is removed either way.
+    #[test]
+    fn handler_usage_reads_peak_and_runtime_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join(".sonic-handler-usage.json");
+        std::fs::write(&file, r#"{"peak_kib": 2048, "runtime_started": true}"#).expect("write");
+        assert_eq!(
+            handler_usage(dir.path()),
+            HandlerUsage {
+                peak: Some(2 << 20),
+                runtime_started: true
+            }
+        );
+        assert!(!file.exists(), "not an output");
+        std::fs::write(&file, r#"{"peak_kib": 4}"#).expect("write");
+        assert!(!handler_usage(dir.path()).runtime_started);
+        std::fs::write(&file, "not json").expect("write");
+        assert_eq!(handler_usage(dir.path()), HandlerUsage::default());
+        assert_eq!(handler_usage(dir.path()), HandlerUsage::default());
+    }
 }

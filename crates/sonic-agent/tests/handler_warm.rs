@@ -31,6 +31,8 @@ def f(event):
     global calls
     calls += 1
     value = event["inputs"][0]["value"]
+    if value.get("exit"):
+        os._exit(3)
     if value.get("sleep"):
         time.sleep(value["sleep"])
     sonic.write_json("result", "state.json", {"calls": calls, "imported": imported, "pid": os.getpid()})
@@ -130,6 +132,9 @@ struct Ran {
     calls: u64,
     imported: u64,
     pid: u64,
+    /// The runner reported that this run started the instance's runtime (`runtime_started`,
+    /// which the agent reports as a cold start).
+    runtime_started: bool,
 }
 
 async fn run(sandbox: &dyn Sandbox, spec: RunSpec) -> Ran {
@@ -156,6 +161,7 @@ async fn run(sandbox: &dyn Sandbox, spec: RunSpec) -> Ran {
         calls: state["calls"].as_u64().unwrap(),
         imported: state["imported"].as_u64().unwrap(),
         pid: state["pid"].as_u64().unwrap(),
+        runtime_started: peak["runtime_started"].as_bool().unwrap(),
     }
 }
 
@@ -207,6 +213,30 @@ async fn warm_runtime_story(sandbox: &dyn Sandbox, env: &Env, idle: Duration) {
         "a hot run's output is a cold run's"
     );
     assert_eq!(second.result, first.result);
+    assert!(first.runtime_started && !second.runtime_started);
+
+    // A handler that ends its runtime (`os._exit`) fails its run; the next run of the
+    // instance starts a new runtime, which imports again, and says so (the agent reports it
+    // cold).
+    let exit = env.spec(7, "k1", "v1", r#"{"exit": true}"#, long);
+    let outcome = sandbox.run(exit).await.unwrap();
+    assert_eq!(
+        outcome.termination,
+        Termination::Exited(1),
+        "{}",
+        outcome.log
+    );
+    assert!(
+        outcome.log.contains("runtime ended during the call"),
+        "{}",
+        outcome.log
+    );
+    let revived = run(sandbox, env.spec(8, "k1", "v1", &ev(1), long)).await;
+    assert!(revived.runtime_started, "a new runtime started");
+    assert_eq!(revived.calls, 1);
+    assert_ne!(revived.imported, first.imported, "imported again");
+    assert!(revived.outcome.log.contains("importing f.py"));
+    assert_eq!(revived.result, cold.result);
 
     // A new code version is a new warm key (the agent keys handler runs by the tarball's
     // digest): a fresh instance and module.

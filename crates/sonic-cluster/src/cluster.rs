@@ -16,7 +16,7 @@ use sonic_agent::config::{SandboxChoice, StoreChoice, local_config};
 use sonic_agent::sandbox::{DockerConfig, DockerSandbox, Sandbox};
 use sonic_agent::server::RunningAgent;
 use sonic_api::control::AgentList;
-use sonic_control::config::OpenLambdaSettings;
+use sonic_control::config::{OpenLambdaSandbox, OpenLambdaSettings};
 use sonic_control::{ControlConfig, RunningControl, SystemClock};
 use sonic_core::catalog::Catalog;
 use sonic_core::units::{ByteSize, Seconds};
@@ -25,6 +25,21 @@ use sonic_storage::s3::{S3Config, S3Store};
 
 use crate::client::Client;
 use crate::config::Target;
+
+/// The Python image the OpenLambda listener's Docker workers run in.
+const PYTHON_IMAGE: &str = "sonic-python:latest";
+
+/// Whether the engine has `image`.
+async fn python_image_present(image: &str) -> bool {
+    tokio::process::Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", image])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success())
+}
 
 /// Which sandbox the agents run lambdas in (`ofctl up --sandbox`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
@@ -666,6 +681,20 @@ impl Cluster {
             _ => None,
         };
         let store = choose_store(opts.store, &data_dir, note).await?;
+        // The OpenLambda listener's /run/ workers run where the agents run lambdas: in
+        // containers of the Python image with the Docker sandbox, when that image is built.
+        let ol_sandbox = match (&opts.openlambda, sandbox) {
+            (Some(_), SandboxChoice::Docker) if python_image_present(PYTHON_IMAGE).await => {
+                OpenLambdaSandbox::Docker
+            }
+            (Some(_), SandboxChoice::Docker) => {
+                note(&format!(
+                    "the OpenLambda /run/ workers run as host processes: the Python image {PYTHON_IMAGE} is missing (bash deploy/build-python-image.sh)"
+                ));
+                OpenLambdaSandbox::Process
+            }
+            _ => OpenLambdaSandbox::Process,
+        };
 
         // The same daemons as on real hosts: the control plane runs jobs from its configuration
         // (the store, the catalog; the agents' token and the file key it generates and keeps in
@@ -688,13 +717,10 @@ impl Cluster {
                 .openlambda
                 .clone()
                 .map(|(listen, token)| OpenLambdaSettings {
-                    listen,
                     token,
-                    python: "python3".into(),
-                    timeout: Seconds(30.0),
-                    max_body: ByteSize(64 * 1024 * 1024),
-                    pip_timeout: Seconds(300.0),
-                    worker_memory: ByteSize(2 << 30),
+                    sandbox: ol_sandbox,
+                    image: PYTHON_IMAGE.into(),
+                    ..OpenLambdaSettings::on(listen)
                 }),
             ..ControlConfig::default()
         };

@@ -94,6 +94,36 @@ pub struct OpenLambdaSettings {
     /// `MemoryError` (docs/python.md). 0: no limit.
     #[serde(default = "default_worker_memory")]
     pub worker_memory: ByteSize,
+    /// The CPUs one warm `/run/` worker may use (a CFS quota: a cgroup of its own in the process
+    /// sandbox, Docker's `--cpus` in the Docker sandbox); 0: no bound.
+    #[serde(default = "default_worker_cpus")]
+    pub worker_cpus: f64,
+    /// Where `/run/` workers run: `process` (host processes of `python`) or `docker`
+    /// (containers of `image`).
+    #[serde(default)]
+    pub sandbox: OpenLambdaSandbox,
+    /// The Python image of the `docker` sandbox (`deploy/build-python-image.sh`).
+    #[serde(default = "default_python_image")]
+    pub image: String,
+}
+
+/// Where the OpenLambda listener's `/run/` workers run (`openlambda.sandbox`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpenLambdaSandbox {
+    /// Host processes.
+    #[default]
+    Process,
+    /// Containers of the Python image.
+    Docker,
+}
+
+fn default_worker_cpus() -> f64 {
+    sonic_openlambda::DEFAULT_WORKER_CPUS
+}
+
+fn default_python_image() -> String {
+    "sonic-python:latest".into()
 }
 
 fn default_worker_memory() -> ByteSize {
@@ -125,11 +155,31 @@ impl std::fmt::Debug for OpenLambdaSettings {
             .field("timeout", &self.timeout)
             .field("max_body", &self.max_body)
             .field("pip_timeout", &self.pip_timeout)
+            .field("worker_memory", &self.worker_memory)
+            .field("worker_cpus", &self.worker_cpus)
+            .field("sandbox", &self.sandbox)
+            .field("image", &self.image)
             .finish()
     }
 }
 
 impl OpenLambdaSettings {
+    /// The defaults (as in the file without the optional keys) for a listener on `listen`.
+    pub fn on(listen: SocketAddr) -> Self {
+        OpenLambdaSettings {
+            listen,
+            token: String::new(),
+            python: default_python(),
+            timeout: default_call_timeout(),
+            max_body: default_openlambda_body(),
+            pip_timeout: default_pip_timeout(),
+            worker_memory: default_worker_memory(),
+            worker_cpus: default_worker_cpus(),
+            sandbox: OpenLambdaSandbox::Process,
+            image: default_python_image(),
+        }
+    }
+
     /// The listener's configuration, its registry under `data_dir/openlambda`.
     pub fn listener(&self, data_dir: &std::path::Path) -> sonic_openlambda::OpenLambdaConfig {
         let mut c =
@@ -140,6 +190,13 @@ impl OpenLambdaSettings {
         c.max_body = usize::try_from(self.max_body.0).unwrap_or(usize::MAX);
         c.pip_timeout = Duration::from_secs_f64(self.pip_timeout.0);
         c.worker_memory = self.worker_memory.0;
+        c.worker_cpus = self.worker_cpus;
+        c.sandbox = match self.sandbox {
+            OpenLambdaSandbox::Process => sonic_openlambda::WorkerSandbox::Process,
+            OpenLambdaSandbox::Docker => sonic_openlambda::WorkerSandbox::Docker {
+                image: self.image.clone(),
+            },
+        };
         c
     }
 }
@@ -385,6 +442,20 @@ impl ControlConfig {
                     "openlambda.pip_timeout must be positive and at most a day".into(),
                 ));
             }
+            if !(ol.worker_cpus.is_finite() && (0.0..=1024.0).contains(&ol.worker_cpus)) {
+                return Err(ConfigError::Invalid(
+                    "openlambda.worker_cpus must be between 0 (no bound) and 1024".into(),
+                ));
+            }
+            if ol.image.is_empty()
+                || ol.image.starts_with('-')
+                || ol.image.contains(char::is_whitespace)
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "openlambda.image `{}` is not an image name",
+                    ol.image
+                )));
+            }
             if ol.max_body.0 < 1024 || ol.max_body.0 > 1024 * 1024 * 1024 {
                 return Err(ConfigError::Invalid(
                     "openlambda.max_body must be between 1KiB and 1GiB".into(),
@@ -539,6 +610,36 @@ mod tests {
             ControlConfig::from_yaml("c.yaml", "openlambda:\n  listen: 127.0.0.1:1\n  nope: 1\n")
                 .is_err()
         );
+        // The /run/ workers' CPU bound and sandbox.
+        assert_eq!(ol.worker_cpus, 1.0, "one CPU unless set");
+        assert_eq!(ol.sandbox, OpenLambdaSandbox::Process);
+        let yaml = "openlambda:\n  listen: 127.0.0.1:5001\n  worker_cpus: 0.5\n  sandbox: docker\n  image: py:test\n";
+        let ol = ControlConfig::from_yaml("c.yaml", yaml)
+            .expect("parses")
+            .openlambda
+            .expect("configured");
+        let listener = ol.listener(std::path::Path::new("/d"));
+        assert_eq!(listener.worker_cpus, 0.5);
+        assert_eq!(
+            listener.sandbox,
+            sonic_openlambda::WorkerSandbox::Docker {
+                image: "py:test".into()
+            }
+        );
+        for bad in [
+            "worker_cpus: -1",
+            "worker_cpus: .nan",
+            "sandbox: vm",
+            "image: ''",
+        ] {
+            let yaml = format!("openlambda:\n  listen: 127.0.0.1:5001\n  {bad}\n");
+            assert!(
+                ControlConfig::from_yaml("c.yaml", &yaml)
+                    .and_then(|c| c.check())
+                    .is_err(),
+                "{bad} accepted"
+            );
+        }
     }
 
     #[test]

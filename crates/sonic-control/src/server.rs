@@ -399,6 +399,7 @@ mod tests {
                 max_body: sonic_core::units::ByteSize(1 << 20),
                 pip_timeout: sonic_core::units::Seconds(300.0),
                 worker_memory: sonic_core::units::ByteSize(1 << 30),
+                ..crate::config::OpenLambdaSettings::on(SocketAddr::from(([127, 0, 0, 1], 0)))
             }),
             ..ControlConfig::default()
         };

@@ -165,6 +165,7 @@ impl Cluster {
                 max_body: ByteSize(1 << 20),
                 pip_timeout: Seconds(300.0),
                 worker_memory: ByteSize(1 << 30),
+                ..OpenLambdaSettings::on(SocketAddr::from(([127, 0, 0, 1], 0)))
             }),
             ..ControlConfig::default()
         };

@@ -1,5 +1,7 @@
 //! Hot and cold call latency of an echo handler through `/run/`, against a plain `python3 -c`
-//! start (docs/python.md). `cargo run --release -p sonic-openlambda --example latency [hot] [cold]`
+//! start (docs/python.md). `cargo run --release -p sonic-openlambda --example latency [hot] [cold]
+//! [process|docker]`: the `/run/` workers as host processes (the default) or in containers of
+//! `sonic-python:latest`.
 
 use std::time::{Duration, Instant};
 
@@ -26,9 +28,17 @@ async fn main() -> Res {
     let mut args = std::env::args().skip(1);
     let hot: usize = args.next().map_or(Ok(1000), |s| s.parse())?;
     let cold: usize = args.next().map_or(Ok(50), |s| s.parse())?;
+    let sandbox = args.next().unwrap_or_else(|| "process".into());
     let dir = tempfile::tempdir()?;
-    let cfg =
+    let mut cfg =
         sonic_openlambda::OpenLambdaConfig::new(([127, 0, 0, 1], 0).into(), dir.path().into());
+    cfg.sandbox = match sandbox.as_str() {
+        "process" => sonic_openlambda::WorkerSandbox::Process,
+        "docker" => sonic_openlambda::WorkerSandbox::Docker {
+            image: "sonic-python:latest".into(),
+        },
+        other => return Err(format!("unknown sandbox {other}: process or docker").into()),
+    };
     let ol = sonic_openlambda::start(cfg).await?;
     let http = reqwest::Client::new();
     let call = |http: &reqwest::Client| {
@@ -79,7 +89,7 @@ async fn main() -> Res {
         plain.push(t.elapsed());
     }
     println!(
-        "echo handler through /run/ ({} python: {})",
+        "echo handler through /run/ ({}, {sandbox} workers; python3 -c with {})",
         env!("CARGO_PKG_NAME"),
         exe.trim()
     );

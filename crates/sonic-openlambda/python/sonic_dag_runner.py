@@ -296,9 +296,16 @@ def serve(listener, folder, ident, code_dir, owner):
             os._exit(0)
 
 
+# Whether this run started its instance's runtime (a cold start of the runtime, reported to
+# the agent in USAGE_FILE even when the instance itself was warm).
+STARTED = False
+
+
 def start_runtime(folder, code_dir):
     """Starts this instance's runtime (a daemon): the listening socket is made here, before the
     fork, so that the client can connect as soon as this returns."""
+    global STARTED
+    STARTED = True
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 
     def bind():
@@ -395,9 +402,9 @@ def client(code_dir, retry=True):
         return fresh(code_dir, folder, retry)
     try:
         out = os.environ.get("SONIC_OUTPUT_DIR")
-        if out and reply.get("peak_kib"):
+        if out and (reply.get("peak_kib") or STARTED):
             with open(os.path.join(out, USAGE_FILE), "w") as fh:
-                json.dump({"peak_kib": reply["peak_kib"]}, fh)
+                json.dump({"peak_kib": reply.get("peak_kib"), "runtime_started": STARTED}, fh)
     except OSError:
         pass
     if reply.get("status") != 0:

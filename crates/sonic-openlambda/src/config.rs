@@ -41,6 +41,32 @@ pub struct OpenLambdaConfig {
     /// v1 `cpu` or v2 `cpu.max`); 0: none. Where cgroups cannot be made (not root), workers
     /// run unbounded and the listener says so once.
     pub worker_cpus: f64,
+    /// Where `/run/` workers run: host processes of `python` or containers of a Python image.
+    pub sandbox: WorkerSandbox,
+}
+
+/// Where the listener's `/run/` workers run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerSandbox {
+    /// Host processes of `OpenLambdaConfig::python`, each in a CPU cgroup of its own.
+    Process,
+    /// One container of this image per warm worker (the Python image of
+    /// `deploy/build-python-image.sh`, as the Docker sandbox's handler stages use): no network,
+    /// a read-only root, `/tmp` a tmpfs, the worker's memory and CPU bounds as Docker's.
+    Docker {
+        /// The image, e.g. `sonic-python:latest`.
+        image: String,
+    },
+}
+
+impl WorkerSandbox {
+    /// `"process"` or `"docker"`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WorkerSandbox::Process => "process",
+            WorkerSandbox::Docker { .. } => "docker",
+        }
+    }
 }
 
 impl std::fmt::Debug for OpenLambdaConfig {
@@ -51,6 +77,7 @@ impl std::fmt::Debug for OpenLambdaConfig {
             .field("token", &if self.token.is_empty() { "" } else { "<set>" })
             .field("python", &self.python)
             .field("timeout", &self.timeout)
+            .field("sandbox", &self.sandbox)
             .finish_non_exhaustive()
     }
 }
@@ -73,6 +100,7 @@ impl OpenLambdaConfig {
             pip_timeout: crate::venv::DEFAULT_PIP_TIMEOUT,
             worker_memory: crate::DEFAULT_WORKER_MEMORY,
             worker_cpus: crate::DEFAULT_WORKER_CPUS,
+            sandbox: WorkerSandbox::Process,
         }
     }
 }

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod docker_venv;
 pub mod package;
 pub mod tarball;
 pub mod venv;
@@ -28,8 +29,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 
-pub use config::{LambdaConfig, OpenLambdaConfig};
-use worker::{CallError, Limits, Worker};
+pub use config::{LambdaConfig, OpenLambdaConfig, WorkerSandbox};
+use worker::{CallError, Limits, Place, Worker};
 
 /// The Python side of the runtime, written next to the registry at start.
 pub const RUNTIME_PY: &str = include_str!("../python/sonic_ol_runtime.py");
@@ -46,6 +47,9 @@ pub enum StartError {
     /// No usable Python.
     #[error("cannot run `{0}`: {1}")]
     Python(String, String),
+    /// The Docker sandbox's image cannot be had.
+    #[error("{0}")]
+    Image(String),
     /// The registry folder or the listener.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -100,6 +104,10 @@ pub struct Handlers {
     /// The `requirements.txt` environments: `<dir>/venvs/<sha256>/`, pip's cache in
     /// `<dir>/pip-cache/`.
     venvs: venv::Venvs,
+    /// The Docker sandbox's environments, built in containers of its image:
+    /// `<dir>/docker-venvs/<sha256>/` (seen at `/sonic/venv`), pip's cache in
+    /// `<dir>/docker-pip-cache/`.
+    docker_venvs: Option<venv::Venvs>,
     lambdas: Mutex<HashMap<String, Lambda>>,
     /// Serializes registry writes, so that two uploads of one name do not interleave.
     installs: tokio::sync::Mutex<()>,
@@ -133,6 +141,17 @@ impl Handlers {
                 "it did not report sys.executable".into(),
             ));
         }
+        // Workers of listeners that are gone (a process that exited without stopping its
+        // listener, or was killed) leave their CPU groups and containers: removed here.
+        for group in worker::sweep_cpu_groups() {
+            tracing::info!(group = %group.display(), "removed a stale /run/ worker CPU group");
+        }
+        if let WorkerSandbox::Docker { image } = &cfg.sandbox {
+            check_image(image).await?;
+            for name in worker::sweep_containers().await {
+                tracing::info!(container = %name, "removed a stale /run/ worker container");
+            }
+        }
         let root = cfg.dir.join("registry");
         tokio::fs::create_dir_all(&root).await?;
         let packages = cfg.dir.join("packages");
@@ -145,8 +164,18 @@ impl Handlers {
             PathBuf::from(&exe),
             cfg.pip_timeout,
         );
+        let docker_venvs = match &cfg.sandbox {
+            WorkerSandbox::Process => None,
+            WorkerSandbox::Docker { image } => Some(venv::Venvs::with_builder(
+                cfg.dir.join("docker-venvs"),
+                cfg.dir.join("docker-pip-cache"),
+                docker_venv::venv_builder(image.clone()).map_err(StartError::Image)?,
+                cfg.pip_timeout,
+            )),
+        };
         let handlers = Handlers {
             root: root.clone(),
+            docker_venvs,
             packages: packages.clone(),
             python: PathBuf::from(exe),
             venvs,
@@ -244,6 +273,12 @@ impl Handlers {
         lock(&self.lambdas).contains_key(name)
     }
 
+    /// Where `/run/` workers' `requirements.txt` environments are built: on the host with
+    /// `python` (process sandbox), or in containers of the image (Docker).
+    fn venvs_for_workers(&self) -> &venv::Venvs {
+        self.docker_venvs.as_ref().unwrap_or(&self.venvs)
+    }
+
     /// How many Python workers were started (cold starts), for tests and benches.
     pub fn cold_starts(&self) -> usize {
         self.cold_starts.load(Ordering::Relaxed)
@@ -256,6 +291,35 @@ impl std::fmt::Debug for Handlers {
             .field("root", &self.root)
             .finish_non_exhaustive()
     }
+}
+
+/// Refuses to start the Docker sandbox without its engine or image, saying how to get them.
+async fn check_image(image: &str) -> Result<(), StartError> {
+    let out = tokio::process::Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", image])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| {
+            StartError::Image(format!(
+                "cannot run `docker` for the /run/ workers' Docker sandbox: {e}"
+            ))
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let said = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+    Err(StartError::Image(
+        if said.contains("No such image") || said.contains("No such object") {
+            format!(
+                "the /run/ workers' image {image} is missing: build it with `bash deploy/build-python-image.sh`"
+            )
+        } else {
+            format!(
+                "the Docker engine does not answer for the /run/ workers' image {image}: {said}"
+            )
+        },
+    ))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -456,9 +520,10 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
         Some(w) => w,
         None => {
             // Built at upload; after a restart or a removed folder, built again here once.
+            // The interpreter (process sandbox) or the environment's folder (Docker).
             let python = match &reqs {
                 None => h.python.clone(),
-                Some(r) => match h.venvs.ensure(r).await {
+                Some(r) => match h.venvs_for_workers().ensure(r).await {
                     Ok(p) => p,
                     Err(e) => {
                         return text(
@@ -468,9 +533,25 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
                     }
                 },
             };
+            let docker_venv = match (&reqs, &h.docker_venvs) {
+                (Some(r), Some(v)) => Some(v.dir_of(r)),
+                _ => None,
+            };
             h.cold_starts.fetch_add(1, Ordering::Relaxed);
             let t = Instant::now();
-            let started = Worker::start(&python, &h.runtime, &dir, &env, version, &limits).await;
+            let place = match &h.cfg.sandbox {
+                WorkerSandbox::Process => Place::Host {
+                    python: &python,
+                    runtime: &h.runtime,
+                },
+                WorkerSandbox::Docker { image } => Place::Docker {
+                    image,
+                    runtime: &h.runtime,
+                    registry: &h.root,
+                    venv: docker_venv.as_deref(),
+                },
+            };
+            let started = Worker::start(place, &dir, &env, version, &limits).await;
             h.record("cold-start", t);
             match started {
                 Ok(w) => w,
@@ -618,7 +699,7 @@ async fn install(
     // Its environment is built before anything is replaced: a failed install keeps the previous
     // version serving. Concurrent uploads of one requirements set wait for the same build.
     if let Some(r) = &requirements
-        && let Err(e) = h.venvs.ensure(r).await
+        && let Err(e) = h.venvs_for_workers().ensure(r).await
     {
         let _ = tokio::fs::remove_dir_all(&staging).await;
         let status = match e {
@@ -713,13 +794,23 @@ impl Running {
         format!("http://{}", self.addr)
     }
 
-    /// Stops listening and kills the warm workers.
+    /// Stops listening, then stops the warm workers and waits until they are gone: their
+    /// processes reaped and CPU groups removed, or their containers removed.
     pub async fn stop(mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
         let _ = (&mut self.task).await;
-        lock(&self.handlers.lambdas).clear();
+        let workers: Vec<Worker> = lock(&self.handlers.lambdas)
+            .drain()
+            .flat_map(|(_, l)| l.idle)
+            .collect();
+        futures::future::join_all(workers.into_iter().map(Worker::shutdown)).await;
+        if let WorkerSandbox::Docker { .. } = &self.handlers.cfg.sandbox {
+            // Also the containers of workers dropped earlier (timed out, replaced), whose
+            // removal may still be under way.
+            worker::remove_containers_of(&self.handlers.root).await;
+        }
     }
 }
 

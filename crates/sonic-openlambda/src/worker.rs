@@ -27,7 +27,8 @@ pub enum CallError {
     Worker(String),
 }
 
-/// One warm worker; dropping it kills the process (and then removes its CPU group).
+/// One warm worker; dropping it kills the process (and then removes its CPU group) or removes
+/// its container. [`Worker::shutdown`] does the same and waits until it is done.
 pub struct Worker {
     child: Child,
     stdin: ChildStdin,
@@ -35,7 +36,186 @@ pub struct Worker {
     /// The code version it imported.
     pub version: u64,
     /// Its CPU bound, when it has one; after `child`, so that it is removed after the kill.
-    _cpu: Option<CpuGroup>,
+    cpu: Option<CpuGroup>,
+    /// Its container (Docker sandbox): `child` is the `docker run -i` attached to it.
+    container: Option<String>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(name) = self.container.take() {
+            // Killing `docker run` does not stop its container: remove it (off the runtime).
+            std::thread::spawn(move || {
+                let _ = docker_rm(&name);
+            });
+        }
+    }
+}
+
+/// `docker rm -f <name>` (blocking); a container already gone is fine.
+fn docker_rm(name: &str) -> std::io::Result<()> {
+    std::process::Command::new("docker")
+        .args(["rm", "-f", name])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|_| ())
+}
+
+/// The label that marks the containers of `/run/` workers, its value the listener's
+/// [`owner`]: a sweep at start removes those of listeners that are gone.
+pub const OWNER_LABEL: &str = "sonic.openlambda.owner";
+
+/// This process as the owner of worker containers: its pid namespace and pid
+/// (`<pidns inode>-<pid>`), so that a sweep never takes a live listener's containers for a dead
+/// one's, also when listeners in other pid namespaces share the engine.
+pub fn owner() -> String {
+    format!("{}-{}", pid_namespace(), std::process::id())
+}
+
+fn pid_namespace() -> String {
+    std::fs::read_link("/proc/self/ns/pid")
+        .map(|l| {
+            l.to_string_lossy()
+                .chars()
+                .filter(char::is_ascii_digit)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether process `pid` of this pid namespace still exists (a zombie counts as gone).
+fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Removes the CPU groups of `/run/` workers whose listener process is gone
+/// (`sonic-openlambda-<pid>-<n>` of a pid that no longer runs: a listener that exited without
+/// stopping, or was killed). Returns the groups removed.
+pub fn sweep_cpu_groups() -> Vec<std::path::PathBuf> {
+    let mut removed = Vec::new();
+    for root in [Path::new("/sys/fs/cgroup/cpu"), Path::new("/sys/fs/cgroup")] {
+        let Ok(entries) = std::fs::read_dir(root) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name
+                .strip_prefix("sonic-openlambda-")
+                .and_then(|rest| rest.split_once('-'))
+                .and_then(|(pid, n)| n.parse::<u64>().ok().and(pid.parse::<u32>().ok()))
+            else {
+                continue;
+            };
+            if pid_alive(pid) {
+                continue;
+            }
+            // Its workers got EOF on their stdin when the listener went, and exited; a group
+            // that still holds a process (a handler that never returns) stays and is reported.
+            match std::fs::remove_dir(e.path()) {
+                Ok(()) => removed.push(e.path()),
+                Err(err) => {
+                    tracing::warn!(group = %e.path().display(), error = %err, "cannot remove a stale worker CPU group")
+                }
+            }
+        }
+    }
+    removed
+}
+
+/// Removes every worker container of the listener whose registry folder is `registry` (its
+/// [`REGISTRY_LABEL`]), including those of dropped workers whose removal is still under way.
+/// Returns how many it removed.
+pub async fn remove_containers_of(registry: &Path) -> usize {
+    let list = || async {
+        let out = Command::new("docker")
+            .args(["ps", "-aq", "--filter"])
+            .arg(format!("label={REGISTRY_LABEL}={}", registry.display()))
+            .stdin(Stdio::null())
+            .output()
+            .await;
+        out.map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<String>>()
+        })
+        .unwrap_or_default()
+    };
+    let mut removed = std::collections::BTreeSet::new();
+    // A removal already under way (a dropped worker's) makes `docker rm` fail at once while the
+    // container is still listed: wait until it is gone (at most about 30 s).
+    for _ in 0..150 {
+        let ids = list().await;
+        if ids.is_empty() {
+            break;
+        }
+        let _ = Command::new("docker")
+            .args(["rm", "-f"])
+            .args(&ids)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await;
+        removed.extend(ids);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    removed.len()
+}
+
+/// Removes the worker containers of listeners that are gone (label [`OWNER_LABEL`] of this pid
+/// namespace, of a pid that no longer runs). Returns their names.
+pub async fn sweep_containers() -> Vec<String> {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label={OWNER_LABEL}"),
+            "--format",
+            &format!("{{{{.Names}}}} {{{{.Label \"{OWNER_LABEL}\"}}}}"),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .await;
+    let Ok(out) = out else {
+        return Vec::new();
+    };
+    let ns = pid_namespace();
+    let mut removed = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some((name, owner)) = line.split_once(' ') else {
+            continue;
+        };
+        let Some((their_ns, pid)) = owner.rsplit_once('-') else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if their_ns != ns || pid_alive(pid) {
+            continue;
+        }
+        let name = name.to_owned();
+        let gone = Command::new("docker")
+            .args(["rm", "-f", &name])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await;
+        if gone.is_ok_and(|s| s.success()) {
+            removed.push(name);
+        }
+    }
+    removed
 }
 
 /// A worker's CPU bound: a cgroup of its own with a CFS quota (cgroup v1 `cpu` controller at
@@ -83,9 +263,26 @@ impl CpuGroup {
     }
 }
 
+impl CpuGroup {
+    /// Removes the group once its worker is gone (waited for): at most a few tries.
+    async fn remove(mut self) {
+        let dir = std::mem::take(&mut self.dir);
+        for _ in 0..500 {
+            if std::fs::remove_dir(&dir).is_ok() || !dir.exists() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tracing::warn!(group = %dir.display(), "cannot remove a worker's CPU group");
+    }
+}
+
 impl Drop for CpuGroup {
     fn drop(&mut self) {
         let dir = std::mem::take(&mut self.dir);
+        if dir.as_os_str().is_empty() {
+            return;
+        }
         // The worker was killed just before: removal waits (briefly) for it to exit.
         std::thread::spawn(move || {
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -131,59 +328,111 @@ pub struct Limits {
     pub cpus: f64,
 }
 
+/// Where a worker runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Place<'a> {
+    /// A host process of `python` running `runtime`, in a CPU group of its own.
+    Host {
+        /// The interpreter (the lambda's environment's, when it has one).
+        python: &'a Path,
+        /// `sonic_ol_runtime.py`.
+        runtime: &'a Path,
+    },
+    /// A container of `image` (`docker run -i`, the call protocol on its attached standard
+    /// input and output): the lambda's folder bound read-only at [`HANDLER_DIR`], the runtime
+    /// at [`RUNTIME_DIR`].
+    Docker {
+        /// The Python image.
+        image: &'a str,
+        /// `sonic_ol_runtime.py` on the host.
+        runtime: &'a Path,
+        /// The listener's registry folder, its containers' [`REGISTRY_LABEL`].
+        registry: &'a Path,
+        /// The lambda's `requirements.txt` environment (built in the image), bound read-only
+        /// at [`crate::docker_venv::VENV_DIR`], whose Python then runs the runtime.
+        venv: Option<&'a Path>,
+    },
+}
+
+/// The label naming the registry folder of the listener a worker container belongs to.
+pub const REGISTRY_LABEL: &str = "sonic.openlambda.registry";
+
+/// Where a Docker worker sees the lambda's folder (as the Docker sandbox's handler stages).
+pub const HANDLER_DIR: &str = "/sonic/handler";
+/// Where a Docker worker sees `sonic_ol_runtime.py`.
+pub const RUNTIME_DIR: &str = "/sonic/runtime";
+/// The size of a Docker worker's `/tmp` (a tmpfs; its pages count against the memory bound).
+pub const DOCKER_TMP_BYTES: u64 = 256 << 20;
+
 impl Worker {
-    /// Starts `python` on `runtime` for the lambda in `dir`, and waits until it imported `f.py`.
+    /// Starts a worker for the lambda in `dir` at `place`, and waits until it imported `f.py`.
     pub async fn start(
-        python: &Path,
-        runtime: &Path,
+        place: Place<'_>,
         dir: &Path,
         env: &[(String, String)],
         version: u64,
         limits: &Limits,
     ) -> Result<Worker, CallError> {
-        let mut cmd = Command::new(python);
-        cmd.arg(runtime)
-            .arg(dir)
-            .current_dir(dir)
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        // The daemon's own environment (tokens, keys) is not the handler's business.
-        for key in ["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"] {
-            if let Ok(v) = std::env::var(key) {
-                cmd.env(key, v);
+        let (mut cmd, container) = match place {
+            Place::Host { python, runtime } => {
+                (host_command(python, runtime, dir, env, limits), None)
             }
-        }
-        cmd.env("PYTHONDONTWRITEBYTECODE", "1");
-        cmd.envs(env.iter().map(|(k, v)| (k, v)));
-        // Read (and removed from the handler's environment) by the runtime, which sets it as
-        // its RLIMIT_AS before it imports f.py.
-        if limits.memory > 0 {
-            cmd.env("SONIC_WORKER_MEMORY", limits.memory.to_string());
-        }
+            Place::Docker {
+                image,
+                runtime,
+                registry,
+                venv,
+            } => {
+                let (cmd, name) = docker_command(image, runtime, registry, venv, dir, env, limits)?;
+                (cmd, Some(name))
+            }
+        };
+        let what = match place {
+            Place::Host { python, .. } => python.display().to_string(),
+            Place::Docker { image, .. } => format!("a container of {image}"),
+        };
         let mut child = cmd
             .spawn()
-            .map_err(|e| CallError::Worker(format!("cannot start {}: {e}", python.display())))?;
+            .map_err(|e| CallError::Worker(format!("cannot start {what}: {e}")))?;
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
             return Err(CallError::Worker("no pipes".into()));
         };
-        tokio::spawn(drain(stderr));
-        // Right after the start, while the runtime is still starting Python.
-        let cpu = bound_cpu(limits.cpus, child.id());
+        // What the worker prints is dropped; in Docker, what `docker run` itself says before the
+        // container runs (an error) is kept for the start's error.
+        let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        tokio::spawn(drain(stderr, container.is_some().then(|| said.clone())));
+        // Right after the start, while the runtime is still starting Python. A container has
+        // Docker's CPU bound instead.
+        let cpu = match place {
+            Place::Host { .. } => bound_cpu(limits.cpus, child.id()),
+            Place::Docker { .. } => None,
+        };
         let mut w = Worker {
             child,
             stdin,
             stdout: BufReader::new(stdout),
             version,
-            _cpu: cpu,
+            cpu,
+            container,
         };
-        let first = tokio::time::timeout(limits.timeout, w.read_line(limits.max_output))
-            .await
-            .map_err(|_| CallError::Timeout(limits.timeout))??;
+        let first = match tokio::time::timeout(limits.timeout, w.read_line(limits.max_output)).await
+        {
+            Err(_) => return Err(CallError::Timeout(limits.timeout)),
+            Ok(Err(CallError::Worker(e))) if w.container.is_some() => {
+                let said = said
+                    .lock()
+                    .map(|s| String::from_utf8_lossy(&s).trim().to_owned())
+                    .unwrap_or_default();
+                return Err(CallError::Worker(if said.is_empty() {
+                    e
+                } else {
+                    format!("{e}: {said}")
+                }));
+            }
+            Ok(r) => r?,
+        };
         match first.get("ready") {
             Some(_) => Ok(w),
             None => Err(CallError::Import(
@@ -193,6 +442,24 @@ impl Worker {
                     .unwrap_or("the worker did not start")
                     .to_string(),
             )),
+        }
+    }
+
+    /// Stops the worker and waits until it is gone: its process killed and reaped and its CPU
+    /// group removed, or its container removed.
+    pub async fn shutdown(mut self) {
+        let _ = self.child.kill().await;
+        if let Some(name) = self.container.take() {
+            let _ = Command::new("docker")
+                .args(["rm", "-f", &name])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .await;
+        }
+        if let Some(cpu) = self.cpu.take() {
+            cpu.remove().await;
         }
     }
 
@@ -243,7 +510,11 @@ impl Worker {
                 .await
                 .map_err(|e| CallError::Worker(e.to_string()))?;
             if chunk.is_empty() {
-                let status = self.child.try_wait().ok().flatten();
+                // Its output closed: it is exiting; its status, when it comes soon.
+                let status = tokio::time::timeout(Duration::from_secs(2), self.child.wait())
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
                 return Err(CallError::Worker(match status {
                     Some(s) => format!("the worker exited ({s})"),
                     None => "the worker closed its output".into(),
@@ -266,13 +537,139 @@ impl Worker {
     }
 }
 
+/// The command of a host worker: `python runtime dir`, with a cleared environment.
+fn host_command(
+    python: &Path,
+    runtime: &Path,
+    dir: &Path,
+    env: &[(String, String)],
+    limits: &Limits,
+) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.arg(runtime)
+        .arg(dir)
+        .current_dir(dir)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    // The daemon's own environment (tokens, keys) is not the handler's business.
+    for key in ["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"] {
+        if let Ok(v) = std::env::var(key) {
+            cmd.env(key, v);
+        }
+    }
+    cmd.env("PYTHONDONTWRITEBYTECODE", "1");
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    // Read (and removed from the handler's environment) by the runtime, which sets it as
+    // its RLIMIT_AS before it imports f.py.
+    if limits.memory > 0 {
+        cmd.env("SONIC_WORKER_MEMORY", limits.memory.to_string());
+    }
+    cmd
+}
+
+/// The command of a Docker worker: `docker run -i` of a new container named
+/// `sonic-ol-<pid>-<n>`, labelled with its [`owner`], running the runtime on the lambda's
+/// folder, as the Docker sandbox runs a handler stage: no network, a read-only root, no
+/// capabilities, `/tmp` a tmpfs, `HOME=/tmp`, `LANG=C.UTF-8`, the lambda's `ol.yaml`
+/// environment, memory (= memory and swap) and CPUs bounded by Docker, the image never pulled.
+#[allow(clippy::too_many_arguments)] // the container's parts, each named
+fn docker_command(
+    image: &str,
+    runtime: &Path,
+    registry: &Path,
+    venv: Option<&Path>,
+    dir: &Path,
+    env: &[(String, String)],
+    limits: &Limits,
+) -> Result<(Command, String), CallError> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    for p in [runtime, dir].into_iter().chain(venv) {
+        let text = p.to_string_lossy();
+        if !p.is_absolute() || text.contains([':', ',', '\0']) {
+            return Err(CallError::Worker(format!(
+                "cannot bind {text} into a container (it must be absolute, without `:` or `,`)"
+            )));
+        }
+    }
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("sonic-ol-{}-{n}", std::process::id());
+    let mut cmd = Command::new("docker");
+    cmd.args([
+        "run", "-i", "--rm", "--init", "--pull", "never", "--name", &name,
+    ])
+    .args(["--label", &format!("{OWNER_LABEL}={}", owner())])
+    .args([
+        "--label",
+        &format!("{REGISTRY_LABEL}={}", registry.display()),
+    ])
+    .args(["--network", "none", "--read-only", "--log-driver", "none"])
+    .args(["--cap-drop", "ALL", "--security-opt", "no-new-privileges"])
+    .args(["--tmpfs", &format!("/tmp:rw,size={DOCKER_TMP_BYTES}")])
+    .args(["-v", &format!("{}:{HANDLER_DIR}:ro", dir.display())])
+    .args([
+        "-v",
+        &format!("{}:{RUNTIME_DIR}/sonic_ol_runtime.py:ro", runtime.display()),
+    ])
+    .args(["-w", HANDLER_DIR]);
+    let venv_dir = crate::docker_venv::VENV_DIR;
+    if let Some(v) = venv {
+        cmd.args(["-v", &format!("{}:{venv_dir}:ro", v.display())]);
+    }
+    if limits.memory > 0 {
+        let m = limits.memory.to_string();
+        cmd.args(["--memory", &m, "--memory-swap", &m])
+            .args(["-e", &format!("SONIC_WORKER_MEMORY={m}")]);
+    }
+    if limits.cpus.is_finite() && limits.cpus > 0.0 {
+        cmd.args(["--cpus", &format!("{:.3}", limits.cpus)]);
+    }
+    for (k, v) in [
+        ("HOME", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+    ] {
+        cmd.args(["-e", &format!("{k}={v}")]);
+    }
+    for (k, v) in env {
+        cmd.args(["-e", &format!("{k}={v}")]);
+    }
+    let python = match venv {
+        Some(_) => format!("{venv_dir}/bin/python"),
+        None => "python3".to_owned(),
+    };
+    cmd.arg(image)
+        .args([
+            python.as_str(),
+            &format!("{RUNTIME_DIR}/sonic_ol_runtime.py"),
+            HANDLER_DIR,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    Ok((cmd, name))
+}
+
 /// Reads and drops what the handler prints, so that a chatty handler never blocks on a full
 /// pipe and never grows the daemon's memory.
-async fn drain(mut stderr: tokio::process::ChildStderr) {
+/// When `keep` is given, the first 4 KiB are kept there (what `docker run` says when it fails).
+async fn drain(
+    mut stderr: tokio::process::ChildStderr,
+    keep: Option<std::sync::Arc<std::sync::Mutex<Vec<u8>>>>,
+) {
     let mut buf = vec![0u8; 16 * 1024];
     while let Ok(n) = stderr.read(&mut buf).await {
         if n == 0 {
             break;
+        }
+        if let Some(keep) = &keep
+            && let Ok(mut kept) = keep.lock()
+        {
+            let room = 4096usize.saturating_sub(kept.len());
+            kept.extend_from_slice(&buf[..n.min(room)]);
         }
     }
 }

@@ -1,18 +1,82 @@
 //! Drives the OpenLambda listener with the requests OpenLambda's Python client
 //! (`python/src/open_lambda.py`) and `scripts/test.py` send, against handlers run by the host's
-//! `python3`.
+//! `python3` (process sandbox) and, for the tests named `*_in_docker`, in containers of the
+//! Python image (Docker sandbox: needs the engine and `sonic-python:latest`, built by
+//! `bash deploy/build-python-image.sh`; they fail saying so). Docker tests check that their
+//! containers are gone after the listener stops.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use sonic_openlambda::{OpenLambdaConfig, Running, StartError};
+use sonic_openlambda::{OpenLambdaConfig, Running, StartError, WorkerSandbox};
 
 type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
+const PYTHON_IMAGE: &str = "sonic-python:latest";
+
+/// Where a test's `/run/` workers run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Sb {
+    Process,
+    Docker,
+}
+
 fn config(dir: &Path) -> OpenLambdaConfig {
+    config_in(dir, Sb::Process)
+}
+
+fn config_in(dir: &Path, sb: Sb) -> OpenLambdaConfig {
     let mut cfg = OpenLambdaConfig::new(([127, 0, 0, 1], 0).into(), dir.to_path_buf());
     cfg.timeout = Duration::from_secs(20);
+    if sb == Sb::Docker {
+        cfg.sandbox = WorkerSandbox::Docker {
+            image: PYTHON_IMAGE.into(),
+        };
+    }
     cfg
+}
+
+/// The containers of the listener whose folder is `dir` (Docker sandbox).
+fn containers_of(dir: &Path) -> Res<Vec<String>> {
+    let out = std::process::Command::new("docker")
+        .args(["ps", "-a", "--format", "{{.Names}}", "--filter"])
+        .arg(format!(
+            "label=sonic.openlambda.registry={}",
+            dir.join("registry").display()
+        ))
+        .output()?;
+    assert!(out.status.success(), "docker ps failed");
+    Ok(String::from_utf8(out.stdout)?
+        .lines()
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Stops the listener; in Docker, checks that it had containers and that none is left.
+async fn stop(ol: Running, dir: &Path, sb: Sb) -> Res {
+    if sb == Sb::Docker {
+        assert!(!containers_of(dir)?.is_empty(), "no worker containers");
+    }
+    ol.stop().await;
+    if sb == Sb::Docker {
+        assert_eq!(containers_of(dir)?, Vec::<String>::new(), "containers left");
+    }
+    Ok(())
+}
+
+/// A test in both sandboxes: `$process` with host processes, `$docker` in containers.
+macro_rules! both {
+    ($body:ident, $process:ident, $docker:ident) => {
+        #[tokio::test]
+        async fn $process() -> Res {
+            $body(Sb::Process).await
+        }
+
+        #[tokio::test]
+        async fn $docker() -> Res {
+            $body(Sb::Docker).await
+        }
+    };
 }
 
 /// A `.tar.gz` made by Python's `tarfile`, as OpenLambda's scripts make them. `files` are
@@ -56,10 +120,15 @@ async fn run(ol: &Running, name: &str, args: &serde_json::Value) -> Res<(u16, St
 
 const ECHO: &str = "def f(event):\n    return event\n";
 
-#[tokio::test]
-async fn echo_status_stats_and_registry() -> Res {
+both!(
+    echo_status_stats_and_registry_in,
+    echo_status_stats_and_registry,
+    echo_status_stats_and_registry_in_docker
+);
+
+async fn echo_status_stats_and_registry_in(sb: Sb) -> Res {
     let dir = tempfile::tempdir()?;
-    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    let ol = sonic_openlambda::start(config_in(dir.path(), sb)).await?;
     let http = reqwest::Client::new();
     assert_eq!(
         http.get(format!("{}/status", ol.url()))
@@ -118,13 +187,26 @@ async fn echo_status_stats_and_registry() -> Res {
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(run(&ol, "echo", &serde_json::json!(1)).await?.0, 404);
     ol.stop().await;
+    if sb == Sb::Docker {
+        // The removed lambda's container went with it.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !containers_of(dir.path())?.is_empty() {
+            assert!(Instant::now() < deadline, "containers left");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     Ok(())
 }
 
-#[tokio::test]
-async fn warm_worker_keeps_its_import_and_sees_ol_yaml() -> Res {
+both!(
+    warm_worker_in,
+    warm_worker_keeps_its_import_and_sees_ol_yaml,
+    warm_worker_keeps_its_import_and_sees_ol_yaml_in_docker
+);
+
+async fn warm_worker_in(sb: Sb) -> Res {
     let dir = tempfile::tempdir()?;
-    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    let ol = sonic_openlambda::start(config_in(dir.path(), sb)).await?;
     let code = "import os\nimports = globals().get('imports', 0) + 1\ncalls = 0\ndef f(event):\n    global calls\n    calls += 1\n    return {'imports': imports, 'calls': calls, 'env': {k: os.environ.get(k) for k in ['MY_ENV_VAR', 'DEBUG_MODE', 'SONIC_SECRET']}}\n";
     let yaml = "triggers:\n  http:\n    - method: GET\n    - method: POST\nenvironment:\n  MY_ENV_VAR: Hello from environment\n  DEBUG_MODE: true\n";
     assert_eq!(
@@ -177,17 +259,21 @@ async fn warm_worker_keeps_its_import_and_sees_ol_yaml() -> Res {
         .await?;
     assert_eq!(cfg["Environment"]["MY_ENV_VAR"], "Hello from environment");
     assert_eq!(cfg["Triggers"]["HTTP"][1]["Method"], "POST");
-    ol.stop().await;
-    Ok(())
+    stop(ol, dir.path(), sb).await
 }
+
+both!(
+    allocates_without_bound_in,
+    a_handler_that_allocates_without_bound_fails_with_memory_error,
+    a_handler_that_allocates_without_bound_fails_with_memory_error_in_docker
+);
 
 /// A handler that allocates without bound meets its worker's memory bound (`worker_memory`,
 /// RLIMIT_AS): the call fails with `MemoryError` in its traceback, the host keeps its memory,
 /// and the worker answers the next call.
-#[tokio::test]
-async fn a_handler_that_allocates_without_bound_fails_with_memory_error() -> Res {
+async fn allocates_without_bound_in(sb: Sb) -> Res {
     let dir = tempfile::tempdir()?;
-    let mut cfg = config(dir.path());
+    let mut cfg = config_in(dir.path(), sb);
     cfg.worker_memory = 512 << 20;
     let ol = sonic_openlambda::start(cfg).await?;
     let code = "import resource\nhoard = []\ndef f(event):\n    if event == 'limit':\n        return resource.getrlimit(resource.RLIMIT_AS)\n    if event == 'hog':\n        while True:\n            hoard.append(bytearray(16 << 20))\n    hoard.clear()\n    return 'ok'\n";
@@ -207,8 +293,8 @@ async fn a_handler_that_allocates_without_bound_fails_with_memory_error() -> Res
         run(&ol, "hog", &serde_json::json!("x")).await?,
         (200, "\"ok\"".into())
     );
-    ol.stop().await;
-    Ok(())
+    assert_eq!(ol.handlers.cold_starts(), 1);
+    stop(ol, dir.path(), sb).await
 }
 
 /// Each worker runs under its CPU bound (`worker_cpus`): a cgroup of its own whose CFS quota is
@@ -251,11 +337,17 @@ async fn a_worker_runs_under_its_cpu_bound() -> Res {
     Ok(())
 }
 
-#[tokio::test]
-async fn exceptions_timeouts_and_output_bounds() -> Res {
+both!(
+    exceptions_in,
+    exceptions_timeouts_and_output_bounds,
+    exceptions_timeouts_and_output_bounds_in_docker
+);
+
+async fn exceptions_in(sb: Sb) -> Res {
     let dir = tempfile::tempdir()?;
-    let mut cfg = config(dir.path());
-    cfg.timeout = Duration::from_secs(2);
+    let mut cfg = config_in(dir.path(), sb);
+    // The timeout includes a cold start: a container's takes longer than a process's.
+    cfg.timeout = Duration::from_secs(if sb == Sb::Docker { 10 } else { 2 });
     cfg.max_output = 1 << 20;
     cfg.max_body = 1 << 20;
     let ol = sonic_openlambda::start(cfg).await?;
@@ -309,14 +401,18 @@ async fn exceptions_timeouts_and_output_bounds() -> Res {
         .send()
         .await?;
     assert_eq!(r.status().as_u16(), 400);
-    ol.stop().await;
-    Ok(())
+    stop(ol, dir.path(), sb).await
 }
 
-#[tokio::test]
-async fn code_update_is_picked_up_by_the_next_call() -> Res {
+both!(
+    code_update_in,
+    code_update_is_picked_up_by_the_next_call,
+    code_update_is_picked_up_by_the_next_call_in_docker
+);
+
+async fn code_update_in(sb: Sb) -> Res {
     let dir = tempfile::tempdir()?;
-    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    let ol = sonic_openlambda::start(config_in(dir.path(), sb)).await?;
     for pos in 0..3 {
         let code = format!("def f(event):\n    return {pos}\n");
         assert_eq!(
@@ -335,8 +431,7 @@ async fn code_update_is_picked_up_by_the_next_call() -> Res {
         );
     }
     assert_eq!(ol.handlers.cold_starts(), 3);
-    ol.stop().await;
-    Ok(())
+    stop(ol, dir.path(), sb).await
 }
 
 #[tokio::test]
@@ -372,10 +467,15 @@ async fn an_idle_worker_that_died_is_replaced() -> Res {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_burst_of_concurrent_calls() -> Res {
+both!(
+    burst_in,
+    a_burst_of_concurrent_calls,
+    a_burst_of_concurrent_calls_in_docker
+);
+
+async fn burst_in(sb: Sb) -> Res {
     let dir = tempfile::tempdir()?;
-    let mut cfg = config(dir.path());
+    let mut cfg = config_in(dir.path(), sb);
     cfg.workers_per_lambda = 4;
     let ol = sonic_openlambda::start(cfg).await?;
     assert_eq!(
@@ -402,7 +502,148 @@ async fn a_burst_of_concurrent_calls() -> Res {
         "{} workers",
         ol.handlers.cold_starts()
     );
-    ol.stop().await;
+    stop(ol, dir.path(), sb).await
+}
+
+both!(
+    runtime_exit_in,
+    a_handler_that_ends_its_runtime_makes_the_next_call_cold,
+    a_handler_that_ends_its_runtime_makes_the_next_call_cold_in_docker
+);
+
+/// A handler that ends its own runtime (`os._exit`) fails its call; the next call starts a new
+/// worker and is counted as a cold start, and imports again.
+async fn runtime_exit_in(sb: Sb) -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config_in(dir.path(), sb)).await?;
+    let code = "import os, time\nimported = time.time_ns()\ndef f(event):\n    if event == 'exit':\n        os._exit(3)\n    return imported\n";
+    assert_eq!(
+        upload(&ol, "exit", tarball(&[("f.py", code)], "")?)
+            .await?
+            .0,
+        201
+    );
+    let (status, first) = run(&ol, "exit", &serde_json::Value::Null).await?;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(
+        run(&ol, "exit", &serde_json::Value::Null).await?,
+        (200, first.clone())
+    );
+    assert_eq!(ol.handlers.cold_starts(), 1);
+    let (status, body) = run(&ol, "exit", &serde_json::json!("exit")).await?;
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("the Python worker failed"), "{body}");
+    let (status, again) = run(&ol, "exit", &serde_json::Value::Null).await?;
+    assert_eq!(status, 200, "{again}");
+    assert_ne!(again, first, "the next call imported again");
+    assert_eq!(ol.handlers.cold_starts(), 2, "the next call was cold");
+    let stats: serde_json::Value = reqwest::get(format!("{}/stats", ol.url()))
+        .await?
+        .json()
+        .await?;
+    assert_eq!(stats["cold-start.cnt"], 2, "{stats}");
+    stop(ol, dir.path(), sb).await
+}
+
+/// Each worker container runs under the CPU bound (`worker_cpus`) as Docker's CFS quota, which
+/// the handler sees in its container's cgroup (cgroup v1's `cpu` controller).
+#[tokio::test]
+async fn a_worker_container_runs_under_its_cpu_bound_in_docker() -> Res {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config_in(dir.path(), Sb::Docker);
+    cfg.worker_cpus = 0.5;
+    let ol = sonic_openlambda::start(cfg).await?;
+    let code = "import os\ndef f(event):\n    base = '/sys/fs/cgroup/cpu'\n    return {'quota': int(open(base + '/cpu.cfs_quota_us').read()), 'period': int(open(base + '/cpu.cfs_period_us').read()), 'uid': os.getuid(), 'net': sorted(os.listdir('/sys/class/net'))}\n";
+    assert_eq!(
+        upload(&ol, "cpu", tarball(&[("f.py", code)], "")?).await?.0,
+        201
+    );
+    let (status, body) = run(&ol, "cpu", &serde_json::json!(null)).await?;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    assert_eq!(
+        v["quota"]
+            .as_f64()
+            .zip(v["period"].as_f64())
+            .map(|(q, p)| q / p),
+        Some(0.5),
+        "{v}"
+    );
+    // No network but loopback.
+    assert_eq!(v["net"], serde_json::json!(["lo"]), "{v}");
+    stop(ol, dir.path(), Sb::Docker).await
+}
+
+/// A listener that exited without stopping (a test process, a killed daemon) leaves its
+/// workers' CPU groups; the next listener to start removes those of dead processes and keeps
+/// those of live ones. Needs root and cgroup v1's `cpu` controller.
+#[tokio::test]
+async fn stale_cpu_groups_of_dead_listeners_are_removed_at_start() -> Res {
+    let root = Path::new("/sys/fs/cgroup/cpu");
+    // A pid that ran and is gone.
+    let mut child = std::process::Command::new("true").spawn()?;
+    let dead = child.id();
+    child.wait()?;
+    let stale = root.join(format!("sonic-openlambda-{dead}-7"));
+    let live = root.join(format!("sonic-openlambda-{}-999999", std::process::id()));
+    std::fs::create_dir(&stale)
+        .map_err(|e| format!("cannot make {} (needs root): {e}", stale.display()))?;
+    std::fs::create_dir(&live)?;
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config(dir.path())).await;
+    let (stale_left, live_left) = (stale.exists(), live.exists());
+    let _ = std::fs::remove_dir(&stale);
+    let _ = std::fs::remove_dir(&live);
+    ol?.stop().await;
+    assert!(!stale_left, "{} was not removed", stale.display());
+    assert!(
+        live_left,
+        "{} of a live process was removed",
+        live.display()
+    );
+    Ok(())
+}
+
+/// Likewise the containers of a listener that is gone: one labelled with a dead pid of this pid
+/// namespace is removed when a Docker listener starts.
+#[tokio::test]
+async fn stale_containers_of_dead_listeners_are_removed_at_start_in_docker() -> Res {
+    let mut child = std::process::Command::new("true").spawn()?;
+    let dead = child.id();
+    child.wait()?;
+    let ns: String = std::fs::read_link("/proc/self/ns/pid")?
+        .to_string_lossy()
+        .chars()
+        .filter(char::is_ascii_digit)
+        .collect();
+    let name = format!("sonic-ol-test-stale-{}", std::process::id());
+    let made = std::process::Command::new("docker")
+        .args(["create", "--pull", "never", "--name", &name, "--label"])
+        .arg(format!(
+            "{}={ns}-{dead}",
+            sonic_openlambda::worker::OWNER_LABEL
+        ))
+        .args([PYTHON_IMAGE, "true"])
+        .output()?;
+    assert!(
+        made.status.success(),
+        "docker create: {} (build the image: bash deploy/build-python-image.sh)",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config_in(dir.path(), Sb::Docker)).await;
+    let left = std::process::Command::new("docker")
+        .args(["inspect", &name])
+        .output()?
+        .status
+        .success();
+    if left {
+        let _ = std::process::Command::new("docker")
+            .args(["rm", "-f", &name])
+            .output();
+    }
+    ol?.stop().await;
+    assert!(!left, "the stale container {name} was not removed");
     Ok(())
 }
 
@@ -674,5 +915,102 @@ async fn requirements_install_from_pypi_into_a_shared_venv() -> Res {
     );
     assert_eq!(venvs(dir.path()).len(), 2);
     ol.stop().await;
+    Ok(())
+}
+
+/// A 100 MB body (past the default 64 MiB `max_body`) gets 413 on `/run/` and on the registry,
+/// and changes nothing: the installed lambda keeps answering.
+#[tokio::test]
+async fn a_100_mb_body_gets_413_and_changes_nothing() -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    assert_eq!(
+        upload(&ol, "echo", tarball(&[("f.py", ECHO)], "")?)
+            .await?
+            .0,
+        201
+    );
+    let huge = vec![b' '; 100_000_000];
+    let http = reqwest::Client::new();
+    for route in ["run/echo", "registry/echo"] {
+        let r = http
+            .post(format!("{}/{route}", ol.url()))
+            .body(huge.clone())
+            .send()
+            .await?;
+        assert_eq!(r.status().as_u16(), 413, "{route}");
+    }
+    assert_eq!(
+        run(&ol, "echo", &serde_json::json!("still")).await?,
+        (200, "\"still\"".into())
+    );
+    let names: Vec<String> = http
+        .get(format!("{}/registry", ol.url()))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(names, vec!["echo".to_string()]);
+    ol.stop().await;
+    Ok(())
+}
+
+/// In the Docker sandbox a lambda's `requirements.txt` environment is built in a container of
+/// the Python image (`<dir>/docker-venvs/<sha256>/`, as the agents build theirs) at upload, and
+/// its workers run that environment's Python, bound at `/sonic/venv`; a pin that does not exist
+/// is refused at upload and the installed version keeps serving. Needs PyPI.
+#[tokio::test]
+async fn requirements_install_from_pypi_into_an_image_venv_in_docker() -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config_in(dir.path(), Sb::Docker)).await?;
+    let code = "import sys, six\ndef f(event):\n    return {'six': six.__version__, 'prefix': sys.prefix, 'exe': sys.executable, 'tag': TAG}\n";
+    let with = |tag: &str, reqs: &str| {
+        tarball(
+            &[
+                ("f.py", &format!("TAG = '{tag}'\n{code}")),
+                ("requirements.txt", reqs),
+            ],
+            "",
+        )
+    };
+    let (status, body) = upload(&ol, "six", with("a", "six==1.16.0\n")?).await?;
+    assert_eq!(status, 201, "{body}");
+    let listed = |sub: &str| -> Vec<String> {
+        std::fs::read_dir(dir.path().join(sub))
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        listed("docker-venvs").len(),
+        1,
+        "one environment, built in the image"
+    );
+    assert!(venvs(dir.path()).is_empty(), "none on the host");
+    let (status, body) = run(&ol, "six", &serde_json::json!(null)).await?;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    assert_eq!(v["six"], "1.16.0", "{v}");
+    assert_eq!(v["prefix"], "/sonic/venv", "{v}");
+    let (status, body) = upload(&ol, "six", with("b", "six==99.0.0\n")?).await?;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("pip install of requirements.txt failed"),
+        "{body}"
+    );
+    let (status, body) = run(&ol, "six", &serde_json::json!(null)).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body)?["tag"],
+        "a"
+    );
+    stop(ol, dir.path(), Sb::Docker).await?;
+    let builds = std::process::Command::new("docker")
+        .args(["ps", "-aq", "--filter", "label=sonic.venv-build"])
+        .output()?;
+    assert!(builds.stdout.is_empty(), "build containers left");
     Ok(())
 }
