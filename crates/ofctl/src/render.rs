@@ -272,6 +272,13 @@ pub fn models(m: &DagModelsView, out: &mut dyn Write) -> io::Result<()> {
         m.jobs,
         m.max_mape * 100.0
     )?;
+    if !m.params.is_empty() {
+        writeln!(
+            out,
+            "setting: {} (the DAG's default parameters; models are learned per setting)",
+            setting_label(&m.params)
+        )?;
+    }
     if let Some(mode) = &m.mode {
         writeln!(out, "mode: {} ({})", mode.mode, mode.reason)?;
         writeln!(
@@ -312,7 +319,36 @@ pub fn models(m: &DagModelsView, out: &mut dyn Write) -> io::Result<()> {
             v.equation.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
-    t.write("  ", out)
+    t.write("  ", out)?;
+    // Every setting learned, when there is more than the one above.
+    if m.settings.iter().any(|s| s.setting != m.setting) {
+        writeln!(out, "settings learned:")?;
+        let mut t = Table::new(&["SETTING", "MODE", "CONVERGED", "JOBS", "WHY"]);
+        for s in &m.settings {
+            t.row(vec![
+                s.label.clone(),
+                s.mode
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |v| v.mode.to_string()),
+                if s.converged { "yes" } else { "no" }.into(),
+                s.jobs.to_string(),
+                s.mode
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |v| v.reason.clone()),
+            ]);
+        }
+        t.write("  ", out)?;
+    }
+    Ok(())
+}
+
+/// `trees=12, seed=42`, as `sonic_core::setting::Setting::label` prints a setting.
+fn setting_label(params: &serde_json::Map<String, serde_json::Value>) -> String {
+    params
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub fn logs(l: &JobLogs, out: &mut dyn Write) -> io::Result<()> {
