@@ -1317,12 +1317,43 @@ async fn get_result(
 
 // ---- models, plans, progress, logs ----
 
-/// `GET /v1/dags/{name}/models`: the fitted equations, their error, the samples, convergence.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelsQuery {
+    /// A job's parameter overrides, as a JSON object: the view is of the setting such a job
+    /// plans with (default: none, the DAG's default parameters).
+    params: Option<String>,
+}
+
+/// The overrides of `?params=`: a JSON object of numbers, strings and booleans.
+fn query_overrides(
+    text: Option<&str>,
+) -> Result<std::collections::BTreeMap<String, serde_json::Value>, ApiError> {
+    let Some(text) = text else {
+        return Ok(Default::default());
+    };
+    let bad = |why: &str| ApiError::BadRequest(format!("params: {why}"));
+    let map: std::collections::BTreeMap<String, serde_json::Value> = serde_json::from_str(text)
+        .map_err(|_| bad("a JSON object of parameter overrides, e.g. {\"trees\":12}"))?;
+    if map
+        .values()
+        .any(|v| !(v.is_number() || v.is_string() || v.is_boolean()))
+    {
+        return Err(bad("a parameter is a number, a string or a boolean"));
+    }
+    Ok(map)
+}
+
+/// `GET /v1/dags/{name}/models[?params=JSON]`: the fitted equations, their error, the samples,
+/// convergence, of the setting a job with those parameter overrides plans with.
 async fn dag_models(
     State(state): State<Shared>,
     name: Result<Path<String>, PathRejection>,
+    query: Result<Query<ModelsQuery>, QueryRejection>,
 ) -> Result<Json<DagModelsView>, ApiError> {
     let name = checked_dag_name(path_param(name)?)?;
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let overrides = query_overrides(q.params.as_deref())?;
     let rule = state.convergence();
     let lookup = name.clone();
     let now = state.clock.now_ms();
@@ -1361,7 +1392,7 @@ async fn dag_models(
                 Ok(dag) => dag,
                 Err(e) => return Ok(Err(ApiError::Internal(e))),
             };
-            let setting = crate::learning::default_setting(&dag);
+            let setting = crate::learning::job_setting(&dag, &overrides);
             let samples = crate::learning::fitted_samples(db, &dag, &setting)?;
             let models = crate::learning::current(db, &dag, &setting, rule)?;
             let mode = crate::learning::mode_of(db, &lookup, &setting, &models, now)?;

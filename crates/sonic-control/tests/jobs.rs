@@ -1871,5 +1871,26 @@ async fn each_parameter_setting_profiles_and_plans_on_its_own() {
     assert!((ca - 1e5).abs() < 1.0, "A: {ea}");
     let (eb, cb) = constant(b_key);
     assert!((cb - 1e6).abs() < 1.0, "B: {eb}");
+
+    // The view of the setting a job with given overrides plans with; the seed does not split.
+    let of = |query: &'static str| {
+        let c = &c;
+        async move {
+            let (status, v) = c
+                .get_json(&format!("/v1/dags/knob/models?params={query}"))
+                .await;
+            assert_eq!(status, 200, "{v}");
+            serde_json::from_value::<DagModelsView>(v).expect("models view")
+        }
+    };
+    let mb = of("%7B%22output_bytes%22%3A1000000%7D").await;
+    assert_eq!(
+        (mb.setting.as_str(), mb.jobs, mb.samples.len()),
+        (b_key, 7, 7)
+    );
+    let ma = of("%7B%22seed%22%3A9%7D").await;
+    assert_eq!((ma.setting.as_str(), ma.jobs), (a_key, 10));
+    let (status, v) = c.get_json("/v1/dags/knob/models?params=%5B1%5D").await;
+    assert_eq!(status, 400, "{v}");
     c.stop().await;
 }

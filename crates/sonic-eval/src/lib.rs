@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use anyhow::{Context, anyhow};
 use serde_json::Value;
-use sonic_api::control::{DagModelsView, JobMode, JobStatus, JobSummary, SettingModelsView};
+use sonic_api::control::{DagModelsView, JobMode, JobStatus, JobSummary};
 use sonic_core::catalog::Catalog;
 
 use apps::App;
@@ -875,19 +875,20 @@ async fn measure_apps(
 /// Fig. 2's ML pipeline fanouts (the job parameter `trees`).
 pub const FIG2_TREES: [u32; 3] = [1, 3, 12];
 
-/// The view's setting of jobs run with `params` (every one of them set to its value).
-fn setting_in<'a>(
-    m: &'a DagModelsView,
-    params: &[(String, Value)],
-) -> Option<&'a SettingModelsView> {
-    m.settings
-        .iter()
-        .find(|s| params.iter().all(|(k, v)| s.params.get(k) == Some(v)))
+/// `GET /v1/dags/{name}/models` of the parameter setting jobs with `params` plan with (models
+/// are learned per setting).
+fn models_path(dag: &str, params: &[(String, Value)]) -> String {
+    let map: serde_json::Map<String, Value> = params.iter().cloned().collect();
+    format!(
+        "/v1/dags/{}/models?params={}",
+        encode(dag),
+        encode(&Value::Object(map).to_string())
+    )
 }
 
-/// Whether a setting's unforced jobs run planned.
-fn runs_planned(s: &SettingModelsView) -> bool {
-    s.mode.as_ref().is_some_and(|m| m.mode == JobMode::Planned)
+/// Whether the view's setting's unforced jobs run planned.
+fn runs_planned(m: &DagModelsView) -> bool {
+    m.mode.as_ref().is_some_and(|v| v.mode == JobMode::Planned)
 }
 
 /// Profiles one parameter setting of `app` (forced `remote`, spread over the agents, at the
@@ -907,9 +908,9 @@ async fn profile_setting(
     results: &mut Results,
 ) -> anyhow::Result<Option<usize>> {
     let cap = if opts.quick { 20 } else { PROFILING_CAP };
-    let models_path = format!("/v1/dags/{}/models", encode(app.name));
+    let models_path = models_path(app.name, params);
     let m: DagModelsView = client.get(&models_path).await?;
-    if setting_in(&m, params).is_some_and(runs_planned) {
+    if runs_planned(&m) {
         results.notes.push(format!(
             "fig2 {} {variant}: planned already (its models converged before), no profiling job",
             app.name
@@ -945,17 +946,14 @@ async fn profile_setting(
             ));
         }
         let m: DagModelsView = client.get(&models_path).await?;
-        let setting = setting_in(&m, params);
-        if setting.is_some_and(runs_planned) {
+        if runs_planned(&m) {
             results.notes.push(format!(
                 "fig2 {} {variant}: profiled to convergence in {n} jobs (forced remote) before it was measured",
                 app.name
             ));
             return Ok(Some(n));
         }
-        why = setting
-            .and_then(|s| s.mode.as_ref())
-            .map(|v| v.reason.clone());
+        why = m.mode.map(|v| v.reason);
     }
     results.notes.push(format!(
         "fig2 {} {variant}: the models did not converge within {cap} profiling jobs ({}); sonic is not measured at it, the baselines plan with what the models predict",
@@ -1110,7 +1108,7 @@ async fn profile(
         .map(|s| (*s, false))
         .chain(sizes.test.iter().map(|s| (*s, true)))
         .collect();
-    let models_path = format!("/v1/dags/{}/models", encode(app.name));
+    let models_path = models_path(app.name, &app.job_params());
     let mut converged_after = None;
     let mut models_why: Option<String> = None;
     let mut n = 0;
@@ -1238,8 +1236,9 @@ async fn profile_run(
             let sizes = apps::sizes(&app, n_train, n_test);
             profile(&cluster, &client, &app, &sizes, opts, &mut inputs, results).await?;
             // The models with their samples, for a closer look.
-            let path = format!("/v1/dags/{}/models", encode(app.name));
-            let view: Value = client.get(&path).await?;
+            let view: Value = client
+                .get(&models_path(app.name, &app.job_params()))
+                .await?;
             let file = opts.out_dir.join(format!("models-{}.json", app.name));
             std::fs::write(&file, serde_json::to_string_pretty(&view)?)
                 .with_context(|| format!("cannot write {}", file.display()))?;
