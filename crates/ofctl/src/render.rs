@@ -435,6 +435,55 @@ mod tests {
     }
 
     #[test]
+    fn models_show_the_setting_and_every_setting_learned() {
+        use sonic_api::control::SettingModelsView;
+        let params = |trees: u32| {
+            serde_json::Map::from_iter([("trees".to_owned(), serde_json::json!(trees))])
+        };
+        let setting = |trees: u32, jobs: usize, converged: bool| SettingModelsView {
+            setting: format!("{{\"trees\":{trees}}}"),
+            label: format!("trees={trees}"),
+            params: params(trees),
+            converged,
+            jobs,
+            models: Vec::new(),
+            mode: None,
+        };
+        let mut m = DagModelsView {
+            dag: "ml".into(),
+            setting: r#"{"trees":6}"#.into(),
+            params: params(6),
+            settings: vec![setting(6, 5, true)],
+            converged: true,
+            max_mape: 0.15,
+            jobs: 5,
+            models: Vec::new(),
+            samples: Vec::new(),
+            mode: None,
+        };
+        let text = |m: &DagModelsView| {
+            let mut out = Vec::new();
+            models(m, &mut out).expect("write");
+            String::from_utf8(out).expect("utf8")
+        };
+        let one = text(&m);
+        assert!(
+            one.contains("setting: trees=6 (the DAG's default parameters"),
+            "{one}"
+        );
+        assert!(!one.contains("settings learned"), "only one setting: {one}");
+        m.settings.push(setting(12, 2, false));
+        let two = text(&m);
+        assert!(two.contains("settings learned:"), "{two}");
+        let row = two.lines().find(|l| l.contains("trees=12")).expect("a row");
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["trees=12", "-", "no", "2", "-"],
+            "{row}"
+        );
+    }
+
+    #[test]
     fn table_aligns() {
         let mut t = Table::new(&["A", "LONG HEADER", "C"]);
         t.row(vec!["wide cell".into(), "x".into(), "y".into()]);
