@@ -125,10 +125,16 @@ pub async fn run(
                 }
             }
         }
-        Command::Models { dag } => {
-            let v: Value = client
-                .get(&format!("/v1/dags/{}/models", encode(&dag)))
-                .await?;
+        Command::Models { dag, params } => {
+            let mut path = format!("/v1/dags/{}/models", encode(&dag));
+            if !params.is_empty() {
+                let map: serde_json::Map<String, Value> = params.into_iter().collect();
+                path.push_str(&format!(
+                    "?params={}",
+                    encode(&Value::Object(map).to_string())
+                ));
+            }
+            let v: Value = client.get(&path).await?;
             match output {
                 Output::Json => print_json(out, &v),
                 Output::Table => Ok(render::models(

@@ -247,8 +247,14 @@ pub enum Command {
         kind: DescribeKind,
         id: String,
     },
-    /// What Sonic learned about a DAG: its models and whether they converged.
-    Models { dag: String },
+    /// What Sonic learned about a DAG: its models and whether they converged, of the parameter
+    /// setting a job with these overrides plans with (default: the DAG's default parameters).
+    Models {
+        dag: String,
+        /// A parameter override, `key=value` (repeatable; as `ofctl run --param`).
+        #[arg(long = "param", value_parser = parse_param)]
+        params: Vec<(String, serde_json::Value)>,
+    },
     /// A job's lambda logs, optionally of one function.
     Logs {
         job: String,

@@ -272,6 +272,13 @@ pub fn models(m: &DagModelsView, out: &mut dyn Write) -> io::Result<()> {
         m.jobs,
         m.max_mape * 100.0
     )?;
+    if !m.params.is_empty() {
+        writeln!(
+            out,
+            "setting: {} (the DAG's default parameters; models are learned per setting)",
+            setting_label(&m.params)
+        )?;
+    }
     if let Some(mode) = &m.mode {
         writeln!(out, "mode: {} ({})", mode.mode, mode.reason)?;
         writeln!(
@@ -312,7 +319,36 @@ pub fn models(m: &DagModelsView, out: &mut dyn Write) -> io::Result<()> {
             v.equation.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
-    t.write("  ", out)
+    t.write("  ", out)?;
+    // Every setting learned, when there is more than the one above.
+    if m.settings.iter().any(|s| s.setting != m.setting) {
+        writeln!(out, "settings learned:")?;
+        let mut t = Table::new(&["SETTING", "MODE", "CONVERGED", "JOBS", "WHY"]);
+        for s in &m.settings {
+            t.row(vec![
+                s.label.clone(),
+                s.mode
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |v| v.mode.to_string()),
+                if s.converged { "yes" } else { "no" }.into(),
+                s.jobs.to_string(),
+                s.mode
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |v| v.reason.clone()),
+            ]);
+        }
+        t.write("  ", out)?;
+    }
+    Ok(())
+}
+
+/// `trees=12, seed=42`, as `sonic_core::setting::Setting::label` prints a setting.
+fn setting_label(params: &serde_json::Map<String, serde_json::Value>) -> String {
+    params
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub fn logs(l: &JobLogs, out: &mut dyn Write) -> io::Result<()> {
@@ -396,6 +432,55 @@ mod tests {
         assert_eq!(bytes(999), "999 B");
         assert_eq!(bytes(12_300_000), "12.3 MB");
         assert_eq!(bytes(2_000_000_000), "2.0 GB");
+    }
+
+    #[test]
+    fn models_show_the_setting_and_every_setting_learned() {
+        use sonic_api::control::SettingModelsView;
+        let params = |trees: u32| {
+            serde_json::Map::from_iter([("trees".to_owned(), serde_json::json!(trees))])
+        };
+        let setting = |trees: u32, jobs: usize, converged: bool| SettingModelsView {
+            setting: format!("{{\"trees\":{trees}}}"),
+            label: format!("trees={trees}"),
+            params: params(trees),
+            converged,
+            jobs,
+            models: Vec::new(),
+            mode: None,
+        };
+        let mut m = DagModelsView {
+            dag: "ml".into(),
+            setting: r#"{"trees":6}"#.into(),
+            params: params(6),
+            settings: vec![setting(6, 5, true)],
+            converged: true,
+            max_mape: 0.15,
+            jobs: 5,
+            models: Vec::new(),
+            samples: Vec::new(),
+            mode: None,
+        };
+        let text = |m: &DagModelsView| {
+            let mut out = Vec::new();
+            models(m, &mut out).expect("write");
+            String::from_utf8(out).expect("utf8")
+        };
+        let one = text(&m);
+        assert!(
+            one.contains("setting: trees=6 (the DAG's default parameters"),
+            "{one}"
+        );
+        assert!(!one.contains("settings learned"), "only one setting: {one}");
+        m.settings.push(setting(12, 2, false));
+        let two = text(&m);
+        assert!(two.contains("settings learned:"), "{two}");
+        let row = two.lines().find(|l| l.contains("trees=12")).expect("a row");
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["trees=12", "-", "no", "2", "-"],
+            "{row}"
+        );
     }
 
     #[test]

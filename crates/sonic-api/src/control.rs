@@ -326,10 +326,24 @@ pub struct ModelView {
     pub converged: bool,
 }
 
-/// `GET /v1/dags/{name}/models`: what Sonic learned about a DAG.
+/// `GET /v1/dags/{name}/models`: what Sonic learned about a DAG. Models are learned per
+/// parameter setting (the values of the job parameters that change the work, docs/model.md);
+/// the top level is the setting of a job with the DAG's default parameters, `settings` lists
+/// every setting learned.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DagModelsView {
     pub dag: String,
+    /// The setting the top level describes: its canonical key (`{"trees":6}`; empty for a DAG
+    /// without work parameters, and for what was learned before settings existed).
+    #[serde(default)]
+    pub setting: String,
+    /// That setting's work parameter values.
+    #[serde(default)]
+    pub params: serde_json::Map<String, serde_json::Value>,
+    /// Every setting with models, each profiled, converged and watched for drift on its own
+    /// (absent from older control planes).
+    #[serde(default)]
+    pub settings: Vec<SettingModelsView>,
     /// Every model converged: jobs without a forced policy run planned (`sonic`).
     pub converged: bool,
     /// The convergence threshold on the cross-validated MAPE (0.15 by default).
@@ -342,6 +356,25 @@ pub struct DagModelsView {
     #[serde(default)]
     pub samples: Vec<serde_json::Value>,
     /// How the DAG's unforced jobs run and why (absent from older control planes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<DagModeView>,
+}
+
+/// One parameter setting's models and mode in the models view.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SettingModelsView {
+    /// Its canonical key (`{"trees":12}`).
+    pub setting: String,
+    /// For people: `trees=12`, or `no parameters`.
+    pub label: String,
+    /// Its work parameter values.
+    pub params: serde_json::Map<String, serde_json::Value>,
+    /// Every model converged.
+    pub converged: bool,
+    /// Jobs of this setting whose measurements were added.
+    pub jobs: usize,
+    pub models: Vec<ModelView>,
+    /// How this setting's unforced jobs run and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<DagModeView>,
 }

@@ -24,6 +24,7 @@ use sonic_api::control::{
 use sonic_core::catalog::Catalog;
 use sonic_core::dag::{Dag, valid_dag_name};
 use sonic_core::regression::Convergence;
+use sonic_core::setting::Setting;
 
 use crate::bandwidth::BandwidthBook;
 use crate::clock::Clock;
@@ -836,11 +837,13 @@ struct Choice {
 }
 
 /// The policy of a job: a forced one wins; otherwise `sonic`, planned for this input size, once
-/// the DAG's models converged, and `remote` (profiling) before. A forced `sonic` plans with
-/// whatever the models predict, and is refused when they cannot predict or nothing is feasible.
+/// the models of the job's parameter setting converged, and `remote` (profiling) before. A
+/// forced `sonic` plans with whatever the setting's models predict, and is refused when they
+/// cannot predict or nothing is feasible.
 async fn choose(
     state: &ControlState,
     dag: Dag,
+    setting: Setting,
     forced: Option<Policy>,
     planned_baseline: bool,
     input_bytes: u64,
@@ -871,7 +874,7 @@ async fn choose(
         let planned = state
             .db
             .run(move |db| {
-                let models = crate::learning::current(db, &dag, rule)?;
+                let models = crate::learning::current(db, &dag, &setting, rule)?;
                 Ok(crate::learning::plan_for(
                     &dag,
                     &models,
@@ -905,7 +908,7 @@ async fn choose(
         let planned = state
             .db
             .run(move |db| {
-                let samples = crate::learning::fitted_samples(db, &dag.name)?;
+                let samples = crate::learning::fitted_samples(db, &dag, &setting)?;
                 Ok(
                     crate::learning::measured_params(&dag, &samples, input_bytes).and_then(
                         |params| {
@@ -940,13 +943,13 @@ async fn choose(
     let (reason, outcome) = state
         .db
         .run(move |db| {
-            let models = crate::learning::current(db, &dag, rule)?;
-            // The DAG's mode decides, not the models' error of the moment (hysteresis).
-            let mode = crate::learning::mode_of(db, &dag.name, &models, now)?;
+            let models = crate::learning::current(db, &dag, &setting, rule)?;
+            // The setting's mode decides, not the models' error of the moment (hysteresis).
+            let mode = crate::learning::mode_of(db, &dag.name, &setting, &models, now)?;
             let reason = if forced_sonic {
                 "policy sonic forced: planned with what the models predict".to_owned()
             } else {
-                mode.reason(&models)
+                crate::learning::reason(&setting, &mode, &models)
             };
             if !forced_sonic && mode.mode == sonic_core::mode::Mode::Profiling {
                 return Ok((reason, None));
@@ -1005,11 +1008,20 @@ pub(crate) async fn plan_again(state: &ControlState, job: &JobRecord) -> Result<
     let dag = record.dag()?;
     let overrides = job.params.clone().into_iter().collect();
     let fanouts = dag.fanouts(&dag.job_params(&overrides))?;
+    let setting = crate::learning::job_setting(&dag, &job.params);
     let policy: Policy = job.policy.parse()?;
     let baseline = matches!(policy, Policy::Remote | Policy::Direct | Policy::Local);
-    let choice = choose(state, dag, Some(policy), baseline, job.input_bytes, fanouts)
-        .await
-        .map_err(|e| format!("{e:?}"))?;
+    let choice = choose(
+        state,
+        dag,
+        setting,
+        Some(policy),
+        baseline,
+        job.input_bytes,
+        fanouts,
+    )
+    .await
+    .map_err(|e| format!("{e:?}"))?;
     choice
         .planned
         .ok_or_else(|| format!("{} plans nothing", job.policy))
@@ -1114,9 +1126,11 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
         input_bytes = size;
         input = Some((file, bytes));
     }
+    let setting = crate::learning::job_setting(&dag, &req.params);
     let mut choice = choose(
         state,
         dag.clone(),
+        setting,
         forced,
         req.planned,
         input_bytes,
@@ -1305,43 +1319,93 @@ async fn get_result(
 
 // ---- models, plans, progress, logs ----
 
-/// `GET /v1/dags/{name}/models`: the fitted equations, their error, the samples, convergence.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelsQuery {
+    /// A job's parameter overrides, as a JSON object: the view is of the setting such a job
+    /// plans with (default: none, the DAG's default parameters).
+    params: Option<String>,
+}
+
+/// The overrides of `?params=`: a JSON object of numbers, strings and booleans.
+fn query_overrides(
+    text: Option<&str>,
+) -> Result<std::collections::BTreeMap<String, serde_json::Value>, ApiError> {
+    let Some(text) = text else {
+        return Ok(Default::default());
+    };
+    let bad = |why: &str| ApiError::BadRequest(format!("params: {why}"));
+    let map: std::collections::BTreeMap<String, serde_json::Value> = serde_json::from_str(text)
+        .map_err(|_| bad("a JSON object of parameter overrides, e.g. {\"trees\":12}"))?;
+    if map
+        .values()
+        .any(|v| !(v.is_number() || v.is_string() || v.is_boolean()))
+    {
+        return Err(bad("a parameter is a number, a string or a boolean"));
+    }
+    Ok(map)
+}
+
+/// `GET /v1/dags/{name}/models[?params=JSON]`: the fitted equations, their error, the samples,
+/// convergence, of the setting a job with those parameter overrides plans with.
 async fn dag_models(
     State(state): State<Shared>,
     name: Result<Path<String>, PathRejection>,
+    query: Result<Query<ModelsQuery>, QueryRejection>,
 ) -> Result<Json<DagModelsView>, ApiError> {
     let name = checked_dag_name(path_param(name)?)?;
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let overrides = query_overrides(q.params.as_deref())?;
     let rule = state.convergence();
     let lookup = name.clone();
     let now = state.clock.now_ms();
     let view = state
         .db
         .run(move |db| {
-            let samples = crate::learning::fitted_samples(db, &lookup)?;
-            let models = match db.get_dag(&lookup)? {
-                Some(r) => match r.dag() {
-                    Ok(dag) => Some(crate::learning::current(db, &dag, rule)?),
-                    Err(e) => return Ok(Err(ApiError::Internal(e))),
-                },
-                // A deleted DAG's models stay, as they were last fitted.
-                None => db
-                    .get_model(&lookup)?
-                    .as_ref()
-                    .and_then(crate::learning::decode)
-                    .map(|mut m| {
-                        m.convergence = rule;
-                        m
-                    }),
+            let Some(record) = db.get_dag(&lookup)? else {
+                // A deleted DAG's models stay, as they were last fitted: its default setting
+                // is unknown, so the top level is the most recently fitted setting.
+                let mut stored = db.models(&lookup)?;
+                stored.sort_by_key(|m| m.updated_ms);
+                let Some(last) = stored.pop() else {
+                    return Ok(Ok(None));
+                };
+                let Some(mut models) = crate::learning::decode(&last) else {
+                    return Ok(Ok(None));
+                };
+                models.convergence = rule;
+                let setting = Setting::from_key(&last.setting).unwrap_or_default();
+                let samples: Vec<_> = db
+                    .samples(&lookup)?
+                    .into_iter()
+                    .filter(|s| crate::learning::sample_setting(None, s) == setting)
+                    .collect();
+                let mode = crate::learning::mode_of(db, &lookup, &setting, &models, now)?;
+                return Ok(Ok(Some(crate::learning::view(
+                    &lookup,
+                    &setting,
+                    &models,
+                    &samples,
+                    Some(&mode),
+                    Vec::new(),
+                ))));
             };
-            let Some(models) = models else {
-                return Ok(Ok(None));
+            let dag = match record.dag() {
+                Ok(dag) => dag,
+                Err(e) => return Ok(Err(ApiError::Internal(e))),
             };
-            let mode = crate::learning::mode_of(db, &lookup, &models, now)?;
+            let setting = crate::learning::job_setting(&dag, &overrides);
+            let samples = crate::learning::fitted_samples(db, &dag, &setting)?;
+            let models = crate::learning::current(db, &dag, &setting, rule)?;
+            let mode = crate::learning::mode_of(db, &lookup, &setting, &models, now)?;
+            let settings = crate::learning::settings_view(db, &dag, rule, now)?;
             Ok(Ok(Some(crate::learning::view(
                 &lookup,
+                &setting,
                 &models,
                 &samples,
                 Some(&mode),
+                settings,
             ))))
         })
         .await??;
@@ -1394,8 +1458,10 @@ async fn dag_plan(
                 Ok(d) => d,
                 Err(e) => return Ok(Some(Err(ApiError::Internal(e)))),
             };
-            let models = crate::learning::current(db, &dag, rule)?;
-            // The DAG's default parameters fix what fanouts they can; the models predict the rest.
+            // The DAG's default parameters: their setting's models, and they fix what fanouts
+            // they can; the models predict the rest.
+            let models =
+                crate::learning::current(db, &dag, &crate::learning::default_setting(&dag), rule)?;
             let fanouts = dag
                 .fanouts(&dag.job_params(&Default::default()))
                 .unwrap_or_default();

@@ -1,6 +1,8 @@
 //! Online profiling and planning with what was learned: every finished job's sample refits the
-//! DAG's models ([`refit`]); a DAG whose models converged is planned for each job's input size
-//! ([`plan_for`]); the models and plans as the API shows them.
+//! models of its parameter setting ([`refit`]; `sonic_core::setting`: the values of the job
+//! parameters that change the work); a job whose setting's models converged is planned for its
+//! input size ([`plan_for`]); the models and plans as the API shows them. Each setting has its
+//! own models, mode and drift detection: a job of one setting never counts against another.
 //!
 //! Everything here blocks (fitting, JSON of every sample, planning); async code calls it
 //! through [`crate::store::Db::run`], on the blocking pool. Planning stops inside its searches
@@ -10,7 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use sonic_api::control::{DagModeView, DagModelsView, DriftWatch, JobMode, ModelView};
+use sonic_api::control::{
+    DagModeView, DagModelsView, DriftWatch, JobMode, ModelView, SettingModelsView,
+};
 use sonic_core::catalog::Catalog;
 use sonic_core::dag::{Dag, Fanout};
 use sonic_core::mode::{self, DagMode, Mode};
@@ -18,6 +22,7 @@ use sonic_core::model::PlanProblem;
 use sonic_core::params::{EdgeParams, Params};
 use sonic_core::planner::{self, Budget, PlanError, PlanOutcome, Policy};
 use sonic_core::regression::{Convergence, DagModels, FunctionSample, Model};
+use sonic_core::setting::Setting;
 use sonic_core::units::ByteSize;
 
 use crate::bandwidth::TypeBandwidth;
@@ -39,6 +44,52 @@ pub fn default_budget() -> Budget {
         max_memory_bytes: Some(PLAN_MEMORY),
         max_expansions: None,
     }
+}
+
+/// The parameters a sample's job ran with (its defaults and overrides), as the scheduler records
+/// them in `measured.params`; none for samples recorded before settings existed.
+pub fn sample_params(s: &SampleRecord) -> BTreeMap<String, serde_json::Value> {
+    s.measured["params"]
+        .as_object()
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default()
+}
+
+/// The setting a sample belongs to under work parameters `work` (`Dag::work_params`): a sample
+/// recorded before settings existed is the empty setting.
+pub fn sample_setting(work: Option<&[String]>, s: &SampleRecord) -> Setting {
+    Setting::of_work(work, &sample_params(s))
+}
+
+/// The setting of a job of `dag` with these parameter overrides.
+pub fn job_setting<'a>(
+    dag: &Dag,
+    overrides: impl IntoIterator<Item = (&'a String, &'a serde_json::Value)>,
+) -> Setting {
+    let overrides: BTreeMap<String, serde_json::Value> = overrides
+        .into_iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Setting::of(dag, &dag.job_params(&overrides))
+}
+
+/// The setting of a job of `dag` that overrides nothing (what `ofctl run` without parameters,
+/// the plan route and the models view's top level use).
+pub fn default_setting(dag: &Dag) -> Setting {
+    Setting::of(dag, &dag.params)
+}
+
+/// `dag`'s samples of one setting, oldest first.
+pub fn setting_samples(
+    db: &Db,
+    dag: &Dag,
+    setting: &Setting,
+) -> Result<Vec<SampleRecord>, StoreError> {
+    Ok(db
+        .samples(&dag.name)?
+        .into_iter()
+        .filter(|s| sample_setting(dag.work_params.as_deref(), s) == *setting)
+        .collect())
 }
 
 /// One stored sample as the models take it: per function measurements, per edge bytes.
@@ -166,11 +217,17 @@ pub fn decode(record: &ModelRecord) -> Option<DagModels> {
     serde_json::from_value(record.models.clone()).ok()
 }
 
-/// The DAG's recorded mode, or the state of a DAG with none recorded yet (planned when `models`
-/// converged: a DAG learned before modes were recorded keeps planning).
-pub fn mode_of(db: &Db, dag: &str, models: &DagModels, now_ms: i64) -> Result<DagMode, StoreError> {
+/// A setting's recorded mode, or the state of a setting with none recorded yet (planned when
+/// `models` converged: a DAG learned before modes were recorded keeps planning).
+pub fn mode_of(
+    db: &Db,
+    dag: &str,
+    setting: &Setting,
+    models: &DagModels,
+    now_ms: i64,
+) -> Result<DagMode, StoreError> {
     Ok(db
-        .get_dag_mode(dag)?
+        .get_dag_mode(dag, setting.key())?
         .and_then(|v| serde_json::from_value(v).ok())
         .unwrap_or_else(|| DagMode::new(models.converged(), now_ms)))
 }
@@ -191,12 +248,17 @@ pub fn live_samples(samples: Vec<SampleRecord>, mode: &DagMode) -> Vec<SampleRec
         .collect()
 }
 
-/// The samples of `dag` its models are fitted on, under its recorded mode.
-pub fn fitted_samples(db: &Db, dag: &str) -> Result<Vec<SampleRecord>, StoreError> {
-    let samples = db.samples(dag)?;
+/// The samples of one setting of `dag` its models are fitted on, under the setting's recorded
+/// mode.
+pub fn fitted_samples(
+    db: &Db,
+    dag: &Dag,
+    setting: &Setting,
+) -> Result<Vec<SampleRecord>, StoreError> {
+    let samples = setting_samples(db, dag, setting)?;
     Ok(
         match db
-            .get_dag_mode(dag)?
+            .get_dag_mode(&dag.name, setting.key())?
             .and_then(|v| serde_json::from_value::<DagMode>(v).ok())
         {
             Some(m) => live_samples(samples, &m),
@@ -227,8 +289,9 @@ pub struct Refitted {
     pub changed: Option<String>,
 }
 
-/// Brings a DAG's stored models and mode up to date after a job added its sample (`finished`;
-/// `None` refits without deciding anything about the mode).
+/// Brings the stored models and mode of one setting of a DAG up to date after a job of that
+/// setting added its sample (`finished`; `None` refits without deciding anything about the
+/// mode). Only the setting's own samples count.
 ///
 /// While the DAG is planned, a planned job's measurements are first compared with what the
 /// models predicted at its input size (before its own sample is added: `sonic_core::mode`); a
@@ -240,13 +303,14 @@ pub struct Refitted {
 pub fn refit(
     db: &Db,
     dag: &Dag,
+    setting: &Setting,
     rule: Convergence,
     now_ms: i64,
     finished: Option<&Finished>,
 ) -> Result<Refitted, StoreError> {
-    let all = db.samples(&dag.name)?;
+    let all = setting_samples(db, dag, setting)?;
     let stored = db
-        .get_model(&dag.name)?
+        .get_model(&dag.name, setting.key())?
         .as_ref()
         .and_then(decode)
         .filter(|m| same_shape(m, dag) && m.convergence == rule);
@@ -254,7 +318,7 @@ pub fn refit(
         Some(m) => m.clone(),
         None => fit_all(dag, &all, rule),
     };
-    let mut state = mode_of(db, &dag.name, &initial, now_ms)?;
+    let mut state = mode_of(db, &dag.name, setting, &initial, now_ms)?;
     let mut changed = None;
     if let Some(f) = finished
         && state.mode == Mode::Planned
@@ -279,7 +343,7 @@ pub fn refit(
             &f.known_fanouts,
         );
         if let Some(why) = state.observe_planned(&f.job, &checks, &rule, now_ms) {
-            tracing::warn!(dag = %dag.name, job = %f.job, reason = %why, "drift: the dag profiles again");
+            tracing::warn!(dag = %dag.name, setting = %setting, job = %f.job, reason = %why, "drift: the dag profiles again");
             changed = Some(why);
         }
     }
@@ -309,11 +373,12 @@ pub fn refit(
         && state.observe_models(&f.job, models.converged(), now_ms)
     {
         let why = state.reason(&models);
-        tracing::info!(dag = %dag.name, job = %f.job, reason = %why, "the dag's models converged: its jobs run planned");
+        tracing::info!(dag = %dag.name, setting = %setting, job = %f.job, reason = %why, "the dag's models converged: its jobs run planned");
         changed = Some(why);
     }
     let record = ModelRecord {
         dag: dag.name.clone(),
+        setting: setting.key().to_owned(),
         models: serde_json::to_value(&models).map_err(|source| StoreError::Encode {
             what: "models",
             source,
@@ -327,8 +392,8 @@ pub fn refit(
         what: "dag mode",
         source,
     })?;
-    db.put_dag_mode(&dag.name, &encoded, now_ms)?;
-    tracing::info!(dag = %dag.name, samples = record.samples, converged = record.converged, mode = ?state.mode, "models refitted");
+    db.put_dag_mode(&dag.name, setting.key(), &encoded, now_ms)?;
+    tracing::info!(dag = %dag.name, setting = %setting, samples = record.samples, converged = record.converged, mode = ?state.mode, "models refitted");
     Ok(Refitted {
         record,
         mode: state,
@@ -336,17 +401,44 @@ pub fn refit(
     })
 }
 
-/// The DAG's models under the rule in force (the stored ones, or empty ones before any job).
-pub fn current(db: &Db, dag: &Dag, rule: Convergence) -> Result<DagModels, StoreError> {
-    Ok(match db.get_model(&dag.name)?.as_ref().and_then(decode) {
-        Some(mut m) if same_shape(&m, dag) => {
-            m.convergence = rule;
-            m
-        }
-        // The DAG changed shape since the fit: what fits the new shape comes from the samples.
-        Some(_) => fit_all(dag, &fitted_samples(db, &dag.name)?, rule),
-        None => DagModels::new(dag, rule, SEED),
-    })
+/// The models of one setting of the DAG under the rule in force (the stored ones, or empty
+/// ones before any job of the setting).
+pub fn current(
+    db: &Db,
+    dag: &Dag,
+    setting: &Setting,
+    rule: Convergence,
+) -> Result<DagModels, StoreError> {
+    Ok(
+        match db
+            .get_model(&dag.name, setting.key())?
+            .as_ref()
+            .and_then(decode)
+        {
+            Some(mut m) if same_shape(&m, dag) => {
+                m.convergence = rule;
+                m
+            }
+            // The DAG changed shape since the fit, or the setting has samples but no fit (the
+            // work parameters changed): what fits comes from the samples.
+            _ => fit_all(dag, &fitted_samples(db, dag, setting)?, rule),
+        },
+    )
+}
+
+/// Why a job of `setting` runs in the setting's mode: the mode's reason, after which setting
+/// and how many jobs its models learned from (nothing added for the empty setting).
+pub fn reason(setting: &Setting, state: &DagMode, models: &DagModels) -> String {
+    let why = state.reason(models);
+    if setting.is_empty() {
+        why
+    } else {
+        format!(
+            "setting {setting} ({} {} learned): {why}",
+            models.jobs,
+            if models.jobs == 1 { "job" } else { "jobs" }
+        )
+    }
 }
 
 /// The mode view: how the DAG's unforced jobs run and why.
@@ -377,31 +469,86 @@ pub fn mode_view(state: &DagMode, models: &DagModels) -> DagModeView {
     }
 }
 
-/// `GET /v1/dags/{name}/models`: the models, the samples they are fitted on, and the mode.
+fn model_views(models: &DagModels) -> Vec<ModelView> {
+    models
+        .summary()
+        .into_iter()
+        .map(|m| ModelView {
+            parameter: m.parameter,
+            equation: m.equation,
+            degree: m.degree,
+            cv_mape: m.cv_mape,
+            samples: m.samples,
+            converged: m.converged,
+        })
+        .collect()
+}
+
+/// One setting's models and mode, as the models view lists them.
+pub fn setting_view(
+    setting: &Setting,
+    models: &DagModels,
+    mode: Option<&DagMode>,
+) -> SettingModelsView {
+    SettingModelsView {
+        setting: setting.key().to_owned(),
+        label: setting.label(),
+        params: setting.values().into_iter().collect(),
+        converged: models.converged(),
+        jobs: models.jobs,
+        models: model_views(models),
+        mode: mode.map(|m| {
+            let mut v = mode_view(m, models);
+            v.reason = reason(setting, m, models);
+            v
+        }),
+    }
+}
+
+/// Every setting of `dag` with stored models, each under the rule in force and with its mode.
+pub fn settings_view(
+    db: &Db,
+    dag: &Dag,
+    rule: Convergence,
+    now_ms: i64,
+) -> Result<Vec<SettingModelsView>, StoreError> {
+    let mut out = Vec::new();
+    for record in db.models(&dag.name)? {
+        let Some(setting) = Setting::from_key(&record.setting) else {
+            tracing::warn!(dag = %dag.name, setting = %record.setting, "a stored setting key does not decode; left out");
+            continue;
+        };
+        let models = current(db, dag, &setting, rule)?;
+        let mode = mode_of(db, &dag.name, &setting, &models, now_ms)?;
+        out.push(setting_view(&setting, &models, Some(&mode)));
+    }
+    Ok(out)
+}
+
+/// `GET /v1/dags/{name}/models`: one setting's models (the default parameters'), the samples
+/// they are fitted on and its mode; `settings` lists every setting learned.
 pub fn view(
     dag: &str,
+    setting: &Setting,
     models: &DagModels,
     samples: &[SampleRecord],
     mode: Option<&DagMode>,
+    settings: Vec<SettingModelsView>,
 ) -> DagModelsView {
     DagModelsView {
-        mode: mode.map(|m| mode_view(m, models)),
+        mode: mode.map(|m| {
+            let mut v = mode_view(m, models);
+            v.reason = reason(setting, m, models);
+            v
+        }),
         dag: dag.to_owned(),
+        setting: setting.key().to_owned(),
+        params: setting.values().into_iter().collect(),
+        settings,
         converged: models.converged(),
         max_mape: models.convergence.max_mape,
         jobs: models.jobs,
-        models: models
-            .summary()
-            .into_iter()
-            .map(|m| ModelView {
-                parameter: m.parameter,
-                equation: m.equation,
-                degree: m.degree,
-                cv_mape: m.cv_mape,
-                samples: m.samples,
-                converged: m.converged,
-            })
-            .collect(),
+        models: model_views(models),
         samples: samples
             .iter()
             .map(|s| {
@@ -760,6 +907,7 @@ edges:
         refit(
             db,
             &dag(),
+            &Setting::empty(),
             rule,
             s.created_ms,
             Some(&finished(&s.job, mode)),
@@ -786,8 +934,8 @@ edges:
             assert_eq!(r.mode.mode == Mode::Planned, i == 5, "after {i} jobs");
             assert_eq!(r.changed.is_some(), i == 5);
         }
-        let m = current(&db, &dag(), rule).expect("models");
-        let state = mode_of(&db, "fan", &m, 0).expect("mode");
+        let m = current(&db, &dag(), &Setting::empty(), rule).expect("models");
+        let state = mode_of(&db, "fan", &Setting::empty(), &m, 0).expect("mode");
         assert_eq!(state.since_job.as_deref(), Some("j-p5"));
         assert!(
             state
@@ -816,9 +964,9 @@ edges:
         );
         assert_eq!((r.mode.mode, r.changed.as_deref()), (Mode::Planned, None));
         assert!(r.mode.streaks.is_empty());
-        let m = current(&db, &dag(), rule).expect("models");
+        let m = current(&db, &dag(), &Setting::empty(), rule).expect("models");
         assert!(
-            mode_of(&db, "fan", &m, 0)
+            mode_of(&db, "fan", &Setting::empty(), &m, 0)
                 .expect("mode")
                 .reason(&m)
                 .contains("which does not stop planning")
@@ -876,15 +1024,17 @@ edges:
         // Refitted on the samples from the first drifting job on: j-e to j-h.
         assert_eq!(r.record.samples, 4);
         assert_eq!(
-            fitted_samples(&db, "fan").expect("samples").len(),
+            fitted_samples(&db, &dag(), &Setting::empty())
+                .expect("samples")
+                .len(),
             4,
             "the view shows what the models are fitted on"
         );
         // The mode is recorded: what a restarted control plane reads.
-        let m = current(&db, &dag(), rule).expect("models");
-        let state = mode_of(&db, "fan", &m, 0).expect("mode");
+        let m = current(&db, &dag(), &Setting::empty(), rule).expect("models");
+        let state = mode_of(&db, "fan", &Setting::empty(), &m, 0).expect("mode");
         assert_eq!((state.mode, state.drifts), (Mode::Profiling, 1));
-        let v = view("fan", &m, &[], Some(&state));
+        let v = view("fan", &Setting::empty(), &m, &[], Some(&state), Vec::new());
         let mv = v.mode.expect("mode view");
         assert_eq!(mv.mode, JobMode::Profiling);
         assert!(mv.reason.starts_with("drift: mid.cold_s"), "{}", mv.reason);
@@ -901,12 +1051,152 @@ edges:
             Mode::Planned,
             "5 exact samples of the new lambda"
         );
-        let p = current(&db, &dag(), rule)
+        let p = current(&db, &dag(), &Setting::empty(), rule)
             .expect("models")
             .params_for(10e6)
             .expect("predicts");
         let want = (2.0 + 1.0) * 3.0;
         assert!((p.functions["mid"].cold_s - want).abs() < 1e-6, "{p:?}");
+    }
+
+    /// `sample` of a job that ran with `mids` mid instances (its parameter), whose mid stage
+    /// writes `per_mid` times the input to the sink per instance.
+    fn sample_of(job: &str, x: u64, mids: u32, per_mid: u64) -> SampleRecord {
+        let mut s = sample(0, x);
+        s.job = job.to_owned();
+        s.measured["functions"]["mid"]["instances"] = json!(mids);
+        s.measured["edges"][1]["bytes"] = json!(u64::from(mids) * per_mid * x);
+        s.measured["params"] = json!({ "mids": mids });
+        s
+    }
+
+    /// Records a job of `mids` mid instances in `mode` and refits its setting.
+    fn run_setting(db: &Db, rule: Convergence, s: SampleRecord, mode: JobMode) -> Refitted {
+        let mids = s.measured["params"]["mids"].as_u64().expect("mids");
+        let setting = job_setting(&dag(), &BTreeMap::from([("mids".to_owned(), json!(mids))]));
+        assert_eq!(sample_setting(None, &s), setting);
+        db.put_sample(&s).expect("sample");
+        let mut f = finished(&s.job, mode);
+        f.known_fanouts.insert("mid".into(), mids as u32);
+        refit(db, &dag(), &setting, rule, s.created_ms, Some(&f)).expect("refit")
+    }
+
+    #[test]
+    fn each_setting_converges_and_drifts_on_its_own() {
+        let db = Db::open_in_memory().expect("db");
+        let rule = Convergence::default();
+        let mb = 1_000_000u64;
+        let d = dag();
+        let a = job_setting(&d, &serde_json::Map::new());
+        let b = job_setting(&d, &BTreeMap::from([("mids".to_owned(), json!(8))]));
+        assert_eq!((a.key(), b.key()), (r#"{"mids":2}"#, r#"{"mids":8}"#));
+        // A (2 mids) converges.
+        for i in 1..=5u64 {
+            let r = run_setting(
+                &db,
+                rule,
+                sample_of(&format!("a-{i}"), i * 10 * mb, 2, 1),
+                JobMode::Profiling,
+            );
+            assert_eq!(r.mode.mode == Mode::Planned, i == 5, "A after {i} jobs");
+        }
+        // B (8 mids, each writing 5 times more: 20x A's bytes) starts from nothing and profiles
+        // under its own key; A stays planned throughout, its models untouched.
+        let a_models = current(&db, &d, &a, rule).expect("A");
+        for i in 1..=5u64 {
+            let r = run_setting(
+                &db,
+                rule,
+                sample_of(&format!("b-{i}"), i * 10 * mb, 8, 5),
+                JobMode::Profiling,
+            );
+            assert_eq!(r.mode.mode == Mode::Planned, i == 5, "B after {i} jobs");
+            assert_eq!(r.record.setting, b.key());
+            assert_eq!(r.record.samples, i);
+            let m = current(&db, &d, &a, rule).expect("A");
+            assert_eq!(m, a_models, "B's job {i} changed A's models");
+            let state = mode_of(&db, "fan", &a, &m, 0).expect("A's mode");
+            assert_eq!(
+                state.mode,
+                Mode::Planned,
+                "A left planned mode at B's job {i}"
+            );
+            if i < 5 {
+                let bm = current(&db, &d, &b, rule).expect("B");
+                let why = reason(&b, &mode_of(&db, "fan", &b, &bm, 0).expect("B's mode"), &bm);
+                assert!(
+                    why.starts_with(&format!(
+                        "setting mids=8 ({i} {} learned): profiling",
+                        if i == 1 { "job" } else { "jobs" }
+                    )),
+                    "{why}"
+                );
+                assert!(
+                    why.contains(&format!("{i} of the 5 samples needed")),
+                    "{why}"
+                );
+            }
+        }
+        // Planned jobs of A and B in turn: neither counts as drift of the other.
+        for i in 1..=4u64 {
+            for (setting, mids, per_mid) in [(&a, 2, 1), (&b, 8, 5)] {
+                let r = run_setting(
+                    &db,
+                    rule,
+                    sample_of(&format!("{mids}-p{i}"), (i * 10 + 5) * mb, mids, per_mid),
+                    JobMode::Planned,
+                );
+                assert_eq!((r.mode.mode, r.changed.as_deref()), (Mode::Planned, None));
+                assert!(r.mode.streaks.is_empty(), "{setting}: {:?}", r.mode.streaks);
+            }
+        }
+        // The view lists both settings, each converged and planned.
+        let listed = settings_view(&db, &d, rule, 0).expect("settings");
+        assert_eq!(
+            listed
+                .iter()
+                .map(|v| (
+                    v.label.as_str(),
+                    v.jobs,
+                    v.converged,
+                    v.mode.as_ref().map(|m| m.mode)
+                ))
+                .collect::<Vec<_>>(),
+            [
+                ("mids=2", 9, true, Some(JobMode::Planned)),
+                ("mids=8", 9, true, Some(JobMode::Planned))
+            ]
+        );
+        // A's models predict A's bytes, B's B's.
+        let at = |s: &Setting| {
+            current(&db, &d, s, rule)
+                .expect("models")
+                .params_for(10e6)
+                .expect("predicts")
+                .edges[1]
+                .bytes
+                .0
+        };
+        assert_eq!((at(&a), at(&b)), (20_000_000, 400_000_000));
+        // A lambda of B changing behaviour drifts B, not A.
+        for i in 1..=3u64 {
+            let r = run_setting(
+                &db,
+                rule,
+                sample_of(&format!("b-d{i}"), i * 10 * mb, 8, 50),
+                JobMode::Planned,
+            );
+            assert_eq!(
+                r.mode.mode == Mode::Profiling,
+                i == 3,
+                "B after drift job {i}"
+            );
+        }
+        let am = current(&db, &d, &a, rule).expect("A");
+        assert_eq!(
+            mode_of(&db, "fan", &a, &am, 0).expect("A").mode,
+            Mode::Planned
+        );
     }
 
     #[test]
@@ -928,7 +1218,7 @@ edges:
         {
             db.put_sample(&sample(i, x)).expect("sample");
             last = Some(
-                refit(&db, &dag, rule, i as i64, None)
+                refit(&db, &dag, &Setting::empty(), rule, i as i64, None)
                     .expect("refit")
                     .record,
             );
@@ -963,15 +1253,23 @@ edges:
         // A record that does not decode (an older format) and one fitted on fewer samples.
         db.put_model(&ModelRecord {
             dag: "fan".into(),
+            setting: String::new(),
             models: json!({"old": true}),
             converged: true,
             samples: 1,
             updated_ms: 0,
         })
         .expect("model");
-        let r = refit(&db, &dag, Convergence::default(), 9, None)
-            .expect("refit")
-            .record;
+        let r = refit(
+            &db,
+            &dag,
+            &Setting::empty(),
+            Convergence::default(),
+            9,
+            None,
+        )
+        .expect("refit")
+        .record;
         assert_eq!(r.samples, 3);
         assert!(!r.converged, "3 samples are under min_samples");
         let loose = Convergence {
@@ -979,9 +1277,16 @@ edges:
             min_samples: 3,
             ..Convergence::default()
         };
-        let m = current(&db, &dag, loose).expect("current");
+        let m = current(&db, &dag, &Setting::empty(), loose).expect("current");
         assert!(m.converged(), "the rule in force decides");
-        let v = view("fan", &m, &db.samples("fan").expect("samples"), None);
+        let v = view(
+            "fan",
+            &Setting::empty(),
+            &m,
+            &db.samples("fan").expect("samples"),
+            None,
+            Vec::new(),
+        );
         assert!(v.converged);
         assert_eq!((v.jobs, v.samples.len()), (3, 3));
         let mem = v

@@ -638,6 +638,21 @@ fn main_schemas(int: &Value, time: &Value) -> Value {
                 "jobs": { "type": "integer" },
                 "models": { "type": "array", "items": { "$ref": "#/components/schemas/ModelView" } },
                 "samples": { "type": "array", "items": { "type": "object" }, "description": "the samples the models are fitted on, one per finished job: job, input_bytes, measured, created_ms" },
+                "mode": { "$ref": "#/components/schemas/DagModeView" },
+                "setting": { "type": "string", "description": "the parameter setting the top level describes (a job with the DAG's default parameters): its canonical key, e.g. {\"trees\":6}; empty without work parameters" },
+                "params": { "type": "object", "description": "that setting's work parameter values" },
+                "settings": { "type": "array", "items": { "$ref": "#/components/schemas/SettingModelsView" }, "description": "every parameter setting learned, each profiled, converged and watched for drift on its own" }
+            }
+        },
+        "SettingModelsView": {
+            "type": "object", "required": ["setting", "label", "params", "converged", "jobs", "models"],
+            "properties": {
+                "setting": { "type": "string", "description": "the canonical key" },
+                "label": { "type": "string", "description": "for people: trees=12" },
+                "params": { "type": "object" },
+                "converged": { "type": "boolean" },
+                "jobs": { "type": "integer" },
+                "models": { "type": "array", "items": { "$ref": "#/components/schemas/ModelView" } },
                 "mode": { "$ref": "#/components/schemas/DagModeView" }
             }
         },

@@ -913,6 +913,8 @@ async fn execute_from(
                     .collect()
             })
             .unwrap_or_default();
+        // The job's sample teaches the models of its own parameter setting only.
+        let setting = crate::learning::job_setting(&dag, &job.params);
         let finished = crate::learning::Finished {
             job: job.id.clone(),
             mode: job.mode,
@@ -926,7 +928,7 @@ async fn execute_from(
                 // every sample again.
                 let _one_at_a_time = models.models.lock().unwrap_or_else(|p| p.into_inner());
                 db.put_sample(&s)?;
-                crate::learning::refit(db, &dag, rule, now, Some(&finished))
+                crate::learning::refit(db, &dag, &setting, rule, now, Some(&finished))
             })
             .await;
         match learned {
@@ -1237,7 +1239,7 @@ async fn run(
     // themselves (the first run on each agent starts cold, later ones hot), so that every job
     // measures both; from then on they share them with every job of the function, and the
     // next stages are prewarmed.
-    let profiling = !cold_times_learned(state, rt, &dag).await;
+    let profiling = !cold_times_learned(state, rt, &dag, &job.params).await;
     // What a stage's requests are built from: the files produced so far.
     macro_rules! stage_context {
         () => {
@@ -1668,14 +1670,20 @@ async fn succeed(
     Ok(ended)
 }
 
-/// Whether the DAG's jobs share warm containers across jobs: once the models learned every
-/// function's cold time under the rule in force (`sonic_core::warm`, the rule the simulator
-/// follows too).
-async fn cold_times_learned(state: &ControlState, rt: &Runtime, dag: &Dag) -> bool {
+/// Whether the DAG's jobs share warm containers across jobs: once the models of the job's
+/// parameter setting learned every function's cold time under the rule in force
+/// (`sonic_core::warm`, the rule the simulator follows too).
+async fn cold_times_learned(
+    state: &ControlState,
+    rt: &Runtime,
+    dag: &Dag,
+    params: &serde_json::Map<String, serde_json::Value>,
+) -> bool {
     let (d, rule) = (dag.clone(), rt.config.convergence);
+    let setting = crate::learning::job_setting(dag, params);
     match state
         .db
-        .run(move |db| crate::learning::current(db, &d, rule))
+        .run(move |db| crate::learning::current(db, &d, &setting, rule))
         .await
     {
         Ok(m) => sonic_core::warm::shares_across_jobs(&m),
@@ -2432,6 +2440,16 @@ fn summarize(
 
 /// The DAG parameters this job measured, in the `--params` file's shape.
 fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
+    let overrides: std::collections::BTreeMap<String, serde_json::Value> = job
+        .params
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let job_params = p
+        .dag
+        .as_ref()
+        .map(|dag| dag.job_params(&overrides))
+        .unwrap_or(overrides);
     let mut functions = serde_json::Map::new();
     if let Some(dag) = &p.dag {
         for (i, f) in dag.functions.iter().enumerate() {
@@ -2484,7 +2502,12 @@ fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
         dag: job.dag.clone(),
         job: job.id.clone(),
         input_bytes: job.input_bytes,
-        measured: serde_json::json!({ "functions": functions, "edges": edges }),
+        // The parameters it ran with: which setting's models the sample teaches.
+        measured: serde_json::json!({
+            "functions": functions,
+            "edges": edges,
+            "params": job_params,
+        }),
         created_ms: state.clock.now_ms(),
     }
 }

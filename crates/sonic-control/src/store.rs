@@ -156,6 +156,36 @@ const MIGRATIONS: &[&str] = &[
         updated_ms  INTEGER NOT NULL
     ) STRICT;
     "#,
+    // 5: models and modes per parameter setting (`sonic_core::setting`: the canonical key of
+    // the values of the job parameters that change the work). Rows of earlier versions are the
+    // empty setting ''.
+    r#"
+    CREATE TABLE models_by_setting (
+        dag         TEXT NOT NULL,
+        setting     TEXT NOT NULL,
+        models      TEXT NOT NULL,
+        converged   INTEGER NOT NULL CHECK (converged IN (0, 1)),
+        samples     INTEGER NOT NULL,
+        updated_ms  INTEGER NOT NULL,
+        PRIMARY KEY (dag, setting)
+    ) STRICT;
+    INSERT INTO models_by_setting (dag, setting, models, converged, samples, updated_ms)
+        SELECT dag, '', models, converged, samples, updated_ms FROM models;
+    DROP TABLE models;
+    ALTER TABLE models_by_setting RENAME TO models;
+
+    CREATE TABLE dag_modes_by_setting (
+        dag         TEXT NOT NULL,
+        setting     TEXT NOT NULL,
+        state       TEXT NOT NULL,
+        updated_ms  INTEGER NOT NULL,
+        PRIMARY KEY (dag, setting)
+    ) STRICT;
+    INSERT INTO dag_modes_by_setting (dag, setting, state, updated_ms)
+        SELECT dag, '', state, updated_ms FROM dag_modes;
+    DROP TABLE dag_modes;
+    ALTER TABLE dag_modes_by_setting RENAME TO dag_modes;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -331,11 +361,14 @@ pub struct SampleRecord {
     pub created_ms: i64,
 }
 
-/// The models fitted for one DAG.
+/// The models fitted for one parameter setting of a DAG.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelRecord {
     /// The DAG.
     pub dag: String,
+    /// The parameter setting's canonical key (`sonic_core::setting::Setting::key`; '' for the
+    /// empty setting, and for models recorded before settings).
+    pub setting: String,
     /// The fitted models (`sonic_core::regression::DagModels`), as JSON.
     pub models: serde_json::Value,
     /// The models predict well enough (cross-validated error under the threshold) to plan with.
@@ -544,6 +577,19 @@ fn sample_row(row: &Row<'_>) -> rusqlite::Result<SampleRecord> {
         input_bytes: u64_col(row, 2)?,
         measured: json_col(row, 3)?,
         created_ms: row.get(4)?,
+    })
+}
+
+const MODEL_COLUMNS: &str = "dag, setting, models, converged, samples, updated_ms";
+
+fn model_row(row: &Row<'_>) -> rusqlite::Result<ModelRecord> {
+    Ok(ModelRecord {
+        dag: row.get(0)?,
+        setting: row.get(1)?,
+        models: json_col(row, 2)?,
+        converged: row.get(3)?,
+        samples: u64_col(row, 4)?,
+        updated_ms: row.get(5)?,
     })
 }
 
@@ -937,56 +983,64 @@ impl Db {
 
     // ---- models ----
 
-    /// Stores a DAG's fitted models, replacing the previous fit.
+    /// Stores the fitted models of one setting of a DAG, replacing its previous fit.
     pub fn put_model(&self, m: &ModelRecord) -> Result<(), StoreError> {
         let models = to_json(&m.models, "models")?;
         let samples = u64_to_i64(m.samples, "samples")?;
-        self.conn().prepare_cached("INSERT INTO models (dag, models, converged, samples, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5) \
-             ON CONFLICT (dag) DO UPDATE SET models = excluded.models, converged = excluded.converged, \
-               samples = excluded.samples, updated_ms = excluded.updated_ms")?.execute(params![m.dag, models, m.converged, samples, m.updated_ms])?;
+        self.conn().prepare_cached("INSERT INTO models (dag, setting, models, converged, samples, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+             ON CONFLICT (dag, setting) DO UPDATE SET models = excluded.models, converged = excluded.converged, \
+               samples = excluded.samples, updated_ms = excluded.updated_ms")?.execute(params![m.dag, m.setting, models, m.converged, samples, m.updated_ms])?;
         Ok(())
     }
 
-    /// The models of `dag`, once fitted.
-    pub fn get_model(&self, dag: &str) -> Result<Option<ModelRecord>, StoreError> {
+    /// The models of one setting of `dag`, once fitted.
+    pub fn get_model(&self, dag: &str, setting: &str) -> Result<Option<ModelRecord>, StoreError> {
         Ok(self
             .reader()
-            .prepare_cached(
-                "SELECT dag, models, converged, samples, updated_ms FROM models WHERE dag = ?1",
-            )?
-            .query_row(params![dag], |r| {
-                Ok(ModelRecord {
-                    dag: r.get(0)?,
-                    models: json_col(r, 1)?,
-                    converged: r.get(2)?,
-                    samples: u64_col(r, 3)?,
-                    updated_ms: r.get(4)?,
-                })
-            })
+            .prepare_cached(&format!(
+                "SELECT {MODEL_COLUMNS} FROM models WHERE dag = ?1 AND setting = ?2"
+            ))?
+            .query_row(params![dag, setting], model_row)
             .optional()?)
+    }
+
+    /// The models of every setting of `dag`, by setting key.
+    pub fn models(&self, dag: &str) -> Result<Vec<ModelRecord>, StoreError> {
+        let conn = self.reader();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {MODEL_COLUMNS} FROM models WHERE dag = ?1 ORDER BY setting"
+        ))?;
+        let rows = stmt.query_map(params![dag], model_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     // ---- DAG modes ----
 
-    /// Stores a DAG's mode (`sonic_core::mode::DagMode` as JSON), replacing the previous one.
+    /// Stores the mode of one setting of a DAG (`sonic_core::mode::DagMode` as JSON),
+    /// replacing the previous one.
     pub fn put_dag_mode(
         &self,
         dag: &str,
+        setting: &str,
         state: &serde_json::Value,
         updated_ms: i64,
     ) -> Result<(), StoreError> {
         let state = to_json(state, "dag mode")?;
-        self.conn().prepare_cached("INSERT INTO dag_modes (dag, state, updated_ms) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (dag) DO UPDATE SET state = excluded.state, updated_ms = excluded.updated_ms")?.execute(params![dag, state, updated_ms])?;
+        self.conn().prepare_cached("INSERT INTO dag_modes (dag, setting, state, updated_ms) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (dag, setting) DO UPDATE SET state = excluded.state, updated_ms = excluded.updated_ms")?.execute(params![dag, setting, state, updated_ms])?;
         Ok(())
     }
 
-    /// A DAG's recorded mode, once a job of it finished.
-    pub fn get_dag_mode(&self, dag: &str) -> Result<Option<serde_json::Value>, StoreError> {
+    /// The recorded mode of one setting of a DAG, once a job of it finished.
+    pub fn get_dag_mode(
+        &self,
+        dag: &str,
+        setting: &str,
+    ) -> Result<Option<serde_json::Value>, StoreError> {
         Ok(self
             .reader()
-            .prepare_cached("SELECT state FROM dag_modes WHERE dag = ?1")?
-            .query_row(params![dag], |r| json_col(r, 0))
+            .prepare_cached("SELECT state FROM dag_modes WHERE dag = ?1 AND setting = ?2")?
+            .query_row(params![dag, setting], |r| json_col(r, 0))
             .optional()?)
     }
 
@@ -1392,6 +1446,7 @@ mod tests {
         .expect("sample");
         db.put_model(&ModelRecord {
             dag: "ml".into(),
+            setting: r#"{"trees":6}"#.into(),
             models: json!({"pca": {"degree": 1, "coefficients": [1.0, 2.0]}}),
             converged: true,
             samples: 1,
@@ -1436,7 +1491,10 @@ mod tests {
         let samples = db.samples("ml").expect("samples");
         assert_eq!(samples.len(), 1);
         assert_eq!(samples[0].measured["functions"]["pca"]["memory_mb"], 3000);
-        let m = db.get_model("ml").expect("get").expect("model kept");
+        let m = db
+            .get_model("ml", r#"{"trees":6}"#)
+            .expect("get")
+            .expect("model kept");
         assert!(m.converged);
         assert_eq!(m.models["pca"]["degree"], 1);
         let files = db.files("j-1").expect("files");
@@ -1612,9 +1670,10 @@ mod tests {
         );
         assert!(db.samples("other").expect("none").is_empty());
 
-        assert!(db.get_model("d").expect("get").is_none());
+        assert!(db.get_model("d", "").expect("get").is_none());
         let model = |converged: bool, samples: u64| ModelRecord {
             dag: "d".into(),
+            setting: String::new(),
             models: json!({}),
             converged,
             samples,
@@ -1622,8 +1681,31 @@ mod tests {
         };
         db.put_model(&model(false, 2)).expect("put");
         db.put_model(&model(true, 5)).expect("refit");
-        let m = db.get_model("d").expect("get").expect("exists");
+        let m = db.get_model("d", "").expect("get").expect("exists");
         assert_eq!((m.converged, m.samples), (true, 5));
+        // Another setting of the same DAG is another row.
+        db.put_model(&ModelRecord {
+            setting: r#"{"trees":1}"#.into(),
+            ..model(false, 1)
+        })
+        .expect("another setting");
+        assert_eq!(
+            db.get_model("d", "").expect("get").expect("kept").samples,
+            5
+        );
+        let all = db.models("d").expect("models");
+        assert_eq!(
+            all.iter().map(|m| m.setting.as_str()).collect::<Vec<_>>(),
+            ["", r#"{"trees":1}"#]
+        );
+        db.put_dag_mode("d", "", &json!({"mode": "planned"}), 1)
+            .expect("mode");
+        db.put_dag_mode("d", r#"{"trees":1}"#, &json!({"mode": "profiling"}), 1)
+            .expect("mode of another setting");
+        assert_eq!(
+            db.get_dag_mode("d", "").expect("get"),
+            Some(json!({"mode": "planned"}))
+        );
 
         let file = |key: Option<&str>, local: bool| FileRecord {
             job: "j-1".into(),
@@ -1693,6 +1775,37 @@ mod tests {
             .expect("stored under the literal name");
         assert_eq!((d.name.as_str(), d.yaml.as_str()), (evil, evil));
         assert_eq!(db.count_dags().expect("table still there"), 1);
+    }
+
+    #[test]
+    fn a_version_4_databases_models_and_mode_load_as_the_empty_setting() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(DB_FILE);
+        {
+            // What a build of schema version 4 wrote: models and a mode keyed by the DAG alone.
+            let conn = Connection::open(&path).expect("open");
+            for sql in &MIGRATIONS[..4] {
+                conn.execute_batch(sql).expect("v4 schema");
+            }
+            conn.execute_batch(
+                "CREATE TABLE schema_version (version INTEGER NOT NULL) STRICT; \
+                 INSERT INTO schema_version (version) VALUES (4); \
+                 INSERT INTO models (dag, models, converged, samples, updated_ms) \
+                   VALUES ('ml', '{\"jobs\":5}', 1, 5, 7); \
+                 INSERT INTO dag_modes (dag, state, updated_ms) VALUES ('ml', '{\"mode\":\"planned\"}', 8);",
+            )
+            .expect("v4 rows");
+        }
+        let db = Db::open(&path).expect("migrate");
+        assert_eq!(db.version().expect("version"), schema_version());
+        let m = db.get_model("ml", "").expect("get").expect("kept");
+        assert_eq!((m.converged, m.samples, m.updated_ms), (true, 5, 7));
+        assert_eq!(m.models, json!({"jobs": 5}));
+        assert_eq!(
+            db.get_dag_mode("ml", "").expect("get"),
+            Some(json!({"mode": "planned"}))
+        );
+        assert!(db.get_model("ml", r#"{"trees":6}"#).expect("get").is_none());
     }
 
     #[test]

@@ -1019,10 +1019,13 @@ async fn a_control_plane_killed_mid_job_loses_nothing() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
+    // The models of the jobs' own parameter setting (models are learned per setting).
+    const MODELS: &str =
+        "/v1/dags/mapreduce-sort/models?params=%7B%22mappers%22%3A3%2C%22reducers%22%3A2%7D";
     let first = submit().await;
     let before = ended(first.clone()).await;
     assert_eq!(before["status"], "succeeded", "{before}");
-    let (_, models_before) = get("/v1/dags/mapreduce-sort/models".into()).await;
+    let (_, models_before) = get(MODELS.into()).await;
     let samples = |m: &Value| m["samples"].as_array().map_or(0, Vec::len);
     assert_eq!(samples(&models_before), 1, "{models_before}");
 
@@ -1093,7 +1096,7 @@ async fn a_control_plane_killed_mid_job_loses_nothing() {
         "models were fitted: {models_before}"
     );
     // The first job's sample survived, and the resumed job added its own.
-    let (_, models_after) = get("/v1/dags/mapreduce-sort/models".into()).await;
+    let (_, models_after) = get(MODELS.into()).await;
     assert_eq!(samples(&models_after), 2, "{models_after}");
     for out in before["outputs"].as_array().expect("outputs") {
         let key = out.as_str().unwrap().strip_prefix("store://").unwrap();
@@ -1108,7 +1111,7 @@ async fn a_control_plane_killed_mid_job_loses_nothing() {
     let third = submit().await;
     let done = ended(third).await;
     assert_eq!(done["status"], "succeeded", "{done}");
-    let (_, models_last) = get("/v1/dags/mapreduce-sort/models".into()).await;
+    let (_, models_last) = get(MODELS.into()).await;
     assert_eq!(samples(&models_last), 3, "the new job adds its sample");
     drop(agents);
     drop(control);

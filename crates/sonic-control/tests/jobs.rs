@@ -877,7 +877,10 @@ async fn unplanned_stages_run_one_lambda_per_vcpu_and_measure_hot_runs() {
             "{agent}: a third mid ran hot: {v}"
         );
     }
-    let (_, m) = c.get_json("/v1/dags/fan/models").await;
+    // The sample is of the job's own setting (mids=6).
+    let (_, m) = c
+        .get_json("/v1/dags/fan/models?params=%7B%22mids%22%3A6%7D")
+        .await;
     let hot = m["samples"][0]["measured"]["functions"]["mid"]["hot_s"].as_f64();
     assert!(hot.is_some(), "the sample has a hot time: {m}");
     c.stop().await;
@@ -1337,7 +1340,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         .control
         .state
         .db
-        .get_model("fan")
+        .get_model("fan", &m.setting)
         .expect("get")
         .expect("stored");
     assert!(record.converged);
@@ -1590,9 +1593,12 @@ async fn later_jobs_start_warm_and_next_stages_are_prewarmed() {
 
 /// A three-stage chain whose middle lambda writes `output_bytes` (a job parameter) to the sink,
 /// whatever the input size: a job can change its behaviour without a new DAG.
+/// `output_bytes` stands here for a lambda that changes behaviour, not for a setting of the work:
+/// it is left out of the work parameters, so that every job shares one set of models.
 const CHAIN: &str = r#"
 name: chain
 params: { output_bytes: 100000 }
+work_params: []
 functions:
   - { name: gen, image: sonic-lambdas:latest, command: [synthetic, copy, --to, mid], timeout: 30s }
   - { name: mid, image: sonic-lambdas:latest, command: [synthetic, run, --to, sink], timeout: 30s }
@@ -1722,5 +1728,193 @@ async fn a_planned_dag_profiles_again_only_on_sustained_drift() {
     let m = m.mode.expect("mode");
     assert_eq!((m.mode, m.drifts), (JobMode::Planned, 1), "{m:?}");
     assert!(m.fitted_from.is_some(), "{m:?}");
+    c.stop().await;
+}
+
+/// A chain whose mid writes `output_bytes` (a work parameter) and takes a `seed` that is not one.
+const KNOB: &str = r#"
+name: knob
+params: { output_bytes: 100000, seed: 1 }
+work_params: [output_bytes]
+functions:
+  - { name: gen, image: sonic-lambdas:latest, command: [synthetic, copy, --to, mid], timeout: 30s }
+  - { name: mid, image: sonic-lambdas:latest, command: [synthetic, run, --to, sink], timeout: 30s }
+  - { name: sink, image: sonic-lambdas:latest, command: [synthetic, noop], timeout: 30s }
+edges:
+  - { from: gen, to: mid, kind: one }
+  - { from: mid, to: sink, kind: one }
+"#;
+
+/// Models per parameter setting, through the real control plane: setting A (the defaults)
+/// converges; setting B (mid writes 10x more) then profiles under its own key, saying so, while
+/// A's jobs stay planned (a different seed is still A); once both converged, A and B jobs in turn
+/// all run planned, and neither drifts (with one set of models, B's bytes would be a drift of A).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_parameter_setting_profiles_and_plans_on_its_own() {
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 3,
+        ..Convergence::default()
+    };
+    let c = cluster_with(rule).await;
+    c.apply(KNOB).await;
+    let run = |n: usize, params: Value| {
+        let body = json!({
+            "dag": "knob",
+            "input": { "name": "data.bin", "base64": base64(&sized_input(n)) },
+            "params": params,
+        });
+        let c = &c;
+        async move {
+            let id = c.submit(body).await;
+            let (v, s) = c.wait(&id).await;
+            assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+            s
+        }
+    };
+    let models = || async {
+        let (_, m) = c.get_json("/v1/dags/knob/models").await;
+        serde_json::from_value::<DagModelsView>(m).expect("models view")
+    };
+    let (a_key, b_key) = (r#"{"output_bytes":100000}"#, r#"{"output_bytes":1000000}"#);
+    let b = || json!({ "output_bytes": 1_000_000 });
+
+    // A profiles until converged; the reasons name the setting and how many jobs it learned.
+    for (k, n) in [20_000usize, 60_000, 100_000].into_iter().enumerate() {
+        let s = run(n, json!({})).await;
+        assert_eq!(
+            (s.policy.as_str(), s.mode),
+            ("remote", JobMode::Profiling),
+            "{s:?}"
+        );
+        let why = s.mode_reason.clone().unwrap_or_default();
+        assert!(
+            why.starts_with(&format!(
+                "setting output_bytes=100000 ({k} job{} learned): profiling: the models have not converged",
+                if k == 1 { "" } else { "s" }
+            )),
+            "{why}"
+        );
+    }
+    let m = models().await;
+    assert_eq!(
+        m.setting, a_key,
+        "the top level is the default parameters' setting"
+    );
+    assert_eq!(
+        m.mode.as_ref().map(|v| v.mode),
+        Some(JobMode::Planned),
+        "{m:?}"
+    );
+
+    // B profiles under its own key; A's jobs in between stay planned, a new seed included.
+    for (k, n) in [30_000usize, 70_000, 110_000].into_iter().enumerate() {
+        let s = run(n, b()).await;
+        assert_eq!(
+            (s.policy.as_str(), s.mode),
+            ("remote", JobMode::Profiling),
+            "{s:?}"
+        );
+        let why = s.mode_reason.clone().unwrap_or_default();
+        assert!(
+            why.starts_with(&format!("setting output_bytes=1000000 ({k} job")),
+            "{why}"
+        );
+        assert!(why.contains("profiling"), "{why}");
+        let seed = if k == 1 {
+            json!({ "seed": 7 })
+        } else {
+            json!({})
+        };
+        let s = run(40_000 + 30_000 * k, seed).await;
+        assert_eq!(
+            (s.policy.as_str(), s.mode),
+            ("sonic", JobMode::Planned),
+            "{s:?}"
+        );
+        let why = s.mode_reason.clone().unwrap_or_default();
+        assert!(why.starts_with("setting output_bytes=100000 ("), "{why}");
+        assert!(why.contains("planned: the models converged"), "{why}");
+    }
+    let m = models().await;
+    // Listed by key: `{"output_bytes":1000000}` sorts before `{"output_bytes":100000}`.
+    let listed: Vec<(&str, usize, Option<JobMode>)> = m
+        .settings
+        .iter()
+        .map(|v| (v.setting.as_str(), v.jobs, v.mode.as_ref().map(|m| m.mode)))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (b_key, 3, Some(JobMode::Planned)),
+            (a_key, 6, Some(JobMode::Planned))
+        ],
+        "{m:?}"
+    );
+    let b_view = &m.settings[0];
+    assert_eq!(b_view.params.get("output_bytes"), Some(&json!(1_000_000)));
+    assert_eq!(b_view.label, "output_bytes=1000000");
+
+    // Both converged: A and B in turn, each planned with its own models, more jobs than the
+    // drift rule needs, and no drift.
+    for (i, n) in [25_000usize, 55_000, 85_000, 115_000]
+        .into_iter()
+        .enumerate()
+    {
+        for params in [json!({}), b()] {
+            let s = run(n + 1000 * i, params.clone()).await;
+            assert_eq!(
+                (s.policy.as_str(), s.mode),
+                ("sonic", JobMode::Planned),
+                "{params}: {s:?}"
+            );
+        }
+    }
+    let m = models().await;
+    for v in &m.settings {
+        let mode = v.mode.as_ref().expect("mode");
+        assert_eq!((mode.mode, mode.drifts), (JobMode::Planned, 0), "{v:?}");
+        assert!(mode.watch.is_empty(), "{v:?}");
+    }
+    // Each setting predicts its own bytes on mid -> sink.
+    let bytes = |key: &str| {
+        m.settings
+            .iter()
+            .find(|v| v.setting == key)
+            .and_then(|v| v.models.iter().find(|p| p.parameter == "mid->sink.bytes"))
+            .and_then(|p| p.equation.clone())
+            .unwrap_or_default()
+    };
+    // A constant (least squares leaves a residue of a slope): its last term.
+    let constant = |key: &str| {
+        let e = bytes(key);
+        let c = e.rsplit(' ').next().and_then(|t| t.parse::<f64>().ok());
+        (e, c.unwrap_or(f64::NAN))
+    };
+    let (ea, ca) = constant(a_key);
+    assert!((ca - 1e5).abs() < 1.0, "A: {ea}");
+    let (eb, cb) = constant(b_key);
+    assert!((cb - 1e6).abs() < 1.0, "B: {eb}");
+
+    // The view of the setting a job with given overrides plans with; the seed does not split.
+    let of = |query: &'static str| {
+        let c = &c;
+        async move {
+            let (status, v) = c
+                .get_json(&format!("/v1/dags/knob/models?params={query}"))
+                .await;
+            assert_eq!(status, 200, "{v}");
+            serde_json::from_value::<DagModelsView>(v).expect("models view")
+        }
+    };
+    let mb = of("%7B%22output_bytes%22%3A1000000%7D").await;
+    assert_eq!(
+        (mb.setting.as_str(), mb.jobs, mb.samples.len()),
+        (b_key, 7, 7)
+    );
+    let ma = of("%7B%22seed%22%3A9%7D").await;
+    assert_eq!((ma.setting.as_str(), ma.jobs), (a_key, 10));
+    let (status, v) = c.get_json("/v1/dags/knob/models?params=%5B1%5D").await;
+    assert_eq!(status, 400, "{v}");
     c.stop().await;
 }

@@ -137,6 +137,10 @@ pub struct Dag {
     pub description: String,
     /// Default job parameters (JSON scalars).
     pub params: BTreeMap<String, serde_json::Value>,
+    /// The parameters that change the work (`work_params`): models are learned per combination
+    /// of their values (`crate::setting`). `None`: every parameter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_params: Option<Vec<String>>,
     /// Functions in a topological order (every edge goes from a lower to a higher index).
     pub functions: Vec<Function>,
     pub edges: Vec<Edge>,
@@ -153,6 +157,8 @@ struct DagSpec {
     description: Option<Spanned<String>>,
     #[serde(default)]
     params: Option<Spanned<BTreeMap<String, Spanned<serde_json::Value>>>>,
+    #[serde(default)]
+    work_params: Option<Spanned<Vec<Spanned<String>>>>,
     functions: Spanned<Vec<Spanned<FunctionSpec>>>,
     /// `edges:` with nothing after it (YAML null) is an empty list too.
     #[serde(default)]
@@ -772,6 +778,29 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         }
     }
 
+    let work_params = match &spec.work_params {
+        None => None,
+        Some(list) => {
+            let mut names: Vec<String> = Vec::with_capacity(list.value.len());
+            for (i, n) in list.value.iter().enumerate() {
+                let field = format!("work_params[{i}]");
+                if !params.contains_key(&n.value) {
+                    return Err(errs.at(
+                        n,
+                        field,
+                        format!("parameter {:?} is not declared under params", n.value),
+                    ));
+                }
+                if names.contains(&n.value) {
+                    return Err(errs.at(n, field, format!("duplicate parameter {:?}", n.value)));
+                }
+                names.push(n.value.clone());
+            }
+            names.sort();
+            Some(names)
+        }
+    };
+
     if spec.functions.value.is_empty() {
         return Err(errs.at(
             &spec.functions,
@@ -1078,6 +1107,7 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
             .map(|d| d.value.clone())
             .unwrap_or_default(),
         params,
+        work_params,
         functions,
         edges,
         bounds,

@@ -8,6 +8,7 @@ pub mod model;
 pub mod params;
 pub mod planner;
 pub mod regression;
+pub mod setting;
 pub mod units;
 pub mod warm;
 mod yaml;

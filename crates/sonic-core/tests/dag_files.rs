@@ -198,6 +198,46 @@ fn refuses_bad_files_with_place_and_field() {
     check("bounds: { max_latency: 0s }\n", &["bounds.max_latency"]);
     check("bounds: { max_cost_usd: -1 }\n", &["bounds.max_cost_usd"]);
     check("functions: [\n", &["bad.yaml"]);
+    check(
+        "params: { trees: 6 }\nwork_params: [trees, seed]\n",
+        &[
+            ":7:22:",
+            "work_params[1]",
+            "parameter \"seed\" is not declared under params",
+        ],
+    );
+    check(
+        "params: { trees: 6 }\nwork_params: [trees, trees]\n",
+        &["work_params[1]", "duplicate parameter \"trees\""],
+    );
+    check(
+        "params: { trees: 6 }\nwork_params: trees\n",
+        &["work_params"],
+    );
+}
+
+#[test]
+fn work_params_are_kept_sorted_and_absent_means_every_parameter() {
+    let dag = Dag::from_yaml(
+        "w.yaml",
+        "name: w\nparams: { trees: 6, seed: 1, depth: 3 }\nwork_params: [trees, depth]\nfunctions:\n  - { name: a, image: i, command: [x] }\n",
+    )
+    .expect("work_params");
+    assert_eq!(
+        dag.work_params,
+        Some(vec!["depth".to_owned(), "trees".to_owned()])
+    );
+    let all = Dag::from_yaml("a.yaml", GOOD).expect("good");
+    assert_eq!(all.work_params, None);
+    // A DAG stored before the field existed decodes with every parameter a work parameter.
+    let mut stored = serde_json::to_value(&all).expect("json");
+    assert!(stored.get("work_params").is_none(), "{stored}");
+    stored
+        .as_object_mut()
+        .expect("object")
+        .remove("work_params");
+    let back: Dag = serde_json::from_value(stored).expect("decodes");
+    assert_eq!(back, all);
 }
 
 #[test]

@@ -862,29 +862,153 @@ async fn measure_apps(
         };
         let sizes = apps::sizes(app, n_train, n_test);
         let (input, _) = inputs.input(cluster, app, sizes.measured).await?;
+        // Sonic learns per parameter setting: each `trees` variant is profiled until its own
+        // models converge (as Fig. 7's profiling does for the default), and Sonic is measured
+        // only at the variants whose jobs then run planned.
+        let mut variants = Vec::new();
+        for trees in FIG2_TREES {
+            let params = vec![("trees".to_owned(), Value::from(trees))];
+            let variant = format!("trees={trees}");
+            let after = profile_setting(
+                cluster, &client, app, &sizes, &params, &variant, opts, inputs, results,
+            )
+            .await?;
+            let policies = gated_setting(&FIG2_POLICIES, app.name, &variant, after, results);
+            variants.push((params, variant, policies));
+        }
         let reps2 = stats::MIN_ROUNDS;
-        let policies = gated(&FIG2_POLICIES, app.name, "fig2", results);
-        let total = reps2 * 3 * policies.len();
+        let total = reps2 * variants.iter().map(|(_, _, p)| p.len()).sum::<usize>();
         let mut k = 0;
         let mut rng = stats::Rng::new(stats::seed_for(opts.seed, "fig2"));
         for _ in 0..reps2 {
-            for trees in [1u32, 3, 12] {
-                for policy in stats::shuffled(&policies, &mut rng) {
+            for (params, variant, policies) in &variants {
+                for policy in stats::shuffled(policies, &mut rng) {
                     k += 1;
                     let job = Job {
                         dag: app.name,
                         input: Some(input.clone()),
-                        params: vec![("trees".into(), Value::from(trees))],
+                        params: params.clone(),
                         policy: forced(policy),
                         planned: STATIC.contains(&policy),
                     };
-                    let variant = format!("trees={trees}");
-                    record(&client, job, "fig2", &variant, policy, results, (k, total)).await;
+                    record(&client, job, "fig2", variant, policy, results, (k, total)).await;
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Fig. 2's ML pipeline fanouts (the job parameter `trees`).
+pub const FIG2_TREES: [u32; 3] = [1, 3, 12];
+
+/// `GET /v1/dags/{name}/models` of the parameter setting jobs with `params` plan with (models
+/// are learned per setting).
+fn models_path(dag: &str, params: &[(String, Value)]) -> String {
+    let map: serde_json::Map<String, Value> = params.iter().cloned().collect();
+    format!(
+        "/v1/dags/{}/models?params={}",
+        encode(dag),
+        encode(&Value::Object(map).to_string())
+    )
+}
+
+/// Whether the view's setting's unforced jobs run planned.
+fn runs_planned(m: &DagModelsView) -> bool {
+    m.mode.as_ref().is_some_and(|v| v.mode == JobMode::Planned)
+}
+
+/// Profiles one parameter setting of `app` (forced `remote`, spread over the agents, at the
+/// training sizes in turn) until the setting's unforced jobs run planned, up to the profiling
+/// cap. Returns the profiling jobs it took (0: it was planned already), `None` when it never
+/// converged; notes either.
+#[allow(clippy::too_many_arguments)]
+async fn profile_setting(
+    cluster: &Harness,
+    client: &Client,
+    app: &App,
+    sizes: &apps::Sizes,
+    params: &[(String, Value)],
+    variant: &str,
+    opts: &BenchOptions,
+    inputs: &mut Inputs,
+    results: &mut Results,
+) -> anyhow::Result<Option<usize>> {
+    let cap = if opts.quick { 20 } else { PROFILING_CAP };
+    let models_path = models_path(app.name, params);
+    let m: DagModelsView = client.get(&models_path).await?;
+    if runs_planned(&m) {
+        results.notes.push(format!(
+            "fig2 {} {variant}: planned already (its models converged before), no profiling job",
+            app.name
+        ));
+        return Ok(Some(0));
+    }
+    let mut why = None;
+    for (n, size) in (1..).zip(sizes.train.iter().cycle().take(cap)) {
+        let (input, _) = inputs.input(cluster, app, *size).await?;
+        let job = Job {
+            dag: app.name,
+            input: Some(input),
+            params: params.to_vec(),
+            policy: Some("remote"),
+            planned: false,
+        };
+        let s = run_job(client, job).await?;
+        eprintln!(
+            "[profiling {} {variant} {n}] {size} {}: {} {:.2} s",
+            app.name,
+            app.unit,
+            s.status,
+            harness::emulated(&s, results.dilation).latency_s
+        );
+        if s.status != JobStatus::Succeeded {
+            results.notes.push(format!(
+                "fig2 profiling {} {variant} at {size} {}: job {} {}: {}",
+                app.name,
+                app.unit,
+                s.job_id,
+                s.status,
+                s.error.clone().unwrap_or_default()
+            ));
+        }
+        let m: DagModelsView = client.get(&models_path).await?;
+        if runs_planned(&m) {
+            results.notes.push(format!(
+                "fig2 {} {variant}: profiled to convergence in {n} jobs (forced remote) before it was measured",
+                app.name
+            ));
+            return Ok(Some(n));
+        }
+        why = m.mode.map(|v| v.reason);
+    }
+    results.notes.push(format!(
+        "fig2 {} {variant}: the models did not converge within {cap} profiling jobs ({}); sonic is not measured at it, the baselines plan with what the models predict",
+        app.name,
+        why.unwrap_or_else(|| "the control plane listed no models for this setting".into())
+    ));
+    Ok(None)
+}
+
+/// The policies Fig. 2 runs at one setting: all of `policies`, but `sonic` only when the
+/// setting converged (`after`); says so when it leaves it out.
+fn gated_setting(
+    policies: &[&'static str],
+    app: &str,
+    variant: &str,
+    after: Option<usize>,
+    results: &mut Results,
+) -> Vec<&'static str> {
+    if after.is_none() && policies.contains(&"sonic") {
+        results.notes.push(format!(
+            "fig2 {app} {variant}: sonic not measured: the setting's models did not converge during profiling, and the bench does not force sonic past the convergence gate"
+        ));
+    }
+    policies
+        .iter()
+        .copied()
+        .filter(|p| after.is_some() || *p != "sonic")
+        .collect()
 }
 
 /// The policies an experiment runs for `app`: all of `policies`, but `sonic` only when the
@@ -1011,7 +1135,7 @@ async fn profile(
         .map(|s| (*s, false))
         .chain(sizes.test.iter().map(|s| (*s, true)))
         .collect();
-    let models_path = format!("/v1/dags/{}/models", encode(app.name));
+    let models_path = models_path(app.name, &app.job_params());
     let mut converged_after = None;
     let mut models_why: Option<String> = None;
     let mut n = 0;
@@ -1139,8 +1263,9 @@ async fn profile_run(
             let sizes = apps::sizes(&app, n_train, n_test);
             profile(&cluster, &client, &app, &sizes, opts, &mut inputs, results).await?;
             // The models with their samples, for a closer look.
-            let path = format!("/v1/dags/{}/models", encode(app.name));
-            let view: Value = client.get(&path).await?;
+            let view: Value = client
+                .get(&models_path(app.name, &app.job_params()))
+                .await?;
             let file = opts.out_dir.join(format!("models-{}.json", app.name));
             std::fs::write(&file, serde_json::to_string_pretty(&view)?)
                 .with_context(|| format!("cannot write {}", file.display()))?;

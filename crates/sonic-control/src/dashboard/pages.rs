@@ -392,8 +392,10 @@ async fn dag_page(state: &Shared, name: &str, error: Option<&str>) -> Result<Str
     let (models, mode) = state
         .db
         .run(move |db| {
-            let models = crate::learning::current(db, &for_models, rule)?;
-            let mode = crate::learning::mode_of(db, &for_models.name, &models, now)?;
+            // The default parameters' setting (what a run without overrides uses).
+            let setting = crate::learning::default_setting(&for_models);
+            let models = crate::learning::current(db, &for_models, &setting, rule)?;
+            let mode = crate::learning::mode_of(db, &for_models.name, &setting, &models, now)?;
             Ok((models, mode))
         })
         .await?;
