@@ -1027,7 +1027,11 @@ async fn submit_job(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: SubmitJob = json_body(body, state.settings.max_body_bytes)?;
-    let accepted = submit(&state, req).await?;
+    // Spans at debug: with span timings on (`sonic-load`'s SONIC_LOAD_SPANS), where a
+    // submission's time goes.
+    let accepted =
+        tracing::Instrument::instrument(submit(&state, req), tracing::debug_span!("submit"))
+            .await?;
     Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
 }
 
@@ -1044,11 +1048,12 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
         .transpose()
         .map_err(ApiError::BadRequest)?;
     let lookup = dag_name.clone();
-    let record = state
-        .db
-        .run(move |db| db.get_dag(&lookup))
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no dag named {dag_name}")))?;
+    let record = tracing::Instrument::instrument(
+        state.db.run(move |db| db.get_dag(&lookup)),
+        tracing::debug_span!("submit_dag"),
+    )
+    .await?
+    .ok_or_else(|| ApiError::NotFound(format!("no dag named {dag_name}")))?;
     let dag: Dag = serde_json::from_value(record.parsed)
         .map_err(|e| ApiError::Internal(format!("stored dag does not decode: {e}")))?;
     let overrides = req.params.clone().into_iter().collect();
@@ -1158,7 +1163,11 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
         mode_reason: Some(choice.reason.clone()),
     };
     let stored = record.clone();
-    state.db.run(move |db| db.insert_job(&stored)).await?;
+    tracing::Instrument::instrument(
+        state.db.commit(move |w| w.insert_job(&stored)),
+        tracing::debug_span!("submit_record"),
+    )
+    .await?;
     state
         .metrics
         .job_submitted(choice.policy.as_str(), choice.mode.as_str());
