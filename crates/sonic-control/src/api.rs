@@ -1178,9 +1178,9 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
     tracing::info!(job = %job_id, dag = %record.dag, policy = %choice.policy, mode = %choice.mode, reason = %choice.reason, input_bytes, "job submitted");
     // Registered before the task starts: a cancel that comes right after the 202 reaches it.
     let cancel = rt.register(&job_id);
-    // Every event of the job (its stages, instances, cleanup) carries the job's span.
-    let span =
-        tracing::info_span!("job", job = %job_id, dag = %record.dag, policy = %choice.policy);
+    // Every event of the job (its stages, instances, cleanup) carries the job's span; a root
+    // span, so that the submission's span ends with the submission.
+    let span = tracing::info_span!(parent: None, "job", job = %job_id, dag = %record.dag, policy = %choice.policy);
     rt.spawn_job(tracing::Instrument::instrument(
         crate::scheduler::execute(
             state.clone(),
