@@ -231,6 +231,20 @@ fn usage(pid: u32) -> anyhow::Result<(f64, f64)> {
 /// The control plane role: runs until killed; writes its URL to `url_file`.
 async fn control(dir: &Path, url_file: &Path) -> anyhow::Result<()> {
     raise_nofile();
+    // Profiling: SONIC_LOAD_SPANS=FILE writes the control plane's debug spans (a submission's
+    // steps) to FILE as they close, with their busy and idle time.
+    if let Some(file) = std::env::var_os("SONIC_LOAD_SPANS") {
+        use tracing_subscriber::fmt::format::FmtSpan;
+        let out = std::fs::File::create(&file)?;
+        tracing_subscriber::fmt()
+            .with_writer(Mutex::new(out))
+            .with_ansi(false)
+            .with_span_events(FmtSpan::CLOSE)
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "warn,sonic_control::api=debug",
+            ))
+            .init();
+    }
     let store = Arc::new(sonic_storage::local::LocalStore::new(dir.join("store"))?);
     let runtime = Runtime::new(store, None, JobsConfig::new(TOKEN, FILE_KEY.as_bytes()));
     let config = ControlConfig {

@@ -1041,7 +1041,11 @@ async fn submit_job(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: SubmitJob = json_body(body, state.settings.max_body_bytes)?;
-    let accepted = submit(&state, req).await?;
+    // Spans at debug: with span timings on (`sonic-load`'s SONIC_LOAD_SPANS), where a
+    // submission's time goes.
+    let accepted =
+        tracing::Instrument::instrument(submit(&state, req), tracing::debug_span!("submit"))
+            .await?;
     Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
 }
 
@@ -1058,11 +1062,12 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
         .transpose()
         .map_err(ApiError::BadRequest)?;
     let lookup = dag_name.clone();
-    let record = state
-        .db
-        .run(move |db| db.get_dag(&lookup))
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no dag named {dag_name}")))?;
+    let record = tracing::Instrument::instrument(
+        state.db.run(move |db| db.get_dag(&lookup)),
+        tracing::debug_span!("submit_dag"),
+    )
+    .await?
+    .ok_or_else(|| ApiError::NotFound(format!("no dag named {dag_name}")))?;
     let dag: Dag = serde_json::from_value(record.parsed)
         .map_err(|e| ApiError::Internal(format!("stored dag does not decode: {e}")))?;
     let overrides = req.params.clone().into_iter().collect();
@@ -1174,7 +1179,11 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
         mode_reason: Some(choice.reason.clone()),
     };
     let stored = record.clone();
-    state.db.run(move |db| db.insert_job(&stored)).await?;
+    tracing::Instrument::instrument(
+        state.db.commit(move |w| w.insert_job(&stored)),
+        tracing::debug_span!("submit_record"),
+    )
+    .await?;
     state
         .metrics
         .job_submitted(choice.policy.as_str(), choice.mode.as_str());
@@ -1185,9 +1194,9 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
     tracing::info!(job = %job_id, dag = %record.dag, policy = %choice.policy, mode = %choice.mode, reason = %choice.reason, input_bytes, "job submitted");
     // Registered before the task starts: a cancel that comes right after the 202 reaches it.
     let cancel = rt.register(&job_id);
-    // Every event of the job (its stages, instances, cleanup) carries the job's span.
-    let span =
-        tracing::info_span!("job", job = %job_id, dag = %record.dag, policy = %choice.policy);
+    // Every event of the job (its stages, instances, cleanup) carries the job's span; a root
+    // span, so that the submission's span ends with the submission.
+    let span = tracing::info_span!(parent: None, "job", job = %job_id, dag = %record.dag, policy = %choice.policy);
     rt.spawn_job(tracing::Instrument::instrument(
         crate::scheduler::execute(
             state.clone(),

@@ -407,7 +407,7 @@ impl Runtime {
         let (id, now) = (job.id.clone(), state.clock.now_ms());
         state
             .db
-            .run(move |db| db.set_job_status(&id, JobStatus::Running, now))
+            .commit(move |w| w.set_job_status(&id, JobStatus::Running, now))
             .await
             .map_err(|e| format!("database: {e}"))?;
         self.publish(&job.id, |e| e.status = JobStatus::Running);
@@ -635,7 +635,7 @@ async fn record_execution(
     let (id, now) = (job.to_owned(), state.clock.now_ms());
     if let Err(e) = state
         .db
-        .run(move |db| db.set_job_execution(&id, &record, now))
+        .commit(move |w| w.set_job_execution(&id, &record, now))
         .await
     {
         tracing::warn!(job, error = %e, "cannot record the job's execution");
@@ -727,7 +727,7 @@ async fn fail_unresumed(state: &ControlState, rt: &Runtime, job: &JobRecord, why
     let reason = why.clone();
     if let Err(e) = state
         .db
-        .run(move |db| db.finish_job(&id, JobStatus::Failed, None, Some(&reason), now))
+        .commit(move |w| w.finish_job(&id, JobStatus::Failed, None, Some(&reason), now))
         .await
     {
         tracing::error!(job = %job.id, error = %e, "cannot record the job's end");
@@ -769,11 +769,9 @@ async fn execute_from(
         let (id, now) = (job.id.clone(), state.clock.now_ms());
         if let Err(e) = state
             .db
-            .run(move |db| {
-                db.write(|w| {
-                    w.set_job_execution(&id, &record, now)?;
-                    w.set_job_status(&id, JobStatus::Running, now)
-                })
+            .commit(move |w| {
+                w.set_job_execution(&id, &record, now)?;
+                w.set_job_status(&id, JobStatus::Running, now)
             })
             .await
         {
@@ -789,7 +787,7 @@ async fn execute_from(
         let id = job.id.clone();
         if let Err(e) = state
             .db
-            .run(move |db| db.set_job_status(&id, JobStatus::Running, now))
+            .commit(move |w| w.set_job_status(&id, JobStatus::Running, now))
             .await
         {
             tracing::error!(job = %job.id, error = %e, "cannot mark the job running");
@@ -944,13 +942,11 @@ async fn execute_from(
     let final_message = error.clone().or(mode_changed);
     let recorded = state
         .db
-        .run(move |db| {
-            db.write(|w| {
-                let found = w.finish_job(&id, status, Some(&summary), error.as_deref(), now)?;
-                // An ended job is never resumed: what its executions sent is forgotten.
-                w.delete_instance_runs(&id)?;
-                Ok(found)
-            })
+        .commit(move |w| {
+            let found = w.finish_job(&id, status, Some(&summary), error.as_deref(), now)?;
+            // An ended job is never resumed: what its executions sent is forgotten.
+            w.delete_instance_runs(&id)?;
+            Ok(found)
         })
         .await;
     if let Err(e) = recorded {
@@ -1721,17 +1717,15 @@ async fn put_files(
     }
     state
         .db
-        .run(move |db| {
-            db.write(|w| {
-                files.iter().try_for_each(|r| w.put_file(r))?;
-                if let Some((job, l)) = &log {
-                    w.put_log(job, l, now)?;
-                }
-                match &ended {
-                    Some(e) => w.put_instance_run(e),
-                    None => Ok(()),
-                }
-            })
+        .commit(move |w| {
+            files.iter().try_for_each(|r| w.put_file(r))?;
+            if let Some((job, l)) = &log {
+                w.put_log(job, l, now)?;
+            }
+            match &ended {
+                Some(e) => w.put_instance_run(e),
+                None => Ok(()),
+            }
         })
         .await
         .map_err(|e| Failure::Job(format!("database: {e}")))
@@ -1968,7 +1962,7 @@ async fn keep_log(state: &ControlState, req: &RunRequest, agent: &AgentSlot, log
     };
     let job = req.job_id.clone();
     let now = state.clock.now_ms();
-    if let Err(e) = state.db.run(move |db| db.put_log(&job, &entry, now)).await {
+    if let Err(e) = state.db.commit(move |w| w.put_log(&job, &entry, now)).await {
         tracing::warn!(job = %req.job_id, function = %req.function, error = %e, "cannot keep the log");
     }
 }
@@ -2093,7 +2087,7 @@ impl AttemptTask {
             started_ms: self.sent_ms,
             ended_ms: None,
         };
-        if let Err(e) = state.db.run(move |db| db.put_instance_run(&record)).await {
+        if let Err(e) = state.db.commit(move |w| w.put_instance_run(&record)).await {
             tracing::warn!(job = %req.job_id, function = %req.function, error = %e, "cannot record the run");
         }
         let outcome = attempt_once(state, rt, agent, req, &self.cancel).await;
@@ -2307,7 +2301,7 @@ async fn clear(
         Err(e) => tracing::warn!(job, error = %e, "cannot list the job's objects"),
     }
     let id = job.to_owned();
-    if let Err(e) = state.db.run(move |db| db.delete_files(&id)).await {
+    if let Err(e) = state.db.commit(move |w| w.delete_files(&id)).await {
         tracing::warn!(job, error = %e, "cannot forget the job's files");
     }
 }
@@ -2337,7 +2331,7 @@ async fn result_outputs(state: &Arc<ControlState>, rt: &Runtime, job: &str) -> V
         .collect();
     if let Err(e) = state
         .db
-        .run(move |db| db.write(|w| records.iter().try_for_each(|r| w.put_file(r))))
+        .commit(move |w| records.iter().try_for_each(|r| w.put_file(r)))
         .await
     {
         tracing::warn!(job, error = %e, "cannot record the job's results");

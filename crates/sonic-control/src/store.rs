@@ -1,8 +1,13 @@
 //! Persistence: the control plane's SQLite database (DAGs, jobs, profiling samples, fitted models,
 //! file metadata, agents) with versioned schema migrations.
 //!
-//! One writing connection behind a mutex: one writer never waits on SQLite's own locks. A database
-//! in a file also has a few connections that only read ([`READERS`]): in WAL mode they read the
+//! One writing connection, owned by a writer thread that commits writes in groups: every write is
+//! queued ([`Db::write`], [`Db::commit`]), and the thread runs what is queued (up to [`MAX_BATCH`])
+//! in one transaction, each write in a savepoint of its own, then answers each requester once that
+//! transaction committed. A write that fails (or panics) is rolled back to its savepoint and
+//! answered with its error; the others in its batch still commit. So hundreds of concurrent writes
+//! cost a few commits, not one commit and one hand-over of a lock each. A database in a file also
+//! has a few connections that only read ([`READERS`]): in WAL mode they read the
 //! last committed state while the writer writes, so reads (a job's status, the DAG a submission
 //! names, the agents) never queue behind a commit. The file is in WAL mode with a busy timeout, so
 //! another process (a backup, `sqlite3` by hand) can read it while the daemon runs.
@@ -19,8 +24,8 @@
 //! The methods block: async code calls them through [`Db::run`].
 
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
 use rusqlite::types::Type;
@@ -38,6 +43,8 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub const READERS: usize = 4;
 /// Prepared statements each connection keeps (the hot paths' statements are prepared once).
 const STATEMENT_CACHE: usize = 64;
+/// The most writes the writer thread commits in one transaction.
+pub const MAX_BATCH: usize = 256;
 
 /// The schema, one migration per version; the database records how many it has applied in
 /// `schema_version`. Append new migrations; never edit one that has shipped.
@@ -229,9 +236,13 @@ pub enum StoreError {
     /// A value the schema cannot hold.
     #[error("invalid value: {0}")]
     Invalid(String),
-    /// The blocking task running the statement failed.
+    /// The blocking task running the statement failed (or the write panicked).
     #[error("database task failed: {0}")]
     Task(String),
+    /// The transaction holding this write (with the others of its batch) did not commit: nothing
+    /// of it was recorded.
+    #[error("commit failed: {0}")]
+    Commit(String),
 }
 
 /// How an apply changed the stored DAG.
@@ -435,9 +446,152 @@ impl AgentRecord {
 /// The control plane's database. Cheap to clone; every clone shares the same connections.
 #[derive(Debug, Clone)]
 pub struct Db {
+    /// The writing connection: the writer thread's, which locks it for each batch; a few rare
+    /// writes (DAGs, samples, models) and a database in memory's reads lock it directly.
     conn: Arc<Mutex<Connection>>,
     /// Read-only connections (none for a database in memory: it is the writer's alone).
     readers: Option<Arc<Readers>>,
+    /// The writer thread's queue; the thread ends when the last clone is dropped.
+    queue: Arc<WriteQueue>,
+}
+
+/// How many writes the writer thread committed, in how many transactions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteStats {
+    /// Transactions committed (or attempted).
+    pub batches: u64,
+    /// Writes they held.
+    pub writes: u64,
+    /// The most writes one transaction held.
+    pub largest: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    batches: AtomicU64,
+    writes: AtomicU64,
+    largest: AtomicU64,
+}
+
+/// The sending side of the writer thread's queue.
+struct WriteQueue {
+    tx: mpsc::Sender<Box<dyn Request>>,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for WriteQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteQueue").finish_non_exhaustive()
+    }
+}
+
+/// Where a queued write's result goes.
+enum Reply<T> {
+    /// A thread blocked in [`Db::write`].
+    Blocking(mpsc::SyncSender<Result<T, StoreError>>),
+    /// A future from [`Db::commit`].
+    Async(tokio::sync::oneshot::Sender<Result<T, StoreError>>),
+}
+
+impl<T> Reply<T> {
+    fn send(self, r: Result<T, StoreError>) {
+        // A requester that stopped waiting (a dropped future) loses only the answer: its write
+        // stands, as a write on a blocking thread did.
+        match self {
+            Reply::Blocking(s) => drop(s.send(r)),
+            Reply::Async(s) => drop(s.send(r)),
+        }
+    }
+}
+
+/// One queued write, type-erased: run in its batch's transaction, answered after the commit.
+trait Request: Send {
+    /// Runs the write in a savepoint of its own; `Err` when the savepoint itself could not be
+    /// taken, released or rolled back (the batch is then abandoned).
+    fn run(&mut self, w: &Writer<'_>) -> Result<(), rusqlite::Error>;
+    /// Answers the requester: its own result when the batch committed, else the batch's error.
+    fn answer(self: Box<Self>, batch: Result<(), &StoreError>);
+}
+
+struct Queued<T, F> {
+    work: Option<F>,
+    result: Option<Result<T, StoreError>>,
+    reply: Reply<T>,
+}
+
+impl<T, F> Request for Queued<T, F>
+where
+    T: Send,
+    F: FnOnce(&Writer<'_>) -> Result<T, StoreError> + Send,
+{
+    fn run(&mut self, w: &Writer<'_>) -> Result<(), rusqlite::Error> {
+        if let Some(work) = self.work.take() {
+            self.result = Some(w.savepoint(work)?);
+        }
+        Ok(())
+    }
+
+    fn answer(self: Box<Self>, batch: Result<(), &StoreError>) {
+        let r = match (batch, self.result) {
+            (_, Some(Err(e))) => Err(e),
+            (Ok(()), Some(Ok(v))) => Ok(v),
+            (Err(e), _) => Err(StoreError::Commit(e.to_string())),
+            (Ok(()), None) => Err(StoreError::Task("the write was not run".into())),
+        };
+        self.reply.send(r);
+    }
+}
+
+/// The writer thread: takes the first queued write, locks the connection, takes every write queued
+/// meanwhile (up to [`MAX_BATCH`]), commits them in one transaction and answers them.
+fn serve_writes(
+    conn: Arc<Mutex<Connection>>,
+    rx: mpsc::Receiver<Box<dyn Request>>,
+    counters: Arc<Counters>,
+) {
+    while let Ok(first) = rx.recv() {
+        let guard = conn.lock().unwrap_or_else(|p| p.into_inner());
+        // Taken after the lock: what queued while it waited joins this batch.
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let outcome = commit_batch(&guard, &mut batch);
+        drop(guard);
+        if let Err(e) = &outcome {
+            tracing::error!(error = %e, writes = batch.len(), "a batch of writes did not commit");
+        }
+        let n = batch.len() as u64;
+        counters.batches.fetch_add(1, Ordering::Relaxed);
+        counters.writes.fetch_add(n, Ordering::Relaxed);
+        counters.largest.fetch_max(n, Ordering::Relaxed);
+        for r in batch {
+            r.answer(outcome.as_ref().map(|_| ()));
+        }
+    }
+}
+
+/// Runs a batch in one IMMEDIATE transaction and commits it; on an error of the transaction itself
+/// (begin, a savepoint, commit) rolls everything back.
+fn commit_batch(conn: &Connection, batch: &mut [Box<dyn Request>]) -> Result<(), StoreError> {
+    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+    let w = Writer(conn);
+    let done = batch
+        .iter_mut()
+        .try_for_each(|r| r.run(&w))
+        .and_then(|()| conn.prepare_cached("COMMIT")?.execute([]).map(drop));
+    if let Err(e) = done {
+        if !conn.is_autocommit()
+            && let Err(r) = conn.execute_batch("ROLLBACK")
+        {
+            tracing::error!(error = %r, "cannot roll back a failed batch of writes");
+        }
+        return Err(e.into());
+    }
+    Ok(())
 }
 
 /// The connections that only read, taken in turn.
@@ -662,10 +816,46 @@ impl Db {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         migrate(&mut conn)?;
+        let conn = Arc::new(Mutex::new(conn));
+        let (tx, rx) = mpsc::channel();
+        let counters = Arc::new(Counters::default());
+        let (c, k) = (conn.clone(), counters.clone());
+        std::thread::Builder::new()
+            .name("sonic-db-writer".into())
+            .spawn(move || serve_writes(c, rx, k))
+            .map_err(|e| StoreError::Task(format!("cannot start the database writer: {e}")))?;
         Ok(Db {
-            conn: Arc::new(Mutex::new(conn)),
+            conn,
             readers,
+            queue: Arc::new(WriteQueue { tx, counters }),
         })
+    }
+
+    /// Queues `f` for the writer thread; `reply` gets its result once its batch committed.
+    fn queue<T, F>(&self, f: F, reply: Reply<T>) -> Result<(), StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Writer<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let request: Box<dyn Request> = Box::new(Queued {
+            work: Some(f),
+            result: None,
+            reply,
+        });
+        self.queue
+            .tx
+            .send(request)
+            .map_err(|_| StoreError::Task("the database writer stopped".into()))
+    }
+
+    /// How many writes the writer thread committed so far, in how many transactions.
+    pub fn write_stats(&self) -> WriteStats {
+        let c = &self.queue.counters;
+        WriteStats {
+            batches: c.batches.load(Ordering::Relaxed),
+            writes: c.writes.load(Ordering::Relaxed),
+            largest: c.largest.load(Ordering::Relaxed),
+        }
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
@@ -695,17 +885,38 @@ impl Db {
             .map_err(|e| StoreError::Task(e.to_string()))?
     }
 
-    /// Runs `f`'s writes in one transaction on the writer: all of them are recorded, or none
-    /// (an error from `f` rolls back). One commit instead of one per write.
-    pub fn write<T>(
+    /// Runs `f`'s writes on the writer thread, all of them or none (an error or a panic in `f`
+    /// rolls back its own writes, not the others of its batch), and blocks until they are
+    /// committed. From async code, [`Db::commit`] waits without a blocking thread. `f` must not
+    /// wait for another write (the writer thread runs it).
+    pub fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Writer<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.queue(f, Reply::Blocking(tx))?;
+        rx.recv()
+            .map_err(|_| StoreError::Task("the database writer stopped".into()))?
+    }
+
+    /// [`Db::write`] for async code: `f` is queued at once (before the future is polled), and the
+    /// future resolves once its batch committed. Dropping the future does not cancel the write.
+    pub fn commit<T, F>(
         &self,
-        f: impl FnOnce(&Writer<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let out = f(&Writer(&tx))?;
-        tx.commit()?;
-        Ok(out)
+        f: F,
+    ) -> impl std::future::Future<Output = Result<T, StoreError>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: FnOnce(&Writer<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let queued = self.queue(f, Reply::Async(tx));
+        async move {
+            queued?;
+            rx.await
+                .map_err(|_| StoreError::Task("the database writer stopped".into()))?
+        }
     }
 
     /// The schema version the file is at.
@@ -810,41 +1021,8 @@ impl Db {
 
     /// Adds a new job; [`StoreError::Conflict`] when the id is taken.
     pub fn insert_job(&self, job: &JobRecord) -> Result<(), StoreError> {
-        let params_text = to_json(&job.params, "job params")?;
-        let summary_text = job
-            .summary
-            .as_ref()
-            .map(|s| to_json(s, "job summary"))
-            .transpose()?;
-        let input_bytes = u64_to_i64(job.input_bytes, "input_bytes")?;
-        let plan_text = job
-            .plan
-            .as_ref()
-            .map(|p| to_json(p, "job plan"))
-            .transpose()?;
-        self.conn()
-            .execute(
-                &format!("INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
-                params![
-                    job.id,
-                    job.dag,
-                    job.status.as_str(),
-                    job.policy,
-                    job.mode.as_str(),
-                    input_bytes,
-                    params_text,
-                    summary_text,
-                    job.error,
-                    job.created_ms,
-                    job.started_ms,
-                    job.finished_ms,
-                    job.updated_ms,
-                    plan_text,
-                    job.mode_reason,
-                ],
-            )
-            .map_err(|e| conflict(e, || format!("job {}", job.id)))?;
-        Ok(())
+        let job = job.clone();
+        self.write(move |w| w.insert_job(&job))
     }
 
     /// Moves a job to `status`; the first move to `running` records the start, a move to a terminal
@@ -855,7 +1033,8 @@ impl Db {
         status: JobStatus,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        Writer(&self.conn()).set_job_status(id, status, now_ms)
+        let id = id.to_owned();
+        self.write(move |w| w.set_job_status(&id, status, now_ms))
     }
 
     /// Records how a job ended. Returns whether the job exists.
@@ -867,17 +1046,21 @@ impl Db {
         error: Option<&str>,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        Writer(&self.conn()).finish_job(id, status, summary, error, now_ms)
+        let (id, summary) = (id.to_owned(), summary.cloned());
+        let error = error.map(str::to_owned);
+        self.write(move |w| w.finish_job(&id, status, summary.as_ref(), error.as_deref(), now_ms))
     }
 
     /// Records the plan a job runs with. Returns whether the job exists.
     pub fn set_job_plan(&self, id: &str, plan: &JobPlan, now_ms: i64) -> Result<bool, StoreError> {
         let text = to_json(plan, "job plan")?;
-        let n = self
-            .conn()
-            .prepare_cached("UPDATE jobs SET plan = ?2, updated_ms = ?3 WHERE id = ?1")?
-            .execute(params![id, text, now_ms])?;
-        Ok(n > 0)
+        let id = id.to_owned();
+        self.write(move |w| {
+            let n =
+                w.0.prepare_cached("UPDATE jobs SET plan = ?2, updated_ms = ?3 WHERE id = ?1")?
+                    .execute(params![id, text, now_ms])?;
+            Ok(n > 0)
+        })
     }
 
     /// The job `id`.
@@ -907,7 +1090,8 @@ impl Db {
         execution: &ExecutionRecord,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        Writer(&self.conn()).set_job_execution(id, execution, now_ms)
+        let (id, execution) = (id.to_owned(), execution.clone());
+        self.write(move |w| w.set_job_execution(&id, &execution, now_ms))
     }
 
     /// The execution a job is in, as last recorded.
@@ -922,7 +1106,8 @@ impl Db {
 
     /// Records an instance sent (or sent again, or ended), replacing its earlier row.
     pub fn put_instance_run(&self, r: &InstanceRunRecord) -> Result<(), StoreError> {
-        Writer(&self.conn()).put_instance_run(r)
+        let r = r.clone();
+        self.write(move |w| w.put_instance_run(&r))
     }
 
     /// The instances one execution of a job sent, by function and instance.
@@ -955,7 +1140,8 @@ impl Db {
 
     /// Forgets what a job's executions sent (once it ended); returns how many rows.
     pub fn delete_instance_runs(&self, job: &str) -> Result<usize, StoreError> {
-        Writer(&self.conn()).delete_instance_runs(job)
+        let job = job.to_owned();
+        self.write(move |w| w.delete_instance_runs(&job))
     }
 
     // ---- samples ----
@@ -1048,7 +1234,8 @@ impl Db {
 
     /// Keeps one instance attempt's log (replacing the same attempt's earlier row).
     pub fn put_log(&self, job: &str, l: &InstanceLog, now_ms: i64) -> Result<(), StoreError> {
-        Writer(&self.conn()).put_log(job, l, now_ms)
+        let (job, l) = (job.to_owned(), l.clone());
+        self.write(move |w| w.put_log(&job, &l, now_ms))
     }
 
     /// A job's instance logs (of one function, or all), by function, instance and attempt.
@@ -1076,7 +1263,8 @@ impl Db {
     /// Records where a file is (replacing the row of the same `(job, file_id)`: a retried writer
     /// overwrites its own output).
     pub fn put_file(&self, f: &FileRecord) -> Result<(), StoreError> {
-        Writer(&self.conn()).put_file(f)
+        let f = f.clone();
+        self.write(move |w| w.put_file(&f))
     }
 
     /// The file `file_id` of `job`.
@@ -1102,7 +1290,8 @@ impl Db {
 
     /// Forgets a job's files (after its data was cleaned up); returns how many.
     pub fn delete_files(&self, job: &str) -> Result<usize, StoreError> {
-        Writer(&self.conn()).delete_files(job)
+        let job = job.to_owned();
+        self.write(move |w| w.delete_files(&job))
     }
 
     // ---- agents ----
@@ -1110,15 +1299,19 @@ impl Db {
     /// Registers an agent, or re-registers it (a restarted agent) with its new capacity.
     pub fn register_agent(&self, c: &Capacity, now_ms: i64) -> Result<AgentRecord, StoreError> {
         let capacity = to_json(c, "capacity")?;
-        self.conn()
-            .prepare_cached(
+        let c = c.clone();
+        let c2 = c.clone();
+        self.write(move |w| {
+            w.0.prepare_cached(
                 "INSERT INTO agents (id, url, vm_type, capacity, registered_ms, last_heartbeat_ms) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?5) \
              ON CONFLICT (id) DO UPDATE SET url = excluded.url, vm_type = excluded.vm_type, \
                capacity = excluded.capacity, registered_ms = excluded.registered_ms, \
                last_heartbeat_ms = excluded.last_heartbeat_ms",
             )?
-            .execute(params![c.agent_id, c.url, c.vm_type, capacity, now_ms])?;
+            .execute(params![c2.agent_id, c2.url, c2.vm_type, capacity, now_ms])?;
+            Ok(())
+        })?;
         Ok(AgentRecord {
             id: c.agent_id.clone(),
             url: c.url.clone(),
@@ -1136,27 +1329,28 @@ impl Db {
         beat: &Heartbeat,
         now_ms: i64,
     ) -> Result<Option<AgentRecord>, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let found = tx
-            .query_row(
-                &format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"),
-                params![beat.agent_id],
-                agent_row,
-            )
-            .optional()?;
-        let Some(mut agent) = found else {
-            return Ok(None);
-        };
-        agent.capacity.running = beat.running;
-        agent.capacity.bandwidth = beat.bandwidth;
-        agent.last_heartbeat_ms = now_ms;
-        tx.execute(
-            "UPDATE agents SET capacity = ?2, last_heartbeat_ms = ?3 WHERE id = ?1",
-            params![agent.id, to_json(&agent.capacity, "capacity")?, now_ms],
-        )?;
-        tx.commit()?;
-        Ok(Some(agent))
+        let beat = beat.clone();
+        self.write(move |w| {
+            let found =
+                w.0.prepare_cached(&format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"))?
+                    .query_row(params![beat.agent_id], agent_row)
+                    .optional()?;
+            let Some(mut agent) = found else {
+                return Ok(None);
+            };
+            agent.capacity.running = beat.running;
+            agent.capacity.bandwidth = beat.bandwidth;
+            agent.last_heartbeat_ms = now_ms;
+            w.0.prepare_cached(
+                "UPDATE agents SET capacity = ?2, last_heartbeat_ms = ?3 WHERE id = ?1",
+            )?
+            .execute(params![
+                agent.id,
+                to_json(&agent.capacity, "capacity")?,
+                now_ms
+            ])?;
+            Ok(Some(agent))
+        })
     }
 
     /// The agent `id`.
@@ -1192,6 +1386,64 @@ impl Db {
 pub struct Writer<'a>(&'a Connection);
 
 impl Writer<'_> {
+    /// Runs `f` in a savepoint: its writes stay when it returns `Ok`, are rolled back when it
+    /// returns an error or panics. The outer error: the savepoint itself failed.
+    fn savepoint<T>(
+        &self,
+        f: impl FnOnce(&Writer<'_>) -> Result<T, StoreError>,
+    ) -> Result<Result<T, StoreError>, rusqlite::Error> {
+        self.0
+            .prepare_cached("SAVEPOINT sonic_write")?
+            .execute([])?;
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self)))
+            .unwrap_or_else(|_| Err(StoreError::Task("the write panicked".into())));
+        if out.is_err() {
+            self.0
+                .prepare_cached("ROLLBACK TO sonic_write")?
+                .execute([])?;
+        }
+        self.0.prepare_cached("RELEASE sonic_write")?.execute([])?;
+        Ok(out)
+    }
+
+    /// Adds a new job; [`StoreError::Conflict`] when the id is taken.
+    pub fn insert_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        let params_text = to_json(&job.params, "job params")?;
+        let summary_text = job
+            .summary
+            .as_ref()
+            .map(|s| to_json(s, "job summary"))
+            .transpose()?;
+        let input_bytes = u64_to_i64(job.input_bytes, "input_bytes")?;
+        let plan_text = job
+            .plan
+            .as_ref()
+            .map(|p| to_json(p, "job plan"))
+            .transpose()?;
+        self.0
+            .prepare_cached(
+                &format!("INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"))?
+            .execute(params![
+                    job.id,
+                    job.dag,
+                    job.status.as_str(),
+                    job.policy,
+                    job.mode.as_str(),
+                    input_bytes,
+                    params_text,
+                    summary_text,
+                    job.error,
+                    job.created_ms,
+                    job.started_ms,
+                    job.finished_ms,
+                    job.updated_ms,
+                    plan_text,
+                    job.mode_reason,
+                ])
+            .map_err(|e| conflict(e, || format!("job {}", job.id)))?;
+        Ok(())
+    }
+
     /// Moves a job to `status`; the first move to `running` records the start, a move to a terminal
     /// status the end. Returns whether the job exists.
     pub fn set_job_status(
@@ -1507,6 +1759,130 @@ mod tests {
         let agents = db.list_agents().expect("agents");
         assert_eq!(agents.len(), 1);
         assert_eq!(agents[0].capacity, capacity("a-1"));
+    }
+
+    #[test]
+    fn concurrent_writers_all_get_their_results_and_a_reopen_keeps_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open_dir(dir.path()).expect("open");
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let db = db.clone();
+                std::thread::spawn(move || {
+                    for i in 0..40 {
+                        let id = format!("j-{t}-{i}");
+                        if i % 2 == 0 {
+                            db.insert_job(&job(&id, "ml", i)).expect("insert");
+                        } else {
+                            // The async path, from a thread of its own.
+                            let stored = job(&id, "ml", i);
+                            futures::executor::block_on(db.commit(move |w| w.insert_job(&stored)))
+                                .expect("commit");
+                        }
+                        // Each writer sees its own result: the row is there once it is answered.
+                        let found = db.set_job_status(&id, JobStatus::Running, 100 + i);
+                        assert!(found.expect("status"), "{id}");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("writer thread");
+        }
+        let stats = db.write_stats();
+        assert_eq!(stats.writes, 8 * 40 * 2);
+        assert!(stats.batches >= 1 && stats.batches <= stats.writes);
+        assert!(stats.largest >= 1 && stats.largest <= MAX_BATCH as u64);
+        drop(db);
+
+        let db = Db::open_dir(dir.path()).expect("reopen");
+        let jobs = db.list_jobs(None, 1000).expect("list");
+        assert_eq!(jobs.len(), 8 * 40);
+        assert!(jobs.iter().all(|j| j.status == JobStatus::Running));
+        assert_eq!(
+            db.get_job("j-7-39")
+                .expect("get")
+                .and_then(|j| j.started_ms),
+            Some(139)
+        );
+    }
+
+    #[test]
+    fn a_failing_write_in_a_batch_leaves_the_others_committed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open_dir(dir.path()).expect("open");
+        db.insert_job(&job("j-0", "ml", 0)).expect("insert");
+        let before = db.write_stats();
+        // The writer's connection is held (as during another batch): every write below queues,
+        // and the writer takes them all at once when it is let go.
+        let busy = db.conn();
+        let (a, dup, partial, panics, c) = (
+            job("j-a", "ml", 1),
+            job("j-0", "ml", 2),
+            job("j-b", "ml", 3),
+            job("j-p", "ml", 4),
+            job("j-c", "ml", 5),
+        );
+        let a = db.commit(move |w| w.insert_job(&a));
+        let dup = db.commit(move |w| w.insert_job(&dup));
+        let partial = db.commit(move |w| {
+            w.insert_job(&partial)?;
+            w.put_log(
+                "j-b",
+                &InstanceLog {
+                    function: "f".into(),
+                    instance: 0,
+                    attempt: 1,
+                    agent: "a-1".into(),
+                    log: "half".into(),
+                },
+                3,
+            )?;
+            Err::<(), _>(StoreError::Invalid("refused after two writes".into()))
+        });
+        let panics = db.commit(move |w| -> Result<(), StoreError> {
+            w.insert_job(&panics)?;
+            panic!("a write that panics");
+        });
+        let c = db.commit(move |w| w.insert_job(&c));
+        drop(busy);
+        let (a, dup, partial, panics, c) = futures::executor::block_on(async {
+            (a.await, dup.await, partial.await, panics.await, c.await)
+        });
+        a.expect("the write before the failures committed");
+        c.expect("the write after the failures committed");
+        assert!(matches!(dup, Err(StoreError::Conflict(_))), "{dup:?}");
+        assert!(
+            matches!(partial, Err(StoreError::Invalid(_))),
+            "{partial:?}"
+        );
+        assert!(matches!(panics, Err(StoreError::Task(_))), "{panics:?}");
+        let after = db.write_stats();
+        assert_eq!(after.writes - before.writes, 5);
+        assert_eq!(
+            after.batches - before.batches,
+            1,
+            "the five writes were one batch"
+        );
+        drop(db);
+
+        let db = Db::open_dir(dir.path()).expect("reopen");
+        let mut ids: Vec<String> = db
+            .list_jobs(None, 100)
+            .expect("list")
+            .into_iter()
+            .map(|j| j.id)
+            .collect();
+        ids.sort();
+        // The failed writes left nothing: not their first rows, not the log.
+        assert_eq!(ids, ["j-0", "j-a", "j-c"]);
+        assert_eq!(
+            db.get_job("j-0").expect("get").map(|j| j.created_ms),
+            Some(0)
+        );
+        assert!(db.logs("j-b", None).expect("logs").is_empty());
+        // The writer goes on after a panic.
+        db.insert_job(&job("j-d", "ml", 6)).expect("insert after");
     }
 
     #[test]
