@@ -357,7 +357,11 @@ impl Sandbox for DockerSandbox {
         fs::create_dir_all(&spec.input_dir)?;
         fs::create_dir_all(&spec.output_dir)?;
         let key = PoolKey::of(&spec);
-        let (container, cold) = match self.inner.take_idle(&key) {
+        let (taken, expired) = self.inner.take_idle(&key);
+        for c in expired {
+            self.inner.remove(c.id, c.dir).await;
+        }
+        let (container, cold) = match taken {
             Some(mut c) => {
                 let prewarmed = std::mem::take(&mut c.prewarmed);
                 if prewarmed && let Ok(mut stats) = self.inner.prewarm.lock() {
@@ -451,15 +455,26 @@ impl Drop for Lease {
 }
 
 impl Inner {
-    fn take_idle(&self, key: &PoolKey) -> Option<Container> {
-        let mut idle = self.idle.lock().ok()?;
-        let list = idle.get_mut(key)?;
+    /// An idle container of `key` within its keep-alive, and the containers of `key` past it,
+    /// for the caller to remove: the reaper looks only every quarter of the keep-alive, and a
+    /// container past its keep-alive must not be reused whatever the reaper's phase.
+    fn take_idle(&self, key: &PoolKey) -> (Option<Container>, Vec<Container>) {
+        let Ok(mut idle) = self.idle.lock() else {
+            return (None, Vec::new());
+        };
+        let Some(list) = idle.get_mut(key) else {
+            return (None, Vec::new());
+        };
+        let limit = self.config.idle_timeout;
+        let (expired, keep): (Vec<_>, Vec<_>) =
+            list.drain(..).partition(|c| c.last_used.elapsed() >= limit);
+        *list = keep;
         // The most recently used one: its pages are the likeliest to be in memory.
         let c = list.pop();
         if list.is_empty() {
             idle.remove(key);
         }
-        c
+        (c, expired)
     }
 
     async fn create(&self, spec: &RunSpec, key: PoolKey) -> Result<Container, SandboxError> {
