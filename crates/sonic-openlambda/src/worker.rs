@@ -204,14 +204,7 @@ pub async fn sweep_containers() -> Vec<String> {
             continue;
         }
         let name = name.to_owned();
-        let gone = Command::new("docker")
-            .args(["rm", "-f", &name])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .await;
-        if gone.is_ok_and(|s| s.success()) {
+        if docker_rm_force(&name).await {
             removed.push(name);
         }
     }
@@ -450,13 +443,7 @@ impl Worker {
     pub async fn shutdown(mut self) {
         let _ = self.child.kill().await;
         if let Some(name) = self.container.take() {
-            let _ = Command::new("docker")
-                .args(["rm", "-f", &name])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .await;
+            docker_rm_force(&name).await;
         }
         if let Some(cpu) = self.cpu.take() {
             cpu.remove().await;
@@ -672,4 +659,16 @@ async fn drain(
             kept.extend_from_slice(&buf[..n.min(room)]);
         }
     }
+}
+
+/// `docker rm -f NAME`, quietly; whether it succeeded.
+async fn docker_rm_force(name: &str) -> bool {
+    Command::new("docker")
+        .args(["rm", "-f", name])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success())
 }
