@@ -1367,7 +1367,6 @@ async fn dag_models(
     let overrides = query_overrides(q.params.as_deref())?;
     let rule = state.convergence();
     let lookup = name.clone();
-    let now = state.clock.now_ms();
     let view = state
         .db
         .run(move |db| {
@@ -1389,7 +1388,8 @@ async fn dag_models(
                     .into_iter()
                     .filter(|s| crate::learning::sample_setting(None, s) == setting)
                     .collect();
-                let mode = crate::learning::mode_of(db, &lookup, &setting, &models, now)?;
+                let mode =
+                    crate::learning::mode_of(db, &lookup, &setting, &models, last.updated_ms)?;
                 return Ok(Ok(Some(crate::learning::view(
                     &lookup,
                     &setting,
@@ -1406,8 +1406,11 @@ async fn dag_models(
             let setting = crate::learning::job_setting(&dag, &overrides);
             let samples = crate::learning::fitted_samples(db, &dag, &setting)?;
             let models = crate::learning::current(db, &dag, &setting, rule)?;
-            let mode = crate::learning::mode_of(db, &lookup, &setting, &models, now)?;
-            let settings = crate::learning::settings_view(db, &dag, rule, now)?;
+            // A setting with no mode recorded yet has been in it since the DAG was applied
+            // (not since this request: the view stays the same from one request to the next).
+            let since = record.created_ms;
+            let mode = crate::learning::mode_of(db, &lookup, &setting, &models, since)?;
+            let settings = crate::learning::settings_view(db, &dag, rule, since)?;
             Ok(Ok(Some(crate::learning::view(
                 &lookup,
                 &setting,

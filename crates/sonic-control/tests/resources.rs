@@ -33,12 +33,13 @@ async fn two_jobs_whose_plans_exceed_the_pool_are_queued_not_oversubscribed() {
     };
     let c = Cluster::start(rule).await;
     c.apply(DAG).await;
-    // Profiling (unplanned, each instance holding a slot of its agent): the models to plan with.
+    // Profiling (unplanned, each instance holding a slot of its agent): the models to plan with,
+    // at the parameters the planned jobs run with (models are kept per parameter setting).
     for n in [30_000usize, 90_000, 150_000] {
         let id = c
             .submit(json!({
                 "dag": "fan",
-                "params": { "mids": 4 },
+                "params": { "mids": 4, "mid.sleep_ms": 600 },
                 "input": { "name": "data.bin", "base64": base64(&sized_input(n)) },
             }))
             .await;
