@@ -296,6 +296,34 @@ async fn peak_memory_is_what_the_lambda_allocated() {
     near(&hot_small, 100);
 }
 
+/// What a lambda writes is not memory it needs: the container's memory cgroup charges the page
+/// cache of its outputs to the run, but the peak the profiler learns is the lambda's resident set.
+#[tokio::test]
+async fn written_outputs_are_not_the_lambdas_memory() {
+    let s = setup().await;
+    let mut spec = s.spec(
+        "writer",
+        "writer",
+        &["synthetic", "--output-bytes", "157286400"],
+    );
+    spec.memory_limit_bytes = 1024 * MIB;
+    let out_dir = spec.output_dir.clone();
+    let out = s.run(spec).await;
+    let written: u64 = files_under(&out_dir)
+        .iter()
+        .map(|(_, bytes)| bytes.len() as u64)
+        .sum();
+    s.finish().await;
+    assert!(out.succeeded(), "log: {}", out.log);
+    assert_eq!(written, 150 * MIB);
+    let peak = out.peak_memory_bytes.expect("peak measured");
+    assert!(
+        peak < 32 * MIB,
+        "a 150 MiB output counted as {} MiB of the lambda's memory",
+        peak / MIB
+    );
+}
+
 #[tokio::test]
 async fn exit_codes_signals_and_missing_commands() {
     let s = setup().await;

@@ -280,9 +280,9 @@ async fn peak_memory_is_what_the_lambda_allocated() {
 
 /// A lambda's peak is its own, not the size of the agent that started it: Linux starts a forked
 /// child's `ru_maxrss` from its parent's, so a big agent (or `ofctl up`, which holds the whole
-/// cluster) must not inflate what the profiler learns. With a cgroup too: the peak is the larger
-/// of the group's and the lambda's `ru_maxrss`, which `sonic-time` measures from its own small
-/// fork (a lambda the agent forked itself would show the agent's 400 MiB here).
+/// cluster) must not inflate what the profiler learns. With a cgroup too: the peak is the
+/// lambda's `ru_maxrss`, which `sonic-time` measures from its own small fork (a lambda the agent
+/// forked itself would show the agent's 400 MiB here).
 #[tokio::test]
 async fn a_big_agent_does_not_inflate_the_lambdas_peak() {
     let _alone = BALLAST.lock().await;
@@ -305,6 +305,40 @@ async fn a_big_agent_does_not_inflate_the_lambdas_peak() {
             .sum::<u64>(),
         102_400
     );
+}
+
+/// What a lambda writes is not memory it needs: a memory cgroup charges the page cache of its
+/// outputs to the run, but the peak the profiler learns is the lambda's resident set (else a
+/// function's memory model follows the kernel's reclaim, not the function).
+#[tokio::test]
+async fn written_outputs_are_not_the_lambdas_memory() {
+    let _alone = BALLAST.lock().await;
+    for mode in [CgroupMode::Auto, CgroupMode::Off] {
+        let s = setup(mode);
+        let mut spec = s.spec(
+            "writer",
+            "writer",
+            &[
+                "sh",
+                "-c",
+                "head -c 157286400 /dev/zero > \"$SONIC_OUTPUT_DIR/big\"",
+            ],
+        );
+        spec.memory_limit_bytes = 1024 * MIB;
+        let out = s.run(spec).await;
+        assert!(out.succeeded(), "{mode:?} log: {}", out.log);
+        let written = std::fs::metadata(s.dir.path().join("writer/out/big"))
+            .expect("the output was written")
+            .len();
+        assert_eq!(written, 150 * MIB, "{mode:?}");
+        let peak = out.peak_memory_bytes.expect("peak measured");
+        assert!(
+            peak < 32 * MIB,
+            "{mode:?}: a 150 MiB output counted as {} MiB of the lambda's memory",
+            peak / MIB
+        );
+        s.sandbox.shutdown().await.unwrap();
+    }
 }
 
 /// A lambda killed by a signal is reported as such (not as `sonic-time`'s 128 + N), with a

@@ -26,11 +26,13 @@
 //!   and `out/<run>` folders, removed after it; `/tmp` is the container's and stays, as in a
 //!   warm AWS Lambda container. `prewarm` starts containers ahead of the runs. A container that timed out, was
 //!   OOM-killed or stopped is never reused.
-//! - Peak memory: the larger of the lambda's `ru_maxrss` (reported by the launcher from `wait4`:
-//!   its peak resident memory) and the growth of the container's memory cgroup during the run
-//!   (cgroup v1: `memory.max_usage_in_bytes` reset before the run, minus the charge at that
-//!   moment; it counts anonymous memory and the page cache the run caused, e.g. written outputs).
-//!   On cgroup v2 the cgroup figure is used for a run in a fresh container only.
+//! - Peak memory: the lambda's `ru_maxrss` (reported by the launcher from `wait4`: the largest
+//!   resident set of the lambda and its descendants), what the function needs. Only when the
+//!   launcher gave none (the container died), the growth of the container's memory cgroup during
+//!   the run (cgroup v1: `memory.max_usage_in_bytes` reset before the run, minus the charge at
+//!   that moment; on v2 for a run in a fresh container only): it also counts the page cache the
+//!   run caused (every output written), which the kernel reclaims under the limit and which
+//!   varies with the machine's state, so the profiler would learn noise from it.
 //! - Out of memory: the cgroup's `oom_kill` counter grew during the run, or Docker reports
 //!   `OOMKilled` for a container that died.
 //! - Timeout (counted from the start of the command): the container is killed and removed.
@@ -734,10 +736,9 @@ impl Inner {
                     }
                 }
                 let rss = r.max_rss_kib.map(|k| k * 1024);
-                peak = match (peak, rss) {
-                    (Some(a), Some(b)) => Some(a.max(b)),
-                    (a, b) => a.or(b),
-                };
+                // The lambda's own peak when the launcher measured it; the cgroup's growth
+                // (page cache included) only without it.
+                peak = rss.or(peak);
                 if let Some(err) = &r.error {
                     log.push_str(&format!("sonic: {err}\n"));
                 }

@@ -5,10 +5,13 @@
 //!   the run (nothing a lambda starts in the background outlives it).
 //! - Memory: when cgroup v1 memory groups can be created under `cgroup_parent` (root on a v1
 //!   machine), each run gets a fresh group with the memory limit (no swap): the kernel enforces
-//!   the limit, an OOM kill is reported as `OutOfMemory`, and the peak is the larger of the
-//!   group's `memory.max_usage_in_bytes` (anonymous memory plus page cache the run caused) and
-//!   the lambda's `ru_maxrss`. Without cgroups the peak is the lambda's `ru_maxrss` and the limit
-//!   is checked after the fact: a run whose peak exceeded it is reported as `OutOfMemory`.
+//!   the limit, and an OOM kill is reported as `OutOfMemory`. The peak the profiler learns is the
+//!   lambda's `ru_maxrss` as `sonic-time` reports it (the largest resident set of the lambda and
+//!   its descendants): what the function needs. The group's `memory.max_usage_in_bytes` also
+//!   counts the page cache the run caused (every output written), which the kernel reclaims
+//!   under the limit and which varies with the machine's state, so it is the peak only when
+//!   `sonic-time` gave no report. Without cgroups the peak is `ru_maxrss` and the limit is checked
+//!   after the fact: a run whose peak exceeded it is reported as `OutOfMemory`.
 //!   RLIMIT_AS is not used: it limits address space, not memory, and breaks normal programs that
 //!   reserve more than they touch.
 //! - Starting: the agent spawns `sonic-time` (found in the lambda folders) with no work between
@@ -385,11 +388,13 @@ impl ProcessSandbox {
         // The lambda's own end and peak, from `sonic-time`'s report; without one (no
         // `sonic-time`, or it was killed) the reaped process's.
         let mut peak = reaped.max_rss_bytes;
+        let mut reported = false;
         let mut ended = (reaped.exit_code, reaped.signal);
         if let Some(report) = &report {
             match read_usage(report) {
                 Some(usage) => {
                     peak = usage.max_rss_kib.saturating_mul(1024);
+                    reported = true;
                     if usage.exit_code.is_some() || usage.signal.is_some() {
                         ended = (usage.exit_code, usage.signal);
                     }
@@ -404,9 +409,12 @@ impl ProcessSandbox {
         }
         let mut oom = false;
         if let Some(cg) = cgroup {
-            match cg.peak() {
-                Ok(p) => peak = peak.max(p),
-                Err(e) => tracing::warn!(error = %e, "cannot read the cgroup peak"),
+            if !reported {
+                // No lambda's own figure: the group's peak (page cache included) is the best bound.
+                match cg.peak() {
+                    Ok(p) => peak = peak.max(p),
+                    Err(e) => tracing::warn!(error = %e, "cannot read the cgroup peak"),
+                }
             }
             oom = cg.oom_kills().map(|k| k > 0).unwrap_or(false);
         } else if peak > spec.memory_limit_bytes {
