@@ -745,6 +745,9 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
             args+=(-v "$lambdas:$lambdas:ro")
             cmd+=(--bin-dir "$lambdas")
         fi
+        # The image's lambdas, sonic-time among them: without it the process sandbox forks the
+        # agent for every lambda, and a lambda's peak memory starts from the agent's size.
+        cmd+=(--bin-dir /usr/local/bin)
         mapfile -t tls_args < <(tls_env "$name")
         args+=("${tls_args[@]}")
         ensure "$name" "$AGENT_IMAGE" "${args[@]}" -- "${cmd[@]}"

@@ -53,9 +53,9 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::cgroup::{CGROUP_ROOT, MemoryCgroup};
@@ -503,9 +503,21 @@ fn read_usage(report: &std::path::Path) -> Option<Usage> {
     })
 }
 
-/// `sonic-time` in the lambda folders, if it is there.
+/// `sonic-time` in the lambda folders, else beside the agent's own executable (the images and
+/// cargo's target folder ship it there: an agent started without `--bin-dir` still measures its
+/// lambdas with it), if it is there.
 fn find_timer(dirs: &[PathBuf]) -> Option<PathBuf> {
-    dirs.iter().map(|d| d.join(TIMER)).find(|p| p.is_file())
+    static OWN_DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    let own = OWN_DIR.get_or_init(|| std::env::current_exe().ok()?.parent().map(Path::to_path_buf));
+    find_timer_in(dirs, own.as_deref())
+}
+
+fn find_timer_in(dirs: &[PathBuf], own_dir: Option<&Path>) -> Option<PathBuf> {
+    dirs.iter()
+        .map(PathBuf::as_path)
+        .chain(own_dir)
+        .map(|d| d.join(TIMER))
+        .find(|p| p.is_file())
 }
 
 /// The executable `program` names, looked up in `path_var` as `execvp` would.
@@ -905,6 +917,26 @@ pub(crate) fn sanitize(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_timer_is_looked_for_in_the_lambda_folders_then_beside_the_agent() {
+        let lambdas = tempfile::tempdir().unwrap();
+        let own = tempfile::tempdir().unwrap();
+        let empty = tempfile::tempdir().unwrap();
+        std::fs::write(own.path().join(TIMER), b"").unwrap();
+        let dirs = vec![empty.path().to_path_buf()];
+        assert_eq!(
+            find_timer_in(&dirs, Some(own.path())),
+            Some(own.path().join(TIMER))
+        );
+        assert_eq!(find_timer_in(&dirs, None), None);
+        std::fs::write(lambdas.path().join(TIMER), b"").unwrap();
+        let dirs = vec![empty.path().to_path_buf(), lambdas.path().to_path_buf()];
+        assert_eq!(
+            find_timer_in(&dirs, Some(own.path())),
+            Some(lambdas.path().join(TIMER))
+        );
+    }
 
     fn spec() -> RunSpec {
         RunSpec {
