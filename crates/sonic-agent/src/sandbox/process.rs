@@ -508,7 +508,12 @@ fn read_usage(report: &std::path::Path) -> Option<Usage> {
 /// lambdas with it), if it is there.
 fn find_timer(dirs: &[PathBuf]) -> Option<PathBuf> {
     static OWN_DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    let own = OWN_DIR.get_or_init(|| std::env::current_exe().ok()?.parent().map(Path::to_path_buf));
+    let own = OWN_DIR.get_or_init(|| {
+        std::env::current_exe()
+            .ok()?
+            .parent()
+            .map(Path::to_path_buf)
+    });
     find_timer_in(dirs, own.as_deref())
 }
 
