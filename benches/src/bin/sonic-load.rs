@@ -241,7 +241,7 @@ async fn control(dir: &Path, url_file: &Path) -> anyhow::Result<()> {
             .with_ansi(false)
             .with_span_events(FmtSpan::CLOSE)
             .with_env_filter(tracing_subscriber::EnvFilter::new(
-                "warn,sonic_control::api=debug",
+                "warn,sonic_control::api=debug,sonic_control::store=debug",
             ))
             .init();
     }

@@ -842,7 +842,7 @@ struct Choice {
 /// cannot predict or nothing is feasible.
 async fn choose(
     state: &ControlState,
-    dag: Dag,
+    dag: &Dag,
     setting: Setting,
     forced: Option<Policy>,
     planned_baseline: bool,
@@ -871,6 +871,7 @@ async fn choose(
         let rule = state.convergence();
         let (catalog, bandwidth) = state.planning_catalog();
         let budget = state.plan_budget();
+        let dag = dag.clone();
         let planned = state
             .db
             .run(move |db| {
@@ -904,6 +905,7 @@ async fn choose(
     let rule = state.convergence();
     let (catalog, bandwidth) = state.planning_catalog();
     let budget = state.plan_budget();
+    let dag = dag.clone();
     if forced == Some(Policy::Oracle) {
         let planned = state
             .db
@@ -998,17 +1000,16 @@ async fn choose(
 /// parameters), with the models and bandwidths there are now: a job a restarted control plane
 /// resumes.
 pub(crate) async fn plan_again(state: &ControlState, job: &JobRecord) -> Result<Planned, String> {
-    let lookup = job.dag.clone();
-    let record = state
+    let parsed = state
         .db
-        .run(move |db| db.get_dag(&lookup))
+        .parsed_dag(&job.dag)
         .await
         .map_err(|e| format!("database: {e}"))?
         .ok_or_else(|| format!("dag {} no longer exists", job.dag))?;
-    let dag = record.dag()?;
+    let dag = &parsed.dag;
     let overrides = job.params.clone().into_iter().collect();
     let fanouts = dag.fanouts(&dag.job_params(&overrides))?;
-    let setting = crate::learning::job_setting(&dag, &job.params);
+    let setting = crate::learning::job_setting(dag, &job.params);
     let policy: Policy = job.policy.parse()?;
     let baseline = matches!(policy, Policy::Remote | Policy::Direct | Policy::Local);
     let choice = choose(
@@ -1061,21 +1062,20 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
         .map(str::parse)
         .transpose()
         .map_err(ApiError::BadRequest)?;
-    let lookup = dag_name.clone();
-    let record = tracing::Instrument::instrument(
-        state.db.run(move |db| db.get_dag(&lookup)),
+    // Parsed once per revision and kept (`Db::parsed_dag`): no blocking thread once looked up.
+    let parsed = tracing::Instrument::instrument(
+        state.db.parsed_dag(&dag_name),
         tracing::debug_span!("submit_dag"),
     )
     .await?
     .ok_or_else(|| ApiError::NotFound(format!("no dag named {dag_name}")))?;
-    let dag: Dag = serde_json::from_value(record.parsed)
-        .map_err(|e| ApiError::Internal(format!("stored dag does not decode: {e}")))?;
+    let dag = &parsed.dag;
     let overrides = req.params.clone().into_iter().collect();
     let fanouts = dag
         .fanouts(&dag.job_params(&overrides))
         .map_err(|e| ApiError::BadRequest(format!("params: {e}")))?;
     // A handler that is not registered refuses the job now, before anything is stored.
-    crate::handlers::resolve(&rt, &dag)
+    crate::handlers::resolve(&rt, dag)
         .await
         .map_err(ApiError::BadRequest)?;
     let job_id = new_job_id();
@@ -1131,10 +1131,10 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
         input_bytes = size;
         input = Some((file, bytes));
     }
-    let setting = crate::learning::job_setting(&dag, &req.params);
+    let setting = crate::learning::job_setting(dag, &req.params);
     let mut choice = choose(
         state,
-        dag.clone(),
+        dag,
         setting,
         forced,
         req.planned,
@@ -1145,7 +1145,7 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
     if let Some(p) = choice.planned.as_mut() {
         // Why this plan: what the baselines would predict at the same parameters.
         let (catalog, _) = state.planning_catalog();
-        let baselines = crate::dashboard::why::baselines(&dag, &p.params, catalog);
+        let baselines = crate::dashboard::why::baselines(dag, &p.params, catalog);
         if let Some(map) = p.report.as_object_mut() {
             map.insert("baselines".into(), baselines);
         }

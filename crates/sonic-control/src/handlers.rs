@@ -114,11 +114,7 @@ impl sonic_openlambda::DagRunner for DagCalls {
             let Some(state) = self.state.upgrade() else {
                 return false;
             };
-            let lookup = name.to_owned();
-            matches!(
-                state.db.run(move |db| db.get_dag(&lookup)).await,
-                Ok(Some(_))
-            )
+            matches!(state.db.parsed_dag(name).await, Ok(Some(_)))
         })
     }
 

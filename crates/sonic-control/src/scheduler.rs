@@ -165,11 +165,29 @@ pub struct Runtime {
     /// Where agents push reports: `JobsConfig::report_url`, else where the server listens.
     report_url: std::sync::OnceLock<String>,
     /// The tasks executing jobs, stopped with the control plane ([`Runtime::stop_jobs`]).
-    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    tasks: Mutex<JobTasks>,
     /// The OpenLambda registry whose lambdas DAG functions may name as handlers.
     handlers: std::sync::OnceLock<Arc<sonic_openlambda::Handlers>>,
     /// Digests of lambda tarballs this process put in the store.
     packages: Mutex<BTreeSet<String>>,
+}
+
+/// The tasks executing jobs. Finished ones are dropped once the list doubled since the last
+/// time (amortized O(1) per job: a submission does not scan every job in flight).
+#[derive(Debug, Default)]
+struct JobTasks {
+    handles: Vec<tokio::task::AbortHandle>,
+    prune_at: usize,
+}
+
+impl JobTasks {
+    fn push(&mut self, handle: tokio::task::AbortHandle) {
+        if self.handles.len() >= self.prune_at {
+            self.handles.retain(|t| !t.is_finished());
+            self.prune_at = (self.handles.len() * 2).max(64);
+        }
+        self.handles.push(handle);
+    }
 }
 
 impl Runtime {
@@ -201,7 +219,7 @@ impl Runtime {
             models: Mutex::new(()),
             reports: crate::reports::Waiters::default(),
             report_url,
-            tasks: Mutex::new(Vec::new()),
+            tasks: Mutex::new(JobTasks::default()),
             handlers: std::sync::OnceLock::new(),
             packages: Mutex::new(BTreeSet::new()),
         }
@@ -240,9 +258,10 @@ impl Runtime {
         F: std::future::Future<Output = ()> + Send + 'static,
     {
         let handle = tokio::spawn(execution).abort_handle();
-        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
-        tasks.retain(|t| !t.is_finished());
-        tasks.push(handle);
+        self.tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(handle);
     }
 
     /// Stops executing every job, recording nothing more: what was recorded stays, so that the
@@ -250,7 +269,7 @@ impl Runtime {
     /// on on their agents and are adopted then.
     pub fn stop_jobs(&self) {
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
-        for t in tasks {
+        for t in tasks.handles {
             t.abort();
         }
     }
@@ -1073,16 +1092,19 @@ async fn run(
         hosts: recorded_hosts,
     } = recorded;
     let lost = progress.lost.clone();
-    let dag_name = job.dag.clone();
     let now = state.clock.now_ms();
     let timeout = state.settings.heartbeat_timeout;
-    let (record, agents) = state
-        .db
-        .run(move |db| Ok((db.get_dag(&dag_name)?, db.list_agents()?)))
-        .await
-        .map_err(|e| format!("database: {e}"))?;
-    let record = record.ok_or_else(|| format!("dag {} no longer exists", job.dag))?;
-    let dag = record.dag()?;
+    // The DAG as it is now (kept parsed: no blocking thread), the agents from their rows.
+    let (parsed, agents) = tokio::join!(
+        state.db.parsed_dag(&job.dag),
+        state.db.run(|db| db.list_agents())
+    );
+    let agents = agents.map_err(|e| format!("database: {e}"))?;
+    let dag = parsed
+        .map_err(|e| format!("database: {e}"))?
+        .ok_or_else(|| format!("dag {} no longer exists", job.dag))?
+        .dag
+        .clone();
     let mut agents: Vec<AgentSlot> = agents
         .into_iter()
         .filter(|a| a.alive(now, timeout) && !lost.contains(&a.id))

@@ -23,9 +23,10 @@
 //! Every statement is parameterized; no value is ever formatted into SQL.
 //! The methods block: async code calls them through [`Db::run`].
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, mpsc};
 use std::time::Duration;
 
 use rusqlite::types::Type;
@@ -45,6 +46,9 @@ pub const READERS: usize = 4;
 const STATEMENT_CACHE: usize = 64;
 /// The most writes the writer thread commits in one transaction.
 pub const MAX_BATCH: usize = 256;
+/// The most DAGs kept parsed in memory ([`Db::parsed_dag`]); past it the least recently used
+/// one is dropped (and parsed again from its row when it is next named).
+pub const CACHED_DAGS: usize = 256;
 
 /// The schema, one migration per version; the database records how many it has applied in
 /// `schema_version`. Append new migrations; never edit one that has shipped.
@@ -453,6 +457,112 @@ pub struct Db {
     readers: Option<Arc<Readers>>,
     /// The writer thread's queue; the thread ends when the last clone is dropped.
     queue: Arc<WriteQueue>,
+    /// The DAGs last looked up, parsed, as their rows hold them.
+    dags: Arc<DagCache>,
+}
+
+/// A DAG as its row holds it, parsed once: what [`Db::parsed_dag`] answers.
+#[derive(Debug)]
+pub struct ParsedDag {
+    /// The row's revision (1 when created, one more per change).
+    pub revision: u64,
+    /// The checked DAG.
+    pub dag: sonic_core::dag::Dag,
+}
+
+/// Parsed DAGs by name, at most [`CACHED_DAGS`]. What it holds is what the `dags` table held
+/// at some point no earlier than the last change this process made to the name: [`Db::put_dag`]
+/// and [`Db::delete_dag`] drop a name once their change is committed (before they return), and a
+/// lookup that read a row keeps it only if no change came in between (`generation`). This process
+/// is the only writer of the table (another process may read the file, not change DAGs).
+#[derive(Default)]
+struct DagCache {
+    state: RwLock<DagCacheState>,
+    /// Orders the entries' uses, for evicting the least recently used.
+    clock: AtomicU64,
+}
+
+#[derive(Default)]
+struct DagCacheState {
+    dags: HashMap<String, CachedDag>,
+    /// One more at every committed change of the table.
+    generation: u64,
+}
+
+struct CachedDag {
+    parsed: Arc<ParsedDag>,
+    /// `DagCache::clock` when last used.
+    used: AtomicU64,
+}
+
+impl std::fmt::Debug for DagCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DagCache")
+            .field("len", &self.read().dags.len())
+            .finish()
+    }
+}
+
+impl DagCache {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, DagCacheState> {
+        // Nothing is left half done under the lock: a panic cannot poison it meaningfully.
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, DagCacheState> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, name: &str) -> Option<Arc<ParsedDag>> {
+        let state = self.read();
+        let entry = state.dags.get(name)?;
+        let now = self.clock.fetch_add(1, Ordering::Relaxed);
+        entry.used.store(now, Ordering::Relaxed);
+        Some(entry.parsed.clone())
+    }
+
+    fn generation(&self) -> u64 {
+        self.read().generation
+    }
+
+    /// Keeps `parsed`, read from the table after `generation` was current, unless the table
+    /// changed since.
+    fn fill(&self, name: &str, generation: u64, parsed: Arc<ParsedDag>) {
+        let mut state = self.write();
+        if state.generation != generation {
+            return;
+        }
+        if !state.dags.contains_key(name) && state.dags.len() >= CACHED_DAGS {
+            let oldest = state
+                .dags
+                .iter()
+                .min_by_key(|(_, e)| e.used.load(Ordering::Relaxed))
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                state.dags.remove(&k);
+            }
+        }
+        let now = self.clock.fetch_add(1, Ordering::Relaxed);
+        state.dags.insert(
+            name.to_owned(),
+            CachedDag {
+                parsed,
+                used: AtomicU64::new(now),
+            },
+        );
+    }
+
+    /// The row of `name` changed (committed): what was kept of it goes, and lookups that read
+    /// before this do not keep what they read.
+    fn changed(&self, name: &str) {
+        let mut state = self.write();
+        state.generation += 1;
+        state.dags.remove(name);
+    }
+
+    fn len(&self) -> usize {
+        self.read().dags.len()
+    }
 }
 
 /// How many writes the writer thread committed, in how many transactions.
@@ -550,7 +660,9 @@ fn serve_writes(
     counters: Arc<Counters>,
 ) {
     while let Ok(first) = rx.recv() {
+        let asked = std::time::Instant::now();
         let guard = conn.lock().unwrap_or_else(|p| p.into_inner());
+        let lock_us = asked.elapsed().as_micros() as u64;
         // Taken after the lock: what queued while it waited joins this batch.
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -559,8 +671,12 @@ fn serve_writes(
                 Err(_) => break,
             }
         }
+        // At debug (`sonic-load`'s SONIC_LOAD_SPANS): how long each batch held the connection,
+        // and how long the writer waited for it (the rare writes that lock it directly).
+        let span = tracing::debug_span!("write_batch", writes = batch.len(), lock_us).entered();
         let outcome = commit_batch(&guard, &mut batch);
         drop(guard);
+        drop(span);
         if let Err(e) = &outcome {
             tracing::error!(error = %e, writes = batch.len(), "a batch of writes did not commit");
         }
@@ -828,6 +944,7 @@ impl Db {
             conn,
             readers,
             queue: Arc::new(WriteQueue { tx, counters }),
+            dags: Arc::new(DagCache::default()),
         })
     }
 
@@ -978,6 +1095,10 @@ impl Db {
             dag_row,
         )?;
         tx.commit()?;
+        // Still holding the connection: changes of one name reach the cache in commit order.
+        if applied != Applied::Unchanged {
+            self.dags.changed(name);
+        }
         Ok((applied, record))
     }
 
@@ -1002,10 +1123,47 @@ impl Db {
     /// Removes a DAG's definition; its jobs, samples and models stay (history, and what a
     /// re-applied DAG of the same name learns from). Returns whether it existed.
     pub fn delete_dag(&self, name: &str) -> Result<bool, StoreError> {
-        let n = self
-            .conn()
-            .execute("DELETE FROM dags WHERE name = ?1", params![name])?;
+        let conn = self.conn();
+        let n = conn.execute("DELETE FROM dags WHERE name = ?1", params![name])?;
+        if n > 0 {
+            self.dags.changed(name);
+        }
         Ok(n > 0)
+    }
+
+    /// The DAG named `name`, parsed: from memory when it was looked up since it last changed
+    /// (no statement, no blocking), else read from its row and kept ([`CACHED_DAGS`] at most).
+    /// Blocks on a miss; async code calls [`Db::parsed_dag`]. A row that no longer decodes is
+    /// [`StoreError::Invalid`].
+    pub fn load_dag(&self, name: &str) -> Result<Option<Arc<ParsedDag>>, StoreError> {
+        if let Some(hit) = self.dags.get(name) {
+            return Ok(Some(hit));
+        }
+        let generation = self.dags.generation();
+        let Some(record) = self.get_dag(name)? else {
+            return Ok(None);
+        };
+        let parsed = Arc::new(ParsedDag {
+            revision: record.revision,
+            dag: record.dag().map_err(StoreError::Invalid)?,
+        });
+        self.dags.fill(name, generation, parsed.clone());
+        Ok(Some(parsed))
+    }
+
+    /// [`Db::load_dag`] for async code: a DAG kept in memory is answered at once, without a
+    /// blocking thread; only a miss reads its row on one ([`Db::run`]).
+    pub async fn parsed_dag(&self, name: &str) -> Result<Option<Arc<ParsedDag>>, StoreError> {
+        if let Some(hit) = self.dags.get(name) {
+            return Ok(Some(hit));
+        }
+        let lookup = name.to_owned();
+        self.run(move |db| db.load_dag(&lookup)).await
+    }
+
+    /// How many DAGs are kept parsed in memory (at most [`CACHED_DAGS`]).
+    pub fn cached_dags(&self) -> usize {
+        self.dags.len()
     }
 
     /// How many DAGs are registered.
@@ -1970,6 +2128,116 @@ mod tests {
         assert!(db.delete_dag("d").expect("delete"));
         assert!(!db.delete_dag("d").expect("delete again"));
         assert!(db.get_dag("d").expect("get").is_none());
+    }
+
+    /// A DAG file and its parsed form, as `PUT /v1/dags` stores them.
+    fn dag_file(name: &str, function: &str) -> (String, serde_json::Value) {
+        let yaml = format!(
+            "name: {name}\nfunctions:\n  - {{ name: {function}, image: x, command: [noop] }}\n"
+        );
+        let dag = sonic_core::dag::Dag::from_yaml("test", &yaml).expect("valid dag");
+        (yaml, serde_json::to_value(&dag).expect("json"))
+    }
+
+    fn put(db: &Db, name: &str, function: &str) -> Applied {
+        let (yaml, parsed) = dag_file(name, function);
+        db.put_dag(name, &yaml, &parsed, 1).expect("put").0
+    }
+
+    fn function_of(db: &Db, name: &str) -> Option<(u64, String)> {
+        db.load_dag(name)
+            .expect("load")
+            .map(|p| (p.revision, p.dag.functions[0].name.clone()))
+    }
+
+    #[test]
+    fn parsed_dags_follow_applies_and_deletes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (what, db) in [
+            ("memory", Db::open_in_memory().expect("open")),
+            ("file", Db::open_dir(dir.path()).expect("open")),
+        ] {
+            assert!(db.load_dag("d").expect("load").is_none(), "{what}");
+            assert_eq!(put(&db, "d", "first"), Applied::Created);
+            let one = db.load_dag("d").expect("load").expect("dag");
+            assert_eq!(
+                (one.revision, one.dag.functions[0].name.as_str()),
+                (1, "first")
+            );
+            // Kept: the same parse is answered again.
+            let again = db.load_dag("d").expect("load").expect("dag");
+            assert!(Arc::ptr_eq(&one, &again), "{what}: parsed once");
+            assert_eq!(db.cached_dags(), 1);
+            // The same file again changes nothing, and keeps the parse.
+            assert_eq!(put(&db, "d", "first"), Applied::Unchanged);
+            let same = db.load_dag("d").expect("load").expect("dag");
+            assert!(Arc::ptr_eq(&one, &same), "{what}");
+            // Re-applied: the next lookup sees the new revision.
+            assert_eq!(put(&db, "d", "second"), Applied::Updated);
+            assert_eq!(function_of(&db, "d"), Some((2, "second".into())), "{what}");
+            // Deleted: gone, though it was kept.
+            assert!(db.delete_dag("d").expect("delete"));
+            assert_eq!(function_of(&db, "d"), None, "{what}");
+            assert_eq!(db.cached_dags(), 0);
+            // Applied again under the same name: a new DAG.
+            assert_eq!(put(&db, "d", "third"), Applied::Created);
+            assert_eq!(function_of(&db, "d"), Some((1, "third".into())), "{what}");
+        }
+    }
+
+    #[test]
+    fn a_lookup_that_read_before_a_change_keeps_nothing() {
+        let db = Db::open_in_memory().expect("open");
+        put(&db, "d", "old");
+        // A lookup reads the row, then an apply (or a delete) commits before it keeps the parse.
+        let generation = db.dags.generation();
+        let stale = db.get_dag("d").expect("get").expect("row");
+        put(&db, "d", "new");
+        let stale = Arc::new(ParsedDag {
+            revision: stale.revision,
+            dag: stale.dag().expect("decodes"),
+        });
+        db.dags.fill("d", generation, stale.clone());
+        assert_eq!(db.cached_dags(), 0, "a stale read is not kept");
+        assert_eq!(function_of(&db, "d"), Some((2, "new".into())));
+        let generation = db.dags.generation();
+        assert!(db.delete_dag("d").expect("delete"));
+        db.dags.fill("d", generation, stale);
+        assert_eq!(
+            function_of(&db, "d"),
+            None,
+            "a deleted DAG is not brought back"
+        );
+    }
+
+    #[test]
+    fn parsed_dags_are_bounded_and_the_least_recently_used_goes() {
+        let db = Db::open_in_memory().expect("open");
+        let names: Vec<String> = (0..=CACHED_DAGS).map(|i| format!("d{i}")).collect();
+        for n in &names[..CACHED_DAGS] {
+            put(&db, n, "f");
+            db.load_dag(n).expect("load").expect("dag");
+        }
+        assert_eq!(db.cached_dags(), CACHED_DAGS);
+        // d0 used again: d1 is now the least recently used.
+        let d0 = db.load_dag("d0").expect("load").expect("dag");
+        let last = &names[CACHED_DAGS];
+        put(&db, last, "f");
+        db.load_dag(last).expect("load").expect("dag");
+        assert_eq!(db.cached_dags(), CACHED_DAGS, "never more than CACHED_DAGS");
+        let state = db.dags.read();
+        assert!(state.dags.contains_key("d0") && state.dags.contains_key(last.as_str()));
+        assert!(
+            !state.dags.contains_key("d1"),
+            "the least recently used went"
+        );
+        drop(state);
+        // Dropped from memory, not from the table: read again when named.
+        assert_eq!(function_of(&db, "d1"), Some((1, "f".into())));
+        assert!(Arc::ptr_eq(
+            &d0,
+            &db.load_dag("d0").expect("load").expect("dag")
+        ));
     }
 
     #[test]

@@ -628,6 +628,68 @@ async fn bad_submissions_are_refused() {
     c.stop().await;
 }
 
+/// One function, named `function`, copying its input to the result.
+fn one_function(function: &str) -> String {
+    format!(
+        "name: again\nfunctions:\n  - {{ name: {function}, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }}\n"
+    )
+}
+
+/// Submissions and executions read the DAG from what the control plane keeps parsed: a re-applied
+/// DAG is what the next job runs, a deleted one refuses the next submission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reapplied_dag_runs_as_applied_and_a_deleted_one_is_refused() {
+    let c = cluster().await;
+    let input = input_bytes();
+    let names = |s: &JobSummary| {
+        let mut n: Vec<String> = s.functions.iter().map(|f| f.name.clone()).collect();
+        n.dedup();
+        n
+    };
+    c.apply(&one_function("first")).await;
+    let (v, s) = c.run_ok("again", Some("remote"), &input).await;
+    assert_eq!(names(&s), ["first"], "{v}");
+    // Looked up (and kept) by that job: now replaced.
+    c.apply(&one_function("second")).await;
+    let (v, s) = c.run_ok("again", Some("remote"), &input).await;
+    assert_eq!(names(&s), ["second"], "the re-applied DAG runs: {v}");
+    c.assert_copies(&s, 1, &input).await;
+    // Replaced by a DAG whose handler this control plane cannot run: refused at submission.
+    c.apply("name: again\nfunctions:\n  - { name: only, handler: py-nothing, timeout: 30s }\n")
+        .await;
+    let post = |body: Value| {
+        c.http
+            .post(format!("{}/v1/jobs", c.control.url()))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+    };
+    let r = post(json!({ "dag": "again", "policy": "remote" }))
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 400);
+    assert!(
+        r.text().await.expect("body").contains("py-nothing"),
+        "refused for the new revision's handler"
+    );
+    c.apply(&one_function("third")).await;
+    let (v, s) = c.run_ok("again", Some("remote"), &input).await;
+    assert_eq!(names(&s), ["third"], "{v}");
+    let r = c
+        .http
+        .delete(format!("{}/v1/dags/again", c.control.url()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(r.status(), 204);
+    let r = post(json!({ "dag": "again", "policy": "remote" }))
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 404, "a deleted DAG is refused");
+    c.stop().await;
+}
+
 #[tokio::test]
 async fn a_job_running_at_restart_is_failed() {
     let dir = tempfile::tempdir().expect("tempdir");
