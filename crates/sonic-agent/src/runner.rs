@@ -487,6 +487,7 @@ pub async fn execute(state: Arc<AgentState>, req: RunRequest) -> RunReport {
         cold: None,
         seconds: None,
         start_latency_s: None,
+        setup_s: None,
         peak_memory_mb: None,
         exit_code: None,
         error: None,
@@ -596,7 +597,9 @@ async fn run_inner(
     }
     let (command, image, mounts) = match &req.handler {
         Some(h) => {
+            let setup = Instant::now();
             let launch = handler_command(state, h).await?;
+            report.setup_s = Some(setup.elapsed().as_secs_f64());
             env.extend(launch.env);
             (launch.command, launch.image, launch.mounts)
         }
