@@ -261,12 +261,20 @@ pub struct PrewarmRequest {
     /// As in [`RunRequest::output_quota_mb`] (absent: the agent's own quota).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_quota_mb: Option<u64>,
+    /// A handler stage ([`RunRequest::handler`]): the agent also fetches its code, builds its
+    /// environment and starts each instance's Python runtime, which imports `f.py`, so that the
+    /// next runs neither start a runtime nor import. `image` and `command` are then empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<HandlerRun>,
 }
 
 impl PrewarmRequest {
     /// The warm key the prewarmed containers serve: the one of the runs of this function.
     pub fn warm_key(&self) -> String {
-        warm_key(&self.function_key, &self.image, &self.command)
+        match &self.handler {
+            Some(h) => warm_key(&self.function_key, &format!("handler:{}", h.sha256), &[]),
+            None => warm_key(&self.function_key, &self.image, &self.command),
+        }
     }
 }
 
@@ -444,8 +452,26 @@ mod tests {
             memory_limit_mb: 512,
             cpus: 1.0,
             output_quota_mb: None,
+            handler: None,
         };
         assert_eq!(prewarm.warm_key(), a.warm_key());
+        // A handler stage's prewarm serves the warm key of its runs.
+        let handler = HandlerRun {
+            name: "py".into(),
+            sha256: "a".repeat(64),
+            key: handler_key(&"a".repeat(64)),
+            routes: BTreeMap::new(),
+        };
+        let mut run = body("j-1", Some(&key));
+        run.handler = Some(handler.clone());
+        let prewarm = PrewarmRequest {
+            image: String::new(),
+            command: Vec::new(),
+            handler: Some(handler),
+            ..prewarm
+        };
+        assert_eq!(prewarm.warm_key(), run.warm_key());
+        assert_ne!(prewarm.warm_key(), a.warm_key());
         assert!(check_function_key("a b").is_err() && check_function_key("").is_err());
     }
 }

@@ -649,6 +649,60 @@ async fn a_handler_stage_runs_in_its_requirements_environment() {
     c.stop().await;
 }
 
+/// A handler stage is prewarmed like an executable's: while the stage before it runs, its agent
+/// starts the instance's Python runtime, which imports `f.py`, so that the stage's run finds it
+/// warm: it is hot (no runtime started), and its module was imported before it was called, by
+/// the runtime that then served the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prewarmed_handler_stage_finds_its_runtime_started() {
+    let c = Cluster::start().await;
+    c.upload(
+        "py-slow",
+        &[(
+            "f.py",
+            "import time\ndef f(event):\n    time.sleep(3)\n    return {'slept': 3}\n",
+        )],
+    )
+    .await;
+    let imports = |version: u32| {
+        format!(
+            "import os, time\nIMPORTED = time.time()\ntime.sleep(0.5)  # an import that takes a while\ncalls = 0\nVERSION = {version}\n\ndef f(event):\n    global calls\n    calls += 1\n    return {{'since_import_s': time.time() - IMPORTED, 'calls': calls, 'version': VERSION}}\n"
+        )
+    };
+    c.upload("py-imports", &[("f.py", imports(1).as_str())])
+        .await;
+    c.apply(
+        "name: warmup\nfunctions:\n  - { name: first, handler: py-slow, timeout: 30s }\n  - { name: second, handler: py-imports, timeout: 30s }\nedges:\n  - { from: first, to: second, kind: one }\n",
+    )
+    .await;
+    // Jobs that measure cold starts have nothing prewarmed: these learn the cold times.
+    for _ in 0..3 {
+        let (v, s) = c.run(json!({ "dag": "warmup" })).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    }
+    // A new version of `second`: no warm instance of it is left by the jobs before (a new
+    // digest, a new warm key), so its run is hot only if it was prewarmed.
+    c.upload("py-imports", &[("f.py", imports(2).as_str())])
+        .await;
+    let (v, s) = c.run(json!({ "dag": "warmup" })).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    let second = s
+        .functions
+        .iter()
+        .find(|f| f.name == "second")
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(!second.cold, "the prewarmed runtime served the run: {v}");
+    let files = c.results(&s).await;
+    let got: Value = serde_json::from_slice(&files[0].1).expect("json");
+    assert_eq!(got["calls"], 1, "{got}");
+    assert_eq!(got["version"], 2, "{got}");
+    // Imported while `first` slept (3 s), not by the run (which would call at once after
+    // the import's 0.5 s).
+    let since = got["since_import_s"].as_f64().unwrap_or(0.0);
+    assert!(since > 1.5, "imported {since} s before the call: {got}");
+    c.stop().await;
+}
+
 /// Uploads the ML pipeline's three lambdas (`lambdas/python/ml-pipeline/`) and applies
 /// `dags/ml-pipeline-py.yaml`.
 async fn ml_pipeline(c: &Cluster) {
