@@ -787,8 +787,8 @@ async fn the_ml_pipeline_as_python_handlers() {
 /// profiles at a spread of input sizes until every model planning needs has converged, and
 /// then its unforced jobs run planned, with results identical to `remote`'s. Ignored as the
 /// one above (numpy from PyPI), and it runs up to 28 jobs. The cold times of these sub-second
-/// stages measure the machine's load as much as their input: here it converged after 5 jobs at
-/// load averages 4 to 5 and not within 24 at 5 to 6 on two cores (docs/python.md).
+/// stages measure the machine's load as much as their input: here it converged after 5 or 6 jobs
+/// at load averages 2.6 to 5 and not within 24 at 5 to 6 on two cores (docs/python.md).
 /// `cargo test -p sonic-control --test handlers -- --ignored --nocapture learned_then_planned`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "installs numpy from PyPI on every host and runs up to 28 jobs; needs a quiet machine"]
