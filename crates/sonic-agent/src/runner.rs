@@ -394,7 +394,17 @@ fn quota_mb(state: &AgentState, asked: Option<u64>) -> u64 {
 pub fn check_prewarm(state: &AgentState, req: &PrewarmRequest) -> Result<usize, RunError> {
     let invalid = |m: String| Err(RunError::Invalid(m));
     sonic_api::agent::check_function_key(&req.function_key).map_err(RunError::Invalid)?;
-    if req.command.is_empty() || req.command.iter().any(|a| a.contains('\0')) {
+    if let Some(h) = &req.handler {
+        if !req.command.is_empty() || !req.image.is_empty() {
+            return invalid("a handler stage's prewarm names no image or command".into());
+        }
+        if h.name.is_empty() || h.name.contains('\0') || h.key.contains('\0') {
+            return invalid("handler: a name and a key with no NUL".into());
+        }
+        if h.sha256.len() != 64 || !h.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return invalid("handler: sha256 must be 64 hex digits".into());
+        }
+    } else if req.command.is_empty() || req.command.iter().any(|a| a.contains('\0')) {
         return invalid("command needs an executable and no NUL".into());
     }
     if req.image.contains('\0') {
@@ -422,8 +432,11 @@ pub fn check_prewarm(state: &AgentState, req: &PrewarmRequest) -> Result<usize, 
 
 /// `POST /v1/prewarm`: makes `count` containers (environments) of the function warm and idle on
 /// this agent, with the limits its runs will have, so that its next runs are hot.
-pub async fn prewarm(state: &AgentState, req: &PrewarmRequest) -> Result<Prewarmed, RunError> {
+pub async fn prewarm(state: &Arc<AgentState>, req: &PrewarmRequest) -> Result<Prewarmed, RunError> {
     let count = check_prewarm(state, req)?;
+    if let Some(h) = &req.handler {
+        return prewarm_handler(state, req, h, count).await;
+    }
     let spec = RunSpec {
         run_id: format!("prewarm.{}", req.function_key),
         warm_key: req.warm_key(),
@@ -444,6 +457,85 @@ pub async fn prewarm(state: &AgentState, req: &PrewarmRequest) -> Result<Prewarm
     Ok(Prewarmed {
         started: u32::try_from(started).unwrap_or(u32::MAX),
         warm: u32::try_from(warm).unwrap_or(u32::MAX),
+    })
+}
+
+/// How long starting one instance's Python runtime (its `f.py` imported) may take in a prewarm.
+const PREWARM_HANDLER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// A handler stage's prewarm: its code fetched and its environment built as for a run, then
+/// `count` runs of the runner at once that only start their instance's runtime and import
+/// `f.py` (`SONIC_PREWARM`: no call, no output), with the limits of the runs to come. Each ends
+/// with its instance warm and idle under the runs' warm key, the runtime in it; an instance
+/// that was already warm with a runtime is taken by one of them and left as it was. `started`
+/// counts the runtimes started.
+async fn prewarm_handler(
+    state: &Arc<AgentState>,
+    req: &PrewarmRequest,
+    h: &HandlerRun,
+    count: usize,
+) -> Result<Prewarmed, RunError> {
+    let launch = handler_command(state, h).await?;
+    let base = format!("prewarm.{}", req.function_key);
+    let quota = quota_mb(state, req.output_quota_mb).saturating_mul(1024 * 1024);
+    let runs: Vec<_> = (0..count)
+        .map(|i| {
+            let launch = &launch;
+            let run_id = format!("{base}.{i}.{}", std::process::id());
+            let scratch = state.config.scratch_dir().join(&run_id);
+            async move {
+                let (input_dir, output_dir) = (scratch.join("input"), scratch.join("output"));
+                for d in [&input_dir, &output_dir] {
+                    tokio::fs::create_dir_all(d)
+                        .await
+                        .map_err(|e| RunError::Invalid(format!("scratch: {e}")))?;
+                }
+                let mut env = launch.env.clone();
+                env.push(("SONIC_PREWARM".into(), "1".into()));
+                let spec = RunSpec {
+                    run_id,
+                    warm_key: req.warm_key(),
+                    image: launch.image.clone(),
+                    mounts: launch.mounts.clone(),
+                    command: launch.command.clone(),
+                    env,
+                    input_dir,
+                    output_dir: output_dir.clone(),
+                    memory_limit_bytes: req.memory_limit_mb.saturating_mul(1024 * 1024),
+                    cpus: req.cpus,
+                    timeout: PREWARM_HANDLER_TIMEOUT,
+                    output_quota_bytes: quota,
+                };
+                let outcome = {
+                    let _running = Running::count(&state.running);
+                    state.sandbox.run(spec).await
+                };
+                let started = handler_usage(&output_dir).runtime_started;
+                let _ = tokio::fs::remove_dir_all(&scratch).await;
+                let outcome = outcome?;
+                match outcome.termination {
+                    Termination::Exited(0) => Ok(started),
+                    other => Err(RunError::Handler {
+                        name: h.name.clone(),
+                        message: format!(
+                            "its runtime did not start ({other:?}): {}",
+                            outcome.log.lines().last().unwrap_or_default()
+                        ),
+                    }),
+                }
+            }
+        })
+        .collect();
+    let results = futures::future::join_all(runs).await;
+    let (started, failed) = split_results(results);
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let n = started.iter().filter(|s| **s).count();
+    tracing::info!(key = %req.warm_key(), asked = req.count, started = n, warm = started.len(), "prewarmed handler runtimes");
+    Ok(Prewarmed {
+        started: u32::try_from(n).unwrap_or(u32::MAX),
+        warm: u32::try_from(started.len()).unwrap_or(u32::MAX),
     })
 }
 
@@ -487,6 +579,7 @@ pub async fn execute(state: Arc<AgentState>, req: RunRequest) -> RunReport {
         cold: None,
         seconds: None,
         start_latency_s: None,
+        setup_s: None,
         peak_memory_mb: None,
         exit_code: None,
         error: None,
@@ -596,7 +689,9 @@ async fn run_inner(
     }
     let (command, image, mounts) = match &req.handler {
         Some(h) => {
+            let setup = Instant::now();
             let launch = handler_command(state, h).await?;
+            report.setup_s = Some(setup.elapsed().as_secs_f64());
             env.extend(launch.env);
             (launch.command, launch.image, launch.mounts)
         }

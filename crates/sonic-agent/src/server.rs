@@ -351,6 +351,7 @@ async fn start_run(
                 cold: None,
                 seconds: None,
                 start_latency_s: None,
+                setup_s: None,
                 peak_memory_mb: None,
                 exit_code: None,
                 error: None,

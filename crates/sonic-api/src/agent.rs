@@ -261,12 +261,20 @@ pub struct PrewarmRequest {
     /// As in [`RunRequest::output_quota_mb`] (absent: the agent's own quota).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_quota_mb: Option<u64>,
+    /// A handler stage ([`RunRequest::handler`]): the agent also fetches its code, builds its
+    /// environment and starts each instance's Python runtime, which imports `f.py`, so that the
+    /// next runs neither start a runtime nor import. `image` and `command` are then empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<HandlerRun>,
 }
 
 impl PrewarmRequest {
     /// The warm key the prewarmed containers serve: the one of the runs of this function.
     pub fn warm_key(&self) -> String {
-        warm_key(&self.function_key, &self.image, &self.command)
+        match &self.handler {
+            Some(h) => warm_key(&self.function_key, &format!("handler:{}", h.sha256), &[]),
+            None => warm_key(&self.function_key, &self.image, &self.command),
+        }
     }
 }
 
@@ -334,6 +342,13 @@ pub struct RunReport {
     pub cold: Option<bool>,
     pub seconds: Option<f64>,
     pub start_latency_s: Option<f64>,
+    /// A handler stage: the seconds the agent spent preparing its code before the sandbox
+    /// started (fetching and unpacking the lambda's tarball, building its `requirements.txt`
+    /// environment: once per version, or per requirements set, on an agent; about nothing
+    /// after). Part of the instance's wall time, but neither its run nor the per-instance
+    /// overhead the control plane learns. `None` for an executable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup_s: Option<f64>,
     pub peak_memory_mb: Option<f64>,
     pub exit_code: Option<i32>,
     pub error: Option<String>,
@@ -361,6 +376,28 @@ pub struct ErrorBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A handler stage's setup time travels with its report; a report without it (an
+    /// executable's, or an older agent's) reads as none.
+    #[test]
+    fn setup_seconds_are_optional_in_a_report() {
+        let mut v = serde_json::json!({
+            "run_id": "r", "status": "succeeded", "cold": true, "seconds": 0.5,
+            "start_latency_s": 0.01, "peak_memory_mb": 40.0, "exit_code": 0, "error": null,
+        });
+        let r: RunReport = serde_json::from_value(v.clone()).expect("report");
+        assert_eq!(r.setup_s, None);
+        assert!(
+            serde_json::to_value(&r)
+                .expect("json")
+                .get("setup_s")
+                .is_none()
+        );
+        v["setup_s"] = serde_json::json!(6.8);
+        let r: RunReport = serde_json::from_value(v).expect("report");
+        assert_eq!(r.setup_s, Some(6.8));
+        assert_eq!(serde_json::to_value(&r).expect("json")["setup_s"], 6.8);
+    }
 
     #[test]
     fn run_ids_differ_across_attempts_and_executions() {
@@ -415,8 +452,26 @@ mod tests {
             memory_limit_mb: 512,
             cpus: 1.0,
             output_quota_mb: None,
+            handler: None,
         };
         assert_eq!(prewarm.warm_key(), a.warm_key());
+        // A handler stage's prewarm serves the warm key of its runs.
+        let handler = HandlerRun {
+            name: "py".into(),
+            sha256: "a".repeat(64),
+            key: handler_key(&"a".repeat(64)),
+            routes: BTreeMap::new(),
+        };
+        let mut run = body("j-1", Some(&key));
+        run.handler = Some(handler.clone());
+        let prewarm = PrewarmRequest {
+            image: String::new(),
+            command: Vec::new(),
+            handler: Some(handler),
+            ..prewarm
+        };
+        assert_eq!(prewarm.warm_key(), run.warm_key());
+        assert_ne!(prewarm.warm_key(), a.warm_key());
         assert!(check_function_key("a b").is_err() && check_function_key("").is_err());
     }
 }

@@ -476,6 +476,7 @@ fn main_schemas(int: &Value, time: &Value) -> Value {
                 "cold": { "type": "boolean", "nullable": true },
                 "seconds": { "type": "number", "nullable": true },
                 "start_latency_s": { "type": "number", "nullable": true },
+                "setup_s": { "type": "number", "nullable": true, "description": "a handler stage: seconds spent fetching its code and building its environment before the sandbox started" },
                 "peak_memory_mb": { "type": "number", "nullable": true },
                 "exit_code": { "type": "integer", "nullable": true },
                 "error": { "type": "string", "nullable": true },

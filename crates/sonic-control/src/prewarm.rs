@@ -47,10 +47,14 @@ pub fn targets(
     let mut out = Vec::new();
     for j in next {
         let f = &ctx.dag.functions[j];
-        if f.handler.is_some() {
-            // A handler stage has no container to start ahead: its runs start `python3`.
-            continue;
-        }
+        // A handler stage: the agent starts its instances' Python runtimes (imports `f.py`).
+        let handler = match f.handler {
+            Some(_) => match ctx.handlers.get(&j) {
+                Some(h) => Some(h.clone()),
+                None => continue,
+            },
+            None => None,
+        };
         let instances = match ctx.fanouts.get(j) {
             Some(Fanout::Known(n)) => Some(*n),
             // One per file the sender writes: not known before it ran.
@@ -130,6 +134,7 @@ pub fn targets(
                     // As `jobs::instance_runs` asks for every run.
                     cpus: 1.0,
                     output_quota_mb: None,
+                    handler: handler.clone(),
                 },
             });
         }
@@ -264,5 +269,52 @@ edges:
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].request.count, 1);
         assert!(targets(&ctx, 2, None, |_| Some(2)).is_empty());
+    }
+
+    /// A handler stage's prewarm names its handler (the agent starts the runtimes) and serves
+    /// the warm key of its runs; one whose handler was not resolved is not prewarmed.
+    #[test]
+    fn handler_stages_are_prewarmed_with_their_handler() {
+        let yaml = "name: h\nfunctions:\n  - { name: gen, image: i, command: [synthetic, run, --to, py] }\n  - { name: py, handler: py-count }\nedges:\n  - { from: gen, to: py, kind: one }\n";
+        let dag = Dag::from_yaml("h.yaml", yaml).expect("dag");
+        let params = dag.job_params(&Default::default());
+        let fanouts = dag.fanouts(&params).expect("fanouts");
+        let params: serde_json::Map<String, serde_json::Value> = params.into_iter().collect();
+        let agents = vec![AgentSlot {
+            id: "a-1".into(),
+            url: "http://a-1".into(),
+            vm_type: "m5.large".into(),
+        }];
+        let handler = sonic_api::agent::HandlerRun {
+            name: "py-count".into(),
+            sha256: "b".repeat(64),
+            key: sonic_api::agent::handler_key(&"b".repeat(64)),
+            routes: BTreeMap::from([("result".to_owned(), "result".to_owned())]),
+        };
+        let handlers = BTreeMap::from([(1, handler.clone())]);
+        let mut ctx = StageContext {
+            job_id: "j-1",
+            dag: &dag,
+            params: &params,
+            fanouts: &fanouts,
+            methods: &[],
+            policy: Policy::Remote,
+            agents: &agents,
+            produced: &[],
+            inputs: &[],
+            file_key: b"k",
+            token_expiry: 0,
+            handlers: &handlers,
+        };
+        let got = targets(&ctx, 0, None, |_| Some(2));
+        assert_eq!(got.len(), 1);
+        let r = &got[0].request;
+        assert_eq!(r.handler.as_ref(), Some(&handler));
+        assert!(r.image.is_empty() && r.command.is_empty(), "{r:?}");
+        let runs = crate::jobs::instance_runs(&ctx, 1, 1, [0]).expect("runs");
+        assert_eq!(r.warm_key(), runs[0].request.warm_key());
+        let none = BTreeMap::new();
+        ctx.handlers = &none;
+        assert!(targets(&ctx, 0, None, |_| Some(2)).is_empty());
     }
 }

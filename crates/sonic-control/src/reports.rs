@@ -198,6 +198,7 @@ mod tests {
             cold: None,
             seconds: None,
             start_latency_s: None,
+            setup_s: None,
             peak_memory_mb: None,
             exit_code: Some(0),
             error: None,

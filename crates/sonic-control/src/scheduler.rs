@@ -1890,10 +1890,13 @@ fn record_instance(
         })
         .filter_map(|o| o.upload_seconds)
         .sum();
+    // A handler's one-off setup on the agent (its code fetched, its environment built: pip
+    // installs in the first run of a requirements set) is not a per-instance overhead either.
     progress.outside_edges.entry(f.function).or_default().push((
         f.ended.saturating_duration_since(f.started).as_secs_f64()
             - staged_on_edges
-            - uploaded_on_edges,
+            - uploaded_on_edges
+            - r.setup_s.unwrap_or(0.0),
         r.seconds.unwrap_or(0.0),
     ));
     for o in &r.outputs {
@@ -1948,7 +1951,8 @@ fn record_instance(
 /// (`FunctionParams::overhead_s`), from its instances' `(time outside the edges' data passing,
 /// lambda time)`: the first is from sending the instance (after its permits) to taking its
 /// report, less its staging of inputs from DAG senders and its uploads of outputs for DAG
-/// receivers (the model counts those on the edges). The stage ends with its slowest instance
+/// receivers (the model counts those on the edges) and a handler's setup on the agent
+/// (`RunReport::setup_s`: its code fetched, its environment built). The stage ends with its slowest instance
 /// while the model's compute is the mean lambda's, so the overhead is the slowest instance's
 /// time outside the edges less the mean lambda time: what the system pays per instance (the
 /// request and the report, loading the job's input in first stages, moving and registering

@@ -2573,6 +2573,7 @@ mod tests {
             cold: Some(true),
             seconds: Some(0.5),
             start_latency_s: None,
+            setup_s: None,
             peak_memory_mb: None,
             exit_code: Some(0),
             error: None,

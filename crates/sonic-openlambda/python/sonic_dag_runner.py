@@ -17,7 +17,9 @@ folder and answers with the status. A client that dies during the call (its time
 quota) takes the runtime with it: the next run starts a new one and imports again. The runtime
 ends when its socket goes (the sandbox removed the environment after its keep-alive) or, in the
 process sandbox, when the agent (`SONIC_AGENT_PID`) is gone; in the Docker sandbox it ends with
-its container. In the process sandbox with memory cgroups, the client moves the runtime into
+its container. A prewarm (`SONIC_PREWARM=1`, sent by the agent ahead of a stage's runs) only
+starts the runtime, which imports `f.py`: the handler is not called. In the process sandbox
+with memory cgroups, the client moves the runtime into
 its run's memory group (`SONIC_MEMORY_CGROUP`) for the call and back to the parent group after
 it, so every call is bounded and measured by its run's group.
 """
@@ -95,10 +97,18 @@ def fail(message):
     sys.exit(1)
 
 
+def prewarm():
+    """A prewarm run (`SONIC_PREWARM=1`, sent by the agent ahead of a stage's runs): the
+    instance's runtime is started and imports `f.py`; the handler is not called."""
+    return os.environ.get("SONIC_PREWARM") == "1"
+
+
 def run_once(code_dir):
     """The run imports and calls the handler itself (no runtime could be started)."""
     try:
-        call(import_handler(code_dir))
+        handler = import_handler(code_dir)
+        if not prewarm():
+            call(handler)
     except Failure as e:
         fail(str(e))
 
@@ -267,7 +277,7 @@ def serve(listener, folder, ident, code_dir, owner):
                 except Failure as e:
                     status = {"status": 1, "message": str(e)}
                     end = True
-            if handler is not None:
+            if handler is not None and not req.get("prewarm"):
                 call(handler)
         except Failure as e:
             status = {"status": 1, "message": str(e)}
@@ -384,6 +394,7 @@ def client(code_dir, retry=True):
         "env": dict(os.environ),
         "cwd": os.getcwd(),
         "fsize": list(resource.getrlimit(resource.RLIMIT_FSIZE)),
+        "prewarm": prewarm(),
     }
     sys.stdout.flush()
     sys.stderr.flush()
