@@ -459,6 +459,8 @@ struct Learned {
     models: Option<DagModels>,
     /// The stored mode as decoded.
     mode: Option<DagMode>,
+    /// When it was last kept ([`Memory`]'s count of refits): the oldest goes first.
+    kept: u64,
 }
 
 impl Learned {
@@ -484,6 +486,7 @@ impl Learned {
             last_id: 0,
             models,
             mode,
+            kept: 0,
         })
     }
 
@@ -503,11 +506,18 @@ impl Learned {
 /// to it, after writing the database; [`Db::put_model`] and [`Db::put_dag_mode`] drop the
 /// setting's entry, and [`Db::put_sample`] drops everything when it replaces a job's sample.
 /// Readers ([`current`], [`mode_of`]) answer from it when it holds the setting under the same
-/// DAG, else from the database. The control plane is the only writer of these tables.
+/// DAG, else from the database. The control plane is the only writer of these tables. At most
+/// [`KEPT_SETTINGS`] settings are kept; past it the one refitted least recently goes (and is read
+/// from the database again at its next refit).
 #[derive(Debug, Default)]
 pub struct Memory {
     entries: std::sync::Mutex<std::collections::HashMap<(String, String), Learned>>,
+    refits: std::sync::atomic::AtomicU64,
 }
+
+/// How many (DAG, setting) pairs [`Memory`] keeps at most: each holds the setting's decoded
+/// samples and its models.
+pub const KEPT_SETTINGS: usize = 64;
 
 impl Memory {
     fn lock(
@@ -523,11 +533,22 @@ impl Memory {
             .filter(|l| l.dag == *dag && l.rule == rule)
     }
 
-    fn keep(&self, learned: Learned) {
-        self.lock().insert(
-            (learned.dag.name.clone(), learned.setting_key.clone()),
-            learned,
-        );
+    fn keep(&self, mut learned: Learned) {
+        learned.kept = self
+            .refits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key = (learned.dag.name.clone(), learned.setting_key.clone());
+        let mut map = self.lock();
+        if !map.contains_key(&key)
+            && map.len() >= KEPT_SETTINGS
+            && let Some(oldest) = map
+                .iter()
+                .min_by_key(|(_, l)| l.kept)
+                .map(|(k, _)| k.clone())
+        {
+            map.remove(&oldest);
+        }
+        map.insert(key, learned);
     }
 
     /// The stored models of this setting, when kept under this DAG and of its shape.
@@ -1609,6 +1630,46 @@ edges:
         put_and_refit(&sample(4, 50_000_000));
         db.put_dag_mode("fan", "", &json!(r.mode), 0).expect("mode");
         assert!(!kept(&db));
+    }
+
+    #[test]
+    fn at_most_kept_settings_are_kept_and_the_least_recently_refitted_goes() {
+        let db = Db::open_in_memory().expect("db");
+        let rule = Convergence::default();
+        let work = Dag::from_yaml(
+            "fan.yaml",
+            &DAG.replace(
+                "params: { mids: 2 }",
+                "params: { mids: 2 }\nwork_params: [mids]",
+            ),
+        )
+        .expect("dag");
+        let setting = |mids: usize| {
+            let overrides = BTreeMap::from([("mids".to_owned(), json!(mids))]);
+            job_setting(&work, &overrides)
+        };
+        let refit_setting = |job: usize, mids: usize| {
+            let mut s = sample(job, 10_000_000);
+            s.measured["params"] = json!({"mids": mids});
+            db.put_sample(&s).expect("sample");
+            refit(&db, &work, &setting(mids), rule, 0, None).expect("refit")
+        };
+        for mids in 1..=KEPT_SETTINGS {
+            refit_setting(mids, mids);
+        }
+        // The first setting refitted again: the second is now the least recently refitted.
+        refit_setting(1000, 1);
+        refit_setting(1001, KEPT_SETTINGS + 1);
+        let map = db.learned().lock();
+        assert_eq!(map.len(), KEPT_SETTINGS);
+        let kept =
+            |mids: usize| map.contains_key(&("fan".to_owned(), setting(mids).key().to_owned()));
+        assert!(kept(1) && kept(3) && kept(KEPT_SETTINGS + 1));
+        assert!(!kept(2), "the least recently refitted went");
+        drop(map);
+        // It is read from the database again: its two samples.
+        let r = refit_setting(1002, 2);
+        assert_eq!(r.record.samples, 2);
     }
 
     #[test]
