@@ -4,7 +4,11 @@
 //! input size ([`plan_for`]); the models and plans as the API shows them. Each setting has its
 //! own models, mode and drift detection: a job of one setting never counts against another.
 //!
-//! Everything here blocks (fitting, JSON of every sample, planning); async code calls it
+//! What a refit read and wrote is kept in memory per setting ([`Memory`], in the [`Db`]): the
+//! next job's refit reads only the samples recorded since, and [`current`] and [`mode_of`]
+//! answer from it without decoding the stored models.
+//!
+//! Everything here blocks (fitting, reading samples, planning); async code calls it
 //! through [`crate::store::Db::run`], on the blocking pool. Planning stops inside its searches
 //! at the job runtime's budget ([`crate::JobsConfig::planning`]), so a request holds a
 //! blocking thread for at most that long.
@@ -158,7 +162,11 @@ fn same_shape(m: &DagModels, dag: &Dag) -> bool {
 
 /// Fits fresh models on every sample, each model once. Measurements of functions or edges the
 /// DAG no longer has are left out.
-pub fn fit_all(dag: &Dag, samples: &[SampleRecord], rule: Convergence) -> DagModels {
+pub fn fit_all<'a>(
+    dag: &Dag,
+    samples: impl IntoIterator<Item = &'a SampleRecord>,
+    rule: Convergence,
+) -> DagModels {
     let mut models = DagModels::new(dag, rule, SEED);
     for s in samples {
         let x = s.input_bytes as f64;
@@ -226,6 +234,9 @@ pub fn mode_of(
     models: &DagModels,
     now_ms: i64,
 ) -> Result<DagMode, StoreError> {
+    if let Some(mode) = db.learned().mode(dag, setting) {
+        return Ok(mode);
+    }
     Ok(db
         .get_dag_mode(dag, setting.key())?
         .and_then(|v| serde_json::from_value(v).ok())
@@ -308,17 +319,28 @@ pub fn refit(
     now_ms: i64,
     finished: Option<&Finished>,
 ) -> Result<Refitted, StoreError> {
-    let all = setting_samples(db, dag, setting)?;
-    let stored = db
-        .get_model(&dag.name, setting.key())?
-        .as_ref()
-        .and_then(decode)
-        .filter(|m| same_shape(m, dag) && m.convergence == rule);
-    let initial = match &stored {
-        Some(m) => m.clone(),
-        None => fit_all(dag, &all, rule),
+    // What was read and written last time (none after a restart, a change of the DAG or of the
+    // rule), brought up to date with the samples recorded since; else read from the database.
+    let mut learned = match db.learned().take(dag, setting, rule) {
+        Some(l) => l,
+        None => Learned::load(db, dag, setting, rule)?,
     };
-    let mut state = mode_of(db, &dag.name, setting, &initial, now_ms)?;
+    learned.catch_up(db)?;
+    let all = &learned.samples;
+    let stored = learned
+        .models
+        .take()
+        .filter(|m| same_shape(m, dag) && m.convergence == rule);
+    let mut state = match learned.mode.take() {
+        Some(mode) => mode,
+        None => DagMode::new(
+            match &stored {
+                Some(m) => m.converged(),
+                None => fit_all(dag, all, rule).converged(),
+            },
+            now_ms,
+        ),
+    };
     let mut changed = None;
     if let Some(f) = finished
         && state.mode == Mode::Planned
@@ -326,17 +348,18 @@ pub fn refit(
         && let Some(newest) = all.iter().rfind(|s| s.job == f.job)
     {
         // What the models predicted for this job: fitted on the live samples before its own.
-        let before: Vec<SampleRecord> = live_samples(all.clone(), &state)
-            .into_iter()
-            .filter(|s| s.job != f.job)
-            .collect();
+        let before = || live(all, &state).filter(|s| s.job != f.job);
+        let fitted;
         let models = match &stored {
-            Some(m) if m.jobs == before.len() => m.clone(),
-            _ => fit_all(dag, &before, rule),
+            Some(m) if m.jobs == before().count() => m,
+            _ => {
+                fitted = fit_all(dag, before(), rule);
+                &fitted
+            }
         };
         let (functions, edges) = sample_parts(newest);
         let checks = mode::checks(
-            &models,
+            models,
             newest.input_bytes as f64,
             &functions,
             &edges,
@@ -347,7 +370,7 @@ pub fn refit(
             changed = Some(why);
         }
     }
-    let samples = live_samples(all, &state);
+    let samples: Vec<&SampleRecord> = live(all, &state).collect();
     let models = match (stored.filter(|_| changed.is_none()), samples.split_last()) {
         // This job was held out: the fit stays as it was.
         (Some(m), _) if m.jobs == samples.len() => m,
@@ -361,11 +384,11 @@ pub fn refit(
                 Ok(()) => m,
                 Err(e) => {
                     tracing::warn!(dag = %dag.name, error = %e, "sample not added; refitting all");
-                    fit_all(dag, &samples, rule)
+                    fit_all(dag, samples.iter().copied(), rule)
                 }
             }
         }
-        _ => fit_all(dag, &samples, rule),
+        _ => fit_all(dag, samples.iter().copied(), rule),
     };
     // Not in the refit that drifted: at least one job profiles before the DAG plans again.
     if let Some(f) = finished
@@ -394,11 +417,168 @@ pub fn refit(
     })?;
     db.put_dag_mode(&dag.name, setting.key(), &encoded, now_ms)?;
     tracing::info!(dag = %dag.name, setting = %setting, samples = record.samples, converged = record.converged, mode = ?state.mode, "models refitted");
+    // What the database now holds, kept for the next job (only once it is written: an error
+    // above leaves nothing kept, and the next refit reads the database again).
+    learned.models = Some(models);
+    learned.mode = Some(state.clone());
+    db.learned().keep(learned);
     Ok(Refitted {
         record,
         mode: state,
         changed,
     })
+}
+
+/// The live samples (see [`live_samples`]), borrowed.
+fn live<'a>(
+    samples: &'a [SampleRecord],
+    mode: &'a DagMode,
+) -> impl Iterator<Item = &'a SampleRecord> + 'a {
+    let from = mode
+        .fitted_from
+        .as_ref()
+        .and_then(|job| samples.iter().position(|s| &s.job == job))
+        .unwrap_or(0);
+    samples[from..]
+        .iter()
+        .filter(|s| !mode.held_out.contains(&s.job))
+}
+
+/// What [`refit`] last read and wrote for one setting of a DAG: the setting's samples (decoded,
+/// oldest first, up to row `last_id` of the DAG's samples), the models and the mode it stored.
+/// Kept while the DAG and the convergence rule stay the same.
+#[derive(Debug, Clone)]
+struct Learned {
+    /// The DAG it was read under: its work parameters chose the samples, its shape the models.
+    dag: Dag,
+    setting_key: String,
+    rule: Convergence,
+    samples: Vec<SampleRecord>,
+    last_id: i64,
+    /// The stored models as decoded (none: no record, or one that does not decode).
+    models: Option<DagModels>,
+    /// The stored mode as decoded.
+    mode: Option<DagMode>,
+    /// When it was last kept ([`Memory`]'s count of refits): the oldest goes first.
+    kept: u64,
+}
+
+impl Learned {
+    /// Everything from the database.
+    fn load(
+        db: &Db,
+        dag: &Dag,
+        setting: &Setting,
+        rule: Convergence,
+    ) -> Result<Learned, StoreError> {
+        let models = db
+            .get_model(&dag.name, setting.key())?
+            .as_ref()
+            .and_then(decode);
+        let mode = db
+            .get_dag_mode(&dag.name, setting.key())?
+            .and_then(|v| serde_json::from_value(v).ok());
+        Ok(Learned {
+            dag: dag.clone(),
+            setting_key: setting.key().to_owned(),
+            rule,
+            samples: Vec::new(),
+            last_id: 0,
+            models,
+            mode,
+            kept: 0,
+        })
+    }
+
+    /// Adds the setting's samples recorded since the last read (all of them on the first).
+    fn catch_up(&mut self, db: &Db) -> Result<(), StoreError> {
+        for (id, s) in db.samples_after(&self.dag.name, self.last_id)? {
+            self.last_id = self.last_id.max(id);
+            if sample_setting(self.dag.work_params.as_deref(), &s).key() == self.setting_key {
+                self.samples.push(s);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the learning code keeps in memory per (DAG, setting): [`Learned`]. Only [`refit`] adds
+/// to it, after writing the database; [`Db::put_model`] and [`Db::put_dag_mode`] drop the
+/// setting's entry, and [`Db::put_sample`] drops everything when it replaces a job's sample.
+/// Readers ([`current`], [`mode_of`]) answer from it when it holds the setting under the same
+/// DAG, else from the database. The control plane is the only writer of these tables. At most
+/// [`KEPT_SETTINGS`] settings are kept; past it the one refitted least recently goes (and is read
+/// from the database again at its next refit).
+#[derive(Debug, Default)]
+pub struct Memory {
+    entries: std::sync::Mutex<std::collections::HashMap<(String, String), Learned>>,
+    refits: std::sync::atomic::AtomicU64,
+}
+
+/// How many (DAG, setting) pairs [`Memory`] keeps at most: each holds the setting's decoded
+/// samples and its models.
+pub const KEPT_SETTINGS: usize = 64;
+
+impl Memory {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, String), Learned>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The entry of this setting, taken out, when it was learned under this DAG and rule.
+    fn take(&self, dag: &Dag, setting: &Setting, rule: Convergence) -> Option<Learned> {
+        self.lock()
+            .remove(&(dag.name.clone(), setting.key().to_owned()))
+            .filter(|l| l.dag == *dag && l.rule == rule)
+    }
+
+    fn keep(&self, mut learned: Learned) {
+        learned.kept = self
+            .refits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key = (learned.dag.name.clone(), learned.setting_key.clone());
+        let mut map = self.lock();
+        if !map.contains_key(&key)
+            && map.len() >= KEPT_SETTINGS
+            && let Some(oldest) = map
+                .iter()
+                .min_by_key(|(_, l)| l.kept)
+                .map(|(k, _)| k.clone())
+        {
+            map.remove(&oldest);
+        }
+        map.insert(key, learned);
+    }
+
+    /// The stored models of this setting, when kept under this DAG and of its shape.
+    fn models(&self, dag: &Dag, setting: &Setting) -> Option<DagModels> {
+        let map = self.lock();
+        let l = map.get(&(dag.name.clone(), setting.key().to_owned()))?;
+        (l.dag == *dag)
+            .then_some(l.models.as_ref())
+            .flatten()
+            .filter(|m| same_shape(m, dag))
+            .cloned()
+    }
+
+    /// The stored mode of this setting, when kept.
+    fn mode(&self, dag: &str, setting: &Setting) -> Option<DagMode> {
+        self.lock()
+            .get(&(dag.to_owned(), setting.key().to_owned()))?
+            .mode
+            .clone()
+    }
+
+    /// Drops what is kept of one setting.
+    pub fn forget(&self, dag: &str, setting: &str) {
+        self.lock().remove(&(dag.to_owned(), setting.to_owned()));
+    }
+
+    /// Drops everything kept.
+    pub fn forget_all(&self) {
+        self.lock().clear();
+    }
 }
 
 /// The models of one setting of the DAG under the rule in force (the stored ones, or empty
@@ -409,6 +589,10 @@ pub fn current(
     setting: &Setting,
     rule: Convergence,
 ) -> Result<DagModels, StoreError> {
+    if let Some(mut m) = db.learned().models(dag, setting) {
+        m.convergence = rule;
+        return Ok(m);
+    }
     Ok(
         match db
             .get_model(&dag.name, setting.key())?
@@ -1241,6 +1425,251 @@ edges:
         let m = measured_params(&dag, &db.samples("fan").expect("samples"), 50_000_000)
             .expect("measured");
         assert!((m.functions["sink"].overhead_s - 0.6).abs() < 1e-9);
+    }
+
+    /// What one refit leaves, as JSON: the record as stored, the mode, why it changed, and what
+    /// the readers (`current`, `mode_of`) answer afterwards.
+    fn outcome(
+        db: &Db,
+        dag: &Dag,
+        setting: &Setting,
+        rule: Convergence,
+        r: Refitted,
+    ) -> serde_json::Value {
+        let m = current(db, dag, setting, rule).expect("current");
+        let mode = mode_of(db, &dag.name, setting, &m, 0).expect("mode");
+        json!([r.record.models, r.mode, r.changed, m, mode])
+    }
+
+    /// Equal JSON, numbers within a relative 1e-12: serde_json reads a float back within one
+    /// unit in the last place, so models decoded from the database can differ from the ones
+    /// kept in memory in the last bit.
+    fn assert_close(a: &serde_json::Value, b: &serde_json::Value, at: &str) {
+        use serde_json::Value as V;
+        match (a, b) {
+            (V::Number(x), V::Number(y)) => {
+                let (x, y) = (x.as_f64().expect("x"), y.as_f64().expect("y"));
+                assert!(
+                    (x - y).abs() <= 1e-12 * x.abs().max(y.abs()),
+                    "{at}: {x} != {y}"
+                );
+            }
+            (V::Array(x), V::Array(y)) => {
+                assert_eq!(x.len(), y.len(), "{at}: {a} != {b}");
+                for (i, (x, y)) in x.iter().zip(y).enumerate() {
+                    assert_close(x, y, &format!("{at}[{i}]"));
+                }
+            }
+            (V::Object(x), V::Object(y)) => {
+                assert_eq!(
+                    x.keys().collect::<Vec<_>>(),
+                    y.keys().collect::<Vec<_>>(),
+                    "{at}"
+                );
+                for (k, v) in x {
+                    assert_close(v, &y[k], &format!("{at}.{k}"));
+                }
+            }
+            _ => assert_eq!(a, b, "{at}"),
+        }
+    }
+
+    #[test]
+    fn kept_learning_equals_a_refit_from_the_database() {
+        // `warm` keeps what it learned between jobs; `cold` forgets it before every refit and
+        // read, as a control plane restarted before each job would. Every step must agree.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let warm = Db::open(&dir.path().join("warm.db")).expect("warm");
+        let cold = Db::open(&dir.path().join("cold.db")).expect("cold");
+        let rule = Convergence {
+            max_mape: 0.02,
+            ..Convergence::default()
+        };
+        let mb = 1_000_000u64;
+        let step = |dag: &Dag, setting: &Setting, s: &SampleRecord, mode: JobMode| {
+            let mut out = Vec::new();
+            for (db, forget) in [(&warm, false), (&cold, true)] {
+                db.put_sample(s).expect("sample");
+                if forget {
+                    db.learned().forget_all();
+                }
+                let r = refit(
+                    db,
+                    dag,
+                    setting,
+                    rule,
+                    s.created_ms,
+                    Some(&finished(&s.job, mode)),
+                )
+                .expect("refit");
+                if forget {
+                    db.learned().forget_all();
+                }
+                out.push(outcome(db, dag, setting, rule, r));
+            }
+            assert_close(&out[0], &out[1], &s.job);
+            // What the readers answer is what the database holds.
+            let record = warm
+                .get_model(&dag.name, setting.key())
+                .expect("get")
+                .expect("stored");
+            let mut stored = decode(&record).expect("decodes");
+            stored.convergence = rule;
+            assert_close(&out[0][3], &json!(stored), &s.job);
+            out.swap_remove(0)
+        };
+        let fan = dag();
+        let empty = Setting::empty();
+        // Profiling to convergence, planned jobs, then a sustained drift and more jobs.
+        let mut jobs = Vec::new();
+        for i in 1..=5u64 {
+            jobs.push((
+                sample_slowed(&format!("j-p{i}"), i * 10 * mb, 1.0),
+                JobMode::Profiling,
+            ));
+        }
+        jobs.push((sample_slowed("j-a", 70 * mb, 1.0), JobMode::Planned));
+        for i in 1..=3u64 {
+            jobs.push((
+                sample_slowed(&format!("j-s{i}"), (60 + i) * mb, 3.0),
+                JobMode::Planned,
+            ));
+        }
+        for i in 1..=2u64 {
+            jobs.push((
+                sample_slowed(&format!("j-q{i}"), (80 + i) * mb, 3.0),
+                JobMode::Profiling,
+            ));
+        }
+        let mut drifted = false;
+        for (s, mode) in &jobs {
+            let out = step(&fan, &empty, s, *mode);
+            drifted |= out[4]["drifts"].as_u64().is_some_and(|n| n > 0);
+        }
+        assert!(drifted, "the slow jobs made the dag drift");
+
+        // A job's sample recorded again (replaced in place): both agree on the new values.
+        let mut again = sample_slowed("j-q2", 82 * mb, 1.0);
+        again.created_ms = 99;
+        step(&fan, &empty, &again, JobMode::Profiling);
+
+        // The DAG re-applied with another shape (one more function): models from the samples.
+        let grown = Dag::from_yaml(
+            "fan.yaml",
+            &DAG.replace(
+                "  - { name: sink, image: i, command: [x] }",
+                "  - { name: sink, image: i, command: [x] }\n  - { name: log, image: i, command: [x] }",
+            ),
+        )
+        .expect("grown dag");
+        assert_ne!(grown, fan);
+        let out = step(
+            &grown,
+            &empty,
+            &sample_slowed("j-g1", 85 * mb, 1.0),
+            JobMode::Profiling,
+        );
+        assert!(out[0]["functions"].get("log").is_some(), "{out}");
+
+        // Re-applied with `mids` a work parameter: the old samples are the setting mids=2.
+        let work = Dag::from_yaml(
+            "fan.yaml",
+            &DAG.replace(
+                "params: { mids: 2 }",
+                "params: { mids: 2 }\nwork_params: [mids]",
+            ),
+        )
+        .expect("dag with work params");
+        let two = default_setting(&work);
+        assert!(!two.is_empty());
+        let mut s = sample_slowed("j-w1", 86 * mb, 1.0);
+        s.measured["params"] = json!({"mids": 2});
+        let out = step(&work, &two, &s, JobMode::Profiling);
+        assert_eq!(
+            out[0]["jobs"],
+            json!(1),
+            "only the sample of its setting: {out}"
+        );
+    }
+
+    #[test]
+    fn what_is_kept_goes_when_the_database_changes_under_it() {
+        let db = Db::open_in_memory().expect("db");
+        let (fan, empty, rule) = (dag(), Setting::empty(), Convergence::default());
+        let kept = |db: &Db| {
+            db.learned()
+                .lock()
+                .contains_key(&("fan".to_owned(), String::new()))
+        };
+        let put_and_refit = |s: &SampleRecord| {
+            db.put_sample(s).expect("sample");
+            refit(&db, &fan, &empty, rule, 0, None).expect("refit")
+        };
+        put_and_refit(&sample(1, 10_000_000));
+        assert!(kept(&db), "a refit keeps what it wrote");
+        // A new job's sample is read at the next refit: what is kept stays.
+        db.put_sample(&sample(2, 20_000_000)).expect("sample");
+        assert!(kept(&db));
+        let r = refit(&db, &fan, &empty, rule, 0, None).expect("refit");
+        assert_eq!(r.record.samples, 2);
+        // A job's sample recorded again (its row keeps its place): everything kept goes.
+        db.put_sample(&sample(2, 30_000_000)).expect("replaced");
+        assert!(!kept(&db));
+        let r = put_and_refit(&sample(3, 40_000_000));
+        assert_eq!(r.record.samples, 3);
+        let key = ("fan".to_owned(), String::new());
+        assert_eq!(
+            db.learned().lock()[&key].samples[1].input_bytes,
+            30_000_000,
+            "the replaced sample is read again"
+        );
+        // Models or a mode written by anyone else: the setting's entry goes.
+        assert!(kept(&db));
+        db.put_model(&r.record).expect("model");
+        assert!(!kept(&db));
+        put_and_refit(&sample(4, 50_000_000));
+        db.put_dag_mode("fan", "", &json!(r.mode), 0).expect("mode");
+        assert!(!kept(&db));
+    }
+
+    #[test]
+    fn at_most_kept_settings_are_kept_and_the_least_recently_refitted_goes() {
+        let db = Db::open_in_memory().expect("db");
+        let rule = Convergence::default();
+        let work = Dag::from_yaml(
+            "fan.yaml",
+            &DAG.replace(
+                "params: { mids: 2 }",
+                "params: { mids: 2 }\nwork_params: [mids]",
+            ),
+        )
+        .expect("dag");
+        let setting = |mids: usize| {
+            let overrides = BTreeMap::from([("mids".to_owned(), json!(mids))]);
+            job_setting(&work, &overrides)
+        };
+        let refit_setting = |job: usize, mids: usize| {
+            let mut s = sample(job, 10_000_000);
+            s.measured["params"] = json!({"mids": mids});
+            db.put_sample(&s).expect("sample");
+            refit(&db, &work, &setting(mids), rule, 0, None).expect("refit")
+        };
+        for mids in 1..=KEPT_SETTINGS {
+            refit_setting(mids, mids);
+        }
+        // The first setting refitted again: the second is now the least recently refitted.
+        refit_setting(1000, 1);
+        refit_setting(1001, KEPT_SETTINGS + 1);
+        let map = db.learned().lock();
+        assert_eq!(map.len(), KEPT_SETTINGS);
+        let kept =
+            |mids: usize| map.contains_key(&("fan".to_owned(), setting(mids).key().to_owned()));
+        assert!(kept(1) && kept(3) && kept(KEPT_SETTINGS + 1));
+        assert!(!kept(2), "the least recently refitted went");
+        drop(map);
+        // It is read from the database again: its two samples.
+        let r = refit_setting(1002, 2);
+        assert_eq!(r.record.samples, 2);
     }
 
     #[test]

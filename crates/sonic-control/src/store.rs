@@ -459,6 +459,9 @@ pub struct Db {
     queue: Arc<WriteQueue>,
     /// The DAGs last looked up, parsed, as their rows hold them.
     dags: Arc<DagCache>,
+    /// What the learning code last read and wrote per setting of a DAG (its samples, models
+    /// and mode), so that a finished job's refit reads only the samples recorded since.
+    learned: Arc<crate::learning::Memory>,
 }
 
 /// A DAG as its row holds it, parsed once: what [`Db::parsed_dag`] answers.
@@ -945,6 +948,7 @@ impl Db {
             readers,
             queue: Arc::new(WriteQueue { tx, counters }),
             dags: Arc::new(DagCache::default()),
+            learned: Arc::new(crate::learning::Memory::default()),
         })
     }
 
@@ -1304,15 +1308,43 @@ impl Db {
 
     // ---- samples ----
 
+    /// What the learning code keeps in memory (`crate::learning::refit`).
+    pub fn learned(&self) -> &crate::learning::Memory {
+        &self.learned
+    }
+
     /// Records a job's measured parameters (replacing an earlier sample of the same job).
     pub fn put_sample(&self, s: &SampleRecord) -> Result<(), StoreError> {
         let measured = to_json(&s.measured, "sample")?;
         let input_bytes = u64_to_i64(s.input_bytes, "input_bytes")?;
-        self.conn().prepare_cached("INSERT INTO samples (dag, job, input_bytes, measured, created_ms) \
+        let conn = self.conn();
+        // A replaced sample keeps its row (and its place): what the learning code read of it
+        // is forgotten (rare: a job's sample is recorded once).
+        if conn
+            .prepare_cached("SELECT 1 FROM samples WHERE job = ?1")?
+            .exists(params![s.job])?
+        {
+            self.learned.forget_all();
+        }
+        conn.prepare_cached("INSERT INTO samples (dag, job, input_bytes, measured, created_ms) \
              VALUES (?1, ?2, ?3, ?4, ?5) \
              ON CONFLICT (job) DO UPDATE SET dag = excluded.dag, input_bytes = excluded.input_bytes, \
                measured = excluded.measured, created_ms = excluded.created_ms")?.execute(params![s.dag, s.job, input_bytes, measured, s.created_ms])?;
         Ok(())
+    }
+
+    /// A DAG's samples recorded after row `after` (0: all), oldest first, each with its row id.
+    pub fn samples_after(
+        &self,
+        dag: &str,
+        after: i64,
+    ) -> Result<Vec<(i64, SampleRecord)>, StoreError> {
+        let conn = self.reader();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {SAMPLE_COLUMNS}, id FROM samples WHERE dag = ?1 AND id > ?2 ORDER BY id"
+        ))?;
+        let rows = stmt.query_map(params![dag, after], |r| Ok((r.get(5)?, sample_row(r)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// A DAG's samples, oldest first.
@@ -1329,6 +1361,8 @@ impl Db {
 
     /// Stores the fitted models of one setting of a DAG, replacing its previous fit.
     pub fn put_model(&self, m: &ModelRecord) -> Result<(), StoreError> {
+        // The learning code puts back what it wrote (`crate::learning::refit`).
+        self.learned.forget(&m.dag, &m.setting);
         let models = to_json(&m.models, "models")?;
         let samples = u64_to_i64(m.samples, "samples")?;
         self.conn().prepare_cached("INSERT INTO models (dag, setting, models, converged, samples, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
@@ -1369,6 +1403,7 @@ impl Db {
         state: &serde_json::Value,
         updated_ms: i64,
     ) -> Result<(), StoreError> {
+        self.learned.forget(dag, setting);
         let state = to_json(state, "dag mode")?;
         self.conn().prepare_cached("INSERT INTO dag_modes (dag, setting, state, updated_ms) VALUES (?1, ?2, ?3, ?4) \
              ON CONFLICT (dag, setting) DO UPDATE SET state = excluded.state, updated_ms = excluded.updated_ms")?.execute(params![dag, setting, state, updated_ms])?;
