@@ -210,6 +210,7 @@ async fn send(
 mod tests {
     use super::*;
     use crate::jobs::{AgentSlot, Policy};
+    use sonic_api::agent::HandlerRun;
     use sonic_core::dag::Dag;
 
     const DAG: &str = r#"
@@ -224,41 +225,68 @@ edges:
   - { from: mid, to: sink, kind: gather }
 "#;
 
+    /// A parsed DAG, its default parameters and fanouts, and agents of one type: what a
+    /// `StageContext` borrows.
+    struct Setup {
+        dag: Dag,
+        params: serde_json::Map<String, serde_json::Value>,
+        fanouts: Vec<Fanout>,
+        agents: Vec<AgentSlot>,
+    }
+
+    impl Setup {
+        fn new(yaml: &str, agent_ids: &[&str]) -> Self {
+            let dag = Dag::from_yaml("t.yaml", yaml).expect("dag");
+            let params = dag.job_params(&Default::default());
+            let fanouts = dag.fanouts(&params).expect("fanouts");
+            let agents = agent_ids
+                .iter()
+                .map(|id| AgentSlot {
+                    id: (*id).into(),
+                    url: format!("http://{id}"),
+                    vm_type: "m5.large".into(),
+                })
+                .collect();
+            Setup {
+                dag,
+                params: params.into_iter().collect(),
+                fanouts,
+                agents,
+            }
+        }
+
+        /// An unplanned (`remote`) job's context at its start.
+        fn ctx<'a>(&'a self, handlers: &'a BTreeMap<usize, HandlerRun>) -> StageContext<'a> {
+            StageContext {
+                job_id: "j-1",
+                dag: &self.dag,
+                params: &self.params,
+                fanouts: &self.fanouts,
+                methods: &[],
+                policy: Policy::Remote,
+                agents: &self.agents,
+                produced: &[],
+                inputs: &[],
+                file_key: b"k",
+                token_expiry: 0,
+                handlers,
+            }
+        }
+    }
+
     #[test]
     fn unplanned_stages_are_prewarmed_where_their_instances_go() {
-        let dag = Dag::from_yaml("t.yaml", DAG).expect("dag");
-        let params = dag.job_params(&Default::default());
-        let fanouts = dag.fanouts(&params).expect("fanouts");
-        let params: serde_json::Map<String, serde_json::Value> = params.into_iter().collect();
-        let agents: Vec<AgentSlot> = ["a-1", "a-2"]
-            .iter()
-            .map(|id| AgentSlot {
-                id: (*id).into(),
-                url: format!("http://{id}"),
-                vm_type: "m5.large".into(),
-            })
-            .collect();
-        let ctx = StageContext {
-            job_id: "j-1",
-            dag: &dag,
-            params: &params,
-            fanouts: &fanouts,
-            methods: &[],
-            policy: Policy::Remote,
-            agents: &agents,
-            produced: &[],
-            inputs: &[],
-            file_key: b"k",
-            token_expiry: 0,
-            handlers: &BTreeMap::new(),
-        };
+        let setup = Setup::new(DAG, &["a-1", "a-2"]);
+        let handlers = BTreeMap::new();
+        let ctx = setup.ctx(&handlers);
+        let dag = &setup.dag;
         // gen starts: the 3 mids go to agents 1, 0, 1 (`jobs::place`), at most 1 at once on
         // agent 1 here (1 vCPU), 1 on agent 0.
         let got = targets(&ctx, 0, None, |a| Some(if a == 0 { 4 } else { 1 }));
         let counts: Vec<(usize, u32)> = got.iter().map(|t| (t.agent, t.request.count)).collect();
         assert_eq!(counts, vec![(0, 1), (1, 1)]);
         let r = &got[0].request;
-        assert_eq!(r.function_key, crate::jobs::function_key(&dag, 1));
+        assert_eq!(r.function_key, crate::jobs::function_key(dag, 1));
         assert_eq!(r.command, dag.functions[1].command);
         assert_eq!((r.memory_limit_mb, r.cpus), (DEFAULT_MEMORY_MB, 1.0));
         // The same warm key as the runs the executor will send.
@@ -276,36 +304,15 @@ edges:
     #[test]
     fn handler_stages_are_prewarmed_with_their_handler() {
         let yaml = "name: h\nfunctions:\n  - { name: gen, image: i, command: [synthetic, run, --to, py] }\n  - { name: py, handler: py-count }\nedges:\n  - { from: gen, to: py, kind: one }\n";
-        let dag = Dag::from_yaml("h.yaml", yaml).expect("dag");
-        let params = dag.job_params(&Default::default());
-        let fanouts = dag.fanouts(&params).expect("fanouts");
-        let params: serde_json::Map<String, serde_json::Value> = params.into_iter().collect();
-        let agents = vec![AgentSlot {
-            id: "a-1".into(),
-            url: "http://a-1".into(),
-            vm_type: "m5.large".into(),
-        }];
-        let handler = sonic_api::agent::HandlerRun {
+        let setup = Setup::new(yaml, &["a-1"]);
+        let handler = HandlerRun {
             name: "py-count".into(),
             sha256: "b".repeat(64),
             key: sonic_api::agent::handler_key(&"b".repeat(64)),
             routes: BTreeMap::from([("result".to_owned(), "result".to_owned())]),
         };
         let handlers = BTreeMap::from([(1, handler.clone())]);
-        let mut ctx = StageContext {
-            job_id: "j-1",
-            dag: &dag,
-            params: &params,
-            fanouts: &fanouts,
-            methods: &[],
-            policy: Policy::Remote,
-            agents: &agents,
-            produced: &[],
-            inputs: &[],
-            file_key: b"k",
-            token_expiry: 0,
-            handlers: &handlers,
-        };
+        let mut ctx = setup.ctx(&handlers);
         let got = targets(&ctx, 0, None, |_| Some(2));
         assert_eq!(got.len(), 1);
         let r = &got[0].request;

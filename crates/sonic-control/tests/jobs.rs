@@ -178,15 +178,19 @@ impl Cluster {
         assert!(r.status().is_success(), "apply: {}", r.status());
     }
 
-    async fn submit(&self, body: Value) -> String {
-        let r = self
-            .http
+    /// `POST /v1/jobs` with `body`, whatever the answer.
+    async fn post_job(&self, body: Value) -> reqwest::Response {
+        self.http
             .post(format!("{}/v1/jobs", self.control.url()))
             .bearer_auth(TOKEN)
             .json(&body)
             .send()
             .await
-            .expect("submit");
+            .expect("POST /v1/jobs")
+    }
+
+    async fn submit(&self, body: Value) -> String {
+        let r = self.post_job(body).await;
         assert_eq!(r.status(), 202, "{}", r.text().await.unwrap_or_default());
         let v: Value = r.json().await.expect("accepted");
         assert_eq!(v["status"], "queued");
@@ -578,43 +582,19 @@ async fn a_failing_lambda_fails_the_job_after_its_retries() {
 async fn bad_submissions_are_refused() {
     let c = cluster().await;
     c.apply(DAG).await;
-    let post = |body: Value| {
-        c.http
-            .post(format!("{}/v1/jobs", c.control.url()))
-            .bearer_auth(TOKEN)
-            .json(&body)
-            .send()
-    };
+    let status = async |body: Value| c.post_job(body).await.status();
+    assert_eq!(status(json!({ "dag": "nope" })).await, 404);
+    assert_eq!(status(json!({ "dag": "fan", "policy": "fast" })).await, 400);
     assert_eq!(
-        post(json!({ "dag": "nope" })).await.expect("send").status(),
-        404
-    );
-    assert_eq!(
-        post(json!({ "dag": "fan", "policy": "fast" }))
-            .await
-            .expect("send")
-            .status(),
+        status(json!({ "dag": "fan", "params": { "mids": 0 } })).await,
         400
     );
     assert_eq!(
-        post(json!({ "dag": "fan", "params": { "mids": 0 } }))
-            .await
-            .expect("send")
-            .status(),
+        status(json!({ "dag": "fan", "input": { "base64": "!!" } })).await,
         400
     );
     assert_eq!(
-        post(json!({ "dag": "fan", "input": { "base64": "!!" } }))
-            .await
-            .expect("send")
-            .status(),
-        400
-    );
-    assert_eq!(
-        post(json!({ "dag": "fan", "input": { "key": "no/such/object" } }))
-            .await
-            .expect("send")
-            .status(),
+        status(json!({ "dag": "fan", "input": { "key": "no/such/object" } })).await,
         400
     );
     let missing = c
@@ -657,16 +637,9 @@ async fn a_reapplied_dag_runs_as_applied_and_a_deleted_one_is_refused() {
     // Replaced by a DAG whose handler this control plane cannot run: refused at submission.
     c.apply("name: again\nfunctions:\n  - { name: only, handler: py-nothing, timeout: 30s }\n")
         .await;
-    let post = |body: Value| {
-        c.http
-            .post(format!("{}/v1/jobs", c.control.url()))
-            .bearer_auth(TOKEN)
-            .json(&body)
-            .send()
-    };
-    let r = post(json!({ "dag": "again", "policy": "remote" }))
-        .await
-        .expect("send");
+    let r = c
+        .post_job(json!({ "dag": "again", "policy": "remote" }))
+        .await;
     assert_eq!(r.status(), 400);
     assert!(
         r.text().await.expect("body").contains("py-nothing"),
@@ -683,9 +656,9 @@ async fn a_reapplied_dag_runs_as_applied_and_a_deleted_one_is_refused() {
         .await
         .expect("delete");
     assert_eq!(r.status(), 204);
-    let r = post(json!({ "dag": "again", "policy": "remote" }))
-        .await
-        .expect("send");
+    let r = c
+        .post_job(json!({ "dag": "again", "policy": "remote" }))
+        .await;
     assert_eq!(r.status(), 404, "a deleted DAG is refused");
     c.stop().await;
 }
@@ -1174,14 +1147,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     c.apply(DAG).await;
 
     // Nothing learned: a forced sonic job and a plan are refused, saying why.
-    let r = c
-        .http
-        .post(format!("{}/v1/jobs", c.control.url()))
-        .bearer_auth(TOKEN)
-        .json(&json!({ "dag": "fan", "policy": "sonic" }))
-        .send()
-        .await
-        .expect("submit");
+    let r = c.post_job(json!({ "dag": "fan", "policy": "sonic" })).await;
     assert_eq!(r.status(), 409);
     let body: Value = r.json().await.expect("json");
     assert!(
@@ -1563,14 +1529,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         (body("oracle", false, &sized_input(77_777)), 409),
         (body("sonic", true, &input), 400),
     ] {
-        let r = c
-            .http
-            .post(format!("{}/v1/jobs", c.control.url()))
-            .bearer_auth(TOKEN)
-            .json(&b)
-            .send()
-            .await
-            .expect("submit");
+        let r = c.post_job(b).await;
         let code = r.status().as_u16();
         let text = r.text().await.unwrap_or_default();
         assert_eq!(code, status, "{text}");
