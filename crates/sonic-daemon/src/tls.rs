@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::Router;
+use axum::serve::ListenerExt as _;
 use axum_server::tls_rustls::RustlsConfig;
 use serde::{Deserialize, Serialize};
 
@@ -86,6 +87,14 @@ pub async fn serve(
     match tls {
         None => {
             let (stopping_tx, stopping) = tokio::sync::oneshot::channel::<()>();
+            // TCP_NODELAY on every connection: an event stream writes small frames one after
+            // another, and with Nagle's algorithm each waited for the previous one's delayed
+            // acknowledgement (up to 40 ms on Linux) when the peer had nothing to send.
+            let listener = listener.tap_io(|stream| {
+                if let Err(e) = stream.set_nodelay(true) {
+                    tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
+                }
+            });
             let server = axum::serve(listener, app).with_graceful_shutdown(async move {
                 shutdown.await;
                 let _ = stopping_tx.send(());
@@ -115,7 +124,10 @@ pub async fn serve(
                 shutdown.await;
                 stopper.graceful_shutdown(Some(SHUTDOWN_GRACE));
             });
-            axum_server::from_tcp_rustls(listener.into_std()?, config)?
+            let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(config)
+                .acceptor(axum_server::accept::NoDelayAcceptor::new());
+            axum_server::from_tcp(listener.into_std()?)?
+                .acceptor(acceptor)
                 .handle(handle)
                 .serve(app.into_make_service())
                 .await
