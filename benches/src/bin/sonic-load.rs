@@ -246,7 +246,15 @@ async fn control(dir: &Path, url_file: &Path) -> anyhow::Result<()> {
             .init();
     }
     let store = Arc::new(sonic_storage::local::LocalStore::new(dir.join("store"))?);
-    let runtime = Runtime::new(store, None, JobsConfig::new(TOKEN, FILE_KEY.as_bytes()));
+    let mut jobs = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
+    if let Some(ms) = std::env::var_os("SONIC_LOAD_SUBMISSIONS_FIRST_MS") {
+        let ms: u64 = ms
+            .to_str()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow!("--submissions-first-ms: a number of milliseconds"))?;
+        jobs.submissions_first = Duration::from_millis(ms);
+    }
+    let runtime = Runtime::new(store, None, jobs);
     let config = ControlConfig {
         listen: "127.0.0.1:0".parse()?,
         data_dir: dir.join("control"),
@@ -491,6 +499,13 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
     let n_agents = num(args, "--agents", 4)?.max(1);
     let sleep_ms = num(args, "--sleep-ms", 20_000)?;
     let chains = num(args, "--chains", 30)?;
+    // `JobsConfig::submissions_first`, to compare with it off (0).
+    let submissions_first = arg(args, "--submissions-first-ms").unwrap_or_else(|| {
+        JobsConfig::new(TOKEN, FILE_KEY.as_bytes())
+            .submissions_first
+            .as_millis()
+            .to_string()
+    });
     let lambdas = match arg(args, "--lambdas") {
         Some(d) => PathBuf::from(d),
         None => std::env::current_exe()?
@@ -513,6 +528,7 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
         .arg(dir.path())
         .arg(&url_file)
         .env("RUST_LOG", "warn")
+        .env("SONIC_LOAD_SUBMISSIONS_FIRST_MS", &submissions_first)
         .kill_on_drop(true)
         .spawn()?;
     let pid = child.id().ok_or_else(|| anyhow!("control plane exited"))?;
@@ -527,15 +543,18 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let api = Arc::new(Api {
-        http: reqwest::Client::builder()
+    let http = || {
+        reqwest::Client::builder()
             .pool_max_idle_per_host(1024)
             .timeout(Duration::from_secs(120))
-            .build()?,
+            .build()
+    };
+    let api = Arc::new(Api {
+        http: http()?,
         url: url.clone(),
     });
     println!(
-        "control plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}",
+        "control plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms",
         lambdas.display()
     );
 
@@ -581,30 +600,44 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
 
     // Phase 1: concurrent submissions.
     println!("\nphase 1: {jobs} one-instance jobs submitted at once");
+    // The client of this phase runs on threads of its own: on the agents' runtime, its tasks
+    // queued behind the agents' (500 runs to start), and their answers were read late.
+    let client = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("load-client")
+        .enable_all()
+        .build()?;
+    let client_api = Arc::new(Api {
+        http: http()?,
+        url: url.clone(),
+    });
     let t1 = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..jobs {
-        let api = api.clone();
-        set.spawn(async move {
-            let mut lat = Latencies::default();
-            let t = Instant::now();
-            let body = br#"{"dag": "load-one", "policy": "remote"}"#.to_vec();
-            let (code, v, ms) = api
-                .call(
-                    reqwest::Method::POST,
-                    "/v1/jobs",
-                    Some(("application/json", body)),
-                )
-                .await?;
-            lat.add("submit", ms);
-            if code != 202 {
-                bail!("POST /v1/jobs: {code} {v}");
-            }
-            let id = v["job_id"].as_str().unwrap_or("").to_owned();
-            let (end, at) = api.follow(&id).await?;
-            lat.add("job", at.duration_since(t).as_secs_f64() * 1e3);
-            anyhow::Ok((lat, end, at))
-        });
+        let api = client_api.clone();
+        set.spawn_on(
+            async move {
+                let mut lat = Latencies::default();
+                let t = Instant::now();
+                let body = br#"{"dag": "load-one", "policy": "remote"}"#.to_vec();
+                let (code, v, ms) = api
+                    .call(
+                        reqwest::Method::POST,
+                        "/v1/jobs",
+                        Some(("application/json", body)),
+                    )
+                    .await?;
+                lat.add("submit", ms);
+                if code != 202 {
+                    bail!("POST /v1/jobs: {code} {v}");
+                }
+                let id = v["job_id"].as_str().unwrap_or("").to_owned();
+                let (end, at) = api.follow(&id).await?;
+                lat.add("job", at.duration_since(t).as_secs_f64() * 1e3);
+                anyhow::Ok((lat, end, at))
+            },
+            client.handle(),
+        );
     }
     let mut lat1 = Latencies::default();
     let mut ends: BTreeMap<String, u64> = BTreeMap::new();
@@ -620,6 +653,7 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
             Err(e) => errors.push(e.to_string()),
         }
     }
+    client.shutdown_background();
     let phase1 = last_end.duration_since(t1).as_secs_f64();
     let (cpu1, rss1) = usage(pid)?;
     println!(

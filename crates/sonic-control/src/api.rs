@@ -1055,6 +1055,8 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
     let rt = state.jobs.clone().ok_or_else(|| {
         ApiError::Unavailable("this control plane runs no jobs: it has no object store".into())
     })?;
+    // Executions started meanwhile wait until this submission is answered (submissions first).
+    let submitting = rt.submitting();
     let dag_name = checked_dag_name(req.dag.clone())?;
     let forced: Option<Policy> = req
         .policy
@@ -1197,6 +1199,7 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
     // Every event of the job (its stages, instances, cleanup) carries the job's span; a root
     // span, so that the submission's span ends with the submission.
     let span = tracing::info_span!(parent: None, "job", job = %job_id, dag = %record.dag, policy = %choice.policy);
+    drop(submitting);
     rt.spawn_job(tracing::Instrument::instrument(
         crate::scheduler::execute(
             state.clone(),

@@ -93,6 +93,11 @@ pub struct JobsConfig {
     /// The time dilation factor of the cluster (1: none); the catalog is already dilated by it
     /// ([`sonic_core::catalog::Catalog::dilated`]); reported by `GET /v1/health`.
     pub dilation: f64,
+    /// Submissions first: a new job's execution waits while other submissions are being
+    /// handled, at most this long (zero: it starts at once). Under a burst of submissions, the
+    /// executions they start would otherwise take the CPU the later submissions need, and those
+    /// are answered late (docs/load.md, "Submissions first"); a lone submission never waits.
+    pub submissions_first: Duration,
 }
 
 impl std::fmt::Debug for JobsConfig {
@@ -108,6 +113,7 @@ impl std::fmt::Debug for JobsConfig {
             .field("job_attempts", &self.job_attempts)
             .field("health_timeout", &self.health_timeout)
             .field("dilation", &self.dilation)
+            .field("submissions_first", &self.submissions_first)
             .finish()
     }
 }
@@ -134,6 +140,7 @@ impl JobsConfig {
             health_timeout: Duration::from_secs(3),
             prewarm: true,
             dilation: 1.0,
+            submissions_first: Duration::from_millis(250),
         }
     }
 }
@@ -166,6 +173,8 @@ pub struct Runtime {
     report_url: std::sync::OnceLock<String>,
     /// The tasks executing jobs, stopped with the control plane ([`Runtime::stop_jobs`]).
     tasks: Mutex<JobTasks>,
+    /// Submissions being handled: new executions wait for them (`JobsConfig::submissions_first`).
+    submitting: Arc<Submitting>,
     /// The OpenLambda registry whose lambdas DAG functions may name as handlers.
     handlers: std::sync::OnceLock<Arc<sonic_openlambda::Handlers>>,
     /// Digests of lambda tarballs this process put in the store.
@@ -190,7 +199,90 @@ impl JobTasks {
     }
 }
 
+/// After a burst of submissions, how long no new one must have begun before the executions it
+/// held start: requests of a burst arrive a little apart, and the first moment none is being
+/// handled is not its end.
+const SUBMISSIONS_QUIET: Duration = Duration::from_millis(5);
+
+/// The submissions being handled now, when the last one began, and a wake-up for executions
+/// waiting until there are none.
+#[derive(Debug, Default)]
+struct Submitting {
+    count: std::sync::atomic::AtomicUsize,
+    last_began: Mutex<Option<tokio::time::Instant>>,
+    none: tokio::sync::Notify,
+}
+
+impl Submitting {
+    fn busy(&self) -> bool {
+        self.count.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+
+    fn began(&self) {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        *self.last_began.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(tokio::time::Instant::now());
+    }
+
+    /// Returns at once when no submission is being handled; otherwise once none is and none
+    /// began for [`SUBMISSIONS_QUIET`], or after `at_most`.
+    async fn wait_for_none(&self, at_most: Duration) {
+        if !self.busy() || at_most.is_zero() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + at_most;
+        loop {
+            let none = self.none.notified();
+            tokio::pin!(none);
+            // Registered before the count is read again: a last submission ending in between
+            // is not missed.
+            none.as_mut().enable();
+            if !self.busy() {
+                let last = *self.last_began.lock().unwrap_or_else(|p| p.into_inner());
+                let quiet_at = last.map_or(deadline, |t| t + SUBMISSIONS_QUIET);
+                if quiet_at <= tokio::time::Instant::now() {
+                    return;
+                }
+                tokio::time::sleep_until(quiet_at.min(deadline)).await;
+                if tokio::time::Instant::now() >= deadline {
+                    return;
+                }
+                continue;
+            }
+            tokio::select! {
+                () = &mut none => {}
+                () = tokio::time::sleep_until(deadline) => return,
+            }
+        }
+    }
+}
+
+/// A submission being handled ([`Runtime::submitting`]); dropping it ends it.
+#[derive(Debug)]
+pub struct Submission(Arc<Submitting>);
+
+impl Drop for Submission {
+    fn drop(&mut self) {
+        if self
+            .0
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.0.none.notify_waiters();
+        }
+    }
+}
+
 impl Runtime {
+    /// Marks a submission as being handled until the returned guard is dropped: executions
+    /// started meanwhile wait for it (at most `JobsConfig::submissions_first`). Drop it before
+    /// starting the submission's own job ([`Runtime::spawn_job`]).
+    pub fn submitting(&self) -> Submission {
+        self.submitting.began();
+        Submission(self.submitting.clone())
+    }
+
     /// A runtime whose jobs are admitted by the built-in [`Pool`] over the registered agents.
     pub fn new(
         store: Arc<dyn ObjectStore>,
@@ -220,6 +312,7 @@ impl Runtime {
             reports: crate::reports::Waiters::default(),
             report_url,
             tasks: Mutex::new(JobTasks::default()),
+            submitting: Arc::default(),
             handlers: std::sync::OnceLock::new(),
             packages: Mutex::new(BTreeSet::new()),
         }
@@ -252,12 +345,18 @@ impl Runtime {
     }
 
     /// Runs a job's execution ([`execute`] or [`resume`]) in a task of its own, stopped by
-    /// [`Runtime::stop_jobs`].
+    /// [`Runtime::stop_jobs`]. It starts once no submission is being handled
+    /// ([`Runtime::submitting`]), or after `JobsConfig::submissions_first`.
     pub fn spawn_job<F>(&self, execution: F)
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        let handle = tokio::spawn(execution).abort_handle();
+        let (submitting, at_most) = (self.submitting.clone(), self.config.submissions_first);
+        let handle = tokio::spawn(async move {
+            submitting.wait_for_none(at_most).await;
+            execution.await;
+        })
+        .abort_handle();
         self.tasks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -2540,9 +2639,59 @@ fn unix_now() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{StoreUse, stage_overhead_s};
+    use super::{StoreUse, Submission, Submitting, stage_overhead_s};
+    use futures::FutureExt;
     use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
+
+    fn begin(s: &Arc<Submitting>) -> Submission {
+        s.began();
+        Submission(s.clone())
+    }
+
+    /// Submissions first: an execution starts at once when no submission is being handled,
+    /// waits while one is, starts once the last one is answered, and waits no longer than its
+    /// bound.
+    #[tokio::test]
+    async fn executions_wait_for_the_submissions_being_handled() {
+        const HOUR: Duration = Duration::from_secs(3600);
+        let s = Arc::new(Submitting::default());
+        assert!(
+            s.wait_for_none(HOUR).now_or_never().is_some(),
+            "a lone submission's job starts at once"
+        );
+
+        let (a, b) = (begin(&s), begin(&s));
+        let waiting = tokio::spawn({
+            let s = s.clone();
+            async move { s.wait_for_none(HOUR).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "two submissions are being handled");
+        drop(a);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "one still is");
+        drop(b);
+        tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("started once none was")
+            .expect("task");
+
+        let held = begin(&s);
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            s.wait_for_none(Duration::from_millis(20)),
+        )
+        .await
+        .expect("no longer than its bound while one is being handled");
+        assert!(
+            s.wait_for_none(Duration::ZERO).now_or_never().is_some(),
+            "zero: off"
+        );
+        drop(held);
+        assert!(!s.busy());
+    }
 
     #[test]
     fn a_jobs_storage_costs_its_requests_and_its_files_kept() {
