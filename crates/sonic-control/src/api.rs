@@ -1514,10 +1514,10 @@ fn event_of(r: &JobRecord) -> JobEvent {
 
 /// Where a progress stream is.
 enum Follow {
-    Start(
-        Box<JobRecord>,
-        Option<tokio::sync::watch::Receiver<JobEvent>>,
-    ),
+    /// A job this process does not run: its record as read.
+    Start(Box<JobRecord>),
+    /// A job this process runs: its executor's current event first.
+    First(tokio::sync::watch::Receiver<JobEvent>),
     /// The executor of this process tells every change.
     Live(tokio::sync::watch::Receiver<JobEvent>),
     /// Nobody here runs the job (any more): its record is polled, and sent when it changes.
@@ -1549,12 +1549,13 @@ async fn next_event(
 ) -> Option<(axum::response::sse::Event, (Shared, Follow))> {
     let ev = match follow {
         Follow::Done => return None,
-        Follow::Start(record, mut rx) => {
-            let ev = match &mut rx {
-                Some(rx) => rx.borrow_and_update().clone(),
-                None => event_of(&record),
-            };
-            return Some((sse_event(&ev), (state, after(&ev, rx))));
+        Follow::Start(record) => {
+            let ev = event_of(&record);
+            return Some((sse_event(&ev), (state, after(&ev, None))));
+        }
+        Follow::First(mut rx) => {
+            let ev = rx.borrow_and_update().clone();
+            return Some((sse_event(&ev), (state, after(&ev, Some(rx)))));
         }
         Follow::Live(mut rx) => {
             if rx.changed().await.is_ok() {
@@ -1586,15 +1587,25 @@ pub(crate) async fn job_events(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let id = checked_job_id(path_param(id)?)?;
-    // Subscribed before the record is read: an end in between is then seen on the channel.
-    let rx = state.jobs.as_ref().and_then(|rt| rt.subscribe(&id));
-    let lookup = id.clone();
-    let record = state
-        .db
-        .run(move |db| db.get_job(&lookup))
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
-    let start = Follow::Start(Box::new(record), rx);
+    // A job this process runs is followed from its executor's events, with no read of its
+    // record (500 streams opened at once were 500 blocking-pool reads); any other from its
+    // record, then polled.
+    let start = match state.jobs.as_ref().and_then(|rt| rt.subscribe(&id)) {
+        Some(rx) => Follow::First(rx),
+        None => {
+            let lookup = id.clone();
+            let record = state
+                .db
+                .run(move |db| db.get_job(&lookup))
+                .await?
+                .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+            // It may have started or ended here in between: its executor then says so.
+            match state.jobs.as_ref().and_then(|rt| rt.subscribe(&id)) {
+                Some(rx) => Follow::First(rx),
+                None => Follow::Start(Box::new(record)),
+            }
+        }
+    };
     let stream = futures::stream::unfold((state, start), |(state, follow)| async move {
         next_event(state, follow)
             .await
