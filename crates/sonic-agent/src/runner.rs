@@ -556,14 +556,17 @@ impl Drop for Running<'_> {
 }
 
 /// One lock per file being fetched, so two instances on this agent that need the same file (a
-/// broadcast) fetch it once and share it: one network copy per VM, not per lambda.
+/// broadcast) fetch it once and share it: one network copy per VM, not per lambda. The lock
+/// guards whether a `direct` copy of the file has come to this agent (fetched from a peer, or
+/// charged to this agent's NIC when it wrote the file itself): later `direct` stagings of it are
+/// free. Kept in memory: after a restart, a file fetched before it is charged once more.
 #[derive(Debug, Default)]
 pub struct FetchLocks {
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<bool>>>>,
 }
 
 impl FetchLocks {
-    fn get(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+    fn get(&self, key: &str) -> Arc<tokio::sync::Mutex<bool>> {
         let mut map = self.locks.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(key.to_owned()).or_default().clone()
     }
@@ -848,13 +851,22 @@ async fn stage_input(
         } => {
             let path = FilePath::parse(file_path).map_err(|e| err(e.to_string()))?;
             let lock = state.fetch_locks.get(&format!("{job}/{file_path}"));
-            let _guard = lock.lock().await;
+            let mut copied = lock.lock().await;
             let (size, fetched) = match state
                 .files
                 .meta(job, &path)
                 .map_err(|e| err(e.to_string()))?
             {
-                Some(meta) => (meta.size, false),
+                Some(meta) if *copied => (meta.size, false),
+                Some(meta) => {
+                    // This agent wrote it (the resource manager gave the receiver the sender's
+                    // VM): a `direct` edge still costs one network copy (model.md), so the
+                    // emulated NIC is charged what fetching it from a peer would cost.
+                    let charged =
+                        crate::transfer::charge_own_copy(&state.throttle, meta.size).await;
+                    *copied = true;
+                    (meta.size, charged)
+                }
                 None => {
                     let dest = state
                         .files
@@ -876,6 +888,7 @@ async fn stage_input(
                         .files
                         .register_verified(job, &path, stats.bytes, &stats.checksum)
                         .map_err(|e| err(e.to_string()))?;
+                    *copied = true;
                     (stats.bytes, true)
                 }
             };
@@ -1128,6 +1141,129 @@ async fn route_outputs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::RunningAgent;
+    use crate::throttle::AgentThrottle;
+    use sonic_api::agent::InputSpec;
+
+    const FILE_KEY: &str = "file-key-0123456789abcdef";
+    const JOB: &str = "j-own-copy";
+    /// The file a sender wrote: 2 MiB, half a second at the limit below.
+    const PATH: &str = "send/0/recv/data.bin";
+    const SIZE: usize = 2 << 20;
+
+    /// An agent (no store, no control plane) whose NIC does `bytes_per_sec` each way
+    /// (`None`: unlimited).
+    async fn agent(root: &Path, id: &str, bytes_per_sec: Option<f64>) -> RunningAgent {
+        let cfg =
+            crate::config::local_config(id, &root.join(id), "control-token-0123456789", FILE_KEY);
+        let sandbox = crate::sandbox::ProcessSandbox::new(crate::sandbox::ProcessConfig {
+            work_dir: root.join(id).join("processes"),
+            ..crate::sandbox::ProcessConfig::default()
+        })
+        .expect("process sandbox");
+        let throttle = AgentThrottle::from_bytes_per_sec(bytes_per_sec, bytes_per_sec);
+        crate::server::start(cfg, Arc::new(sandbox), None, &throttle)
+            .await
+            .expect("start agent")
+    }
+
+    fn direct(peer: &RunningAgent) -> FileSource {
+        FileSource::Direct {
+            peer_url: peer.url(),
+            file_path: PATH.into(),
+            token: sonic_api::token::issue(FILE_KEY.as_bytes(), JOB, PATH, u64::MAX / 2),
+        }
+    }
+
+    /// Stages `source` on `on` for instance `k` of the receiver (an input folder of its own).
+    async fn stage(on: &RunningAgent, root: &Path, k: usize, source: FileSource) -> StagedInput {
+        let input = InputSpec {
+            dest: "send/0/data.bin".into(),
+            source,
+            expected_size: None,
+        };
+        let job = JobId::parse(JOB).expect("job id");
+        let dir = root.join(format!("in-{}-{k}", on.state.config.id));
+        stage_input(&on.state, &job, &input, &dir)
+            .await
+            .expect("staged")
+    }
+
+    /// Bytes through the agent's (egress, ingress) limiters so far.
+    fn through_nic(a: &RunningAgent) -> (usize, usize) {
+        (
+            a.state.throttle.egress.total_bytes_consumed(),
+            a.state.throttle.ingress.total_bytes_consumed(),
+        )
+    }
+
+    /// A `direct` input whose file its own agent wrote costs one copy through that agent's NIC
+    /// (both ends of a peer fetch: its egress and its ingress), once per agent, reported as
+    /// fetched and kept out of the bandwidth meter; `vm-storage` costs nothing; a file a real
+    /// fetch brought is not charged again; without an emulated bandwidth nothing is charged.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_direct_file_its_own_agent_wrote_costs_one_copy_through_its_nic() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let root = root.path();
+        let limited = Some(4e6);
+        let (a, b) = (
+            agent(root, "a-1", limited).await,
+            agent(root, "a-2", limited).await,
+        );
+        let c = agent(root, "a-3", None).await;
+        let job = JobId::parse(JOB).expect("job id");
+        let path = FilePath::parse(PATH).expect("path");
+        let content = vec![7u8; SIZE];
+        for x in [&a, &c] {
+            x.state
+                .files
+                .write_atomic(&job, &path, &content)
+                .expect("sender's output");
+        }
+
+        let own = stage(&a, root, 0, direct(&a)).await;
+        assert_eq!(
+            (own.method.as_str(), own.bytes, own.fetched),
+            ("direct", SIZE as u64, true)
+        );
+        assert_eq!(through_nic(&a), (SIZE, SIZE), "one copy, both ends");
+        assert_eq!(a.state.meter.snapshot().samples, 0, "not a measurement");
+        // A second instance on the same VM shares the copy (broadcast: one per VM).
+        let again = stage(&a, root, 1, direct(&a)).await;
+        assert!(!again.fetched);
+        assert_eq!(through_nic(&a), (SIZE, SIZE));
+        let vm = stage(
+            &a,
+            root,
+            2,
+            FileSource::VmStorage {
+                file_path: PATH.into(),
+            },
+        )
+        .await;
+        assert_eq!((vm.method.as_str(), vm.fetched), ("vm-storage", false));
+        assert_eq!(through_nic(&a), (SIZE, SIZE), "vm-storage is free");
+
+        // A real fetch: the sender's egress and the receiver's ingress, once.
+        let fetched = stage(&b, root, 0, direct(&a)).await;
+        assert!(fetched.fetched);
+        assert_eq!(through_nic(&a), (2 * SIZE, SIZE));
+        assert_eq!(through_nic(&b), (0, SIZE));
+        let shared = stage(&b, root, 1, direct(&a)).await;
+        assert!(!shared.fetched, "landed by a fetch: not charged again");
+        assert_eq!(through_nic(&b), (0, SIZE));
+
+        let unlimited = stage(&c, root, 0, direct(&c)).await;
+        assert!(!unlimited.fetched);
+        assert_eq!(
+            through_nic(&c),
+            (0, 0),
+            "no emulated bandwidth: nothing changes"
+        );
+        for x in [a, b, c] {
+            x.stop().await;
+        }
+    }
 
     /// The runner's usage file: the runtime's peak and whether the run started the runtime
     /// (reported cold); the file is removed either way.

@@ -397,6 +397,32 @@ pub async fn fetch_direct_with(
     }
 }
 
+/// Chunk of a [`charge_own_copy`]: small enough that the charge shares the limiters with the
+/// agent's other streams chunk by chunk, as a real transfer does.
+const OWN_COPY_CHUNK: usize = 64 * 1024;
+
+/// `direct`, when the file is already on this agent because this agent wrote it: the network copy
+/// the model prices (`F / BW`) is charged to this agent's NIC as if it had fetched the file from a
+/// peer. A peer fetch passes the sender's egress limiter (its file server) and the receiver's
+/// ingress limiter, chunk by chunk in a pipeline; sender and receiver are this VM here, so every
+/// chunk passes both of its limiters at once, and the charge takes what the fetch would (the
+/// slower direction bounds it) and slows the agent's other streams as the fetch would. No bytes
+/// move, no request is made, and the [`BandwidthMeter`] gets no sample: its rate would be the
+/// limiter's setting, not a measurement of the network. Returns whether anything was charged
+/// (`false` when neither direction is limited: no emulated bandwidth, nothing to emulate).
+pub async fn charge_own_copy(throttle: &Throttle, bytes: u64) -> bool {
+    if throttle.egress.speed_limit().is_infinite() && throttle.ingress.speed_limit().is_infinite() {
+        return false;
+    }
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(OWN_COPY_CHUNK as u64) as usize;
+        tokio::join!(throttle.egress.consume(n), throttle.ingress.consume(n));
+        left -= n as u64;
+    }
+    true
+}
+
 async fn rename_into_place(tmp: &Path, dest: &Path) -> Result<(), TransferError> {
     tokio::fs::rename(tmp, dest).await?;
     Ok(())

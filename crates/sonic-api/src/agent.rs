@@ -308,9 +308,12 @@ pub struct StagedInput {
     pub method: String,
     pub bytes: u64,
     pub seconds: f64,
-    /// Whether staging it moved the file to this agent (a `direct` fetch, a `remote` GET);
-    /// `false` when it was there already (`vm-storage`, or fetched for another instance on
-    /// this agent). Absent from older agents: taken as `true`.
+    /// Whether staging it paid the edge's copy to this agent: a `direct` fetch, a `remote` GET
+    /// (the only case the control plane counts as a store request), or a `direct` file this
+    /// agent wrote itself whose network copy was charged to its emulated NIC (no request, no
+    /// bytes moved); `false` when it was there already (`vm-storage`, fetched or charged for
+    /// another instance on this agent, or written here without an emulated bandwidth). Absent
+    /// from older agents: taken as `true`.
     #[serde(default = "fetched_by_default")]
     pub fetched: bool,
 }

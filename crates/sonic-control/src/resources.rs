@@ -34,7 +34,9 @@
 //! wait until each runs a `sonic-agent` that joined the control plane, and answer with their
 //! agent ids; in `release`, stop or recycle them. A stage that continues a `vm-storage` group
 //! ([`Offer::vm_group`]) must be granted its sender's agents, in the same order: the files are
-//! there. Two VMs of one stage must be different agents. The implementation is installed with
+//! there. Two VMs of one stage must be different agents. A stage that reads over `direct` edges
+//! should get other machines than its senders' where there are free ones: the plan priced each
+//! such edge as one network copy between VMs. The implementation is installed with
 //! [`crate::Runtime::with_resources`].
 
 #![warn(missing_docs)]
@@ -109,6 +111,21 @@ fn vm_sender(dag: &Dag, plan: &Plan, i: usize) -> Option<usize> {
             plan.edges
                 .iter()
                 .any(|pe| &pe.from == from && &pe.to == to && pe.method == Method::VmStorage)
+        })
+        .map(|e| e.from)
+}
+
+/// The functions DAG function `i` reads from over `direct` edges (their files stay on their
+/// VMs and `i`'s VMs fetch them).
+fn direct_senders<'a>(dag: &'a Dag, plan: &'a Plan, i: usize) -> impl Iterator<Item = usize> + 'a {
+    dag.edges
+        .iter()
+        .filter(move |e| e.to == i)
+        .filter(move |e| {
+            let (from, to) = (&dag.functions[e.from].name, &dag.functions[e.to].name);
+            plan.edges
+                .iter()
+                .any(|pe| &pe.from == from && &pe.to == to && pe.method == Method::Direct)
         })
         .map(|e| e.from)
 }
@@ -319,10 +336,12 @@ impl State {
 /// reserves, on each agent it uses, the most any of the job's stages needs there (slots: the
 /// plan's concurrent lambdas per VM; memory: that many times the stage's memory limit; capped
 /// at the agent's capacity); a slot of an unplanned instance holds one vCPU and its memory.
-/// Two VMs of one stage are never one agent. Requests are served first come, first served: one
-/// that does not fit waits, and so does every later one (a small job never overtakes a big
-/// one for ever); at most `max_queued` planned jobs wait. Agents whose VM type the catalog does
-/// not know are not limited.
+/// Two VMs of one stage are never one agent, and a stage that reads over `direct` edges gets
+/// agents of its type other than its senders' while such agents are free (so that, where the
+/// pool has more than one VM of a type, a direct edge crosses VMs as planned). Requests are
+/// served first come, first served: one that does not fit waits, and so does every later one
+/// (a small job never overtakes a big one for ever); at most `max_queued` planned jobs wait.
+/// Agents whose VM type the catalog does not know are not limited.
 #[derive(Debug, Clone)]
 pub struct Pool {
     /// Per VM type: what one agent of it offers.
@@ -459,8 +478,12 @@ impl Pool {
                 hosts.push(h);
                 continue;
             }
-            // The agents the job ran this stage on before, in their order; then the job's own
-            // agents (a reservation there may already cover the stage); then the freest.
+            // The agents the job ran this stage on before, in their order; then agents that
+            // hold none of the files the stage fetches `direct` (a direct edge is one network
+            // copy between two VMs, model.md: on its sender's VM it is a local hand-over, which
+            // the agent can only charge to an emulated NIC); then the job's own agents (a reservation there may
+            // already cover the stage); then the freest. A sender's agent is still taken when
+            // no other agent of the type is free.
             let preferred = |a: usize| {
                 offer
                     .prefer
@@ -468,6 +491,11 @@ impl Pool {
                     .and_then(|p| p.iter().position(|id| *id == agents[a].id))
                     .unwrap_or(usize::MAX)
             };
+            let senders: Vec<usize> = direct_senders(dag, plan, i)
+                .filter_map(|s| hosts.get(s))
+                .flatten()
+                .copied()
+                .collect();
             let mut typed: Vec<usize> = (0..agents.len())
                 .filter(|&a| agents[a].vm_type == ps.vm_type)
                 .collect();
@@ -478,6 +506,7 @@ impl Pool {
                 });
                 (
                     preferred(a),
+                    senders.contains(&a),
                     !need.contains_key(&a),
                     std::cmp::Reverse(fr.slots),
                     std::cmp::Reverse(fr.memory_mb),
@@ -882,6 +911,68 @@ edges:
         assert_eq!(g.hosts[0], vec!["a-2".to_owned(), "a-0".to_owned()]);
         assert_eq!(g.hosts[1], g.hosts[0], "vm-storage continues on a's VMs");
         pool.release("j1");
+    }
+
+    #[test]
+    fn a_direct_receiver_gets_other_agents_than_its_senders_while_they_are_free() {
+        let pool = Pool::new(Some(&catalog()), 4);
+        let ids = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        // a -> b direct: b gets the other large agent, not a's (nor the job's own).
+        let ag = agents(&["m5.large", "m5.large", "m5.xlarge"]);
+        let chain = |vms: u32| {
+            plan(
+                [
+                    ("m5.large", vms, 1),
+                    ("m5.large", vms, 1),
+                    ("m5.xlarge", 1, 1),
+                ],
+                false,
+            )
+        };
+        let g = granted(
+            pool.offer(&offer("j1", chain(1), 1024, &ag), &quiet)
+                .now_or_never()
+                .expect("at once"),
+        );
+        assert_eq!(g.hosts[0], ids(&["a-0"]));
+        assert_eq!(g.hosts[1], ids(&["a-1"]), "the direct edge crosses VMs");
+        pool.release("j1");
+
+        // Two VMs each, four large agents: b's two are the two a does not hold.
+        let ag4 = agents(&["m5.large", "m5.large", "m5.large", "m5.large", "m5.xlarge"]);
+        let g = granted(
+            pool.offer(&offer("j2", chain(2), 1024, &ag4), &quiet)
+                .now_or_never()
+                .expect("at once"),
+        );
+        assert_eq!(g.hosts[0], ids(&["a-0", "a-1"]));
+        assert_eq!(g.hosts[1], ids(&["a-2", "a-3"]));
+        pool.release("j2");
+
+        // Another job fills a-0: j3's a gets a-1, and b, with no other large agent free,
+        // shares a's rather than wait.
+        let other = offer(
+            "j0",
+            plan(
+                [("m5.large", 1, 2), ("m5.large", 1, 2), ("m5.xlarge", 1, 1)],
+                true,
+            ),
+            1024,
+            &ag,
+        );
+        let g0 = granted(pool.offer(&other, &quiet).now_or_never().expect("at once"));
+        assert_eq!(g0.hosts[0], ids(&["a-0"]));
+        let g = granted(
+            pool.offer(&offer("j3", chain(1), 1024, &ag), &quiet)
+                .now_or_never()
+                .expect("at once"),
+        );
+        assert_eq!(g.hosts[0], ids(&["a-1"]));
+        assert_eq!(
+            g.hosts[1],
+            ids(&["a-1"]),
+            "the sender's agent when none other is free"
+        );
     }
 
     #[test]
