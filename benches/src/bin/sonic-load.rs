@@ -314,6 +314,21 @@ struct Api {
 }
 
 impl Api {
+    /// `POST /v1/jobs` with `body`: the job's id and how long the submission took (ms).
+    async fn submit(&self, body: String) -> anyhow::Result<(String, f64)> {
+        let (code, v, ms) = self
+            .call(
+                reqwest::Method::POST,
+                "/v1/jobs",
+                Some(("application/json", body.into_bytes())),
+            )
+            .await?;
+        if code != 202 {
+            bail!("POST /v1/jobs: {code} {v}");
+        }
+        Ok((v["job_id"].as_str().unwrap_or("").to_owned(), ms))
+    }
+
     async fn call(
         &self,
         method: reqwest::Method,
@@ -421,19 +436,10 @@ async fn chain_phase(api: &Api, marks: &Marks, chains: u64) -> anyhow::Result<()
         marks.take();
         marks.on.store(true, Ordering::SeqCst);
         let t = Instant::now();
-        let body = br#"{"dag": "load-chain", "policy": "remote"}"#.to_vec();
-        let (code, v, ms) = api
-            .call(
-                reqwest::Method::POST,
-                "/v1/jobs",
-                Some(("application/json", body)),
-            )
+        let (id, ms) = api
+            .submit(r#"{"dag": "load-chain", "policy": "remote"}"#.into())
             .await?;
-        if code != 202 {
-            bail!("POST /v1/jobs: {code} {v}");
-        }
         lat.add("submit", ms);
-        let id = v["job_id"].as_str().unwrap_or("").to_owned();
         let (end, at) = api.follow(&id).await?;
         marks.on.store(false, Ordering::SeqCst);
         if end != "succeeded" {
@@ -619,19 +625,10 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
             async move {
                 let mut lat = Latencies::default();
                 let t = Instant::now();
-                let body = br#"{"dag": "load-one", "policy": "remote"}"#.to_vec();
-                let (code, v, ms) = api
-                    .call(
-                        reqwest::Method::POST,
-                        "/v1/jobs",
-                        Some(("application/json", body)),
-                    )
+                let (id, ms) = api
+                    .submit(r#"{"dag": "load-one", "policy": "remote"}"#.into())
                     .await?;
                 lat.add("submit", ms);
-                if code != 202 {
-                    bail!("POST /v1/jobs: {code} {v}");
-                }
-                let id = v["job_id"].as_str().unwrap_or("").to_owned();
                 let (end, at) = api.follow(&id).await?;
                 lat.add("job", at.duration_since(t).as_secs_f64() * 1e3);
                 anyhow::Ok((lat, end, at))
@@ -675,17 +672,7 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
     let body =
         format!(r#"{{"dag": "load-fanout", "policy": "remote", "params": {{"n": {instances}}}}}"#);
     let t2 = Instant::now();
-    let (code, v, submit_ms) = api
-        .call(
-            reqwest::Method::POST,
-            "/v1/jobs",
-            Some(("application/json", body.into_bytes())),
-        )
-        .await?;
-    if code != 202 {
-        bail!("POST /v1/jobs: {code} {v}");
-    }
-    let id = v["job_id"].as_str().unwrap_or("").to_owned();
+    let (id, submit_ms) = api.submit(body).await?;
     let mut lat2 = Latencies::default();
     lat2.add("submit", submit_ms);
     // Status reads while it runs, from a task of their own.

@@ -846,6 +846,11 @@ edges:
 
     fn quiet(_: &str) {}
 
+    /// What the pool answers `o` at once, which must be a grant.
+    fn grant_now(pool: &Pool, o: &Offer) -> Grant {
+        granted(pool.offer(o, &quiet).now_or_never().expect("at once"))
+    }
+
     fn granted(a: Result<Answer, ResourceError>) -> Grant {
         match a {
             Ok(Answer::Grant(g)) => g,
@@ -866,7 +871,7 @@ edges:
             1024,
             &ag,
         );
-        let g = granted(pool.offer(&o, &quiet).now_or_never().expect("at once"));
+        let g = grant_now(&pool, &o);
         assert_eq!(g.hosts[0].len(), 2);
         assert_ne!(g.hosts[0][0], g.hosts[0][1], "two VMs, two agents");
         assert_eq!(g.hosts[1], g.hosts[0], "vm-storage continues on a's VMs");
@@ -903,11 +908,11 @@ edges:
             &ag,
         );
         // Without a preference the freest come first, by index.
-        let g = granted(pool.offer(&o, &quiet).now_or_never().expect("at once"));
+        let g = grant_now(&pool, &o);
         assert_eq!(g.hosts[0], vec!["a-0".to_owned(), "a-1".to_owned()]);
         pool.release("j1");
         o.prefer = vec![vec!["a-2".into(), "a-0".into()], Vec::new(), Vec::new()];
-        let g = granted(pool.offer(&o, &quiet).now_or_never().expect("at once"));
+        let g = grant_now(&pool, &o);
         assert_eq!(g.hosts[0], vec!["a-2".to_owned(), "a-0".to_owned()]);
         assert_eq!(g.hosts[1], g.hosts[0], "vm-storage continues on a's VMs");
         pool.release("j1");
@@ -929,22 +934,14 @@ edges:
                 false,
             )
         };
-        let g = granted(
-            pool.offer(&offer("j1", chain(1), 1024, &ag), &quiet)
-                .now_or_never()
-                .expect("at once"),
-        );
+        let g = grant_now(&pool, &offer("j1", chain(1), 1024, &ag));
         assert_eq!(g.hosts[0], ids(&["a-0"]));
         assert_eq!(g.hosts[1], ids(&["a-1"]), "the direct edge crosses VMs");
         pool.release("j1");
 
         // Two VMs each, four large agents: b's two are the two a does not hold.
         let ag4 = agents(&["m5.large", "m5.large", "m5.large", "m5.large", "m5.xlarge"]);
-        let g = granted(
-            pool.offer(&offer("j2", chain(2), 1024, &ag4), &quiet)
-                .now_or_never()
-                .expect("at once"),
-        );
+        let g = grant_now(&pool, &offer("j2", chain(2), 1024, &ag4));
         assert_eq!(g.hosts[0], ids(&["a-0", "a-1"]));
         assert_eq!(g.hosts[1], ids(&["a-2", "a-3"]));
         pool.release("j2");
@@ -960,13 +957,9 @@ edges:
             1024,
             &ag,
         );
-        let g0 = granted(pool.offer(&other, &quiet).now_or_never().expect("at once"));
+        let g0 = grant_now(&pool, &other);
         assert_eq!(g0.hosts[0], ids(&["a-0"]));
-        let g = granted(
-            pool.offer(&offer("j3", chain(1), 1024, &ag), &quiet)
-                .now_or_never()
-                .expect("at once"),
-        );
+        let g = grant_now(&pool, &offer("j3", chain(1), 1024, &ag));
         assert_eq!(g.hosts[0], ids(&["a-1"]));
         assert_eq!(
             g.hosts[1],
@@ -1022,7 +1015,7 @@ edges:
             1024,
             &ag,
         );
-        granted(pool.offer(&other, &quiet).now_or_never().expect("at once"));
+        grant_now(&pool, &other);
         let mut o = offer(
             "j1",
             plan(

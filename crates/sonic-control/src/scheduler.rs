@@ -218,10 +218,12 @@ impl Submitting {
         self.count.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
-    fn began(&self) {
+    /// A submission begins: in flight until the guard is dropped.
+    fn begin(self: &Arc<Self>) -> Submission {
         self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         *self.last_began.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(tokio::time::Instant::now());
+        Submission(self.clone())
     }
 
     /// Returns at once when no submission is being handled; otherwise once none is and none
@@ -279,8 +281,7 @@ impl Runtime {
     /// started meanwhile wait for it (at most `JobsConfig::submissions_first`). Drop it before
     /// starting the submission's own job ([`Runtime::spawn_job`]).
     pub fn submitting(&self) -> Submission {
-        self.submitting.began();
-        Submission(self.submitting.clone())
+        self.submitting.begin()
     }
 
     /// A runtime whose jobs are admitted by the built-in [`Pool`] over the registered agents.
@@ -2639,16 +2640,11 @@ fn unix_now() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{StoreUse, Submission, Submitting, stage_overhead_s};
+    use super::{StoreUse, Submitting, stage_overhead_s};
     use futures::FutureExt;
     use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
-
-    fn begin(s: &Arc<Submitting>) -> Submission {
-        s.began();
-        Submission(s.clone())
-    }
 
     /// Submissions first: an execution starts at once when no submission is being handled,
     /// waits while one is, starts once the last one is answered, and waits no longer than its
@@ -2662,7 +2658,7 @@ mod tests {
             "a lone submission's job starts at once"
         );
 
-        let (a, b) = (begin(&s), begin(&s));
+        let (a, b) = (s.begin(), s.begin());
         let waiting = tokio::spawn({
             let s = s.clone();
             async move { s.wait_for_none(HOUR).await }
@@ -2678,7 +2674,7 @@ mod tests {
             .expect("started once none was")
             .expect("task");
 
-        let held = begin(&s);
+        let held = s.begin();
         tokio::time::timeout(
             Duration::from_secs(30),
             s.wait_for_none(Duration::from_millis(20)),
