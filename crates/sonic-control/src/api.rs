@@ -1241,18 +1241,22 @@ pub(crate) fn checked_job_id(id: String) -> Result<String, ApiError> {
     }
 }
 
+/// The record of job `id`, or 404.
+async fn job_record(state: &Shared, id: &str) -> Result<JobRecord, ApiError> {
+    let lookup = id.to_owned();
+    state
+        .db
+        .run(move |db| db.get_job(&lookup))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))
+}
+
 async fn get_job(
     State(state): State<Shared>,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<JobSummary>, ApiError> {
     let id = checked_job_id(path_param(id)?)?;
-    let lookup = id.clone();
-    let job = state
-        .db
-        .run(move |db| db.get_job(&lookup))
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
-    Ok(Json(job_view(job)))
+    Ok(Json(job_view(job_record(&state, &id).await?)))
 }
 
 async fn cancel_job(
@@ -1266,12 +1270,7 @@ async fn cancel_job(
 
 /// Asks the executor to stop a job that has not ended (a job nothing executes ends now).
 pub(crate) async fn cancel(state: &Shared, id: String) -> Result<JobSummary, ApiError> {
-    let lookup = id.clone();
-    let job = state
-        .db
-        .run(move |db| db.get_job(&lookup))
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    let job = job_record(state, &id).await?;
     if job.status.is_terminal() {
         return Err(ApiError::BadRequest(format!(
             "job {id} already {}",
@@ -1312,12 +1311,7 @@ async fn get_result(
     let full = format!("{}result/{key}", crate::jobs::job_prefix(&id));
     sonic_storage::validate_key(&full)
         .map_err(|_| ApiError::BadRequest("invalid result key".into()))?;
-    let lookup = id.clone();
-    state
-        .db
-        .run(move |db| db.get_job(&lookup))
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    job_record(&state, &id).await?;
     match rt.store.get_bytes(&full).await {
         Ok(bytes) => {
             Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
@@ -1590,17 +1584,13 @@ pub(crate) async fn job_events(
     // A job this process runs is followed from its executor's events, with no read of its
     // record (500 streams opened at once were 500 blocking-pool reads); any other from its
     // record, then polled.
-    let start = match state.jobs.as_ref().and_then(|rt| rt.subscribe(&id)) {
+    let subscribe = || state.jobs.as_ref().and_then(|rt| rt.subscribe(&id));
+    let start = match subscribe() {
         Some(rx) => Follow::First(rx),
         None => {
-            let lookup = id.clone();
-            let record = state
-                .db
-                .run(move |db| db.get_job(&lookup))
-                .await?
-                .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+            let record = job_record(&state, &id).await?;
             // It may have started or ended here in between: its executor then says so.
-            match state.jobs.as_ref().and_then(|rt| rt.subscribe(&id)) {
+            match subscribe() {
                 Some(rx) => Follow::First(rx),
                 None => Follow::Start(Box::new(record)),
             }
