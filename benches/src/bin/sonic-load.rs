@@ -254,7 +254,16 @@ async fn control(dir: &Path, url_file: &Path) -> anyhow::Result<()> {
             .ok_or_else(|| anyhow!("--submissions-first-ms: a number of milliseconds"))?;
         jobs.submissions_first = Duration::from_millis(ms);
     }
-    let runtime = Runtime::new(store, None, jobs);
+    let mut runtime = Runtime::new(store, None, jobs);
+    // SONIC_LOAD_EXECUTOR_NICE=N: executions on threads of their own, N nicer (`--executor-nice`).
+    if let Some(n) = std::env::var_os("SONIC_LOAD_EXECUTOR_NICE").filter(|v| v != "off") {
+        let nice: i32 = n
+            .to_str()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow!("--executor-nice: a number from 0 to 19, or off"))?;
+        let threads = std::thread::available_parallelism().map_or(2, usize::from);
+        runtime = runtime.with_executor(sonic_control::executor::Executor::new(threads, nice)?);
+    }
     let config = ControlConfig {
         listen: "127.0.0.1:0".parse()?,
         data_dir: dir.join("control"),
@@ -512,6 +521,10 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
             .as_millis()
             .to_string()
     });
+    // Executions on threads of their own at this niceness (`ControlConfig::executor_nice`, the
+    // control plane's default unless given), or `off`: on the API's runtime.
+    let executor_nice = arg(args, "--executor-nice")
+        .unwrap_or_else(|| sonic_control::config::DEFAULT_EXECUTOR_NICE.to_string());
     let lambdas = match arg(args, "--lambdas") {
         Some(d) => PathBuf::from(d),
         None => std::env::current_exe()?
@@ -535,6 +548,7 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
         .arg(&url_file)
         .env("RUST_LOG", "warn")
         .env("SONIC_LOAD_SUBMISSIONS_FIRST_MS", &submissions_first)
+        .env("SONIC_LOAD_EXECUTOR_NICE", &executor_nice)
         .kill_on_drop(true)
         .spawn()?;
     let pid = child.id().ok_or_else(|| anyhow!("control plane exited"))?;
@@ -560,7 +574,7 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
         url: url.clone(),
     });
     println!(
-        "control plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms",
+        "control plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms; executor nice {executor_nice}",
         lambdas.display()
     );
 

@@ -713,6 +713,9 @@ impl Cluster {
             // next stage would take them from the stage that runs (ofctl demo, mapreduce-sort's
             // planned job: 5.6 s with prewarming, 3.4 s without).
             prewarm: false,
+            // For the same reason the executions keep the API's priority: the lambdas run on
+            // these cores too, and niced executions would wait behind them between stages.
+            executor_nice: None,
             openlambda: opts
                 .openlambda
                 .clone()

@@ -66,6 +66,11 @@ pub struct ControlConfig {
     /// [`sonic_core::catalog::Catalog::dilated`]) and its predictions are in the cluster's
     /// dilated time. `GET /v1/health` reports it.
     pub dilation: f64,
+    /// Job executions run on threads of their own this much nicer than the API's (Linux nice,
+    /// 0 to 19; `sonic_control::executor`), so that under load the API is served first; `None`
+    /// (`executor_nice: null`): on the API's threads. Default 10. `ofctl up` runs without it:
+    /// there the lambdas share the control plane's cores and would delay the executions.
+    pub executor_nice: Option<u8>,
 }
 
 /// The OpenLambda listener's settings (`openlambda:` in the file, `--openlambda ADDR`).
@@ -222,9 +227,14 @@ impl Default for ControlConfig {
             prewarm: true,
             openlambda: None,
             dilation: 1.0,
+            executor_nice: Some(DEFAULT_EXECUTOR_NICE),
         }
     }
 }
+
+/// [`ControlConfig::executor_nice`]'s default: the executions' threads get about a tenth of
+/// the CPU when the API's threads want it all (docs/load.md, "Executions at a lower priority").
+pub const DEFAULT_EXECUTOR_NICE: u8 = 10;
 
 impl std::fmt::Debug for ControlConfig {
     // Hand-written so no secret reaches a log.
@@ -246,6 +256,7 @@ impl std::fmt::Debug for ControlConfig {
             .field("prewarm", &self.prewarm)
             .field("openlambda", &self.openlambda)
             .field("dilation", &self.dilation)
+            .field("executor_nice", &self.executor_nice)
             .finish()
     }
 }
@@ -332,6 +343,9 @@ pub struct ControlArgs {
     /// many times slower (deploy/cluster.sh --dilation).
     #[arg(long, env = "SONIC_CONTROL_DILATION")]
     pub dilation: Option<f64>,
+    /// Run job executions on threads this much nicer than the API's (0 to 19; default 10).
+    #[arg(long, env = "SONIC_EXECUTOR_NICE")]
+    pub executor_nice: Option<u8>,
     /// How log lines are written: text, or json (one object per line, with the job's and the
     /// run's spans).
     #[arg(long, env = "SONIC_LOG_FORMAT", default_value = "text")]
@@ -373,6 +387,7 @@ impl ControlConfig {
             .set("openlambda.listen", a.openlambda)
             .set("openlambda.token", a.openlambda_token.as_ref())
             .set("dilation", a.dilation)
+            .set("executor_nice", a.executor_nice)
             .extract()?;
         cfg.check()?;
         Ok(cfg)
@@ -405,6 +420,13 @@ impl ControlConfig {
             return Err(ConfigError::Invalid(format!(
                 "dilation must be a number >= 1, not {}",
                 self.dilation
+            )));
+        }
+        if let Some(n) = self.executor_nice
+            && n > 19
+        {
+            return Err(ConfigError::Invalid(format!(
+                "executor_nice must be from 0 to 19 (or null: no executor of its own), not {n}"
             )));
         }
         let t = self.plan_budget.0;
@@ -528,6 +550,43 @@ mod tests {
             !format!("{cfg:?}").contains("0123456789abcdef"),
             "token redacted"
         );
+    }
+
+    #[test]
+    fn executor_nice_defaults_to_ten_and_can_be_turned_off() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let load = |yaml: &str, flag: Option<u8>| {
+            let path = dir.path().join("control.yaml");
+            std::fs::write(&path, format!("token: 0123456789abcdef\n{yaml}")).expect("write");
+            ControlConfig::load(&ControlArgs {
+                config: Some(path),
+                executor_nice: flag,
+                ..ControlArgs::default()
+            })
+        };
+        assert_eq!(load("", None).expect("load").executor_nice, Some(10));
+        assert_eq!(
+            load("executor_nice: null\n", None)
+                .expect("load")
+                .executor_nice,
+            None
+        );
+        assert_eq!(
+            load("executor_nice: 3\n", None)
+                .expect("load")
+                .executor_nice,
+            Some(3)
+        );
+        // The flag overrides the file.
+        assert_eq!(
+            load("executor_nice: 3\n", Some(19))
+                .expect("load")
+                .executor_nice,
+            Some(19)
+        );
+        let err = load("executor_nice: 20\n", None).expect_err("20 is past Linux's nice range");
+        assert!(err.to_string().contains("executor_nice"), "{err}");
+        assert!(load("executor_nice: -1\n", None).is_err());
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod dashboard;
 pub mod error;
+pub mod executor;
 pub mod handlers;
 pub mod jobs;
 pub mod learning;

@@ -179,6 +179,8 @@ pub struct Runtime {
     handlers: std::sync::OnceLock<Arc<sonic_openlambda::Handlers>>,
     /// Digests of lambda tarballs this process put in the store.
     packages: Mutex<BTreeSet<String>>,
+    /// Where executions run ([`Runtime::with_executor`]); `None`: on the caller's runtime.
+    executor: Option<crate::executor::Executor>,
 }
 
 /// The tasks executing jobs. Finished ones are dropped once the list doubled since the last
@@ -316,7 +318,20 @@ impl Runtime {
             submitting: Arc::default(),
             handlers: std::sync::OnceLock::new(),
             packages: Mutex::new(BTreeSet::new()),
+            executor: None,
         }
+    }
+
+    /// Runs job executions on `executor`'s threads (a lower priority than the API's) instead
+    /// of the runtime that starts them.
+    pub fn with_executor(mut self, executor: crate::executor::Executor) -> Runtime {
+        self.executor = Some(executor);
+        self
+    }
+
+    /// The executor jobs run on, when they have one of their own.
+    pub fn executor(&self) -> Option<&crate::executor::Executor> {
+        self.executor.as_ref()
     }
 
     /// DAG functions naming a `handler` run lambdas of this registry (the first call wins).
@@ -346,17 +361,22 @@ impl Runtime {
     }
 
     /// Runs a job's execution ([`execute`] or [`resume`]) in a task of its own, stopped by
-    /// [`Runtime::stop_jobs`]. It starts once no submission is being handled
-    /// ([`Runtime::submitting`]), or after `JobsConfig::submissions_first`.
+    /// [`Runtime::stop_jobs`], on the [`Runtime::with_executor`] executor when there is one. It
+    /// starts once no submission is being handled ([`Runtime::submitting`]), or after
+    /// `JobsConfig::submissions_first`.
     pub fn spawn_job<F>(&self, execution: F)
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
         let (submitting, at_most) = (self.submitting.clone(), self.config.submissions_first);
-        let handle = tokio::spawn(async move {
+        let task = async move {
             submitting.wait_for_none(at_most).await;
             execution.await;
-        })
+        };
+        let handle = match &self.executor {
+            Some(e) => e.handle().spawn(task),
+            None => tokio::spawn(task),
+        }
         .abort_handle();
         self.tasks
             .lock()

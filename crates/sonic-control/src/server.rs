@@ -196,7 +196,14 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
     jobs.prewarm = config.prewarm;
     jobs.dilation = config.dilation;
     tracing::info!(store = %choice.describe(), "object store open");
-    Ok(Runtime::new(store, Some(catalog), jobs).with_http(http))
+    let runtime = Runtime::new(store, Some(catalog), jobs).with_http(http);
+    Ok(match config.executor_nice {
+        Some(nice) => {
+            let threads = std::thread::available_parallelism().map_or(2, usize::from);
+            runtime.with_executor(crate::executor::Executor::new(threads, i32::from(nice))?)
+        }
+        None => runtime,
+    })
 }
 
 /// [`start`], able to run jobs with `jobs`. Jobs a previous process left running are failed
@@ -381,6 +388,11 @@ mod tests {
         let want = Catalog::default().dilated(4.0).expect("dilated");
         assert_eq!(rt.catalog.as_ref(), Some(&want));
         assert_eq!(rt.config.dilation, 4.0);
+        // Executions run on threads of their own, at the default lower priority.
+        assert_eq!(
+            rt.executor().map(|e| e.nice()),
+            Some(i32::from(crate::config::DEFAULT_EXECUTOR_NICE))
+        );
         running.stop().await;
     }
 

@@ -114,11 +114,18 @@ async fn start_control(
     let mut jobs = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
     jobs.backoff = Duration::from_millis(20);
     jobs.convergence = convergence;
+    // Executions on an executor of their own, as the daemon runs them (`executor_nice`).
+    let executor = sonic_control::executor::Executor::new(
+        2,
+        i32::from(sonic_control::config::DEFAULT_EXECUTOR_NICE),
+    )
+    .expect("executor");
     let runtime = Runtime::new(
         store,
         Some(Catalog::from_yaml(CATALOG).expect("catalog")),
         jobs,
-    );
+    )
+    .with_executor(executor);
     let config = ControlConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         data_dir: dir.join("control"),
