@@ -559,7 +559,9 @@ impl Drop for Running<'_> {
 /// broadcast) fetch it once and share it: one network copy per VM, not per lambda. The lock
 /// guards whether a `direct` copy of the file has come to this agent (fetched from a peer, or
 /// charged to this agent's NIC when it wrote the file itself): later `direct` stagings of it are
-/// free. Kept in memory: after a restart, a file fetched before it is charged once more.
+/// free. Kept in memory: after a restart, a file fetched before it is charged once more. A
+/// job's locks (keys `<job>/...`) are forgotten with its files ([`FetchLocks::forget_job`]), so a
+/// long-running agent does not keep one per file it ever fetched.
 #[derive(Debug, Default)]
 pub struct FetchLocks {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<bool>>>>,
@@ -569,6 +571,25 @@ impl FetchLocks {
     fn get(&self, key: &str) -> Arc<tokio::sync::Mutex<bool>> {
         let mut map = self.locks.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(key.to_owned()).or_default().clone()
+    }
+
+    /// Forgets the locks of job `job`'s files (its files are deleted); returns how many.
+    pub fn forget_job(&self, job: &str) -> usize {
+        let prefix = format!("{job}/");
+        let mut map = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let before = map.len();
+        map.retain(|k, _| !k.starts_with(&prefix));
+        before - map.len()
+    }
+
+    /// How many locks are kept (files fetched or charged, handler tarballs).
+    pub fn len(&self) -> usize {
+        self.locks.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -1252,6 +1273,19 @@ mod tests {
         let shared = stage(&b, root, 1, direct(&a)).await;
         assert!(!shared.fetched, "landed by a fetch: not charged again");
         assert_eq!(through_nic(&b), (0, SIZE));
+
+        // Deleting the job's files forgets its locks (one per file and agent), on the route
+        // the control plane calls at the job's end.
+        assert_eq!(b.state.fetch_locks.len(), 1);
+        let gone = reqwest::Client::new()
+            .delete(format!("{}/v1/jobs/{JOB}", b.url()))
+            .bearer_auth("control-token-0123456789")
+            .send()
+            .await
+            .expect("delete the job");
+        assert_eq!(gone.status(), 204);
+        assert!(b.state.fetch_locks.is_empty());
+        assert_eq!(a.state.fetch_locks.len(), 1, "another agent's are its own");
 
         let unlimited = stage(&c, root, 0, direct(&c)).await;
         assert!(!unlimited.fetched);

@@ -493,6 +493,7 @@ async fn delete_job(
     state
         .runs()
         .retain(|id, _| !id.starts_with(&format!("{job_id}.")));
+    state.fetch_locks.forget_job(&job_id);
     Ok(StatusCode::NO_CONTENT)
 }
 
