@@ -200,6 +200,11 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
     Ok(match config.executor_nice {
         Some(nice) => {
             let threads = std::thread::available_parallelism().map_or(2, usize::from);
+            tracing::info!(
+                threads,
+                nice,
+                "job executions run on threads of their own, at a lower priority than the API's (executor_nice)"
+            );
             runtime.with_executor(crate::executor::Executor::new(threads, i32::from(nice))?)
         }
         None => runtime,
