@@ -261,8 +261,7 @@ async fn control(dir: &Path, url_file: &Path) -> anyhow::Result<()> {
             .to_str()
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| anyhow!("--executor-nice: a number from 0 to 19, or off"))?;
-        let threads = std::thread::available_parallelism().map_or(2, usize::from);
-        runtime = runtime.with_executor(sonic_control::executor::Executor::new(threads, nice)?);
+        runtime = runtime.with_executor(sonic_control::executor::Executor::per_core(nice)?);
     }
     let config = ControlConfig {
         listen: "127.0.0.1:0".parse()?,

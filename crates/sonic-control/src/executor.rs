@@ -40,6 +40,13 @@ impl Executor {
         })
     }
 
+    /// An executor of one worker thread per core this process may use (what the daemon
+    /// runs, `ControlConfig::executor_nice`).
+    pub fn per_core(nice: i32) -> io::Result<Executor> {
+        let threads = std::thread::available_parallelism().map_or(2, usize::from);
+        Executor::new(threads, nice)
+    }
+
     /// The niceness its threads run at, above the process's.
     pub fn nice(&self) -> i32 {
         self.nice

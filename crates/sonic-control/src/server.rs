@@ -199,13 +199,11 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
     let runtime = Runtime::new(store, Some(catalog), jobs).with_http(http);
     Ok(match config.executor_nice {
         Some(nice) => {
-            let threads = std::thread::available_parallelism().map_or(2, usize::from);
             tracing::info!(
-                threads,
                 nice,
-                "job executions run on threads of their own, at a lower priority than the API's (executor_nice)"
+                "job executions run on threads of their own, one per core, at a lower priority than the API's (executor_nice)"
             );
-            runtime.with_executor(crate::executor::Executor::new(threads, i32::from(nice))?)
+            runtime.with_executor(crate::executor::Executor::per_core(i32::from(nice))?)
         }
         None => runtime,
     })
