@@ -8,6 +8,7 @@
 //! cargo build --release -p sonic-lambdas -p sonic-benches
 //! target/release/sonic-load [--jobs 500] [--instances 1000] [--agents 4] [--sleep-ms 20000]
 //!                           [--chains 30] [--lambdas target/release]
+//!                           [--submissions-first-ms 250] [--executor-nice 10|off] [--agents-nice 0]
 //! ```
 //!
 //! Phase 1: `--jobs` one-instance jobs (`synthetic noop`) submitted at once; each job's end is
@@ -524,6 +525,7 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
     // control plane's default unless given), or `off`: on the API's runtime.
     let executor_nice = arg(args, "--executor-nice")
         .unwrap_or_else(|| sonic_control::config::DEFAULT_EXECUTOR_NICE.to_string());
+    let agents_nice = num(args, "--agents-nice", 0)?;
     let lambdas = match arg(args, "--lambdas") {
         Some(d) => PathBuf::from(d),
         None => std::env::current_exe()?
@@ -573,7 +575,7 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
         url: url.clone(),
     });
     println!(
-        "control plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms; executor nice {executor_nice}",
+        "control plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms; executor nice {executor_nice}; agents nice {agents_nice}",
         lambdas.display()
     );
 
@@ -798,14 +800,26 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     if args.first().map(String::as_str) == Some("control") {
         let (Some(dir), Some(url_file)) = (args.get(1), args.get(2)) else {
             bail!("usage: sonic-load control DIR URL_FILE");
         };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
         return rt.block_on(control(Path::new(dir), Path::new(url_file)));
     }
+    // `--agents-nice N`: the agents' threads (this runtime's workers and blocking threads, so
+    // the lambdas they start too) run N nicer than the control plane and the phase-1 client,
+    // standing in for agents on hosts of their own. 0 (the default): the same priority.
+    let agents_nice = num(&args, "--agents-nice", 0)?;
+    if agents_nice > 19 {
+        bail!("--agents-nice: a number from 0 to 19");
+    }
+    let nice = agents_nice as i32;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .on_thread_start(move || sonic_control::executor::lower_thread_priority(nice))
+        .enable_all()
+        .build()?;
     rt.block_on(drive(&args))
 }

@@ -31,7 +31,7 @@ impl Executor {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("sonic-exec")
-            .on_thread_start(move || lower_priority(nice))
+            .on_thread_start(move || lower_thread_priority(nice))
             .enable_all()
             .build()?;
         Ok(Executor {
@@ -71,10 +71,11 @@ impl Drop for Executor {
     }
 }
 
-/// Raises the calling thread's niceness by `nice` (Linux: the nice value is per thread).
-/// Raising it needs no privilege; a failure leaves the thread as it was, with a warning.
+/// Raises the calling thread's niceness by `nice` (Linux: the nice value is per thread, and
+/// processes the thread starts inherit it). Raising it needs no privilege; a failure leaves the
+/// thread as it was, with a warning. Elsewhere than on Linux, it does nothing.
 #[allow(unsafe_code)]
-fn lower_priority(nice: i32) {
+pub fn lower_thread_priority(nice: i32) {
     if nice == 0 {
         return;
     }
@@ -91,7 +92,7 @@ fn lower_priority(nice: i32) {
         if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, target) } != 0 {
             tracing::warn!(
                 error = %io::Error::last_os_error(),
-                "cannot lower the executor thread's priority"
+                "cannot lower the thread's priority"
             );
         }
     }
