@@ -190,6 +190,39 @@ fn num(args: &[String], name: &str, default: u64) -> anyhow::Result<u64> {
     }
 }
 
+/// The count and the quantiles `qs` (each the upper bound of the first bucket that holds it,
+/// in seconds; infinite past the last bound) of the control plane's
+/// `sonic_http_request_duration_seconds` series whose labels start with `labels`.
+fn bucket_quantiles(text: &str, labels: &str, qs: &[f64]) -> Option<(u64, Vec<f64>)> {
+    let prefix = format!("sonic_http_request_duration_seconds_bucket{{{labels},le=\"");
+    let mut buckets: Vec<(f64, u64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    if total == 0 {
+        return None;
+    }
+    let at = |q: f64| {
+        let want = (q * total as f64).ceil() as u64;
+        buckets
+            .iter()
+            .find(|(_, c)| *c >= want)
+            .map_or(f64::INFINITY, |(le, _)| *le)
+    };
+    Some((total, qs.iter().map(|q| at(*q)).collect()))
+}
+
 /// Raises the open-file limit to its hard maximum (1,000 lambdas hold pipes and sockets).
 #[allow(unsafe_code)]
 fn raise_nofile() -> u64 {
@@ -358,6 +391,18 @@ impl Api {
         let ms = t.elapsed().as_secs_f64() * 1e3;
         let v = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
         Ok((status, v, ms))
+    }
+
+    /// The control plane's metrics, as text.
+    async fn metrics(&self) -> anyhow::Result<String> {
+        let resp = self
+            .http
+            .get(format!("{}/metrics", self.url))
+            .bearer_auth(TOKEN)
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(resp.text().await?)
     }
 
     /// Polls a job until it ends; its final status and the latencies of the reads.
@@ -677,6 +722,17 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
         println!("  first error: {e}");
     }
     lat1.print();
+    // The same submissions as the control plane timed them (routing to response head): what
+    // the client's own work on this machine's cores adds is the difference.
+    let text = api.metrics().await?;
+    match bucket_quantiles(&text, r#"method="POST",route="/v1/jobs""#, &[0.5, 0.99]) {
+        Some((n, q)) => println!(
+            "  submit at the control plane (its request histogram, bucket bounds): n={n} p50 <= {:.1} ms  p99 <= {:.1} ms",
+            q[0] * 1e3,
+            q[1] * 1e3
+        ),
+        None => println!("  submit at the control plane: no request histogram in its metrics"),
+    }
     println!(
         "  control plane: {:.1} CPU s in this phase, peak RSS so far {rss1:.0} MiB",
         cpu1 - cpu0
@@ -822,4 +878,25 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(drive(&args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bucket_quantiles;
+
+    #[test]
+    fn quantiles_are_read_from_the_buckets_of_one_route() {
+        let text = "\
+sonic_http_request_duration_seconds_bucket{method=\"POST\",route=\"/v1/jobs\",le=\"0.01\"} 10
+sonic_http_request_duration_seconds_bucket{method=\"POST\",route=\"/v1/jobs\",le=\"0.05\"} 98
+sonic_http_request_duration_seconds_bucket{method=\"POST\",route=\"/v1/jobs\",le=\"0.1\"} 99
+sonic_http_request_duration_seconds_bucket{method=\"POST\",route=\"/v1/jobs\",le=\"+Inf\"} 100
+sonic_http_request_duration_seconds_bucket{method=\"GET\",route=\"/v1/jobs\",le=\"+Inf\"} 7
+";
+        let (n, q) = bucket_quantiles(text, r#"method="POST",route="/v1/jobs""#, &[0.5, 0.99, 1.0])
+            .expect("a series");
+        assert_eq!(n, 100);
+        assert_eq!(q, vec![0.05, 0.1, f64::INFINITY]);
+        assert!(bucket_quantiles(text, r#"method="PUT",route="/v1/jobs""#, &[0.5]).is_none());
+    }
 }

@@ -372,10 +372,11 @@ async fn track(State(state): State<Shared>, req: Request, next: Next) -> Respons
         // Clients may invent methods; one label keeps the series bounded.
         _ => "OTHER",
     };
+    let started = std::time::Instant::now();
     let response = next.run(req).await;
-    state
-        .metrics
-        .count_request(method, &route, response.status().as_u16());
+    let metrics = &state.metrics;
+    metrics.count_request(method, &route, response.status().as_u16());
+    metrics.request_took(method, &route, started.elapsed().as_secs_f64());
     response
 }
 

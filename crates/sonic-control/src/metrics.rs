@@ -1,4 +1,4 @@
-//! The control plane's metrics (`GET /metrics`, Prometheus text format): requests, jobs, stages,
+//! The control plane's metrics (`GET /metrics`, Prometheus text format): requests and their time, jobs, stages,
 //! instances, data passing, planning, prediction error, queue, cluster capacity, store retries.
 //!
 //! Built on [`sonic_daemon::metrics::Registry`] (one per control plane, so that `ofctl up`'s
@@ -18,6 +18,18 @@ pub const HTTP_REQUESTS: Desc = Desc::counter(
     "sonic_http_requests_total",
     "HTTP requests answered, by method, route template and status.",
     &["method", "route", "status"],
+);
+/// Bucket bounds for the time the control plane takes to answer a request, in seconds.
+pub const REQUEST_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+/// The `sonic_http_request_duration_seconds` histogram: time from a request's routing to its
+/// response's head, by method and route template.
+pub const HTTP_REQUEST_SECONDS: Desc = Desc::histogram(
+    "sonic_http_request_duration_seconds",
+    "Time from a request's routing to its response's head (a streamed body not included), by method and route template.",
+    &["method", "route"],
+    REQUEST_BUCKETS,
 );
 /// The `sonic_dags` gauge: DAGs registered.
 pub const DAGS: Desc = Desc::gauge("sonic_dags", "DAGs registered.", &[]);
@@ -127,6 +139,7 @@ pub const RUN_REPORTS: Desc = Desc::counter(
 
 const FAMILIES: &[Desc] = &[
     HTTP_REQUESTS,
+    HTTP_REQUEST_SECONDS,
     DAGS,
     AGENTS,
     JOBS,
@@ -217,6 +230,13 @@ impl Metrics {
     pub fn count_request(&self, method: &str, route: &str, status: u16) {
         self.reg
             .inc(&HTTP_REQUESTS, &[method, route, &status.to_string()]);
+    }
+
+    /// Records how long a request took to answer (its response's head), in seconds; `route`
+    /// as in [`Metrics::count_request`].
+    pub fn request_took(&self, method: &str, route: &str, seconds: f64) {
+        self.reg
+            .observe(&HTTP_REQUEST_SECONDS, &[method, route], seconds);
     }
 
     /// How many requests were counted for this method, route and status.

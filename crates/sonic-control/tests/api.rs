@@ -769,6 +769,11 @@ async fn metrics_count_requests_and_registry_sizes() {
         "sonic_http_requests_total{method=\"POST\",route=\"/v1/agents/register\",status=\"200\"} 2",
         "sonic_http_requests_total{method=\"GET\",route=\"/v1/dags/{name}\",status=\"401\"} 1",
         "sonic_http_requests_total{method=\"GET\",route=\"unmatched\",status=\"404\"} 1",
+        // Every answered request is timed, by method and route template.
+        "sonic_http_request_duration_seconds_count{method=\"PUT\",route=\"/v1/dags\"} 1",
+        "sonic_http_request_duration_seconds_count{method=\"POST\",route=\"/v1/agents/register\"} 2",
+        "sonic_http_request_duration_seconds_bucket{method=\"POST\",route=\"/v1/agents/register\",le=\"+Inf\"} 2",
+        "sonic_http_request_duration_seconds_count{method=\"GET\",route=\"unmatched\"} 1",
         "sonic_dags 1",
         "sonic_agents{state=\"alive\"} 1",
         "sonic_agents{state=\"dead\"} 1",
