@@ -9,6 +9,7 @@
 //! target/release/sonic-load [--jobs 500] [--instances 1000] [--agents 4] [--sleep-ms 20000]
 //!                           [--chains 30] [--lambdas target/release]
 //!                           [--submissions-first-ms 250] [--executor-nice 10|off] [--agents-nice 0]
+//!                           [--warm-connections]
 //! ```
 //!
 //! Phase 1: `--jobs` one-instance jobs (`synthetic noop`) submitted at once; each job's end is
@@ -677,6 +678,25 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
         http: http()?,
         url: url.clone(),
     });
+    // `--warm-connections`: open one connection per job first (concurrent health reads), so
+    // that the submissions reuse them and their latency leaves out connection setup (a
+    // diagnostic: a new client connects as part of its submission).
+    if args.iter().any(|a| a == "--warm-connections") {
+        let mut warm = tokio::task::JoinSet::new();
+        for _ in 0..jobs {
+            let api = client_api.clone();
+            warm.spawn_on(
+                async move { api.call(reqwest::Method::GET, "/v1/health", None).await },
+                client.handle(),
+            );
+        }
+        let mut opened = Latencies::default();
+        while let Some(r) = warm.join_next().await {
+            opened.add("health (new connection)", r??.2);
+        }
+        println!("  {jobs} connections opened first (--warm-connections)");
+        opened.print();
+    }
     let t1 = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..jobs {

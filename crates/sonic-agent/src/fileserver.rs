@@ -100,7 +100,7 @@ pub async fn spawn_standalone(
     std::net::SocketAddr,
     tokio::task::JoinHandle<io::Result<()>>,
 )> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = sonic_daemon::net::bind(addr)?;
     let local = listener.local_addr()?;
     let app = router(state);
     let handle = tokio::spawn(async move { axum::serve(listener, app).await });

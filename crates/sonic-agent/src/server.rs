@@ -554,7 +554,7 @@ pub async fn load_tls(
 
 /// Binds the configured address; an agent without an `advertise_url` advertises the bound one.
 pub async fn bind(config: &mut AgentConfig) -> std::io::Result<tokio::net::TcpListener> {
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let listener = sonic_daemon::net::bind(config.listen)?;
     let addr = listener.local_addr()?;
     if config.advertise_url.is_none() {
         let scheme = sonic_daemon::tls::scheme(config.tls.is_some());

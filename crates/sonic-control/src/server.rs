@@ -234,12 +234,10 @@ pub async fn start_with_jobs(
         Some(files) => Some(files.load().await?),
         None => None,
     };
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: config.listen,
-            source,
-        })?;
+    let listener = sonic_daemon::net::bind(config.listen).map_err(|source| ServeError::Bind {
+        addr: config.listen,
+        source,
+    })?;
     let addr = listener.local_addr()?;
     let openlambda = match &config.openlambda {
         Some(ol) => Some(sonic_openlambda::start(ol.listener(&config.data_dir)).await?),

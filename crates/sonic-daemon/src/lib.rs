@@ -5,6 +5,7 @@
 //!   overriding the one before it, with errors that name the file or the flag.
 //! - [`secret`]: secrets from files, generated secrets kept in a data folder.
 //! - [`tls`]: HTTPS for the daemons' servers (rustls) and clients that verify a private CA.
+//! - [`net`]: listening sockets with an accept queue for bursts of connections.
 //! - [`logging`]: text or JSON log lines (`--log-format`), with the job and run spans.
 //! - [`metrics`]: a per-daemon registry of counters, gauges and histograms in the Prometheus
 //!   text format.
@@ -12,6 +13,7 @@
 pub mod config;
 pub mod logging;
 pub mod metrics;
+pub mod net;
 pub mod secret;
 pub mod tls;
 
