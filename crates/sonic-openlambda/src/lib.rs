@@ -818,7 +818,8 @@ impl Running {
 pub async fn start(cfg: OpenLambdaConfig) -> Result<Running, StartError> {
     let listen = cfg.listen;
     let handlers = Handlers::open(cfg).await?;
-    let listener = tokio::net::TcpListener::bind(listen).await?;
+    // An accept queue for bursts of invocations (`sonic_daemon::net`).
+    let listener = sonic_daemon::net::bind(listen)?;
     let addr = listener.local_addr()?;
     let app = router(handlers.clone());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
