@@ -554,7 +554,8 @@ async fn chain_phase(api: &Api, marks: &Marks, chains: u64) -> anyhow::Result<()
     Ok(())
 }
 
-async fn drive(args: &[String]) -> anyhow::Result<()> {
+/// The benchmark's three phases; `agents_nice` is what `main` ran this runtime's threads at.
+async fn drive(args: &[String], agents_nice: u64) -> anyhow::Result<()> {
     let jobs = num(args, "--jobs", 500)?;
     let instances = num(args, "--instances", 1000)?;
     let n_agents = num(args, "--agents", 4)?.max(1);
@@ -571,7 +572,6 @@ async fn drive(args: &[String]) -> anyhow::Result<()> {
     // control plane's default unless given), or `off`: on the API's runtime.
     let executor_nice = arg(args, "--executor-nice")
         .unwrap_or_else(|| sonic_control::config::DEFAULT_EXECUTOR_NICE.to_string());
-    let agents_nice = num(args, "--agents-nice", 0)?;
     let lambdas = match arg(args, "--lambdas") {
         Some(d) => PathBuf::from(d),
         None => std::env::current_exe()?
@@ -897,7 +897,7 @@ fn main() -> anyhow::Result<()> {
         .on_thread_start(move || sonic_control::executor::lower_thread_priority(nice))
         .enable_all()
         .build()?;
-    rt.block_on(drive(&args))
+    rt.block_on(drive(&args, agents_nice))
 }
 
 #[cfg(test)]

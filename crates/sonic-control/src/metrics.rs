@@ -1,5 +1,6 @@
-//! The control plane's metrics (`GET /metrics`, Prometheus text format): requests and their time, jobs, stages,
-//! instances, data passing, planning, prediction error, queue, cluster capacity, store retries.
+//! The control plane's metrics (`GET /metrics`, Prometheus text format): requests and their
+//! time, jobs, stages, instances, data passing, planning, prediction error, queue, cluster
+//! capacity, store retries.
 //!
 //! Built on [`sonic_daemon::metrics::Registry`] (one per control plane, so that `ofctl up`'s
 //! agents in the same process keep their own). Every name is documented in docs/api.md. Label

@@ -4,7 +4,7 @@
 //! more connections arrive at once than the daemon has accepted yet, the kernel drops the rest
 //! of the handshakes (`ListenOverflows` in `nstat`), and those clients wait for TCP's
 //! retransmission timers (200 ms for data, 1 s for a SYN) before being served. 500 concurrent
-//! job submissions did (docs/load.md, "The listen backlog").
+//! job submissions did (docs/load.md, "Where a burst of submissions spends its time").
 
 use std::io;
 use std::net::SocketAddr;
