@@ -9,11 +9,13 @@
 //! target/release/sonic-load [--jobs 500] [--instances 1000] [--agents 4] [--sleep-ms 20000]
 //!                           [--chains 30] [--lambdas target/release]
 //!                           [--submissions-first-ms 250] [--executor-nice 10|off] [--agents-nice 0]
-//!                           [--warm-connections]
+//!                           [--rounds 2] [--warm-connections]
 //! ```
 //!
 //! Phase 1: `--jobs` one-instance jobs (`synthetic noop`) submitted at once; each job's end is
-//! followed on its event stream (`GET /v1/jobs/{id}/events`). Phase 2: one job of `--instances`
+//! followed on its event stream (`GET /v1/jobs/{id}/events`); `--rounds` times, each round by a
+//! new client (new connections) once the previous round's jobs have ended: the first round
+//! meets a control plane just started, the later ones one that has served a burst before. Phase 2: one job of `--instances`
 //! instances (`synthetic --sleep-ms`, so they overlap), spread over the agents; the agents'
 //! running counters are sampled every 5 ms until all run at once. Phase 3: `--chains` jobs of a
 //! chain of 8 no-op stages (`one` edges), one after the other; the agents (in this process) mark
@@ -193,20 +195,30 @@ fn num(args: &[String], name: &str, default: u64) -> anyhow::Result<u64> {
 
 /// The count and the quantiles `qs` (each the upper bound of the first bucket that holds it,
 /// in seconds; infinite past the last bound) of the control plane's
-/// `sonic_http_request_duration_seconds` series whose labels start with `labels`.
-fn bucket_quantiles(text: &str, labels: &str, qs: &[f64]) -> Option<(u64, Vec<f64>)> {
+/// `sonic_http_request_duration_seconds` series whose labels start with `labels`, counting the
+/// requests since the metrics text `before` (empty: all).
+fn bucket_quantiles(text: &str, before: &str, labels: &str, qs: &[f64]) -> Option<(u64, Vec<f64>)> {
     let prefix = format!("sonic_http_request_duration_seconds_bucket{{{labels},le=\"");
-    let mut buckets: Vec<(f64, u64)> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix(&prefix))
-        .filter_map(|rest| {
-            let (le, count) = rest.split_once("\"} ")?;
+    let read = |text: &str| -> BTreeMap<String, u64> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .filter_map(|rest| {
+                let (le, count) = rest.split_once("\"} ")?;
+                Some((le.to_owned(), count.trim().parse().ok()?))
+            })
+            .collect()
+    };
+    let earlier = read(before);
+    let mut buckets: Vec<(f64, u64)> = read(text)
+        .into_iter()
+        .filter_map(|(le, count)| {
+            let since = count.saturating_sub(earlier.get(&le).copied().unwrap_or(0));
             let le = if le == "+Inf" {
                 f64::INFINITY
             } else {
                 le.parse().ok()?
             };
-            Some((le, count.trim().parse().ok()?))
+            Some((le, since))
         })
         .collect();
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -261,6 +273,18 @@ fn usage(pid: u32) -> anyhow::Result<(f64, f64)> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
     Ok((ticks / clock_ticks(), hwm_kib / 1024.0))
+}
+
+/// Minor page faults of process `pid` so far (`/proc/<pid>/stat` field 10): memory it touched
+/// for the first time.
+fn minor_faults(pid: u32) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(") ").ok_or_else(|| anyhow!("bad stat"))?.1;
+    Ok(after
+        .split_whitespace()
+        .nth(7)
+        .ok_or_else(|| anyhow!("bad stat"))?
+        .parse()?)
 }
 
 /// The control plane role: runs until killed; writes its URL to `url_file`.
@@ -555,6 +579,114 @@ async fn chain_phase(api: &Api, marks: &Marks, chains: u64) -> anyhow::Result<()
 }
 
 /// The benchmark's three phases; `agents_nice` is what `main` ran this runtime's threads at.
+fn http_client() -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .timeout(Duration::from_secs(120))
+        .build()
+}
+
+/// One round of phase 1: `jobs` one-instance jobs submitted at once by a new client (so over
+/// new connections, unless `warm`), each followed to its end on its event stream. Prints the
+/// round's figures and returns the control plane's metrics text afterwards.
+async fn burst(url: &str, pid: u32, jobs: u64, warm: bool) -> anyhow::Result<String> {
+    let (cpu0, _) = usage(pid)?;
+    let faults0 = minor_faults(pid)?;
+    // The client runs on threads of its own: on the agents' runtime, its tasks queued behind
+    // the agents' (500 runs to start), and their answers were read late.
+    let client = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("load-client")
+        .enable_all()
+        .build()?;
+    let client_api = Arc::new(Api {
+        http: http_client()?,
+        url: url.to_owned(),
+    });
+    // `--warm-connections`: open one connection per job first (concurrent health reads), so
+    // that the submissions reuse them and their latency leaves out connection setup (a
+    // diagnostic: a new client connects as part of its submission).
+    if warm {
+        let mut opened_set = tokio::task::JoinSet::new();
+        for _ in 0..jobs {
+            let api = client_api.clone();
+            opened_set.spawn_on(
+                async move { api.call(reqwest::Method::GET, "/v1/health", None).await },
+                client.handle(),
+            );
+        }
+        let mut opened = Latencies::default();
+        while let Some(r) = opened_set.join_next().await {
+            opened.add("health (new connection)", r??.2);
+        }
+        println!("  {jobs} connections opened first (--warm-connections)");
+        opened.print();
+    }
+    let t1 = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..jobs {
+        let api = client_api.clone();
+        set.spawn_on(
+            async move {
+                let mut lat = Latencies::default();
+                let t = Instant::now();
+                let (id, ms) = api
+                    .submit(r#"{"dag": "load-one", "policy": "remote"}"#.into())
+                    .await?;
+                lat.add("submit", ms);
+                let answered = Instant::now();
+                let (end, at) = api.follow(&id).await?;
+                lat.add("job", at.duration_since(t).as_secs_f64() * 1e3);
+                anyhow::Ok((lat, end, at, answered))
+            },
+            client.handle(),
+        );
+    }
+    let mut lat = Latencies::default();
+    let mut ends: BTreeMap<String, u64> = BTreeMap::new();
+    let mut errors = Vec::new();
+    let mut last_end = t1;
+    let mut last_answer = t1;
+    while let Some(r) = set.join_next().await {
+        match r? {
+            Ok((l, end, at, answered)) => {
+                lat.merge(l);
+                *ends.entry(end).or_default() += 1;
+                last_end = last_end.max(at);
+                last_answer = last_answer.max(answered);
+            }
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    let metrics = client_api.metrics().await?;
+    client.shutdown_background();
+    let took = last_end.duration_since(t1).as_secs_f64();
+    let (cpu1, _) = usage(pid)?;
+    let faults = minor_faults(pid)? - faults0;
+    println!(
+        "  {jobs} jobs ended {took:.2} s after the first submission ({:.1} jobs/s); outcomes {ends:?}; errors {}",
+        jobs as f64 / took,
+        errors.len()
+    );
+    if let Some(e) = errors.first() {
+        println!("  first error: {e}");
+    }
+    println!(
+        "  the last submission was answered {:.0} ms after the first was sent",
+        last_answer.duration_since(t1).as_secs_f64() * 1e3
+    );
+    if std::env::var_os("SONIC_LOAD_MONOTONIC").is_some() {
+        // For lining up a `perf record -k CLOCK_MONOTONIC` profile with the burst.
+        println!("  monotonic: sent {t1:?}, last answered {last_answer:?}");
+    }
+    lat.print();
+    println!(
+        "  control plane: {:.1} CPU s, {faults} minor page faults in this round",
+        cpu1 - cpu0
+    );
+    Ok(metrics)
+}
+
 async fn drive(args: &[String], agents_nice: u64) -> anyhow::Result<()> {
     let jobs = num(args, "--jobs", 500)?;
     let instances = num(args, "--instances", 1000)?;
@@ -610,14 +742,8 @@ async fn drive(args: &[String], agents_nice: u64) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let http = || {
-        reqwest::Client::builder()
-            .pool_max_idle_per_host(1024)
-            .timeout(Duration::from_secs(120))
-            .build()
-    };
     let api = Arc::new(Api {
-        http: http()?,
+        http: http_client()?,
         url: url.clone(),
     });
     println!(
@@ -665,96 +791,36 @@ async fn drive(args: &[String], agents_nice: u64) -> anyhow::Result<()> {
     }
     let (cpu0, _) = usage(pid)?;
 
-    // Phase 1: concurrent submissions.
-    println!("\nphase 1: {jobs} one-instance jobs submitted at once");
-    // The client of this phase runs on threads of its own: on the agents' runtime, its tasks
-    // queued behind the agents' (500 runs to start), and their answers were read late.
-    let client = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("load-client")
-        .enable_all()
-        .build()?;
-    let client_api = Arc::new(Api {
-        http: http()?,
-        url: url.clone(),
-    });
-    // `--warm-connections`: open one connection per job first (concurrent health reads), so
-    // that the submissions reuse them and their latency leaves out connection setup (a
-    // diagnostic: a new client connects as part of its submission).
-    if args.iter().any(|a| a == "--warm-connections") {
-        let mut warm = tokio::task::JoinSet::new();
-        for _ in 0..jobs {
-            let api = client_api.clone();
-            warm.spawn_on(
-                async move { api.call(reqwest::Method::GET, "/v1/health", None).await },
-                client.handle(),
-            );
-        }
-        let mut opened = Latencies::default();
-        while let Some(r) = warm.join_next().await {
-            opened.add("health (new connection)", r??.2);
-        }
-        println!("  {jobs} connections opened first (--warm-connections)");
-        opened.print();
-    }
-    let t1 = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for _ in 0..jobs {
-        let api = client_api.clone();
-        set.spawn_on(
-            async move {
-                let mut lat = Latencies::default();
-                let t = Instant::now();
-                let (id, ms) = api
-                    .submit(r#"{"dag": "load-one", "policy": "remote"}"#.into())
-                    .await?;
-                lat.add("submit", ms);
-                let (end, at) = api.follow(&id).await?;
-                lat.add("job", at.duration_since(t).as_secs_f64() * 1e3);
-                anyhow::Ok((lat, end, at))
-            },
-            client.handle(),
+    // Phase 1: concurrent submissions, `--rounds` times (each round a new client, so new
+    // connections; the next round starts once the previous one's jobs have ended).
+    let rounds = num(args, "--rounds", 2)?.max(1);
+    let warm = args.iter().any(|a| a == "--warm-connections");
+    let mut metrics_before = api.metrics().await?;
+    for round in 1..=rounds {
+        println!(
+            "\nphase 1, round {round} of {rounds}: {jobs} one-instance jobs submitted at once"
         );
-    }
-    let mut lat1 = Latencies::default();
-    let mut ends: BTreeMap<String, u64> = BTreeMap::new();
-    let mut errors = Vec::new();
-    let mut last_end = t1;
-    while let Some(r) = set.join_next().await {
-        match r? {
-            Ok((l, end, at)) => {
-                lat1.merge(l);
-                *ends.entry(end).or_default() += 1;
-                last_end = last_end.max(at);
-            }
-            Err(e) => errors.push(e.to_string()),
+        let metrics_after = burst(&url, pid, jobs, warm).await?;
+        // The same submissions as the control plane timed them (routing to response head):
+        // what the client's own work on this machine's cores adds is the difference.
+        match bucket_quantiles(
+            &metrics_after,
+            &metrics_before,
+            r#"method="POST",route="/v1/jobs""#,
+            &[0.5, 0.99],
+        ) {
+            Some((n, q)) => println!(
+                "  submit at the control plane (its request histogram, bucket bounds): n={n} p50 <= {:.1} ms  p99 <= {:.1} ms",
+                q[0] * 1e3,
+                q[1] * 1e3
+            ),
+            None => println!("  submit at the control plane: no request histogram in its metrics"),
         }
+        metrics_before = metrics_after;
     }
-    client.shutdown_background();
-    let phase1 = last_end.duration_since(t1).as_secs_f64();
     let (cpu1, rss1) = usage(pid)?;
     println!(
-        "  {jobs} jobs ended {phase1:.2} s after the first submission ({:.1} jobs/s); outcomes {ends:?}; errors {}",
-        jobs as f64 / phase1,
-        errors.len()
-    );
-    if let Some(e) = errors.first() {
-        println!("  first error: {e}");
-    }
-    lat1.print();
-    // The same submissions as the control plane timed them (routing to response head): what
-    // the client's own work on this machine's cores adds is the difference.
-    let text = api.metrics().await?;
-    match bucket_quantiles(&text, r#"method="POST",route="/v1/jobs""#, &[0.5, 0.99]) {
-        Some((n, q)) => println!(
-            "  submit at the control plane (its request histogram, bucket bounds): n={n} p50 <= {:.1} ms  p99 <= {:.1} ms",
-            q[0] * 1e3,
-            q[1] * 1e3
-        ),
-        None => println!("  submit at the control plane: no request histogram in its metrics"),
-    }
-    println!(
-        "  control plane: {:.1} CPU s in this phase, peak RSS so far {rss1:.0} MiB",
+        "  control plane: {:.1} CPU s in phase 1, peak RSS so far {rss1:.0} MiB",
         cpu1 - cpu0
     );
 
@@ -913,10 +979,20 @@ sonic_http_request_duration_seconds_bucket{method=\"POST\",route=\"/v1/jobs\",le
 sonic_http_request_duration_seconds_bucket{method=\"POST\",route=\"/v1/jobs\",le=\"+Inf\"} 100
 sonic_http_request_duration_seconds_bucket{method=\"GET\",route=\"/v1/jobs\",le=\"+Inf\"} 7
 ";
-        let (n, q) = bucket_quantiles(text, r#"method="POST",route="/v1/jobs""#, &[0.5, 0.99, 1.0])
-            .expect("a series");
+        let post = r#"method="POST",route="/v1/jobs""#;
+        let (n, q) = bucket_quantiles(text, "", post, &[0.5, 0.99, 1.0]).expect("a series");
         assert_eq!(n, 100);
         assert_eq!(q, vec![0.05, 0.1, f64::INFINITY]);
-        assert!(bucket_quantiles(text, r#"method="PUT",route="/v1/jobs""#, &[0.5]).is_none());
+        assert!(bucket_quantiles(text, "", r#"method="PUT",route="/v1/jobs""#, &[0.5]).is_none());
+        // Since an earlier reading: 10 more requests, 8 of them within 0.01 s, 2 past 0.1 s.
+        let before = text
+            .replace("} 10\n", "} 2\n")
+            .replace("} 98", "} 90")
+            .replace("} 99", "} 91")
+            .replace("} 100", "} 90");
+        let (n, q) = bucket_quantiles(text, &before, post, &[0.5, 0.8, 0.9]).expect("a series");
+        assert_eq!(n, 10);
+        assert_eq!(q, vec![0.01, 0.01, f64::INFINITY]);
+        assert!(bucket_quantiles(text, text, post, &[0.5]).is_none());
     }
 }

@@ -12,6 +12,13 @@
 
 use std::io;
 
+/// The most threads an [`Executor`] runs blocking work on (database reads, a local object
+/// store's files); more blocking calls at once wait for one of them. Tokio's default is 512: a
+/// burst of 500 jobs started about 200 threads, each a stack and a malloc arena to fault in,
+/// to wait in turn for the database's four readers (docs/load.md, "A burst on a fresh control
+/// plane").
+pub const MAX_BLOCKING_THREADS: usize = 16;
+
 /// A multi-threaded Tokio runtime for job executions, its threads at a lower priority (a
 /// higher `nice` value, Linux; elsewhere they keep the process's priority). Dropping it stops
 /// the executions still running on it without waiting for them (what
@@ -30,6 +37,7 @@ impl Executor {
         let nice = nice.clamp(0, 19);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
+            .max_blocking_threads(MAX_BLOCKING_THREADS)
             .thread_name("sonic-exec")
             .on_thread_start(move || lower_thread_priority(nice))
             .enable_all()

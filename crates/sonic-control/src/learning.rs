@@ -502,9 +502,10 @@ impl Learned {
     }
 }
 
-/// What the learning code keeps in memory per (DAG, setting): [`Learned`]. Only [`refit`] adds
-/// to it, after writing the database; [`Db::put_model`] and [`Db::put_dag_mode`] drop the
-/// setting's entry, and [`Db::put_sample`] drops everything when it replaces a job's sample.
+/// What the learning code keeps in memory per (DAG, setting): the setting's decoded samples and
+/// its models (a private `Learned`). Only [`refit`] adds to it, after writing the database;
+/// [`Db::put_model`] and [`Db::put_dag_mode`] drop the setting's entry, and [`Db::put_sample`]
+/// drops everything when it replaces a job's sample.
 /// Readers ([`current`], [`mode_of`]) answer from it when it holds the setting under the same
 /// DAG, else from the database. The control plane is the only writer of these tables. At most
 /// [`KEPT_SETTINGS`] settings are kept; past it the one refitted least recently goes (and is read
