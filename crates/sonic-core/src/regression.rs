@@ -25,6 +25,13 @@ use crate::units::ByteSize;
 pub const MAX_DEGREE: usize = 3;
 /// Folds of the cross-validation (fewer when there are fewer samples).
 pub const FOLDS: usize = 5;
+/// The most samples one model keeps: the newest. Every new sample refits the model on them
+/// (cross-validated), and the fit is stored with them, so without a bound a DAG run N times
+/// made its N-th job's end cost O(N) (CPU, memory, and the size of the models' database row):
+/// the control plane's CPU per 500 jobs grew 0.9 -> 2.3 s over six rounds of one DAG
+/// (docs/load.md, "A burst on a fresh control plane"). Enough for a cubic under 5-fold
+/// cross-validation many times over; older samples stay in the database.
+pub const MAX_SAMPLES: usize = 256;
 
 /// What a model predicts, which decides how a prediction is clamped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -246,10 +253,15 @@ impl Model {
         }
     }
 
-    /// Records a measurement; [`Model::fit`] refits.
+    /// Records a measurement, forgetting the oldest past [`MAX_SAMPLES`]; [`Model::fit`]
+    /// refits.
     pub fn add_sample(&mut self, x: f64, y: f64) -> Result<(), RegressionError> {
         if !(x.is_finite() && y.is_finite()) {
             return Err(RegressionError::NotFinite { x, y });
+        }
+        if self.samples.len() >= MAX_SAMPLES {
+            let excess = self.samples.len() + 1 - MAX_SAMPLES;
+            self.samples.drain(..excess);
         }
         self.samples.push((x, y));
         Ok(())
@@ -411,7 +423,7 @@ pub struct DagModels {
     pub functions: BTreeMap<String, FunctionModels>,
     pub edges: Vec<EdgeModel>,
     pub convergence: Convergence,
-    /// Jobs sampled.
+    /// Jobs sampled (all of them; each model keeps the newest [`MAX_SAMPLES`]).
     pub jobs: usize,
 }
 
@@ -796,6 +808,59 @@ mod tests {
         let text = serde_json::to_string(&m).unwrap();
         let back: Model = serde_json::from_str(&text).unwrap();
         assert_eq!(back, m);
+    }
+
+    #[test]
+    fn a_model_keeps_the_newest_samples_and_follows_them() {
+        // A function that got twice as slow: after MAX_SAMPLES jobs at the new speed the model
+        // knows only those, and predicts them.
+        let mut m = Model::new(Quantity::Time, 9);
+        let xs = sizes(MAX_SAMPLES);
+        for &x in &xs {
+            m.add_sample(x, 1e-8 * x + 1.0).unwrap();
+        }
+        m.fit().unwrap();
+        assert_eq!(m.samples.len(), MAX_SAMPLES);
+        for &x in &xs {
+            m.add_sample(x, 2e-8 * x + 2.0).unwrap();
+            assert!(m.samples.len() <= MAX_SAMPLES);
+        }
+        assert_eq!(m.samples.len(), MAX_SAMPLES);
+        assert_eq!(
+            m.samples[0],
+            (xs[0], 2e-8 * xs[0] + 2.0),
+            "the oldest went first"
+        );
+        m.fit().unwrap();
+        let x = 50.0 * 37e6;
+        let want = 2e-8 * x + 2.0;
+        assert!((m.predict(x).unwrap() - want).abs() < 1e-6 * want);
+        // The models of a DAG count every job, their samples stay bounded.
+        let dag = Dag::from_yaml(
+            "d.yaml",
+            "name: d\nfunctions:\n  - name: f\n    image: i\n    command: [c]\n",
+        )
+        .unwrap();
+        let mut models = DagModels::new(&dag, Convergence::default(), 1);
+        let one = |s: f64| {
+            let mut f = BTreeMap::new();
+            f.insert(
+                "f".to_owned(),
+                FunctionSample {
+                    memory_mb: Some(64.0),
+                    cold_s: Some(s),
+                    ..FunctionSample::default()
+                },
+            );
+            f
+        };
+        for (i, &x) in sizes(MAX_SAMPLES + 40).iter().enumerate() {
+            models
+                .add_sample(x, &one(1.0 + i as f64 * 1e-3), &[])
+                .unwrap();
+        }
+        assert_eq!(models.jobs, MAX_SAMPLES + 40);
+        assert_eq!(models.functions["f"].cold_s.samples.len(), MAX_SAMPLES);
     }
 
     #[test]
