@@ -9,7 +9,7 @@
 //! target/release/sonic-load [--jobs 500] [--instances 1000] [--agents 4] [--sleep-ms 20000]
 //!                           [--chains 30] [--lambdas target/release]
 //!                           [--submissions-first-ms 250] [--executor-nice 10|off] [--agents-nice 0]
-//!                           [--rounds 2] [--warm-connections]
+//!                           [--rounds 2] [--warm-connections] [--pin]
 //! ```
 //!
 //! Phase 1: `--jobs` one-instance jobs (`synthetic noop`) submitted at once; each job's end is
@@ -249,6 +249,50 @@ fn raise_nofile() -> u64 {
         }
     }
     0
+}
+
+/// The CPUs this process may run on (its affinity), lowest first.
+#[allow(unsafe_code)]
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity fills a zeroed, local cpu_set_t of the size given.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Binds the calling thread (and the threads and processes it starts afterwards) to `cpu`.
+#[allow(unsafe_code)]
+fn pin_thread(cpu: usize) {
+    // SAFETY: sched_setaffinity on the calling thread (0) with a local, initialized set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            eprintln!(
+                "--pin: cannot bind a thread to CPU {cpu}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// `--pin`: the control plane alone on the second allowed CPU; this process (the agents, so
+/// their lambdas too, and phase 1's client) on the first: `(others, control)`. The control
+/// plane's own timings are then free of the rest's CPU; the client's are not.
+fn pin_layout(args: &[String]) -> anyhow::Result<Option<(usize, usize)>> {
+    if !args.iter().any(|a| a == "--pin") {
+        return Ok(None);
+    }
+    match allowed_cpus()[..] {
+        [a, b, ..] => Ok(Some((a, b))),
+        _ => bail!("--pin needs two CPUs"),
+    }
 }
 
 #[allow(unsafe_code)]
@@ -589,7 +633,13 @@ fn http_client() -> reqwest::Result<reqwest::Client> {
 /// One round of phase 1: `jobs` one-instance jobs submitted at once by a new client (so over
 /// new connections, unless `warm`), each followed to its end on its event stream. Prints the
 /// round's figures and returns the control plane's metrics text afterwards.
-async fn burst(url: &str, pid: u32, jobs: u64, warm: bool) -> anyhow::Result<String> {
+async fn burst(
+    url: &str,
+    pid: u32,
+    jobs: u64,
+    warm: bool,
+    client_cpu: Option<usize>,
+) -> anyhow::Result<String> {
     let (cpu0, _) = usage(pid)?;
     let faults0 = minor_faults(pid)?;
     // The client runs on threads of its own: on the agents' runtime, its tasks queued behind
@@ -597,6 +647,11 @@ async fn burst(url: &str, pid: u32, jobs: u64, warm: bool) -> anyhow::Result<Str
     let client = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("load-client")
+        .on_thread_start(move || {
+            if let Some(cpu) = client_cpu {
+                pin_thread(cpu);
+            }
+        })
         .enable_all()
         .build()?;
     let client_api = Arc::new(Api {
@@ -687,7 +742,11 @@ async fn burst(url: &str, pid: u32, jobs: u64, warm: bool) -> anyhow::Result<Str
     Ok(metrics)
 }
 
-async fn drive(args: &[String], agents_nice: u64) -> anyhow::Result<()> {
+async fn drive(
+    args: &[String],
+    agents_nice: u64,
+    pin: Option<(usize, usize)>,
+) -> anyhow::Result<()> {
     let jobs = num(args, "--jobs", 500)?;
     let instances = num(args, "--instances", 1000)?;
     let n_agents = num(args, "--agents", 4)?.max(1);
@@ -728,6 +787,7 @@ async fn drive(args: &[String], agents_nice: u64) -> anyhow::Result<()> {
         .env("RUST_LOG", "warn")
         .env("SONIC_LOAD_SUBMISSIONS_FIRST_MS", &submissions_first)
         .env("SONIC_LOAD_EXECUTOR_NICE", &executor_nice)
+        .envs(pin.map(|(_, control)| ("SONIC_LOAD_CPU", control.to_string())))
         .kill_on_drop(true)
         .spawn()?;
     let pid = child.id().ok_or_else(|| anyhow!("control plane exited"))?;
@@ -747,8 +807,14 @@ async fn drive(args: &[String], agents_nice: u64) -> anyhow::Result<()> {
         url: url.clone(),
     });
     println!(
-        "control plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms; executor nice {executor_nice}; agents nice {agents_nice}",
-        lambdas.display()
+        "control plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms; executor nice {executor_nice}; agents nice {agents_nice}; {}",
+        lambdas.display(),
+        match pin {
+            Some((a, c)) => format!(
+                "pinned: the control plane alone on CPU {c}, the agents, their lambdas and the client on CPU {a}"
+            ),
+            None => "not pinned".to_owned(),
+        }
     );
 
     let mut agents = Vec::new();
@@ -800,7 +866,7 @@ async fn drive(args: &[String], agents_nice: u64) -> anyhow::Result<()> {
         println!(
             "\nphase 1, round {round} of {rounds}: {jobs} one-instance jobs submitted at once"
         );
-        let metrics_after = burst(&url, pid, jobs, warm).await?;
+        let metrics_after = burst(&url, pid, jobs, warm, pin.map(|(others, _)| others)).await?;
         // The same submissions as the control plane timed them (routing to response head):
         // what the client's own work on this machine's cores adds is the difference.
         match bucket_quantiles(
@@ -946,6 +1012,15 @@ fn main() -> anyhow::Result<()> {
         let (Some(dir), Some(url_file)) = (args.get(1), args.get(2)) else {
             bail!("usage: sonic-load control DIR URL_FILE");
         };
+        // `--pin`: every thread of the control plane on the CPU it was given (they inherit the
+        // main thread's binding).
+        if let Some(cpu) = std::env::var_os("SONIC_LOAD_CPU") {
+            let cpu = cpu
+                .to_str()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| anyhow!("SONIC_LOAD_CPU: a CPU number"))?;
+            pin_thread(cpu);
+        }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
@@ -959,11 +1034,20 @@ fn main() -> anyhow::Result<()> {
         bail!("--agents-nice: a number from 0 to 19");
     }
     let nice = agents_nice as i32;
+    let pin = pin_layout(&args)?;
+    if let Some((agents, _)) = pin {
+        pin_thread(agents);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .on_thread_start(move || sonic_control::executor::lower_thread_priority(nice))
+        .on_thread_start(move || {
+            if let Some((agents, _)) = pin {
+                pin_thread(agents);
+            }
+            sonic_control::executor::lower_thread_priority(nice)
+        })
         .enable_all()
         .build()?;
-    rt.block_on(drive(&args, agents_nice))
+    rt.block_on(drive(&args, agents_nice, pin))
 }
 
 #[cfg(test)]
