@@ -16,7 +16,7 @@ use std::io;
 /// store's files); more blocking calls at once wait for one of them. Tokio's default is 512: a
 /// burst of 500 jobs started about 200 threads, each a stack and a malloc arena to fault in,
 /// to wait in turn for the database's four readers (docs/load.md, "A burst on a fresh control
-/// plane").
+/// plane, and the next").
 pub const MAX_BLOCKING_THREADS: usize = 16;
 
 /// A multi-threaded Tokio runtime for job executions, its threads at a lower priority (a
