@@ -15,8 +15,9 @@
 //! Phase 1: `--jobs` one-instance jobs (`synthetic noop`) submitted at once; each job's end is
 //! followed on its event stream (`GET /v1/jobs/{id}/events`); `--rounds` times, each round by a
 //! new client (new connections) once the previous round's jobs have ended: the first round
-//! meets a control plane just started, the later ones one that has served a burst before. Phase 2: one job of `--instances`
-//! instances (`synthetic --sleep-ms`, so they overlap), spread over the agents; the agents'
+//! meets a control plane just started, the later ones one that has served a burst before.
+//! `--pin`: the control plane alone on one CPU, everything else on another. Phase 2: one job of
+//! `--instances` instances (`synthetic --sleep-ms`, so they overlap), spread over the agents; the agents'
 //! running counters are sampled every 5 ms until all run at once. Phase 3: `--chains` jobs of a
 //! chain of 8 no-op stages (`one` edges), one after the other; the agents (in this process) mark
 //! when each run ended (its outputs registered: the next stage's inputs complete), when the next

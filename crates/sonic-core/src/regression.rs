@@ -28,9 +28,9 @@ pub const FOLDS: usize = 5;
 /// The most samples one model keeps: the newest. Every new sample refits the model on them
 /// (cross-validated), and the fit is stored with them, so without a bound a DAG run N times
 /// made its N-th job's end cost O(N) (CPU, memory, and the size of the models' database row):
-/// the control plane's CPU per 500 jobs grew 0.9 -> 2.3 s over six rounds of one DAG
-/// (docs/load.md, "A burst on a fresh control plane, and the next"). Enough for a cubic under 5-fold
-/// cross-validation many times over; older samples stay in the database.
+/// the control plane's CPU per 500 jobs grew 1.0 -> 3.4 s over eight rounds of one DAG
+/// (docs/load.md, "A burst on a fresh control plane, and the next"). Enough for a cubic under
+/// 5-fold cross-validation many times over; older samples stay in the database.
 pub const MAX_SAMPLES: usize = 256;
 
 /// What a model predicts, which decides how a prediction is clamped.
