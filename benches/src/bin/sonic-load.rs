@@ -13,18 +13,18 @@
 //! ```
 //!
 //! Phase 1: `--jobs` one-instance jobs (`synthetic noop`) submitted at once; each job's end is
-//! followed on its event stream (`GET /v1/jobs/{id}/events`); `--rounds` times, each round by a
-//! new client (new connections) once the previous round's jobs have ended: the first round
-//! meets a control plane just started, the later ones one that has served a burst before.
-//! `--pin`: the control plane alone on one CPU, everything else on another. Phase 2: one job of
-//! `--instances` instances (`synthetic --sleep-ms`, so they overlap), spread over the agents; the agents'
-//! running counters are sampled every 5 ms until all run at once. Phase 3: `--chains` jobs of a
-//! chain of 8 no-op stages (`one` edges), one after the other; the agents (in this process) mark
-//! when each run ended (its outputs registered: the next stage's inputs complete), when the next
-//! run's request reached its agent and when its process started, so the overhead per stage is
-//! read where it happens; the chain's latency (submission to its end on the event stream) is
-//! compared with its lambdas' own seconds (the agents' reports). The control plane is this same
-//! binary started as `sonic-load control ...`.
+//! followed on its event stream (`GET /v1/jobs/{id}/events`); `--rounds` times, each round by a new
+//! client (new connections) once the previous round's jobs have ended: the first round meets a
+//! control plane just started, the later ones one that has served a burst before. `--pin`: the
+//! control plane alone on one CPU, everything else on another. Phase 2: one job of `--instances`
+//! instances (`synthetic --sleep-ms`, so they overlap), spread over the agents; the agents' running
+//! counters are sampled every 5 ms until all run at once. Phase 3: `--chains` jobs of a chain of 8
+//! no-op stages (`one` edges), one after the other; the agents (in this process) mark when each run
+//! ended (its outputs registered: the next stage's inputs complete), when the next run's request
+//! reached its agent and when its process started, so the overhead per stage is read where it
+//! happens; the chain's latency (submission to its end on the event stream) is compared with its
+//! lambdas' own seconds (the agents' reports). The control plane is this same binary started as
+//! `sonic-load control ...`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -303,12 +303,24 @@ fn clock_ticks() -> f64 {
     if t > 0 { t as f64 } else { 100.0 }
 }
 
-/// CPU seconds (user + system) and peak RSS in MiB of process `pid`.
-fn usage(pid: u32) -> anyhow::Result<(f64, f64)> {
+/// What process `pid` has used so far (`/proc/<pid>/stat` and `status`).
+struct Usage {
+    /// CPU seconds, user + system.
+    cpu_s: f64,
+    /// Peak RSS (`VmHWM`), MiB.
+    peak_rss_mib: f64,
+    /// Minor page faults: memory it touched for the first time.
+    minor_faults: u64,
+}
+
+fn usage(pid: u32) -> anyhow::Result<Usage> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let after = stat.rsplit_once(") ").ok_or_else(|| anyhow!("bad stat"))?.1;
     let f: Vec<&str> = after.split_whitespace().collect();
-    // Fields 14 and 15 (utime, stime), counted from 1; `after` starts at field 3.
+    if f.len() < 13 {
+        bail!("bad stat");
+    }
+    // Fields 10 (minflt), 14 and 15 (utime, stime), counted from 1; `after` starts at field 3.
     let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let hwm_kib: f64 = status
@@ -317,19 +329,11 @@ fn usage(pid: u32) -> anyhow::Result<(f64, f64)> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
-    Ok((ticks / clock_ticks(), hwm_kib / 1024.0))
-}
-
-/// Minor page faults of process `pid` so far (`/proc/<pid>/stat` field 10): memory it touched
-/// for the first time.
-fn minor_faults(pid: u32) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(") ").ok_or_else(|| anyhow!("bad stat"))?.1;
-    Ok(after
-        .split_whitespace()
-        .nth(7)
-        .ok_or_else(|| anyhow!("bad stat"))?
-        .parse()?)
+    Ok(Usage {
+        cpu_s: ticks / clock_ticks(),
+        peak_rss_mib: hwm_kib / 1024.0,
+        minor_faults: f[7].parse()?,
+    })
 }
 
 /// The control plane role: runs until killed; writes its URL to `url_file`.
@@ -623,7 +627,7 @@ async fn chain_phase(api: &Api, marks: &Marks, chains: u64) -> anyhow::Result<()
     Ok(())
 }
 
-/// The benchmark's three phases; `agents_nice` is what `main` ran this runtime's threads at.
+/// The benchmark's HTTP client: many connections to the control plane at once.
 fn http_client() -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
@@ -634,25 +638,13 @@ fn http_client() -> reqwest::Result<reqwest::Client> {
 /// One round of phase 1: `jobs` one-instance jobs submitted at once by a new client (so over
 /// new connections, unless `warm`), each followed to its end on its event stream. Prints the
 /// round's figures and returns the control plane's metrics text afterwards.
-async fn burst(
-    url: &str,
-    pid: u32,
-    jobs: u64,
-    warm: bool,
-    client_cpu: Option<usize>,
-) -> anyhow::Result<String> {
-    let (cpu0, _) = usage(pid)?;
-    let faults0 = minor_faults(pid)?;
+async fn burst(url: &str, pid: u32, jobs: u64, warm: bool) -> anyhow::Result<String> {
+    let before = usage(pid)?;
     // The client runs on threads of its own: on the agents' runtime, its tasks queued behind
     // the agents' (500 runs to start), and their answers were read late.
     let client = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("load-client")
-        .on_thread_start(move || {
-            if let Some(cpu) = client_cpu {
-                pin_thread(cpu);
-            }
-        })
         .enable_all()
         .build()?;
     let client_api = Arc::new(Api {
@@ -717,8 +709,7 @@ async fn burst(
     let metrics = client_api.metrics().await?;
     client.shutdown_background();
     let took = last_end.duration_since(t1).as_secs_f64();
-    let (cpu1, _) = usage(pid)?;
-    let faults = minor_faults(pid)? - faults0;
+    let after = usage(pid)?;
     println!(
         "  {jobs} jobs ended {took:.2} s after the first submission ({:.1} jobs/s); outcomes {ends:?}; errors {}",
         jobs as f64 / took,
@@ -737,12 +728,15 @@ async fn burst(
     }
     lat.print();
     println!(
-        "  control plane: {:.1} CPU s, {faults} minor page faults in this round",
-        cpu1 - cpu0
+        "  control plane: {:.1} CPU s, {} minor page faults in this round",
+        after.cpu_s - before.cpu_s,
+        after.minor_faults - before.minor_faults
     );
     Ok(metrics)
 }
 
+/// The benchmark's three phases; `agents_nice` is what `main` ran this runtime's threads at,
+/// `pin` where it bound them (`pin_layout`).
 async fn drive(
     args: &[String],
     agents_nice: u64,
@@ -856,7 +850,7 @@ async fn drive(
             bail!("PUT /v1/dags: {code} {v}");
         }
     }
-    let (cpu0, _) = usage(pid)?;
+    let cpu0 = usage(pid)?.cpu_s;
 
     // Phase 1: concurrent submissions, `--rounds` times (each round a new client, so new
     // connections; the next round starts once the previous one's jobs have ended).
@@ -867,7 +861,7 @@ async fn drive(
         println!(
             "\nphase 1, round {round} of {rounds}: {jobs} one-instance jobs submitted at once"
         );
-        let metrics_after = burst(&url, pid, jobs, warm, pin.map(|(others, _)| others)).await?;
+        let metrics_after = burst(&url, pid, jobs, warm).await?;
         // The same submissions as the control plane timed them (routing to response head):
         // what the client's own work on this machine's cores adds is the difference.
         match bucket_quantiles(
@@ -885,7 +879,11 @@ async fn drive(
         }
         metrics_before = metrics_after;
     }
-    let (cpu1, rss1) = usage(pid)?;
+    let Usage {
+        cpu_s: cpu1,
+        peak_rss_mib: rss1,
+        ..
+    } = usage(pid)?;
     println!(
         "  control plane: {:.1} CPU s in phase 1, peak RSS so far {rss1:.0} MiB",
         cpu1 - cpu0
@@ -932,7 +930,11 @@ async fn drive(
     let (lat, end) = poller.await?;
     lat2.merge(lat);
     let phase2 = t2.elapsed().as_secs_f64();
-    let (cpu2, rss2) = usage(pid)?;
+    let Usage {
+        cpu_s: cpu2,
+        peak_rss_mib: rss2,
+        ..
+    } = usage(pid)?;
     println!(
         "  job {id} {} in {phase2:.1} s; peak concurrently running {peak}",
         end.unwrap_or_else(|e| format!("error: {e}"))
@@ -992,7 +994,11 @@ async fn drive(
     // Phase 3: chains of no-op stages, one job at a time.
     println!("\nphase 3: {chains} jobs of a chain of {CHAIN} no-op stages, one after the other");
     chain_phase(&api, &marks, chains).await?;
-    let (cpu3, rss3) = usage(pid)?;
+    let Usage {
+        cpu_s: cpu3,
+        peak_rss_mib: rss3,
+        ..
+    } = usage(pid)?;
     println!("  control plane: {:.1} CPU s in this phase", cpu3 - cpu2);
     println!(
         "\ncontrol plane total: {:.1} CPU s, peak RSS {:.0} MiB; load average {}",
@@ -1035,17 +1041,14 @@ fn main() -> anyhow::Result<()> {
         bail!("--agents-nice: a number from 0 to 19");
     }
     let nice = agents_nice as i32;
+    // `--pin`: this thread first, so that every thread and process started from it (the
+    // runtime's, the client's, the lambdas) inherits the binding.
     let pin = pin_layout(&args)?;
-    if let Some((agents, _)) = pin {
-        pin_thread(agents);
+    if let Some((others, _)) = pin {
+        pin_thread(others);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .on_thread_start(move || {
-            if let Some((agents, _)) = pin {
-                pin_thread(agents);
-            }
-            sonic_control::executor::lower_thread_priority(nice)
-        })
+        .on_thread_start(move || sonic_control::executor::lower_thread_priority(nice))
         .enable_all()
         .build()?;
     rt.block_on(drive(&args, agents_nice, pin))
