@@ -25,7 +25,7 @@ use sonic_core::mode::{self, DagMode, Mode};
 use sonic_core::model::PlanProblem;
 use sonic_core::params::{EdgeParams, Params};
 use sonic_core::planner::{self, Budget, PlanError, PlanOutcome, Policy};
-use sonic_core::regression::{Convergence, DagModels, FunctionSample, Model};
+use sonic_core::regression::{Convergence, DagModels, FunctionSample, MAX_SAMPLES, Model};
 use sonic_core::setting::Setting;
 use sonic_core::units::ByteSize;
 
@@ -325,8 +325,9 @@ pub fn refit(
         Some(l) => l,
         None => Learned::load(db, dag, setting, rule)?,
     };
-    learned.catch_up(db)?;
+    learned.catch_up(db, db.learned().window())?;
     let all = &learned.samples;
+    let dropped_live = learned.dropped_live;
     let stored = learned
         .models
         .take()
@@ -349,11 +350,12 @@ pub fn refit(
     {
         // What the models predicted for this job: fitted on the live samples before its own.
         let before = || live(all, &state).filter(|s| s.job != f.job);
+        let earlier = earlier_live(all, dropped_live, &state);
         let fitted;
         let models = match &stored {
-            Some(m) if m.jobs == before().count() => m,
+            Some(m) if m.jobs == earlier + before().count() => m,
             _ => {
-                fitted = fit_all(dag, before(), rule);
+                fitted = fit_kept(dag, before(), earlier, rule);
                 &fitted
             }
         };
@@ -371,10 +373,11 @@ pub fn refit(
         }
     }
     let samples: Vec<&SampleRecord> = live(all, &state).collect();
+    let earlier = earlier_live(all, dropped_live, &state);
     let models = match (stored.filter(|_| changed.is_none()), samples.split_last()) {
         // This job was held out: the fit stays as it was.
-        (Some(m), _) if m.jobs == samples.len() => m,
-        (Some(mut m), Some((newest, older))) if m.jobs == older.len() => {
+        (Some(m), _) if m.jobs == earlier + samples.len() => m,
+        (Some(mut m), Some((newest, older))) if m.jobs == earlier + older.len() => {
             let (functions, edges) = sample_parts(newest);
             let functions: BTreeMap<String, FunctionSample> = functions
                 .into_iter()
@@ -384,11 +387,11 @@ pub fn refit(
                 Ok(()) => m,
                 Err(e) => {
                     tracing::warn!(dag = %dag.name, error = %e, "sample not added; refitting all");
-                    fit_all(dag, samples.iter().copied(), rule)
+                    fit_kept(dag, samples.iter().copied(), earlier, rule)
                 }
             }
         }
-        _ => fit_all(dag, samples.iter().copied(), rule),
+        _ => fit_kept(dag, samples.iter().copied(), earlier, rule),
     };
     // Not in the refit that drifted: at least one job profiles before the DAG plans again.
     if let Some(f) = finished
@@ -429,6 +432,29 @@ pub fn refit(
     })
 }
 
+/// [`fit_all`] on the live samples [`Memory`] keeps, counting as jobs also the `earlier` live
+/// ones it no longer keeps (each model keeps only its newest [`MAX_SAMPLES`] anyway).
+fn fit_kept<'a>(
+    dag: &Dag,
+    samples: impl IntoIterator<Item = &'a SampleRecord>,
+    earlier: usize,
+    rule: Convergence,
+) -> DagModels {
+    let mut models = fit_all(dag, samples, rule);
+    models.jobs += earlier;
+    models
+}
+
+/// How many live samples precede the kept ones (`dropped_live`, counted by [`Learned::trim`]),
+/// under `mode`: none when the mode's first fitted job is among the kept ones, as everything
+/// before it is not live.
+fn earlier_live(kept: &[SampleRecord], dropped_live: usize, mode: &DagMode) -> usize {
+    match &mode.fitted_from {
+        Some(job) if kept.iter().any(|s| &s.job == job) => 0,
+        _ => dropped_live,
+    }
+}
+
 /// The live samples (see [`live_samples`]), borrowed.
 fn live<'a>(
     samples: &'a [SampleRecord],
@@ -444,9 +470,9 @@ fn live<'a>(
         .filter(|s| !mode.held_out.contains(&s.job))
 }
 
-/// What [`refit`] last read and wrote for one setting of a DAG: the setting's samples (decoded,
-/// oldest first, up to row `last_id` of the DAG's samples), the models and the mode it stored.
-/// Kept while the DAG and the convergence rule stay the same.
+/// What [`refit`] last read and wrote for one setting of a DAG: the setting's newest samples
+/// (decoded, oldest first, up to row `last_id` of the DAG's samples; see [`Learned::trim`]), the
+/// models and the mode it stored. Kept while the DAG and the convergence rule stay the same.
 #[derive(Debug, Clone)]
 struct Learned {
     /// The DAG it was read under: its work parameters chose the samples, its shape the models.
@@ -454,6 +480,9 @@ struct Learned {
     setting_key: String,
     rule: Convergence,
     samples: Vec<SampleRecord>,
+    /// Of the samples older than `samples`, no longer kept: how many are live, counted from the
+    /// mode's first fitted job when that one was among them ([`earlier_live`] uses it).
+    dropped_live: usize,
     last_id: i64,
     /// The stored models as decoded (none: no record, or one that does not decode).
     models: Option<DagModels>,
@@ -483,6 +512,7 @@ impl Learned {
             setting_key: setting.key().to_owned(),
             rule,
             samples: Vec::new(),
+            dropped_live: 0,
             last_id: 0,
             models,
             mode,
@@ -490,15 +520,56 @@ impl Learned {
         })
     }
 
-    /// Adds the setting's samples recorded since the last read (all of them on the first).
-    fn catch_up(&mut self, db: &Db) -> Result<(), StoreError> {
+    /// Adds the setting's samples recorded since the last read (all of them on the first), then
+    /// keeps the newest `window` ([`Learned::trim`]).
+    fn catch_up(&mut self, db: &Db, window: usize) -> Result<(), StoreError> {
         for (id, s) in db.samples_after(&self.dag.name, self.last_id)? {
             self.last_id = self.last_id.max(id);
             if sample_setting(self.dag.work_params.as_deref(), &s).key() == self.setting_key {
                 self.samples.push(s);
             }
         }
+        self.trim(window);
         Ok(())
+    }
+
+    /// Drops the oldest samples past `window`, counting the live ones among them (under the
+    /// stored mode, which is the one the next refit starts from) in `dropped_live`. Keeps more
+    /// when needed: every job of a drift streak (the first becomes the first fitted job at a
+    /// drift) and at least `drift_jobs` + 1 samples. Each model keeps only its newest
+    /// [`MAX_SAMPLES`] samples, so the dropped ones matter only to a fit from scratch (after
+    /// the DAG's shape or the rule changed): that one uses the kept samples.
+    fn trim(&mut self, window: usize) {
+        let window = window.max(self.rule.drift_jobs + 1);
+        let mut excess = self.samples.len().saturating_sub(window);
+        if excess == 0 {
+            return;
+        }
+        let empty = DagMode::new(false, 0);
+        let mode = self.mode.as_ref().unwrap_or(&empty);
+        let position = |job: &String| self.samples.iter().position(|s| &s.job == job);
+        if let Some(streaking) = mode
+            .streaks
+            .values()
+            .flat_map(|s| &s.jobs)
+            .filter_map(position)
+            .min()
+        {
+            excess = excess.min(streaking);
+        }
+        let from = mode.fitted_from.as_ref().and_then(position);
+        for (i, s) in self.samples.drain(..excess).enumerate() {
+            match from {
+                // Before the first fitted job: not live.
+                Some(from) if i < from => continue,
+                // The first fitted job itself: every sample dropped before it was not live.
+                Some(from) if i == from => self.dropped_live = 0,
+                _ => {}
+            }
+            if !mode.held_out.contains(&s.job) {
+                self.dropped_live += 1;
+            }
+        }
     }
 }
 
@@ -509,18 +580,46 @@ impl Learned {
 /// Readers ([`current`], [`mode_of`]) answer from it when it holds the setting under the same
 /// DAG, else from the database. The control plane is the only writer of these tables. At most
 /// [`KEPT_SETTINGS`] settings are kept; past it the one refitted least recently goes (and is read
-/// from the database again at its next refit).
-#[derive(Debug, Default)]
+/// from the database again at its next refit). Of each setting's samples, the newest
+/// [`KEPT_SAMPLES`] are kept (counting the older live ones), so that a control plane running
+/// a DAG for a long time does not grow with its history.
+#[derive(Debug)]
 pub struct Memory {
     entries: std::sync::Mutex<std::collections::HashMap<(String, String), Learned>>,
     refits: std::sync::atomic::AtomicU64,
+    window: std::sync::atomic::AtomicUsize,
+}
+
+impl Default for Memory {
+    fn default() -> Memory {
+        Memory {
+            entries: std::sync::Mutex::default(),
+            refits: std::sync::atomic::AtomicU64::default(),
+            window: std::sync::atomic::AtomicUsize::new(KEPT_SAMPLES),
+        }
+    }
 }
 
 /// How many (DAG, setting) pairs [`Memory`] keeps at most: each holds the setting's decoded
 /// samples and its models.
 pub const KEPT_SETTINGS: usize = 64;
 
+/// How many of a setting's samples [`Memory`] keeps decoded: the newest, four times what a
+/// model keeps ([`MAX_SAMPLES`]; a function's hot starts, say, are not measured in every job).
+pub const KEPT_SAMPLES: usize = 4 * MAX_SAMPLES;
+
 impl Memory {
+    fn window(&self) -> usize {
+        self.window.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Keeps `window` samples per setting from the next refit on (tests use a small one).
+    #[cfg(test)]
+    fn set_window(&self, window: usize) {
+        self.window
+            .store(window, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn lock(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, String), Learned>> {
@@ -1473,6 +1572,91 @@ edges:
             }
             _ => assert_eq!(a, b, "{at}"),
         }
+    }
+
+    #[test]
+    fn a_setting_keeps_its_newest_samples_and_learns_as_from_all_of_them() {
+        // `full` keeps every sample; `warm` its newest few; `cold` its newest few and forgets
+        // them before every refit (a restart). Through convergence, held-out outliers, a drift
+        // and the profiling after it, all three record the same models, modes and reasons.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let open = |name: &str, window: usize| {
+            let db = Db::open(&dir.path().join(name)).expect("db");
+            db.learned().set_window(window);
+            db
+        };
+        let window = 5;
+        let (full, warm, cold) = (
+            open("full.db", usize::MAX),
+            open("warm.db", window),
+            open("cold.db", window),
+        );
+        let rule = Convergence {
+            max_mape: 0.02,
+            ..Convergence::default()
+        };
+        let (fan, empty) = (dag(), Setting::empty());
+        let mb = 1_000_000u64;
+        let mut jobs = Vec::new();
+        let mut add = |n: usize, slow: f64, mode: JobMode| {
+            for _ in 0..n {
+                let i = jobs.len() as u64;
+                let mut s = sample_slowed(&format!("j-{i}"), (10 + i % 7 * 5 + i) * mb, slow);
+                s.created_ms = i as i64;
+                jobs.push((s, mode));
+            }
+        };
+        add(6, 1.0, JobMode::Profiling);
+        add(6, 1.0, JobMode::Planned);
+        add(1, 3.0, JobMode::Planned); // an outlier: held out
+        add(6, 1.0, JobMode::Planned);
+        add(rule.drift_jobs, 3.0, JobMode::Planned); // a drift
+        add(9, 3.0, JobMode::Profiling);
+        add(6, 3.0, JobMode::Planned);
+        let (mut held_out, mut drifted) = (false, false);
+        for (s, mode) in &jobs {
+            let mut out = Vec::new();
+            for (db, forget) in [(&full, false), (&warm, false), (&cold, true)] {
+                db.put_sample(s).expect("sample");
+                if forget {
+                    db.learned().forget_all();
+                }
+                let r = refit(
+                    db,
+                    &fan,
+                    &empty,
+                    rule,
+                    s.created_ms,
+                    Some(&finished(&s.job, *mode)),
+                )
+                .expect("refit");
+                out.push(json!([r.record.models, r.mode, r.changed]));
+            }
+            assert_close(&out[0], &out[1], &format!("warm at {}", s.job));
+            assert_close(&out[0], &out[2], &format!("cold at {}", s.job));
+            held_out |= out[0][1]["held_out"]
+                .as_array()
+                .is_some_and(|h| !h.is_empty());
+            drifted |= out[0][1]["drifts"].as_u64().is_some_and(|n| n > 0);
+        }
+        assert!(held_out && drifted, "the jobs were held out and drifted");
+        assert_eq!(
+            full.learned().lock()[&("fan".to_owned(), String::new())]
+                .samples
+                .len(),
+            jobs.len()
+        );
+        let kept = warm.learned().lock()[&("fan".to_owned(), String::new())]
+            .samples
+            .len();
+        assert!(kept <= window + rule.drift_jobs, "{kept} samples kept");
+        // Its models count the live jobs it no longer keeps.
+        let last = warm.get_model("fan", "").expect("get").expect("stored");
+        assert!(
+            last.samples as usize > kept,
+            "{} jobs counted",
+            last.samples
+        );
     }
 
     #[test]
