@@ -223,6 +223,11 @@ pub struct FunctionRun {
     pub vm_type: String,
     pub cold: bool,
     pub seconds: f64,
+    /// Of `seconds`, from the hand-over to the sandbox to the lambda running: a container's
+    /// (process environment's) creation when `cold` (absent in summaries recorded before it
+    /// was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_latency_s: Option<f64>,
     pub peak_memory_mb: Option<f64>,
     pub attempts: u32,
     /// When the control plane sent the instance's first attempt, in seconds since the job

@@ -109,6 +109,7 @@ pub fn sample_parts(s: &SampleRecord) -> (BTreeMap<String, FunctionSample>, Vec<
                     cold_s: num("cold_s"),
                     hot_s: num("hot_s"),
                     overhead_s: num("overhead_s"),
+                    start_s: num("start_s"),
                     // A stage that ran no instance measured no fanout.
                     instances: m["instances"]
                         .as_u64()
@@ -181,6 +182,7 @@ pub fn fit_all<'a>(
                 (&mut m.hot_s, f.hot_s),
                 (&mut m.instances, f.instances.map(f64::from)),
                 (&mut m.overhead_s, f.overhead_s),
+                (&mut m.start_s, f.start_s),
             ];
             for (model, y) in pairs {
                 if let Some(y) = y {
@@ -208,6 +210,7 @@ pub fn fit_all<'a>(
             &mut f.hot_s,
             &mut f.instances,
             &mut f.overhead_s,
+            &mut f.start_s,
         ]);
     }
     all.extend(models.edges.iter_mut().map(|e| &mut e.bytes));
@@ -968,6 +971,7 @@ pub fn measured_params(
         let cold = mean(&pick(&|s| s.cold_s));
         let hot = mean(&pick(&|s| s.hot_s));
         let overhead = mean(&pick(&|s| s.overhead_s));
+        let start = mean(&pick(&|s| s.start_s));
         let instances = pick(&|s| s.instances.map(f64::from))
             .into_iter()
             .fold(0.0_f64, f64::max);
@@ -982,7 +986,9 @@ pub fn measured_params(
             sonic_core::params::FunctionParams {
                 memory_mb,
                 cold_s,
-                hot_s: hot.unwrap_or(cold_s),
+                // Never run hot at this size: the cold time less the cold start, as the models
+                // guess it (`DagModels::params_for`).
+                hot_s: hot.unwrap_or(cold_s - start.map_or(0.0, |t| t.clamp(0.0, cold_s))),
                 instances: (instances.round() as u32).max(1),
                 overhead_s: overhead.unwrap_or(0.0),
             },

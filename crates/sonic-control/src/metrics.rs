@@ -381,6 +381,7 @@ mod tests {
             vm_type: "m5.large".into(),
             cold,
             seconds: 1.0,
+            start_latency_s: None,
             peak_memory_mb: None,
             attempts: 1,
             started_s: Some(0.0),

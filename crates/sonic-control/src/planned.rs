@@ -298,6 +298,7 @@ edges:
             vms,
             per_vm: 1,
             concurrent,
+            warm: false,
         }
     }
 

@@ -806,6 +806,7 @@ edges:
                     vms,
                     per_vm: 1,
                     concurrent: c,
+                    warm: false,
                 })
                 .collect(),
             edges: vec![

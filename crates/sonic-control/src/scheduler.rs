@@ -1952,6 +1952,7 @@ fn record_instance(
         vm_type: agent.vm_type.clone(),
         cold: r.cold.unwrap_or(false),
         seconds: r.seconds.unwrap_or(0.0),
+        start_latency_s: r.start_latency_s,
         peak_memory_mb: r.peak_memory_mb,
         attempts: f.attempts,
         started_s: progress
@@ -2603,6 +2604,13 @@ fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
                 (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64)
             };
             let overhead = p.outside_edges.get(&i).and_then(|o| stage_overhead_s(o));
+            // The cold start of its cold runs: the hot time's guess until hot runs teach it.
+            let starts: Vec<f64> = runs
+                .iter()
+                .filter(|r| r.cold)
+                .filter_map(|r| r.start_latency_s.filter(|s| s.is_finite() && *s >= 0.0))
+                .collect();
+            let start = (!starts.is_empty()).then(|| starts.iter().sum::<f64>() / starts.len() as f64);
             let memory = runs
                 .iter()
                 .filter_map(|r| r.peak_memory_mb)
@@ -2614,6 +2622,7 @@ fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
                     "cold_s": mean(true),
                     "hot_s": mean(false),
                     "overhead_s": overhead,
+                    "start_s": start,
                     "instances": p.instances.get(&i).copied().unwrap_or(0),
                 }),
             );

@@ -327,6 +327,7 @@ edges:
         vms,
         per_vm: 1,
         concurrent: 1,
+        warm: false,
     };
     let agents = platform::machines()
         .into_iter()

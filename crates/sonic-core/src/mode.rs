@@ -465,6 +465,7 @@ mod tests {
                 hot_s: None,
                 instances: Some(2),
                 overhead_s: None,
+                start_s: None,
             };
             let fs: BTreeMap<String, FunctionSample> =
                 [("a".to_owned(), f), ("b".to_owned(), f)].into();

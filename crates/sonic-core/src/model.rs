@@ -201,6 +201,10 @@ pub struct PlanProblem {
     /// Per VM type: the most VMs of that type one stage may use (the pool a resource manager
     /// can give), `None`: no limit. See [`PlanProblem::with_vm_limits`].
     vm_limits: Vec<Option<u32>>,
+    /// `[stage][vm]`: the idle warm environments (containers, process environments) of the
+    /// stage's function that the pool's VMs of that type hold, one count per VM, largest first;
+    /// empty when none is known. See [`PlanProblem::with_warm`].
+    warm: Vec<Vec<Vec<u32>>>,
     /// Local storage price per byte-second.
     local_price: f64,
     /// Remote storage price per byte-second.
@@ -526,6 +530,7 @@ impl PlanProblem {
         let local_price = catalog.local_storage.usd_per_gb_month / SECONDS_PER_MONTH / 1e9;
         let remote_price = catalog.remote_storage.usd_per_gb_month / SECONDS_PER_MONTH / 1e9;
         let vm_limits = vec![None; catalog.vm_types.len()];
+        let warm = vec![vec![Vec::new(); catalog.vm_types.len()]; n];
         Ok(PlanProblem {
             stages,
             edges,
@@ -535,6 +540,7 @@ impl PlanProblem {
             outgoing,
             cmax,
             vm_limits,
+            warm,
             local_price,
             remote_price,
         })
@@ -659,6 +665,40 @@ impl PlanProblem {
         Ok(pb)
     }
 
+    /// The same problem knowing the warm environments the pool holds: `warm[function][vm_type]`
+    /// lists, per VM of that type, how many idle warm environments of the function it holds
+    /// (agents keep a function's containers warm across its jobs for a keep-alive). A stage
+    /// whose VMs can all be VMs holding at least its first batch ([`PlanProblem::warm_start`])
+    /// starts hot. Names the problem does not know are ignored.
+    pub fn with_warm(
+        mut self,
+        warm: &BTreeMap<String, BTreeMap<String, Vec<u32>>>,
+    ) -> PlanProblem {
+        for (s, st) in self.stages.iter().enumerate() {
+            let Some(by_type) = warm.get(&st.name) else {
+                continue;
+            };
+            for (vm, t) in self.catalog.vm_types.iter().enumerate() {
+                let mut counts: Vec<u32> = by_type
+                    .get(&t.name)
+                    .map(|c| c.iter().copied().filter(|&n| n > 0).collect())
+                    .unwrap_or_default();
+                counts.sort_unstable_by(|a, b| b.cmp(a));
+                self.warm[s][vm] = counts;
+            }
+        }
+        self
+    }
+
+    /// Whether stage `s` under `pl` starts hot: `pl.vms` VMs of its type each hold at least the
+    /// first batch's lambdas (`min(per_vm, concurrent)`) in idle warm environments of its
+    /// function.
+    pub fn warm_start(&self, s: usize, pl: Placement) -> bool {
+        let first = self.per_vm(s, pl.vms).min(pl.concurrent).max(1);
+        let counts = &self.warm[s][pl.vm];
+        counts.iter().filter(|&&n| n >= first).count() >= pl.vms as usize
+    }
+
     /// The most VMs of type `vm` one stage may use (`None`: no limit).
     pub fn vm_limit(&self, vm: usize) -> Option<u32> {
         self.vm_limits.get(vm).copied().flatten()
@@ -737,10 +777,17 @@ impl PlanProblem {
         ceil_div(self.per_vm(s, pl.vms), pl.concurrent)
     }
 
-    /// Compute time of the fullest VM: the first batch cold, the others hot (warm containers).
+    /// Compute time of the fullest VM: the first batch cold, the others hot (warm containers);
+    /// every batch hot where the pool's warm environments cover the first one
+    /// ([`PlanProblem::warm_start`]).
     pub fn compute_s(&self, s: usize, pl: Placement) -> f64 {
         let st = &self.stages[s];
-        st.cold_s + f64::from(self.batches(s, pl) - 1) * st.hot_s
+        let b = f64::from(self.batches(s, pl));
+        if self.warm_start(s, pl) {
+            b * st.hot_s
+        } else {
+            st.cold_s + (b - 1.0) * st.hot_s
+        }
     }
 
     /// Per-instance overhead of the fullest VM: every batch pays it once
@@ -1345,6 +1392,56 @@ mod tests {
         ));
         stages[1].overhead_s = f64::INFINITY;
         assert!(PlanProblem::new(stages, edges, catalog(), Bounds::default()).is_err());
+    }
+
+    #[test]
+    fn a_stage_starts_hot_only_where_warm_environments_cover_its_first_batch() {
+        // train: 6 instances; cold 14 s, hot 12 s.
+        let cold = lightgbm(6);
+        let on = |vms, c| Placement {
+            vm: 0,
+            vms,
+            concurrent: c,
+        };
+        let warm = |counts: Vec<u32>| {
+            let by_type = BTreeMap::from([("a".to_string(), counts)]);
+            cold.clone()
+                .with_warm(&BTreeMap::from([("train".to_string(), by_type)]))
+        };
+        // Two VMs of 3 lambdas, 3 at once: one batch, cold without warm environments.
+        assert!(!cold.warm_start(1, on(2, 3)));
+        assert!(close(cold.compute_s(1, on(2, 3)), 14.0));
+        // Two VMs holding 3 each: hot.
+        let both = warm(vec![3, 3, 0]);
+        assert!(both.warm_start(1, on(2, 3)));
+        assert!(close(both.compute_s(1, on(2, 3)), 12.0));
+        // Only one VM covers a first batch of 3: the stage is priced cold.
+        let one = warm(vec![3, 2]);
+        assert!(!one.warm_start(1, on(2, 3)));
+        assert!(close(one.compute_s(1, on(2, 3)), 14.0));
+        // ... but 2 at once (2 batches of at most 2) is covered on both: 2 x 12.
+        assert!(one.warm_start(1, on(2, 2)));
+        assert!(close(one.compute_s(1, on(2, 2)), 24.0));
+        // Another type's or another function's warm environments do not count.
+        assert!(!one.warm_start(1, Placement { vm: 1, ..on(2, 2) }));
+        assert!(!one.warm_start(0, on(1, 1)));
+        // The plan says which stages it priced warm, and predicts them faster.
+        let (p0, p1) = (
+            crate::planner::plan(&cold, crate::planner::Policy::Sonic).unwrap(),
+            crate::planner::plan(
+                &cold.clone().with_warm(&BTreeMap::from([(
+                    "train".to_string(),
+                    BTreeMap::from([("a".into(), vec![6; 6]), ("b".into(), vec![6; 6])]),
+                )])),
+                crate::planner::Policy::Sonic,
+            )
+            .unwrap(),
+        );
+        assert!(p0.best.stages.iter().all(|s| !s.warm));
+        let train = &p1.best.stages[1];
+        assert!(train.warm, "{train:?}");
+        assert!(p1.best.stages.iter().filter(|s| s.warm).count() == 1);
+        assert!(p1.best.predicted.latency_s < p0.best.predicted.latency_s);
     }
 
     #[test]

@@ -88,6 +88,9 @@ pub struct PlanStage {
     pub per_vm: u32,
     /// Lambdas that run at once on one VM.
     pub concurrent: u32,
+    /// Its first batch starts in warm environments the pool holds (priced hot, not cold).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warm: bool,
 }
 
 /// How one edge's data moves.
@@ -300,6 +303,7 @@ impl Plan {
                     vms: pl.vms,
                     per_vm: pb.per_vm(s, pl.vms),
                     concurrent: pl.concurrent,
+                    warm: pb.warm_start(s, pl),
                 }
             })
             .collect();

@@ -389,6 +389,17 @@ pub struct FunctionModels {
     /// it was learned.
     #[serde(default = "overhead_model")]
     pub overhead_s: Model,
+    /// A cold start: from creating an instance's container (process environment) to its
+    /// lambda running (what agents report as `start_latency_s`). A cold run's time less it is
+    /// the hot time's guess until `hot_s` has samples. Never holds back convergence. Absent
+    /// from models stored before it was learned.
+    #[serde(default = "start_model")]
+    pub start_s: Model,
+}
+
+/// An empty cold-start model (for models stored before cold starts were learned).
+fn start_model() -> Model {
+    Model::new(Quantity::Time, 0x057A_2750)
 }
 
 /// An empty overhead model (for models stored before overheads were learned).
@@ -415,6 +426,9 @@ pub struct FunctionSample {
     /// Mean per-instance overhead (`FunctionParams::overhead_s`).
     #[serde(default)]
     pub overhead_s: Option<f64>,
+    /// Mean cold start of its cold runs (`FunctionModels::start_s`).
+    #[serde(default)]
+    pub start_s: Option<f64>,
 }
 
 /// Every model of one DAG.
@@ -483,6 +497,10 @@ impl DagModels {
                             Quantity::Time,
                             seed ^ overhead_model().seed.wrapping_mul(0x9E37_79B9),
                         ),
+                        start_s: Model::new(
+                            Quantity::Time,
+                            seed ^ start_model().seed.wrapping_mul(0x9E37_79B9),
+                        ),
                     },
                 )
             })
@@ -539,6 +557,7 @@ impl DagModels {
                 (&mut m.hot_s, s.hot_s),
                 (&mut m.instances, s.instances.map(f64::from)),
                 (&mut m.overhead_s, s.overhead_s),
+                (&mut m.start_s, s.start_s),
             ];
             for (model, y) in pairs {
                 if let Some(y) = y {
@@ -579,6 +598,7 @@ impl DagModels {
                         hot_s: Some(f.hot_s),
                         instances: Some(f.instances),
                         overhead_s: Some(f.overhead_s),
+                        start_s: None,
                     },
                 )
             })
@@ -636,8 +656,9 @@ impl DagModels {
             // Hot times are small (tens of milliseconds where the cold start is seconds), so
             // their relative error stays large however many samples there are. With enough
             // samples the prediction is still far nearer the truth than the cold time: take it,
-            // never above the cold time. Without samples (profiling never ran a function hot),
-            // the cold time is the safe guess.
+            // never above the cold time. With fewer (profiling never ran a function hot), the
+            // cold time less the cold start, once cold starts were measured; the cold time
+            // before.
             let hot_s = if f.hot_s.converged(&self.convergence) {
                 need(&f.hot_s, format!("{name}.hot_s"))?
             } else if f.hot_s.samples.len() >= self.convergence.min_samples {
@@ -645,7 +666,10 @@ impl DagModels {
                     .predict(input_bytes)
                     .map_or(cold_s, |h| h.min(cold_s))
             } else {
-                cold_s
+                f.start_s
+                    .predict(input_bytes)
+                    .map(|start| cold_s - start.clamp(0.0, cold_s))
+                    .unwrap_or(cold_s)
             };
             functions.insert(
                 name.clone(),
@@ -690,6 +714,7 @@ impl DagModels {
             out.push(one(format!("{name}.hot_s"), &f.hot_s));
             out.push(one(format!("{name}.instances"), &f.instances));
             out.push(one(format!("{name}.overhead_s"), &f.overhead_s));
+            out.push(one(format!("{name}.start_s"), &f.start_s));
         }
         for e in &self.edges {
             out.push(one(format!("{}->{}.bytes", e.from, e.to), &e.bytes));
@@ -933,6 +958,7 @@ mod tests {
                     hot_s: None,
                     instances: Some(1),
                     overhead_s: Some(0.2 + 1e-9 * x),
+                    start_s: None,
                 },
             );
             f.insert(
@@ -943,6 +969,7 @@ mod tests {
                     hot_s: None,
                     instances: Some(6),
                     overhead_s: None,
+                    start_s: None,
                 },
             );
             let e = [EdgeParams {
@@ -987,8 +1014,25 @@ mod tests {
         f.hot_s.fit().unwrap();
         let hot = noisy.params_for(1e9).unwrap().functions["train"].hot_s;
         assert!((hot - 3.0).abs() < 1e-9, "{hot}");
+        // ... less the cold start once cold starts were measured (2.5 s of its 3 s).
+        let f = noisy.functions.get_mut("train").unwrap();
+        for x in sizes(3) {
+            f.start_s.add_sample(x, 2.5).unwrap();
+        }
+        f.start_s.fit().unwrap();
+        let p = noisy.params_for(1e9).unwrap();
+        let (hot, cold) = (p.functions["train"].hot_s, p.functions["train"].cold_s);
+        assert!((cold - 3.0).abs() < 1e-9 && (hot - 0.5).abs() < 1e-6, "{hot}");
+        // A cold start measured longer than the cold time predicted: never below zero.
+        let f = noisy.functions.get_mut("train").unwrap();
+        for x in sizes(3) {
+            f.start_s.add_sample(x, 9.0).unwrap();
+        }
+        f.start_s.fit().unwrap();
+        let hot = noisy.params_for(1e9).unwrap().functions["train"].hot_s;
+        assert!((0.0..=3.0).contains(&hot), "{hot}");
         let summary = dm.summary();
-        assert_eq!(summary.len(), 11);
+        assert_eq!(summary.len(), 13);
         assert!(
             summary
                 .iter()

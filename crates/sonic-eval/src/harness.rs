@@ -436,6 +436,7 @@ mod tests {
             vm_type: "m5.large".into(),
             cold: false,
             seconds: ended - started,
+            start_latency_s: None,
             peak_memory_mb: None,
             attempts: 1,
             started_s: Some(started),
