@@ -376,7 +376,14 @@ pub fn logs(l: &JobLogs, out: &mut dyn Write) -> io::Result<()> {
 
 /// A plan document (the `ofctl plan -o json` shape), read leniently: stages, edges, prediction.
 pub fn plan(p: &serde_json::Value, indent: &str, out: &mut dyn Write) -> io::Result<()> {
-    let mut t = Table::new(&["FUNCTION", "VM TYPE", "VMS", "PER VM", "CONCURRENT"]);
+    let mut t = Table::new(&[
+        "FUNCTION",
+        "VM TYPE",
+        "VMS",
+        "PER VM",
+        "CONCURRENT",
+        "START",
+    ]);
     let s = |v: &serde_json::Value| match v {
         serde_json::Value::String(s) => s.clone(),
         serde_json::Value::Null => "-".into(),
@@ -389,6 +396,12 @@ pub fn plan(p: &serde_json::Value, indent: &str, out: &mut dyn Write) -> io::Res
             s(&st["vms"]),
             s(&st["per_vm"]),
             s(&st["concurrent"]),
+            // Priced starting hot: the pool kept the function's containers warm.
+            if st["warm"] == serde_json::Value::Bool(true) {
+                "warm".into()
+            } else {
+                "cold".into()
+            },
         ]);
     }
     t.write(indent, out)?;

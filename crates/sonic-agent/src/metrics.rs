@@ -240,6 +240,7 @@ mod tests {
             seconds: Some(0.5),
             start_latency_s: Some(0.1),
             setup_s: None,
+            warm: None,
             peak_memory_mb: None,
             exit_code: Some(0),
             error: None,

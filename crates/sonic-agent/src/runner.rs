@@ -604,6 +604,7 @@ pub async fn execute(state: Arc<AgentState>, req: RunRequest) -> RunReport {
         seconds: None,
         start_latency_s: None,
         setup_s: None,
+        warm: None,
         peak_memory_mb: None,
         exit_code: None,
         error: None,
@@ -744,6 +745,10 @@ async fn run_inner(
     report.cold = Some(outcome.cold);
     report.seconds = Some(outcome.duration.as_secs_f64());
     report.start_latency_s = Some(outcome.start_latency.as_secs_f64());
+    report.warm = outcome.warm_idle.map(|idle| sonic_api::agent::WarmIdle {
+        idle: u32::try_from(idle).unwrap_or(u32::MAX),
+        keep_alive_s: state.config.warm_idle_s,
+    });
     let mut peak = outcome.peak_memory_bytes;
     if req.handler.is_some() {
         let usage = handler_usage(&output_dir);

@@ -352,6 +352,7 @@ async fn start_run(
                 seconds: None,
                 start_latency_s: None,
                 setup_s: None,
+                warm: None,
                 peak_memory_mb: None,
                 exit_code: None,
                 error: None,

@@ -203,6 +203,11 @@ async fn second_run_of_a_warm_key_is_hot() {
     );
     assert_eq!(warm, 1);
     assert!(other_key.cold, "another warm key gets its own container");
+    // What stays warm for each run's key once it ended: `hot`'s one container, `other`'s one.
+    assert_eq!(
+        (first.warm_idle, second.warm_idle, other_key.warm_idle),
+        (Some(1), Some(1), Some(1))
+    );
 }
 
 #[tokio::test]
@@ -217,6 +222,8 @@ async fn concurrent_runs_of_one_key_get_their_own_containers() {
     assert!(ra.cold && rb.cold);
     assert!(ra.succeeded() && rb.succeeded());
     assert_eq!(warm, 2);
+    // The one that ended last saw both back.
+    assert_eq!(ra.warm_idle.max(rb.warm_idle), Some(2));
 }
 
 #[tokio::test]

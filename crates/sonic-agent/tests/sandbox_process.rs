@@ -193,6 +193,9 @@ async fn runs_after_the_first_of_a_warm_key_are_hot() {
     // The lambda's own cold-start marker lives in the warm key's TMPDIR: it saw the first run.
     assert!(second.log.contains("cold=false"), "log: {}", second.log);
     assert!(other.cold);
+    // Each says what stays warm for its key once it ended: the one environment of `hot`.
+    assert_eq!((first.warm_idle, second.warm_idle), (Some(1), Some(1)));
+    assert_eq!(other.warm_idle, Some(1));
     s.sandbox.shutdown().await.unwrap();
 }
 
@@ -538,6 +541,8 @@ async fn prewarmed_environments_serve_the_next_runs() {
     // is cold (it pays its initialization); the next run of the key is hot.
     let run = s.run(spec.clone()).await;
     assert!(run.succeeded() && run.cold, "log: {}", run.log);
+    // The one it used is warm now; the other prewarmed one has not run the function yet.
+    assert_eq!(run.warm_idle, Some(1));
     let stats = s.sandbox.prewarm_stats().unwrap();
     assert_eq!((stats.started, stats.used), (2, 1));
     let again = s.run(spec.clone()).await;

@@ -287,6 +287,19 @@ pub struct Prewarmed {
     pub warm: u32,
 }
 
+/// What an agent holds warm for a function once one of its runs ended: the next runs of the
+/// function (same key and limits) on this agent that start hot. The control plane prices a
+/// planned stage's first batch hot where its VMs hold enough (docs/model.md, warm starts).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WarmIdle {
+    /// Idle warm containers (process environments) of the run's warm key and limits, the run's
+    /// own included when it was kept; prewarmed ones no run used yet are not counted (their
+    /// first run still pays the function's initialization).
+    pub idle: u32,
+    /// How long the agent keeps an idle one after its last run (its `warm_idle_s`), seconds.
+    pub keep_alive_s: u64,
+}
+
 /// How an instance ended, as the agent reports it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -352,6 +365,10 @@ pub struct RunReport {
     /// overhead the control plane learns. `None` for an executable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub setup_s: Option<f64>,
+    /// The warm environments of this run's function the agent holds once the run ended
+    /// ([`WarmIdle`]); absent from an agent or sandbox that does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<WarmIdle>,
     pub peak_memory_mb: Option<f64>,
     pub exit_code: Option<i32>,
     pub error: Option<String>,

@@ -315,6 +315,10 @@ pub struct StageHosts {
     pub concurrent: u32,
     /// The memory limit each instance gets (from the predicted peak, with headroom).
     pub memory_limit_mb: u64,
+    /// The plan priced its first batch hot: its agents kept enough warm containers of the
+    /// function when the job was planned (a note says when the grant's agents do not).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warm: bool,
 }
 
 /// One fitted model as `GET /v1/dags/{name}/models` shows it.

@@ -298,6 +298,7 @@ pub fn succeeded(req: &RunRequest) -> RunReport {
         seconds: Some(0.0),
         start_latency_s: Some(0.0),
         setup_s: None,
+        warm: None,
         peak_memory_mb: None,
         exit_code: Some(0),
         error: None,

@@ -718,6 +718,10 @@ async fn register_agent(
     state
         .bandwidth
         .observe(&record.id, &record.vm_type, &record.capacity.bandwidth);
+    // An agent registers when it starts: whatever it kept warm before went with its old process.
+    if let Some(rt) = &state.jobs {
+        rt.warm.forget_agent(&record.id);
+    }
     tracing::info!(agent = %record.id, url = %record.url, vm_type = %record.vm_type, "agent registered");
     Ok(Json(Joined {
         agent: agent_info(record, now, state.settings.heartbeat_timeout),
@@ -837,6 +841,32 @@ struct Choice {
     reason: String,
 }
 
+/// What planning needs to see what the agents keep warm, taken into the database's thread.
+struct WarmInputs {
+    jobs: Option<Arc<Runtime>>,
+    now_ms: i64,
+    timeout: std::time::Duration,
+}
+
+impl WarmInputs {
+    fn source(&self, db: &Db) -> Result<crate::warm::Source<'_>, crate::store::StoreError> {
+        crate::warm::Source::alive(
+            db,
+            self.jobs.as_ref().map(|rt| &rt.warm),
+            self.now_ms,
+            self.timeout,
+        )
+    }
+}
+
+fn warm_inputs(state: &ControlState) -> WarmInputs {
+    WarmInputs {
+        jobs: state.jobs.clone(),
+        now_ms: state.clock.now_ms(),
+        timeout: state.settings.heartbeat_timeout,
+    }
+}
+
 /// The policy of a job: a forced one wins; otherwise `sonic`, planned for this input size, once
 /// the models of the job's parameter setting converged, and `remote` (profiling) before. A
 /// forced `sonic` plans with whatever the setting's models predict, and is refused when they
@@ -873,10 +903,12 @@ async fn choose(
         let (catalog, bandwidth) = state.planning_catalog();
         let budget = state.plan_budget();
         let dag = dag.clone();
+        let warm = warm_inputs(state);
         let planned = state
             .db
             .run(move |db| {
                 let models = crate::learning::current(db, &dag, &setting, rule)?;
+                let warm = warm.source(db)?;
                 Ok(crate::learning::plan_for(
                     &dag,
                     &models,
@@ -886,6 +918,7 @@ async fn choose(
                     &bandwidth,
                     base,
                     budget,
+                    &warm,
                 ))
             })
             .await?
@@ -907,11 +940,13 @@ async fn choose(
     let (catalog, bandwidth) = state.planning_catalog();
     let budget = state.plan_budget();
     let dag = dag.clone();
+    let warm = warm_inputs(state);
     if forced == Some(Policy::Oracle) {
         let planned = state
             .db
             .run(move |db| {
                 let samples = crate::learning::fitted_samples(db, &dag, &setting)?;
+                let warm = warm.source(db)?;
                 Ok(
                     crate::learning::measured_params(&dag, &samples, input_bytes).and_then(
                         |params| {
@@ -925,6 +960,7 @@ async fn choose(
                                 Policy::Oracle,
                                 budget,
                                 std::time::Instant::now(),
+                                &warm,
                             )
                         },
                     ),
@@ -957,6 +993,7 @@ async fn choose(
             if !forced_sonic && mode.mode == sonic_core::mode::Mode::Profiling {
                 return Ok((reason, None));
             }
+            let warm = warm.source(db)?;
             let planned = crate::learning::plan_for(
                 &dag,
                 &models,
@@ -966,6 +1003,7 @@ async fn choose(
                 &bandwidth,
                 Policy::Sonic,
                 budget,
+                &warm,
             );
             Ok((reason, Some(planned)))
         })
@@ -1458,6 +1496,7 @@ async fn dag_plan(
     let budget = state.plan_budget();
     let (catalog, bandwidth) = state.planning_catalog();
     let lookup = name.clone();
+    let warm = warm_inputs(&state);
     let planned = state
         .db
         .run(move |db| {
@@ -1485,6 +1524,7 @@ async fn dag_plan(
                     &bandwidth,
                     policy,
                     budget,
+                    &warm.source(db)?,
                 )
                 .map_err(plan_error),
             ))

@@ -895,6 +895,9 @@ pub struct Planned {
     /// The `ofctl plan -o json` document, with `input_bytes`, `models_converged` and
     /// `network_mbps` (each VM type's bandwidth and where it came from) added.
     pub report: serde_json::Value,
+    /// What the agents kept warm for the DAG's functions when it was planned (stages the plan
+    /// prices hot: `PlanStage::warm`); the resource manager prefers those agents.
+    pub warm: crate::warm::WarmPool,
 }
 
 /// Plans `dag` for a job of `input_bytes` with the fitted models. `fanouts` are the job's own
@@ -911,6 +914,7 @@ pub fn plan_for(
     bandwidth: &BTreeMap<String, TypeBandwidth>,
     policy: Policy,
     budget: Budget,
+    warm: &crate::warm::Source<'_>,
 ) -> Result<Planned, PlanFailure> {
     let started = Instant::now();
     let params = models
@@ -929,6 +933,7 @@ pub fn plan_for(
         policy,
         budget,
         started,
+        warm,
     )?;
     if let Some(map) = planned.report.as_object_mut() {
         map.insert("models_converged".into(), models.converged().into());
@@ -1028,6 +1033,7 @@ pub fn plan_with(
     policy: Policy,
     budget: Budget,
     started: Instant,
+    warm: &crate::warm::Source<'_>,
 ) -> Result<Planned, PlanFailure> {
     for (f, fanout) in dag.functions.iter().zip(fanouts) {
         if let (Fanout::Known(n), Some(p)) = (fanout, params.functions.get_mut(&f.name)) {
@@ -1039,7 +1045,9 @@ pub fn plan_with(
         input_bytes,
         why,
     };
+    let pool = warm.pool(dag, &params);
     let problem = PlanProblem::from_dag(dag, &params, catalog, dag.bounds)
+        .map(|p| p.with_warm(&pool.by_type()))
         .map_err(|e| infeasible(e.to_string()))?;
     let (outcome, us, mut report) = solve(dag, input_bytes, &problem, policy, budget, &started)?;
     if let Some(stopped) = &outcome.stopped {
@@ -1063,6 +1071,7 @@ pub fn plan_with(
         outcome,
         params,
         report,
+        warm: pool,
     })
 }
 
@@ -1115,6 +1124,7 @@ pub fn replan(
         why,
     };
     let problem = PlanProblem::from_dag(dag, &planned.params, catalog, dag.bounds)
+        .map(|p| p.with_warm(&planned.warm.by_type()))
         .and_then(|p| p.with_vm_limits(limits))
         .map_err(|e| infeasible(e.to_string()))?;
     let (outcome, _, mut report) = solve(dag, input_bytes, &problem, policy, budget, &started)?;
@@ -1131,6 +1141,7 @@ pub fn replan(
         outcome,
         params: planned.params.clone(),
         report,
+        warm: planned.warm.clone(),
     })
 }
 
@@ -1935,6 +1946,7 @@ edges:
             &bw,
             Policy::Sonic,
             default_budget(),
+            &crate::warm::Source::none(),
         )
         .expect_err("nothing fitted");
         assert!(matches!(err, PlanFailure::NotReady { .. }), "{err}");
@@ -1951,6 +1963,7 @@ edges:
             &bw,
             Policy::Sonic,
             default_budget(),
+            &crate::warm::Source::none(),
         )
         .expect("plan");
         // The job asks for 3 mids; the models only ever saw 2.
@@ -1986,6 +1999,7 @@ edges:
             &bw,
             Policy::Sonic,
             default_budget(),
+            &crate::warm::Source::none(),
         )
         .expect_err("does not fit");
         assert!(matches!(err, PlanFailure::Infeasible { .. }), "{err}");
@@ -2014,6 +2028,7 @@ edges:
             &bw,
             Policy::Sonic,
             spent,
+            &crate::warm::Source::none(),
         )
         .expect("the best plan known");
         assert!(!planned.outcome.exact);

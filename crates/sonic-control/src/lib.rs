@@ -28,6 +28,7 @@ pub mod resources;
 pub mod scheduler;
 pub mod server;
 pub mod store;
+pub mod warm;
 
 pub use api::{ControlState, RouteInfo, Settings, Verb, router, routes};
 pub use clock::{Clock, ManualClock, SystemClock};

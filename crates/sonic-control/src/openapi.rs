@@ -478,6 +478,11 @@ fn main_schemas(int: &Value, time: &Value) -> Value {
                 "start_latency_s": { "type": "number", "nullable": true },
                 "setup_s": { "type": "number", "nullable": true, "description": "a handler stage: seconds spent fetching its code and building its environment before the sandbox started" },
                 "peak_memory_mb": { "type": "number", "nullable": true },
+                "warm": {
+                    "type": "object", "required": ["idle", "keep_alive_s"],
+                    "description": "what the agent keeps warm for the run's function once it ended: idle warm containers of its key and limits (prewarmed ones no run used left out), and how long it keeps an idle one",
+                    "properties": { "idle": int.clone(), "keep_alive_s": int.clone() }
+                },
                 "exit_code": { "type": "integer", "nullable": true },
                 "error": { "type": "string", "nullable": true },
                 "staged": { "type": "array", "items": { "type": "object" } },
@@ -596,7 +601,8 @@ fn main_schemas(int: &Value, time: &Value) -> Value {
                 "vm_type": { "type": "string" },
                 "agents": { "type": "array", "items": { "type": "string" }, "description": "one agent id per VM of the plan" },
                 "concurrent": { "type": "integer" },
-                "memory_limit_mb": int.clone()
+                "memory_limit_mb": int.clone(),
+                "warm": { "type": "boolean", "description": "the plan priced its first batch hot: its agents kept enough warm containers of the function (absent: false)" }
             }
         },
         "PlanReport": {

@@ -213,6 +213,7 @@ pub async fn admit_preferring(
             memory_limit_mb: memory_limit_mb.clone(),
             agents: agents.to_vec(),
             prefer: prefer.to_vec(),
+            warm: current.warm.clone(),
         };
         let mut used = Used::Best;
         let mut answer = manager
@@ -378,6 +379,7 @@ edges:
             outcome: outcome(with_second),
             params: params(2000.0),
             report: serde_json::Value::Null,
+            warm: crate::warm::WarmPool::default(),
         }
     }
 

@@ -199,6 +199,7 @@ mod tests {
             seconds: None,
             start_latency_s: None,
             setup_s: None,
+            warm: None,
             peak_memory_mb: None,
             exit_code: Some(0),
             error: None,

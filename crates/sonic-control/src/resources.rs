@@ -82,6 +82,10 @@ pub struct Offer {
     /// is no preference. A hint: a manager that grants these keeps the job's recorded progress,
     /// one that grants others makes it start again from its input.
     pub prefer: Vec<Vec<String>>,
+    /// What the agents keep warm for the DAG's functions (idle warm containers per function
+    /// and agent), as the plan was priced with: a stage the plan marks `warm` starts hot only
+    /// on agents that keep enough of them. A hint: the built-in manager prefers them.
+    pub warm: crate::warm::WarmPool,
 }
 
 impl Offer {
@@ -479,7 +483,8 @@ impl Pool {
                 continue;
             }
             // The agents the job ran this stage on before, in their order; then agents that
-            // hold none of the files the stage fetches `direct` (a direct edge is one network
+            // keep the most warm containers for the stage's first batch (`Offer::warm`); then
+            // agents that hold none of the files the stage fetches `direct` (a direct edge is one network
             // copy between two VMs, model.md: on its sender's VM it is a local hand-over, which
             // the agent can only charge to an emulated NIC); then the job's own agents (a reservation there may
             // already cover the stage); then the freest. A sender's agent is still taken when
@@ -499,6 +504,10 @@ impl Pool {
             let mut typed: Vec<usize> = (0..agents.len())
                 .filter(|&a| agents[a].vm_type == ps.vm_type)
                 .collect();
+            // Warm containers for the first batch: the plan priced the stage hot where the
+            // pool had enough of them.
+            let first = ps.per_vm.min(concurrent).max(1);
+            let warm = |a: usize| offer.warm.on(&f.name, &agents[a].id).min(first);
             typed.sort_by_key(|&a| {
                 let fr = free(a).unwrap_or(Use {
                     slots: u32::MAX,
@@ -506,6 +515,7 @@ impl Pool {
                 });
                 (
                     preferred(a),
+                    std::cmp::Reverse(warm(a)),
                     senders.contains(&a),
                     !need.contains_key(&a),
                     std::cmp::Reverse(fr.slots),
@@ -842,6 +852,7 @@ edges:
             memory_limit_mb: vec![memory_mb; 3],
             agents: agents.to_vec(),
             prefer: Vec::new(),
+            warm: Default::default(),
         }
     }
 
@@ -893,6 +904,52 @@ edges:
         pool.release("j1");
         pool.release("j1");
         assert!(pool.usage().values().all(|u| *u == Use::default()));
+    }
+
+    #[test]
+    fn a_stage_goes_to_the_agents_that_keep_its_containers_warm() {
+        let pool = Pool::new(Some(&catalog()), 4);
+        let ag = agents(&["m5.large", "m5.large", "m5.large", "m5.xlarge"]);
+        let mut o = offer(
+            "j1",
+            plan(
+                [("m5.large", 2, 1), ("m5.large", 1, 1), ("m5.xlarge", 1, 1)],
+                false,
+            ),
+            1024,
+            &ag,
+        );
+        // Without warm containers the freest come first, by index.
+        let g = grant_now(&pool, &o);
+        assert_eq!(g.hosts[0], vec!["a-0".to_owned(), "a-1".to_owned()]);
+        assert_eq!(
+            g.hosts[1],
+            vec!["a-2".to_owned()],
+            "b fetches direct from a's"
+        );
+        pool.release("j1");
+        // a-2 and a-1 keep a's containers, a-0 keeps b's: each stage goes where it is warm.
+        let on = |pairs: &[(&str, u32)]| {
+            pairs
+                .iter()
+                .map(|(id, n)| ((*id).to_owned(), ("m5.large".to_owned(), *n)))
+                .collect::<BTreeMap<_, _>>()
+        };
+        o.warm.functions = BTreeMap::from([
+            ("a".to_owned(), on(&[("a-2", 1), ("a-1", 3)])),
+            ("b".to_owned(), on(&[("a-0", 1)])),
+        ]);
+        let g = grant_now(&pool, &o);
+        let mut a_hosts = g.hosts[0].clone();
+        a_hosts.sort();
+        assert_eq!(a_hosts, vec!["a-1".to_owned(), "a-2".to_owned()]);
+        assert_eq!(g.hosts[1], vec!["a-0".to_owned()]);
+        pool.release("j1");
+        // A resumed job's own agents still come first.
+        o.prefer = vec![vec!["a-0".into(), "a-1".into()], Vec::new(), Vec::new()];
+        let g = grant_now(&pool, &o);
+        assert_eq!(g.hosts[0], vec!["a-0".to_owned(), "a-1".to_owned()]);
+        pool.release("j1");
     }
 
     #[test]

@@ -177,6 +177,8 @@ pub struct Runtime {
     submitting: Arc<Submitting>,
     /// The OpenLambda registry whose lambdas DAG functions may name as handlers.
     handlers: std::sync::OnceLock<Arc<sonic_openlambda::Handlers>>,
+    /// What the agents keep warm, per function: planning prices warm stages hot with it.
+    pub warm: crate::warm::WarmLedger,
     /// Digests of lambda tarballs this process put in the store.
     packages: Mutex<BTreeSet<String>>,
     /// Where executions run ([`Runtime::with_executor`]); `None`: on the caller's runtime.
@@ -317,6 +319,7 @@ impl Runtime {
             tasks: Mutex::new(JobTasks::default()),
             submitting: Arc::default(),
             handlers: std::sync::OnceLock::new(),
+            warm: crate::warm::WarmLedger::default(),
             packages: Mutex::new(BTreeSet::new()),
             executor: None,
         }
@@ -1105,6 +1108,7 @@ fn job_plan(
     alloc: &Allocation,
     agents: &[AgentSlot],
     report: &serde_json::Value,
+    warm: &crate::warm::WarmPool,
 ) -> JobPlan {
     let mut report = report.clone();
     if alloc.used == crate::planned::Used::SecondBest
@@ -1132,6 +1136,41 @@ fn job_plan(
         }
         Err(_) => {}
     }
+    let priced_warm = |i: usize| {
+        alloc
+            .plan
+            .stages
+            .iter()
+            .find(|s| s.function == dag.functions[i].name)
+            .is_some_and(|s| s.warm)
+    };
+    for (i, f) in dag.functions.iter().enumerate() {
+        if !priced_warm(i) {
+            continue;
+        }
+        // The first batch on each of its agents (a receiver over vm-storage runs on its
+        // sender's agents, which need not be the warm ones).
+        let per_vm = alloc
+            .plan
+            .stages
+            .iter()
+            .find(|s| s.function == f.name)
+            .map_or(1, |s| s.per_vm);
+        let first = per_vm.min(alloc.concurrent[i]).max(1);
+        let cold: Vec<&str> = alloc.hosts[i]
+            .iter()
+            .map(|&a| agents[a].id.as_str())
+            .filter(|id| warm.on(&f.name, id) < first)
+            .collect();
+        if !cold.is_empty() {
+            notes.push(format!(
+                "{} was priced warm, but {} keep{} fewer than the {first} warm containers its first batch needs: it starts cold there",
+                f.name,
+                cold.join(", "),
+                if cold.len() == 1 { "s" } else { "" }
+            ));
+        }
+    }
     JobPlan {
         exact,
         used: alloc.used.as_str().to_owned(),
@@ -1155,6 +1194,7 @@ fn job_plan(
                     .collect(),
                 concurrent: alloc.concurrent[i],
                 memory_limit_mb: alloc.memory_limit_mb[i],
+                warm: priced_warm(i),
             })
             .collect(),
     }
@@ -1286,7 +1326,7 @@ async fn run(
                 })
                 .await
                 .map_err(|e| format!("database: {e}"))?;
-            let plan = job_plan(&dag, &alloc, &agents, &p.report);
+            let plan = job_plan(&dag, &alloc, &agents, &p.report, &p.warm);
             tracing::info!(job = %job.id, used = %plan.used, notes = ?plan.notes, "plan granted");
             let (id, stored, now) = (job.id.clone(), plan.clone(), state.clock.now_ms());
             state
@@ -1612,6 +1652,20 @@ async fn run(
         let first = *first_sent.entry((i, k)).or_insert((a.started, a.sent_ms));
         match a.outcome {
             Ok((report, ended)) => {
+                // What the agent keeps warm for the function now, for the next jobs' plans
+                // (a profiling job's containers serve only itself).
+                if !profiling && let Some(w) = report.warm {
+                    let mem = alloc
+                        .as_ref()
+                        .and_then(|al| al.memory_limit_mb.get(i).copied())
+                        .unwrap_or(crate::jobs::DEFAULT_MEMORY_MB);
+                    rt.warm.observe(
+                        &agents[a.agent].id,
+                        crate::warm::key(&dag, i, mem),
+                        w,
+                        state.clock.now_ms(),
+                    );
+                }
                 let f = Finished {
                     function: i,
                     instance: k,
@@ -2610,7 +2664,8 @@ fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
                 .filter(|r| r.cold)
                 .filter_map(|r| r.start_latency_s.filter(|s| s.is_finite() && *s >= 0.0))
                 .collect();
-            let start = (!starts.is_empty()).then(|| starts.iter().sum::<f64>() / starts.len() as f64);
+            let start =
+                (!starts.is_empty()).then(|| starts.iter().sum::<f64>() / starts.len() as f64);
             let memory = runs
                 .iter()
                 .filter_map(|r| r.peak_memory_mb)

@@ -2609,6 +2609,7 @@ mod tests {
             seconds: Some(0.5),
             start_latency_s: None,
             setup_s: None,
+            warm: None,
             peak_memory_mb: None,
             exit_code: Some(0),
             error: None,

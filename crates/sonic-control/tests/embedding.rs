@@ -360,6 +360,7 @@ edges:
         memory_limit_mb: vec![512, 512],
         agents,
         prefer: Vec::new(),
+        warm: Default::default(),
     }
 }
 

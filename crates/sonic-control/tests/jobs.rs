@@ -11,7 +11,9 @@ use sonic_agent::config::{AgentConfig, local_config};
 use sonic_agent::sandbox::{ProcessConfig, ProcessSandbox};
 use sonic_agent::server::RunningAgent;
 use sonic_agent::throttle::AgentThrottle;
-use sonic_api::control::{DagModelsView, JobEvent, JobLogs, JobMode, JobStatus, JobSummary};
+use sonic_api::control::{
+    DagModelsView, JobEvent, JobLogs, JobMode, JobPlan, JobStatus, JobSummary,
+};
 use sonic_control::{
     ControlConfig, JobsConfig, RunningControl, Runtime, SystemClock, start_with_jobs,
 };
@@ -1616,6 +1618,92 @@ async fn later_jobs_start_warm_and_next_stages_are_prewarmed() {
         assert!(Instant::now() < deadline, "nothing was prewarmed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    c.stop().await;
+}
+
+/// Agents say what they keep warm when a run ends; the next planned job is priced hot where its
+/// agents keep enough, granted those agents, and its runs there start hot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_job_after_another_is_priced_and_granted_warm() {
+    let c = cluster_with(Convergence {
+        max_mape: 1000.0,
+        min_samples: 2,
+        ..Convergence::default()
+    })
+    .await;
+    c.apply(DAG).await;
+    // Profiling until the models converge (a few sizes).
+    let mut profiled = 0;
+    for n in [30_000, 90_000, 150_000, 210_000, 270_000] {
+        let (v, s) = c.run_ok("fan", None, &sized_input(n)).await;
+        assert_eq!(s.mode, JobMode::Profiling, "{v}");
+        profiled += 1;
+        let (_, m) = c.get_json("/v1/dags/fan/models").await;
+        if m["mode"]["mode"] == "planned" {
+            break;
+        }
+    }
+    assert!(profiled < 5, "the models never converged");
+    let plan_of = |s: &JobSummary| s.plan.clone().expect("a planned job has a plan");
+    let priced_warm = |p: &JobPlan| -> Vec<String> {
+        p.report["stages"]
+            .as_array()
+            .expect("stages")
+            .iter()
+            .filter(|st| st["warm"] == json!(true))
+            .map(|st| st["function"].as_str().unwrap_or("").to_owned())
+            .collect()
+    };
+    // The first planned job: the profiling jobs' containers served only themselves.
+    let input = sized_input(60_000);
+    let (v, first) = c.run_ok("fan", None, &input).await;
+    assert_eq!(first.mode, JobMode::Planned, "{v}");
+    assert!(priced_warm(&plan_of(&first)).is_empty(), "{v}");
+    // The next one finds its functions' containers warm where the first ran them.
+    let (v, second) = c.run_ok("fan", None, &input).await;
+    assert_eq!(second.mode, JobMode::Planned, "{v}");
+    let plan = plan_of(&second);
+    let warm = priced_warm(&plan);
+    assert!(!warm.is_empty(), "no stage priced warm: {v}");
+    for f in &warm {
+        let hosts = plan
+            .stages
+            .iter()
+            .find(|s| &s.function == f)
+            .expect("hosts");
+        assert!(hosts.warm, "{hosts:?}");
+        let ran_first: Vec<&str> = first
+            .functions
+            .iter()
+            .filter(|r| &r.name == f)
+            .map(|r| r.agent.as_str())
+            .collect();
+        for a in &hosts.agents {
+            assert!(
+                ran_first.contains(&a.as_str()),
+                "{f} granted {a}, not where it ran: {v}"
+            );
+        }
+        for r in second.functions.iter().filter(|r| &r.name == f) {
+            assert!(!r.cold, "{f} was priced warm but started cold: {v}");
+        }
+    }
+    assert!(
+        plan.notes.iter().all(|n| !n.contains("priced warm")),
+        "{:?}",
+        plan.notes
+    );
+    // What the plan route shows now prices the same stages warm.
+    let (status, now) = c.get_json("/v1/dags/fan/plan?input_bytes=60000").await;
+    assert_eq!(status, 200, "{now}");
+    assert!(
+        now["stages"]
+            .as_array()
+            .expect("stages")
+            .iter()
+            .any(|st| st["warm"] == json!(true)),
+        "{now}"
+    );
     c.stop().await;
 }
 

@@ -70,6 +70,7 @@ fn report(run_id: &str, status: RunStatus) -> RunReport {
         seconds: Some(0.0),
         start_latency_s: None,
         setup_s: None,
+        warm: None,
         peak_memory_mb: None,
         exit_code: Some(0),
         error: None,

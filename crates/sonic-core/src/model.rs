@@ -670,10 +670,7 @@ impl PlanProblem {
     /// (agents keep a function's containers warm across its jobs for a keep-alive). A stage
     /// whose VMs can all be VMs holding at least its first batch ([`PlanProblem::warm_start`])
     /// starts hot. Names the problem does not know are ignored.
-    pub fn with_warm(
-        mut self,
-        warm: &BTreeMap<String, BTreeMap<String, Vec<u32>>>,
-    ) -> PlanProblem {
+    pub fn with_warm(mut self, warm: &BTreeMap<String, BTreeMap<String, Vec<u32>>>) -> PlanProblem {
         for (s, st) in self.stages.iter().enumerate() {
             let Some(by_type) = warm.get(&st.name) else {
                 continue;

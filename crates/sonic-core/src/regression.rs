@@ -1022,7 +1022,10 @@ mod tests {
         f.start_s.fit().unwrap();
         let p = noisy.params_for(1e9).unwrap();
         let (hot, cold) = (p.functions["train"].hot_s, p.functions["train"].cold_s);
-        assert!((cold - 3.0).abs() < 1e-9 && (hot - 0.5).abs() < 1e-6, "{hot}");
+        assert!(
+            (cold - 3.0).abs() < 1e-9 && (hot - 0.5).abs() < 1e-6,
+            "{hot}"
+        );
         // A cold start measured longer than the cold time predicted: never below zero.
         let f = noisy.functions.get_mut("train").unwrap();
         for x in sizes(3) {

@@ -384,12 +384,13 @@ impl Sandbox for DockerSandbox {
             return Err(SandboxError::Runtime("lease without a container".into()));
         };
         match self.inner.run_in(container, &spec, cold, t0, wall0).await {
-            Ok((outcome, reusable)) => {
+            Ok((mut outcome, reusable)) => {
                 if reusable {
                     lease.give_back();
                 } else {
                     lease.discard().await;
                 }
+                outcome.warm_idle = Some(self.inner.idle_count(&PoolKey::of(&spec)));
                 Ok(outcome)
             }
             Err(e) => {
@@ -457,6 +458,22 @@ impl Drop for Lease {
 }
 
 impl Inner {
+    /// The idle containers of `key` within their keep-alive that a run used before (a
+    /// prewarmed one's first run is still cold).
+    fn idle_count(&self, key: &PoolKey) -> usize {
+        let limit = self.config.idle_timeout;
+        self.idle
+            .lock()
+            .map(|m| {
+                m.get(key).map_or(0, |l| {
+                    l.iter()
+                        .filter(|c| !c.prewarmed && c.last_used.elapsed() < limit)
+                        .count()
+                })
+            })
+            .unwrap_or(0)
+    }
+
     /// An idle container of `key` within its keep-alive, and the containers of `key` past it,
     /// for the caller to remove: the reaper looks only every quarter of the keep-alive, and a
     /// container past its keep-alive must not be reused whatever the reaper's phase.
@@ -829,6 +846,7 @@ impl Inner {
                 start_latency: start_latency.min(duration),
                 peak_memory_bytes: peak,
                 log,
+                warm_idle: None,
             },
             reusable,
         ))

@@ -103,6 +103,10 @@ pub struct RunOutcome {
     pub peak_memory_bytes: Option<u64>,
     /// The last part of the instance's standard output and error (bounded).
     pub log: String,
+    /// Once the run ended: the idle warm containers (environments) of its warm key and limits,
+    /// its own included when it was kept, prewarmed ones not yet used left out (the next runs
+    /// that start hot); `None` when the sandbox does not say.
+    pub warm_idle: Option<usize>,
 }
 
 impl RunOutcome {

@@ -166,6 +166,22 @@ impl ProcessSandbox {
         self.use_cgroups
     }
 
+    /// Idle environments of `key` within their keep-alive that a run used before (a prewarmed
+    /// one's first run is still cold).
+    fn idle_count(&self, key: &str) -> usize {
+        let idle = self.config.idle_timeout;
+        self.envs
+            .lock()
+            .map(|m| {
+                m.get(key).map_or(0, |l| {
+                    l.iter()
+                        .filter(|e| !e.prewarmed && e.last_used.elapsed() < idle)
+                        .count()
+                })
+            })
+            .unwrap_or(0)
+    }
+
     /// Warm environments idle now and not yet expired: the next run of their key is hot.
     pub fn warm_environments(&self) -> usize {
         let idle = self.config.idle_timeout;
@@ -328,6 +344,7 @@ impl ProcessSandbox {
                 start_latency: t0.elapsed(),
                 peak_memory_bytes: None,
                 log: message,
+                warm_idle: None,
             }),
             Err(e) => Err(e),
         };
@@ -474,6 +491,7 @@ impl ProcessSandbox {
             start_latency,
             peak_memory_bytes: Some(peak),
             log,
+            warm_idle: None,
         })
     }
 }
@@ -808,7 +826,10 @@ impl Sandbox for ProcessSandbox {
         if reusable && let Some(dir) = lease.dir.take() {
             self.release_env(&spec.warm_key, dir);
         }
-        result
+        result.map(|mut outcome| {
+            outcome.warm_idle = Some(self.idle_count(&spec.warm_key));
+            outcome
+        })
     }
 
     /// A process environment is a private folder (`TMPDIR`, `HOME`, working directory) with the

@@ -1,0 +1,295 @@
+//! What the pool holds warm: per agent and function, the idle warm containers (process
+//! environments) the agent said it kept once a run of the function ended (`RunReport::warm`).
+//!
+//! Agents keep a function's containers warm across its jobs for a keep-alive
+//! (`sonic_core::warm`); a planned job whose VMs hold enough of them starts its stages hot. The
+//! planner prices a stage's first batch hot where the pool's warm environments cover it
+//! ([`sonic_core::model::PlanProblem::with_warm`]) and the resource manager then prefers those
+//! agents ([`crate::resources::Offer::warm`]). Only runs that share containers across jobs are
+//! recorded (a profiling job's runs are keyed by their job). An entry is the agent's latest word
+//! for the key and ends with the keep-alive the agent reported; it can be wrong in between (an
+//! agent evicting containers for memory, another job taking them): then a stage priced hot
+//! starts cold, as before.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use sonic_api::agent::WarmIdle;
+use sonic_core::dag::Dag;
+use sonic_core::params::Params;
+
+use crate::jobs::AgentSlot;
+use crate::store::{Db, StoreError};
+
+/// The most (agent, function) entries the ledger keeps; past it the ones ending soonest go.
+pub const MAX_ENTRIES: usize = 16_384;
+
+/// What runs of DAG function `i` with this memory limit share warm containers under: the
+/// function's identity across jobs (`jobs::function_key`, which hashes its definition: image
+/// and command) and the limit its containers were made with (the CPU limit is the same for
+/// every run).
+pub fn key(dag: &Dag, i: usize, memory_limit_mb: u64) -> String {
+    format!("{}|{memory_limit_mb}", crate::jobs::function_key(dag, i))
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    idle: u32,
+    /// When the agent drops them if no run comes (ms since the epoch, the control plane's clock).
+    until_ms: i64,
+}
+
+/// The agents' latest word on what they keep warm (see the module's documentation).
+#[derive(Debug, Default)]
+pub struct WarmLedger {
+    entries: Mutex<HashMap<(String, String), Seen>>,
+}
+
+impl WarmLedger {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Seen>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records what `agent` said it keeps for `key` once a run ended at `now_ms`.
+    pub fn observe(&self, agent: &str, key: String, warm: WarmIdle, now_ms: i64) {
+        let keep_ms = i64::try_from(warm.keep_alive_s.saturating_mul(1000)).unwrap_or(i64::MAX);
+        let seen = Seen {
+            idle: warm.idle,
+            until_ms: now_ms.saturating_add(keep_ms),
+        };
+        let mut entries = self.entries();
+        if seen.idle == 0 {
+            entries.remove(&(agent.to_owned(), key));
+            return;
+        }
+        entries.insert((agent.to_owned(), key), seen);
+        if entries.len() > MAX_ENTRIES {
+            entries.retain(|_, s| s.until_ms > now_ms);
+            while entries.len() > MAX_ENTRIES {
+                let Some(k) = entries
+                    .iter()
+                    .min_by_key(|(_, s)| s.until_ms)
+                    .map(|(k, _)| k.clone())
+                else {
+                    break;
+                };
+                entries.remove(&k);
+            }
+        }
+    }
+
+    /// Forgets what `agent` kept (it restarted or was lost: its containers went with it).
+    pub fn forget_agent(&self, agent: &str) {
+        self.entries().retain(|(a, _), _| a != agent);
+    }
+
+    /// The idle warm environments `agent` keeps for `key` at `now_ms`.
+    pub fn idle(&self, agent: &str, key: &str, now_ms: i64) -> u32 {
+        self.entries()
+            .get(&(agent.to_owned(), key.to_owned()))
+            .filter(|s| s.until_ms > now_ms)
+            .map_or(0, |s| s.idle)
+    }
+
+    /// What `agents` keep warm for each function of `dag` whose runs get these memory limits
+    /// (per DAG function index), at `now_ms`.
+    pub fn pool(
+        &self,
+        dag: &Dag,
+        memory_limit_mb: &[u64],
+        agents: &[AgentSlot],
+        now_ms: i64,
+    ) -> WarmPool {
+        let mut functions = BTreeMap::new();
+        for (i, f) in dag.functions.iter().enumerate() {
+            let Some(&mem) = memory_limit_mb.get(i) else {
+                continue;
+            };
+            let k = key(dag, i, mem);
+            let on: BTreeMap<String, (String, u32)> = agents
+                .iter()
+                .filter_map(|a| {
+                    let n = self.idle(&a.id, &k, now_ms);
+                    (n > 0).then(|| (a.id.clone(), (a.vm_type.clone(), n)))
+                })
+                .collect();
+            if !on.is_empty() {
+                functions.insert(f.name.clone(), on);
+            }
+        }
+        WarmPool { functions }
+    }
+}
+
+/// What planning sees warm now: the ledger's entries for the agents alive now.
+#[derive(Debug)]
+pub struct Source<'a> {
+    ledger: Option<&'a WarmLedger>,
+    agents: Vec<AgentSlot>,
+    now_ms: i64,
+}
+
+impl Source<'static> {
+    /// Nothing warm (plans price every stage's first batch cold).
+    pub fn none() -> Source<'static> {
+        Source {
+            ledger: None,
+            agents: Vec::new(),
+            now_ms: 0,
+        }
+    }
+}
+
+impl<'a> Source<'a> {
+    /// The ledger's entries for the agents of `db` alive at `now_ms` (a heartbeat within
+    /// `timeout`); nothing without a ledger (a control plane that runs no jobs).
+    pub fn alive(
+        db: &Db,
+        ledger: Option<&'a WarmLedger>,
+        now_ms: i64,
+        timeout: std::time::Duration,
+    ) -> Result<Source<'a>, StoreError> {
+        let agents = match ledger {
+            None => Vec::new(),
+            Some(_) => db
+                .list_agents()?
+                .into_iter()
+                .filter(|a| a.alive(now_ms, timeout))
+                .map(|a| AgentSlot {
+                    id: a.id,
+                    url: a.url,
+                    vm_type: a.vm_type,
+                })
+                .collect(),
+        };
+        Ok(Source {
+            ledger,
+            agents,
+            now_ms,
+        })
+    }
+
+    /// What the agents keep warm for `dag`'s functions, whose runs get the memory limits these
+    /// predicted parameters give them (`planned::memory_limits`).
+    pub fn pool(&self, dag: &Dag, params: &Params) -> WarmPool {
+        match self.ledger {
+            None => WarmPool::default(),
+            Some(l) => l.pool(
+                dag,
+                &crate::planned::memory_limits(dag, params),
+                &self.agents,
+                self.now_ms,
+            ),
+        }
+    }
+}
+
+/// What the alive agents keep warm for a DAG's functions when a job was planned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WarmPool {
+    /// Per function name: per agent id, its VM type and how many idle warm environments of the
+    /// function it keeps (agents with none left out).
+    pub functions: BTreeMap<String, BTreeMap<String, (String, u32)>>,
+}
+
+impl WarmPool {
+    /// Per function and VM type, one count per agent: what
+    /// [`sonic_core::model::PlanProblem::with_warm`] takes.
+    pub fn by_type(&self) -> BTreeMap<String, BTreeMap<String, Vec<u32>>> {
+        self.functions
+            .iter()
+            .map(|(f, on)| {
+                let mut types: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+                for (vm_type, n) in on.values() {
+                    types.entry(vm_type.clone()).or_default().push(*n);
+                }
+                (f.clone(), types)
+            })
+            .collect()
+    }
+
+    /// How many idle warm environments of `function` `agent` keeps.
+    pub fn on(&self, function: &str, agent: &str) -> u32 {
+        self.functions
+            .get(function)
+            .and_then(|on| on.get(agent))
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAG: &str = "name: d\nfunctions:\n  - { name: a, image: i, command: [x] }\n  - { name: b, image: i, command: [y] }\nedges:\n  - { from: a, to: b, kind: one }\n";
+
+    fn slot(id: &str, vm_type: &str) -> AgentSlot {
+        AgentSlot {
+            id: id.into(),
+            url: format!("http://{id}"),
+            vm_type: vm_type.into(),
+        }
+    }
+
+    fn warm(idle: u32) -> WarmIdle {
+        WarmIdle {
+            idle,
+            keep_alive_s: 60,
+        }
+    }
+
+    #[test]
+    fn the_pool_is_the_agents_latest_word_until_its_keep_alive_ends() {
+        let dag = Dag::from_yaml("d.yaml", DAG).unwrap();
+        let ledger = WarmLedger::default();
+        let agents = [
+            slot("x", "m5.large"),
+            slot("y", "m5.large"),
+            slot("z", "c5.large"),
+        ];
+        let limits = [512, 512];
+        ledger.observe("x", key(&dag, 0, 512), warm(2), 0);
+        ledger.observe("y", key(&dag, 0, 512), warm(1), 0);
+        ledger.observe("y", key(&dag, 0, 512), warm(3), 1_000);
+        ledger.observe("z", key(&dag, 0, 512), warm(1), 0);
+        // Another memory limit is another container: not b's either.
+        ledger.observe("x", key(&dag, 1, 1024), warm(4), 0);
+        let pool = ledger.pool(&dag, &limits, &agents, 30_000);
+        assert_eq!(
+            (pool.on("a", "x"), pool.on("a", "y"), pool.on("b", "x")),
+            (2, 3, 0)
+        );
+        let by_type = pool.by_type();
+        let mut large = by_type["a"]["m5.large"].clone();
+        large.sort_unstable();
+        assert_eq!(large, vec![2, 3]);
+        assert_eq!(by_type["a"]["c5.large"], vec![1]);
+        assert!(!by_type.contains_key("b"));
+        // x's entry ends 60 s after it was said, y's a second later.
+        let pool = ledger.pool(&dag, &limits, &agents, 60_500);
+        assert_eq!((pool.on("a", "x"), pool.on("a", "y")), (0, 3));
+        // An agent that says it keeps none, or is forgotten, has none.
+        ledger.observe("y", key(&dag, 0, 512), warm(0), 2_000);
+        ledger.forget_agent("z");
+        let pool = ledger.pool(&dag, &limits, &agents, 3_000);
+        assert_eq!(
+            (pool.on("a", "x"), pool.on("a", "y"), pool.on("a", "z")),
+            (2, 0, 0)
+        );
+        // An agent that is not alive (not in `agents`) counts for nothing.
+        let pool = ledger.pool(&dag, &limits, &agents[1..], 3_000);
+        assert_eq!(pool.on("a", "x"), 0);
+    }
+
+    #[test]
+    fn the_ledger_is_bounded() {
+        let ledger = WarmLedger::default();
+        for n in 0..(MAX_ENTRIES + 10) {
+            ledger.observe("a", format!("k{n}"), warm(1), n as i64);
+        }
+        assert_eq!(ledger.entries().len(), MAX_ENTRIES);
+        // The ones ending soonest went.
+        assert_eq!(ledger.idle("a", "k0", 0), 0);
+        assert_eq!(ledger.idle("a", &format!("k{}", MAX_ENTRIES + 9), 0), 1);
+    }
+}
