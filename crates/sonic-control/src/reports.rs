@@ -26,7 +26,7 @@ use crate::error::ApiError;
 #[derive(Debug)]
 pub enum Push {
     /// The run ended: its report.
-    Report(RunReport),
+    Report(Box<RunReport>),
     /// The agent tried to push and failed (its body was refused): read the report now rather
     /// than at the next slow poll.
     PollNow,
@@ -115,7 +115,7 @@ impl Waiters {
         let entry = map.remove(run_id).ok_or(Refusal::NotWaiting)?;
         entry
             .tx
-            .try_send(Push::Report(report))
+            .try_send(Push::Report(Box::new(report)))
             .map_err(|_| Refusal::NotWaiting)
     }
 

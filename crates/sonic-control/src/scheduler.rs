@@ -2411,7 +2411,7 @@ async fn attempt_once(
                 let next_poll = tokio::time::sleep(rt.config.fallback_poll);
                 tokio::select! {
                     pushed = w.rx.recv() => match pushed {
-                        Some(crate::reports::Push::Report(report)) => return Ok(report),
+                        Some(crate::reports::Push::Report(report)) => return Ok(*report),
                         Some(crate::reports::Push::PollNow) => {}
                         // The waiter was replaced (a later execution reuses this run id).
                         None => {}
