@@ -1416,8 +1416,11 @@ async fn run(
     // Until the DAG's cold times are learned, a job's runs share warm containers only among
     // themselves (the first run on each agent starts cold, later ones hot), so that every job
     // measures both; from then on they share them with every job of the function, and the
-    // next stages are prewarmed.
-    let profiling = !cold_times_learned(state, rt, &dag, &job.params).await;
+    // next stages are prewarmed. A planned job always shares: its plan priced its stages with
+    // the warm containers the pool keeps (`warm`), and a cold-time model that stopped converging
+    // for a sample does not make it a profiling job (its DAG's mode has hysteresis).
+    let profiling = job.mode != sonic_api::control::JobMode::Planned
+        && !cold_times_learned(state, rt, &dag, &job.params).await;
     // What a stage's requests are built from: the files produced so far.
     macro_rules! stage_context {
         () => {

@@ -6,7 +6,10 @@
 //!   the definition), so a DAG applied again with a changed function gets containers of its own.
 //! - Until every function's cold-time model of the DAG has converged, a job's runs share warm
 //!   containers only among themselves (so every profiling job measures cold and hot starts);
-//!   from then on they share them with every job of the function ([`shares_across_jobs`]).
+//!   from then on they share them with every job of the function ([`shares_across_jobs`]). The
+//!   control plane also shares them for every planned job, whatever the models' state when it
+//!   starts (its plan was priced with the warm containers the pool keeps); the simulator plans
+//!   every job and applies the convergence rule only.
 //! - An idle warm container is kept [`DEFAULT_KEEP_ALIVE_S`] seconds after its last run (the
 //!   agent's `warm_idle_s` default).
 
