@@ -77,19 +77,25 @@ fn write_plan(title: &str, plan: &Plan, out: &mut dyn Write) -> std::io::Result<
     writeln!(out, "{title}")?;
     writeln!(
         out,
-        "  {:<16} {:<12} {:>4} {:>7} {:>10} {:>6}",
+        "  {:<16} {:<12} {:>4} {:>7} {:>10} {:>9}",
         "FUNCTION", "VM TYPE", "VMS", "PER VM", "CONCURRENT", "START"
     )?;
     for s in &plan.stages {
         writeln!(
             out,
-            "  {:<16} {:<12} {:>4} {:>7} {:>10} {:>6}",
+            "  {:<16} {:<12} {:>4} {:>7} {:>10} {:>9}",
             s.function,
             s.vm_type,
             s.vms,
             s.per_vm,
             s.concurrent,
-            if s.warm { "warm" } else { "cold" }
+            if s.warm {
+                "warm"
+            } else if s.prewarmed {
+                "prewarmed"
+            } else {
+                "cold"
+            }
         )?;
     }
     writeln!(

@@ -397,8 +397,11 @@ pub fn plan(p: &serde_json::Value, indent: &str, out: &mut dyn Write) -> io::Res
             s(&st["per_vm"]),
             s(&st["concurrent"]),
             // Priced starting hot: the pool kept the function's containers warm.
+            // or its containers started while its senders run.
             if st["warm"] == serde_json::Value::Bool(true) {
                 "warm".into()
+            } else if st["prewarmed"] == serde_json::Value::Bool(true) {
+                "prewarmed".into()
             } else {
                 "cold".into()
             },

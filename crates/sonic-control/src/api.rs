@@ -855,6 +855,7 @@ impl WarmInputs {
             self.jobs.as_ref().map(|rt| &rt.warm),
             self.now_ms,
             self.timeout,
+            self.jobs.as_ref().is_some_and(|rt| rt.config.prewarm),
         )
     }
 }

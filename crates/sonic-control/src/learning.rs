@@ -986,6 +986,7 @@ pub fn measured_params(
                 f.name
             )));
         };
+        let start_s = start.map_or(0.0, |t| t.clamp(0.0, cold_s));
         params.functions.insert(
             f.name.clone(),
             sonic_core::params::FunctionParams {
@@ -993,9 +994,10 @@ pub fn measured_params(
                 cold_s,
                 // Never run hot at this size: the cold time less the cold start, as the models
                 // guess it (`DagModels::params_for`).
-                hot_s: hot.unwrap_or(cold_s - start.map_or(0.0, |t| t.clamp(0.0, cold_s))),
+                hot_s: hot.unwrap_or(cold_s - start_s),
                 instances: (instances.round() as u32).max(1),
                 overhead_s: overhead.unwrap_or(0.0),
+                start_s,
             },
         );
     }
@@ -1047,7 +1049,7 @@ pub fn plan_with(
     };
     let pool = warm.pool(dag, &params);
     let problem = PlanProblem::from_dag(dag, &params, catalog, dag.bounds)
-        .map(|p| p.with_warm(&pool.by_type()))
+        .map(|p| p.with_warm(&pool.by_type()).with_prewarm(pool.prewarm))
         .map_err(|e| infeasible(e.to_string()))?;
     let (outcome, us, mut report) = solve(dag, input_bytes, &problem, policy, budget, &started)?;
     if let Some(stopped) = &outcome.stopped {
@@ -1124,7 +1126,10 @@ pub fn replan(
         why,
     };
     let problem = PlanProblem::from_dag(dag, &planned.params, catalog, dag.bounds)
-        .map(|p| p.with_warm(&planned.warm.by_type()))
+        .map(|p| {
+            p.with_warm(&planned.warm.by_type())
+                .with_prewarm(planned.warm.prewarm)
+        })
         .and_then(|p| p.with_vm_limits(limits))
         .map_err(|e| infeasible(e.to_string()))?;
     let (outcome, _, mut report) = solve(dag, input_bytes, &problem, policy, budget, &started)?;

@@ -300,6 +300,7 @@ edges:
             per_vm: 1,
             concurrent,
             warm: false,
+            prewarmed: false,
         }
     }
 
@@ -364,6 +365,7 @@ edges:
             hot_s: 1.0,
             instances: 1,
             overhead_s: 0.0,
+            start_s: 0.0,
         };
         Params {
             functions: [("a", p(100.0)), ("b", p(memory_mb)), ("c", p(10.0))]

@@ -817,6 +817,7 @@ edges:
                     per_vm: 1,
                     concurrent: c,
                     warm: false,
+                    prewarmed: false,
                 })
                 .collect(),
             edges: vec![

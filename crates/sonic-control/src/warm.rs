@@ -117,7 +117,10 @@ impl WarmLedger {
                 functions.insert(f.name.clone(), on);
             }
         }
-        WarmPool { functions }
+        WarmPool {
+            functions,
+            prewarm: false,
+        }
     }
 }
 
@@ -127,27 +130,31 @@ pub struct Source<'a> {
     ledger: Option<&'a WarmLedger>,
     agents: Vec<AgentSlot>,
     now_ms: i64,
+    prewarm: bool,
 }
 
 impl Source<'static> {
-    /// Nothing warm (plans price every stage's first batch cold).
+    /// Nothing warm and nothing prewarmed (plans price every stage's first batch cold).
     pub fn none() -> Source<'static> {
         Source {
             ledger: None,
             agents: Vec::new(),
             now_ms: 0,
+            prewarm: false,
         }
     }
 }
 
 impl<'a> Source<'a> {
     /// The ledger's entries for the agents of `db` alive at `now_ms` (a heartbeat within
-    /// `timeout`); nothing without a ledger (a control plane that runs no jobs).
+    /// `timeout`); nothing without a ledger (a control plane that runs no jobs). `prewarm`: the
+    /// executor starts a stage's containers while its senders run (`JobsConfig::prewarm`).
     pub fn alive(
         db: &Db,
         ledger: Option<&'a WarmLedger>,
         now_ms: i64,
         timeout: std::time::Duration,
+        prewarm: bool,
     ) -> Result<Source<'a>, StoreError> {
         let agents = match ledger {
             None => Vec::new(),
@@ -166,13 +173,14 @@ impl<'a> Source<'a> {
             ledger,
             agents,
             now_ms,
+            prewarm: prewarm && ledger.is_some(),
         })
     }
 
     /// What the agents keep warm for `dag`'s functions, whose runs get the memory limits these
     /// predicted parameters give them (`planned::memory_limits`).
     pub fn pool(&self, dag: &Dag, params: &Params) -> WarmPool {
-        match self.ledger {
+        let mut pool = match self.ledger {
             None => WarmPool::default(),
             Some(l) => l.pool(
                 dag,
@@ -180,7 +188,9 @@ impl<'a> Source<'a> {
                 &self.agents,
                 self.now_ms,
             ),
-        }
+        };
+        pool.prewarm = self.prewarm;
+        pool
     }
 }
 
@@ -190,6 +200,9 @@ pub struct WarmPool {
     /// Per function name: per agent id, its VM type and how many idle warm environments of the
     /// function it keeps (agents with none left out).
     pub functions: BTreeMap<String, BTreeMap<String, (String, u32)>>,
+    /// The executor starts each stage's containers while its senders run (prewarming), so the
+    /// plan prices those stages' first batches without the cold start.
+    pub prewarm: bool,
 }
 
 impl WarmPool {

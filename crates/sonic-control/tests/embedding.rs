@@ -328,6 +328,7 @@ edges:
         per_vm: 1,
         concurrent: 1,
         warm: false,
+        prewarmed: false,
     };
     let agents = platform::machines()
         .into_iter()

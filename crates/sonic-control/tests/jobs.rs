@@ -1659,6 +1659,28 @@ async fn a_planned_job_after_another_is_priced_and_granted_warm() {
     let (v, first) = c.run_ok("fan", None, &input).await;
     assert_eq!(first.mode, JobMode::Planned, "{v}");
     assert!(priced_warm(&plan_of(&first)).is_empty(), "{v}");
+    // This control plane prewarms (the default): the stages that read from others are priced
+    // without their cold start, the first one is not.
+    let prewarmed: Vec<(String, bool)> = plan_of(&first).report["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .map(|st| {
+            (
+                st["function"].as_str().unwrap_or("").to_owned(),
+                st["prewarmed"] == json!(true),
+            )
+        })
+        .collect();
+    assert_eq!(
+        prewarmed,
+        [
+            ("gen".into(), false),
+            ("mid".into(), true),
+            ("sink".into(), true)
+        ],
+        "{v}"
+    );
     // The next one finds its functions' containers warm where the first ran them.
     let (v, second) = c.run_ok("fan", None, &input).await;
     assert_eq!(second.mode, JobMode::Planned, "{v}");

@@ -74,6 +74,10 @@ pub struct Stage {
     /// function like the times): a VM's batches take `B * overhead_s` more.
     #[serde(default)]
     pub overhead_s: f64,
+    /// Of `cold_s`, the cold start (creating the container); what prewarming takes off a
+    /// stage's first batch ([`PlanProblem::with_prewarm`]).
+    #[serde(default)]
+    pub start_s: f64,
 }
 
 /// An edge as given to [`PlanProblem::new`], by function name.
@@ -205,6 +209,9 @@ pub struct PlanProblem {
     /// stage's function that the pool's VMs of that type hold, one count per VM, largest first;
     /// empty when none is known. See [`PlanProblem::with_warm`].
     warm: Vec<Vec<Vec<u32>>>,
+    /// Whether a stage's containers are started while its senders run (prewarming). See
+    /// [`PlanProblem::with_prewarm`].
+    prewarm: bool,
     /// Local storage price per byte-second.
     local_price: f64,
     /// Remote storage price per byte-second.
@@ -393,6 +400,12 @@ impl PlanProblem {
                     s.overhead_s
                 )));
             }
+            if !(s.start_s.is_finite() && s.start_s >= 0.0 && s.start_s <= s.cold_s) {
+                return Err(bad(format!(
+                    "cold start {} s must be a number from 0 to the cold time {} s",
+                    s.start_s, s.cold_s
+                )));
+            }
             if s.instances == 0 {
                 return Err(bad("needs at least one instance".into()));
             }
@@ -541,6 +554,7 @@ impl PlanProblem {
             cmax,
             vm_limits,
             warm,
+            prewarm: false,
             local_price,
             remote_price,
         })
@@ -569,6 +583,7 @@ impl PlanProblem {
                 hot_s: p.hot_s,
                 instances: p.instances,
                 overhead_s: p.overhead_s,
+                start_s: p.start_s,
             });
         }
         if let Some(extra) = params
@@ -687,6 +702,21 @@ impl PlanProblem {
         self
     }
 
+    /// The same problem where the executor starts each stage's containers while the stages it
+    /// reads from run (prewarming: the control plane's `JobsConfig::prewarm`): a stage with
+    /// senders that does not start warm pays its cold start (`start_s`) off its first batch,
+    /// assuming its senders run at least that long.
+    pub fn with_prewarm(mut self, prewarm: bool) -> PlanProblem {
+        self.prewarm = prewarm;
+        self
+    }
+
+    /// Whether stage `s` under `pl` starts in prewarmed containers: prewarming is on, the stage
+    /// reads from other stages, and it does not start warm ([`PlanProblem::warm_start`]).
+    pub fn prewarmed(&self, s: usize, pl: Placement) -> bool {
+        self.prewarm && !self.incoming[s].is_empty() && !self.warm_start(s, pl)
+    }
+
     /// Whether stage `s` under `pl` starts hot: `pl.vms` VMs of its type each hold at least the
     /// first batch's lambdas (`min(per_vm, concurrent)`) in idle warm environments of its
     /// function.
@@ -782,6 +812,8 @@ impl PlanProblem {
         let b = f64::from(self.batches(s, pl));
         if self.warm_start(s, pl) {
             b * st.hot_s
+        } else if self.prewarmed(s, pl) {
+            (st.cold_s - st.start_s) + (b - 1.0) * st.hot_s
         } else {
             st.cold_s + (b - 1.0) * st.hot_s
         }
@@ -1303,6 +1335,7 @@ mod tests {
             hot_s: hot,
             instances: k,
             overhead_s: 0.0,
+            start_s: 0.0,
         }
     }
 
@@ -1439,6 +1472,49 @@ mod tests {
         assert!(train.warm, "{train:?}");
         assert!(p1.best.stages.iter().filter(|s| s.warm).count() == 1);
         assert!(p1.best.predicted.latency_s < p0.best.predicted.latency_s);
+    }
+
+    #[test]
+    fn prewarming_takes_the_cold_start_off_a_receivers_first_batch() {
+        // train's cold 14 s includes a 4 s cold start; pca reads from nothing.
+        let mut stages = vec![
+            stage("pca", 1000.0, 10.0, 9.0, 1),
+            stage("train", 1000.0, 14.0, 12.0, 6),
+        ];
+        stages[0].start_s = 3.0;
+        stages[1].start_s = 4.0;
+        let edges = vec![edge("pca", "train", EdgeKind::Broadcast, 1e9)];
+        let pb =
+            PlanProblem::new(stages.clone(), edges.clone(), catalog(), Bounds::default()).unwrap();
+        let on = |vms, c| Placement {
+            vm: 0,
+            vms,
+            concurrent: c,
+        };
+        // Off by default: as before.
+        assert!(close(pb.compute_s(1, on(1, 3)), 14.0 + 12.0));
+        let pre = pb.clone().with_prewarm(true);
+        assert!(pre.prewarmed(1, on(1, 3)) && !pre.prewarmed(0, on(1, 1)));
+        // Two batches: the first without its cold start, the second hot.
+        assert!(close(pre.compute_s(1, on(1, 3)), 10.0 + 12.0));
+        // The first stage has nothing to start ahead of it.
+        assert!(close(pre.compute_s(0, on(1, 1)), 10.0));
+        // Warm environments win over prewarming: all hot.
+        let warm = pre.clone().with_warm(&BTreeMap::from([(
+            "train".to_string(),
+            BTreeMap::from([("a".to_string(), vec![3])]),
+        )]));
+        assert!(warm.warm_start(1, on(1, 3)) && !warm.prewarmed(1, on(1, 3)));
+        assert!(close(warm.compute_s(1, on(1, 3)), 24.0));
+        // The plan says so.
+        let plan = crate::planner::plan(&pre, crate::planner::Policy::Sonic).unwrap();
+        assert!(!plan.best.stages[0].prewarmed && plan.best.stages[1].prewarmed);
+        // A cold start longer than the cold time is refused.
+        stages[1].start_s = 15.0;
+        assert!(matches!(
+            PlanProblem::new(stages, edges, catalog(), Bounds::default()),
+            Err(ProblemError::BadStage { .. })
+        ));
     }
 
     #[test]

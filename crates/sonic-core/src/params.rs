@@ -28,6 +28,11 @@ pub struct FunctionParams {
     /// 0 when not given.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub overhead_s: f64,
+    /// Of `cold_s`, the cold start: creating the instance's container (process environment)
+    /// before its lambda runs. A stage whose containers are started while its senders run
+    /// (prewarming) pays `cold_s - start_s` for its first batch; 0 when not given.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub start_s: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -103,10 +108,20 @@ impl Params {
                 ("cold_s", f.cold_s),
                 ("hot_s", f.hot_s),
                 ("overhead_s", f.overhead_s),
+                ("start_s", f.start_s),
             ] {
                 if !(v.is_finite() && v >= 0.0) {
                     return Err(bad(at(field), format!("{v} is not a number >= 0")));
                 }
+            }
+            if f.start_s > f.cold_s {
+                return Err(bad(
+                    at("start_s"),
+                    format!(
+                        "the cold start {} is part of the cold time {}: it cannot be longer",
+                        f.start_s, f.cold_s
+                    ),
+                ));
             }
             if f.instances == 0 {
                 return Err(bad(at("instances"), "must be at least 1".into()));
@@ -192,6 +207,10 @@ edges:
         check(
             "functions:\n  a: { memory_mb: 10, cold_s: 1, hot_s: 1, instances: 0 }\n",
             &["instances"],
+        );
+        check(
+            "functions:\n  a: { memory_mb: 10, cold_s: 1, hot_s: 1, instances: 1, start_s: 2 }\n",
+            &["functions.a.start_s", "cannot be longer"],
         );
         check(
             "functions:\n  a: { memory_mb: 10, cold_s: 1, hot_s: 1, instances: 1, gpu: 2 }\n",

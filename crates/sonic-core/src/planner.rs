@@ -91,6 +91,10 @@ pub struct PlanStage {
     /// Its first batch starts in warm environments the pool holds (priced hot, not cold).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warm: bool,
+    /// Its containers are started while its senders run (prewarming): its first batch is priced
+    /// without the cold start.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prewarmed: bool,
 }
 
 /// How one edge's data moves.
@@ -304,6 +308,7 @@ impl Plan {
                     per_vm: pb.per_vm(s, pl.vms),
                     concurrent: pl.concurrent,
                     warm: pb.warm_start(s, pl),
+                    prewarmed: pb.prewarmed(s, pl),
                 }
             })
             .collect();

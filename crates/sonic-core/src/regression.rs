@@ -671,9 +671,14 @@ impl DagModels {
                     .map(|start| cold_s - start.clamp(0.0, cold_s))
                     .unwrap_or(cold_s)
             };
+            let start_s = f
+                .start_s
+                .predict(input_bytes)
+                .map_or(0.0, |t| t.clamp(0.0, cold_s));
             functions.insert(
                 name.clone(),
                 FunctionParams {
+                    start_s,
                     memory_mb: need(&f.memory_mb, format!("{name}.memory_mb"))?,
                     cold_s,
                     hot_s,

@@ -149,6 +149,7 @@ fn problem(c: &Case, bounds: Bounds) -> PlanProblem {
                 // Every other stage pays a per-instance overhead (per batch), so that the
                 // searches are proven exact with the term too.
                 overhead_s: if i % 2 == 1 { 0.25 * cold * hotf } else { 0.0 },
+                start_s: 0.0,
             }
         })
         .collect();

@@ -815,6 +815,7 @@ mod tests {
                 hot_s: 0.5 + 8.0 * u(),
                 instances: k,
                 overhead_s: 0.5 * u(),
+                start_s: 0.0,
             })
             .collect();
         let edges = (0..n - 1)
