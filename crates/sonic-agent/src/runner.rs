@@ -748,6 +748,7 @@ async fn run_inner(
     report.warm = outcome.warm_idle.map(|idle| sonic_api::agent::WarmIdle {
         idle: u32::try_from(idle).unwrap_or(u32::MAX),
         keep_alive_s: state.config.warm_idle_s,
+        seq: outcome.warm_seq,
     });
     let mut peak = outcome.peak_memory_bytes;
     if req.handler.is_some() {

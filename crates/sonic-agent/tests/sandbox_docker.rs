@@ -208,6 +208,7 @@ async fn second_run_of_a_warm_key_is_hot() {
         (first.warm_idle, second.warm_idle, other_key.warm_idle),
         (Some(1), Some(1), Some(1))
     );
+    assert!(0 < first.warm_seq && first.warm_seq < second.warm_seq);
 }
 
 #[tokio::test]

@@ -195,6 +195,8 @@ async fn runs_after_the_first_of_a_warm_key_are_hot() {
     assert!(other.cold);
     // Each says what stays warm for its key once it ended: the one environment of `hot`.
     assert_eq!((first.warm_idle, second.warm_idle), (Some(1), Some(1)));
+    // ... in the order they were counted.
+    assert!(0 < first.warm_seq && first.warm_seq < second.warm_seq);
     assert_eq!(other.warm_idle, Some(1));
     s.sandbox.shutdown().await.unwrap();
 }

@@ -298,6 +298,10 @@ pub struct WarmIdle {
     pub idle: u32,
     /// How long the agent keeps an idle one after its last run (its `warm_idle_s`), seconds.
     pub keep_alive_s: u64,
+    /// Orders the agent's counts: one taken later has a larger number, so that reports read
+    /// out of order do not replace a newer count with an older one (0: not ordered).
+    #[serde(default)]
+    pub seq: u64,
 }
 
 /// How an instance ended, as the agent reports it.

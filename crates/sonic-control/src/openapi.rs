@@ -481,7 +481,7 @@ fn main_schemas(int: &Value, time: &Value) -> Value {
                 "warm": {
                     "type": "object", "required": ["idle", "keep_alive_s"],
                     "description": "what the agent keeps warm for the run's function once it ended: idle warm containers of its key and limits (prewarmed ones no run used left out), and how long it keeps an idle one",
-                    "properties": { "idle": int.clone(), "keep_alive_s": int.clone() }
+                    "properties": { "idle": int.clone(), "keep_alive_s": int.clone(), "seq": { "type": "integer", "description": "orders the agent's counts: a later count has a larger number (0: not ordered)" } }
                 },
                 "exit_code": { "type": "integer", "nullable": true },
                 "error": { "type": "string", "nullable": true },

@@ -35,6 +35,8 @@ pub fn key(dag: &Dag, i: usize, memory_limit_mb: u64) -> String {
 #[derive(Debug, Clone, Copy)]
 struct Seen {
     idle: u32,
+    /// The agent's order of its counts (`WarmIdle::seq`).
+    seq: u64,
     /// When the agent drops them if no run comes (ms since the epoch, the control plane's clock).
     until_ms: i64,
 }
@@ -50,19 +52,26 @@ impl WarmLedger {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records what `agent` said it keeps for `key` once a run ended at `now_ms`.
+    /// Records what `agent` said it keeps for `key` once a run ended at `now_ms`; a count the
+    /// agent took before the one recorded (reports of runs that ended together, read out of
+    /// order) changes nothing.
     pub fn observe(&self, agent: &str, key: String, warm: WarmIdle, now_ms: i64) {
         let keep_ms = i64::try_from(warm.keep_alive_s.saturating_mul(1000)).unwrap_or(i64::MAX);
         let seen = Seen {
             idle: warm.idle,
+            seq: warm.seq,
             until_ms: now_ms.saturating_add(keep_ms),
         };
         let mut entries = self.entries();
-        if seen.idle == 0 {
-            entries.remove(&(agent.to_owned(), key));
+        let k = (agent.to_owned(), key);
+        if let Some(old) = entries.get(&k)
+            && seen.seq != 0
+            && old.seq > seen.seq
+            && old.until_ms > now_ms
+        {
             return;
         }
-        entries.insert((agent.to_owned(), key), seen);
+        entries.insert(k, seen);
         if entries.len() > MAX_ENTRIES {
             entries.retain(|_, s| s.until_ms > now_ms);
             while entries.len() > MAX_ENTRIES {
@@ -248,6 +257,7 @@ mod tests {
         WarmIdle {
             idle,
             keep_alive_s: 60,
+            seq: 0,
         }
     }
 
@@ -292,6 +302,15 @@ mod tests {
         // An agent that is not alive (not in `agents`) counts for nothing.
         let pool = ledger.pool(&dag, &limits, &agents[1..], 3_000);
         assert_eq!(pool.on("a", "x"), 0);
+        // Two runs ended together: the count taken last wins, whatever order their reports
+        // are read in.
+        let k = key(&dag, 1, 512);
+        let seq = |idle, seq| WarmIdle { seq, ..warm(idle) };
+        ledger.observe("y", k.clone(), seq(2, 11), 4_000);
+        ledger.observe("y", k.clone(), seq(1, 10), 4_001);
+        assert_eq!(ledger.idle("y", &k, 4_002), 2);
+        ledger.observe("y", k.clone(), seq(0, 12), 4_003);
+        assert_eq!(ledger.idle("y", &k, 4_004), 0);
     }
 
     #[test]

@@ -390,7 +390,9 @@ impl Sandbox for DockerSandbox {
                 } else {
                     lease.discard().await;
                 }
-                outcome.warm_idle = Some(self.inner.idle_count(&PoolKey::of(&spec)));
+                let (idle, seq) = self.inner.idle_count(&PoolKey::of(&spec));
+                outcome.warm_idle = Some(idle);
+                outcome.warm_seq = seq;
                 Ok(outcome)
             }
             Err(e) => {
@@ -459,19 +461,21 @@ impl Drop for Lease {
 
 impl Inner {
     /// The idle containers of `key` within their keep-alive that a run used before (a
-    /// prewarmed one's first run is still cold).
-    fn idle_count(&self, key: &PoolKey) -> usize {
+    /// prewarmed one's first run is still cold), and the count's place in the order of counts
+    /// (`RunOutcome::warm_seq`).
+    fn idle_count(&self, key: &PoolKey) -> (usize, u64) {
         let limit = self.config.idle_timeout;
-        self.idle
-            .lock()
-            .map(|m| {
-                m.get(key).map_or(0, |l| {
+        match self.idle.lock() {
+            Ok(m) => {
+                let n = m.get(key).map_or(0, |l| {
                     l.iter()
                         .filter(|c| !c.prewarmed && c.last_used.elapsed() < limit)
                         .count()
-                })
-            })
-            .unwrap_or(0)
+                });
+                (n, super::next_id() + 1)
+            }
+            Err(_) => (0, 0),
+        }
     }
 
     /// An idle container of `key` within its keep-alive, and the containers of `key` past it,
@@ -847,6 +851,7 @@ impl Inner {
                 peak_memory_bytes: peak,
                 log,
                 warm_idle: None,
+                warm_seq: 0,
             },
             reusable,
         ))

@@ -107,6 +107,10 @@ pub struct RunOutcome {
     /// its own included when it was kept, prewarmed ones not yet used left out (the next runs
     /// that start hot); `None` when the sandbox does not say.
     pub warm_idle: Option<usize>,
+    /// Orders the `warm_idle` counts of this process's sandboxes: a count taken later has a
+    /// larger number (taken under the pool's lock), so that reports read out of order are
+    /// put back in order; 0 with no count.
+    pub warm_seq: u64,
 }
 
 impl RunOutcome {

@@ -167,19 +167,21 @@ impl ProcessSandbox {
     }
 
     /// Idle environments of `key` within their keep-alive that a run used before (a prewarmed
-    /// one's first run is still cold).
-    fn idle_count(&self, key: &str) -> usize {
+    /// one's first run is still cold), and the count's place in the order of counts
+    /// (`RunOutcome::warm_seq`).
+    fn idle_count(&self, key: &str) -> (usize, u64) {
         let idle = self.config.idle_timeout;
-        self.envs
-            .lock()
-            .map(|m| {
-                m.get(key).map_or(0, |l| {
+        match self.envs.lock() {
+            Ok(m) => {
+                let n = m.get(key).map_or(0, |l| {
                     l.iter()
                         .filter(|e| !e.prewarmed && e.last_used.elapsed() < idle)
                         .count()
-                })
-            })
-            .unwrap_or(0)
+                });
+                (n, super::next_id() + 1)
+            }
+            Err(_) => (0, 0),
+        }
     }
 
     /// Warm environments idle now and not yet expired: the next run of their key is hot.
@@ -345,6 +347,7 @@ impl ProcessSandbox {
                 peak_memory_bytes: None,
                 log: message,
                 warm_idle: None,
+                warm_seq: 0,
             }),
             Err(e) => Err(e),
         };
@@ -492,6 +495,7 @@ impl ProcessSandbox {
             peak_memory_bytes: Some(peak),
             log,
             warm_idle: None,
+            warm_seq: 0,
         })
     }
 }
@@ -827,7 +831,9 @@ impl Sandbox for ProcessSandbox {
             self.release_env(&spec.warm_key, dir);
         }
         result.map(|mut outcome| {
-            outcome.warm_idle = Some(self.idle_count(&spec.warm_key));
+            let (idle, seq) = self.idle_count(&spec.warm_key);
+            outcome.warm_idle = Some(idle);
+            outcome.warm_seq = seq;
             outcome
         })
     }
