@@ -846,6 +846,8 @@ struct WarmInputs {
     jobs: Option<Arc<Runtime>>,
     now_ms: i64,
     timeout: std::time::Duration,
+    /// The code digest of each handler stage (by function index).
+    digests: std::collections::BTreeMap<usize, String>,
 }
 
 impl WarmInputs {
@@ -856,22 +858,39 @@ impl WarmInputs {
             self.now_ms,
             self.timeout,
             self.jobs.as_ref().is_some_and(|rt| rt.config.prewarm),
+            self.digests.clone(),
         )
     }
 }
 
-fn warm_inputs(state: &ControlState) -> WarmInputs {
+/// The code digest of each resolved handler stage, by function index.
+fn digests_of(
+    handlers: &std::collections::BTreeMap<usize, sonic_api::agent::HandlerRun>,
+) -> std::collections::BTreeMap<usize, String> {
+    handlers
+        .iter()
+        .map(|(i, h)| (*i, h.sha256.clone()))
+        .collect()
+}
+
+fn warm_inputs(
+    state: &ControlState,
+    digests: std::collections::BTreeMap<usize, String>,
+) -> WarmInputs {
     WarmInputs {
         jobs: state.jobs.clone(),
         now_ms: state.clock.now_ms(),
         timeout: state.settings.heartbeat_timeout,
+        digests,
     }
 }
 
 /// The policy of a job: a forced one wins; otherwise `sonic`, planned for this input size, once
 /// the models of the job's parameter setting converged, and `remote` (profiling) before. A
 /// forced `sonic` plans with whatever the setting's models predict, and is refused when they
-/// cannot predict or nothing is feasible.
+/// cannot predict or nothing is feasible. `digests`: the code digest of each handler stage (by
+/// function index), for what the agents keep warm of it.
+#[allow(clippy::too_many_arguments)]
 async fn choose(
     state: &ControlState,
     dag: &Dag,
@@ -880,6 +899,7 @@ async fn choose(
     planned_baseline: bool,
     input_bytes: u64,
     fanouts: Vec<sonic_core::dag::Fanout>,
+    digests: std::collections::BTreeMap<usize, String>,
 ) -> Result<Choice, ApiError> {
     let profiling = |policy: Policy, plan: Option<JobPlan>, reason: String| Choice {
         policy,
@@ -904,7 +924,7 @@ async fn choose(
         let (catalog, bandwidth) = state.planning_catalog();
         let budget = state.plan_budget();
         let dag = dag.clone();
-        let warm = warm_inputs(state);
+        let warm = warm_inputs(state, digests.clone());
         let planned = state
             .db
             .run(move |db| {
@@ -941,7 +961,7 @@ async fn choose(
     let (catalog, bandwidth) = state.planning_catalog();
     let budget = state.plan_budget();
     let dag = dag.clone();
-    let warm = warm_inputs(state);
+    let warm = warm_inputs(state, digests);
     if forced == Some(Policy::Oracle) {
         let planned = state
             .db
@@ -1052,6 +1072,15 @@ pub(crate) async fn plan_again(state: &ControlState, job: &JobRecord) -> Result<
     let setting = crate::learning::job_setting(dag, &job.params);
     let policy: Policy = job.policy.parse()?;
     let baseline = matches!(policy, Policy::Remote | Policy::Direct | Policy::Local);
+    // The execution resolves the handlers again (and fails if one is gone); here an unresolved
+    // one only counts as keeping nothing warm.
+    let digests = match &state.jobs {
+        Some(rt) => crate::handlers::resolve(rt, dag)
+            .await
+            .map(|h| digests_of(&h))
+            .unwrap_or_default(),
+        None => Default::default(),
+    };
     let choice = choose(
         state,
         dag,
@@ -1060,6 +1089,7 @@ pub(crate) async fn plan_again(state: &ControlState, job: &JobRecord) -> Result<
         baseline,
         job.input_bytes,
         fanouts,
+        digests,
     )
     .await
     .map_err(|e| format!("{e:?}"))?;
@@ -1117,9 +1147,11 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
         .fanouts(&dag.job_params(&overrides))
         .map_err(|e| ApiError::BadRequest(format!("params: {e}")))?;
     // A handler that is not registered refuses the job now, before anything is stored.
-    crate::handlers::resolve(&rt, dag)
-        .await
-        .map_err(ApiError::BadRequest)?;
+    let digests = digests_of(
+        &crate::handlers::resolve(&rt, dag)
+            .await
+            .map_err(ApiError::BadRequest)?,
+    );
     let job_id = new_job_id();
     // The input is checked and measured first; it is stored once the job is accepted.
     let mut input: Option<(JobInputFile, Option<Vec<u8>>)> = None;
@@ -1182,6 +1214,7 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
         req.planned,
         input_bytes,
         fanouts,
+        digests,
     )
     .await?;
     if let Some(p) = choice.planned.as_mut() {
@@ -1497,7 +1530,8 @@ async fn dag_plan(
     let budget = state.plan_budget();
     let (catalog, bandwidth) = state.planning_catalog();
     let lookup = name.clone();
-    let warm = warm_inputs(&state);
+    // Handlers are not resolved here: their stages count as keeping nothing warm.
+    let warm = warm_inputs(&state, Default::default());
     let planned = state
         .db
         .run(move |db| {

@@ -1662,9 +1662,10 @@ async fn run(
                         .as_ref()
                         .and_then(|al| al.memory_limit_mb.get(i).copied())
                         .unwrap_or(crate::jobs::DEFAULT_MEMORY_MB);
+                    let digest = handlers.get(&i).map(|h| h.sha256.as_str());
                     rt.warm.observe(
                         &agents[a.agent].id,
-                        crate::warm::key(&dag, i, mem),
+                        crate::warm::key(&dag, i, digest, mem),
                         w,
                         state.clock.now_ms(),
                     );

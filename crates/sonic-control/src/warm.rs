@@ -26,10 +26,15 @@ pub const MAX_ENTRIES: usize = 16_384;
 
 /// What runs of DAG function `i` with this memory limit share warm containers under: the
 /// function's identity across jobs (`jobs::function_key`, which hashes its definition: image
-/// and command) and the limit its containers were made with (the CPU limit is the same for
-/// every run).
-pub fn key(dag: &Dag, i: usize, memory_limit_mb: u64) -> String {
-    format!("{}|{memory_limit_mb}", crate::jobs::function_key(dag, i))
+/// and command), for a handler stage the digest of its code (a new version gets containers of
+/// its own), and the limit its containers were made with (the CPU limit is the same for every
+/// run).
+pub fn key(dag: &Dag, i: usize, handler_digest: Option<&str>, memory_limit_mb: u64) -> String {
+    format!(
+        "{}|{}|{memory_limit_mb}",
+        crate::jobs::function_key(dag, i),
+        handler_digest.unwrap_or("")
+    )
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -101,11 +106,13 @@ impl WarmLedger {
     }
 
     /// What `agents` keep warm for each function of `dag` whose runs get these memory limits
-    /// (per DAG function index), at `now_ms`.
+    /// (per DAG function index) and, for handler stages, these code digests (by function
+    /// index; a handler stage without one counts as keeping nothing), at `now_ms`.
     pub fn pool(
         &self,
         dag: &Dag,
         memory_limit_mb: &[u64],
+        digests: &BTreeMap<usize, String>,
         agents: &[AgentSlot],
         now_ms: i64,
     ) -> WarmPool {
@@ -114,7 +121,11 @@ impl WarmLedger {
             let Some(&mem) = memory_limit_mb.get(i) else {
                 continue;
             };
-            let k = key(dag, i, mem);
+            let digest = digests.get(&i).map(String::as_str);
+            if f.handler.is_some() && digest.is_none() {
+                continue;
+            }
+            let k = key(dag, i, digest, mem);
             let on: BTreeMap<String, (String, u32)> = agents
                 .iter()
                 .filter_map(|a| {
@@ -140,6 +151,8 @@ pub struct Source<'a> {
     agents: Vec<AgentSlot>,
     now_ms: i64,
     prewarm: bool,
+    /// Per handler stage (function index), the digest of its code.
+    digests: BTreeMap<usize, String>,
 }
 
 impl Source<'static> {
@@ -150,6 +163,7 @@ impl Source<'static> {
             agents: Vec::new(),
             now_ms: 0,
             prewarm: false,
+            digests: BTreeMap::new(),
         }
     }
 }
@@ -158,12 +172,15 @@ impl<'a> Source<'a> {
     /// The ledger's entries for the agents of `db` alive at `now_ms` (a heartbeat within
     /// `timeout`); nothing without a ledger (a control plane that runs no jobs). `prewarm`: the
     /// executor starts a stage's containers while its senders run (`JobsConfig::prewarm`).
+    /// `digests`: the code digest of each handler stage (by function index), as the job's runs
+    /// will carry it.
     pub fn alive(
         db: &Db,
         ledger: Option<&'a WarmLedger>,
         now_ms: i64,
         timeout: std::time::Duration,
         prewarm: bool,
+        digests: BTreeMap<usize, String>,
     ) -> Result<Source<'a>, StoreError> {
         let agents = match ledger {
             None => Vec::new(),
@@ -183,6 +200,7 @@ impl<'a> Source<'a> {
             agents,
             now_ms,
             prewarm: prewarm && ledger.is_some(),
+            digests,
         })
     }
 
@@ -194,6 +212,7 @@ impl<'a> Source<'a> {
             Some(l) => l.pool(
                 dag,
                 &crate::planned::memory_limits(dag, params),
+                &self.digests,
                 &self.agents,
                 self.now_ms,
             ),
@@ -271,13 +290,14 @@ mod tests {
             slot("z", "c5.large"),
         ];
         let limits = [512, 512];
-        ledger.observe("x", key(&dag, 0, 512), warm(2), 0);
-        ledger.observe("y", key(&dag, 0, 512), warm(1), 0);
-        ledger.observe("y", key(&dag, 0, 512), warm(3), 1_000);
-        ledger.observe("z", key(&dag, 0, 512), warm(1), 0);
+        let none = BTreeMap::new();
+        ledger.observe("x", key(&dag, 0, None, 512), warm(2), 0);
+        ledger.observe("y", key(&dag, 0, None, 512), warm(1), 0);
+        ledger.observe("y", key(&dag, 0, None, 512), warm(3), 1_000);
+        ledger.observe("z", key(&dag, 0, None, 512), warm(1), 0);
         // Another memory limit is another container: not b's either.
-        ledger.observe("x", key(&dag, 1, 1024), warm(4), 0);
-        let pool = ledger.pool(&dag, &limits, &agents, 30_000);
+        ledger.observe("x", key(&dag, 1, None, 1024), warm(4), 0);
+        let pool = ledger.pool(&dag, &limits, &none, &agents, 30_000);
         assert_eq!(
             (pool.on("a", "x"), pool.on("a", "y"), pool.on("b", "x")),
             (2, 3, 0)
@@ -289,28 +309,49 @@ mod tests {
         assert_eq!(by_type["a"]["c5.large"], vec![1]);
         assert!(!by_type.contains_key("b"));
         // x's entry ends 60 s after it was said, y's a second later.
-        let pool = ledger.pool(&dag, &limits, &agents, 60_500);
+        let pool = ledger.pool(&dag, &limits, &none, &agents, 60_500);
         assert_eq!((pool.on("a", "x"), pool.on("a", "y")), (0, 3));
         // An agent that says it keeps none, or is forgotten, has none.
-        ledger.observe("y", key(&dag, 0, 512), warm(0), 2_000);
+        ledger.observe("y", key(&dag, 0, None, 512), warm(0), 2_000);
         ledger.forget_agent("z");
-        let pool = ledger.pool(&dag, &limits, &agents, 3_000);
+        let pool = ledger.pool(&dag, &limits, &none, &agents, 3_000);
         assert_eq!(
             (pool.on("a", "x"), pool.on("a", "y"), pool.on("a", "z")),
             (2, 0, 0)
         );
         // An agent that is not alive (not in `agents`) counts for nothing.
-        let pool = ledger.pool(&dag, &limits, &agents[1..], 3_000);
+        let pool = ledger.pool(&dag, &limits, &none, &agents[1..], 3_000);
         assert_eq!(pool.on("a", "x"), 0);
         // Two runs ended together: the count taken last wins, whatever order their reports
         // are read in.
-        let k = key(&dag, 1, 512);
+        let k = key(&dag, 1, None, 512);
         let seq = |idle, seq| WarmIdle { seq, ..warm(idle) };
         ledger.observe("y", k.clone(), seq(2, 11), 4_000);
         ledger.observe("y", k.clone(), seq(1, 10), 4_001);
         assert_eq!(ledger.idle("y", &k, 4_002), 2);
         ledger.observe("y", k.clone(), seq(0, 12), 4_003);
         assert_eq!(ledger.idle("y", &k, 4_004), 0);
+    }
+
+    #[test]
+    fn a_handler_stage_is_warm_only_for_its_code_version() {
+        let dag = Dag::from_yaml(
+            "h.yaml",
+            "name: h\nfunctions:\n  - { name: f, handler: ol-f }\n",
+        )
+        .unwrap();
+        let ledger = WarmLedger::default();
+        let agents = [slot("x", "m5.large")];
+        ledger.observe("x", key(&dag, 0, Some("aaaa"), 512), warm(2), 0);
+        let pool = |digests: &[(usize, &str)]| {
+            let d = digests.iter().map(|(i, s)| (*i, (*s).to_owned())).collect();
+            ledger.pool(&dag, &[512], &d, &agents, 1_000).on("f", "x")
+        };
+        assert_eq!(pool(&[(0, "aaaa")]), 2);
+        // A new version of its code: none of the old containers serve it.
+        assert_eq!(pool(&[(0, "bbbb")]), 0);
+        // Not knowing its code, nothing is counted warm.
+        assert_eq!(pool(&[]), 0);
     }
 
     #[test]
