@@ -395,6 +395,23 @@ async fn the_pages_show_a_dag_a_job_started_from_the_form_and_the_agents() {
     for baseline in ["baseline remote", "baseline direct", "baseline local"] {
         assert!(page.contains(baseline), "{baseline}");
     }
+    // Where each stage ran, and how the plan priced its start, as the job's plan says.
+    assert!(page.contains(">Start</th>"), "the stages' start");
+    let plan = s.plan.as_ref().expect("a planned job's plan");
+    for st in &plan.stages {
+        let prewarmed = plan.report["stages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|x| x["function"] == st.function.as_str() && x["prewarmed"] == true);
+        let start = match (st.warm, prewarmed) {
+            (true, _) => "warm",
+            (false, true) => "prewarmed",
+            (false, false) => "cold",
+        };
+        let row = format!("<td>{}</td><td>{}</td>", start, st.agents.join(", "));
+        assert!(page.contains(&row), "{}: {row} missing", st.function);
+    }
     let (_, live) = get(&format!("/jobs/{planned}/live")).await;
     assert!(
         live.contains("job-status") && !live.contains("<html"),

@@ -1028,6 +1028,15 @@ fn job_body(v: &JobView) -> String {
                         .map_or("-".into(), |n| n.to_string()),
                     st.concurrent.to_string(),
                     format!("{} MB", st.memory_limit_mb),
+                    // How the plan priced its first batch: in containers its agents kept warm,
+                    // in containers started while its senders ran, or cold.
+                    if st.warm {
+                        "warm".into()
+                    } else if vms.is_some_and(|x| x["prewarmed"] == true) {
+                        "prewarmed".into()
+                    } else {
+                        "cold".into()
+                    },
                     esc(&st.agents.join(", ")),
                 ]
             })
@@ -1042,6 +1051,7 @@ fn job_body(v: &JobView) -> String {
                     "Per VM ",
                     "Concurrent ",
                     "Memory limit ",
+                    "Start",
                     "Agents",
                 ],
                 &stage_rows,
