@@ -38,6 +38,17 @@ pub struct AgentSlot {
     pub vm_type: String,
 }
 
+impl From<crate::store::AgentRecord> for AgentSlot {
+    /// Where a registered agent is reached and what it stands for.
+    fn from(a: crate::store::AgentRecord) -> AgentSlot {
+        AgentSlot {
+            id: a.id,
+            url: a.url,
+            vm_type: a.vm_type,
+        }
+    }
+}
+
 /// One file an instance wrote, and where it now is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Produced {

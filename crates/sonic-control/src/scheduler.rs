@@ -1136,27 +1136,21 @@ fn job_plan(
         }
         Err(_) => {}
     }
-    let priced_warm = |i: usize| {
+    let plan_stage = |i: usize| {
         alloc
             .plan
             .stages
             .iter()
             .find(|s| s.function == dag.functions[i].name)
-            .is_some_and(|s| s.warm)
     };
+    let priced_warm = |i: usize| plan_stage(i).is_some_and(|s| s.warm);
     for (i, f) in dag.functions.iter().enumerate() {
-        if !priced_warm(i) {
+        let Some(ps) = plan_stage(i).filter(|s| s.warm) else {
             continue;
-        }
+        };
         // The first batch on each of its agents (a receiver over vm-storage runs on its
         // sender's agents, which need not be the warm ones).
-        let per_vm = alloc
-            .plan
-            .stages
-            .iter()
-            .find(|s| s.function == f.name)
-            .map_or(1, |s| s.per_vm);
-        let first = per_vm.min(alloc.concurrent[i]).max(1);
+        let first = ps.per_vm.min(alloc.concurrent[i]).max(1);
         let cold: Vec<&str> = alloc.hosts[i]
             .iter()
             .map(|&a| agents[a].id.as_str())
@@ -1268,11 +1262,7 @@ async fn run(
     let mut agents: Vec<AgentSlot> = agents
         .into_iter()
         .filter(|a| a.alive(now, timeout) && !lost.contains(&a.id))
-        .map(|a| AgentSlot {
-            id: a.id,
-            url: a.url,
-            vm_type: a.vm_type,
-        })
+        .map(AgentSlot::from)
         .collect();
     agents.sort_by(|a, b| a.id.cmp(&b.id));
     if agents.is_empty() {
@@ -1421,6 +1411,23 @@ async fn run(
     // for a sample does not make it a profiling job (its DAG's mode has hysteresis).
     let profiling = job.mode != sonic_api::control::JobMode::Planned
         && !cold_times_learned(state, rt, &dag, &job.params).await;
+    // What the agents' reports of this execution's runs are recorded under in the warm ledger,
+    // per function: the identity, code and memory limit its runs carry (none for a profiling
+    // job, whose containers serve only itself).
+    let warm_keys: Vec<String> = if profiling {
+        Vec::new()
+    } else {
+        (0..n)
+            .map(|i| {
+                let mem = alloc
+                    .as_ref()
+                    .and_then(|al| al.memory_limit_mb.get(i).copied())
+                    .unwrap_or(crate::jobs::DEFAULT_MEMORY_MB);
+                let digest = handlers.get(&i).map(|h| h.sha256.as_str());
+                crate::warm::key(&dag, i, digest, mem)
+            })
+            .collect()
+    };
     // What a stage's requests are built from: the files produced so far.
     macro_rules! stage_context {
         () => {
@@ -1655,20 +1662,10 @@ async fn run(
         let first = *first_sent.entry((i, k)).or_insert((a.started, a.sent_ms));
         match a.outcome {
             Ok((report, ended)) => {
-                // What the agent keeps warm for the function now, for the next jobs' plans
-                // (a profiling job's containers serve only itself).
-                if !profiling && let Some(w) = report.warm {
-                    let mem = alloc
-                        .as_ref()
-                        .and_then(|al| al.memory_limit_mb.get(i).copied())
-                        .unwrap_or(crate::jobs::DEFAULT_MEMORY_MB);
-                    let digest = handlers.get(&i).map(|h| h.sha256.as_str());
-                    rt.warm.observe(
-                        &agents[a.agent].id,
-                        crate::warm::key(&dag, i, digest, mem),
-                        w,
-                        state.clock.now_ms(),
-                    );
+                // What the agent keeps warm for the function now, for the next jobs' plans.
+                if let (Some(w), Some(key)) = (report.warm, warm_keys.get(i)) {
+                    rt.warm
+                        .observe(&agents[a.agent].id, key.clone(), w, state.clock.now_ms());
                 }
                 let f = Finished {
                     function: i,
@@ -2653,23 +2650,21 @@ fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
     if let Some(dag) = &p.dag {
         for (i, f) in dag.functions.iter().enumerate() {
             let runs: Vec<&FunctionRun> = p.functions.iter().filter(|r| r.name == f.name).collect();
-            let mean = |cold: bool| {
+            // The mean of what the cold (or the hot) runs measured, where they measured it.
+            let mean = |cold: bool, value: fn(&FunctionRun) -> Option<f64>| {
                 let s: Vec<f64> = runs
                     .iter()
                     .filter(|r| r.cold == cold)
-                    .map(|r| r.seconds)
+                    .filter_map(|r| value(r))
                     .collect();
                 (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64)
             };
+            let seconds = |r: &FunctionRun| Some(r.seconds);
             let overhead = p.outside_edges.get(&i).and_then(|o| stage_overhead_s(o));
             // The cold start of its cold runs: the hot time's guess until hot runs teach it.
-            let starts: Vec<f64> = runs
-                .iter()
-                .filter(|r| r.cold)
-                .filter_map(|r| r.start_latency_s.filter(|s| s.is_finite() && *s >= 0.0))
-                .collect();
-            let start =
-                (!starts.is_empty()).then(|| starts.iter().sum::<f64>() / starts.len() as f64);
+            let start = mean(true, |r| {
+                r.start_latency_s.filter(|s| s.is_finite() && *s >= 0.0)
+            });
             let memory = runs
                 .iter()
                 .filter_map(|r| r.peak_memory_mb)
@@ -2678,8 +2673,8 @@ fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
                 f.name.clone(),
                 serde_json::json!({
                     "memory_mb": memory,
-                    "cold_s": mean(true),
-                    "hot_s": mean(false),
+                    "cold_s": mean(true, seconds),
+                    "hot_s": mean(false, seconds),
                     "overhead_s": overhead,
                     "start_s": start,
                     "instances": p.instances.get(&i).copied().unwrap_or(0),

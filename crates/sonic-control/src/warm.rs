@@ -188,11 +188,7 @@ impl<'a> Source<'a> {
                 .list_agents()?
                 .into_iter()
                 .filter(|a| a.alive(now_ms, timeout))
-                .map(|a| AgentSlot {
-                    id: a.id,
-                    url: a.url,
-                    vm_type: a.vm_type,
-                })
+                .map(AgentSlot::from)
                 .collect(),
         };
         Ok(Source {

@@ -722,8 +722,10 @@ impl PlanProblem {
     /// function.
     pub fn warm_start(&self, s: usize, pl: Placement) -> bool {
         let first = self.per_vm(s, pl.vms).min(pl.concurrent).max(1);
-        let counts = &self.warm[s][pl.vm];
-        counts.iter().filter(|&&n| n >= first).count() >= pl.vms as usize
+        // Largest first: the `vms`-th largest count covers the first batch, or fewer VMs do.
+        let nth = (pl.vms as usize).checked_sub(1);
+        nth.and_then(|k| self.warm[s][pl.vm].get(k))
+            .is_some_and(|&n| n >= first)
     }
 
     /// The most VMs of type `vm` one stage may use (`None`: no limit).
@@ -812,7 +814,8 @@ impl PlanProblem {
         let b = f64::from(self.batches(s, pl));
         if self.warm_start(s, pl) {
             b * st.hot_s
-        } else if self.prewarmed(s, pl) {
+        } else if self.prewarm && !self.incoming[s].is_empty() {
+            // Prewarmed ([`PlanProblem::prewarmed`], without asking `warm_start` again).
             (st.cold_s - st.start_s) + (b - 1.0) * st.hot_s
         } else {
             st.cold_s + (b - 1.0) * st.hot_s
