@@ -204,6 +204,7 @@ mod tests {
             cold: Some(true),
             seconds: Some(0.1),
             start_latency_s: None,
+            start_contention: None,
             setup_s: None,
             warm: None,
             peak_memory_mb: None,

@@ -351,6 +351,7 @@ async fn start_run(
                 cold: None,
                 seconds: None,
                 start_latency_s: None,
+                start_contention: None,
                 setup_s: None,
                 warm: None,
                 peak_memory_mb: None,

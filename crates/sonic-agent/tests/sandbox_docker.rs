@@ -209,6 +209,10 @@ async fn second_run_of_a_warm_key_is_hot() {
         (Some(1), Some(1), Some(1))
     );
     assert!(0 < first.warm_seq && first.warm_seq < second.warm_seq);
+    // A cold run counts the container starts that shared the host with its own (at least
+    // itself); a hot one started nothing.
+    assert!(first.concurrent_starts >= Some(1), "{:?}", first.concurrent_starts);
+    assert_eq!(second.concurrent_starts, None);
 }
 
 #[tokio::test]
@@ -225,6 +229,13 @@ async fn concurrent_runs_of_one_key_get_their_own_containers() {
     assert_eq!(warm, 2);
     // The one that ended last saw both back.
     assert_eq!(ra.warm_idle.max(rb.warm_idle), Some(2));
+    // Both containers started at once: each start counts the other.
+    assert!(
+        ra.concurrent_starts >= Some(2) && rb.concurrent_starts >= Some(2),
+        "{:?} {:?}",
+        ra.concurrent_starts,
+        rb.concurrent_starts
+    );
 }
 
 #[tokio::test]
@@ -450,6 +461,8 @@ async fn prewarmed_containers_serve_the_next_runs() {
     // cold (it pays the function's initialization); the next run of the key is hot.
     let run = run.unwrap();
     assert!(run.succeeded() && run.cold, "log: {}", run.log);
+    // Its container was started before it: its own start counted no contention.
+    assert_eq!(run.concurrent_starts, None);
     let stats = stats.unwrap();
     assert_eq!((stats.started, stats.used), (2, 1));
     let hot = hot.unwrap();

@@ -304,6 +304,28 @@ pub struct WarmIdle {
     pub seq: u64,
 }
 
+/// How many environment starts shared the agent's host with a cold run's own start. Starting
+/// a container is CPU-bound: `starts` of them on `cores` cores take about
+/// [`StartContention::factor`] times as long as one alone (measured: the one Docker engine the
+/// demo's four agents share on two cores started one container in 0.20 s, two at once in 0.24 s,
+/// four in 0.5 s). The control plane learns the cold start without it (docs/model.md).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StartContention {
+    /// Environment starts by the agent's process that overlapped this run's, its own included
+    /// (the agents one process runs share its host).
+    pub starts: u32,
+    /// The cores the agent's process may use.
+    pub cores: u32,
+}
+
+impl StartContention {
+    /// How many starts shared each core: `starts / cores`, at least 1 (a lone start, or no more
+    /// starts than cores, runs at full speed).
+    pub fn factor(&self) -> f64 {
+        (f64::from(self.starts) / f64::from(self.cores.max(1))).max(1.0)
+    }
+}
+
 /// How an instance ended, as the agent reports it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -362,6 +384,11 @@ pub struct RunReport {
     pub cold: Option<bool>,
     pub seconds: Option<f64>,
     pub start_latency_s: Option<f64>,
+    /// A cold run whose container the agent started for it: how many starts shared the host
+    /// with that one ([`StartContention`]); absent for a hot run, a prewarmed container, the
+    /// process sandbox (a process spawns in a millisecond) and older agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_contention: Option<StartContention>,
     /// A handler stage: the seconds the agent spent preparing its code before the sandbox
     /// started (fetching and unpacking the lambda's tarball, building its `requirements.txt`
     /// environment: once per version, or per requirements set, on an agent; about nothing
@@ -400,6 +427,27 @@ pub struct ErrorBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// As many starts as cores or fewer run at full speed; past that, they share the cores.
+    #[test]
+    fn start_contention_is_starts_per_core_at_least_one() {
+        let f = |starts, cores| StartContention { starts, cores }.factor();
+        assert_eq!((f(1, 2), f(2, 2), f(4, 2), f(3, 2)), (1.0, 1.0, 2.0, 1.5));
+        assert_eq!((f(0, 2), f(3, 0)), (1.0, 3.0));
+        let report: RunReport = serde_json::from_value(serde_json::json!({
+            "run_id": "r", "status": "succeeded", "cold": true, "seconds": 0.5,
+            "start_latency_s": 0.4, "start_contention": {"starts": 4, "cores": 2},
+            "peak_memory_mb": 40.0, "exit_code": 0, "error": null,
+        }))
+        .expect("report");
+        assert_eq!(
+            report.start_contention,
+            Some(StartContention {
+                starts: 4,
+                cores: 2
+            })
+        );
+    }
 
     /// A handler stage's setup time travels with its report; a report without it (an
     /// executable's, or an older agent's) reads as none.

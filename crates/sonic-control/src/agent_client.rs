@@ -297,6 +297,7 @@ pub fn succeeded(req: &RunRequest) -> RunReport {
         cold: Some(true),
         seconds: Some(0.0),
         start_latency_s: Some(0.0),
+        start_contention: None,
         setup_s: None,
         warm: None,
         peak_memory_mb: None,

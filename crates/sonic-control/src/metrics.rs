@@ -382,6 +382,7 @@ mod tests {
             cold,
             seconds: 1.0,
             start_latency_s: None,
+            start_contention: None,
             peak_memory_mb: None,
             attempts: 1,
             started_s: Some(0.0),

@@ -198,6 +198,7 @@ mod tests {
             cold: None,
             seconds: None,
             start_latency_s: None,
+            start_contention: None,
             setup_s: None,
             warm: None,
             peak_memory_mb: None,

@@ -2608,6 +2608,7 @@ mod tests {
             cold: Some(true),
             seconds: Some(0.5),
             start_latency_s: None,
+            start_contention: None,
             setup_s: None,
             warm: None,
             peak_memory_mb: None,

@@ -69,6 +69,7 @@ fn report(run_id: &str, status: RunStatus) -> RunReport {
         cold: Some(false),
         seconds: Some(0.0),
         start_latency_s: None,
+        start_contention: None,
         setup_s: None,
         warm: None,
         peak_memory_mb: None,

@@ -437,6 +437,7 @@ mod tests {
             cold: false,
             seconds: ended - started,
             start_latency_s: None,
+            start_contention: None,
             peak_memory_mb: None,
             attempts: 1,
             started_s: Some(started),

@@ -57,7 +57,7 @@ use tokio::io::AsyncBufReadExt;
 use super::cgroup::{CGROUP_ROOT, MemoryCgroup, Version};
 use super::fsutil::{link_tree, move_tree, quota_exceeded, remove_tree, tail_file, tree_bytes};
 use super::process::{sanitize, validate};
-use super::{PrewarmStats, RunOutcome, RunSpec, Sandbox, SandboxError, Termination, sys};
+use super::{PrewarmStats, RunOutcome, RunSpec, STARTS, Sandbox, SandboxError, Termination, sys};
 
 /// Where the per-container folders are mounted in the container.
 const IN_DIR: &str = "/sonic/in";
@@ -317,14 +317,15 @@ impl Sandbox for DockerSandbox {
             .map(|m| m.get(&key).map_or(0, Vec::len))
             .unwrap_or(0);
         let missing = count.saturating_sub(have);
-        let created =
-            futures::future::join_all((0..missing).map(|_| self.inner.create(spec, key.clone())))
-                .await;
+        let created = futures::future::join_all(
+            (0..missing).map(|_| self.inner.create_counted(spec, key.clone())),
+        )
+        .await;
         let mut started = 0;
         let mut failed = None;
         for c in created {
             match c {
-                Ok(mut c) => {
+                Ok((mut c, _)) => {
                     c.prewarmed = true;
                     started += 1;
                     let mut lease = Lease {
@@ -363,6 +364,7 @@ impl Sandbox for DockerSandbox {
         for c in expired {
             self.inner.remove(c.id, c.dir).await;
         }
+        let mut concurrent_starts = None;
         let (container, cold) = match taken {
             Some(mut c) => {
                 let prewarmed = std::mem::take(&mut c.prewarmed);
@@ -374,7 +376,11 @@ impl Sandbox for DockerSandbox {
                 // taken off it: its start latency).
                 (c, prewarmed)
             }
-            None => (self.inner.create(&spec, key).await?, true),
+            None => {
+                let (c, starts) = self.inner.create_counted(&spec, key).await?;
+                concurrent_starts = Some(starts);
+                (c, true)
+            }
         };
         let mut lease = Lease {
             inner: self.inner.clone(),
@@ -393,6 +399,7 @@ impl Sandbox for DockerSandbox {
                 let (idle, seq) = self.inner.idle_count(&PoolKey::of(&spec));
                 outcome.warm_idle = Some(idle);
                 outcome.warm_seq = seq;
+                outcome.concurrent_starts = concurrent_starts;
                 Ok(outcome)
             }
             Err(e) => {
@@ -498,6 +505,18 @@ impl Inner {
             idle.remove(key);
         }
         (c, expired)
+    }
+
+    /// [`Inner::create`], counted among this process's environment starts: the container, and
+    /// how many starts overlapped its own (its own included).
+    async fn create_counted(
+        &self,
+        spec: &RunSpec,
+        key: PoolKey,
+    ) -> Result<(Container, u32), SandboxError> {
+        let ticket = STARTS.begin();
+        let c = self.create(spec, key).await?;
+        Ok((c, ticket.overlapping()))
     }
 
     async fn create(&self, spec: &RunSpec, key: PoolKey) -> Result<Container, SandboxError> {
@@ -852,6 +871,7 @@ impl Inner {
                 log,
                 warm_idle: None,
                 warm_seq: 0,
+                concurrent_starts: None,
             },
             reusable,
         ))

@@ -3,6 +3,7 @@
 //! This file is the contract between the sandboxes and the agent; keep its names stable.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 mod cgroup;
@@ -19,6 +20,69 @@ pub use process::{CgroupMode, ProcessConfig, ProcessSandbox};
 fn next_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Environment starts in flight and begun: how many starts a cold run's shared the host with
+/// (`sonic_api::agent::StartContention`).
+#[derive(Debug, Default)]
+pub(crate) struct StartGauge {
+    in_flight: AtomicU32,
+    begun: AtomicU64,
+}
+
+/// This process's starts, every sandbox and agent of it together (the agents one process runs
+/// share its host and its cores).
+pub(crate) static STARTS: StartGauge = StartGauge::new();
+
+impl StartGauge {
+    pub(crate) const fn new() -> StartGauge {
+        StartGauge {
+            in_flight: AtomicU32::new(0),
+            begun: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a start in until the ticket is dropped (so a start abandoned midway does not
+    /// stay counted).
+    pub(crate) fn begin(&self) -> StartTicket<'_> {
+        let in_flight = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        let begun = self.begun.fetch_add(1, Ordering::SeqCst) + 1;
+        StartTicket {
+            gauge: self,
+            in_flight,
+            begun,
+        }
+    }
+}
+
+/// One environment start in flight (a container's creation).
+#[derive(Debug)]
+pub(crate) struct StartTicket<'a> {
+    gauge: &'a StartGauge,
+    /// Starts in flight when this one began, itself included.
+    in_flight: u32,
+    /// The gauge's starts begun once this one began.
+    begun: u64,
+}
+
+impl StartTicket<'_> {
+    /// The starts that overlapped this one so far, its own included: those in flight when it
+    /// began and those begun since.
+    pub(crate) fn overlapping(&self) -> u32 {
+        let since = self
+            .gauge
+            .begun
+            .load(Ordering::SeqCst)
+            .saturating_sub(self.begun);
+        self.in_flight
+            .saturating_add(u32::try_from(since).unwrap_or(u32::MAX))
+    }
+}
+
+impl Drop for StartTicket<'_> {
+    fn drop(&mut self) {
+        self.gauge.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Everything a sandbox needs to run one function instance.
@@ -111,6 +175,10 @@ pub struct RunOutcome {
     /// larger number (taken under the pool's lock), so that reports read out of order are
     /// put back in order; 0 with no count.
     pub warm_seq: u64,
+    /// A cold run whose environment this run started (a container created for it): the
+    /// environment starts of this process that overlapped that one, its own included
+    /// ([`StartTicket::overlapping`]); `None` for a hot run, a prewarmed container and the process sandbox.
+    pub concurrent_starts: Option<u32>,
 }
 
 impl RunOutcome {
@@ -168,4 +236,28 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
 pub struct PrewarmStats {
     pub started: u64,
     pub used: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A start counts those in flight when it began and those begun while it ran, its own
+    /// included; one that ended is no longer in flight.
+    #[test]
+    fn a_start_counts_the_starts_that_overlapped_it() {
+        let gauge = StartGauge::new();
+        let alone = gauge.begin();
+        assert_eq!(alone.overlapping(), 1);
+        drop(alone);
+        let a = gauge.begin();
+        let b = gauge.begin();
+        assert_eq!((a.overlapping(), b.overlapping()), (2, 2));
+        drop(a);
+        let c = gauge.begin();
+        // b saw a (in flight when it began) and c (begun since); c sees only b.
+        assert_eq!((b.overlapping(), c.overlapping()), (3, 2));
+        drop((b, c));
+        assert_eq!(gauge.begin().overlapping(), 1);
+    }
 }

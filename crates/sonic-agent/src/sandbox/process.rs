@@ -348,6 +348,7 @@ impl ProcessSandbox {
                 log: message,
                 warm_idle: None,
                 warm_seq: 0,
+                concurrent_starts: None,
             }),
             Err(e) => Err(e),
         };
@@ -496,6 +497,7 @@ impl ProcessSandbox {
             log,
             warm_idle: None,
             warm_seq: 0,
+            concurrent_starts: None,
         })
     }
 }
