@@ -211,7 +211,11 @@ async fn second_run_of_a_warm_key_is_hot() {
     assert!(0 < first.warm_seq && first.warm_seq < second.warm_seq);
     // A cold run counts the container starts that shared the host with its own (at least
     // itself); a hot one started nothing.
-    assert!(first.concurrent_starts >= Some(1), "{:?}", first.concurrent_starts);
+    assert!(
+        first.concurrent_starts >= Some(1),
+        "{:?}",
+        first.concurrent_starts
+    );
     assert_eq!(second.concurrent_starts, None);
 }
 

@@ -560,6 +560,7 @@ impl Runtime {
     fn release(&self, job: &str) {
         self.granted().remove(job);
         self.resources.release(job);
+        self.warm.release_job(job);
     }
 
     /// Forgets a job that ended: its cancel token, its progress, what it holds.
@@ -1428,6 +1429,17 @@ async fn run(
             })
             .collect()
     };
+    // The warm containers this job's first batches will take on the agents it was granted:
+    // the next jobs' plans no longer count them (released as its runs report, or at its end).
+    if let Some(a) = &alloc {
+        let now = state.clock.now_ms();
+        for (i, key) in warm_keys.iter().enumerate() {
+            for (agent, k) in a.permits(i) {
+                let want = u32::try_from(k).unwrap_or(u32::MAX);
+                rt.warm.claim(&job.id, &agents[agent].id, key, want, now);
+            }
+        }
+    }
     // What a stage's requests are built from: the files produced so far.
     macro_rules! stage_context {
         () => {
@@ -1663,9 +1675,12 @@ async fn run(
         match a.outcome {
             Ok((report, ended)) => {
                 // What the agent keeps warm for the function now, for the next jobs' plans.
-                if let (Some(w), Some(key)) = (report.warm, warm_keys.get(i)) {
-                    rt.warm
-                        .observe(&agents[a.agent].id, key.clone(), w, state.clock.now_ms());
+                if let Some(key) = warm_keys.get(i) {
+                    rt.warm.started(&job.id, &agents[a.agent].id, key);
+                    if let Some(w) = report.warm {
+                        rt.warm
+                            .observe(&agents[a.agent].id, key.clone(), w, state.clock.now_ms());
+                    }
                 }
                 let f = Finished {
                     function: i,

@@ -46,15 +46,40 @@ struct Seen {
     until_ms: i64,
 }
 
-/// The agents' latest word on what they keep warm (see the module's documentation).
+/// The agents' latest word on what they keep warm (see the module's documentation), less what
+/// jobs granted those agents are about to take.
 #[derive(Debug, Default)]
 pub struct WarmLedger {
-    entries: Mutex<HashMap<(String, String), Seen>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Per (agent, key): its latest word.
+    entries: HashMap<(String, String), Seen>,
+    /// Per (agent, key): per job, the warm containers the job was granted the agent for and
+    /// has not started on yet ([`WarmLedger::claim`]).
+    claims: HashMap<(String, String), BTreeMap<String, u32>>,
+}
+
+impl State {
+    fn claimed(&self, k: &(String, String)) -> u32 {
+        self.claims
+            .get(k)
+            .map_or(0, |c| c.values().fold(0u32, |a, n| a.saturating_add(*n)))
+    }
+
+    fn idle(&self, k: &(String, String), now_ms: i64) -> u32 {
+        self.entries
+            .get(k)
+            .filter(|s| s.until_ms > now_ms)
+            .map_or(0, |s| s.idle.saturating_sub(self.claimed(k)))
+    }
 }
 
 impl WarmLedger {
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Seen>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records what `agent` said it keeps for `key` once a run ended at `now_ms`; a count the
@@ -67,7 +92,8 @@ impl WarmLedger {
             seq: warm.seq,
             until_ms: now_ms.saturating_add(keep_ms),
         };
-        let mut entries = self.entries();
+        let mut state = self.state();
+        let entries = &mut state.entries;
         let k = (agent.to_owned(), key);
         if let Some(old) = entries.get(&k)
             && seen.seq != 0
@@ -94,15 +120,59 @@ impl WarmLedger {
 
     /// Forgets what `agent` kept (it restarted or was lost: its containers went with it).
     pub fn forget_agent(&self, agent: &str) {
-        self.entries().retain(|(a, _), _| a != agent);
+        let mut state = self.state();
+        state.entries.retain(|(a, _), _| a != agent);
+        state.claims.retain(|(a, _), _| a != agent);
     }
 
-    /// The idle warm environments `agent` keeps for `key` at `now_ms`.
+    /// The idle warm environments `agent` keeps for `key` at `now_ms`, less those claimed by
+    /// jobs granted the agent that have not started on it yet.
     pub fn idle(&self, agent: &str, key: &str, now_ms: i64) -> u32 {
-        self.entries()
-            .get(&(agent.to_owned(), key.to_owned()))
-            .filter(|s| s.until_ms > now_ms)
-            .map_or(0, |s| s.idle)
+        self.state()
+            .idle(&(agent.to_owned(), key.to_owned()), now_ms)
+    }
+
+    /// `job` was granted `agent` for a stage whose first batch runs `want` lambdas of `key`
+    /// there: it takes up to that many of the agent's unclaimed idle warm environments, which
+    /// the plans of other jobs no longer count ([`WarmLedger::idle`]) until the job's first
+    /// report of `key` from the agent ([`WarmLedger::started`]) or its end
+    /// ([`WarmLedger::release_job`]). Without it, two jobs planned together were both priced
+    /// on the same containers, and one of them then started cold. Returns how many it took.
+    pub fn claim(&self, job: &str, agent: &str, key: &str, want: u32, now_ms: i64) -> u32 {
+        let mut state = self.state();
+        let k = (agent.to_owned(), key.to_owned());
+        let n = state.idle(&k, now_ms).min(want);
+        if n > 0 {
+            let mine = state
+                .claims
+                .entry(k)
+                .or_default()
+                .entry(job.to_owned())
+                .or_insert(0);
+            *mine = mine.saturating_add(n);
+        }
+        n
+    }
+
+    /// A run of `job` for `key` on `agent` reported: the agent's counts say from now on what the
+    /// job took, so its claim there ends.
+    pub fn started(&self, job: &str, agent: &str, key: &str) {
+        let mut state = self.state();
+        let k = (agent.to_owned(), key.to_owned());
+        if let Some(c) = state.claims.get_mut(&k) {
+            c.remove(job);
+            if c.is_empty() {
+                state.claims.remove(&k);
+            }
+        }
+    }
+
+    /// `job` ended (or gave its grant back): whatever it still claimed is free again.
+    pub fn release_job(&self, job: &str) {
+        self.state().claims.retain(|_, c| {
+            c.remove(job);
+            !c.is_empty()
+        });
     }
 
     /// What `agents` keep warm for each function of `dag` whose runs get these memory limits
@@ -350,13 +420,51 @@ mod tests {
         assert_eq!(pool(&[]), 0);
     }
 
+    /// A job granted an agent takes its warm containers out of the next plans' count until its
+    /// first run there reports (the agent's count then says it) or it ends.
+    #[test]
+    fn a_granted_jobs_warm_containers_are_not_counted_for_others() {
+        let ledger = WarmLedger::default();
+        ledger.observe("x", "k".into(), warm(3), 0);
+        ledger.observe("y", "k".into(), warm(1), 0);
+        assert_eq!(ledger.claim("j1", "x", "k", 2, 10), 2);
+        assert_eq!(ledger.idle("x", "k", 20), 1);
+        // A second job takes what is left, no more.
+        assert_eq!(ledger.claim("j2", "x", "k", 4, 20), 1);
+        assert_eq!(ledger.idle("x", "k", 30), 0);
+        assert_eq!(ledger.claim("j3", "x", "k", 1, 30), 0);
+        // Nothing to take where nothing is warm; other agents and keys untouched.
+        assert_eq!(ledger.claim("j1", "z", "k", 2, 30), 0);
+        assert_eq!(
+            (ledger.idle("y", "k", 30), ledger.idle("x", "other", 30)),
+            (1, 0)
+        );
+        // j1's first run on x reported (with the agent's count after it): its claim ends.
+        ledger.started("j1", "x", "k");
+        ledger.observe("x", "k".into(), warm(2), 40);
+        assert_eq!(
+            ledger.idle("x", "k", 50),
+            1,
+            "2 idle, 1 still claimed by j2"
+        );
+        // j2 ended without a run there (cancelled): its claim goes.
+        ledger.release_job("j2");
+        assert_eq!(ledger.idle("x", "k", 60), 2);
+        // A lost agent's claims go with its entries.
+        assert_eq!(ledger.claim("j4", "y", "k", 1, 60), 1);
+        ledger.forget_agent("y");
+        ledger.observe("y", "k".into(), warm(1), 70);
+        assert_eq!(ledger.idle("y", "k", 80), 1);
+        assert!(ledger.state().claims.keys().all(|(a, _)| a != "y"));
+    }
+
     #[test]
     fn the_ledger_is_bounded() {
         let ledger = WarmLedger::default();
         for n in 0..(MAX_ENTRIES + 10) {
             ledger.observe("a", format!("k{n}"), warm(1), n as i64);
         }
-        assert_eq!(ledger.entries().len(), MAX_ENTRIES);
+        assert_eq!(ledger.state().entries.len(), MAX_ENTRIES);
         // The ones ending soonest went.
         assert_eq!(ledger.idle("a", "k0", 0), 0);
         assert_eq!(ledger.idle("a", &format!("k{}", MAX_ENTRIES + 9), 0), 1);
