@@ -1530,8 +1530,18 @@ async fn dag_plan(
     let budget = state.plan_budget();
     let (catalog, bandwidth) = state.planning_catalog();
     let lookup = name.clone();
-    // Handlers are not resolved here: their stages count as keeping nothing warm.
-    let warm = warm_inputs(&state, Default::default());
+    // The code digest of each handler stage, read from the registry (nothing is stored), so
+    // that their warm containers count as a job's would.
+    let digests = match &state.jobs {
+        Some(rt) => state
+            .db
+            .parsed_dag(&name)
+            .await?
+            .map(|p| crate::handlers::digests(rt, &p.dag))
+            .unwrap_or_default(),
+        None => Default::default(),
+    };
+    let warm = warm_inputs(&state, digests);
     let planned = state
         .db
         .run(move |db| {

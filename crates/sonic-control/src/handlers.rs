@@ -10,6 +10,24 @@ use sonic_core::dag::Dag;
 
 use crate::scheduler::Runtime;
 
+/// The code digest of every handler stage of `dag` whose lambda is registered with its tarball
+/// (by function index), as [`resolve`] would give it, without storing anything: what planning
+/// needs to count the stage's warm containers. A stage whose lambda is not is left out (its
+/// job would fail at [`resolve`]).
+pub fn digests(rt: &Runtime, dag: &Dag) -> BTreeMap<usize, String> {
+    let Some(registry) = rt.handlers() else {
+        return BTreeMap::new();
+    };
+    dag.functions
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| {
+            let package = registry.package(f.handler.as_deref()?)?;
+            Some((i, package.sha256))
+        })
+        .collect()
+}
+
 /// The handler of every function of `dag` that names one (by function index), with its tarball
 /// in the store. Fails, naming the function and the lambda, when a lambda is not registered, the
 /// control plane has no OpenLambda registry, or the tarball cannot be stored.

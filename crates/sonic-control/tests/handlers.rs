@@ -431,6 +431,28 @@ async fn mixed_dag_under_every_policy(sandbox: SandboxChoice) {
     for (i, files) in all.iter().enumerate().skip(1) {
         assert_eq!(files, &all[0], "policy {i} differs from remote");
     }
+    // The jobs above left their stages' containers warm; the plan route reads the handler
+    // stages' code digests from the registry, so it counts theirs as a job's plan would.
+    let plan = c
+        .get_json(&format!("/v1/dags/mixed/plan?input_bytes={}", data.len()))
+        .await;
+    let warm: Vec<(&str, bool)> = plan["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .map(|s| {
+            (
+                s["function"].as_str().unwrap_or(""),
+                s["warm"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect();
+    for handler in ["split", "count"] {
+        assert!(
+            warm.contains(&(handler, true)),
+            "{handler} priced cold: {warm:?} {plan}"
+        );
+    }
     c.stop().await;
 }
 
