@@ -593,15 +593,6 @@ impl FetchLocks {
     }
 }
 
-/// The cores this process may use (its CPU affinity and cgroup quota), read once.
-fn host_cores() -> u32 {
-    static CORES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *CORES.get_or_init(|| {
-        std::thread::available_parallelism()
-            .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
-    })
-}
-
 /// Runs the request to its end and returns the report (never panics on bad input: errors become an
 /// `Error` report).
 pub async fn execute(state: Arc<AgentState>, req: RunRequest) -> RunReport {
@@ -760,13 +751,7 @@ async fn run_inner(
         keep_alive_s: state.config.warm_idle_s,
         seq: outcome.warm_seq,
     });
-    report.start_contention =
-        outcome
-            .concurrent_starts
-            .map(|starts| sonic_api::agent::StartContention {
-                starts,
-                cores: host_cores(),
-            });
+    report.start_contention = outcome.start_contention;
     let mut peak = outcome.peak_memory_bytes;
     if req.handler.is_some() {
         let usage = handler_usage(&output_dir);

@@ -211,12 +211,11 @@ async fn second_run_of_a_warm_key_is_hot() {
     assert!(0 < first.warm_seq && first.warm_seq < second.warm_seq);
     // A cold run counts the container starts that shared the host with its own (at least
     // itself); a hot one started nothing.
-    assert!(
-        first.concurrent_starts >= Some(1),
-        "{:?}",
-        first.concurrent_starts
-    );
-    assert_eq!(second.concurrent_starts, None);
+    let c = first
+        .start_contention
+        .expect("a cold run's start contention");
+    assert!(c.starts >= 1 && c.cores >= 1, "{c:?}");
+    assert_eq!(second.start_contention, None);
 }
 
 #[tokio::test]
@@ -234,11 +233,12 @@ async fn concurrent_runs_of_one_key_get_their_own_containers() {
     // The one that ended last saw both back.
     assert_eq!(ra.warm_idle.max(rb.warm_idle), Some(2));
     // Both containers started at once: each start counts the other.
+    let starts = |r: &RunOutcome| r.start_contention.map_or(0, |c| c.starts);
     assert!(
-        ra.concurrent_starts >= Some(2) && rb.concurrent_starts >= Some(2),
+        starts(&ra) >= 2 && starts(&rb) >= 2,
         "{:?} {:?}",
-        ra.concurrent_starts,
-        rb.concurrent_starts
+        ra.start_contention,
+        rb.start_contention
     );
 }
 
@@ -466,7 +466,7 @@ async fn prewarmed_containers_serve_the_next_runs() {
     let run = run.unwrap();
     assert!(run.succeeded() && run.cold, "log: {}", run.log);
     // Its container was started before it: its own start counted no contention.
-    assert_eq!(run.concurrent_starts, None);
+    assert_eq!(run.start_contention, None);
     let stats = stats.unwrap();
     assert_eq!((stats.started, stats.used), (2, 1));
     let hot = hot.unwrap();

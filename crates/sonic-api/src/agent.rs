@@ -314,7 +314,8 @@ pub struct StartContention {
     /// Environment starts by the agent's process that overlapped this run's, its own included
     /// (the agents one process runs share its host).
     pub starts: u32,
-    /// The cores the agent's process may use.
+    /// The cores they shared: the Docker engine's CPUs (`docker info`'s `NCPU`; the agent
+    /// process's own when the engine does not say).
     pub cores: u32,
 }
 

@@ -228,7 +228,7 @@ pub struct FunctionRun {
     /// was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_latency_s: Option<f64>,
-    /// How many container starts shared the agent's host with this run's (its report's
+    /// How many container starts shared the engine's cores with this run's (its report's
     /// `start_contention`); the cold start is learned as if it had run alone on a core
     /// (docs/model.md). Absent when the agent did not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]

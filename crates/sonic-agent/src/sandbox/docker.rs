@@ -57,6 +57,8 @@ use tokio::io::AsyncBufReadExt;
 use super::cgroup::{CGROUP_ROOT, MemoryCgroup, Version};
 use super::fsutil::{link_tree, move_tree, quota_exceeded, remove_tree, tail_file, tree_bytes};
 use super::process::{sanitize, validate};
+use sonic_api::agent::StartContention;
+
 use super::{PrewarmStats, RunOutcome, RunSpec, STARTS, Sandbox, SandboxError, Termination, sys};
 
 /// Where the per-container folders are mounted in the container.
@@ -185,6 +187,9 @@ struct Inner {
     live: Mutex<HashMap<String, PathBuf>>,
     owner: String,
     prewarm: Mutex<PrewarmStats>,
+    /// The engine's CPUs (`docker info`'s `NCPU`; this process's when it does not say): the
+    /// cores its container starts share.
+    engine_cores: u32,
 }
 
 /// Runs instances in Docker containers.
@@ -237,10 +242,21 @@ impl DockerSandbox {
                 }
             };
         fs::create_dir_all(&config.work_dir)?;
+        let engine_cores =
+            match tokio::time::timeout(config.connect_timeout, docker.info()).await {
+                Ok(Ok(info)) => info.ncpu.and_then(|n| u32::try_from(n).ok()),
+                _ => None,
+            }
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+            });
         let version = docker.client_version();
         tracing::info!(
             api = %format!("{}.{}", version.major_version, version.minor_version),
             work_dir = %config.work_dir.display(),
+            engine_cores,
             "docker sandbox connected"
         );
         let inner = Arc::new(Inner {
@@ -250,6 +266,7 @@ impl DockerSandbox {
             live: Mutex::new(HashMap::new()),
             owner: owner_token(std::process::id()).unwrap_or_default(),
             prewarm: Mutex::new(PrewarmStats::default()),
+            engine_cores,
         });
         if let Err(e) = inner.remove_stale().await {
             tracing::warn!(error = %e, "cannot clean up containers of earlier agents");
@@ -364,7 +381,7 @@ impl Sandbox for DockerSandbox {
         for c in expired {
             self.inner.remove(c.id, c.dir).await;
         }
-        let mut concurrent_starts = None;
+        let mut start_contention = None;
         let (container, cold) = match taken {
             Some(mut c) => {
                 let prewarmed = std::mem::take(&mut c.prewarmed);
@@ -378,7 +395,10 @@ impl Sandbox for DockerSandbox {
             }
             None => {
                 let (c, starts) = self.inner.create_counted(&spec, key).await?;
-                concurrent_starts = Some(starts);
+                start_contention = Some(StartContention {
+                    starts,
+                    cores: self.inner.engine_cores,
+                });
                 (c, true)
             }
         };
@@ -399,7 +419,7 @@ impl Sandbox for DockerSandbox {
                 let (idle, seq) = self.inner.idle_count(&PoolKey::of(&spec));
                 outcome.warm_idle = Some(idle);
                 outcome.warm_seq = seq;
-                outcome.concurrent_starts = concurrent_starts;
+                outcome.start_contention = start_contention;
                 Ok(outcome)
             }
             Err(e) => {
@@ -871,7 +891,7 @@ impl Inner {
                 log,
                 warm_idle: None,
                 warm_seq: 0,
-                concurrent_starts: None,
+                start_contention: None,
             },
             reusable,
         ))

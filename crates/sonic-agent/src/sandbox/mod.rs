@@ -177,8 +177,9 @@ pub struct RunOutcome {
     pub warm_seq: u64,
     /// A cold run whose environment this run started (a container created for it): the
     /// environment starts of this process that overlapped that one, its own included
-    /// ([`StartTicket::overlapping`]); `None` for a hot run, a prewarmed container and the process sandbox.
-    pub concurrent_starts: Option<u32>,
+    /// ([`StartTicket::overlapping`]), and the cores they shared; `None` for a hot run, a
+    /// prewarmed container and the process sandbox.
+    pub start_contention: Option<sonic_api::agent::StartContention>,
 }
 
 impl RunOutcome {

@@ -348,7 +348,7 @@ impl ProcessSandbox {
                 log: message,
                 warm_idle: None,
                 warm_seq: 0,
-                concurrent_starts: None,
+                start_contention: None,
             }),
             Err(e) => Err(e),
         };
@@ -497,7 +497,7 @@ impl ProcessSandbox {
             log,
             warm_idle: None,
             warm_seq: 0,
-            concurrent_starts: None,
+            start_contention: None,
         })
     }
 }
