@@ -1121,28 +1121,6 @@ async fn submit_job(
 }
 
 /// Checks, plans and starts a job: what `POST /v1/jobs` and the dashboard's run form do.
-/// A submission's warm claims ([`crate::warm::WarmLedger::claim_plan`]), given back when it
-/// fails before its job is handed to the executor (which gives them back when the job ends).
-struct WarmClaims<'a> {
-    ledger: &'a crate::warm::WarmLedger,
-    job: &'a str,
-    armed: bool,
-}
-
-impl WarmClaims<'_> {
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for WarmClaims<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.ledger.release_job(self.job);
-        }
-    }
-}
-
 pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted, ApiError> {
     let rt = state.jobs.clone().ok_or_else(|| {
         ApiError::Unavailable("this control plane runs no jobs: it has no object store".into())
@@ -1239,22 +1217,6 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
         digests,
     )
     .await?;
-    // The warm containers its plan was priced with are this job's from now on: the plans of
-    // jobs submitted before it is granted do not count them (given back if it is not
-    // submitted after all).
-    let claims = WarmClaims {
-        ledger: &rt.warm,
-        job: &job_id,
-        armed: true,
-    };
-    if let Some(p) = &choice.planned {
-        rt.warm.claim_plan(
-            &job_id,
-            &p.warm,
-            &p.outcome.best.stages,
-            state.clock.now_ms(),
-        );
-    }
     if let Some(p) = choice.planned.as_mut() {
         // Why this plan: what the baselines would predict at the same parameters.
         let (catalog, _) = state.planning_catalog();
@@ -1311,7 +1273,6 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
     // span, so that the submission's span ends with the submission.
     let span = tracing::info_span!(parent: None, "job", job = %job_id, dag = %record.dag, policy = %choice.policy);
     drop(submitting);
-    claims.disarm();
     rt.spawn_job(tracing::Instrument::instrument(
         crate::scheduler::execute(
             state.clone(),

@@ -1433,8 +1433,6 @@ async fn run(
     // the next jobs' plans no longer count them (released as its runs report, or at its end).
     if let Some(a) = &alloc {
         let now = state.clock.now_ms();
-        // What it claimed when it was planned is replaced by what it was granted.
-        rt.warm.release_job(&job.id);
         for (i, key) in warm_keys.iter().enumerate() {
             for (agent, k) in a.permits(i) {
                 let want = u32::try_from(k).unwrap_or(u32::MAX);

@@ -17,7 +17,6 @@ use std::sync::Mutex;
 use sonic_api::agent::WarmIdle;
 use sonic_core::dag::Dag;
 use sonic_core::params::Params;
-use sonic_core::planner::PlanStage;
 
 use crate::jobs::AgentSlot;
 use crate::store::{Db, StoreError};
@@ -188,7 +187,6 @@ impl WarmLedger {
         now_ms: i64,
     ) -> WarmPool {
         let mut functions = BTreeMap::new();
-        let mut keys = BTreeMap::new();
         for (i, f) in dag.functions.iter().enumerate() {
             let Some(&mem) = memory_limit_mb.get(i) else {
                 continue;
@@ -198,7 +196,6 @@ impl WarmLedger {
                 continue;
             }
             let k = key(dag, i, digest, mem);
-            keys.insert(f.name.clone(), k.clone());
             let on: BTreeMap<String, (String, u32)> = agents
                 .iter()
                 .filter_map(|a| {
@@ -212,33 +209,7 @@ impl WarmLedger {
         }
         WarmPool {
             functions,
-            keys,
             prewarm: false,
-        }
-    }
-
-    /// `job`'s plan was priced with `pool`: for each stage it prices warm, the job claims the
-    /// first batch's warm environments on the agents the resource manager will prefer (the
-    /// stage's `vms` agents of its VM type keeping the most, `Offer::warm`), so that jobs
-    /// planned before it is granted are not priced on them too. The claims end as
-    /// [`WarmLedger::claim`]'s do; the job's grant claims again where it was granted.
-    pub fn claim_plan(&self, job: &str, pool: &WarmPool, stages: &[PlanStage], now_ms: i64) {
-        for s in stages.iter().filter(|s| s.warm) {
-            let (Some(key), Some(on)) =
-                (pool.keys.get(&s.function), pool.functions.get(&s.function))
-            else {
-                continue;
-            };
-            let mut agents: Vec<(&String, u32)> = on
-                .iter()
-                .filter(|(_, (t, _))| *t == s.vm_type)
-                .map(|(a, (_, n))| (a, *n))
-                .collect();
-            agents.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-            let want = s.per_vm.min(s.concurrent).max(1);
-            for (agent, _) in agents.into_iter().take(s.vms as usize) {
-                self.claim(job, agent, key, want, now_ms);
-            }
         }
     }
 }
@@ -323,8 +294,6 @@ pub struct WarmPool {
     /// Per function name: per agent id, its VM type and how many idle warm environments of the
     /// function it keeps (agents with none left out).
     pub functions: BTreeMap<String, BTreeMap<String, (String, u32)>>,
-    /// Per function name: the ledger key its runs keep containers warm under.
-    pub keys: BTreeMap<String, String>,
     /// The executor starts each stage's containers while its senders run (prewarming), so the
     /// plan prices those stages' first batches without the cold start.
     pub prewarm: bool,
@@ -487,59 +456,6 @@ mod tests {
         ledger.observe("y", "k".into(), warm(1), 70);
         assert_eq!(ledger.idle("y", "k", 80), 1);
         assert!(ledger.state().claims.keys().all(|(a, _)| a != "y"));
-    }
-
-    /// A plan priced warm claims the first batch on the agents of the stage's type keeping the
-    /// most (those the resource manager grants): the next plan sees what is left.
-    #[test]
-    fn a_plan_claims_the_warm_containers_it_was_priced_with() {
-        let dag = Dag::from_yaml("d.yaml", DAG).unwrap();
-        let ledger = WarmLedger::default();
-        let agents = [
-            slot("x", "m5.large"),
-            slot("y", "m5.large"),
-            slot("z", "c5.large"),
-        ];
-        let a = key(&dag, 0, None, 512);
-        let b = key(&dag, 1, None, 512);
-        ledger.observe("x", a.clone(), warm(1), 0);
-        ledger.observe("y", a.clone(), warm(3), 0);
-        ledger.observe("z", a.clone(), warm(3), 0);
-        ledger.observe("x", b.clone(), warm(2), 0);
-        let none = BTreeMap::new();
-        let pool = ledger.pool(&dag, &[512, 512], &none, &agents, 10);
-        assert_eq!(pool.keys.get("a"), Some(&a));
-        let stage = |f: &str, vms, per_vm, concurrent, warm| PlanStage {
-            function: f.into(),
-            vm_type: "m5.large".into(),
-            vms,
-            per_vm,
-            concurrent,
-            warm,
-            prewarmed: false,
-        };
-        // a: one m5.large VM, 4 lambdas 2 at a time: y (3 warm) is preferred, 2 claimed there.
-        // b: priced cold, nothing claimed.
-        ledger.claim_plan(
-            "j1",
-            &pool,
-            &[stage("a", 1, 4, 2, true), stage("b", 1, 2, 2, false)],
-            10,
-        );
-        assert_eq!(
-            (
-                ledger.idle("y", &a, 20),
-                ledger.idle("x", &a, 20),
-                ledger.idle("z", &a, 20),
-                ledger.idle("x", &b, 20)
-            ),
-            (1, 1, 3, 2)
-        );
-        // The next plan is priced with what is left.
-        let next = ledger.pool(&dag, &[512, 512], &none, &agents, 20);
-        assert_eq!((next.on("a", "y"), next.on("a", "x")), (1, 1));
-        ledger.release_job("j1");
-        assert_eq!(ledger.idle("y", &a, 30), 3);
     }
 
     #[test]
