@@ -771,6 +771,8 @@ async fn drive(
             lambdas.display()
         );
     }
+    // Lambdas run in folders of their own: a relative folder would not find them.
+    let lambdas = lambdas.canonicalize()?;
     let nofile = raise_nofile();
     let marks = Marks::install()?;
     let dir = tempfile::tempdir()?;
