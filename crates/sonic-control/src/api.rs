@@ -1530,38 +1530,29 @@ async fn dag_plan(
     let budget = state.plan_budget();
     let (catalog, bandwidth) = state.planning_catalog();
     let lookup = name.clone();
-    // The code digest of each handler stage, read from the registry (nothing is stored), so
-    // that their warm containers count as a job's would.
-    let digests = match &state.jobs {
-        Some(rt) => state
-            .db
-            .parsed_dag(&name)
-            .await?
-            .map(|p| crate::handlers::digests(rt, &p.dag))
-            .unwrap_or_default(),
-        None => Default::default(),
-    };
-    let warm = warm_inputs(&state, digests);
+    let mut warm = warm_inputs(&state, Default::default());
     let planned = state
         .db
         .run(move |db| {
-            let Some(record) = db.get_dag(&lookup)? else {
+            let Some(parsed) = db.load_dag(&lookup)? else {
                 return Ok(None);
             };
-            let dag = match record.dag() {
-                Ok(d) => d,
-                Err(e) => return Ok(Some(Err(ApiError::Internal(e)))),
-            };
+            let dag = &parsed.dag;
+            // The code digest of each handler stage, read from the registry (nothing is
+            // stored), so that their warm containers count as a job's would.
+            if let Some(rt) = &warm.jobs {
+                warm.digests = crate::handlers::digests(rt, dag);
+            }
             // The DAG's default parameters: their setting's models, and they fix what fanouts
             // they can; the models predict the rest.
             let models =
-                crate::learning::current(db, &dag, &crate::learning::default_setting(&dag), rule)?;
+                crate::learning::current(db, dag, &crate::learning::default_setting(dag), rule)?;
             let fanouts = dag
                 .fanouts(&dag.job_params(&Default::default()))
                 .unwrap_or_default();
             Ok(Some(
                 crate::learning::plan_for(
-                    &dag,
+                    dag,
                     &models,
                     input_bytes,
                     &fanouts,

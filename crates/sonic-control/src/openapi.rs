@@ -479,7 +479,7 @@ fn main_schemas(int: &Value, time: &Value) -> Value {
                 "setup_s": { "type": "number", "nullable": true, "description": "a handler stage: seconds spent fetching its code and building its environment before the sandbox started" },
                 "start_contention": {
                     "type": "object", "required": ["starts", "cores"],
-                    "description": "a cold run whose container the agent started for it: the container starts of the agent's process that overlapped that one (its own included) and the cores the process may use; the control plane learns the start as if it had had a core to itself",
+                    "description": "a cold run whose container the agent started for it: the container starts of the agent's process that overlapped that one (its own included) and the cores they shared (the Docker engine's CPUs); the control plane learns the start as if it had had a core to itself",
                     "properties": { "starts": int.clone(), "cores": int.clone() }
                 },
                 "peak_memory_mb": { "type": "number", "nullable": true },

@@ -136,8 +136,8 @@ impl WarmLedger {
     /// there: it takes up to that many of the agent's unclaimed idle warm environments, which
     /// the plans of other jobs no longer count ([`WarmLedger::idle`]) until the job's first
     /// report of `key` from the agent ([`WarmLedger::started`]) or its end
-    /// ([`WarmLedger::release_job`]). Without it, two jobs planned together were both priced
-    /// on the same containers, and one of them then started cold. Returns how many it took.
+    /// ([`WarmLedger::release_job`]). Without it, a job planned while another was starting
+    /// was priced on that one's containers, and then started cold. Returns how many it took.
     pub fn claim(&self, job: &str, agent: &str, key: &str, want: u32, now_ms: i64) -> u32 {
         let mut state = self.state();
         let k = (agent.to_owned(), key.to_owned());
@@ -158,6 +158,10 @@ impl WarmLedger {
     /// job took, so its claim there ends.
     pub fn started(&self, job: &str, agent: &str, key: &str) {
         let mut state = self.state();
+        if state.claims.is_empty() {
+            // Every report of a planned job comes here: no key built when nothing is claimed.
+            return;
+        }
         let k = (agent.to_owned(), key.to_owned());
         if let Some(c) = state.claims.get_mut(&k) {
             c.remove(job);
