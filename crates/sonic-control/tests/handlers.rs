@@ -456,12 +456,15 @@ async fn mixed_dag_under_every_policy(sandbox: SandboxChoice) {
             )
         })
         .collect();
-    for handler in ["split", "count"] {
-        assert!(
-            warm.contains(&(handler, true)),
-            "{handler} priced cold: {warm:?} {plan}"
-        );
-    }
+    // Which handler stage's containers are enough for the route's placement depends on where
+    // the jobs above ran (a count stage may have run on another type): at least one is priced
+    // warm, which no handler stage could be when the route did not know their code.
+    assert!(
+        ["split", "count"]
+            .iter()
+            .any(|h| warm.contains(&(*h, true))),
+        "no handler stage priced warm: {warm:?} {plan}"
+    );
     c.stop().await;
 }
 
