@@ -237,6 +237,15 @@ fn bucket_quantiles(text: &str, before: &str, labels: &str, qs: &[f64]) -> Optio
     Some((total, qs.iter().map(|q| at(*q)).collect()))
 }
 
+/// The value of one series (its name with its labels, as the text writes them) in a metrics
+/// text; 0 when absent.
+fn series(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .find_map(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Raises the open-file limit to its hard maximum (1,000 lambdas hold pipes and sockets).
 #[allow(unsafe_code)]
 fn raise_nofile() -> u64 {
@@ -670,10 +679,17 @@ async fn burst(url: &str, pid: u32, jobs: u64, warm: bool) -> anyhow::Result<Str
         println!("  {jobs} connections opened first (--warm-connections)");
         opened.print();
     }
+    // The control plane's and this process's (the client's and the agents') usage when the last
+    // submission is answered: what the burst itself cost each side.
+    let mine = std::process::id();
+    let at_burst_start = (usage(pid)?, usage(mine)?);
+    let at_burst_end: Arc<Mutex<Option<(Usage, Usage)>>> = Arc::default();
+    let answered_count = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let t1 = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..jobs {
         let api = client_api.clone();
+        let (at_burst_end, answered_count) = (at_burst_end.clone(), answered_count.clone());
         set.spawn_on(
             async move {
                 let mut lat = Latencies::default();
@@ -683,6 +699,9 @@ async fn burst(url: &str, pid: u32, jobs: u64, warm: bool) -> anyhow::Result<Str
                     .await?;
                 lat.add("submit", ms);
                 let answered = Instant::now();
+                if answered_count.fetch_add(1, Ordering::SeqCst) + 1 == jobs {
+                    *at_burst_end.lock().unwrap() = Some((usage(pid)?, usage(mine)?));
+                }
                 let (end, at) = api.follow(&id).await?;
                 lat.add("job", at.duration_since(t).as_secs_f64() * 1e3);
                 anyhow::Ok((lat, end, at, answered))
@@ -732,6 +751,16 @@ async fn burst(url: &str, pid: u32, jobs: u64, warm: bool) -> anyhow::Result<Str
         after.cpu_s - before.cpu_s,
         after.minor_faults - before.minor_faults
     );
+    if let Some((cp, me)) = at_burst_end.lock().unwrap().take() {
+        let (cp0, me0) = at_burst_start;
+        println!(
+            "  until the last submission was answered: control plane {:.0} ms CPU, {} minor faults; this process (client, agents) {:.0} ms CPU, {} minor faults",
+            (cp.cpu_s - cp0.cpu_s) * 1e3,
+            cp.minor_faults.saturating_sub(cp0.minor_faults),
+            (me.cpu_s - me0.cpu_s) * 1e3,
+            me.minor_faults.saturating_sub(me0.minor_faults),
+        );
+    }
     Ok(metrics)
 }
 
@@ -879,6 +908,20 @@ async fn drive(
             ),
             None => println!("  submit at the control plane: no request histogram in its metrics"),
         }
+        // Its jobs' executions, by what they waited for (`submissions_first`): the burst's
+        // end, or the bound while submissions were still coming.
+        let held = |until: &str, what: &str| {
+            let name = format!("sonic_executions_held{what}{{until=\"{until}\"}}");
+            series(&metrics_after, &name) - series(&metrics_before, &name)
+        };
+        println!(
+            "  executions: {} started at once, {} held until the burst was answered (mean {:.0} ms), {} until the bound (mean {:.0} ms)",
+            held("none", "_total"),
+            held("quiet", "_total"),
+            held("quiet", "_seconds_total") * 1e3 / held("quiet", "_total").max(1.0),
+            held("bound", "_total"),
+            held("bound", "_seconds_total") * 1e3 / held("bound", "_total").max(1.0),
+        );
         metrics_before = metrics_after;
     }
     let Usage {

@@ -138,6 +138,19 @@ pub const RUN_REPORTS: Desc = Desc::counter(
     &["via"],
 );
 
+/// The `sonic_executions_held_total` counter: Job executions started, by what they waited for: none (no submission was being handled), quiet (the submissions being handled were answered), bound (submissions_first passed while submissions were still being handled).
+pub const EXECUTIONS_HELD: Desc = Desc::counter(
+    "sonic_executions_held_total",
+    "Job executions started, by what they waited for: none (no submission was being handled), quiet (the submissions being handled were answered), bound (submissions_first passed while submissions were still being handled).",
+    &["until"],
+);
+/// The `sonic_executions_held_seconds_total` counter: Seconds job executions waited for submissions being handled, by what ended the wait (quiet, bound).
+pub const EXECUTIONS_HELD_SECONDS: Desc = Desc::counter(
+    "sonic_executions_held_seconds_total",
+    "Seconds job executions waited for submissions being handled, by what ended the wait (quiet, bound).",
+    &["until"],
+);
+
 const FAMILIES: &[Desc] = &[
     HTTP_REQUESTS,
     HTTP_REQUEST_SECONDS,
@@ -158,6 +171,8 @@ const FAMILIES: &[Desc] = &[
     CLUSTER_VCPUS,
     STORE_RETRIES,
     RUN_REPORTS,
+    EXECUTIONS_HELD,
+    EXECUTIONS_HELD_SECONDS,
 ];
 
 /// The data-passing methods, shown from the first scrape.
@@ -208,6 +223,8 @@ pub struct Gauges {
     pub capacity: BTreeMap<String, (u64, u64)>,
     /// The control plane's object store's retries so far.
     pub store_retries: u64,
+    /// The job executions started so far, by what they waited for.
+    pub held: crate::scheduler::HeldExecutions,
 }
 
 /// Counts one instance waiting for a concurrency slot while it lives.
@@ -324,6 +341,11 @@ impl Metrics {
             r.set(&CLUSTER_VCPUS, &[vm_type], *vcpus as f64);
         }
         r.set(&STORE_RETRIES, &[], g.store_retries as f64);
+        r.set(&EXECUTIONS_HELD, &["none"], g.held.at_once as f64);
+        r.set(&EXECUTIONS_HELD, &["quiet"], g.held.quiet as f64);
+        r.set(&EXECUTIONS_HELD, &["bound"], g.held.bound as f64);
+        r.set(&EXECUTIONS_HELD_SECONDS, &["quiet"], g.held.quiet_s);
+        r.set(&EXECUTIONS_HELD_SECONDS, &["bound"], g.held.bound_s);
         r.render()
     }
 }
@@ -346,6 +368,13 @@ mod tests {
             agents_alive: 1,
             agents_dead: 2,
             capacity: [("m5.large".to_owned(), (1, 2))].into_iter().collect(),
+            held: crate::scheduler::HeldExecutions {
+                at_once: 4,
+                quiet: 2,
+                bound: 1,
+                quiet_s: 0.5,
+                bound_s: 0.25,
+            },
             ..Gauges::default()
         });
         for line in [
@@ -357,6 +386,9 @@ mod tests {
             "sonic_data_passing_bytes_total{method=\"direct\"} 0",
             "sonic_instances_queued 0",
             "sonic_store_retries_total 0",
+            "sonic_executions_held_total{until=\"none\"} 4",
+            "sonic_executions_held_total{until=\"bound\"} 1",
+            "sonic_executions_held_seconds_total{until=\"quiet\"} 0.5",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?}:\n{text}");
         }

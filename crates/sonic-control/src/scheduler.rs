@@ -215,6 +215,53 @@ struct Submitting {
     count: std::sync::atomic::AtomicUsize,
     last_began: Mutex<Option<tokio::time::Instant>>,
     none: tokio::sync::Notify,
+    /// The executions started so far, by why they started then ([`Runtime::held_executions`]).
+    held: Mutex<HeldExecutions>,
+}
+
+/// Why a job's execution started when it did ([`JobsConfig::submissions_first`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// No submission was being handled: it started at once.
+    AtOnce,
+    /// The submissions it waited for were answered, and none began for a moment.
+    Quiet,
+    /// It waited `submissions_first`, its bound, while submissions were still being handled.
+    Bound,
+}
+
+/// The job executions this control plane started, by why they started then, and how long
+/// those held back waited (`sonic_executions_held_total` and `_seconds_total`, docs/api.md):
+/// whether a burst of submissions held its jobs until it was answered, or longer than
+/// `submissions_first` (its executions then started while submissions were still coming).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HeldExecutions {
+    /// Started at once: no submission was being handled.
+    pub at_once: u64,
+    /// Held until the submissions being handled were answered.
+    pub quiet: u64,
+    /// Held until their bound (`submissions_first`).
+    pub bound: u64,
+    /// Seconds the `quiet` ones waited, in all.
+    pub quiet_s: f64,
+    /// Seconds the `bound` ones waited, in all.
+    pub bound_s: f64,
+}
+
+impl HeldExecutions {
+    fn count(&mut self, why: Released, waited: Duration) {
+        match why {
+            Released::AtOnce => self.at_once += 1,
+            Released::Quiet => {
+                self.quiet += 1;
+                self.quiet_s += waited.as_secs_f64();
+            }
+            Released::Bound => {
+                self.bound += 1;
+                self.bound_s += waited.as_secs_f64();
+            }
+        }
+    }
 }
 
 impl Submitting {
@@ -231,10 +278,10 @@ impl Submitting {
     }
 
     /// Returns at once when no submission is being handled; otherwise once none is and none
-    /// began for [`SUBMISSIONS_QUIET`], or after `at_most`.
-    async fn wait_for_none(&self, at_most: Duration) {
+    /// began for [`SUBMISSIONS_QUIET`], or after `at_most`. Says which.
+    async fn wait_for_none(&self, at_most: Duration) -> Released {
         if !self.busy() || at_most.is_zero() {
-            return;
+            return Released::AtOnce;
         }
         let deadline = tokio::time::Instant::now() + at_most;
         loop {
@@ -247,19 +294,29 @@ impl Submitting {
                 let last = *self.last_began.lock().unwrap_or_else(|p| p.into_inner());
                 let quiet_at = last.map_or(deadline, |t| t + SUBMISSIONS_QUIET);
                 if quiet_at <= tokio::time::Instant::now() {
-                    return;
+                    return Released::Quiet;
                 }
                 tokio::time::sleep_until(quiet_at.min(deadline)).await;
                 if tokio::time::Instant::now() >= deadline {
-                    return;
+                    return Released::Bound;
                 }
                 continue;
             }
             tokio::select! {
                 () = &mut none => {}
-                () = tokio::time::sleep_until(deadline) => return,
+                () = tokio::time::sleep_until(deadline) => return Released::Bound,
             }
         }
+    }
+
+    /// Waits as [`Submitting::wait_for_none`] does, and counts the execution it held.
+    async fn hold(&self, at_most: Duration) {
+        let began = tokio::time::Instant::now();
+        let why = self.wait_for_none(at_most).await;
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .count(why, began.elapsed());
     }
 }
 
@@ -286,6 +343,15 @@ impl Runtime {
     /// starting the submission's own job ([`Runtime::spawn_job`]).
     pub fn submitting(&self) -> Submission {
         self.submitting.begin()
+    }
+
+    /// The executions started so far by [`Runtime::spawn_job`], by why they started then.
+    pub fn held_executions(&self) -> HeldExecutions {
+        *self
+            .submitting
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// A runtime whose jobs are admitted by the built-in [`Pool`] over the registered agents.
@@ -373,7 +439,7 @@ impl Runtime {
     {
         let (submitting, at_most) = (self.submitting.clone(), self.config.submissions_first);
         let task = async move {
-            submitting.wait_for_none(at_most).await;
+            submitting.hold(at_most).await;
             execution.await;
         };
         let handle = match &self.executor {
@@ -2761,7 +2827,7 @@ fn unix_now() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{StoreUse, Submitting, stage_overhead_s, uncontended};
+    use super::{Released, StoreUse, Submitting, stage_overhead_s, uncontended};
     use futures::FutureExt;
     use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
     use std::sync::Arc;
@@ -2774,8 +2840,9 @@ mod tests {
     async fn executions_wait_for_the_submissions_being_handled() {
         const HOUR: Duration = Duration::from_secs(3600);
         let s = Arc::new(Submitting::default());
-        assert!(
-            s.wait_for_none(HOUR).now_or_never().is_some(),
+        assert_eq!(
+            s.wait_for_none(HOUR).now_or_never(),
+            Some(Released::AtOnce),
             "a lone submission's job starts at once"
         );
 
@@ -2790,24 +2857,59 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "one still is");
         drop(b);
-        tokio::time::timeout(Duration::from_secs(30), waiting)
+        let why = tokio::time::timeout(Duration::from_secs(30), waiting)
             .await
             .expect("started once none was")
             .expect("task");
+        assert_eq!(why, Released::Quiet);
 
         let held = s.begin();
-        tokio::time::timeout(
+        let why = tokio::time::timeout(
             Duration::from_secs(30),
             s.wait_for_none(Duration::from_millis(20)),
         )
         .await
         .expect("no longer than its bound while one is being handled");
-        assert!(
-            s.wait_for_none(Duration::ZERO).now_or_never().is_some(),
+        assert_eq!(why, Released::Bound);
+        assert_eq!(
+            s.wait_for_none(Duration::ZERO).now_or_never(),
+            Some(Released::AtOnce),
             "zero: off"
         );
         drop(held);
         assert!(!s.busy());
+    }
+
+    /// Each execution held is counted by why it started, with the time it waited.
+    #[tokio::test]
+    async fn executions_held_are_counted_by_why_they_started() {
+        let s = Arc::new(Submitting::default());
+        s.hold(Duration::from_secs(3600)).await;
+        let held = s.begin();
+        let waited = Instant::now();
+        s.hold(Duration::from_millis(30)).await;
+        let bound_at_least = waited.elapsed();
+        let quiet = tokio::spawn({
+            let s = s.clone();
+            async move { s.hold(Duration::from_secs(3600)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(held);
+        tokio::time::timeout(Duration::from_secs(30), quiet)
+            .await
+            .expect("started once none was")
+            .expect("task");
+        let counts = *s.held.lock().unwrap();
+        assert_eq!(
+            (counts.at_once, counts.quiet, counts.bound),
+            (1, 1, 1),
+            "{counts:?}"
+        );
+        assert!(
+            counts.bound_s >= 0.03 && counts.bound_s <= bound_at_least.as_secs_f64(),
+            "{counts:?}"
+        );
+        assert!(counts.quiet_s >= 0.01, "{counts:?}");
     }
 
     #[test]
