@@ -8,7 +8,8 @@
 //! cargo build --release -p sonic-lambdas -p sonic-benches
 //! target/release/sonic-load [--jobs 500] [--instances 1000] [--agents 4] [--sleep-ms 20000]
 //!                           [--chains 30] [--lambdas target/release]
-//!                           [--submissions-first-ms 250] [--executor-nice 10|off] [--agents-nice 0]
+//!                           [--submissions-first-ms 250] [--submissions-quiet-ms 5]
+//!                           [--executor-nice 10|off] [--agents-nice 0]
 //!                           [--rounds 2] [--warm-connections] [--pin]
 //! ```
 //!
@@ -371,6 +372,13 @@ async fn control(dir: &Path, url_file: &Path) -> anyhow::Result<()> {
             .ok_or_else(|| anyhow!("--submissions-first-ms: a number of milliseconds"))?;
         jobs.submissions_first = Duration::from_millis(ms);
     }
+    if let Some(ms) = std::env::var_os("SONIC_LOAD_SUBMISSIONS_QUIET_MS") {
+        let ms: u64 = ms
+            .to_str()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow!("--submissions-quiet-ms: a number of milliseconds"))?;
+        jobs.submissions_quiet = Duration::from_millis(ms);
+    }
     let mut runtime = Runtime::new(store, None, jobs);
     // SONIC_LOAD_EXECUTOR_NICE=N: executions on threads of their own, N nicer (`--executor-nice`).
     if let Some(n) = std::env::var_os("SONIC_LOAD_EXECUTOR_NICE").filter(|v| v != "off") {
@@ -700,7 +708,8 @@ async fn burst(url: &str, pid: u32, jobs: u64, warm: bool) -> anyhow::Result<Str
                 lat.add("submit", ms);
                 let answered = Instant::now();
                 if answered_count.fetch_add(1, Ordering::SeqCst) + 1 == jobs {
-                    *at_burst_end.lock().unwrap() = Some((usage(pid)?, usage(mine)?));
+                    *at_burst_end.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((usage(pid)?, usage(mine)?));
                 }
                 let (end, at) = api.follow(&id).await?;
                 lat.add("job", at.duration_since(t).as_secs_f64() * 1e3);
@@ -751,7 +760,11 @@ async fn burst(url: &str, pid: u32, jobs: u64, warm: bool) -> anyhow::Result<Str
         after.cpu_s - before.cpu_s,
         after.minor_faults - before.minor_faults
     );
-    if let Some((cp, me)) = at_burst_end.lock().unwrap().take() {
+    if let Some((cp, me)) = at_burst_end
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    {
         let (cp0, me0) = at_burst_start;
         println!(
             "  until the last submission was answered: control plane {:.0} ms CPU, {} minor faults; this process (client, agents) {:.0} ms CPU, {} minor faults",
@@ -780,6 +793,13 @@ async fn drive(
     let submissions_first = arg(args, "--submissions-first-ms").unwrap_or_else(|| {
         JobsConfig::new(TOKEN, FILE_KEY.as_bytes())
             .submissions_first
+            .as_millis()
+            .to_string()
+    });
+    // `JobsConfig::submissions_quiet`.
+    let submissions_quiet = arg(args, "--submissions-quiet-ms").unwrap_or_else(|| {
+        JobsConfig::new(TOKEN, FILE_KEY.as_bytes())
+            .submissions_quiet
             .as_millis()
             .to_string()
     });
@@ -812,6 +832,7 @@ async fn drive(
         .arg(&url_file)
         .env("RUST_LOG", "warn")
         .env("SONIC_LOAD_SUBMISSIONS_FIRST_MS", &submissions_first)
+        .env("SONIC_LOAD_SUBMISSIONS_QUIET_MS", &submissions_quiet)
         .env("SONIC_LOAD_EXECUTOR_NICE", &executor_nice)
         .envs(pin.map(|(_, control)| ("SONIC_LOAD_CPU", control.to_string())))
         .kill_on_drop(true)
@@ -833,7 +854,7 @@ async fn drive(
         url: url.clone(),
     });
     println!(
-        "control plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms; executor nice {executor_nice}; agents nice {agents_nice}; {}",
+        "control plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms (quiet {submissions_quiet} ms); executor nice {executor_nice}; agents nice {agents_nice}; {}",
         lambdas.display(),
         match pin {
             Some((a, c)) => format!(

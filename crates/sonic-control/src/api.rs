@@ -1273,18 +1273,21 @@ pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted
     // Every event of the job (its stages, instances, cleanup) carries the job's span; a root
     // span, so that the submission's span ends with the submission.
     let span = tracing::info_span!(parent: None, "job", job = %job_id, dag = %record.dag, policy = %choice.policy);
-    drop(submitting);
-    rt.spawn_job(tracing::Instrument::instrument(
-        crate::scheduler::execute(
-            state.clone(),
-            rt.clone(),
-            record,
-            inputs,
-            cancel,
-            choice.planned,
+    // Ends the submission; its job waits for the rest of a burst it is part of.
+    rt.spawn_submitted(
+        submitting,
+        tracing::Instrument::instrument(
+            crate::scheduler::execute(
+                state.clone(),
+                rt.clone(),
+                record,
+                inputs,
+                cancel,
+                choice.planned,
+            ),
+            span,
         ),
-        span,
-    ));
+    );
     Ok(JobAccepted {
         job_id,
         status: JobStatus::Queued,

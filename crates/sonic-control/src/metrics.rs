@@ -138,10 +138,10 @@ pub const RUN_REPORTS: Desc = Desc::counter(
     &["via"],
 );
 
-/// The `sonic_executions_held_total` counter: Job executions started, by what they waited for: none (no submission was being handled), quiet (the submissions being handled were answered), bound (submissions_first passed while submissions were still being handled).
+/// The `sonic_executions_held_total` counter: Job executions started, by what they waited for: none (started at once: its submission was alone, or it had none), quiet (part of a burst: held until its submissions were answered and none began for a moment), bound (submissions_first passed while submissions were still coming).
 pub const EXECUTIONS_HELD: Desc = Desc::counter(
     "sonic_executions_held_total",
-    "Job executions started, by what they waited for: none (no submission was being handled), quiet (the submissions being handled were answered), bound (submissions_first passed while submissions were still being handled).",
+    "Job executions started, by what they waited for: none (started at once: its submission was alone, or it had none), quiet (part of a burst: held until its submissions were answered and none began for a moment), bound (submissions_first passed while submissions were still coming).",
     &["until"],
 );
 /// The `sonic_executions_held_seconds_total` counter: Seconds job executions waited for submissions being handled, by what ended the wait (quiet, bound).

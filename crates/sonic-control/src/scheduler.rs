@@ -98,6 +98,11 @@ pub struct JobsConfig {
     /// executions they start would otherwise take the CPU the later submissions need, and those
     /// are answered late (docs/load.md, "Submissions first"); a lone submission never waits.
     pub submissions_first: Duration,
+    /// How long no new submission must have begun, after a burst of them, before the executions
+    /// it held start (requests of a burst arrive apart: the first moment none is being handled
+    /// is not its end). A submission that began this soon after another is part of a burst, and
+    /// its own job waits too.
+    pub submissions_quiet: Duration,
 }
 
 impl std::fmt::Debug for JobsConfig {
@@ -114,6 +119,7 @@ impl std::fmt::Debug for JobsConfig {
             .field("health_timeout", &self.health_timeout)
             .field("dilation", &self.dilation)
             .field("submissions_first", &self.submissions_first)
+            .field("submissions_quiet", &self.submissions_quiet)
             .finish()
     }
 }
@@ -141,6 +147,7 @@ impl JobsConfig {
             prewarm: true,
             dilation: 1.0,
             submissions_first: Duration::from_millis(250),
+            submissions_quiet: SUBMISSIONS_QUIET,
         }
     }
 }
@@ -204,16 +211,16 @@ impl JobTasks {
 }
 
 /// After a burst of submissions, how long no new one must have begun before the executions it
-/// held start: requests of a burst arrive a little apart, and the first moment none is being
-/// handled is not its end.
-const SUBMISSIONS_QUIET: Duration = Duration::from_millis(5);
+/// held start, by default ([`JobsConfig::submissions_quiet`]).
+pub const SUBMISSIONS_QUIET: Duration = Duration::from_millis(5);
 
 /// The submissions being handled now, when the last one began, and a wake-up for executions
 /// waiting until there are none.
 #[derive(Debug, Default)]
 struct Submitting {
     count: std::sync::atomic::AtomicUsize,
-    last_began: Mutex<Option<tokio::time::Instant>>,
+    /// When the last one began, and how many began so far.
+    last_began: Mutex<Began>,
     none: tokio::sync::Notify,
     /// The executions started so far, by why they started then ([`Runtime::held_executions`]).
     held: Mutex<HeldExecutions>,
@@ -264,23 +271,43 @@ impl HeldExecutions {
     }
 }
 
+/// The last submission to begin ([`Submitting::last_began`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct Began {
+    at: Option<tokio::time::Instant>,
+    count: u64,
+}
+
 impl Submitting {
     fn busy(&self) -> bool {
         self.count.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
-    /// A submission begins: in flight until the guard is dropped.
-    fn begin(self: &Arc<Self>) -> Submission {
-        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        *self.last_began.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(tokio::time::Instant::now());
-        Submission(self.clone())
+    fn last_began(&self) -> Began {
+        *self.last_began.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Returns at once when no submission is being handled; otherwise once none is and none
-    /// began for [`SUBMISSIONS_QUIET`], or after `at_most`. Says which.
-    async fn wait_for_none(&self, at_most: Duration) -> Released {
-        if !self.busy() || at_most.is_zero() {
+    /// A submission begins: in flight until the guard is dropped. `quiet`: how long before it
+    /// no other may have begun for it to be alone ([`Submission::alone`]).
+    fn begin(self: &Arc<Self>, quiet: Duration) -> Submission {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let now = tokio::time::Instant::now();
+        let mut last = self.last_began.lock().unwrap_or_else(|p| p.into_inner());
+        let after_quiet = last.at.is_none_or(|t| t + quiet <= now);
+        last.at = Some(now);
+        last.count += 1;
+        Submission {
+            submitting: self.clone(),
+            seq: last.count,
+            after_quiet,
+        }
+    }
+
+    /// Returns at once when the execution is `alone` (its own submission was not part of a
+    /// burst, or it has none) and no submission is being handled; otherwise once none is and
+    /// none began for `quiet`, or after `at_most`. Says which.
+    async fn wait_for_none(&self, at_most: Duration, quiet: Duration, alone: bool) -> Released {
+        if at_most.is_zero() || (alone && !self.busy()) {
             return Released::AtOnce;
         }
         let deadline = tokio::time::Instant::now() + at_most;
@@ -291,8 +318,7 @@ impl Submitting {
             // is not missed.
             none.as_mut().enable();
             if !self.busy() {
-                let last = *self.last_began.lock().unwrap_or_else(|p| p.into_inner());
-                let quiet_at = last.map_or(deadline, |t| t + SUBMISSIONS_QUIET);
+                let quiet_at = self.last_began().at.map_or(deadline, |t| t + quiet);
                 if quiet_at <= tokio::time::Instant::now() {
                     return Released::Quiet;
                 }
@@ -310,9 +336,9 @@ impl Submitting {
     }
 
     /// Waits as [`Submitting::wait_for_none`] does, and counts the execution it held.
-    async fn hold(&self, at_most: Duration) {
+    async fn hold(&self, at_most: Duration, quiet: Duration, alone: bool) {
         let began = tokio::time::Instant::now();
-        let why = self.wait_for_none(at_most).await;
+        let why = self.wait_for_none(at_most, quiet, alone).await;
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -322,17 +348,37 @@ impl Submitting {
 
 /// A submission being handled ([`Runtime::submitting`]); dropping it ends it.
 #[derive(Debug)]
-pub struct Submission(Arc<Submitting>);
+pub struct Submission {
+    submitting: Arc<Submitting>,
+    /// Its number among the submissions begun.
+    seq: u64,
+    /// No other began within `submissions_quiet` before it.
+    after_quiet: bool,
+}
+
+impl Submission {
+    /// Whether it is not part of a burst: no other submission began within
+    /// `submissions_quiet` before it, nor since, and none is being handled but itself.
+    fn alone(&self) -> bool {
+        self.after_quiet
+            && self.submitting.last_began().count == self.seq
+            && self
+                .submitting
+                .count
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 1
+    }
+}
 
 impl Drop for Submission {
     fn drop(&mut self) {
         if self
-            .0
+            .submitting
             .count
             .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
             == 1
         {
-            self.0.none.notify_waiters();
+            self.submitting.none.notify_waiters();
         }
     }
 }
@@ -342,7 +388,7 @@ impl Runtime {
     /// started meanwhile wait for it (at most `JobsConfig::submissions_first`). Drop it before
     /// starting the submission's own job ([`Runtime::spawn_job`]).
     pub fn submitting(&self) -> Submission {
-        self.submitting.begin()
+        self.submitting.begin(self.config.submissions_quiet)
     }
 
     /// The executions started so far by [`Runtime::spawn_job`], by why they started then.
@@ -437,9 +483,33 @@ impl Runtime {
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        let (submitting, at_most) = (self.submitting.clone(), self.config.submissions_first);
+        self.spawn_held(true, execution);
+    }
+
+    /// [`Runtime::spawn_job`] for the job of `submission`, which it ends: the execution
+    /// starts at once only when the submission was not part of a burst (no other began shortly
+    /// before it or since); otherwise once the burst's submissions are answered and none began
+    /// for `JobsConfig::submissions_quiet`, or after `JobsConfig::submissions_first`. Within a
+    /// burst, the moments when none happens to be in flight are not its end: requests arrive
+    /// apart, more so on a busy machine, and executions started then take the CPU the later
+    /// ones need (docs/load.md, "Submissions first").
+    pub fn spawn_submitted<F>(&self, submission: Submission, execution: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let alone = submission.alone();
+        drop(submission);
+        self.spawn_held(alone, execution);
+    }
+
+    fn spawn_held<F>(&self, alone: bool, execution: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let submitting = self.submitting.clone();
+        let (at_most, quiet) = (self.config.submissions_first, self.config.submissions_quiet);
         let task = async move {
-            submitting.hold(at_most).await;
+            submitting.hold(at_most, quiet, alone).await;
             execution.await;
         };
         let handle = match &self.executor {
@@ -2828,6 +2898,9 @@ fn unix_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::{Released, StoreUse, Submitting, stage_overhead_s, uncontended};
+
+    /// `JobsConfig::submissions_quiet` in these tests.
+    const QUIET: Duration = Duration::from_millis(5);
     use futures::FutureExt;
     use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
     use std::sync::Arc;
@@ -2841,15 +2914,15 @@ mod tests {
         const HOUR: Duration = Duration::from_secs(3600);
         let s = Arc::new(Submitting::default());
         assert_eq!(
-            s.wait_for_none(HOUR).now_or_never(),
+            s.wait_for_none(HOUR, QUIET, true).now_or_never(),
             Some(Released::AtOnce),
             "a lone submission's job starts at once"
         );
 
-        let (a, b) = (s.begin(), s.begin());
+        let (a, b) = (s.begin(QUIET), s.begin(QUIET));
         let waiting = tokio::spawn({
             let s = s.clone();
-            async move { s.wait_for_none(HOUR).await }
+            async move { s.wait_for_none(HOUR, QUIET, true).await }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "two submissions are being handled");
@@ -2863,16 +2936,16 @@ mod tests {
             .expect("task");
         assert_eq!(why, Released::Quiet);
 
-        let held = s.begin();
+        let held = s.begin(QUIET);
         let why = tokio::time::timeout(
             Duration::from_secs(30),
-            s.wait_for_none(Duration::from_millis(20)),
+            s.wait_for_none(Duration::from_millis(20), QUIET, true),
         )
         .await
         .expect("no longer than its bound while one is being handled");
         assert_eq!(why, Released::Bound);
         assert_eq!(
-            s.wait_for_none(Duration::ZERO).now_or_never(),
+            s.wait_for_none(Duration::ZERO, QUIET, true).now_or_never(),
             Some(Released::AtOnce),
             "zero: off"
         );
@@ -2880,18 +2953,58 @@ mod tests {
         assert!(!s.busy());
     }
 
+    /// A submission that began within the quiet of another, or saw another begin before it
+    /// ended, is part of a burst: its job waits for the burst's end even at a moment when none
+    /// is in flight. A lone one (or a resumed job, with no submission) starts at once.
+    #[tokio::test]
+    async fn a_submission_in_a_burst_is_not_alone() {
+        const HOUR: Duration = Duration::from_secs(3600);
+        let quiet = Duration::from_millis(500);
+        let s = Arc::new(Submitting::default());
+        let lone = s.begin(quiet);
+        assert!(lone.alone(), "the first submission");
+        drop(lone);
+        tokio::time::sleep(quiet * 2).await;
+        let lone = s.begin(quiet);
+        assert!(lone.alone(), "long after the last one");
+        drop(lone);
+
+        let first = s.begin(quiet);
+        let second = s.begin(quiet);
+        assert!(!second.alone(), "began right after another");
+        assert!(!first.alone(), "another began since, and is in flight");
+        drop(second);
+        assert!(!first.alone(), "another began since, though answered");
+        drop(first);
+        assert!(!s.busy());
+        assert_eq!(
+            s.wait_for_none(HOUR, quiet, true).now_or_never(),
+            Some(Released::AtOnce),
+            "no submission of its own (a resumed job): at once"
+        );
+        assert!(
+            s.wait_for_none(HOUR, quiet, false).now_or_never().is_none(),
+            "part of a burst: not at once, though none is in flight"
+        );
+        let why =
+            tokio::time::timeout(Duration::from_secs(30), s.wait_for_none(HOUR, quiet, false))
+                .await
+                .expect("started once the burst was quiet");
+        assert_eq!(why, Released::Quiet);
+    }
+
     /// Each execution held is counted by why it started, with the time it waited.
     #[tokio::test]
     async fn executions_held_are_counted_by_why_they_started() {
         let s = Arc::new(Submitting::default());
-        s.hold(Duration::from_secs(3600)).await;
-        let held = s.begin();
+        s.hold(Duration::from_secs(3600), QUIET, true).await;
+        let held = s.begin(QUIET);
         let waited = Instant::now();
-        s.hold(Duration::from_millis(30)).await;
+        s.hold(Duration::from_millis(30), QUIET, true).await;
         let bound_at_least = waited.elapsed();
         let quiet = tokio::spawn({
             let s = s.clone();
-            async move { s.hold(Duration::from_secs(3600)).await }
+            async move { s.hold(Duration::from_secs(3600), QUIET, true).await }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(held);
