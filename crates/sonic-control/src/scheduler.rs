@@ -229,7 +229,8 @@ struct Submitting {
 /// Why a job's execution started when it did ([`JobsConfig::submissions_first`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Released {
-    /// No submission was being handled: it started at once.
+    /// It started at once: its submission was alone (or it had none, a resumed job), and no
+    /// submission was being handled.
     AtOnce,
     /// The submissions it waited for were answered, and none began for a moment.
     Quiet,
@@ -243,7 +244,7 @@ pub enum Released {
 /// `submissions_first` (its executions then started while submissions were still coming).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct HeldExecutions {
-    /// Started at once: no submission was being handled.
+    /// Started at once ([`Released::AtOnce`]).
     pub at_once: u64,
     /// Held until the submissions being handled were answered.
     pub quiet: u64,
@@ -385,13 +386,15 @@ impl Drop for Submission {
 
 impl Runtime {
     /// Marks a submission as being handled until the returned guard is dropped: executions
-    /// started meanwhile wait for it (at most `JobsConfig::submissions_first`). Drop it before
-    /// starting the submission's own job ([`Runtime::spawn_job`]).
+    /// started meanwhile wait for it (at most `JobsConfig::submissions_first`). Hand it to
+    /// [`Runtime::spawn_submitted`] with the submission's own job, which ends it (a submission
+    /// that fails just drops it).
     pub fn submitting(&self) -> Submission {
         self.submitting.begin(self.config.submissions_quiet)
     }
 
-    /// The executions started so far by [`Runtime::spawn_job`], by why they started then.
+    /// The executions started so far by [`Runtime::spawn_job`] and
+    /// [`Runtime::spawn_submitted`], by why they started then.
     pub fn held_executions(&self) -> HeldExecutions {
         *self
             .submitting
