@@ -247,6 +247,18 @@ fn series(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// A duration in milliseconds from the variable `name`, which the benchmark sets from `flag`.
+fn env_ms(name: &str, flag: &str) -> anyhow::Result<Option<Duration>> {
+    std::env::var_os(name)
+        .map(|ms| {
+            ms.to_str()
+                .and_then(|v| v.parse().ok())
+                .map(Duration::from_millis)
+                .ok_or_else(|| anyhow!("{flag}: a number of milliseconds"))
+        })
+        .transpose()
+}
+
 /// Raises the open-file limit to its hard maximum (1,000 lambdas hold pipes and sockets).
 #[allow(unsafe_code)]
 fn raise_nofile() -> u64 {
@@ -365,19 +377,11 @@ async fn control(dir: &Path, url_file: &Path) -> anyhow::Result<()> {
     }
     let store = Arc::new(sonic_storage::local::LocalStore::new(dir.join("store"))?);
     let mut jobs = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
-    if let Some(ms) = std::env::var_os("SONIC_LOAD_SUBMISSIONS_FIRST_MS") {
-        let ms: u64 = ms
-            .to_str()
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| anyhow!("--submissions-first-ms: a number of milliseconds"))?;
-        jobs.submissions_first = Duration::from_millis(ms);
+    if let Some(first) = env_ms("SONIC_LOAD_SUBMISSIONS_FIRST_MS", "--submissions-first-ms")? {
+        jobs.submissions_first = first;
     }
-    if let Some(ms) = std::env::var_os("SONIC_LOAD_SUBMISSIONS_QUIET_MS") {
-        let ms: u64 = ms
-            .to_str()
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| anyhow!("--submissions-quiet-ms: a number of milliseconds"))?;
-        jobs.submissions_quiet = Duration::from_millis(ms);
+    if let Some(quiet) = env_ms("SONIC_LOAD_SUBMISSIONS_QUIET_MS", "--submissions-quiet-ms")? {
+        jobs.submissions_quiet = quiet;
     }
     let mut runtime = Runtime::new(store, None, jobs);
     // SONIC_LOAD_EXECUTOR_NICE=N: executions on threads of their own, N nicer (`--executor-nice`).
@@ -789,20 +793,13 @@ async fn drive(
     let n_agents = num(args, "--agents", 4)?.max(1);
     let sleep_ms = num(args, "--sleep-ms", 20_000)?;
     let chains = num(args, "--chains", 30)?;
-    // `JobsConfig::submissions_first`, to compare with it off (0).
-    let submissions_first = arg(args, "--submissions-first-ms").unwrap_or_else(|| {
-        JobsConfig::new(TOKEN, FILE_KEY.as_bytes())
-            .submissions_first
-            .as_millis()
-            .to_string()
-    });
-    // `JobsConfig::submissions_quiet`.
-    let submissions_quiet = arg(args, "--submissions-quiet-ms").unwrap_or_else(|| {
-        JobsConfig::new(TOKEN, FILE_KEY.as_bytes())
-            .submissions_quiet
-            .as_millis()
-            .to_string()
-    });
+    // `JobsConfig::submissions_first` (0 turns it off, to compare) and `submissions_quiet`,
+    // the control plane's defaults unless given.
+    let defaults = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
+    let submissions_first = arg(args, "--submissions-first-ms")
+        .unwrap_or_else(|| defaults.submissions_first.as_millis().to_string());
+    let submissions_quiet = arg(args, "--submissions-quiet-ms")
+        .unwrap_or_else(|| defaults.submissions_quiet.as_millis().to_string());
     // Executions on threads of their own at this niceness (`ControlConfig::executor_nice`, the
     // control plane's default unless given), or `off`: on the API's runtime.
     let executor_nice = arg(args, "--executor-nice")

@@ -2901,13 +2901,13 @@ fn unix_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::{Released, StoreUse, Submitting, stage_overhead_s, uncontended};
-
-    /// `JobsConfig::submissions_quiet` in these tests.
-    const QUIET: Duration = Duration::from_millis(5);
     use futures::FutureExt;
     use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
+
+    /// `JobsConfig::submissions_quiet` in these tests.
+    const QUIET: Duration = Duration::from_millis(5);
 
     /// Submissions first: an execution starts at once when no submission is being handled,
     /// waits while one is, starts once the last one is answered, and waits no longer than its
