@@ -1068,6 +1068,7 @@ pub fn plan_with(
             "network_mbps".into(),
             serde_json::to_value(bandwidth).unwrap_or_default(),
         );
+        map.insert("warm_pool".into(), pool.report());
     }
     Ok(Planned {
         outcome,

@@ -612,7 +612,7 @@ fn main_schemas(int: &Value, time: &Value) -> Value {
         },
         "PlanReport": {
             "type": "object",
-            "description": "interfaces.md section 3 (`ofctl plan -o json`), plus input_bytes, models_converged and network_mbps (per VM type: the bandwidth used and its source, measured or catalog); a job's plan that ran its second-best plan has it at the top level and the best one under `best`",
+            "description": "interfaces.md section 3 (`ofctl plan -o json`), plus input_bytes, models_converged, network_mbps (per VM type: the bandwidth used and its source, measured or catalog) and warm_pool; a job's plan that ran its second-best plan has it at the top level and the best one under `best`",
             "required": ["dag", "policy", "stages", "edges", "predicted", "planning_time_us"],
             "properties": {
                 "dag": { "type": "string" },
@@ -627,7 +627,8 @@ fn main_schemas(int: &Value, time: &Value) -> Value {
                 "stopped": { "type": "object", "nullable": true, "description": "the limit that stopped a search: limit (time with ms, memory with bytes, expansions with max) and search (best, second_best)" },
                 "input_bytes": int,
                 "models_converged": { "type": "boolean" },
-                "network_mbps": { "type": "object" }
+                "network_mbps": { "type": "object" },
+                "warm_pool": { "type": "object", "description": "what the alive agents kept warm for the DAG's functions when it was planned (what `warm` on stages was priced on): per function, one entry per agent with idle warm containers of it: agent, vm_type, idle" }
             }
         },
         "ModelView": {

@@ -319,6 +319,24 @@ impl WarmPool {
             .collect()
     }
 
+    /// The pool as a plan report shows it (`warm_pool`): per function, one entry per agent
+    /// keeping idle warm environments of it (`agent`, `vm_type`, `idle`).
+    pub fn report(&self) -> serde_json::Value {
+        self.functions
+            .iter()
+            .map(|(f, on)| {
+                let agents: Vec<serde_json::Value> = on
+                    .iter()
+                    .map(|(agent, (vm_type, idle))| {
+                        serde_json::json!({ "agent": agent, "vm_type": vm_type, "idle": idle })
+                    })
+                    .collect();
+                (f.clone(), serde_json::Value::Array(agents))
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+
     /// How many idle warm environments of `function` `agent` keeps.
     pub fn on(&self, function: &str, agent: &str) -> u32 {
         self.functions
@@ -378,6 +396,14 @@ mod tests {
         assert_eq!(large, vec![2, 3]);
         assert_eq!(by_type["a"]["c5.large"], vec![1]);
         assert!(!by_type.contains_key("b"));
+        assert_eq!(
+            pool.report(),
+            serde_json::json!({ "a": [
+                { "agent": "x", "vm_type": "m5.large", "idle": 2 },
+                { "agent": "y", "vm_type": "m5.large", "idle": 3 },
+                { "agent": "z", "vm_type": "c5.large", "idle": 1 },
+            ] })
+        );
         // x's entry ends 60 s after it was said, y's a second later.
         let pool = ledger.pool(&dag, &limits, &none, &agents, 60_500);
         assert_eq!((pool.on("a", "x"), pool.on("a", "y")), (0, 3));
