@@ -9,7 +9,6 @@
 //! target/release/sonic-load [--jobs 500] [--instances 1000] [--agents 4] [--sleep-ms 20000]
 //!                           [--chains 30] [--lambdas target/release]
 //!                           [--submissions-first-ms 250] [--submissions-quiet-ms 5]
-//!                           [--connections-pending-ms 50]
 //!                           [--executor-nice 10|off] [--agents-nice 0]
 //!                           [--rounds 2] [--warm-connections] [--pin]
 //! ```
@@ -383,12 +382,6 @@ async fn control(dir: &Path, url_file: &Path) -> anyhow::Result<()> {
     }
     if let Some(quiet) = env_ms("SONIC_LOAD_SUBMISSIONS_QUIET_MS", "--submissions-quiet-ms")? {
         jobs.submissions_quiet = quiet;
-    }
-    if let Some(pending) = env_ms(
-        "SONIC_LOAD_CONNECTIONS_PENDING_MS",
-        "--connections-pending-ms",
-    )? {
-        jobs.connections_pending = pending;
     }
     let mut runtime = Runtime::new(store, None, jobs);
     // SONIC_LOAD_EXECUTOR_NICE=N: executions on threads of their own, N nicer (`--executor-nice`).
@@ -807,8 +800,6 @@ async fn drive(
         .unwrap_or_else(|| defaults.submissions_first.as_millis().to_string());
     let submissions_quiet = arg(args, "--submissions-quiet-ms")
         .unwrap_or_else(|| defaults.submissions_quiet.as_millis().to_string());
-    let connections_pending = arg(args, "--connections-pending-ms")
-        .unwrap_or_else(|| defaults.connections_pending.as_millis().to_string());
     // Executions on threads of their own at this niceness (`ControlConfig::executor_nice`, the
     // control plane's default unless given), or `off`: on the API's runtime.
     let executor_nice = arg(args, "--executor-nice")
@@ -839,7 +830,6 @@ async fn drive(
         .env("RUST_LOG", "warn")
         .env("SONIC_LOAD_SUBMISSIONS_FIRST_MS", &submissions_first)
         .env("SONIC_LOAD_SUBMISSIONS_QUIET_MS", &submissions_quiet)
-        .env("SONIC_LOAD_CONNECTIONS_PENDING_MS", &connections_pending)
         .env("SONIC_LOAD_EXECUTOR_NICE", &executor_nice)
         .envs(pin.map(|(_, control)| ("SONIC_LOAD_CPU", control.to_string())))
         .kill_on_drop(true)
@@ -861,7 +851,7 @@ async fn drive(
         url: url.clone(),
     });
     println!(
-        "control plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms (quiet {submissions_quiet} ms, connections pending {connections_pending} ms); executor nice {executor_nice}; agents nice {agents_nice}; {}",
+        "control plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms (quiet {submissions_quiet} ms); executor nice {executor_nice}; agents nice {agents_nice}; {}",
         lambdas.display(),
         match pin {
             Some((a, c)) => format!(

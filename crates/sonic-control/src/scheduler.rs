@@ -103,11 +103,6 @@ pub struct JobsConfig {
     /// is not its end). A submission that began this soon after another is part of a burst, and
     /// its own job waits too.
     pub submissions_quiet: Duration,
-    /// How long a connection the API accepted counts as a submission on its way while its
-    /// request has not come (zero: connections are not watched). A client on a busy machine
-    /// connects, then writes a little later: without it, such a gap in a burst looked like its
-    /// end ([`Runtime::incoming`]).
-    pub connections_pending: Duration,
 }
 
 impl std::fmt::Debug for JobsConfig {
@@ -125,7 +120,6 @@ impl std::fmt::Debug for JobsConfig {
             .field("dilation", &self.dilation)
             .field("submissions_first", &self.submissions_first)
             .field("submissions_quiet", &self.submissions_quiet)
-            .field("connections_pending", &self.connections_pending)
             .finish()
     }
 }
@@ -154,7 +148,6 @@ impl JobsConfig {
             dilation: 1.0,
             submissions_first: Duration::from_millis(250),
             submissions_quiet: SUBMISSIONS_QUIET,
-            connections_pending: CONNECTIONS_PENDING,
         }
     }
 }
@@ -221,18 +214,11 @@ impl JobTasks {
 /// held start, by default ([`JobsConfig::submissions_quiet`]).
 pub const SUBMISSIONS_QUIET: Duration = Duration::from_millis(5);
 
-/// How long a connection the API accepted counts as a submission on its way while its first
-/// bytes have not come, by default ([`JobsConfig::connections_pending`]).
-pub const CONNECTIONS_PENDING: Duration = Duration::from_millis(50);
-
 /// The submissions being handled now, when the last one began, and a wake-up for executions
 /// waiting until there are none.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Submitting {
     count: std::sync::atomic::AtomicUsize,
-    /// The API's connections accepted whose first request has not come: submissions on their
-    /// way, as far as holding executions goes.
-    incoming: Arc<sonic_daemon::incoming::Incoming>,
     /// When the last one began, and how many began so far.
     last_began: Mutex<Began>,
     none: tokio::sync::Notify,
@@ -293,27 +279,9 @@ struct Began {
     count: u64,
 }
 
-impl Default for Submitting {
-    fn default() -> Submitting {
-        Submitting::new(CONNECTIONS_PENDING)
-    }
-}
-
 impl Submitting {
-    /// `pending`: how long an accepted connection without its request counts.
-    fn new(pending: Duration) -> Submitting {
-        Submitting {
-            count: std::sync::atomic::AtomicUsize::new(0),
-            incoming: Arc::new(sonic_daemon::incoming::Incoming::new(pending)),
-            last_began: Mutex::default(),
-            none: tokio::sync::Notify::new(),
-            held: Mutex::default(),
-        }
-    }
-
-    /// A submission is being handled, or a connection that may bring one was accepted.
     fn busy(&self) -> bool {
-        self.count.load(std::sync::atomic::Ordering::SeqCst) > 0 || self.incoming.pending() > 0
+        self.count.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
     fn last_began(&self) -> Began {
@@ -346,12 +314,10 @@ impl Submitting {
         let deadline = tokio::time::Instant::now() + at_most;
         loop {
             let none = self.none.notified();
-            let settled = self.incoming.settled();
-            tokio::pin!(none, settled);
-            // Registered before the counts are read again: a last submission ending (or a last
-            // connection's request coming) in between is not missed.
+            tokio::pin!(none);
+            // Registered before the count is read again: a last submission ending in between
+            // is not missed.
             none.as_mut().enable();
-            settled.as_mut().enable();
             if !self.busy() {
                 let quiet_at = self.last_began().at.map_or(deadline, |t| t + quiet);
                 if quiet_at <= tokio::time::Instant::now() {
@@ -365,7 +331,6 @@ impl Submitting {
             }
             tokio::select! {
                 () = &mut none => {}
-                () = &mut settled => {}
                 () = tokio::time::sleep_until(deadline) => return Released::Bound,
             }
         }
@@ -394,8 +359,7 @@ pub struct Submission {
 
 impl Submission {
     /// Whether it is not part of a burst: no other submission began within
-    /// `submissions_quiet` before it, nor since, none is being handled but itself, and no
-    /// connection accepted is waiting for its request.
+    /// `submissions_quiet` before it, nor since, and none is being handled but itself.
     fn alone(&self) -> bool {
         self.after_quiet
             && self.submitting.last_began().count == self.seq
@@ -404,7 +368,6 @@ impl Submission {
                 .count
                 .load(std::sync::atomic::Ordering::SeqCst)
                 == 1
-            && self.submitting.incoming.pending() == 0
     }
 }
 
@@ -428,14 +391,6 @@ impl Runtime {
     /// that fails just drops it).
     pub fn submitting(&self) -> Submission {
         self.submitting.begin(self.config.submissions_quiet)
-    }
-
-    /// The API's connections accepted whose first request has not come, for
-    /// [`sonic_daemon::serve_watched`]: a burst's executions are held while there are any (for
-    /// at most `JobsConfig::connections_pending` each), as while its submissions are being
-    /// handled. `None` when that is zero.
-    pub fn incoming(&self) -> Option<Arc<sonic_daemon::incoming::Incoming>> {
-        (!self.config.connections_pending.is_zero()).then(|| self.submitting.incoming.clone())
     }
 
     /// The executions started so far by [`Runtime::spawn_job`] and
@@ -463,7 +418,6 @@ impl Runtime {
         if let Some(url) = &config.report_url {
             let _ = report_url.set(url.trim_end_matches('/').to_owned());
         }
-        let submitting = Arc::new(Submitting::new(config.connections_pending));
         Runtime {
             store,
             catalog,
@@ -478,7 +432,7 @@ impl Runtime {
             reports: crate::reports::Waiters::default(),
             report_url,
             tasks: Mutex::new(JobTasks::default()),
-            submitting,
+            submitting: Arc::default(),
             handlers: std::sync::OnceLock::new(),
             warm: crate::warm::WarmLedger::default(),
             packages: Mutex::new(BTreeSet::new()),
@@ -3040,63 +2994,6 @@ mod tests {
                 .await
                 .expect("started once the burst was quiet");
         assert_eq!(why, Released::Quiet);
-    }
-
-    /// A connection accepted whose request has not come is a submission on its way: a
-    /// submission is not alone while one pends, and an execution waits for it to bring its
-    /// request (or for its window to pass).
-    #[tokio::test]
-    async fn a_connection_waiting_for_its_request_holds_executions() {
-        const HOUR: Duration = Duration::from_secs(3600);
-        let quiet = Duration::from_millis(1);
-        let s = Arc::new(Submitting::default());
-        let (mut client, server) = tokio::io::duplex(64);
-        let mut connection = s.incoming.watch(server);
-        assert!(s.busy(), "a connection pends");
-        let lone = s.begin(quiet);
-        assert!(!lone.alone(), "another request is on its way");
-        drop(lone);
-        let held = tokio::spawn({
-            let s = s.clone();
-            async move { s.wait_for_none(HOUR, quiet, true).await }
-        });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(!held.is_finished(), "started while a connection pended");
-        tokio::io::AsyncWriteExt::write_all(&mut client, b"POST")
-            .await
-            .unwrap();
-        let mut buf = [0u8; 4];
-        tokio::io::AsyncReadExt::read_exact(&mut connection, &mut buf)
-            .await
-            .unwrap();
-        let why = tokio::time::timeout(Duration::from_secs(30), held)
-            .await
-            .expect("started once the request came")
-            .expect("task");
-        assert_eq!(why, Released::Quiet);
-        assert!(!s.busy());
-        // A connection that never writes stops holding after its window.
-        let (_silent, server) = tokio::io::duplex(64);
-        let mut silent = s.incoming.watch(server);
-        let waited = Instant::now();
-        let why = tokio::time::timeout(Duration::from_secs(30), async {
-            let mut buf = [0u8; 1];
-            let read = tokio::io::AsyncReadExt::read(&mut silent, &mut buf);
-            tokio::pin!(read);
-            let held = s.wait_for_none(HOUR, quiet, true);
-            tokio::pin!(held);
-            tokio::select! {
-                _ = &mut read => unreachable!("nothing was written"),
-                why = &mut held => why,
-            }
-        })
-        .await
-        .expect("started once the window passed");
-        assert_eq!(why, Released::Quiet);
-        assert!(
-            waited.elapsed() >= super::CONNECTIONS_PENDING,
-            "released before the window passed"
-        );
     }
 
     /// Each execution held is counted by why it started, with the time it waited.

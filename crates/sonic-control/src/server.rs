@@ -285,10 +285,8 @@ pub async fn start_with_jobs(
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     sonic_daemon::tls::log_transport("control plane", addr, config.tls.as_ref());
     let tls_on = tls.is_some();
-    // Connections whose request has not come hold a burst's executions as its submissions do.
-    let incoming = state.jobs.as_ref().and_then(|rt| rt.incoming());
     let task = tokio::spawn(async move {
-        let served = sonic_daemon::serve_watched(listener, app, tls, incoming, async {
+        let served = sonic_daemon::serve(listener, app, tls, async {
             let _ = rx.await;
         })
         .await;

@@ -5,14 +5,12 @@
 //!   overriding the one before it, with errors that name the file or the flag.
 //! - [`secret`]: secrets from files, generated secrets kept in a data folder.
 //! - [`tls`]: HTTPS for the daemons' servers (rustls) and clients that verify a private CA.
-//! - [`incoming`]: connections accepted whose first request has not come yet.
 //! - [`net`]: listening sockets with an accept queue for bursts of connections.
 //! - [`logging`]: text or JSON log lines (`--log-format`), with the job and run spans.
 //! - [`metrics`]: a per-daemon registry of counters, gauges and histograms in the Prometheus
 //!   text format.
 
 pub mod config;
-pub mod incoming;
 pub mod logging;
 pub mod metrics;
 pub mod net;
@@ -20,4 +18,4 @@ pub mod secret;
 pub mod tls;
 
 pub use config::{ConfigError, Layers};
-pub use tls::{TlsFiles, serve, serve_watched};
+pub use tls::{TlsFiles, serve};

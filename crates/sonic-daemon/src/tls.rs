@@ -84,18 +84,6 @@ pub async fn serve(
     tls: Option<RustlsConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_watched(listener, app, tls, None, shutdown).await
-}
-
-/// [`serve`], counting in `incoming` (when given) the connections accepted whose first bytes
-/// have not come yet ([`crate::incoming`]).
-pub async fn serve_watched(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    tls: Option<RustlsConfig>,
-    incoming: Option<std::sync::Arc<crate::incoming::Incoming>>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
     match tls {
         None => {
             let (stopping_tx, stopping) = tokio::sync::oneshot::channel::<()>();
@@ -107,25 +95,10 @@ pub async fn serve_watched(
                     tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
                 }
             });
-            let shut = async move {
+            let server = axum::serve(listener, app).with_graceful_shutdown(async move {
                 shutdown.await;
                 let _ = stopping_tx.send(());
-            };
-            let server = async move {
-                match incoming {
-                    Some(incoming) => {
-                        let listener = crate::incoming::WatchedListener::new(listener, incoming);
-                        axum::serve(listener, app)
-                            .with_graceful_shutdown(shut)
-                            .await
-                    }
-                    None => {
-                        axum::serve(listener, app)
-                            .with_graceful_shutdown(shut)
-                            .await
-                    }
-                }
-            };
+            });
             let grace_over = async move {
                 if stopping.await.is_ok() {
                     tokio::time::sleep(SHUTDOWN_GRACE).await;
@@ -151,51 +124,14 @@ pub async fn serve_watched(
                 shutdown.await;
                 stopper.graceful_shutdown(Some(SHUTDOWN_GRACE));
             });
-            let server = axum_server::from_tcp(listener.into_std()?)?.handle(handle);
-            let tls = axum_server::tls_rustls::RustlsAcceptor::new(config);
-            match incoming {
-                Some(incoming) => {
-                    let acceptor = tls.acceptor(crate::incoming::WatchedAcceptor::new(
-                        WatchedNoDelay,
-                        incoming,
-                    ));
-                    server
-                        .acceptor(acceptor)
-                        .serve(app.into_make_service())
-                        .await
-                }
-                None => {
-                    let acceptor = tls.acceptor(axum_server::accept::NoDelayAcceptor::new());
-                    server
-                        .acceptor(acceptor)
-                        .serve(app.into_make_service())
-                        .await
-                }
-            }
+            let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(config)
+                .acceptor(axum_server::accept::NoDelayAcceptor::new());
+            axum_server::from_tcp(listener.into_std()?)?
+                .acceptor(acceptor)
+                .handle(handle)
+                .serve(app.into_make_service())
+                .await
         }
-    }
-}
-
-/// TCP_NODELAY on a watched connection, then the connection as it is (what
-/// `axum_server::accept::NoDelayAcceptor` does for a bare one).
-#[derive(Debug, Clone, Copy)]
-struct WatchedNoDelay;
-
-impl<S: Send + 'static>
-    axum_server::accept::Accept<crate::incoming::Watched<tokio::net::TcpStream>, S>
-    for WatchedNoDelay
-{
-    type Stream = crate::incoming::Watched<tokio::net::TcpStream>;
-    type Service = S;
-    type Future = std::future::Ready<std::io::Result<(Self::Stream, S)>>;
-
-    fn accept(&self, stream: Self::Stream, service: S) -> Self::Future {
-        std::future::ready(
-            stream
-                .get_ref()
-                .set_nodelay(true)
-                .map(|()| (stream, service)),
-        )
     }
 }
 
