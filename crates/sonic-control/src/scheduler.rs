@@ -2906,8 +2906,8 @@ mod tests {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    /// `JobsConfig::submissions_quiet` in these tests.
-    const QUIET: Duration = Duration::from_millis(5);
+    /// `JobsConfig::submissions_quiet` in these tests: its default.
+    const QUIET: Duration = super::SUBMISSIONS_QUIET;
 
     /// Submissions first: an execution starts at once when no submission is being handled,
     /// waits while one is, starts once the last one is answered, and waits no longer than its
