@@ -184,11 +184,6 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Compares in time independent of where the strings differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 async fn require_token(State(state): State<Arc<AgentState>>, req: Request, next: Next) -> Response {
     let presented = req
         .headers()
@@ -198,9 +193,7 @@ async fn require_token(State(state): State<Arc<AgentState>>, req: Request, next:
     // An empty configured token must never match an empty presented one.
     let expected = state.config.token.as_bytes();
     match presented {
-        Some(t) if !expected.is_empty() && constant_time_eq(t.as_bytes(), expected) => {
-            next.run(req).await
-        }
+        Some(t) if sonic_daemon::secret::matches(t.as_bytes(), expected) => next.run(req).await,
         _ => ApiError::Unauthorized.into_response(),
     }
 }

@@ -16,7 +16,7 @@ use tracing_subscriber::fmt::MakeWriter;
 /// How the logs are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
-    /// `2026-11-25T04:36:59Z INFO job{job=j-1 dag=fan}: sonic_control::scheduler: stage starts function=gen`
+    /// `2026-11-25T04:36:59Z INFO job{job=j-1 dag=fan}: sonic_control::exec: stage starts function=gen`
     #[default]
     Text,
     /// `{"timestamp":...,"level":"INFO","fields":{"message":"stage starts",...},"target":...,"span":{...},"spans":[...]}`

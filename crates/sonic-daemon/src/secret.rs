@@ -8,6 +8,19 @@ use crate::config::ConfigError;
 /// The shortest secret accepted: a guessable secret protects nothing.
 pub const MIN_SECRET_LEN: usize = 16;
 
+/// Whether `presented` is the secret `expected`, in time that depends on neither's content, on
+/// where they differ, nor on `expected`'s length: both are hashed (SHA-256) and the digests
+/// compared in constant time (`subtle`). An empty `expected` matches nothing (not even an empty
+/// `presented`).
+pub fn matches(presented: &[u8], expected: &[u8]) -> bool {
+    use sha2::{Digest, Sha256};
+    use subtle::ConstantTimeEq;
+    let same: bool = Sha256::digest(presented)
+        .ct_eq(&Sha256::digest(expected))
+        .into();
+    same && !expected.is_empty()
+}
+
 /// A secret of `2 * bytes` hex digits from `/dev/urandom`.
 pub fn random_hex(bytes: usize) -> std::io::Result<String> {
     let mut b = vec![0u8; bytes];
@@ -76,6 +89,21 @@ pub fn load_or_create(what: &str, path: &Path) -> Result<(String, bool), ConfigE
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn matches_only_the_same_nonempty_secret() {
+        assert!(super::matches(b"0123456789abcdef", b"0123456789abcdef"));
+        assert!(!super::matches(b"0123456789abcdeF", b"0123456789abcdef"));
+        assert!(
+            !super::matches(b"0123456789abcde", b"0123456789abcdef"),
+            "a prefix"
+        );
+        assert!(
+            !super::matches(b"0123456789abcdef0", b"0123456789abcdef"),
+            "longer"
+        );
+        assert!(!super::matches(b"", b""), "an empty secret matches nothing");
+    }
+
     use super::*;
 
     #[test]

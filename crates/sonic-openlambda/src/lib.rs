@@ -356,15 +356,11 @@ async fn auth(State(h): State<Arc<Handlers>>, req: Request, next: Next) -> Respo
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if sent.is_some_and(|t| constant_eq(t.as_bytes(), h.cfg.token.as_bytes())) {
+    if sent.is_some_and(|t| sonic_daemon::secret::matches(t.as_bytes(), h.cfg.token.as_bytes())) {
         next.run(req).await
     } else {
         (StatusCode::UNAUTHORIZED, "a bearer token is required\n").into_response()
     }
-}
-
-fn constant_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn text(status: StatusCode, msg: impl Into<String>) -> Response {
