@@ -10,7 +10,7 @@
 //! - `diamond/<fanout>`: a fork and a join (the label DP over frontiers).
 //! - `evaluate`: one prediction of an 8-stage plan, the unit of every search.
 //! - `budget/<problem>/<budget>`: pathological problems under the control plane's default
-//!   budget (`sonic_control::learning::default_budget`: 2 s, 256 MiB) and under `plan`'s (no
+//!   budget (`sonic_control::learn::default_budget`: 2 s, 256 MiB) and under `plan`'s (no
 //!   time limit, 1 GiB): a diamond of four fanout-1,000 stages joined by `one` edges, and one
 //!   stage gathering 16 stages of fanout 4. Each case first prints whether its plan is exact,
 //!   the limit that stopped it and its Perf/$ (stderr).
@@ -113,7 +113,7 @@ fn join(inputs: usize, k: u32) -> PlanProblem {
 }
 
 fn budgets(c: &mut Criterion) {
-    let control = sonic_control::learning::default_budget();
+    let control = sonic_control::learn::default_budget();
     let mut g = c.benchmark_group("budget");
     g.sample_size(10);
     for (name, pb) in [

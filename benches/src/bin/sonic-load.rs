@@ -371,7 +371,7 @@ async fn control(dir: &Path, url_file: &Path) -> anyhow::Result<()> {
             .with_ansi(false)
             .with_span_events(FmtSpan::CLOSE)
             .with_env_filter(tracing_subscriber::EnvFilter::new(
-                "warn,sonic_control::api=debug,sonic_control::store=debug",
+                "warn,sonic_control::http::api=debug,sonic_control::admission=debug,sonic_control::store=debug",
             ))
             .init();
     }
@@ -390,7 +390,7 @@ async fn control(dir: &Path, url_file: &Path) -> anyhow::Result<()> {
             .to_str()
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| anyhow!("--executor-nice: a number from 0 to 19, or off"))?;
-        runtime = runtime.with_executor(sonic_control::executor::Executor::per_core(nice)?);
+        runtime = runtime.with_executor(sonic_control::exec::threads::Executor::per_core(nice)?);
     }
     let config = ControlConfig {
         listen: "127.0.0.1:0".parse()?,
@@ -1111,7 +1111,7 @@ fn main() -> anyhow::Result<()> {
         pin_thread(others);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .on_thread_start(move || sonic_control::executor::lower_thread_priority(nice))
+        .on_thread_start(move || sonic_control::exec::threads::lower_thread_priority(nice))
         .enable_all()
         .build()?;
     rt.block_on(drive(&args, agents_nice, pin))

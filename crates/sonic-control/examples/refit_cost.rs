@@ -1,7 +1,7 @@
 //! What one finished job's learning costs as a setting's samples grow: records `--jobs` samples
 //! of a one-function no-op DAG (what `sonic-load`'s phase 1 runs) in a database file and refits
-//! after each, as the scheduler does (`learning::refit` under its lock), then reads the models
-//! as a planned submission and an execution's start do (`learning::current`, `mode_of`).
+//! after each, as the scheduler does (`learn::refit` under its lock), then reads the models
+//! as a planned submission and an execution's start do (`learn::current`, `mode_of`).
 //! Prints the mean time per job over each block of jobs. A measurement, not a test:
 //!
 //! ```text
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sonic_api::control::JobMode;
-use sonic_control::learning::{self, Finished};
+use sonic_control::learn::{self, Finished};
 use sonic_control::store::{Db, SampleRecord};
 use sonic_core::dag::Dag;
 use sonic_core::regression::Convergence;
@@ -39,7 +39,7 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = Db::open(&dir.path().join("sonic.db")).expect("db");
     let dag = Dag::from_yaml("noop.yaml", DAG).expect("dag");
-    let setting = learning::default_setting(&dag);
+    let setting = learn::default_setting(&dag);
     let rule = Convergence::default();
     let (mut refit, mut read) = (Duration::ZERO, Duration::ZERO);
     let mut planned = 0usize;
@@ -60,8 +60,8 @@ fn main() {
             created_ms: i as i64,
         };
         let t = Instant::now();
-        let models = learning::current(&db, &dag, &setting, rule).expect("current");
-        let mode = learning::mode_of(&db, "noop", &setting, &models, i as i64).expect("mode");
+        let models = learn::current(&db, &dag, &setting, rule).expect("current");
+        let mode = learn::mode_of(&db, "noop", &setting, &models, i as i64).expect("mode");
         read += t.elapsed();
         let job_mode = if mode.mode == sonic_core::mode::Mode::Planned {
             planned += 1;
@@ -76,7 +76,7 @@ fn main() {
         };
         let t = Instant::now();
         db.put_sample(&s).expect("sample");
-        learning::refit(&db, &dag, &setting, rule, i as i64, Some(&finished)).expect("refit");
+        learn::refit(&db, &dag, &setting, rule, i as i64, Some(&finished)).expect("refit");
         refit += t.elapsed();
         if (i + 1) % block == 0 {
             let per = |d: Duration| d.as_secs_f64() * 1e3 / block as f64;

@@ -222,8 +222,8 @@ impl Default for ControlConfig {
             heartbeat_timeout: Seconds(10.0),
             catalog: None,
             max_body: ByteSize(1024 * 1024),
-            plan_budget: Seconds(crate::learning::PLAN_TIME.as_secs_f64()),
-            plan_memory: ByteSize(crate::learning::PLAN_MEMORY),
+            plan_budget: Seconds(crate::learn::PLAN_TIME.as_secs_f64()),
+            plan_memory: ByteSize(crate::learn::PLAN_MEMORY),
             prewarm: true,
             openlambda: None,
             dilation: 1.0,
@@ -353,6 +353,16 @@ pub struct ControlArgs {
 }
 
 impl ControlConfig {
+    /// What the API's handlers read from it.
+    pub fn settings(&self) -> crate::http::api::Settings {
+        crate::http::api::Settings {
+            token: self.token.clone(),
+            join_token: self.join_token.clone(),
+            heartbeat_timeout: self.heartbeat_timeout(),
+            max_body_bytes: self.max_body_bytes(),
+        }
+    }
+
     /// Parses a YAML configuration; `path` names it in errors.
     pub fn from_yaml(path: &str, text: &str) -> Result<ControlConfig, ConfigError> {
         sonic_daemon::Layers::new().yaml_str(path, text).extract()
@@ -529,7 +539,7 @@ mod tests {
         assert_eq!(cfg.plan_budget().time, Some(Duration::from_millis(500)));
         assert_eq!(
             cfg.plan_budget().max_memory_bytes,
-            Some(crate::learning::PLAN_MEMORY)
+            Some(crate::learn::PLAN_MEMORY)
         );
         assert_eq!(cfg.catalog.as_deref(), Some("catalog.yaml"));
         assert_eq!(cfg.data_dir, dir.path().join("data"));

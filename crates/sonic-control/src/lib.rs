@@ -1,39 +1,38 @@
 //! The control plane: DAG registry, agent registry, persistence and the HTTP API.
 //!
-//! Jobs run through [`scheduler`] with decisions from [`jobs`]. Every finished job refits its
-//! DAG's models ([`learning`]); once they converge, jobs are planned for their input size and
-//! placed by the resource manager ([`planned`]) with the bandwidth the agents measure
-//! ([`bandwidth`]). The web [`dashboard`] shares the API's port and token.
+//! In layers, each importing only those below it (a test checks, `layers`):
+//!
+//! - [`http`]: the API routes, the dashboard, the OpenLambda listener's glue; the one place
+//!   where errors become statuses.
+//! - [`admission`]: a submission checked, its policy chosen, planned under a budget.
+//! - [`exec`]: the executor that runs a job's stages on the agents ([`exec::machine`] decides,
+//!   the dispatcher carries it out) and the domain [`exec::Context`] the layers above share.
+//! - [`resources`]: the cluster's resource manager and how a plan is granted agents.
+//! - [`learn`]: samples, models and modes, the warm ledger, the measured bandwidth.
+//! - [`store`]: SQLite, the only module that writes rows.
+//!
+//! [`clock`] and [`metrics`] serve every layer; [`server`] and [`config`] put them together.
 
 #![warn(missing_docs)]
 
-pub mod agent_client;
-pub mod api;
-pub mod bandwidth;
+pub mod admission;
 pub mod clock;
 pub mod config;
-pub mod dashboard;
-pub mod error;
-pub mod executor;
-pub mod handlers;
-pub mod jobs;
-pub mod learning;
-pub mod machine;
+pub mod exec;
+pub mod http;
+pub mod learn;
 pub mod metrics;
-pub mod openapi;
-pub mod planned;
-pub mod prewarm;
-pub mod reports;
 pub mod resources;
-pub mod scheduler;
 pub mod server;
 pub mod store;
-pub mod warm;
 
-pub use api::{ControlState, RouteInfo, Settings, Verb, router, routes};
+#[cfg(test)]
+mod layers;
+
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{ControlArgs, ControlConfig};
-pub use error::ApiError;
-pub use scheduler::{JobsConfig, Runtime};
+pub use exec::{Context, JobsConfig, Runtime};
+pub use http::api::{ControlState, RouteInfo, Settings, Verb, router, routes};
+pub use http::error::ApiError;
 pub use server::{RunningControl, ServeError, serve, start, start_with_jobs};
 pub use store::{Db, StoreError};

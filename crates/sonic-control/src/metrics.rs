@@ -178,6 +178,24 @@ const FAMILIES: &[Desc] = &[
 /// The data-passing methods, shown from the first scrape.
 const METHODS: [&str; 3] = ["vm-storage", "direct", "remote"];
 
+/// The job executions this control plane started, by why they started then, and how long
+/// those held back waited (`sonic_executions_held_total` and `_seconds_total`, docs/api.md):
+/// whether a burst of submissions held its jobs until it was answered, or longer than
+/// `submissions_first` (its executions then started while submissions were still coming).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HeldExecutions {
+    /// Started at once ([`Released::AtOnce`]).
+    pub at_once: u64,
+    /// Held until the submissions being handled were answered.
+    pub quiet: u64,
+    /// Held until their bound (`submissions_first`).
+    pub bound: u64,
+    /// Seconds the `quiet` ones waited, in all.
+    pub quiet_s: f64,
+    /// Seconds the `bound` ones waited, in all.
+    pub bound_s: f64,
+}
+
 /// The control plane's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -224,7 +242,7 @@ pub struct Gauges {
     /// The control plane's object store's retries so far.
     pub store_retries: u64,
     /// The job executions started so far, by what they waited for.
-    pub held: crate::scheduler::HeldExecutions,
+    pub held: HeldExecutions,
 }
 
 /// Counts one instance waiting for a concurrency slot while it lives.
@@ -368,7 +386,7 @@ mod tests {
             agents_alive: 1,
             agents_dead: 2,
             capacity: [("m5.large".to_owned(), (1, 2))].into_iter().collect(),
-            held: crate::scheduler::HeldExecutions {
+            held: HeldExecutions {
                 at_once: 4,
                 quiet: 2,
                 bound: 1,

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use sonic_core::catalog::Catalog;
 use sonic_storage::StoreChoice;
 
-use crate::api::{ControlState, Settings, router};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, ControlConfig};
-use crate::scheduler::{JobsConfig, Runtime};
+use crate::exec::{JobsConfig, Runtime};
+use crate::http::api::{ControlState, router};
 use crate::store::{Db, StoreError};
 
 /// Why the control plane could not start.
@@ -203,14 +203,14 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
                 nice,
                 "job executions run on threads of their own, one per core, at a lower priority than the API's (executor_nice)"
             );
-            runtime.with_executor(crate::executor::Executor::per_core(i32::from(nice))?)
+            runtime.with_executor(crate::exec::threads::Executor::per_core(i32::from(nice))?)
         }
         None => runtime,
     })
 }
 
 /// [`start`], able to run jobs with `jobs`. Jobs a previous process left running are failed
-/// (with [`crate::scheduler::RESTARTED`]) before the server answers.
+/// (with [`crate::exec::RESTARTED`]) before the server answers.
 pub async fn start_with_jobs(
     config: ControlConfig,
     clock: Arc<dyn Clock>,
@@ -222,7 +222,7 @@ pub async fn start_with_jobs(
     let can_resume = jobs.is_some();
     let (db, resumed) = tokio::task::spawn_blocking(move || {
         let db = Db::open_dir(&data_dir)?;
-        let (failed, resumed) = crate::scheduler::interrupted(&db, now, can_resume)?;
+        let (failed, resumed) = crate::exec::interrupted(&db, now, can_resume)?;
         if failed > 0 {
             tracing::warn!(jobs = failed, "failed jobs interrupted by a restart");
         }
@@ -262,11 +262,11 @@ pub async fn start_with_jobs(
             sonic_daemon::tls::scheme(tls.is_some())
         ));
     }
-    let state = ControlState::with_jobs(db, clock, Settings::from_config(&config), jobs);
+    let state = ControlState::with_jobs(db, clock, config.settings(), jobs);
     if let Some(ol) = &openlambda {
         // `POST /run/<dag-name>` runs the DAG's job.
         ol.handlers
-            .set_dags(Arc::new(crate::handlers::DagCalls::new(&state)));
+            .set_dags(Arc::new(crate::http::openlambda::DagCalls::new(&state)));
     }
     // Jobs a previous process was running go on from what it recorded.
     if let Some(rt) = &state.jobs {
@@ -275,7 +275,7 @@ pub async fn start_with_jobs(
             let span =
                 tracing::info_span!("job", job = %job.id, dag = %job.dag, policy = %job.policy);
             rt.spawn_job(tracing::Instrument::instrument(
-                crate::scheduler::resume(state.clone(), rt.clone(), job, cancel),
+                crate::admission::resume(state.ctx.clone(), rt.clone(), job, cancel),
                 span,
             ));
         }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sonic_api::control::JobStatus;
-use sonic_control::dashboard::pages;
+use sonic_control::http::dashboard::pages;
 use sonic_core::regression::Convergence;
 use support::{Cluster, DAG, TOKEN};
 
@@ -264,7 +264,7 @@ impl Driver {
             .clamp(600, 6000) as u32;
         self.resize(width, h + 20).await;
         let b64 = self.cmd(reqwest::Method::GET, "/screenshot", None).await;
-        let png = sonic_control::jobs::decode_base64(b64.as_str().unwrap_or(""))
+        let png = sonic_control::exec::requests::decode_base64(b64.as_str().unwrap_or(""))
             .expect("a base64 screenshot");
         self.resize(width, 1000).await;
         png

@@ -14,7 +14,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use sonic_api::control::JobStatus;
-use sonic_control::dashboard::{COOKIE, pages};
+use sonic_control::http::dashboard::{COOKIE, pages};
 use sonic_control::{ControlState, Db, ManualClock, Settings, router};
 use sonic_core::regression::Convergence;
 use support::{Cluster, DAG, TOKEN};

@@ -332,7 +332,7 @@ edges:
     };
     let agents = platform::machines()
         .into_iter()
-        .map(|m| sonic_control::jobs::AgentSlot {
+        .map(|m| sonic_control::store::AgentSlot {
             id: m.id,
             url: String::new(),
             vm_type: m.vm_type,

@@ -117,7 +117,7 @@ async fn start_control(
     jobs.backoff = Duration::from_millis(20);
     jobs.convergence = convergence;
     // Executions on an executor of their own, as the daemon runs them (`executor_nice`).
-    let executor = sonic_control::executor::Executor::new(
+    let executor = sonic_control::exec::threads::Executor::new(
         2,
         i32::from(sonic_control::config::DEFAULT_EXECUTOR_NICE),
     )

@@ -114,9 +114,7 @@ async fn every_event_of_a_job_carries_its_id_from_the_span() {
     // And nothing the executor or a runner said while the job ran escapes its span.
     for l in &lines {
         let target = l["target"].as_str().unwrap_or("");
-        if target.starts_with("sonic_control::scheduler")
-            || target.starts_with("sonic_agent::runner")
-        {
+        if target.starts_with("sonic_control::exec") || target.starts_with("sonic_agent::runner") {
             assert!(in_job(l, &id), "an event outside the job's span: {l}");
         }
     }

@@ -97,7 +97,7 @@ async fn two_jobs_whose_plans_exceed_the_pool_are_queued_not_oversubscribed() {
     );
     // Nothing is held once both ended.
     let rt = c.control.state.jobs.clone().expect("runtime");
-    let probe = sonic_control::jobs::AgentSlot {
+    let probe = sonic_control::store::AgentSlot {
         id: "a-2".into(),
         url: String::new(),
         vm_type: "m5.xlarge".into(),

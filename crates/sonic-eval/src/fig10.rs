@@ -5,7 +5,7 @@
 //! fixed held-out set, as §5.6.1 of the paper does.
 
 use serde_json::Value;
-use sonic_control::learning::{SEED, sample_parts};
+use sonic_control::learn::{SEED, sample_parts};
 use sonic_control::store::SampleRecord;
 use sonic_core::regression::{Model, Quantity};
 

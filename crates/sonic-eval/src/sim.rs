@@ -86,7 +86,7 @@ pub struct ValidationInputs {
 }
 
 /// One application's inputs: the parameters the profiling jobs measured at the Fig. 7 input
-/// (`learning::measured_params`, the oracle's), and its cells.
+/// (`learn::measured_params`, the oracle's), and its cells.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AppInputs {
     pub app: String,
@@ -152,7 +152,7 @@ pub fn inputs(
         };
         let dag = Dag::from_yaml(app.file, app.yaml).map_err(|e| anyhow!("{e}"))?;
         // Emulated time already (`harness::emulated_sample`).
-        let params = sonic_control::learning::measured_params(&dag, samples, bytes)
+        let params = sonic_control::learn::measured_params(&dag, samples, bytes)
             .map_err(|e| anyhow!("{e}"))
             .with_context(|| format!("{}: measured parameters", app.name))?;
         let mut out = Vec::new();

@@ -560,7 +560,7 @@ fn prepare(
     }
     let catalog = cluster.catalog().clone();
     // As the control plane re-plans a job under the capacity the resource manager has
-    // (`planned::allocate`, `Answer::Capacity`): a stage never uses more VMs of a type than the
+    // (`resources::planned::allocate`, `Answer::Capacity`): a stage never uses more VMs of a type than the
     // cluster has. The best plan within the limits is the best plan whenever that fits.
     let limits: BTreeMap<String, u32> = cluster.counts().into_iter().collect();
     let limited = |pb: PlanProblem| pb.with_vm_limits(&limits);
@@ -959,7 +959,7 @@ impl<'a> Sim<'a> {
     // ---- jobs and stages ----
 
     fn arrive(&mut self, j: usize) {
-        // As the control plane decides when a job starts (`scheduler::run`).
+        // As the control plane decides when a job starts (`exec::run`).
         self.jobs[j].shares_warm = match &self.models {
             None => true,
             Some(m) => m

@@ -21,7 +21,7 @@ pub struct JobCost {
     pub remote_storage_usd: f64,
     pub requests_usd: f64,
     /// What the control plane's job summary charges for the same run (`cost_usd`:
-    /// `scheduler::spans_cost` plus the summary's `storage_usd` and `requests_usd`): each VM the
+    /// `exec::spans_cost` plus the summary's `storage_usd` and `requests_usd`): each VM the
     /// job had (a lease of its plan) at its type's full price, from the grant of its first
     /// instance's slot to its last instance's end (the `remote` uploads included, which the
     /// system makes inside the sender's instance), no share of a VM with other jobs; plus the

@@ -20,10 +20,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use sonic_api::agent::{BandwidthReport, Capacity, Heartbeat};
-use sonic_control::jobs::AgentSlot;
 use sonic_control::resources::{
     Answer, BoxFuture, Grant, Offer, ResourceError, ResourceManager, Slot,
 };
+use sonic_control::store::AgentSlot;
 
 use crate::containers::{AGENT_PORT, AgentContainer, Containers, Limits};
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use sonic_api::agent::{RunAccepted, RunReport, RunRequest, RunStatus};
 
-use crate::jobs::AgentSlot;
 use crate::resources::BoxFuture;
+use crate::store::AgentSlot;
 
 /// An agent's answer to a run request.
 #[derive(Debug, Clone, PartialEq, Eq)]

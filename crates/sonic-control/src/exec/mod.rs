@@ -3,10 +3,19 @@
 //! job summary and the profiling sample, then refits the DAG's models.
 //!
 //! A planned (`sonic`) job runs its plan: the cluster's resource manager
-//! ([`crate::resources`], through [`crate::planned::admit`]) grants the plan's VMs on agents, the
+//! ([`crate::resources`], through [`crate::resources::planned::admit`]) grants the plan's VMs on agents, the
 //! job waiting `queued` until it does; each edge moves data by the plan's method, and at most the
 //! plan's concurrency of a stage's instances run at once on one VM. An unplanned job's instance
 //! holds one slot of its agent from the same manager while it runs.
+
+pub mod agents;
+mod context;
+pub mod handlers;
+pub mod machine;
+pub mod prewarm;
+pub mod reports;
+pub mod requests;
+pub mod threads;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -23,20 +32,22 @@ use sonic_storage::ObjectStore;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent_client::{AgentClient, HttpAgents};
-use crate::api::ControlState;
-use crate::jobs::{
-    AgentSlot, JobInputFile, Method, Policy, Produced, StageContext, edge_methods, instance_runs,
-    job_prefix, stage_runs,
+use crate::exec::agents::{AgentClient, HttpAgents};
+use crate::exec::requests::{
+    JobInputFile, Method, Policy, Produced, StageContext, edge_methods, instance_runs, job_prefix,
+    stage_runs,
 };
-use crate::learning::Planned;
-use crate::machine::{self, Action, Event, JobMachine, Outcome, Shape};
-use crate::planned::Allocation;
+use crate::learn::Planned;
+use crate::metrics::HeldExecutions;
+use crate::resources::planned::Allocation;
 use crate::resources::{DEFAULT_MAX_QUEUED, Pool, ResourceManager};
+use crate::store::AgentSlot;
 use crate::store::{
     Db, ExecutionRecord, FileRecord, InstanceRunRecord, JobRecord, LocalCopy, SampleRecord,
     StoreError,
 };
+pub use context::Context;
+use machine::{Action, Event, JobMachine, Outcome, Shape};
 
 /// The reason a job that was running when the control plane stopped is failed with.
 pub const RESTARTED: &str = "control plane restarted";
@@ -141,7 +152,7 @@ impl JobsConfig {
             fallback_poll: Duration::from_secs(2),
             report_slack: Duration::from_secs(120),
             convergence: Convergence::default(),
-            planning: crate::learning::default_budget(),
+            planning: crate::learn::default_budget(),
             job_attempts: 3,
             health_timeout: Duration::from_secs(3),
             prewarm: true,
@@ -175,7 +186,7 @@ pub struct Runtime {
     /// One refit at a time: two jobs of a DAG ending together must not both extend the same fit.
     models: Mutex<()>,
     /// Runs waiting for their agent's pushed report (`POST /v1/agents/{id}/runs/{run}/report`).
-    pub reports: crate::reports::Waiters,
+    pub reports: crate::exec::reports::Waiters,
     /// Where agents push reports: `JobsConfig::report_url`, else where the server listens.
     report_url: std::sync::OnceLock<String>,
     /// The tasks executing jobs, stopped with the control plane ([`Runtime::stop_jobs`]).
@@ -185,11 +196,11 @@ pub struct Runtime {
     /// The OpenLambda registry whose lambdas DAG functions may name as handlers.
     handlers: std::sync::OnceLock<Arc<sonic_openlambda::Handlers>>,
     /// What the agents keep warm, per function: planning prices warm stages hot with it.
-    pub warm: crate::warm::WarmLedger,
+    pub warm: crate::learn::warm::WarmLedger,
     /// Digests of lambda tarballs this process put in the store.
     packages: Mutex<BTreeSet<String>>,
     /// Where executions run ([`Runtime::with_executor`]); `None`: on the caller's runtime.
-    executor: Option<crate::executor::Executor>,
+    executor: Option<crate::exec::threads::Executor>,
 }
 
 /// The tasks executing jobs. Finished ones are dropped once the list doubled since the last
@@ -238,36 +249,17 @@ pub enum Released {
     Bound,
 }
 
-/// The job executions this control plane started, by why they started then, and how long
-/// those held back waited (`sonic_executions_held_total` and `_seconds_total`, docs/api.md):
-/// whether a burst of submissions held its jobs until it was answered, or longer than
-/// `submissions_first` (its executions then started while submissions were still coming).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct HeldExecutions {
-    /// Started at once ([`Released::AtOnce`]).
-    pub at_once: u64,
-    /// Held until the submissions being handled were answered.
-    pub quiet: u64,
-    /// Held until their bound (`submissions_first`).
-    pub bound: u64,
-    /// Seconds the `quiet` ones waited, in all.
-    pub quiet_s: f64,
-    /// Seconds the `bound` ones waited, in all.
-    pub bound_s: f64,
-}
-
-impl HeldExecutions {
-    fn count(&mut self, why: Released, waited: Duration) {
-        match why {
-            Released::AtOnce => self.at_once += 1,
-            Released::Quiet => {
-                self.quiet += 1;
-                self.quiet_s += waited.as_secs_f64();
-            }
-            Released::Bound => {
-                self.bound += 1;
-                self.bound_s += waited.as_secs_f64();
-            }
+/// Counts an execution released for `why` after waiting `waited`.
+fn count_held(held: &mut HeldExecutions, why: Released, waited: Duration) {
+    match why {
+        Released::AtOnce => held.at_once += 1,
+        Released::Quiet => {
+            held.quiet += 1;
+            held.quiet_s += waited.as_secs_f64();
+        }
+        Released::Bound => {
+            held.bound += 1;
+            held.bound_s += waited.as_secs_f64();
         }
     }
 }
@@ -340,10 +332,11 @@ impl Submitting {
     async fn hold(&self, at_most: Duration, quiet: Duration, alone: bool) {
         let began = tokio::time::Instant::now();
         let why = self.wait_for_none(at_most, quiet, alone).await;
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .count(why, began.elapsed());
+        count_held(
+            &mut self.held.lock().unwrap_or_else(|p| p.into_inner()),
+            why,
+            began.elapsed(),
+        );
     }
 }
 
@@ -429,12 +422,12 @@ impl Runtime {
             resources,
             granted: Mutex::new(BTreeSet::new()),
             models: Mutex::new(()),
-            reports: crate::reports::Waiters::default(),
+            reports: crate::exec::reports::Waiters::default(),
             report_url,
             tasks: Mutex::new(JobTasks::default()),
             submitting: Arc::default(),
             handlers: std::sync::OnceLock::new(),
-            warm: crate::warm::WarmLedger::default(),
+            warm: crate::learn::warm::WarmLedger::default(),
             packages: Mutex::new(BTreeSet::new()),
             executor: None,
         }
@@ -442,13 +435,13 @@ impl Runtime {
 
     /// Runs job executions on `executor`'s threads (a lower priority than the API's) instead
     /// of the runtime that starts them.
-    pub fn with_executor(mut self, executor: crate::executor::Executor) -> Runtime {
+    pub fn with_executor(mut self, executor: crate::exec::threads::Executor) -> Runtime {
         self.executor = Some(executor);
         self
     }
 
     /// The executor jobs run on, when they have one of their own.
-    pub fn executor(&self) -> Option<&crate::executor::Executor> {
+    pub fn executor(&self) -> Option<&crate::exec::threads::Executor> {
         self.executor.as_ref()
     }
 
@@ -560,7 +553,7 @@ impl Runtime {
         self
     }
 
-    /// Talks to agents through `agents` instead of HTTP (e.g. [`crate::agent_client::MemoryAgents`]
+    /// Talks to agents through `agents` instead of HTTP (e.g. [`crate::exec::agents::MemoryAgents`]
     /// in tests of the executor without a network).
     pub fn with_agents(mut self, agents: Arc<dyn AgentClient>) -> Runtime {
         self.agents = agents;
@@ -642,14 +635,14 @@ impl Runtime {
         }
     }
 
-    /// Admits a planned job through the resource manager ([`crate::planned::admit`]): until it
+    /// Admits a planned job through the resource manager ([`crate::resources::planned::admit`]): until it
     /// is granted the job stays `queued`, its message saying why; then it shows as running.
     /// Returns the allocation and the plans it came from (re-planned when the pool was short).
     /// `prefer`: the agents a resumed job ran each stage on ([`crate::resources::Offer::prefer`]).
     #[allow(clippy::too_many_arguments)]
     async fn admit(
         &self,
-        state: &ControlState,
+        state: &Context,
         job: &JobRecord,
         dag: &Dag,
         planned: &Planned,
@@ -668,10 +661,10 @@ impl Runtime {
         };
         let replan = |limits: &BTreeMap<String, u32>| {
             let (catalog, _) = state.planning_catalog();
-            crate::learning::replan(dag, planned, catalog, policy, state.plan_budget(), limits)
+            crate::learn::replan(dag, planned, catalog, policy, state.plan_budget(), limits)
                 .map_err(|e| e.to_string())
         };
-        let admitted = crate::planned::admit_preferring(
+        let admitted = crate::resources::planned::admit_preferring(
             self.resources.as_ref(),
             &job.id,
             dag,
@@ -886,7 +879,7 @@ impl StoreUse {
 /// Runs a submitted job to its end and records it. Never fails: errors become a failed job.
 /// `planned` is the plan of a `sonic` job (chosen at submission, for its input size).
 pub async fn execute(
-    state: Arc<ControlState>,
+    state: Arc<Context>,
     rt: Arc<Runtime>,
     job: JobRecord,
     inputs: Vec<JobInputFile>,
@@ -899,7 +892,7 @@ pub async fn execute(
 /// Records which execution a job is in and what it needs to go on after a restart (its grant
 /// is added once granted).
 async fn record_execution(
-    state: &ControlState,
+    state: &Context,
     job: &str,
     number: u32,
     inputs: &[JobInputFile],
@@ -947,12 +940,14 @@ pub fn resumable(db: &Db, job: &JobRecord) -> Result<bool, StoreError> {
 /// Goes on with a job a previous control plane left unfinished, from what it recorded: the
 /// instances it saw succeed are not run again, those it had sent are asked for again (an agent
 /// that still has the run answers with it), the rest run as usual. Register the job first
-/// ([`Runtime::register`]) and pass its cancel token.
+/// ([`Runtime::register`]) and pass its cancel token. `planned`: a planned job's plan made
+/// again (`crate::admission::resume`), or why it could not be.
 pub async fn resume(
-    state: Arc<ControlState>,
+    state: Arc<Context>,
     rt: Arc<Runtime>,
     job: JobRecord,
     cancel: CancellationToken,
+    planned: Option<Result<Planned, String>>,
 ) {
     let id = job.id.clone();
     let loaded = state
@@ -976,18 +971,15 @@ pub async fn resume(
                     key: key.clone(),
                 })
                 .collect();
-            // A planned job is planned again (the models and the catalog are in the database);
-            // the resource manager is asked for the agents it ran on before.
-            let planned = if job.mode == sonic_api::control::JobMode::Planned {
-                match crate::api::plan_again(&state, &job).await {
-                    Ok(p) => Some(p),
-                    Err(e) => {
-                        let why = format!("{RESTARTED}; the job cannot be planned again: {e}");
-                        return fail_unresumed(&state, &rt, &job, why).await;
-                    }
+            // A planned job was planned again (`crate::admission::resume`); the resource
+            // manager is asked for the agents it ran on before.
+            let planned = match planned {
+                Some(Ok(p)) => Some(p),
+                Some(Err(e)) => {
+                    let why = format!("{RESTARTED}; the job cannot be planned again: {e}");
+                    return fail_unresumed(&state, &rt, &job, why).await;
                 }
-            } else {
-                None
+                None => None,
             };
             tracing::info!(job = %job.id, execution = resumed.execution.number, recorded = resumed.runs.len(), "resuming the job");
             execute_from(state, rt, job, inputs, cancel, planned, Some(resumed)).await;
@@ -1003,7 +995,7 @@ pub async fn resume(
 }
 
 /// Fails a job a previous control plane left unfinished that cannot go on, saying why.
-async fn fail_unresumed(state: &ControlState, rt: &Runtime, job: &JobRecord, why: String) {
+async fn fail_unresumed(state: &Context, rt: &Runtime, job: &JobRecord, why: String) {
     tracing::warn!(job = %job.id, "{why}");
     let (id, now) = (job.id.clone(), state.clock.now_ms());
     let reason = why.clone();
@@ -1022,7 +1014,7 @@ async fn fail_unresumed(state: &ControlState, rt: &Runtime, job: &JobRecord, why
 }
 
 async fn execute_from(
-    state: Arc<ControlState>,
+    state: Arc<Context>,
     rt: Arc<Runtime>,
     job: JobRecord,
     inputs: Vec<JobInputFile>,
@@ -1194,8 +1186,8 @@ async fn execute_from(
             })
             .unwrap_or_default();
         // The job's sample teaches the models of its own parameter setting only.
-        let setting = crate::learning::job_setting(&dag, &job.params);
-        let finished = crate::learning::Finished {
+        let setting = crate::learn::job_setting(&dag, &job.params);
+        let finished = crate::learn::Finished {
             job: job.id.clone(),
             mode: job.mode,
             known_fanouts,
@@ -1208,7 +1200,7 @@ async fn execute_from(
                 // every sample again.
                 let _one_at_a_time = models.models.lock().unwrap_or_else(|p| p.into_inner());
                 db.put_sample(&s)?;
-                crate::learning::refit(db, &dag, &setting, rule, now, Some(&finished))
+                crate::learn::refit(db, &dag, &setting, rule, now, Some(&finished))
             })
             .await;
         match learned {
@@ -1248,10 +1240,10 @@ fn job_plan(
     alloc: &Allocation,
     agents: &[AgentSlot],
     report: &serde_json::Value,
-    warm: &crate::warm::WarmPool,
+    warm: &crate::learn::warm::WarmPool,
 ) -> JobPlan {
     let mut report = report.clone();
-    if alloc.used == crate::planned::Used::SecondBest
+    if alloc.used == crate::resources::planned::Used::SecondBest
         && let Some(map) = report.as_object_mut()
     {
         // The document's top level is the plan that runs; the best one stays for the record.
@@ -1337,7 +1329,7 @@ fn job_plan(
 /// Fails a planned stage whose vm-storage inputs are on an agent that is gone: its files went
 /// with it, and no other agent can link them.
 async fn check_vm_storage_senders(
-    state: &Arc<ControlState>,
+    state: &Arc<Context>,
     dag: &Dag,
     alloc: &Allocation,
     agents: &[AgentSlot],
@@ -1348,7 +1340,7 @@ async fn check_vm_storage_senders(
         return Ok(());
     }
     let now = state.clock.now_ms();
-    let timeout = state.settings.heartbeat_timeout;
+    let timeout = state.heartbeat_timeout;
     let records = state
         .db
         .run(|db| db.list_agents())
@@ -1371,7 +1363,7 @@ async fn check_vm_storage_senders(
 
 #[allow(clippy::too_many_arguments)]
 async fn run(
-    state: &Arc<ControlState>,
+    state: &Arc<Context>,
     rt: &Arc<Runtime>,
     job: &JobRecord,
     inputs: &[JobInputFile],
@@ -1387,7 +1379,7 @@ async fn run(
     } = recorded;
     let lost = progress.lost.clone();
     let now = state.clock.now_ms();
-    let timeout = state.settings.heartbeat_timeout;
+    let timeout = state.heartbeat_timeout;
     // The DAG as it is now (kept parsed: no blocking thread), the agents from their rows.
     let (parsed, agents) = tokio::join!(
         state.db.parsed_dag(&job.dag),
@@ -1423,7 +1415,7 @@ async fn run(
     let params: serde_json::Map<String, serde_json::Value> = params_map.into_iter().collect();
     let policy: Policy = job.policy.parse().map_err(Failure::Job)?;
     // Handlers are resolved once per execution: its runs all call the same code.
-    let handlers = crate::handlers::resolve(rt, &dag)
+    let handlers = crate::exec::handlers::resolve(rt, &dag)
         .await
         .map_err(Failure::Job)?;
     let alloc = match planned {
@@ -1562,9 +1554,9 @@ async fn run(
                 let mem = alloc
                     .as_ref()
                     .and_then(|al| al.memory_limit_mb.get(i).copied())
-                    .unwrap_or(crate::jobs::DEFAULT_MEMORY_MB);
+                    .unwrap_or(crate::exec::requests::DEFAULT_MEMORY_MB);
                 let digest = handlers.get(&i).map(|h| h.sha256.as_str());
-                crate::warm::key(&dag, i, digest, mem)
+                crate::learn::warm::key(&dag, i, digest, mem)
             })
             .collect()
     };
@@ -1651,7 +1643,7 @@ async fn run(
                         tracing::info!(job = %job.id, function = %dag.functions[i].name, instances = count, "stage starts");
                         // A job that measures cold starts has nothing started ahead.
                         if !profiling {
-                            crate::prewarm::next_stages(rt, &ctx, i, alloc.as_ref());
+                            crate::exec::prewarm::next_stages(rt, &ctx, i, alloc.as_ref());
                         }
                         events.push_back(Event::StageOpened {
                             stage: i,
@@ -1932,7 +1924,7 @@ async fn run(
 /// Counts the stages that ended since the last call (`seen`: those already counted) in the
 /// metrics and the job's progress.
 fn stages_ended(
-    state: &ControlState,
+    state: &Context,
     rt: &Runtime,
     job: &JobRecord,
     dag: &Dag,
@@ -1959,7 +1951,7 @@ fn stages_ended(
 struct Opened {
     /// Its requests by instance: all of them when it opened, or each when it first starts (a
     /// stage whose instances start one by one).
-    requests: HashMap<u32, crate::jobs::Placement>,
+    requests: HashMap<u32, crate::exec::requests::Placement>,
     /// A planned stage's concurrency per agent.
     permits: HashMap<usize, Arc<Semaphore>>,
     count: u32,
@@ -1971,7 +1963,7 @@ struct Opened {
 /// recorded.
 #[allow(clippy::too_many_arguments)]
 async fn succeed(
-    state: &Arc<ControlState>,
+    state: &Arc<Context>,
     rt: &Runtime,
     job: &str,
     dag: &Dag,
@@ -2021,16 +2013,16 @@ async fn succeed(
 /// parameter setting learned every function's cold time under the rule in force
 /// (`sonic_core::warm`, the rule the simulator follows too).
 async fn cold_times_learned(
-    state: &ControlState,
+    state: &Context,
     rt: &Runtime,
     dag: &Dag,
     params: &serde_json::Map<String, serde_json::Value>,
 ) -> bool {
     let (d, rule) = (dag.clone(), rt.config.convergence);
-    let setting = crate::learning::job_setting(dag, params);
+    let setting = crate::learn::job_setting(dag, params);
     match state
         .db
-        .run(move |db| crate::learning::current(db, &d, &setting, rule))
+        .run(move |db| crate::learn::current(db, &d, &setting, rule))
         .await
     {
         Ok(m) => sonic_core::warm::shares_across_jobs(&m),
@@ -2057,7 +2049,7 @@ fn running_stages(dag: &Dag, machine: &JobMachine) -> Option<String> {
 /// Records where a finished instance's files are, then that it ended, before the instances
 /// that read them start (a restart between the two asks the agent for its report again).
 async fn put_files(
-    state: &Arc<ControlState>,
+    state: &Arc<Context>,
     mut files: Vec<FileRecord>,
     ended: Option<InstanceRunRecord>,
     log: Option<(String, InstanceLog)>,
@@ -2083,13 +2075,13 @@ async fn put_files(
 }
 
 /// The monotonic instant of a wall-clock time in ms (for runs a previous process recorded).
-fn instant_at(state: &ControlState, ms: i64) -> Instant {
+fn instant_at(state: &Context, ms: i64) -> Instant {
     let ago = Duration::from_millis(u64::try_from(state.clock.now_ms() - ms).unwrap_or(0));
     Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
 }
 
 /// The wall-clock time in ms of a monotonic instant.
-fn ms_at(state: &ControlState, at: Instant) -> i64 {
+fn ms_at(state: &Context, at: Instant) -> i64 {
     let now = Instant::now();
     let ago = now.saturating_duration_since(at).as_millis() as i64;
     let ahead = at.saturating_duration_since(now).as_millis() as i64;
@@ -2122,7 +2114,7 @@ async fn unreachable_agents(rt: &Runtime, agents: &[AgentSlot]) -> Vec<String> {
 /// Which of the plan's VMs instance `k` of function `i` runs on, as a number unique within
 /// the job: the VM's slot in the stage that started its vm-storage group (a receiver over
 /// vm-storage runs on its sender's VMs), offset by that stage's index.
-fn planned_vm(dag: &Dag, a: &crate::planned::Allocation, i: usize, k: u32) -> usize {
+fn planned_vm(dag: &Dag, a: &crate::resources::planned::Allocation, i: usize, k: u32) -> usize {
     let mut root = i;
     // A stage over vm-storage continues its sender's VMs; the DAG is acyclic, so this ends.
     for _ in 0..dag.functions.len() {
@@ -2309,7 +2301,7 @@ fn instance_from_path(path: &str) -> Option<u32> {
 }
 
 /// Keeps one attempt's log (what the lambda wrote, or why there is no report).
-async fn keep_log(state: &ControlState, req: &RunRequest, agent: &AgentSlot, log: String) {
+async fn keep_log(state: &Context, req: &RunRequest, agent: &AgentSlot, log: String) {
     let entry = InstanceLog {
         function: req.function.clone(),
         instance: req.instance,
@@ -2329,7 +2321,7 @@ async fn keep_log(state: &ControlState, req: &RunRequest, agent: &AgentSlot, log
 /// unplanned job a slot of the agent from the resource manager), records that it is sent, sends
 /// it, waits for its report and keeps its log.
 struct AttemptTask {
-    state: Arc<ControlState>,
+    state: Arc<Context>,
     rt: Arc<Runtime>,
     agent: AgentSlot,
     agent_index: usize,
@@ -2533,7 +2525,7 @@ fn describe(r: &RunReport) -> String {
 /// slow poll in case the push is lost, and read at once when the agent says the run already
 /// existed (it will not push again). Without a report URL it polls with backoff, as before.
 async fn attempt_once(
-    state: &ControlState,
+    state: &Context,
     rt: &Runtime,
     agent: &AgentSlot,
     req: &RunRequest,
@@ -2567,8 +2559,8 @@ async fn attempt_once(
                 let next_poll = tokio::time::sleep(rt.config.fallback_poll);
                 tokio::select! {
                     pushed = w.rx.recv() => match pushed {
-                        Some(crate::reports::Push::Report(report)) => return Ok(*report),
-                        Some(crate::reports::Push::PollNow) => {}
+                        Some(crate::exec::reports::Push::Report(report)) => return Ok(*report),
+                        Some(crate::exec::reports::Push::PollNow) => {}
                         // The waiter was replaced (a later execution reuses this run id).
                         None => {}
                     },
@@ -2597,14 +2589,14 @@ async fn attempt_once(
 }
 
 /// Deletes the job's files on every agent it used and its store objects except `result/`.
-async fn cleanup(state: &Arc<ControlState>, rt: &Runtime, job: &str, agents: &[AgentSlot]) {
+async fn cleanup(state: &Arc<Context>, rt: &Runtime, job: &str, agents: &[AgentSlot]) {
     clear(state, rt, job, agents, "result/", None).await;
 }
 
 /// Deletes what one execution of a job left (the agents' files, the store's objects but the
 /// job's input, the file records) before the next execution; lost agents are not asked.
 async fn clear_execution(
-    state: &Arc<ControlState>,
+    state: &Arc<Context>,
     rt: &Runtime,
     job: &str,
     agents: &[AgentSlot],
@@ -2629,7 +2621,7 @@ async fn clear_execution(
 /// Deletes the job's files on `agents` (each asked within `timeout`, if any), its store objects
 /// except those under `keep` (relative to the job's prefix), and its file records.
 async fn clear(
-    state: &Arc<ControlState>,
+    state: &Arc<Context>,
     rt: &Runtime,
     job: &str,
     agents: &[AgentSlot],
@@ -2664,7 +2656,7 @@ async fn clear(
 }
 
 /// The job's result objects (recorded in the Db), as output URLs.
-async fn result_outputs(state: &Arc<ControlState>, rt: &Runtime, job: &str) -> Vec<String> {
+async fn result_outputs(state: &Arc<Context>, rt: &Runtime, job: &str) -> Vec<String> {
     let prefix = format!("{}result/", job_prefix(job));
     let objects = match rt.store.list(&prefix).await {
         Ok(o) => o,
@@ -2813,7 +2805,7 @@ pub(crate) fn uncontended(r: &FunctionRun) -> (f64, Option<f64>) {
 }
 
 /// The DAG parameters this job measured, in the `--params` file's shape.
-fn sample(job: &JobRecord, p: &Progress, state: &ControlState) -> SampleRecord {
+fn sample(job: &JobRecord, p: &Progress, state: &Context) -> SampleRecord {
     let overrides: std::collections::BTreeMap<String, serde_json::Value> = job
         .params
         .iter()

@@ -4,7 +4,7 @@
 //!
 //! Which agents and how many: a planned job's grant says it (the hosts of the next stage, as many
 //! per agent as the plan runs there at once, with the plan's memory limit); an unplanned job's
-//! instances go where [`crate::jobs::place`] puts them, at most one per vCPU of the agent's type at
+//! instances go where [`crate::exec::requests::place`] puts them, at most one per vCPU of the agent's type at
 //! once. The requests carry the function's identity (`jobs::function_key`), image, command and
 //! the limits its runs will have, since a warm container serves only runs with the same ones.
 //! Prewarming is best effort: a refusal or an unreachable agent only costs a cold start.
@@ -16,9 +16,9 @@ use std::time::Duration;
 use sonic_api::agent::{MAX_PREWARM, PrewarmRequest};
 use sonic_core::dag::Fanout;
 
-use crate::jobs::{DEFAULT_MEMORY_MB, StageContext, function_key, place};
-use crate::planned::Allocation;
-use crate::scheduler::Runtime;
+use crate::exec::Runtime;
+use crate::exec::requests::{DEFAULT_MEMORY_MB, StageContext, function_key, place};
+use crate::resources::planned::Allocation;
 
 /// How long one prewarm call may take (containers start in the agent before it answers).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -209,7 +209,8 @@ async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jobs::{AgentSlot, Policy};
+    use crate::exec::requests::Policy;
+    use crate::store::AgentSlot;
     use sonic_api::agent::HandlerRun;
     use sonic_core::dag::Dag;
 
@@ -286,11 +287,11 @@ edges:
         let counts: Vec<(usize, u32)> = got.iter().map(|t| (t.agent, t.request.count)).collect();
         assert_eq!(counts, vec![(0, 1), (1, 1)]);
         let r = &got[0].request;
-        assert_eq!(r.function_key, crate::jobs::function_key(dag, 1));
+        assert_eq!(r.function_key, crate::exec::requests::function_key(dag, 1));
         assert_eq!(r.command, dag.functions[1].command);
         assert_eq!((r.memory_limit_mb, r.cpus), (DEFAULT_MEMORY_MB, 1.0));
         // The same warm key as the runs the executor will send.
-        let runs = crate::jobs::instance_runs(&ctx, 1, 3, [0]).expect("runs");
+        let runs = crate::exec::requests::instance_runs(&ctx, 1, 3, [0]).expect("runs");
         assert_eq!(r.warm_key(), runs[0].request.warm_key());
         // mid starts: the sink, once; the sink starts: nothing reads from it.
         let got = targets(&ctx, 1, None, |_| Some(2));
@@ -318,7 +319,7 @@ edges:
         let r = &got[0].request;
         assert_eq!(r.handler.as_ref(), Some(&handler));
         assert!(r.image.is_empty() && r.command.is_empty(), "{r:?}");
-        let runs = crate::jobs::instance_runs(&ctx, 1, 1, [0]).expect("runs");
+        let runs = crate::exec::requests::instance_runs(&ctx, 1, 1, [0]).expect("runs");
         assert_eq!(r.warm_key(), runs[0].request.warm_key());
         let none = BTreeMap::new();
         ctx.handlers = &none;

@@ -1,7 +1,7 @@
 //! Job decisions without a network: how each edge moves data under a policy, where each instance of
 //! a stage runs, and the [`RunRequest`] every instance gets (the file ABI's input and output layout).
 //!
-//! The executor ([`crate::scheduler`]) calls [`stage_runs`] once per stage, after the stages before
+//! The executor ([`crate::exec`]) calls [`stage_runs`] once per stage, after the stages before
 //! it ended, because a `scatter` receiver's fanout is only known from what its sender wrote.
 
 use std::collections::BTreeMap;
@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use sonic_api::agent::{FileSource, HandlerRun, InputSpec, OutputRoute, RunRequest};
 use sonic_core::dag::{Dag, EdgeKind, Fanout};
 
-/// Memory limit given to an instance while nothing was learned about the function.
-pub const DEFAULT_MEMORY_MB: u64 = 1024;
+pub use crate::learn::DEFAULT_MEMORY_MB;
+pub use crate::learn::warm::function_key;
+use crate::store::AgentSlot;
 
 // One vocabulary: the policies and the data-passing methods are sonic-core's.
 pub use sonic_core::model::Method;
@@ -25,28 +26,6 @@ pub fn edge_methods(dag: &Dag, policy: Policy) -> Vec<Method> {
         Policy::Local => Method::VmStorage,
     };
     vec![m; dag.edges.len()]
-}
-
-/// An agent a job may use.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentSlot {
-    /// The agent's id.
-    pub id: String,
-    /// Where the control plane and peers reach it.
-    pub url: String,
-    /// The catalog's VM type it stands for.
-    pub vm_type: String,
-}
-
-impl From<crate::store::AgentRecord> for AgentSlot {
-    /// Where a registered agent is reached and what it stands for.
-    fn from(a: crate::store::AgentRecord) -> AgentSlot {
-        AgentSlot {
-            id: a.id,
-            url: a.url,
-            vm_type: a.vm_type,
-        }
-    }
 }
 
 /// One file an instance wrote, and where it now is.
@@ -103,7 +82,7 @@ pub struct StageContext<'a> {
     /// When the `direct` file tokens expire, Unix seconds.
     pub token_expiry: u64,
     /// The handler of each function that runs one, by function index
-    /// ([`crate::handlers::resolve`]).
+    /// ([`crate::exec::handlers::resolve`]).
     pub handlers: &'a BTreeMap<usize, HandlerRun>,
 }
 
@@ -373,14 +352,6 @@ pub fn instance_runs(
         });
     }
     Ok(out)
-}
-
-/// The identity of function `i` across jobs (`sonic_api::agent::function_key`): the DAG's name,
-/// the function's and a hash of its definition; the agents keep its containers warm across jobs.
-pub fn function_key(dag: &Dag, i: usize) -> String {
-    let f = &dag.functions[i];
-    let definition = serde_json::to_vec(f).unwrap_or_default();
-    sonic_api::agent::function_key(&dag.name, &f.name, &definition)
 }
 
 /// Standard base64 that decodes with or without padding.

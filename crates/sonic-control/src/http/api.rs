@@ -19,21 +19,18 @@ use serde::{Deserialize, Serialize};
 use sonic_api::agent::{Capacity, Heartbeat};
 use sonic_api::control::{
     AgentInfo, AgentList, ControlHealth, DagDetail, DagList, DagModelsView, DagSummary, JobEvent,
-    JobLogs, JobMode, JobPlan, JobStatus, JobSummary, Joined,
+    JobLogs, JobStatus, JobSummary, Joined,
 };
-use sonic_core::catalog::Catalog;
-use sonic_core::dag::{Dag, valid_dag_name};
-use sonic_core::regression::Convergence;
+use sonic_core::dag::Dag;
 use sonic_core::setting::Setting;
 
-use crate::bandwidth::BandwidthBook;
+pub(crate) use crate::admission::checked_dag_name;
+use crate::admission::{self, job_record};
 use crate::clock::Clock;
-use crate::config::ControlConfig;
-use crate::error::ApiError;
-use crate::jobs::{JobInputFile, Policy};
-use crate::learning::{PlanFailure, Planned};
-use crate::metrics::{self, Gauges, Metrics};
-use crate::scheduler::Runtime;
+use crate::exec::requests::Policy;
+use crate::exec::{Context, Runtime};
+use crate::http::error::ApiError;
+use crate::metrics::{self, Gauges};
 use crate::store::{AgentRecord, Applied, DagRecord, Db, JobRecord};
 
 /// What the handlers read from the configuration.
@@ -61,35 +58,23 @@ impl std::fmt::Debug for Settings {
     }
 }
 
-impl Settings {
-    /// The settings the configuration gives.
-    pub fn from_config(c: &ControlConfig) -> Settings {
-        Settings {
-            token: c.token.clone(),
-            join_token: c.join_token.clone(),
-            heartbeat_timeout: c.heartbeat_timeout(),
-            max_body_bytes: c.max_body_bytes(),
-        }
-    }
-}
-
-/// Everything the handlers share.
+/// Everything the handlers share: the domain's [`Context`] (read through `Deref`: `state.db`,
+/// `state.jobs`, ...) and what only the API needs.
 #[derive(Debug)]
 pub struct ControlState {
-    /// The database: DAGs, agents, jobs, models.
-    pub db: Db,
-    /// Where the time comes from.
-    pub clock: Arc<dyn Clock>,
+    /// What admission and the executor share.
+    pub ctx: Arc<Context>,
     /// Tokens and limits of the API.
     pub settings: Settings,
-    /// The control plane's Prometheus metrics.
-    pub metrics: Metrics,
-    /// What running jobs needs (object store, catalog, agent credentials); `None` refuses jobs.
-    pub jobs: Option<Arc<Runtime>>,
-    /// The bandwidth the agents measure, per VM type, for the planner.
-    pub bandwidth: BandwidthBook,
     /// What the web dashboard keeps (whether cookies must be `Secure`).
-    pub dashboard: crate::dashboard::DashboardState,
+    pub dashboard: crate::http::dashboard::DashboardState,
+}
+
+impl std::ops::Deref for ControlState {
+    type Target = Context;
+    fn deref(&self) -> &Context {
+        &self.ctx
+    }
 }
 
 impl ControlState {
@@ -105,45 +90,12 @@ impl ControlState {
         settings: Settings,
         jobs: Option<Arc<Runtime>>,
     ) -> Arc<ControlState> {
+        let ctx = Context::new(db, clock, settings.heartbeat_timeout, jobs);
         Arc::new(ControlState {
-            db,
-            clock,
+            ctx: Arc::new(ctx),
             settings,
-            metrics: Metrics::default(),
-            jobs,
-            bandwidth: BandwidthBook::default(),
-            dashboard: crate::dashboard::DashboardState::default(),
+            dashboard: crate::http::dashboard::DashboardState::default(),
         })
-    }
-
-    /// The convergence rule in force (the job runtime's, or the default without one).
-    pub fn convergence(&self) -> Convergence {
-        self.jobs
-            .as_ref()
-            .map_or_else(Convergence::default, |rt| rt.config.convergence)
-    }
-
-    /// What planning one request may spend (the job runtime's, or the default without one).
-    /// Planning runs on the blocking pool and stops inside its searches at this budget.
-    pub fn plan_budget(&self) -> sonic_core::planner::Budget {
-        self.jobs
-            .as_ref()
-            .map_or_else(crate::learning::default_budget, |rt| rt.config.planning)
-    }
-
-    /// The catalog planning uses, with the measured bandwidths in place of the nominal ones.
-    pub fn planning_catalog(
-        &self,
-    ) -> (
-        Catalog,
-        std::collections::BTreeMap<String, crate::bandwidth::TypeBandwidth>,
-    ) {
-        let base = self
-            .jobs
-            .as_ref()
-            .and_then(|rt| rt.catalog.clone())
-            .unwrap_or_default();
-        self.bandwidth.apply(&base)
     }
 }
 
@@ -252,7 +204,7 @@ fn table() -> Vec<(RouteInfo, MethodRouter<Shared>)> {
         agent_entry(
             Post,
             "/v1/agents/{id}/runs/{run_id}/report",
-            crate::reports::report_run,
+            crate::http::reports::report_run,
         ),
         entry(Get, "/v1/jobs", true, list_jobs),
         entry(Post, "/v1/jobs", true, submit_job),
@@ -293,7 +245,7 @@ pub fn router(state: Shared) -> Router {
     public
         .merge(guarded)
         .merge(agents)
-        .merge(crate::dashboard::router(state.clone()))
+        .merge(crate::http::dashboard::router(state.clone()))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(state.settings.max_body_bytes))
@@ -302,17 +254,6 @@ pub fn router(state: Shared) -> Router {
 }
 
 // ---- middleware ----
-
-/// Compares in time independent of where (or whether) the strings differ.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= usize::from(x ^ y);
-    }
-    diff == 0
-}
 
 /// Whether the request carries `Authorization: Bearer <expected>`.
 pub fn authorized(headers: &HeaderMap, expected: &str) -> bool {
@@ -327,8 +268,7 @@ pub fn authorized(headers: &HeaderMap, expected: &str) -> bool {
     };
     // An empty configured token must never match an empty presented one.
     scheme.eq_ignore_ascii_case("bearer")
-        && !expected.is_empty()
-        && constant_time_eq(token.trim().as_bytes(), expected.as_bytes())
+        && sonic_daemon::secret::matches(token.trim().as_bytes(), expected.as_bytes())
 }
 
 async fn require_token(State(state): State<Shared>, req: Request, next: Next) -> Response {
@@ -408,16 +348,6 @@ pub(crate) fn json_body<T: DeserializeOwned>(
 fn path_param(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     p.map(|Path(v)| v)
         .map_err(|e| ApiError::BadRequest(format!("bad path: {}", e.body_text())))
-}
-
-pub(crate) fn checked_dag_name(name: String) -> Result<String, ApiError> {
-    if valid_dag_name(&name) {
-        Ok(name)
-    } else {
-        Err(ApiError::BadRequest(
-            "invalid dag name: lowercase letters, digits and '-', at most 63".into(),
-        ))
-    }
 }
 
 /// Agent ids and VM type names: letters, digits, `-`, `_`, `.`; at most 64.
@@ -537,7 +467,7 @@ async fn health(State(state): State<Shared>) -> Response {
 }
 
 async fn openapi() -> Json<serde_json::Value> {
-    Json(crate::openapi::document())
+    Json(crate::http::openapi::document())
 }
 
 async fn render_metrics(State(state): State<Shared>) -> Result<Response, ApiError> {
@@ -781,20 +711,6 @@ struct JobsQuery {
     limit: Option<u32>,
 }
 
-fn valid_file_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && !s.starts_with('.')
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-}
-
-fn new_job_id() -> String {
-    use rand::Rng;
-    let n: u64 = rand::thread_rng().r#gen();
-    format!("j-{n:016x}")
-}
-
 /// A job as the API shows it: the recorded summary once it ended, its state before.
 pub fn job_view(r: JobRecord) -> JobSummary {
     if let Some(mut s) = r.summary {
@@ -831,283 +747,6 @@ pub fn job_view(r: JobRecord) -> JobSummary {
     }
 }
 
-/// How a job runs, decided at submission.
-struct Choice {
-    policy: Policy,
-    mode: JobMode,
-    planned: Option<Planned>,
-    /// Recorded with the job when planning failed and it profiles instead.
-    plan: Option<JobPlan>,
-    /// Why this mode (the job's `mode_reason`).
-    reason: String,
-}
-
-/// What planning needs to see what the agents keep warm, taken into the database's thread.
-struct WarmInputs {
-    jobs: Option<Arc<Runtime>>,
-    now_ms: i64,
-    timeout: std::time::Duration,
-    /// The code digest of each handler stage (by function index).
-    digests: std::collections::BTreeMap<usize, String>,
-}
-
-impl WarmInputs {
-    fn source(&self, db: &Db) -> Result<crate::warm::Source<'_>, crate::store::StoreError> {
-        crate::warm::Source::alive(
-            db,
-            self.jobs.as_ref().map(|rt| &rt.warm),
-            self.now_ms,
-            self.timeout,
-            self.jobs.as_ref().is_some_and(|rt| rt.config.prewarm),
-            self.digests.clone(),
-        )
-    }
-}
-
-/// The code digest of each resolved handler stage, by function index.
-fn digests_of(
-    handlers: &std::collections::BTreeMap<usize, sonic_api::agent::HandlerRun>,
-) -> std::collections::BTreeMap<usize, String> {
-    handlers
-        .iter()
-        .map(|(i, h)| (*i, h.sha256.clone()))
-        .collect()
-}
-
-fn warm_inputs(
-    state: &ControlState,
-    digests: std::collections::BTreeMap<usize, String>,
-) -> WarmInputs {
-    WarmInputs {
-        jobs: state.jobs.clone(),
-        now_ms: state.clock.now_ms(),
-        timeout: state.settings.heartbeat_timeout,
-        digests,
-    }
-}
-
-/// The policy of a job: a forced one wins; otherwise `sonic`, planned for this input size, once
-/// the models of the job's parameter setting converged, and `remote` (profiling) before. A
-/// forced `sonic` plans with whatever the setting's models predict, and is refused when they
-/// cannot predict or nothing is feasible. `digests`: the code digest of each handler stage (by
-/// function index), for what the agents keep warm of it.
-#[allow(clippy::too_many_arguments)]
-async fn choose(
-    state: &ControlState,
-    dag: &Dag,
-    setting: Setting,
-    forced: Option<Policy>,
-    planned_baseline: bool,
-    input_bytes: u64,
-    fanouts: Vec<sonic_core::dag::Fanout>,
-    digests: std::collections::BTreeMap<usize, String>,
-) -> Result<Choice, ApiError> {
-    let profiling = |policy: Policy, plan: Option<JobPlan>, reason: String| Choice {
-        policy,
-        mode: JobMode::Profiling,
-        planned: None,
-        plan,
-        reason,
-    };
-    let baseline = match forced {
-        Some(p @ (Policy::Remote | Policy::Direct | Policy::Local)) => Some(p),
-        _ => None,
-    };
-    if let (Some(p), Some(base)) = (forced, baseline) {
-        if !planned_baseline {
-            return Ok(profiling(
-                p,
-                None,
-                format!("policy {p} forced: instances spread over the agents"),
-            ));
-        }
-        let rule = state.convergence();
-        let (catalog, bandwidth) = state.planning_catalog();
-        let budget = state.plan_budget();
-        let dag = dag.clone();
-        let warm = warm_inputs(state, digests.clone());
-        let planned = state
-            .db
-            .run(move |db| {
-                let models = crate::learning::current(db, &dag, &setting, rule)?;
-                let warm = warm.source(db)?;
-                Ok(crate::learning::plan_for(
-                    &dag,
-                    &models,
-                    input_bytes,
-                    &fanouts,
-                    catalog,
-                    &bandwidth,
-                    base,
-                    budget,
-                    &warm,
-                ))
-            })
-            .await?
-            .map_err(plan_error)?;
-        return Ok(Choice {
-            policy: p,
-            mode: JobMode::Planned,
-            planned: Some(planned),
-            plan: None,
-            reason: format!("policy {p} forced, planned as the planner places it"),
-        });
-    }
-    if planned_baseline {
-        return Err(ApiError::BadRequest(
-            "planned: only with a forced remote, direct or local policy".into(),
-        ));
-    }
-    let rule = state.convergence();
-    let (catalog, bandwidth) = state.planning_catalog();
-    let budget = state.plan_budget();
-    let dag = dag.clone();
-    let warm = warm_inputs(state, digests);
-    if forced == Some(Policy::Oracle) {
-        let planned = state
-            .db
-            .run(move |db| {
-                let samples = crate::learning::fitted_samples(db, &dag, &setting)?;
-                let warm = warm.source(db)?;
-                Ok(
-                    crate::learning::measured_params(&dag, &samples, input_bytes).and_then(
-                        |params| {
-                            crate::learning::plan_with(
-                                &dag,
-                                params,
-                                input_bytes,
-                                &fanouts,
-                                catalog,
-                                &bandwidth,
-                                Policy::Oracle,
-                                budget,
-                                std::time::Instant::now(),
-                                &warm,
-                            )
-                        },
-                    ),
-                )
-            })
-            .await?
-            .map_err(plan_error)?;
-        return Ok(Choice {
-            policy: Policy::Oracle,
-            mode: JobMode::Planned,
-            planned: Some(planned),
-            plan: None,
-            reason: "policy oracle forced: planned with the parameters measured at this input size"
-                .into(),
-        });
-    }
-    let forced_sonic = forced.is_some();
-    let now = state.clock.now_ms();
-    let (reason, outcome) = state
-        .db
-        .run(move |db| {
-            let models = crate::learning::current(db, &dag, &setting, rule)?;
-            // The setting's mode decides, not the models' error of the moment (hysteresis).
-            let mode = crate::learning::mode_of(db, &dag.name, &setting, &models, now)?;
-            let reason = if forced_sonic {
-                "policy sonic forced: planned with what the models predict".to_owned()
-            } else {
-                crate::learning::reason(&setting, &mode, &models)
-            };
-            if !forced_sonic && mode.mode == sonic_core::mode::Mode::Profiling {
-                return Ok((reason, None));
-            }
-            let warm = warm.source(db)?;
-            let planned = crate::learning::plan_for(
-                &dag,
-                &models,
-                input_bytes,
-                &fanouts,
-                catalog,
-                &bandwidth,
-                Policy::Sonic,
-                budget,
-                &warm,
-            );
-            Ok((reason, Some(planned)))
-        })
-        .await?;
-    match outcome {
-        None => Ok(profiling(Policy::Remote, None, reason)),
-        Some(Ok(planned)) => Ok(Choice {
-            policy: Policy::Sonic,
-            mode: JobMode::Planned,
-            planned: Some(planned),
-            plan: None,
-            reason,
-        }),
-        Some(Err(e)) if forced_sonic => Err(plan_error(e)),
-        Some(Err(e)) => {
-            tracing::warn!(error = %e, "planned dag, but no plan: the job profiles");
-            Ok(profiling(
-                Policy::Remote,
-                Some(JobPlan {
-                    used: "none".into(),
-                    notes: vec![format!("{e}: the job profiles with remote instead")],
-                    report: serde_json::Value::Null,
-                    stages: Vec::new(),
-                    exact: None,
-                }),
-                format!("{reason}; but no plan ({e}): the job profiles with remote instead"),
-            ))
-        }
-    }
-}
-
-/// Plans a planned job again as it was chosen at submission (its policy, its input size, its
-/// parameters), with the models and bandwidths there are now: a job a restarted control plane
-/// resumes.
-pub(crate) async fn plan_again(state: &ControlState, job: &JobRecord) -> Result<Planned, String> {
-    let parsed = state
-        .db
-        .parsed_dag(&job.dag)
-        .await
-        .map_err(|e| format!("database: {e}"))?
-        .ok_or_else(|| format!("dag {} no longer exists", job.dag))?;
-    let dag = &parsed.dag;
-    let overrides = job.params.clone().into_iter().collect();
-    let fanouts = dag.fanouts(&dag.job_params(&overrides))?;
-    let setting = crate::learning::job_setting(dag, &job.params);
-    let policy: Policy = job.policy.parse()?;
-    let baseline = matches!(policy, Policy::Remote | Policy::Direct | Policy::Local);
-    // The execution resolves the handlers again (and fails if one is gone); here an unresolved
-    // one only counts as keeping nothing warm.
-    let digests = match &state.jobs {
-        Some(rt) => crate::handlers::resolve(rt, dag)
-            .await
-            .map(|h| digests_of(&h))
-            .unwrap_or_default(),
-        None => Default::default(),
-    };
-    let choice = choose(
-        state,
-        dag,
-        setting,
-        Some(policy),
-        baseline,
-        job.input_bytes,
-        fanouts,
-        digests,
-    )
-    .await
-    .map_err(|e| format!("{e:?}"))?;
-    choice
-        .planned
-        .ok_or_else(|| format!("{} plans nothing", job.policy))
-}
-
-fn plan_error(e: PlanFailure) -> ApiError {
-    match e {
-        PlanFailure::NotReady { .. } => ApiError::Conflict(e.to_string()),
-        PlanFailure::Infeasible { .. } | PlanFailure::Budget { .. } => {
-            ApiError::Unprocessable(e.to_string())
-        }
-    }
-}
-
 async fn submit_job(
     State(state): State<Shared>,
     body: Result<Bytes, BytesRejection>,
@@ -1115,183 +754,12 @@ async fn submit_job(
     let req: SubmitJob = json_body(body, state.settings.max_body_bytes)?;
     // Spans at debug: with span timings on (`sonic-load`'s SONIC_LOAD_SPANS), where a
     // submission's time goes.
-    let accepted =
-        tracing::Instrument::instrument(submit(&state, req), tracing::debug_span!("submit"))
-            .await?;
+    let accepted = tracing::Instrument::instrument(
+        admission::submit(&state.ctx, req),
+        tracing::debug_span!("submit"),
+    )
+    .await?;
     Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
-}
-
-/// Checks, plans and starts a job: what `POST /v1/jobs` and the dashboard's run form do.
-pub(crate) async fn submit(state: &Shared, req: SubmitJob) -> Result<JobAccepted, ApiError> {
-    let rt = state.jobs.clone().ok_or_else(|| {
-        ApiError::Unavailable("this control plane runs no jobs: it has no object store".into())
-    })?;
-    // Executions started meanwhile wait until this submission is answered (submissions first).
-    let submitting = rt.submitting();
-    let dag_name = checked_dag_name(req.dag.clone())?;
-    let forced: Option<Policy> = req
-        .policy
-        .as_deref()
-        .map(str::parse)
-        .transpose()
-        .map_err(ApiError::BadRequest)?;
-    // Parsed once per revision and kept (`Db::parsed_dag`): no blocking thread once looked up.
-    let parsed = tracing::Instrument::instrument(
-        state.db.parsed_dag(&dag_name),
-        tracing::debug_span!("submit_dag"),
-    )
-    .await?
-    .ok_or_else(|| ApiError::NotFound(format!("no dag named {dag_name}")))?;
-    let dag = &parsed.dag;
-    let overrides = req.params.clone().into_iter().collect();
-    let fanouts = dag
-        .fanouts(&dag.job_params(&overrides))
-        .map_err(|e| ApiError::BadRequest(format!("params: {e}")))?;
-    // A handler that is not registered refuses the job now, before anything is stored.
-    let digests = digests_of(
-        &crate::handlers::resolve(&rt, dag)
-            .await
-            .map_err(ApiError::BadRequest)?,
-    );
-    let job_id = new_job_id();
-    // The input is checked and measured first; it is stored once the job is accepted.
-    let mut input: Option<(JobInputFile, Option<Vec<u8>>)> = None;
-    let mut input_bytes = 0u64;
-    if let Some(spec) = &req.input {
-        let checked_name = |name: String| {
-            if valid_file_name(&name) {
-                Ok(name)
-            } else {
-                Err(ApiError::BadRequest(
-                    "input.name: letters, digits, '.', '_' and '-'".into(),
-                ))
-            }
-        };
-        let (file, bytes, size) = match (&spec.base64, &spec.key) {
-            (Some(data), None) => {
-                let bytes = crate::jobs::decode_base64(data)
-                    .map_err(|e| ApiError::BadRequest(format!("input.base64: {e}")))?;
-                let name = checked_name(spec.name.clone().unwrap_or_else(|| "input".into()))?;
-                let key = format!("jobs/{job_id}/input/{name}");
-                let size = bytes.len() as u64;
-                (JobInputFile { name, key }, Some(bytes), size)
-            }
-            (None, Some(key)) => {
-                let size = rt
-                    .store
-                    .head(key)
-                    .await
-                    .map_err(|e| ApiError::BadRequest(format!("input.key: {e}")))?
-                    .ok_or_else(|| ApiError::BadRequest(format!("input.key: no object {key}")))?;
-                let name = checked_name(
-                    spec.name
-                        .clone()
-                        .unwrap_or_else(|| key.rsplit('/').next().unwrap_or("input").to_owned()),
-                )?;
-                (
-                    JobInputFile {
-                        name,
-                        key: key.clone(),
-                    },
-                    None,
-                    size,
-                )
-            }
-            _ => {
-                return Err(ApiError::BadRequest(
-                    "input: give exactly one of base64 and key".into(),
-                ));
-            }
-        };
-        input_bytes = size;
-        input = Some((file, bytes));
-    }
-    let setting = crate::learning::job_setting(dag, &req.params);
-    let mut choice = choose(
-        state,
-        dag,
-        setting,
-        forced,
-        req.planned,
-        input_bytes,
-        fanouts,
-        digests,
-    )
-    .await?;
-    if let Some(p) = choice.planned.as_mut() {
-        // Why this plan: what the baselines would predict at the same parameters.
-        let (catalog, _) = state.planning_catalog();
-        let baselines = crate::dashboard::why::baselines(dag, &p.params, catalog);
-        if let Some(map) = p.report.as_object_mut() {
-            map.insert("baselines".into(), baselines);
-        }
-    }
-    let mut inputs = Vec::new();
-    if let Some((file, bytes)) = input {
-        if let Some(bytes) = bytes {
-            rt.store
-                .put_bytes(&file.key, bytes::Bytes::from(bytes))
-                .await
-                .map_err(|e| ApiError::Internal(format!("cannot store the input: {e}")))?;
-        }
-        inputs.push(file);
-    }
-    let now = state.clock.now_ms();
-    let record = JobRecord {
-        id: job_id.clone(),
-        dag: dag.name.clone(),
-        status: JobStatus::Queued,
-        policy: choice.policy.as_str().to_owned(),
-        mode: choice.mode,
-        input_bytes,
-        params: req.params,
-        summary: None,
-        error: None,
-        created_ms: now,
-        started_ms: None,
-        finished_ms: None,
-        updated_ms: now,
-        plan: choice.plan,
-        mode_reason: Some(choice.reason.clone()),
-    };
-    let stored = record.clone();
-    tracing::Instrument::instrument(
-        state.db.commit(move |w| w.insert_job(&stored)),
-        tracing::debug_span!("submit_record"),
-    )
-    .await?;
-    state
-        .metrics
-        .job_submitted(choice.policy.as_str(), choice.mode.as_str());
-    if let Some(p) = &choice.planned {
-        let us = p.report["planning_time_us"].as_f64().unwrap_or(0.0);
-        state.metrics.planned(choice.policy.as_str(), us / 1e6);
-    }
-    tracing::info!(job = %job_id, dag = %record.dag, policy = %choice.policy, mode = %choice.mode, reason = %choice.reason, input_bytes, "job submitted");
-    // Registered before the task starts: a cancel that comes right after the 202 reaches it.
-    let cancel = rt.register(&job_id);
-    // Every event of the job (its stages, instances, cleanup) carries the job's span; a root
-    // span, so that the submission's span ends with the submission.
-    let span = tracing::info_span!(parent: None, "job", job = %job_id, dag = %record.dag, policy = %choice.policy);
-    // Ends the submission; its job waits for the rest of a burst it is part of.
-    rt.spawn_submitted(
-        submitting,
-        tracing::Instrument::instrument(
-            crate::scheduler::execute(
-                state.clone(),
-                rt.clone(),
-                record,
-                inputs,
-                cancel,
-                choice.planned,
-            ),
-            span,
-        ),
-    );
-    Ok(JobAccepted {
-        job_id,
-        status: JobStatus::Queued,
-    })
 }
 
 async fn list_jobs(
@@ -1318,16 +786,6 @@ pub(crate) fn checked_job_id(id: String) -> Result<String, ApiError> {
     }
 }
 
-/// The record of job `id`, or 404.
-async fn job_record(state: &Shared, id: &str) -> Result<JobRecord, ApiError> {
-    let lookup = id.to_owned();
-    state
-        .db
-        .run(move |db| db.get_job(&lookup))
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))
-}
-
 async fn get_job(
     State(state): State<Shared>,
     id: Result<Path<String>, PathRejection>,
@@ -1341,36 +799,8 @@ async fn cancel_job(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let id = checked_job_id(path_param(id)?)?;
-    let job = cancel(&state, id).await?;
-    Ok((StatusCode::ACCEPTED, Json(job)).into_response())
-}
-
-/// Asks the executor to stop a job that has not ended (a job nothing executes ends now).
-pub(crate) async fn cancel(state: &Shared, id: String) -> Result<JobSummary, ApiError> {
-    let job = job_record(state, &id).await?;
-    if job.status.is_terminal() {
-        return Err(ApiError::BadRequest(format!(
-            "job {id} already {}",
-            job.status
-        )));
-    }
-    let running_here = state.jobs.as_ref().is_some_and(|rt| rt.cancel(&id));
-    if !running_here {
-        // Nothing executes it (it can only be a leftover): end it now.
-        let now = state.clock.now_ms();
-        let target = id.clone();
-        state
-            .db
-            .run(move |db| db.finish_job(&target, JobStatus::Failed, None, Some("cancelled"), now))
-            .await?;
-    }
-    tracing::info!(job = %id, "job cancel requested");
-    let job = state
-        .db
-        .run(move |db| db.get_job(&id))
-        .await?
-        .ok_or_else(|| ApiError::Internal("job vanished".into()))?;
-    Ok(job_view(job))
+    let job = admission::cancel(&state, id).await?;
+    Ok((StatusCode::ACCEPTED, Json(job_view(job))).into_response())
 }
 
 /// `GET /v1/jobs/{id}/results/{*key}`: one result object of a job (`key` is its path under the
@@ -1385,7 +815,7 @@ async fn get_result(
     let rt = state.jobs.clone().ok_or_else(|| {
         ApiError::Unavailable("this control plane runs no jobs: it has no object store".into())
     })?;
-    let full = format!("{}result/{key}", crate::jobs::job_prefix(&id));
+    let full = format!("{}result/{key}", crate::exec::requests::job_prefix(&id));
     sonic_storage::validate_key(&full)
         .map_err(|_| ApiError::BadRequest("invalid result key".into()))?;
     job_record(&state, &id).await?;
@@ -1452,7 +882,7 @@ async fn dag_models(
                 let Some(last) = stored.pop() else {
                     return Ok(Ok(None));
                 };
-                let Some(mut models) = crate::learning::decode(&last) else {
+                let Some(mut models) = crate::learn::decode(&last) else {
                     return Ok(Ok(None));
                 };
                 models.convergence = rule;
@@ -1460,11 +890,10 @@ async fn dag_models(
                 let samples: Vec<_> = db
                     .samples(&lookup)?
                     .into_iter()
-                    .filter(|s| crate::learning::sample_setting(None, s) == setting)
+                    .filter(|s| crate::learn::sample_setting(None, s) == setting)
                     .collect();
-                let mode =
-                    crate::learning::mode_of(db, &lookup, &setting, &models, last.updated_ms)?;
-                return Ok(Ok(Some(crate::learning::view(
+                let mode = crate::learn::mode_of(db, &lookup, &setting, &models, last.updated_ms)?;
+                return Ok(Ok(Some(crate::learn::view(
                     &lookup,
                     &setting,
                     &models,
@@ -1477,15 +906,15 @@ async fn dag_models(
                 Ok(dag) => dag,
                 Err(e) => return Ok(Err(ApiError::Internal(e))),
             };
-            let setting = crate::learning::job_setting(&dag, &overrides);
-            let samples = crate::learning::fitted_samples(db, &dag, &setting)?;
-            let models = crate::learning::current(db, &dag, &setting, rule)?;
+            let setting = crate::learn::job_setting(&dag, &overrides);
+            let samples = crate::learn::fitted_samples(db, &dag, &setting)?;
+            let models = crate::learn::current(db, &dag, &setting, rule)?;
             // A setting with no mode recorded yet has been in it since the DAG was applied
             // (not since this request: the view stays the same from one request to the next).
             let since = record.created_ms;
-            let mode = crate::learning::mode_of(db, &lookup, &setting, &models, since)?;
-            let settings = crate::learning::settings_view(db, &dag, rule, since)?;
-            Ok(Ok(Some(crate::learning::view(
+            let mode = crate::learn::mode_of(db, &lookup, &setting, &models, since)?;
+            let settings = crate::learn::settings_view(db, &dag, rule, since)?;
+            Ok(Ok(Some(crate::learn::view(
                 &lookup,
                 &setting,
                 &models,
@@ -1524,53 +953,7 @@ async fn dag_plan(
         .unwrap_or("sonic")
         .parse()
         .map_err(ApiError::BadRequest)?;
-    if policy == Policy::Oracle {
-        return Err(ApiError::BadRequest(
-            "oracle plans with measured parameters: use `ofctl plan --params FILE --policy oracle`"
-                .into(),
-        ));
-    }
-    let rule = state.convergence();
-    let budget = state.plan_budget();
-    let (catalog, bandwidth) = state.planning_catalog();
-    let lookup = name.clone();
-    let mut warm = warm_inputs(&state, Default::default());
-    let planned = state
-        .db
-        .run(move |db| {
-            let Some(parsed) = db.load_dag(&lookup)? else {
-                return Ok(None);
-            };
-            let dag = &parsed.dag;
-            // The code digest of each handler stage, read from the registry (nothing is
-            // stored), so that their warm containers count as a job's would.
-            if let Some(rt) = &warm.jobs {
-                warm.digests = crate::handlers::digests(rt, dag);
-            }
-            // The DAG's default parameters: their setting's models, and they fix what fanouts
-            // they can; the models predict the rest.
-            let models =
-                crate::learning::current(db, dag, &crate::learning::default_setting(dag), rule)?;
-            let fanouts = dag
-                .fanouts(&dag.job_params(&Default::default()))
-                .unwrap_or_default();
-            Ok(Some(
-                crate::learning::plan_for(
-                    dag,
-                    &models,
-                    input_bytes,
-                    &fanouts,
-                    catalog,
-                    &bandwidth,
-                    policy,
-                    budget,
-                    &warm.source(db)?,
-                )
-                .map_err(plan_error),
-            ))
-        })
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no dag named {name}")))??;
+    let planned = admission::plan_dag(&state, name, input_bytes, policy).await?;
     Ok(Json(planned.report))
 }
 

@@ -7,6 +7,7 @@ use sonic_api::agent::ErrorBody;
 use sonic_api::control::DagErrorBody;
 use sonic_core::dag::DagError;
 
+use crate::admission::AdmitError;
 use crate::store::StoreError;
 
 /// Why a request was refused.
@@ -61,6 +62,19 @@ impl ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         ApiError::Internal(e.to_string())
+    }
+}
+
+impl From<AdmitError> for ApiError {
+    fn from(e: AdmitError) -> Self {
+        match e {
+            AdmitError::Invalid(m) => ApiError::BadRequest(m),
+            AdmitError::NotFound(m) => ApiError::NotFound(m),
+            AdmitError::NotReady(m) => ApiError::Conflict(m),
+            AdmitError::Infeasible(m) => ApiError::Unprocessable(m),
+            AdmitError::NoJobs(m) => ApiError::Unavailable(m),
+            AdmitError::Internal(m) => ApiError::Internal(m),
+        }
     }
 }
 

@@ -703,7 +703,7 @@ fn main_schemas(int: &Value, time: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::routes;
+    use crate::http::api::routes;
 
     /// Every route of the router is in the document with its guard, and nothing else is.
     #[test]

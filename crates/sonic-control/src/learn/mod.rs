@@ -13,6 +13,9 @@
 //! at the job runtime's budget ([`crate::JobsConfig::planning`]), so a request holds a
 //! blocking thread for at most that long.
 
+pub mod bandwidth;
+pub mod warm;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -29,8 +32,8 @@ use sonic_core::regression::{Convergence, DagModels, FunctionSample, MAX_SAMPLES
 use sonic_core::setting::Setting;
 use sonic_core::units::ByteSize;
 
-use crate::bandwidth::TypeBandwidth;
-use crate::store::{Db, ModelRecord, SampleRecord, StoreError};
+use crate::learn::bandwidth::TypeBandwidth;
+use crate::store::{Db, Derived, ModelRecord, SampleRecord, StoreError};
 
 /// Seeds the models' cross-validation folds: a fit is a pure function of its samples.
 pub const SEED: u64 = 0x5013_1c5e_ed00_0001;
@@ -40,6 +43,28 @@ pub const PLAN_TIME: Duration = Duration::from_secs(2);
 
 /// The memory one planning search may take by default (`plan_memory`): 256 MiB.
 pub const PLAN_MEMORY: u64 = 256 << 20;
+
+/// Memory limit given to an instance while nothing was learned about the function.
+pub const DEFAULT_MEMORY_MB: u64 = 1024;
+
+/// Memory limit headroom over the predicted peak: predictions have errors.
+pub const MEMORY_HEADROOM: f64 = 1.5;
+
+/// Per DAG function: the memory limit of one lambda, the predicted peak with headroom.
+pub fn memory_limits(dag: &Dag, params: &Params) -> Vec<u64> {
+    dag.functions
+        .iter()
+        .map(|f| {
+            let predicted = params.functions.get(&f.name).map_or(0.0, |p| p.memory_mb);
+            let want = (predicted * MEMORY_HEADROOM).ceil();
+            if want.is_finite() && want > DEFAULT_MEMORY_MB as f64 {
+                want as u64
+            } else {
+                DEFAULT_MEMORY_MB
+            }
+        })
+        .collect()
+}
 
 /// The planning budget of a control plane configured with the defaults.
 pub fn default_budget() -> Budget {
@@ -237,7 +262,7 @@ pub fn mode_of(
     models: &DagModels,
     now_ms: i64,
 ) -> Result<DagMode, StoreError> {
-    if let Some(mode) = db.learned().mode(dag, setting) {
+    if let Some(mode) = memory(db).mode(dag, setting) {
         return Ok(mode);
     }
     Ok(db
@@ -324,11 +349,11 @@ pub fn refit(
 ) -> Result<Refitted, StoreError> {
     // What was read and written last time (none after a restart, a change of the DAG or of the
     // rule), brought up to date with the samples recorded since; else read from the database.
-    let mut learned = match db.learned().take(dag, setting, rule) {
+    let mut learned = match memory(db).take(dag, setting, rule) {
         Some(l) => l,
         None => Learned::load(db, dag, setting, rule)?,
     };
-    learned.catch_up(db, db.learned().window())?;
+    learned.catch_up(db, memory(db).window())?;
     let all = &learned.samples;
     let dropped_live = learned.dropped_live;
     let stored = learned
@@ -427,7 +452,7 @@ pub fn refit(
     // above leaves nothing kept, and the next refit reads the database again).
     learned.models = Some(models);
     learned.mode = Some(state.clone());
-    db.learned().keep(learned);
+    memory(db).keep(learned);
     Ok(Refitted {
         record,
         mode: state,
@@ -672,16 +697,21 @@ impl Memory {
             .mode
             .clone()
     }
+}
 
-    /// Drops what is kept of one setting.
-    pub fn forget(&self, dag: &str, setting: &str) {
+impl Derived for Memory {
+    fn forget(&self, dag: &str, setting: &str) {
         self.lock().remove(&(dag.to_owned(), setting.to_owned()));
     }
 
-    /// Drops everything kept.
-    pub fn forget_all(&self) {
+    fn forget_all(&self) {
         self.lock().clear();
     }
+}
+
+/// What `db` keeps in memory for the learning code.
+fn memory(db: &Db) -> &Memory {
+    db.derived::<Memory>()
 }
 
 /// The models of one setting of the DAG under the rule in force (the stored ones, or empty
@@ -692,7 +722,7 @@ pub fn current(
     setting: &Setting,
     rule: Convergence,
 ) -> Result<DagModels, StoreError> {
-    if let Some(mut m) = db.learned().models(dag, setting) {
+    if let Some(mut m) = memory(db).models(dag, setting) {
         m.convergence = rule;
         return Ok(m);
     }
@@ -897,7 +927,7 @@ pub struct Planned {
     pub report: serde_json::Value,
     /// What the agents kept warm for the DAG's functions when it was planned (stages the plan
     /// prices hot: `PlanStage::warm`); the resource manager prefers those agents.
-    pub warm: crate::warm::WarmPool,
+    pub warm: crate::learn::warm::WarmPool,
 }
 
 /// Plans `dag` for a job of `input_bytes` with the fitted models. `fanouts` are the job's own
@@ -914,7 +944,7 @@ pub fn plan_for(
     bandwidth: &BTreeMap<String, TypeBandwidth>,
     policy: Policy,
     budget: Budget,
-    warm: &crate::warm::Source<'_>,
+    warm: &crate::learn::warm::Source<'_>,
 ) -> Result<Planned, PlanFailure> {
     let started = Instant::now();
     let params = models
@@ -1035,7 +1065,7 @@ pub fn plan_with(
     policy: Policy,
     budget: Budget,
     started: Instant,
-    warm: &crate::warm::Source<'_>,
+    warm: &crate::learn::warm::Source<'_>,
 ) -> Result<Planned, PlanFailure> {
     for (f, fanout) in dag.functions.iter().zip(fanouts) {
         if let (Fanout::Known(n), Some(p)) = (fanout, params.functions.get_mut(&f.name)) {
@@ -1605,7 +1635,7 @@ edges:
         let dir = tempfile::tempdir().expect("tempdir");
         let open = |name: &str, window: usize| {
             let db = Db::open(&dir.path().join(name)).expect("db");
-            db.learned().set_window(window);
+            memory(&db).set_window(window);
             db
         };
         let window = 5;
@@ -1642,7 +1672,7 @@ edges:
             for (db, forget) in [(&full, false), (&warm, false), (&cold, true)] {
                 db.put_sample(s).expect("sample");
                 if forget {
-                    db.learned().forget_all();
+                    memory(db).forget_all();
                 }
                 let r = refit(
                     db,
@@ -1664,12 +1694,12 @@ edges:
         }
         assert!(held_out && drifted, "the jobs were held out and drifted");
         assert_eq!(
-            full.learned().lock()[&("fan".to_owned(), String::new())]
+            memory(&full).lock()[&("fan".to_owned(), String::new())]
                 .samples
                 .len(),
             jobs.len()
         );
-        let kept = warm.learned().lock()[&("fan".to_owned(), String::new())]
+        let kept = memory(&warm).lock()[&("fan".to_owned(), String::new())]
             .samples
             .len();
         assert!(kept <= window + rule.drift_jobs, "{kept} samples kept");
@@ -1699,7 +1729,7 @@ edges:
             for (db, forget) in [(&warm, false), (&cold, true)] {
                 db.put_sample(s).expect("sample");
                 if forget {
-                    db.learned().forget_all();
+                    memory(db).forget_all();
                 }
                 let r = refit(
                     db,
@@ -1711,7 +1741,7 @@ edges:
                 )
                 .expect("refit");
                 if forget {
-                    db.learned().forget_all();
+                    memory(db).forget_all();
                 }
                 out.push(outcome(db, dag, setting, rule, r));
             }
@@ -1805,7 +1835,7 @@ edges:
         let db = Db::open_in_memory().expect("db");
         let (fan, empty, rule) = (dag(), Setting::empty(), Convergence::default());
         let kept = |db: &Db| {
-            db.learned()
+            memory(db)
                 .lock()
                 .contains_key(&("fan".to_owned(), String::new()))
         };
@@ -1827,7 +1857,7 @@ edges:
         assert_eq!(r.record.samples, 3);
         let key = ("fan".to_owned(), String::new());
         assert_eq!(
-            db.learned().lock()[&key].samples[1].input_bytes,
+            memory(&db).lock()[&key].samples[1].input_bytes,
             30_000_000,
             "the replaced sample is read again"
         );
@@ -1868,7 +1898,7 @@ edges:
         // The first setting refitted again: the second is now the least recently refitted.
         refit_setting(1000, 1);
         refit_setting(1001, KEPT_SETTINGS + 1);
-        let map = db.learned().lock();
+        let map = memory(&db).lock();
         assert_eq!(map.len(), KEPT_SETTINGS);
         let kept =
             |mids: usize| map.contains_key(&("fan".to_owned(), setting(mids).key().to_owned()));
@@ -1942,7 +1972,8 @@ edges:
         let dag = dag();
         let empty = DagModels::new(&dag, Convergence::default(), SEED);
         let fanouts = [Fanout::Known(1), Fanout::Known(3), Fanout::Known(1)];
-        let (catalog, bw) = crate::bandwidth::BandwidthBook::default().apply(&Catalog::default());
+        let (catalog, bw) =
+            crate::learn::bandwidth::BandwidthBook::default().apply(&Catalog::default());
         let err = plan_for(
             &dag,
             &empty,
@@ -1952,7 +1983,7 @@ edges:
             &bw,
             Policy::Sonic,
             default_budget(),
-            &crate::warm::Source::none(),
+            &crate::learn::warm::Source::none(),
         )
         .expect_err("nothing fitted");
         assert!(matches!(err, PlanFailure::NotReady { .. }), "{err}");
@@ -1969,7 +2000,7 @@ edges:
             &bw,
             Policy::Sonic,
             default_budget(),
-            &crate::warm::Source::none(),
+            &crate::learn::warm::Source::none(),
         )
         .expect("plan");
         // The job asks for 3 mids; the models only ever saw 2.
@@ -1995,7 +2026,8 @@ edges:
             m.memory_mb.add_sample(1.0, 1e9).expect("sample");
             m.memory_mb.fit().expect("fit");
         }
-        let (catalog, bw) = crate::bandwidth::BandwidthBook::default().apply(&Catalog::default());
+        let (catalog, bw) =
+            crate::learn::bandwidth::BandwidthBook::default().apply(&Catalog::default());
         let err = plan_for(
             &dag,
             &huge,
@@ -2005,7 +2037,7 @@ edges:
             &bw,
             Policy::Sonic,
             default_budget(),
-            &crate::warm::Source::none(),
+            &crate::learn::warm::Source::none(),
         )
         .expect_err("does not fit");
         assert!(matches!(err, PlanFailure::Infeasible { .. }), "{err}");
@@ -2018,7 +2050,8 @@ edges:
             .map(|i| sample(i, (i as u64 + 1) * 10_000_000))
             .collect();
         let models = fit_all(&dag, &samples, Convergence::default());
-        let (catalog, bw) = crate::bandwidth::BandwidthBook::default().apply(&Catalog::default());
+        let (catalog, bw) =
+            crate::learn::bandwidth::BandwidthBook::default().apply(&Catalog::default());
         let fanouts = [Fanout::Known(1), Fanout::Known(40), Fanout::Known(1)];
         // One candidate: the searches stop at their first step (deterministic, no clock).
         let spent = Budget {
@@ -2034,7 +2067,7 @@ edges:
             &bw,
             Policy::Sonic,
             spent,
-            &crate::warm::Source::none(),
+            &crate::learn::warm::Source::none(),
         )
         .expect("the best plan known");
         assert!(!planned.outcome.exact);

@@ -18,11 +18,18 @@ use sonic_api::agent::WarmIdle;
 use sonic_core::dag::Dag;
 use sonic_core::params::Params;
 
-use crate::jobs::AgentSlot;
-use crate::store::{Db, StoreError};
+use crate::store::{AgentSlot, Db, StoreError};
 
 /// The most (agent, function) entries the ledger keeps; past it the ones ending soonest go.
 pub const MAX_ENTRIES: usize = 16_384;
+
+/// The identity of function `i` across jobs (`sonic_api::agent::function_key`): the DAG's name,
+/// the function's and a hash of its definition; the agents keep its containers warm across jobs.
+pub fn function_key(dag: &Dag, i: usize) -> String {
+    let f = &dag.functions[i];
+    let definition = serde_json::to_vec(f).unwrap_or_default();
+    sonic_api::agent::function_key(&dag.name, &f.name, &definition)
+}
 
 /// What runs of DAG function `i` with this memory limit share warm containers under: the
 /// function's identity across jobs (`jobs::function_key`, which hashes its definition: image
@@ -32,7 +39,7 @@ pub const MAX_ENTRIES: usize = 16_384;
 pub fn key(dag: &Dag, i: usize, handler_digest: Option<&str>, memory_limit_mb: u64) -> String {
     format!(
         "{}|{}|{memory_limit_mb}",
-        crate::jobs::function_key(dag, i),
+        function_key(dag, i),
         handler_digest.unwrap_or("")
     )
 }
@@ -281,7 +288,7 @@ impl<'a> Source<'a> {
             None => WarmPool::default(),
             Some(l) => l.pool(
                 dag,
-                &crate::planned::memory_limits(dag, params),
+                &crate::learn::memory_limits(dag, params),
                 &self.digests,
                 &self.agents,
                 self.now_ms,

@@ -41,6 +41,8 @@
 
 #![warn(missing_docs)]
 
+pub mod planned;
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
@@ -54,7 +56,7 @@ use sonic_core::model::Method;
 use sonic_core::planner::{Plan, PlanStage};
 use tokio::sync::Notify;
 
-use crate::jobs::AgentSlot;
+use crate::store::AgentSlot;
 
 /// A boxed future, so that [`ResourceManager`] stays object-safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -85,7 +87,7 @@ pub struct Offer {
     /// What the agents keep warm for the DAG's functions (idle warm containers per function
     /// and agent), as the plan was priced with: a stage the plan marks `warm` starts hot only
     /// on agents that keep enough of them. A hint: the built-in manager prefers them.
-    pub warm: crate::warm::WarmPool,
+    pub warm: crate::learn::warm::WarmPool,
 }
 
 impl Offer {

@@ -11,15 +11,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sonic_core::dag::Dag;
-use sonic_core::params::Params;
 use sonic_core::planner::Plan;
 
-use crate::jobs::{AgentSlot, DEFAULT_MEMORY_MB, Method};
-use crate::learning::Planned;
+use crate::learn::{Planned, memory_limits};
 use crate::resources::{Answer, Grant, Offer, ResourceManager};
-
-/// Memory limit headroom over the predicted peak: predictions have errors.
-pub const MEMORY_HEADROOM: f64 = 1.5;
+use crate::store::AgentSlot;
+use sonic_core::model::Method;
 
 /// Which of the planner's plans a job runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,22 +82,6 @@ impl Allocation {
             .map(|(_, edge)| (edge.from, self.hosts[edge.from].as_slice()))
             .collect()
     }
-}
-
-/// Per DAG function: the memory limit of one lambda, the predicted peak with headroom.
-pub fn memory_limits(dag: &Dag, params: &Params) -> Vec<u64> {
-    dag.functions
-        .iter()
-        .map(|f| {
-            let predicted = params.functions.get(&f.name).map_or(0.0, |p| p.memory_mb);
-            let want = (predicted * MEMORY_HEADROOM).ceil();
-            if want.is_finite() && want > DEFAULT_MEMORY_MB as f64 {
-                want as u64
-            } else {
-                DEFAULT_MEMORY_MB
-            }
-        })
-        .collect()
 }
 
 /// A granted plan as the executor runs it.
@@ -273,8 +254,10 @@ pub async fn admit_preferring(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::learn::DEFAULT_MEMORY_MB;
     use crate::resources::Pool;
     use crate::resources::tests::{agents, catalog};
+    use sonic_core::params::Params;
     use sonic_core::planner::{PlanEdge, PlanOutcome, PlanStage, Predicted};
 
     const DAG: &str = r#"
@@ -381,7 +364,7 @@ edges:
             outcome: outcome(with_second),
             params: params(2000.0),
             report: serde_json::Value::Null,
-            warm: crate::warm::WarmPool::default(),
+            warm: crate::learn::warm::WarmPool::default(),
         }
     }
 

@@ -460,8 +460,19 @@ pub struct Db {
     /// The DAGs last looked up, parsed, as their rows hold them.
     dags: Arc<DagCache>,
     /// What the learning code last read and wrote per setting of a DAG (its samples, models
-    /// and mode), so that a finished job's refit reads only the samples recorded since.
-    learned: Arc<crate::learning::Memory>,
+    /// and mode), so that a finished job's refit reads only the samples recorded since
+    /// (`crate::learn::Memory`, installed at its first use: [`Db::derived`]).
+    learned: Arc<std::sync::OnceLock<Box<dyn Derived>>>,
+}
+
+/// What a layer above keeps in memory from this database's rows per (DAG, setting): forgotten
+/// when the rows it came from change ([`Db::put_model`], [`Db::put_dag_mode`], a replaced
+/// sample).
+pub trait Derived: std::any::Any + Send + Sync + std::fmt::Debug {
+    /// Forgets what was derived from one setting of a DAG.
+    fn forget(&self, dag: &str, setting: &str);
+    /// Forgets everything.
+    fn forget_all(&self);
 }
 
 /// A DAG as its row holds it, parsed once: what [`Db::parsed_dag`] answers.
@@ -948,7 +959,7 @@ impl Db {
             readers,
             queue: Arc::new(WriteQueue { tx, counters }),
             dags: Arc::new(DagCache::default()),
-            learned: Arc::new(crate::learning::Memory::default()),
+            learned: Arc::default(),
         })
     }
 
@@ -1308,9 +1319,19 @@ impl Db {
 
     // ---- samples ----
 
-    /// What the learning code keeps in memory (`crate::learning::refit`).
-    pub fn learned(&self) -> &crate::learning::Memory {
-        &self.learned
+    /// What the learning code keeps in memory (`crate::learn::refit`): a `T` made at the first
+    /// call. A database keeps one kind.
+    pub fn derived<T: Derived + Default>(&self) -> &T {
+        let kept = self.learned.get_or_init(|| Box::new(T::default()));
+        let any: &dyn std::any::Any = &**kept;
+        any.downcast_ref::<T>()
+            .expect("a database keeps one kind of derived memory")
+    }
+
+    fn forget(&self, dag: &str, setting: &str) {
+        if let Some(d) = self.learned.get() {
+            d.forget(dag, setting);
+        }
     }
 
     /// Records a job's measured parameters (replacing an earlier sample of the same job).
@@ -1320,11 +1341,12 @@ impl Db {
         let conn = self.conn();
         // A replaced sample keeps its row (and its place): what the learning code read of it
         // is forgotten (rare: a job's sample is recorded once).
-        if conn
-            .prepare_cached("SELECT 1 FROM samples WHERE job = ?1")?
-            .exists(params![s.job])?
+        if let Some(d) = self.learned.get()
+            && conn
+                .prepare_cached("SELECT 1 FROM samples WHERE job = ?1")?
+                .exists(params![s.job])?
         {
-            self.learned.forget_all();
+            d.forget_all();
         }
         conn.prepare_cached("INSERT INTO samples (dag, job, input_bytes, measured, created_ms) \
              VALUES (?1, ?2, ?3, ?4, ?5) \
@@ -1361,8 +1383,8 @@ impl Db {
 
     /// Stores the fitted models of one setting of a DAG, replacing its previous fit.
     pub fn put_model(&self, m: &ModelRecord) -> Result<(), StoreError> {
-        // The learning code puts back what it wrote (`crate::learning::refit`).
-        self.learned.forget(&m.dag, &m.setting);
+        // The learning code puts back what it wrote (`crate::learn::refit`).
+        self.forget(&m.dag, &m.setting);
         let models = to_json(&m.models, "models")?;
         let samples = u64_to_i64(m.samples, "samples")?;
         self.conn().prepare_cached("INSERT INTO models (dag, setting, models, converged, samples, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
@@ -1403,7 +1425,7 @@ impl Db {
         state: &serde_json::Value,
         updated_ms: i64,
     ) -> Result<(), StoreError> {
-        self.learned.forget(dag, setting);
+        self.forget(dag, setting);
         let state = to_json(state, "dag mode")?;
         self.conn().prepare_cached("INSERT INTO dag_modes (dag, setting, state, updated_ms) VALUES (?1, ?2, ?3, ?4) \
              ON CONFLICT (dag, setting) DO UPDATE SET state = excluded.state, updated_ms = excluded.updated_ms")?.execute(params![dag, setting, state, updated_ms])?;
@@ -1799,6 +1821,28 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     }
     tx.commit()?;
     Ok(())
+}
+
+/// An agent a job may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSlot {
+    /// The agent's id.
+    pub id: String,
+    /// Where the control plane and peers reach it.
+    pub url: String,
+    /// The catalog's VM type it stands for.
+    pub vm_type: String,
+}
+
+impl From<AgentRecord> for AgentSlot {
+    /// Where a registered agent is reached and what it stands for.
+    fn from(a: AgentRecord) -> AgentSlot {
+        AgentSlot {
+            id: a.id,
+            url: a.url,
+            vm_type: a.vm_type,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,6 @@
 mod html;
 mod pages;
 mod svg;
-pub mod why;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,8 +22,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
 
-use crate::api::{ControlState, RouteInfo, Verb, authorized, constant_time_eq};
-use crate::error::ApiError;
+use crate::http::api::{ControlState, RouteInfo, Verb, authorized};
+use crate::http::error::ApiError;
 
 type Shared = Arc<ControlState>;
 
@@ -80,7 +79,7 @@ fn table() -> Vec<(RouteInfo, MethodRouter<Shared>)> {
         page(Get, "/jobs", true, pages::jobs),
         page(Get, "/jobs/{id}", true, pages::job),
         page(Get, "/jobs/{id}/live", true, pages::job_live),
-        page(Get, "/jobs/{id}/events", true, crate::api::job_events),
+        page(Get, "/jobs/{id}/events", true, crate::http::api::job_events),
         page(Post, "/jobs/{id}/cancel", true, pages::cancel),
         page(Get, "/agents", true, pages::agents),
         page(Get, "/assets/dashboard.js", true, pages::script),
@@ -144,7 +143,7 @@ fn cookie_ok(headers: &HeaderMap, expected: &str) -> bool {
     let Some(token) = unhex(value) else {
         return false;
     };
-    !expected.is_empty() && constant_time_eq(&token, expected.as_bytes())
+    sonic_daemon::secret::matches(&token, expected.as_bytes())
 }
 
 /// Whether the request may see the dashboard: the bearer token, or the cookie.
@@ -315,7 +314,7 @@ mod tests {
 
     #[test]
     fn pages_do_not_shadow_the_api() {
-        let api = crate::api::routes();
+        let api = crate::http::api::routes();
         for p in pages() {
             assert!(
                 !api.iter().any(|r| r.path == p.path && r.verb == p.verb),

@@ -17,11 +17,10 @@ use sonic_core::regression::Model;
 use super::html::{self, esc, page, url};
 use super::svg::{self, Bar, EdgeLabel};
 use super::{Shared, local_path, over_tls, see_other, session_cookie, signed_in};
-use crate::api::{
-    JobInput, SubmitJob, agent_info, checked_dag_name, checked_job_id, constant_time_eq,
-    dag_summary, job_view,
+use crate::http::api::{
+    JobInput, SubmitJob, agent_info, checked_dag_name, checked_job_id, dag_summary, job_view,
 };
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::store::JobRecord;
 
 /// A refusal as a page: the status, and what went wrong in words (internals only in the log).
@@ -30,6 +29,12 @@ pub struct PageError(ApiError);
 impl From<ApiError> for PageError {
     fn from(e: ApiError) -> Self {
         PageError(e)
+    }
+}
+
+impl From<crate::admission::AdmitError> for PageError {
+    fn from(e: crate::admission::AdmitError) -> Self {
+        PageError(e.into())
     }
 }
 
@@ -138,7 +143,7 @@ pub async fn login(
     let next = local_path(&f.next).unwrap_or("/").to_owned();
     let expected = &state.settings.token;
     let token = f.token.trim();
-    if expected.is_empty() || !constant_time_eq(token.as_bytes(), expected.as_bytes()) {
+    if !sonic_daemon::secret::matches(token.as_bytes(), expected.as_bytes()) {
         tracing::warn!("dashboard login refused: wrong token");
         return (
             StatusCode::UNAUTHORIZED,
@@ -393,13 +398,13 @@ async fn dag_page(state: &Shared, name: &str, error: Option<&str>) -> Result<Str
         .db
         .run(move |db| {
             // The default parameters' setting (what a run without overrides uses).
-            let setting = crate::learning::default_setting(&for_models);
-            let models = crate::learning::current(db, &for_models, &setting, rule)?;
-            let mode = crate::learning::mode_of(db, &for_models.name, &setting, &models, now)?;
+            let setting = crate::learn::default_setting(&for_models);
+            let models = crate::learn::current(db, &for_models, &setting, rule)?;
+            let mode = crate::learn::mode_of(db, &for_models.name, &setting, &models, now)?;
             Ok((models, mode))
         })
         .await?;
-    let mode = crate::learning::mode_view(&mode, &models);
+    let mode = crate::learn::mode_view(&mode, &models);
     let summary = dag_summary(&record);
     let mut body = String::new();
     let _ = write!(body, "<h1>DAG {}</h1>", esc(name));
@@ -620,15 +625,15 @@ pub async fn run(
             let data: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
             Some(JobInput {
                 name: Some("input.bin".into()),
-                base64: Some(crate::jobs::encode_base64(&data)),
+                base64: Some(crate::exec::requests::encode_base64(&data)),
                 key: None,
             })
         } else {
             None
         };
         let policy = Some(f.policy.trim().to_owned()).filter(|p| !p.is_empty());
-        crate::api::submit(
-            &state,
+        crate::admission::submit(
+            &state.ctx,
             SubmitJob {
                 dag: name.clone(),
                 input,
@@ -638,6 +643,7 @@ pub async fn run(
             },
         )
         .await
+        .map_err(ApiError::from)
     }
     .await;
     match submitted {
@@ -829,7 +835,7 @@ pub async fn cancel(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, PageError> {
     let id = checked_job_id(path_value(id)?)?;
-    crate::api::cancel(&state, id.clone()).await?;
+    crate::admission::cancel(&state, id.clone()).await?;
     Ok(see_other(&format!("/jobs/{}", url(&id))))
 }
 

@@ -1,0 +1,629 @@
+//! Admission: a submitted job checked (its DAG, parameters and input), its policy chosen (a
+//! forced one, or the mode of its parameter setting: profiling or planned), planned under the
+//! budget, recorded, and handed to the executor; a job cancelled; a job a restarted control
+//! plane left unfinished planned again and resumed. Errors are [`AdmitError`]s, which the HTTP
+//! layer maps to statuses (`crate::http::error`).
+
+pub mod baselines;
+
+use std::sync::Arc;
+
+use sonic_api::control::{JobAccepted, JobMode, JobPlan, JobStatus, SubmitJob};
+use sonic_core::dag::{Dag, valid_dag_name};
+use sonic_core::setting::Setting;
+use tokio_util::sync::CancellationToken;
+
+use crate::exec::requests::{JobInputFile, Policy};
+use crate::exec::{Context, Runtime};
+use crate::learn::{PlanFailure, Planned};
+use crate::store::{Db, JobRecord, StoreError};
+
+/// Why a submission (or a cancel) was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError {
+    /// The request is malformed: a bad name, parameter, input or policy.
+    #[error("{0}")]
+    Invalid(String),
+    /// No such DAG or job.
+    #[error("{0}")]
+    NotFound(String),
+    /// The DAG's models cannot predict yet (a forced `sonic` before they converged).
+    #[error("{0}")]
+    NotReady(String),
+    /// Well-formed, but no plan meets the DAG's bounds (or the planning budget).
+    #[error("{0}")]
+    Infeasible(String),
+    /// This control plane runs no jobs (it has no object store).
+    #[error("{0}")]
+    NoJobs(String),
+    /// Something failed on our side (the database, the object store).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<StoreError> for AdmitError {
+    fn from(e: StoreError) -> Self {
+        AdmitError::Internal(e.to_string())
+    }
+}
+
+/// A DAG name as the API takes it: lowercase letters, digits and `-`, at most 63.
+pub fn checked_dag_name(name: String) -> Result<String, AdmitError> {
+    if valid_dag_name(&name) {
+        Ok(name)
+    } else {
+        Err(AdmitError::Invalid(
+            "invalid dag name: lowercase letters, digits and '-', at most 63".into(),
+        ))
+    }
+}
+
+/// How a job runs, decided at submission.
+struct Choice {
+    policy: Policy,
+    mode: JobMode,
+    planned: Option<Planned>,
+    /// Recorded with the job when planning failed and it profiles instead.
+    plan: Option<JobPlan>,
+    /// Why this mode (the job's `mode_reason`).
+    reason: String,
+}
+
+/// What planning needs to see what the agents keep warm, taken into the database's thread.
+struct WarmInputs {
+    jobs: Option<Arc<Runtime>>,
+    now_ms: i64,
+    timeout: std::time::Duration,
+    /// The code digest of each handler stage (by function index).
+    digests: std::collections::BTreeMap<usize, String>,
+}
+
+impl WarmInputs {
+    fn source(&self, db: &Db) -> Result<crate::learn::warm::Source<'_>, crate::store::StoreError> {
+        crate::learn::warm::Source::alive(
+            db,
+            self.jobs.as_ref().map(|rt| &rt.warm),
+            self.now_ms,
+            self.timeout,
+            self.jobs.as_ref().is_some_and(|rt| rt.config.prewarm),
+            self.digests.clone(),
+        )
+    }
+}
+
+/// The code digest of each resolved handler stage, by function index.
+fn digests_of(
+    handlers: &std::collections::BTreeMap<usize, sonic_api::agent::HandlerRun>,
+) -> std::collections::BTreeMap<usize, String> {
+    handlers
+        .iter()
+        .map(|(i, h)| (*i, h.sha256.clone()))
+        .collect()
+}
+
+fn warm_inputs(ctx: &Context, digests: std::collections::BTreeMap<usize, String>) -> WarmInputs {
+    WarmInputs {
+        jobs: ctx.jobs.clone(),
+        now_ms: ctx.clock.now_ms(),
+        timeout: ctx.heartbeat_timeout,
+        digests,
+    }
+}
+
+/// The policy of a job: a forced one wins; otherwise `sonic`, planned for this input size, once
+/// the models of the job's parameter setting converged, and `remote` (profiling) before. A
+/// forced `sonic` plans with whatever the setting's models predict, and is refused when they
+/// cannot predict or nothing is feasible. `digests`: the code digest of each handler stage (by
+/// function index), for what the agents keep warm of it.
+#[allow(clippy::too_many_arguments)]
+async fn choose(
+    ctx: &Context,
+    dag: &Dag,
+    setting: Setting,
+    forced: Option<Policy>,
+    planned_baseline: bool,
+    input_bytes: u64,
+    fanouts: Vec<sonic_core::dag::Fanout>,
+    digests: std::collections::BTreeMap<usize, String>,
+) -> Result<Choice, AdmitError> {
+    let profiling = |policy: Policy, plan: Option<JobPlan>, reason: String| Choice {
+        policy,
+        mode: JobMode::Profiling,
+        planned: None,
+        plan,
+        reason,
+    };
+    let baseline = match forced {
+        Some(p @ (Policy::Remote | Policy::Direct | Policy::Local)) => Some(p),
+        _ => None,
+    };
+    if let (Some(p), Some(base)) = (forced, baseline) {
+        if !planned_baseline {
+            return Ok(profiling(
+                p,
+                None,
+                format!("policy {p} forced: instances spread over the agents"),
+            ));
+        }
+        let rule = ctx.convergence();
+        let (catalog, bandwidth) = ctx.planning_catalog();
+        let budget = ctx.plan_budget();
+        let dag = dag.clone();
+        let warm = warm_inputs(ctx, digests.clone());
+        let planned = ctx
+            .db
+            .run(move |db| {
+                let models = crate::learn::current(db, &dag, &setting, rule)?;
+                let warm = warm.source(db)?;
+                Ok(crate::learn::plan_for(
+                    &dag,
+                    &models,
+                    input_bytes,
+                    &fanouts,
+                    catalog,
+                    &bandwidth,
+                    base,
+                    budget,
+                    &warm,
+                ))
+            })
+            .await?
+            .map_err(plan_error)?;
+        return Ok(Choice {
+            policy: p,
+            mode: JobMode::Planned,
+            planned: Some(planned),
+            plan: None,
+            reason: format!("policy {p} forced, planned as the planner places it"),
+        });
+    }
+    if planned_baseline {
+        return Err(AdmitError::Invalid(
+            "planned: only with a forced remote, direct or local policy".into(),
+        ));
+    }
+    let rule = ctx.convergence();
+    let (catalog, bandwidth) = ctx.planning_catalog();
+    let budget = ctx.plan_budget();
+    let dag = dag.clone();
+    let warm = warm_inputs(ctx, digests);
+    if forced == Some(Policy::Oracle) {
+        let planned = ctx
+            .db
+            .run(move |db| {
+                let samples = crate::learn::fitted_samples(db, &dag, &setting)?;
+                let warm = warm.source(db)?;
+                Ok(
+                    crate::learn::measured_params(&dag, &samples, input_bytes).and_then(|params| {
+                        crate::learn::plan_with(
+                            &dag,
+                            params,
+                            input_bytes,
+                            &fanouts,
+                            catalog,
+                            &bandwidth,
+                            Policy::Oracle,
+                            budget,
+                            std::time::Instant::now(),
+                            &warm,
+                        )
+                    }),
+                )
+            })
+            .await?
+            .map_err(plan_error)?;
+        return Ok(Choice {
+            policy: Policy::Oracle,
+            mode: JobMode::Planned,
+            planned: Some(planned),
+            plan: None,
+            reason: "policy oracle forced: planned with the parameters measured at this input size"
+                .into(),
+        });
+    }
+    let forced_sonic = forced.is_some();
+    let now = ctx.clock.now_ms();
+    let (reason, outcome) = ctx
+        .db
+        .run(move |db| {
+            let models = crate::learn::current(db, &dag, &setting, rule)?;
+            // The setting's mode decides, not the models' error of the moment (hysteresis).
+            let mode = crate::learn::mode_of(db, &dag.name, &setting, &models, now)?;
+            let reason = if forced_sonic {
+                "policy sonic forced: planned with what the models predict".to_owned()
+            } else {
+                crate::learn::reason(&setting, &mode, &models)
+            };
+            if !forced_sonic && mode.mode == sonic_core::mode::Mode::Profiling {
+                return Ok((reason, None));
+            }
+            let warm = warm.source(db)?;
+            let planned = crate::learn::plan_for(
+                &dag,
+                &models,
+                input_bytes,
+                &fanouts,
+                catalog,
+                &bandwidth,
+                Policy::Sonic,
+                budget,
+                &warm,
+            );
+            Ok((reason, Some(planned)))
+        })
+        .await?;
+    match outcome {
+        None => Ok(profiling(Policy::Remote, None, reason)),
+        Some(Ok(planned)) => Ok(Choice {
+            policy: Policy::Sonic,
+            mode: JobMode::Planned,
+            planned: Some(planned),
+            plan: None,
+            reason,
+        }),
+        Some(Err(e)) if forced_sonic => Err(plan_error(e)),
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "planned dag, but no plan: the job profiles");
+            Ok(profiling(
+                Policy::Remote,
+                Some(JobPlan {
+                    used: "none".into(),
+                    notes: vec![format!("{e}: the job profiles with remote instead")],
+                    report: serde_json::Value::Null,
+                    stages: Vec::new(),
+                    exact: None,
+                }),
+                format!("{reason}; but no plan ({e}): the job profiles with remote instead"),
+            ))
+        }
+    }
+}
+
+/// Plans a planned job again as it was chosen at submission (its policy, its input size, its
+/// parameters), with the models and bandwidths there are now: a job a restarted control plane
+/// resumes.
+pub async fn plan_again(ctx: &Context, job: &JobRecord) -> Result<Planned, String> {
+    let parsed = ctx
+        .db
+        .parsed_dag(&job.dag)
+        .await
+        .map_err(|e| format!("database: {e}"))?
+        .ok_or_else(|| format!("dag {} no longer exists", job.dag))?;
+    let dag = &parsed.dag;
+    let overrides = job.params.clone().into_iter().collect();
+    let fanouts = dag.fanouts(&dag.job_params(&overrides))?;
+    let setting = crate::learn::job_setting(dag, &job.params);
+    let policy: Policy = job.policy.parse()?;
+    let baseline = matches!(policy, Policy::Remote | Policy::Direct | Policy::Local);
+    // The execution resolves the handlers again (and fails if one is gone); here an unresolved
+    // one only counts as keeping nothing warm.
+    let digests = match &ctx.jobs {
+        Some(rt) => crate::exec::handlers::resolve(rt, dag)
+            .await
+            .map(|h| digests_of(&h))
+            .unwrap_or_default(),
+        None => Default::default(),
+    };
+    let choice = choose(
+        ctx,
+        dag,
+        setting,
+        Some(policy),
+        baseline,
+        job.input_bytes,
+        fanouts,
+        digests,
+    )
+    .await
+    .map_err(|e| format!("{e:?}"))?;
+    choice
+        .planned
+        .ok_or_else(|| format!("{} plans nothing", job.policy))
+}
+
+/// What `GET /v1/dags/{name}/plan` answers: the plan a job of DAG `name` would get at
+/// `input_bytes` under `policy`, with the DAG's default parameters (their setting's models
+/// predict what they do not fix), priced on what the agents keep warm.
+pub async fn plan_dag(
+    ctx: &Context,
+    name: String,
+    input_bytes: u64,
+    policy: Policy,
+) -> Result<Planned, AdmitError> {
+    if policy == Policy::Oracle {
+        return Err(AdmitError::Invalid(
+            "oracle plans with measured parameters: use `ofctl plan --params FILE --policy oracle`"
+                .into(),
+        ));
+    }
+    let rule = ctx.convergence();
+    let budget = ctx.plan_budget();
+    let (catalog, bandwidth) = ctx.planning_catalog();
+    let lookup = name.clone();
+    let mut warm = warm_inputs(ctx, Default::default());
+    let planned = ctx
+        .db
+        .run(move |db| {
+            let Some(parsed) = db.load_dag(&lookup)? else {
+                return Ok(None);
+            };
+            let dag = &parsed.dag;
+            // The code digest of each handler stage, read from the registry (nothing is
+            // stored), so that their warm containers count as a job's would.
+            if let Some(rt) = &warm.jobs {
+                warm.digests = crate::exec::handlers::digests(rt, dag);
+            }
+            // The DAG's default parameters: their setting's models, and they fix what fanouts
+            // they can; the models predict the rest.
+            let models = crate::learn::current(db, dag, &crate::learn::default_setting(dag), rule)?;
+            let fanouts = dag
+                .fanouts(&dag.job_params(&Default::default()))
+                .unwrap_or_default();
+            Ok(Some(
+                crate::learn::plan_for(
+                    dag,
+                    &models,
+                    input_bytes,
+                    &fanouts,
+                    catalog,
+                    &bandwidth,
+                    policy,
+                    budget,
+                    &warm.source(db)?,
+                )
+                .map_err(plan_error),
+            ))
+        })
+        .await?
+        .ok_or_else(|| AdmitError::NotFound(format!("no dag named {name}")))??;
+    Ok(planned)
+}
+
+fn plan_error(e: PlanFailure) -> AdmitError {
+    match e {
+        PlanFailure::NotReady { .. } => AdmitError::NotReady(e.to_string()),
+        PlanFailure::Infeasible { .. } | PlanFailure::Budget { .. } => {
+            AdmitError::Infeasible(e.to_string())
+        }
+    }
+}
+
+/// Checks, plans and starts a job: what `POST /v1/jobs` and the dashboard's run form do.
+pub async fn submit(ctx: &Arc<Context>, req: SubmitJob) -> Result<JobAccepted, AdmitError> {
+    let rt = ctx.jobs.clone().ok_or_else(|| {
+        AdmitError::NoJobs("this control plane runs no jobs: it has no object store".into())
+    })?;
+    // Executions started meanwhile wait until this submission is answered (submissions first).
+    let submitting = rt.submitting();
+    let dag_name = checked_dag_name(req.dag.clone())?;
+    let forced: Option<Policy> = req
+        .policy
+        .as_deref()
+        .map(str::parse)
+        .transpose()
+        .map_err(AdmitError::Invalid)?;
+    // Parsed once per revision and kept (`Db::parsed_dag`): no blocking thread once looked up.
+    let parsed = tracing::Instrument::instrument(
+        ctx.db.parsed_dag(&dag_name),
+        tracing::debug_span!("submit_dag"),
+    )
+    .await?
+    .ok_or_else(|| AdmitError::NotFound(format!("no dag named {dag_name}")))?;
+    let dag = &parsed.dag;
+    let overrides = req.params.clone().into_iter().collect();
+    let fanouts = dag
+        .fanouts(&dag.job_params(&overrides))
+        .map_err(|e| AdmitError::Invalid(format!("params: {e}")))?;
+    // A handler that is not registered refuses the job now, before anything is stored.
+    let digests = digests_of(
+        &crate::exec::handlers::resolve(&rt, dag)
+            .await
+            .map_err(AdmitError::Invalid)?,
+    );
+    let job_id = new_job_id();
+    // The input is checked and measured first; it is stored once the job is accepted.
+    let mut input: Option<(JobInputFile, Option<Vec<u8>>)> = None;
+    let mut input_bytes = 0u64;
+    if let Some(spec) = &req.input {
+        let checked_name = |name: String| {
+            if valid_file_name(&name) {
+                Ok(name)
+            } else {
+                Err(AdmitError::Invalid(
+                    "input.name: letters, digits, '.', '_' and '-'".into(),
+                ))
+            }
+        };
+        let (file, bytes, size) = match (&spec.base64, &spec.key) {
+            (Some(data), None) => {
+                let bytes = crate::exec::requests::decode_base64(data)
+                    .map_err(|e| AdmitError::Invalid(format!("input.base64: {e}")))?;
+                let name = checked_name(spec.name.clone().unwrap_or_else(|| "input".into()))?;
+                let key = format!("jobs/{job_id}/input/{name}");
+                let size = bytes.len() as u64;
+                (JobInputFile { name, key }, Some(bytes), size)
+            }
+            (None, Some(key)) => {
+                let size = rt
+                    .store
+                    .head(key)
+                    .await
+                    .map_err(|e| AdmitError::Invalid(format!("input.key: {e}")))?
+                    .ok_or_else(|| AdmitError::Invalid(format!("input.key: no object {key}")))?;
+                let name = checked_name(
+                    spec.name
+                        .clone()
+                        .unwrap_or_else(|| key.rsplit('/').next().unwrap_or("input").to_owned()),
+                )?;
+                (
+                    JobInputFile {
+                        name,
+                        key: key.clone(),
+                    },
+                    None,
+                    size,
+                )
+            }
+            _ => {
+                return Err(AdmitError::Invalid(
+                    "input: give exactly one of base64 and key".into(),
+                ));
+            }
+        };
+        input_bytes = size;
+        input = Some((file, bytes));
+    }
+    let setting = crate::learn::job_setting(dag, &req.params);
+    let mut choice = choose(
+        ctx,
+        dag,
+        setting,
+        forced,
+        req.planned,
+        input_bytes,
+        fanouts,
+        digests,
+    )
+    .await?;
+    if let Some(p) = choice.planned.as_mut() {
+        // Why this plan: what the baselines would predict at the same parameters.
+        let (catalog, _) = ctx.planning_catalog();
+        let baselines = baselines::baselines(dag, &p.params, catalog);
+        if let Some(map) = p.report.as_object_mut() {
+            map.insert("baselines".into(), baselines);
+        }
+    }
+    let mut inputs = Vec::new();
+    if let Some((file, bytes)) = input {
+        if let Some(bytes) = bytes {
+            rt.store
+                .put_bytes(&file.key, bytes::Bytes::from(bytes))
+                .await
+                .map_err(|e| AdmitError::Internal(format!("cannot store the input: {e}")))?;
+        }
+        inputs.push(file);
+    }
+    let now = ctx.clock.now_ms();
+    let record = JobRecord {
+        id: job_id.clone(),
+        dag: dag.name.clone(),
+        status: JobStatus::Queued,
+        policy: choice.policy.as_str().to_owned(),
+        mode: choice.mode,
+        input_bytes,
+        params: req.params,
+        summary: None,
+        error: None,
+        created_ms: now,
+        started_ms: None,
+        finished_ms: None,
+        updated_ms: now,
+        plan: choice.plan,
+        mode_reason: Some(choice.reason.clone()),
+    };
+    let stored = record.clone();
+    tracing::Instrument::instrument(
+        ctx.db.commit(move |w| w.insert_job(&stored)),
+        tracing::debug_span!("submit_record"),
+    )
+    .await?;
+    ctx.metrics
+        .job_submitted(choice.policy.as_str(), choice.mode.as_str());
+    if let Some(p) = &choice.planned {
+        let us = p.report["planning_time_us"].as_f64().unwrap_or(0.0);
+        ctx.metrics.planned(choice.policy.as_str(), us / 1e6);
+    }
+    tracing::info!(job = %job_id, dag = %record.dag, policy = %choice.policy, mode = %choice.mode, reason = %choice.reason, input_bytes, "job submitted");
+    // Registered before the task starts: a cancel that comes right after the 202 reaches it.
+    let cancel = rt.register(&job_id);
+    // Every event of the job (its stages, instances, cleanup) carries the job's span; a root
+    // span, so that the submission's span ends with the submission.
+    let span = tracing::info_span!(parent: None, "job", job = %job_id, dag = %record.dag, policy = %choice.policy);
+    // Ends the submission; its job waits for the rest of a burst it is part of.
+    rt.spawn_submitted(
+        submitting,
+        tracing::Instrument::instrument(
+            crate::exec::execute(
+                ctx.clone(),
+                rt.clone(),
+                record,
+                inputs,
+                cancel,
+                choice.planned,
+            ),
+            span,
+        ),
+    );
+    Ok(JobAccepted {
+        job_id,
+        status: JobStatus::Queued,
+    })
+}
+
+/// Asks the executor to stop a job that has not ended (a job nothing executes ends now); the
+/// job's record after.
+pub async fn cancel(ctx: &Context, id: String) -> Result<JobRecord, AdmitError> {
+    let job = job_record(ctx, &id).await?;
+    if job.status.is_terminal() {
+        return Err(AdmitError::Invalid(format!(
+            "job {id} already {}",
+            job.status
+        )));
+    }
+    let running_here = ctx.jobs.as_ref().is_some_and(|rt| rt.cancel(&id));
+    if !running_here {
+        // Nothing executes it (it can only be a leftover): end it now.
+        let now = ctx.clock.now_ms();
+        let target = id.clone();
+        ctx.db
+            .run(move |db| db.finish_job(&target, JobStatus::Failed, None, Some("cancelled"), now))
+            .await?;
+    }
+    tracing::info!(job = %id, "job cancel requested");
+    let job = ctx
+        .db
+        .run(move |db| db.get_job(&id))
+        .await?
+        .ok_or_else(|| AdmitError::Internal("job vanished".into()))?;
+    Ok(job)
+}
+
+/// The record of job `id`, or [`AdmitError::NotFound`].
+pub async fn job_record(ctx: &Context, id: &str) -> Result<JobRecord, AdmitError> {
+    let lookup = id.to_owned();
+    ctx.db
+        .run(move |db| db.get_job(&lookup))
+        .await?
+        .ok_or_else(|| AdmitError::NotFound(format!("no job {id}")))
+}
+
+fn valid_file_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && !s.starts_with('.')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+fn new_job_id() -> String {
+    use rand::Rng;
+    let n: u64 = rand::thread_rng().r#gen();
+    format!("j-{n:016x}")
+}
+
+/// Goes on with a job a previous control plane left unfinished ([`crate::exec::resume`]): a
+/// planned job is planned again first (the models and the catalog are in the database; the
+/// resource manager is then asked for the agents it ran on before).
+pub async fn resume(
+    ctx: Arc<Context>,
+    rt: Arc<Runtime>,
+    job: JobRecord,
+    cancel: CancellationToken,
+) {
+    let planned = if job.mode == JobMode::Planned {
+        Some(plan_again(&ctx, &job).await)
+    } else {
+        None
+    };
+    crate::exec::resume(ctx, rt, job, cancel, planned).await;
+}
