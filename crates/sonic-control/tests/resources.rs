@@ -1,6 +1,7 @@
-//! The cluster-wide resource manager on a real cluster in this process (process sandbox, two
-//! agents: a-1 m5.large with 2 vCPUs, a-2 m5.xlarge with 4): two planned jobs that each need
-//! every vCPU of the xlarge agent are queued one behind the other, never run side by side.
+//! The cluster-wide resource manager on a real cluster in this process (process sandbox): two
+//! planned jobs that each need every vCPU of an agent are queued one behind the other, never run
+//! side by side; a diamond whose branches were priced on VMs of their own runs them on two
+//! agents at once.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -113,5 +114,87 @@ async fn two_jobs_whose_plans_exceed_the_pool_are_queued_not_oversubscribed() {
         held.push(slot.expect("a slot"));
     }
     drop(held);
+    c.stop().await;
+}
+
+/// a feeds b and c, which both feed d; b and c sleep so that running them one after the other
+/// shows.
+const DIAMOND: &str = r#"
+name: diamond
+description: two branches that run at once
+functions:
+  - { name: a, image: sonic-lambdas:latest, command: [synthetic, copy, --to, "b,c"], timeout: 30s }
+  - { name: b, image: sonic-lambdas:latest, command: [synthetic, copy, --to, d], timeout: 30s }
+  - { name: c, image: sonic-lambdas:latest, command: [synthetic, copy, --to, d], timeout: 30s }
+  - { name: d, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }
+edges:
+  - { from: a, to: b, kind: one }
+  - { from: a, to: c, kind: one }
+  - { from: b, to: d, kind: one }
+  - { from: c, to: d, kind: one }
+"#;
+
+/// The `direct` baseline planned: every stage on a VM of its own. With two m5.large agents the
+/// pool grants b and c different agents, and the executor runs them at once (it used to put
+/// both on one agent under one reservation of one slot, one after the other).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diamonds_branches_priced_on_their_own_vms_run_at_once_on_two_agents() {
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 3,
+        ..Convergence::default()
+    };
+    let c = Cluster::start_agents(rule, &[("a-1", "m5.large"), ("a-2", "m5.large")]).await;
+    c.apply(DIAMOND).await;
+    let params = json!({ "b.sleep_ms": 1500, "c.sleep_ms": 1500 });
+    for n in [30_000usize, 90_000, 150_000] {
+        let id = c
+            .submit(json!({
+                "dag": "diamond",
+                "params": params,
+                "input": { "name": "data.bin", "base64": base64(&sized_input(n)) },
+            }))
+            .await;
+        let s = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{:?}", s.error);
+    }
+    let id = c
+        .submit(json!({
+            "dag": "diamond",
+            "policy": "direct",
+            "planned": true,
+            "params": params,
+            "input": { "name": "data.bin", "base64": base64(&sized_input(60_000)) },
+        }))
+        .await;
+    let s = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{:?}", s.error);
+    assert_eq!(s.mode, JobMode::Planned);
+    let plan = s.plan.as_ref().expect("a planned job records its grant");
+    let agents_of = |f: &str| {
+        plan.stages
+            .iter()
+            .find(|st| st.function == f)
+            .map(|st| st.agents.clone())
+            .expect("stage")
+    };
+    assert_ne!(agents_of("b"), agents_of("c"), "{plan:?}");
+    let run = |f: &str| {
+        s.functions
+            .iter()
+            .find(|r| r.name == f)
+            .cloned()
+            .expect("run")
+    };
+    let (b, cc) = (run("b"), run("c"));
+    assert_ne!(b.agent, cc.agent, "b and c ran where they were granted");
+    let span = |r: &sonic_api::control::FunctionRun| {
+        (r.started_s.expect("started"), r.ended_s.expect("ended"))
+    };
+    let ((b0, b1), (c0, c1)) = (span(&b), span(&cc));
+    assert!(
+        b0 < c1 && c0 < b1,
+        "b ran {b0:.2}-{b1:.2} s and c {c0:.2}-{c1:.2} s: one after the other"
+    );
     c.stop().await;
 }

@@ -315,7 +315,7 @@ pub async fn plan_again(ctx: &Context, job: &JobRecord) -> Result<Planned, Strin
         digests,
     )
     .await
-    .map_err(|e| format!("{e:?}"))?;
+    .map_err(|e| e.to_string())?;
     choice
         .planned
         .ok_or_else(|| format!("{} plans nothing", job.policy))

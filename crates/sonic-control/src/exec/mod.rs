@@ -1486,22 +1486,18 @@ async fn run(
     // wait and then run in a warm container of this job, which is how profiling measures hot
     // times, not only cold ones.
     let mut vcpu_permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
-    // A planned job holds on each agent what its grant reserved there: the most one stage runs
-    // at once on it. Stages of independent branches running together share that.
-    let mut job_permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
-    if let Some(a) = &alloc {
-        let mut most: HashMap<usize, usize> = HashMap::new();
-        for i in 0..n {
-            for (agent, k) in a.permits(i) {
-                let m = most.entry(agent).or_insert(0);
-                *m = (*m).max(k);
-            }
-        }
-        job_permits = most
-            .into_iter()
-            .map(|(agent, k)| (agent, Arc::new(Semaphore::new(k))))
-            .collect();
-    }
+    // A planned job holds on each agent what its grant reserved there, by the pool's rule
+    // (`Allocation::reserved`): stages one after another share it, branches that run together
+    // each have their own share.
+    let job_permits: HashMap<usize, Arc<Semaphore>> = alloc
+        .as_ref()
+        .map(|a| {
+            a.reserved(&dag)
+                .into_iter()
+                .map(|(agent, k)| (agent, Arc::new(Semaphore::new(k))))
+                .collect()
+        })
+        .unwrap_or_default();
     // What a previous control plane recorded of this execution, by (function, instance), on
     // agents this execution still has: the machine restores what succeeded and sends again, by
     // the same attempt, what was sent.

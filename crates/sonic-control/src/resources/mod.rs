@@ -255,7 +255,8 @@ pub struct Use {
 }
 
 impl Use {
-    fn max(self, o: Use) -> Use {
+    /// The larger of each.
+    pub fn max(self, o: Use) -> Use {
         Use {
             slots: self.slots.max(o.slots),
             memory_mb: self.memory_mb.max(o.memory_mb),
@@ -269,7 +270,8 @@ impl Use {
         }
     }
 
-    fn plus(self, o: Use) -> Use {
+    /// Both added.
+    pub fn plus(self, o: Use) -> Use {
         Use {
             slots: self.slots.saturating_add(o.slots),
             memory_mb: self.memory_mb.saturating_add(o.memory_mb),
@@ -285,6 +287,91 @@ impl Use {
 
     fn within(self, cap: Use) -> bool {
         self.slots <= cap.slots && self.memory_mb <= cap.memory_mb
+    }
+}
+
+/// Which of a DAG's stages can run at the same time: `i` and `j` can unless a path of edges
+/// leads from one to the other (independent branches run at once, `exec::machine`).
+#[derive(Debug, Clone)]
+pub struct Concurrency {
+    /// `reach[i][j]`: a path leads from `i` to `j`.
+    reach: Vec<Vec<bool>>,
+}
+
+impl Concurrency {
+    /// The relation of `dag`'s stages.
+    pub fn of(dag: &Dag) -> Concurrency {
+        let n = dag.functions.len();
+        let mut reach = vec![vec![false; n]; n];
+        // Functions are in topological order: a sender's row is complete before its receivers
+        // read it, walking from the last function back.
+        for i in (0..n).rev() {
+            for e in dag.edges.iter().filter(|e| e.from == i && e.to < n) {
+                reach[i][e.to] = true;
+                let below = reach[e.to].clone();
+                for (j, r) in below.into_iter().enumerate() {
+                    reach[i][j] |= r;
+                }
+            }
+        }
+        Concurrency { reach }
+    }
+
+    /// Whether stages `i` and `j` (not the same) can run at the same time.
+    pub fn together(&self, i: usize, j: usize) -> bool {
+        i != j && !self.reach[i][j] && !self.reach[j][i]
+    }
+
+    /// What a job holds on one agent from its stages there (`(stage, what one of its VMs holds
+    /// there)`, a stage once per VM): the most that stages which can run at the same time hold
+    /// together. Stages one after another share what the largest holds; branches that run at
+    /// once each hold their own, as the model gives each its VMs. Each of `slots` and
+    /// `memory_mb` is the most over such sets (exact up to 16 stages on one agent; beyond, each
+    /// stage with every stage it can run beside, which holds at least as much).
+    pub fn held(&self, stages: &[(usize, Use)]) -> Use {
+        let n = stages.len();
+        let together = |a: usize, b: usize| {
+            stages[a].0 == stages[b].0 || self.together(stages[a].0, stages[b].0)
+        };
+        let mut most = Use::default();
+        if n <= 16 {
+            for set in 1u32..(1 << n) {
+                let members: Vec<usize> = (0..n).filter(|&a| set & (1 << a) != 0).collect();
+                let all = members
+                    .iter()
+                    .all(|&a| members.iter().all(|&b| a == b || together(a, b)));
+                if all {
+                    let sum = members
+                        .iter()
+                        .fold(Use::default(), |acc, &a| acc.plus(stages[a].1));
+                    most = most.max(sum);
+                }
+            }
+        } else {
+            for a in 0..n {
+                let sum = (0..n)
+                    .filter(|&b| b == a || together(a, b))
+                    .fold(Use::default(), |acc, b| acc.plus(stages[b].1));
+                most = most.max(sum);
+            }
+        }
+        most
+    }
+
+    /// What a job whose stage `i` runs on agents `hosts[i]` (one per VM), each VM of it
+    /// holding `per[i]`, holds on each agent: [`Concurrency::held`] per agent. The one rule
+    /// of what a grant reserves (the built-in [`Pool`]) and of what the executor lets run at
+    /// once on an agent.
+    pub fn held_per_agent(&self, hosts: &[Vec<usize>], per: &[Use]) -> BTreeMap<usize, Use> {
+        let mut on: BTreeMap<usize, Vec<(usize, Use)>> = BTreeMap::new();
+        for (i, h) in hosts.iter().enumerate() {
+            for &a in h {
+                on.entry(a)
+                    .or_default()
+                    .push((i, per.get(i).copied().unwrap_or_default()));
+            }
+        }
+        on.into_iter().map(|(a, st)| (a, self.held(&st))).collect()
     }
 }
 
@@ -339,12 +426,14 @@ impl State {
 
 /// The built-in [`ResourceManager`] over the registered agents: every agent offers its VM
 /// type's vCPUs as slots and its usable memory (the catalog's), shared by every job. A grant
-/// reserves, on each agent it uses, the most any of the job's stages needs there (slots: the
-/// plan's concurrent lambdas per VM; memory: that many times the stage's memory limit; capped
-/// at the agent's capacity); a slot of an unplanned instance holds one vCPU and its memory.
-/// Two VMs of one stage are never one agent, and a stage that reads over `direct` edges gets
-/// agents of its type other than its senders' while such agents are free (so that, where the
-/// pool has more than one VM of a type, a direct edge crosses VMs as planned). Requests are
+/// reserves, on each agent it uses, what the job's stages there hold at once
+/// ([`Concurrency::held`]: stages one after another the most of them, branches that run
+/// together the sum; a stage's VM holds the plan's concurrent lambdas per VM and that many
+/// memory limits; capped at the agent's capacity); a slot of an unplanned instance holds one
+/// vCPU and its memory. Two VMs of one stage are never one agent; a stage gets agents that run
+/// none of the job's branches beside it, and a stage that reads over `direct` edges agents of
+/// its type other than its senders', while such agents are free (so that, where the pool has
+/// more than one VM of a type, branches and direct edges are on VMs of their own as planned). Requests are
 /// served first come, first served: one that does not fit waits, and so does every later one
 /// (a small job never overtakes a big one for ever); at most `max_queued` planned jobs wait.
 /// Agents whose VM type the catalog does not know are not limited.
@@ -450,7 +539,9 @@ impl Pool {
         };
         let dag = &offer.dag;
         let mut hosts: Vec<Vec<usize>> = Vec::with_capacity(dag.functions.len());
-        let mut need: BTreeMap<usize, Use> = BTreeMap::new();
+        let together = Concurrency::of(dag);
+        // Per agent index: the job's stages placed there so far, each once per VM.
+        let mut on: BTreeMap<usize, Vec<(usize, Use)>> = BTreeMap::new();
         for (i, f) in dag.functions.iter().enumerate() {
             let ps = stage_of(dag, plan, i)
                 .ok_or_else(|| format!("the plan has no placement for {}", f.name))?;
@@ -460,37 +551,39 @@ impl Pool {
                 slots: concurrent,
                 memory_mb: mem.saturating_mul(u64::from(concurrent)),
             };
-            let fits = |a: usize, need: &BTreeMap<usize, Use>| -> bool {
+            let fits = |a: usize, on: &BTreeMap<usize, Vec<(usize, Use)>>| -> bool {
                 let Some(cap) = self.cap(&agents[a]) else {
                     return true;
                 };
                 // What the job would hold there in all, against what other holders left.
-                let after = need.get(&a).copied().unwrap_or_default().max(per.min(cap));
-                free(a).is_some_and(|fr| after.within(fr))
+                let mut there = on.get(&a).cloned().unwrap_or_default();
+                there.push((i, per));
+                free(a).is_some_and(|fr| together.held(&there).min(cap).within(fr))
             };
             if let Some(s) = vm_sender(dag, plan, i) {
                 let h = hosts[s].clone();
                 for &a in &h {
-                    if !fits(a, &need) {
+                    if !fits(a, &on) {
                         return Err(format!(
                             "{} (over vm-storage from {}) needs {} slots and {} MB on agent {}",
                             f.name, dag.functions[s].name, per.slots, per.memory_mb, agents[a].id
                         ));
                     }
-                    let cap = self.cap(&agents[a]).unwrap_or(per);
-                    let e = need.entry(a).or_default();
-                    *e = e.max(per.min(cap));
+                    on.entry(a).or_default().push((i, per));
                 }
                 hosts.push(h);
                 continue;
             }
             // The agents the job ran this stage on before, in their order; then agents that
             // keep the most warm containers for the stage's first batch (`Offer::warm`); then
-            // agents that hold none of the files the stage fetches `direct` (a direct edge is one network
-            // copy between two VMs, model.md: on its sender's VM it is a local hand-over, which
-            // the agent can only charge to an emulated NIC); then the job's own agents (a reservation there may
-            // already cover the stage); then the freest. A sender's agent is still taken when
-            // no other agent of the type is free.
+            // agents that run none of the job's stages that can run at the same time as this
+            // one (the model gives each branch VMs of its own); then agents that hold none of
+            // the files the stage fetches `direct` (a direct edge is one network copy between
+            // two VMs, model.md: on its sender's VM it is a local hand-over, which the agent
+            // can only charge to an emulated NIC); then the job's own agents (a reservation
+            // there may already cover the stage); then the freest. An agent beside another
+            // branch, or a sender's agent, is still taken when no other agent of the type is
+            // free; it then holds what both hold together.
             let preferred = |a: usize| {
                 offer
                     .prefer
@@ -515,11 +608,15 @@ impl Pool {
                     slots: u32::MAX,
                     memory_mb: u64::MAX,
                 });
+                let beside = on
+                    .get(&a)
+                    .is_some_and(|st| st.iter().any(|&(j, _)| together.together(i, j)));
                 (
                     preferred(a),
                     std::cmp::Reverse(warm(a)),
+                    beside,
                     senders.contains(&a),
-                    !need.contains_key(&a),
+                    !on.contains_key(&a),
                     std::cmp::Reverse(fr.slots),
                     std::cmp::Reverse(fr.memory_mb),
                     a,
@@ -531,10 +628,8 @@ impl Pool {
                 if h.len() == vms {
                     break;
                 }
-                if fits(a, &need) {
-                    let cap = self.cap(&agents[a]).unwrap_or(per);
-                    let e = need.entry(a).or_default();
-                    *e = e.max(per.min(cap));
+                if fits(a, &on) {
+                    on.entry(a).or_default().push((i, per));
                     h.push(a);
                 }
             }
@@ -550,6 +645,13 @@ impl Pool {
             }
             hosts.push(h);
         }
+        let need = on
+            .into_iter()
+            .map(|(a, st)| {
+                let held = together.held(&st);
+                (a, self.cap(&agents[a]).map_or(held, |cap| held.min(cap)))
+            })
+            .collect();
         Ok((hosts, need))
     }
 
@@ -871,6 +973,120 @@ edges:
             Ok(Answer::Grant(g)) => g,
             other => panic!("not granted: {other:?}"),
         }
+    }
+
+    const DIAMOND: &str = r#"
+name: diamond
+functions:
+  - { name: a, image: i, command: [x] }
+  - { name: b, image: i, command: [x] }
+  - { name: c, image: i, command: [x] }
+  - { name: d, image: i, command: [x] }
+edges:
+  - { from: a, to: b, kind: one }
+  - { from: a, to: c, kind: one }
+  - { from: b, to: d, kind: one }
+  - { from: c, to: d, kind: one }
+"#;
+
+    fn slots(n: u32) -> Use {
+        Use {
+            slots: n,
+            memory_mb: u64::from(n) * 1024,
+        }
+    }
+
+    /// Stages one after another hold the most of them; branches that run at once, the sum.
+    #[test]
+    fn a_job_holds_the_sum_of_its_branches_and_the_most_of_a_chain() {
+        let dag = Dag::from_yaml("diamond.yaml", DIAMOND).expect("dag");
+        let c = Concurrency::of(&dag);
+        assert!(c.together(1, 2), "b and c are branches");
+        for (i, j) in [(0, 1), (0, 2), (1, 3), (2, 3), (0, 3)] {
+            assert!(!c.together(i, j) && !c.together(j, i), "{i} before {j}");
+        }
+        assert!(!c.together(1, 1));
+        // Everything on one agent: a, then b and c at once, then d.
+        let all = [(0, slots(1)), (1, slots(2)), (2, slots(1)), (3, slots(2))];
+        assert_eq!(c.held(&all), slots(3), "b and c together");
+        // A chain on one agent: the largest.
+        assert_eq!(
+            c.held(&[(0, slots(2)), (1, slots(1)), (3, slots(1))]),
+            slots(2)
+        );
+        // Per agent: b on agent 0 with a and d, c alone on agent 1.
+        let hosts = vec![vec![0], vec![0], vec![1], vec![0]];
+        let per = vec![slots(1), slots(2), slots(1), slots(2)];
+        let held = c.held_per_agent(&hosts, &per);
+        assert_eq!(held, BTreeMap::from([(0, slots(2)), (1, slots(1))]));
+        // A stage's two VMs on one agent hold twice.
+        assert_eq!(c.held(&[(1, slots(1)), (1, slots(1))]), slots(2));
+    }
+
+    /// Branches that run at once get agents of their own while there are free ones; where
+    /// there are none, they share one that holds both.
+    #[test]
+    fn a_diamonds_branches_are_granted_different_agents() {
+        let dag = Arc::new(Dag::from_yaml("diamond.yaml", DIAMOND).expect("dag"));
+        let stage = |f: &str| PlanStage {
+            function: f.into(),
+            vm_type: "m5.large".into(),
+            vms: 1,
+            per_vm: 1,
+            concurrent: 1,
+            warm: false,
+            prewarmed: false,
+        };
+        let edge = |from: &str, to: &str, method| PlanEdge {
+            from: from.into(),
+            to: to.into(),
+            method,
+            predicted_s: 0.0,
+        };
+        // The paper's `direct` baseline: every edge direct, a VM of its own per stage.
+        let plan = Plan {
+            stages: ["a", "b", "c", "d"].map(stage).to_vec(),
+            edges: vec![
+                edge("a", "b", Method::Direct),
+                edge("a", "c", Method::Direct),
+                edge("b", "d", Method::Direct),
+                edge("c", "d", Method::Direct),
+            ],
+            predicted: Predicted {
+                latency_s: 1.0,
+                cost_usd: 1.0,
+                perf_per_dollar: 1.0,
+                requests_usd: 0.0,
+            },
+            timing: Vec::new(),
+        };
+        let offer = |agents: &[AgentSlot]| Offer {
+            job: "j".into(),
+            dag: dag.clone(),
+            plan: plan.clone(),
+            second_best: None,
+            memory_limit_mb: vec![1024; 4],
+            agents: agents.to_vec(),
+            prefer: Vec::new(),
+            warm: Default::default(),
+        };
+        let pool = Pool::new(Some(&catalog()), 4);
+        let two = agents(&["m5.large", "m5.large"]);
+        let g = grant_now(&pool, &offer(&two));
+        assert_ne!(g.hosts[1], g.hosts[2], "b and c run at once: {:?}", g.hosts);
+        // Each agent holds one branch (and a or d, one after another): one slot each.
+        assert!(
+            pool.usage().values().all(|u| *u == slots(1)),
+            "{:?}",
+            pool.usage()
+        );
+        pool.release("j");
+        // One agent: both branches on it, holding two slots.
+        let one = agents(&["m5.large"]);
+        let g = grant_now(&pool, &offer(&one));
+        assert_eq!(g.hosts[1], g.hosts[2]);
+        assert_eq!(pool.usage()["a-0"], slots(2));
+        pool.release("j");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use sonic_core::dag::Dag;
 use sonic_core::planner::Plan;
 
 use crate::learn::{Planned, memory_limits};
-use crate::resources::{Answer, Grant, Offer, ResourceManager};
+use crate::resources::{Answer, Concurrency, Grant, Offer, ResourceManager, Use};
 use crate::store::AgentSlot;
 use sonic_core::model::Method;
 
@@ -71,6 +71,25 @@ impl Allocation {
             *out.entry(a).or_insert(0) += self.concurrent[i].max(1) as usize;
         }
         out
+    }
+
+    /// Per agent, how many of the job's lambdas may run at once on it: what the grant reserved
+    /// there, by the built-in pool's rule ([`Concurrency::held_per_agent`]: stages one after
+    /// another the most of them, branches that run together the sum).
+    pub fn reserved(&self, dag: &Dag) -> BTreeMap<usize, usize> {
+        let per: Vec<Use> = self
+            .concurrent
+            .iter()
+            .map(|&c| Use {
+                slots: c.max(1),
+                memory_mb: 0,
+            })
+            .collect();
+        Concurrency::of(dag)
+            .held_per_agent(&self.hosts, &per)
+            .into_iter()
+            .map(|(a, u)| (a, u.slots as usize))
+            .collect()
     }
 
     /// The `vm-storage` senders of function `i`'s inputs: (sender function, its hosts).

@@ -119,10 +119,33 @@ impl Cluster {
         convergence: Convergence,
         tune: impl FnOnce(&mut JobsConfig),
     ) -> Cluster {
+        Cluster::start_with(
+            listen,
+            convergence,
+            &[("a-1", "m5.large"), ("a-2", "m5.xlarge")],
+            tune,
+        )
+        .await
+    }
+
+    /// A control plane on port 0 and the agents given (id, VM type), registered.
+    pub async fn start_agents(convergence: Convergence, agents: &[(&str, &str)]) -> Cluster {
+        let listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        Cluster::start_with(listen, convergence, agents, |_| {}).await
+    }
+
+    async fn start_with(
+        listen: SocketAddr,
+        convergence: Convergence,
+        agents: &[(&str, &str)],
+        tune: impl FnOnce(&mut JobsConfig),
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Arc::new(LocalStore::new(dir.path().join("store")).expect("store"));
-        let a = agent("a-1", "m5.large", dir.path(), store.clone()).await;
-        let b = agent("a-2", "m5.xlarge", dir.path(), store.clone()).await;
+        let mut running = Vec::new();
+        for (id, vm_type) in agents {
+            running.push(agent(id, vm_type, dir.path(), store.clone()).await);
+        }
         let mut jobs = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
         jobs.backoff = Duration::from_millis(20);
         jobs.convergence = convergence;
@@ -144,7 +167,7 @@ impl Cluster {
             .await
             .expect("start control plane");
         let http = reqwest::Client::new();
-        for a in [&a, &b] {
+        for a in &running {
             let r = http
                 .post(format!("{}/v1/agents/register", control.url()))
                 .bearer_auth(TOKEN)
@@ -156,7 +179,7 @@ impl Cluster {
         }
         Cluster {
             control,
-            agents: vec![a, b],
+            agents: running,
             store,
             http,
             dir,
