@@ -1,5 +1,5 @@
 //! A lambda that misbehaves on purpose, for the containment tests of the sandboxes
-//! (`crates/sonic-agent/tests/containment.rs`). It never harms anything by itself beyond what it
+//! (`crates/sonic-agent/tests/it/containment.rs`). It never harms anything by itself beyond what it
 //! is asked to try, and says on standard output what each attempt gave.
 //!
 //! ```text

@@ -1,0 +1,2040 @@
+//! Jobs end to end: the control plane and two real agents in-process (process sandbox running the
+//! `synthetic` lambda, one shared LocalStore), over HTTP on loopback.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::lambda_dir;
+use serde_json::{Value, json};
+use sonic_agent::config::{AgentConfig, local_config};
+use sonic_agent::sandbox::{ProcessConfig, ProcessSandbox};
+use sonic_agent::server::RunningAgent;
+use sonic_agent::throttle::AgentThrottle;
+use sonic_api::control::{
+    DagModelsView, JobEvent, JobLogs, JobMode, JobPlan, JobStatus, JobSummary,
+};
+use sonic_control::{
+    ControlConfig, JobsConfig, RunningControl, Runtime, SystemClock, start_with_jobs,
+};
+use sonic_core::catalog::Catalog;
+use sonic_core::regression::Convergence;
+use sonic_core::units::Seconds;
+use sonic_storage::ObjectStore;
+use sonic_storage::local::LocalStore;
+
+const TOKEN: &str = "control-token-0123456789";
+const FILE_KEY: &str = "file-key-0123456789abcdef";
+
+const CATALOG: &str = r#"
+vm_types:
+  - { name: m5.large,   vcpus: 2, memory_mb: 8192,  network_mbps: 750,  usd_per_hour: 0.107 }
+  - { name: m5.xlarge,  vcpus: 4, memory_mb: 16384, network_mbps: 1250, usd_per_hour: 0.214 }
+local_storage:  { usd_per_gb_month: 0.12 }
+remote_storage: { write_mbps: 600, read_mbps: 400, request_latency_ms: 25,
+                  put_usd_per_1k: 0.0055, get_usd_per_1k: 0.00044, usd_per_gb_month: 0.026,
+                  requests_per_s: 3500 }
+"#;
+
+/// gen copies the job input and broadcasts it to two mids, which copy it on; sink gathers both
+/// and copies everything to `result/`: every result file must equal the input, byte for byte.
+const DAG: &str = r#"
+name: fan
+params: { mids: 2 }
+functions:
+  - { name: gen, image: sonic-lambdas:latest, command: [synthetic, copy, --to, mid], timeout: 30s }
+  - { name: mid, image: sonic-lambdas:latest, command: [synthetic, copy, --to, sink], instances: "{{ params.mids }}", timeout: 30s }
+  - { name: sink, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }
+edges:
+  - { from: gen, to: mid, kind: broadcast }
+  - { from: mid, to: sink, kind: gather }
+"#;
+
+const FAILING: &str = r#"
+name: broken
+functions:
+  - { name: ok, image: sonic-lambdas:latest, command: [synthetic, run, --to, bad, --output-bytes, "1000"], timeout: 30s }
+  - { name: bad, image: sonic-lambdas:latest, command: [synthetic, run, --exit-code, "1"], timeout: 30s }
+edges:
+  - { from: ok, to: bad, kind: one }
+"#;
+
+struct Cluster {
+    control: RunningControl,
+    agents: Vec<RunningAgent>,
+    store: Arc<LocalStore>,
+    http: reqwest::Client,
+    convergence: Convergence,
+    _dir: tempfile::TempDir,
+}
+
+async fn agent(id: &str, root: &Path, store: Arc<LocalStore>) -> RunningAgent {
+    let mut cfg: AgentConfig = local_config(id, &root.join(id), TOKEN, FILE_KEY);
+    cfg.vm_type = "m5.large".into();
+    cfg.bin_dirs = vec![lambda_dir().to_path_buf()];
+    let sandbox = ProcessSandbox::new(ProcessConfig {
+        work_dir: root.join(id).join("processes"),
+        path: cfg.bin_dirs.clone(),
+        ..ProcessConfig::default()
+    })
+    .expect("process sandbox");
+    sonic_agent::server::start(
+        cfg,
+        Arc::new(sandbox),
+        Some(store),
+        &AgentThrottle::unlimited(),
+    )
+    .await
+    .expect("start agent")
+}
+
+/// A control plane with jobs on `dir/control` (a restart reopens the same database).
+async fn start_control(
+    dir: &Path,
+    store: Arc<LocalStore>,
+    convergence: Convergence,
+) -> RunningControl {
+    let mut jobs = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
+    jobs.backoff = Duration::from_millis(20);
+    jobs.convergence = convergence;
+    // Executions on an executor of their own, as the daemon runs them (`executor_nice`).
+    let executor = sonic_control::exec::threads::Executor::new(
+        2,
+        i32::from(sonic_control::config::DEFAULT_EXECUTOR_NICE),
+    )
+    .expect("executor");
+    let runtime = Runtime::new(
+        store,
+        Some(Catalog::from_yaml(CATALOG).expect("catalog")),
+        jobs,
+    )
+    .with_executor(executor);
+    let config = ControlConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        data_dir: dir.join("control"),
+        token: TOKEN.into(),
+        // These agents do not heartbeat (no control URL): registration must keep them alive for
+        // the whole test, however slow the machine.
+        heartbeat_timeout: Seconds(3600.0),
+        ..ControlConfig::default()
+    };
+    start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
+        .await
+        .expect("start control plane")
+}
+
+async fn cluster() -> Cluster {
+    cluster_with(Convergence::default()).await
+}
+
+async fn cluster_with(convergence: Convergence) -> Cluster {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(LocalStore::new(dir.path().join("store")).expect("store"));
+    let a = agent("a-1", dir.path(), store.clone()).await;
+    let b = agent("a-2", dir.path(), store.clone()).await;
+    let control = start_control(dir.path(), store.clone(), convergence).await;
+    let http = reqwest::Client::new();
+    for a in [&a, &b] {
+        let r = http
+            .post(format!("{}/v1/agents/register", control.url()))
+            .bearer_auth(TOKEN)
+            .json(&a.state.capacity())
+            .send()
+            .await
+            .expect("register");
+        assert!(r.status().is_success(), "register: {}", r.status());
+    }
+    Cluster {
+        control,
+        agents: vec![a, b],
+        store,
+        http,
+        convergence,
+        _dir: dir,
+    }
+}
+
+impl Cluster {
+    async fn apply(&self, yaml: &str) {
+        let r = self
+            .http
+            .put(format!("{}/v1/dags", self.control.url()))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/yaml")
+            .body(yaml.to_owned())
+            .send()
+            .await
+            .expect("apply");
+        assert!(r.status().is_success(), "apply: {}", r.status());
+    }
+
+    /// `POST /v1/jobs` with `body`, whatever the answer.
+    async fn post_job(&self, body: Value) -> reqwest::Response {
+        self.http
+            .post(format!("{}/v1/jobs", self.control.url()))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .expect("POST /v1/jobs")
+    }
+
+    async fn submit(&self, body: Value) -> String {
+        let r = self.post_job(body).await;
+        assert_eq!(r.status(), 202, "{}", r.text().await.unwrap_or_default());
+        let v: Value = r.json().await.expect("accepted");
+        assert_eq!(v["status"], "queued");
+        let id = v["job_id"].as_str().expect("job id").to_owned();
+        assert!(id.starts_with("j-"), "{id}");
+        id
+    }
+
+    async fn get(&self, id: &str) -> (Value, JobSummary) {
+        let r = self
+            .http
+            .get(format!("{}/v1/jobs/{id}", self.control.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("get job");
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.expect("json");
+        let s: JobSummary = serde_json::from_value(v.clone()).expect("summary");
+        (v, s)
+    }
+
+    /// Polls the job until it ends (deadline, no fixed sleeps).
+    async fn wait(&self, id: &str) -> (Value, JobSummary) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let (v, s) = self.get(id).await;
+            if s.status.is_terminal() {
+                return (v, s);
+            }
+            assert!(Instant::now() < deadline, "job {id} did not end: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops the control plane and starts a new one on the same database (the agents stay).
+    async fn restart(self) -> Cluster {
+        let Cluster {
+            control,
+            agents,
+            store,
+            http,
+            convergence,
+            _dir,
+        } = self;
+        control.stop().await;
+        let control = start_control(_dir.path(), store.clone(), convergence).await;
+        Cluster {
+            control,
+            agents,
+            store,
+            http,
+            convergence,
+            _dir,
+        }
+    }
+
+    async fn get_json(&self, path: &str) -> (reqwest::StatusCode, Value) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.control.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("get");
+        let status = r.status();
+        (status, r.json().await.expect("json body"))
+    }
+
+    async fn stop(self) {
+        self.control.stop().await;
+        for a in self.agents {
+            a.stop().await;
+        }
+    }
+}
+
+fn input_bytes() -> Vec<u8> {
+    (0..300_000u32).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+fn base64(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Every field of the summary of interfaces.md section 3.
+fn assert_summary_shape(v: &Value) {
+    for field in [
+        "job_id",
+        "dag",
+        "status",
+        "policy",
+        "mode",
+        "input_bytes",
+        "latency_s",
+        "cost_usd",
+        "perf_per_dollar",
+        "edges",
+        "functions",
+        "outputs",
+    ] {
+        assert!(v.get(field).is_some(), "summary lacks {field}: {v}");
+    }
+    for e in v["edges"].as_array().expect("edges") {
+        for field in ["from", "to", "method", "bytes", "seconds"] {
+            assert!(e.get(field).is_some(), "edge lacks {field}: {e}");
+        }
+    }
+    for f in v["functions"].as_array().expect("functions") {
+        for field in [
+            "name",
+            "instance",
+            "agent",
+            "vm_type",
+            "cold",
+            "seconds",
+            "peak_memory_mb",
+            "attempts",
+        ] {
+            assert!(f.get(field).is_some(), "function lacks {field}: {f}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dag_runs_under_every_policy_with_identical_results() {
+    let c = cluster().await;
+    c.apply(DAG).await;
+    let input = input_bytes();
+    let mut results: Vec<Vec<(String, Vec<u8>)>> = Vec::new();
+    for policy in ["remote", "direct", "local"] {
+        let id = c
+            .submit(json!({
+                "dag": "fan",
+                "policy": policy,
+                "input": { "name": "data.bin", "base64": base64(&input) },
+            }))
+            .await;
+        let (v, s) = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
+        assert_summary_shape(&v);
+        assert_eq!(s.policy, policy);
+        assert_eq!(s.input_bytes, input.len() as u64);
+        assert!(s.latency_s > 0.0);
+        assert!(s.cost_usd > 0.0, "{policy}: cost from the catalog price");
+        assert!(
+            (s.perf_per_dollar - 1.0 / (s.latency_s * s.cost_usd)).abs() < 1e-6 * s.perf_per_dollar
+        );
+        // The store's requests: `remote` PUTs gen's file for the mids and the mids' two for
+        // sink (3), and GETs the first on each agent with a mid (1 or 2) and the two on sink's
+        // agent (2); the other policies make none. Every policy keeps files for a while.
+        let r = Catalog::from_yaml(CATALOG).expect("catalog").remote_storage;
+        let (put, get) = (r.put_usd_per_1k / 1e3, r.get_usd_per_1k / 1e3);
+        if policy == "remote" {
+            let least = 3.0 * put + 3.0 * get - 1e-12;
+            let most = 3.0 * put + 4.0 * get + 1e-12;
+            assert!(
+                (least..=most).contains(&s.requests_usd),
+                "{policy}: requests_usd {} not in [{least}, {most}]: {v}",
+                s.requests_usd
+            );
+        } else {
+            assert_eq!(s.requests_usd, 0.0, "{policy}: {v}");
+        }
+        assert!(
+            s.storage_usd > 0.0,
+            "{policy}: files kept cost something: {v}"
+        );
+        assert!(s.cost_usd > s.storage_usd + s.requests_usd, "{v}");
+        // gen 1 + mid 2 + sink 1 instances, each once.
+        assert_eq!(s.functions.len(), 4, "{v}");
+        assert!(
+            s.functions
+                .iter()
+                .all(|f| f.attempts == 1 && f.vm_type == "m5.large")
+        );
+        let method = match policy {
+            "local" => "vm-storage",
+            other => other,
+        };
+        assert_eq!(s.edges.len(), 2);
+        for e in &s.edges {
+            assert_eq!(e.method, method, "{v}");
+        }
+        // Broadcast: each mid receives the whole input; gather: sink receives both copies.
+        let n = input.len() as u64;
+        assert_eq!(s.edges[0].bytes, 2 * n, "{v}");
+        assert_eq!(s.edges[1].bytes, 2 * n, "{v}");
+        let agents: std::collections::BTreeSet<&str> =
+            s.functions.iter().map(|f| f.agent.as_str()).collect();
+        if policy == "local" {
+            assert_eq!(agents.len(), 1, "local runs on one agent: {v}");
+        } else {
+            assert_eq!(agents.len(), 2, "{policy} spreads over both agents: {v}");
+        }
+        assert_eq!(s.outputs.len(), 2, "{v}");
+        let mut files = Vec::new();
+        for out in &s.outputs {
+            let key = out.strip_prefix("store://").expect("store url");
+            assert!(key.starts_with(&format!("jobs/{id}/result/")), "{key}");
+            let data = c.store.get_bytes(key).await.expect("result");
+            assert_eq!(
+                data.as_ref(),
+                input.as_slice(),
+                "{policy}: {key} differs from the input"
+            );
+            files.push((key.replace(&id, "JOB"), data.to_vec()));
+        }
+        results.push(files);
+        // Only the results stay in the store; the agents forgot the job.
+        let left = c.store.list(&format!("jobs/{id}/")).await.expect("list");
+        assert_eq!(left.len(), 2, "intermediates left in the store: {left:?}");
+        for a in &c.agents {
+            let job = sonic_agent::files::JobId::parse(&id).expect("id");
+            assert!(a.state.files.list(&job).expect("list").is_empty());
+        }
+        // A profiling sample was recorded.
+        let samples = c.control.state.db.samples("fan").expect("samples");
+        let sample = samples.iter().find(|x| x.job == id).expect("sample");
+        assert_eq!(sample.input_bytes, n);
+        assert_eq!(sample.measured["functions"]["mid"]["instances"], 2);
+        // Every function's per-instance overhead was measured: what its instances took beyond
+        // the lambda and the edges' data passing.
+        for f in ["gen", "mid", "sink"] {
+            let o = sample.measured["functions"][f]["overhead_s"].as_f64();
+            assert!(o.is_some_and(|o| o >= 0.0), "{policy}: {f}: {o:?}");
+        }
+        // The model's edge bytes are what the sender wrote: the broadcast file once.
+        assert_eq!(sample.measured["edges"][0]["bytes"], n);
+        assert_eq!(sample.measured["edges"][1]["bytes"], 2 * n);
+    }
+    assert_eq!(results[0], results[1], "remote and direct results differ");
+    assert_eq!(results[0], results[2], "remote and local results differ");
+
+    let r: Value = c
+        .http
+        .get(format!("{}/v1/jobs", c.control.url()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(r["jobs"].as_array().expect("jobs").len(), 3);
+    c.stop().await;
+}
+
+/// When instance `k` of `function` started and ended, in seconds from the job's start.
+fn span(s: &JobSummary, function: &str, k: u32) -> (f64, f64) {
+    let f = s
+        .functions
+        .iter()
+        .find(|f| f.name == function && f.instance == k)
+        .unwrap_or_else(|| panic!("no run of {function} {k}: {s:?}"));
+    (f.started_s.expect("started_s"), f.ended_s.expect("ended_s"))
+}
+
+/// split sends the input to two branches that sleep, then join gathers both: the branches
+/// depend on nothing but split, so they run at the same time.
+const DIAMOND: &str = r#"
+name: diamond
+functions:
+  - { name: split, image: sonic-lambdas:latest, command: [synthetic, copy, --to, "left,right"], timeout: 30s }
+  - { name: left, image: sonic-lambdas:latest, command: [synthetic, copy, --to, join, --sleep-ms, "700"], timeout: 30s }
+  - { name: right, image: sonic-lambdas:latest, command: [synthetic, copy, --to, join, --sleep-ms, "700"], timeout: 30s }
+  - { name: join, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }
+edges:
+  - { from: split, to: left, kind: one }
+  - { from: split, to: right, kind: one }
+  - { from: left, to: join, kind: one }
+  - { from: right, to: join, kind: one }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diamonds_two_branches_overlap_in_time() {
+    let c = cluster().await;
+    c.apply(DIAMOND).await;
+    let input = input_bytes();
+    for policy in ["remote", "direct", "local"] {
+        let (v, s) = c.run_ok("diamond", Some(policy), &input).await;
+        let [split, left, right, join] = ["split", "left", "right", "join"].map(|f| span(&s, f, 0));
+        // Run one after the other, one branch would start after the other ended.
+        assert!(
+            left.0 < right.1 && right.0 < left.1,
+            "{policy}: left {left:?} and right {right:?} did not overlap: {v}"
+        );
+        // Each stage still starts only after the stages it reads from ended.
+        assert!(split.1 <= left.0 && split.1 <= right.0, "{policy}: {v}");
+        assert!(left.1 <= join.0 && right.1 <= join.0, "{policy}: {v}");
+        // join copied what both branches passed on: the input, twice.
+        c.assert_copies(&s, 2, &input).await;
+    }
+    c.stop().await;
+}
+
+/// Two instances of `first`, the second much slower; `then` reads them over a `one` edge.
+const PIPELINE: &str = r#"
+name: pipeline
+functions:
+  - { name: first, image: sonic-lambdas:latest, command: [synthetic, copy, --to, then, --sleep-per-instance-ms, "1500"], instances: 2, timeout: 30s }
+  - { name: then, image: sonic-lambdas:latest, command: [synthetic, copy, --to, last], instances: 2, timeout: 30s }
+  - { name: last, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }
+edges:
+  - { from: first, to: then, kind: one }
+  - { from: then, to: last, kind: gather }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_edge_starts_each_receiver_when_its_own_sender_ends() {
+    let c = cluster().await;
+    c.apply(PIPELINE).await;
+    let input = input_bytes();
+    for policy in ["remote", "direct", "local"] {
+        let (v, s) = c.run_ok("pipeline", Some(policy), &input).await;
+        let span = |name: &str, k: u32| span(&s, name, k);
+        // `then` 0 needs only `first` 0: it starts before the slow `first` 1 has ended...
+        assert!(
+            span("then", 0).0 < span("first", 1).1,
+            "{policy}: then 0 waited for the whole first stage: {v}"
+        );
+        // ... and never before its own sender ended.
+        for k in 0..2 {
+            assert!(span("first", k).1 <= span("then", k).0, "{policy}: {v}");
+        }
+        // A gather waits for every sender.
+        assert!(span("then", 1).1 <= span("last", 0).0, "{policy}: {v}");
+        c.assert_copies(&s, 2, &input).await;
+    }
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_lambda_fails_the_job_after_its_retries() {
+    let c = cluster().await;
+    c.apply(FAILING).await;
+    let id = c
+        .submit(json!({ "dag": "broken", "policy": "remote" }))
+        .await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Failed, "{v}");
+    assert_summary_shape(&v);
+    let error = s.error.expect("error");
+    assert!(
+        error.contains("function bad instance 0 failed after 3 attempts"),
+        "{error}"
+    );
+    assert!(error.contains("exit code 1"), "{error}");
+    // The stage before it ran and is in the summary.
+    assert_eq!(s.functions.len(), 1, "{v}");
+    assert!(s.outputs.is_empty());
+    // No sample from a failed job; nothing of it left in the store.
+    assert!(
+        c.control
+            .state
+            .db
+            .samples("broken")
+            .expect("samples")
+            .is_empty()
+    );
+    assert!(
+        c.store
+            .list(&format!("jobs/{id}/"))
+            .await
+            .expect("list")
+            .is_empty()
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_submissions_are_refused() {
+    let c = cluster().await;
+    c.apply(DAG).await;
+    let status = async |body: Value| c.post_job(body).await.status();
+    assert_eq!(status(json!({ "dag": "nope" })).await, 404);
+    assert_eq!(status(json!({ "dag": "fan", "policy": "fast" })).await, 400);
+    assert_eq!(
+        status(json!({ "dag": "fan", "params": { "mids": 0 } })).await,
+        400
+    );
+    assert_eq!(
+        status(json!({ "dag": "fan", "input": { "base64": "!!" } })).await,
+        400
+    );
+    assert_eq!(
+        status(json!({ "dag": "fan", "input": { "key": "no/such/object" } })).await,
+        400
+    );
+    let missing = c
+        .http
+        .get(format!("{}/v1/jobs/j-0000", c.control.url()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(missing.status(), 404);
+    c.stop().await;
+}
+
+/// One function, named `function`, copying its input to the result.
+fn one_function(function: &str) -> String {
+    format!(
+        "name: again\nfunctions:\n  - {{ name: {function}, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }}\n"
+    )
+}
+
+/// Submissions and executions read the DAG from what the control plane keeps parsed: a re-applied
+/// DAG is what the next job runs, a deleted one refuses the next submission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reapplied_dag_runs_as_applied_and_a_deleted_one_is_refused() {
+    let c = cluster().await;
+    let input = input_bytes();
+    let names = |s: &JobSummary| {
+        let mut n: Vec<String> = s.functions.iter().map(|f| f.name.clone()).collect();
+        n.dedup();
+        n
+    };
+    c.apply(&one_function("first")).await;
+    let (v, s) = c.run_ok("again", Some("remote"), &input).await;
+    assert_eq!(names(&s), ["first"], "{v}");
+    // Looked up (and kept) by that job: now replaced.
+    c.apply(&one_function("second")).await;
+    let (v, s) = c.run_ok("again", Some("remote"), &input).await;
+    assert_eq!(names(&s), ["second"], "the re-applied DAG runs: {v}");
+    c.assert_copies(&s, 1, &input).await;
+    // Replaced by a DAG whose handler this control plane cannot run: refused at submission.
+    c.apply("name: again\nfunctions:\n  - { name: only, handler: py-nothing, timeout: 30s }\n")
+        .await;
+    let r = c
+        .post_job(json!({ "dag": "again", "policy": "remote" }))
+        .await;
+    assert_eq!(r.status(), 400);
+    assert!(
+        r.text().await.expect("body").contains("py-nothing"),
+        "refused for the new revision's handler"
+    );
+    c.apply(&one_function("third")).await;
+    let (v, s) = c.run_ok("again", Some("remote"), &input).await;
+    assert_eq!(names(&s), ["third"], "{v}");
+    let r = c
+        .http
+        .delete(format!("{}/v1/dags/again", c.control.url()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(r.status(), 204);
+    let r = c
+        .post_job(json!({ "dag": "again", "policy": "remote" }))
+        .await;
+    assert_eq!(r.status(), 404, "a deleted DAG is refused");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_job_running_at_restart_is_failed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = sonic_control::Db::open_dir(dir.path()).expect("db");
+    let job = sonic_control::store::JobRecord {
+        id: "j-left".into(),
+        dag: "fan".into(),
+        status: JobStatus::Running,
+        policy: "remote".into(),
+        mode: sonic_api::control::JobMode::Profiling,
+        input_bytes: 0,
+        params: Default::default(),
+        summary: None,
+        error: None,
+        created_ms: 1,
+        started_ms: Some(1),
+        finished_ms: None,
+        updated_ms: 1,
+        plan: None,
+        mode_reason: None,
+    };
+    db.insert_job(&job).expect("insert");
+    drop(db);
+    let store = Arc::new(LocalStore::new(dir.path().join("store")).expect("store"));
+    let runtime = Runtime::new(store, None, JobsConfig::new(TOKEN, FILE_KEY.as_bytes()));
+    let config = ControlConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        data_dir: dir.path().to_path_buf(),
+        token: TOKEN.into(),
+        ..ControlConfig::default()
+    };
+    let control = start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
+        .await
+        .expect("start");
+    let got = control
+        .state
+        .db
+        .get_job("j-left")
+        .expect("get")
+        .expect("job");
+    assert_eq!(got.status, JobStatus::Failed);
+    assert_eq!(got.error.as_deref(), Some("control plane restarted"));
+    control.stop().await;
+}
+
+/// mid sleeps long enough for the control plane to be stopped while it runs.
+const SLOW: &str = r#"
+name: slow
+functions:
+  - { name: gen, image: sonic-lambdas:latest, command: [synthetic, copy, --to, mid], timeout: 30s }
+  - { name: mid, image: sonic-lambdas:latest, command: [synthetic, copy, --to, sink, --sleep-ms, "1500"], instances: 2, timeout: 30s }
+  - { name: sink, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }
+edges:
+  - { from: gen, to: mid, kind: broadcast }
+  - { from: mid, to: sink, kind: gather }
+"#;
+
+/// Runs that ended on the cluster's agents, as their metrics count them.
+fn runs_ended(c: &Cluster) -> u64 {
+    c.agents
+        .iter()
+        .map(|a| {
+            a.state
+                .metrics
+                .render(&a.state)
+                .lines()
+                .filter(|l| l.starts_with("sonic_agent_runs_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_survives_a_control_plane_restart_mid_stage() {
+    let mut c = cluster().await;
+    c.apply(SLOW).await;
+    let input = input_bytes();
+    for policy in ["remote", "direct"] {
+        let before = runs_ended(&c);
+        let id = c
+            .submit(json!({
+                "dag": "slow",
+                "policy": policy,
+                "input": { "name": "data.bin", "base64": base64(&input) },
+            }))
+            .await;
+        // Stopped once gen has ended and both mids were sent to their agents.
+        c.wait_mids_sent(&id).await;
+        c = c.restart().await;
+        let (v, s) = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
+        // Nothing ran twice: gen was not run again and the mids were adopted, not repeated.
+        assert_eq!(s.functions.len(), 4, "{policy}: {v}");
+        assert!(s.functions.iter().all(|f| f.attempts == 1), "{policy}: {v}");
+        assert_eq!(
+            runs_ended(&c) - before,
+            4,
+            "{policy}: each instance runs once on the agents"
+        );
+        // The same outputs as a run without a restart: the input, once per mid.
+        c.assert_copies(&s, 2, &input).await;
+        // Once ended, nothing of its execution is kept to resume.
+        assert!(
+            c.control
+                .state
+                .db
+                .instance_runs(&id, 1)
+                .expect("runs")
+                .is_empty()
+        );
+    }
+    c.stop().await;
+}
+
+/// The same, for a planned job: models learned from four profiling jobs, then a `sonic` job
+/// stopped while its mids run; the new control plane plans it again, is granted the agents it
+/// ran on, and goes on from what was recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_job_survives_a_control_plane_restart_mid_stage() {
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 4,
+        ..Convergence::default()
+    };
+    let mut c = cluster_with(rule).await;
+    c.apply(SLOW).await;
+    let body = |input: &[u8]| {
+        json!({
+            "dag": "slow",
+            "input": { "name": "data.bin", "base64": base64(input) },
+        })
+    };
+    for n in [30_000usize, 90_000, 150_000, 210_000] {
+        let id = c.submit(body(&sized_input(n))).await;
+        let (v, s) = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    }
+    let input = sized_input(120_000);
+    let before = runs_ended(&c);
+    let id = c.submit(body(&input)).await;
+    c.wait_mids_sent(&id).await;
+    let granted = c
+        .control
+        .state
+        .db
+        .get_job(&id)
+        .expect("get")
+        .expect("job")
+        .plan;
+    c = c.restart().await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (s.policy.as_str(), s.mode),
+        ("sonic", JobMode::Planned),
+        "{v}"
+    );
+    assert_eq!(s.functions.len(), 4, "{v}");
+    assert!(s.functions.iter().all(|f| f.attempts == 1), "{v}");
+    assert_eq!(runs_ended(&c) - before, 4, "each instance runs once: {v}");
+    // The same agents as before the restart.
+    let hosts = |p: &Option<sonic_api::control::JobPlan>| {
+        p.as_ref().map(|p| {
+            p.stages
+                .iter()
+                .map(|s| s.agents.clone())
+                .collect::<Vec<_>>()
+        })
+    };
+    assert_eq!(hosts(&s.plan), hosts(&granted), "{v}");
+    c.assert_copies(&s, 2, &input).await;
+    c.stop().await;
+}
+
+/// Two mappers write `part-<j>` for two reducers (`SONIC_FANOUT_RED`); reducer j gets part j of
+/// every mapper, the same bytes whether they move directly or through the store.
+const SHUFFLE: &str = r#"
+name: shuffle
+functions:
+  - { name: map, image: sonic-lambdas:latest, command: [synthetic, run, --to, red, --output-bytes, "40000"], instances: 2, timeout: 30s }
+  - { name: red, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], instances: 2, timeout: 30s }
+edges:
+  - { from: map, to: red, kind: shuffle }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shuffle_routes_each_part_to_its_reducer() {
+    let c = cluster().await;
+    c.apply(SHUFFLE).await;
+    let mut seen = Vec::new();
+    for policy in ["direct", "remote"] {
+        let id = c
+            .submit(json!({ "dag": "shuffle", "policy": policy }))
+            .await;
+        let (v, s) = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
+        assert_eq!(s.edges[0].bytes, 80_000, "{v}");
+        let mut files = Vec::new();
+        for out in &s.outputs {
+            let key = out.strip_prefix("store://").expect("store url");
+            let rel = key
+                .strip_prefix(&format!("jobs/{id}/result/"))
+                .expect("under result/");
+            // result/red/<j>/map/<i>/part-<j>
+            let parts: Vec<&str> = rel.split('/').collect();
+            assert_eq!(parts.len(), 5, "{rel}");
+            assert_eq!(parts[0], "red");
+            assert_eq!(parts[4], format!("part-{}", parts[1]), "{rel}");
+            let data = c.store.get_bytes(key).await.expect("result");
+            assert_eq!(data.len(), 20_000, "{rel}");
+            files.push((rel.to_owned(), data.to_vec()));
+        }
+        assert_eq!(files.len(), 4, "{v}");
+        seen.push(files);
+    }
+    assert_eq!(seen[0], seen[1], "direct and remote results differ");
+    c.stop().await;
+}
+
+/// A profiling (unforced or forced, unplanned) job runs at most one lambda per vCPU of an
+/// agent's type at once; the rest wait and run in the job's warm containers, so profiling
+/// measures hot times too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unplanned_stages_run_one_lambda_per_vcpu_and_measure_hot_runs() {
+    let c = cluster().await;
+    c.apply(DAG).await;
+    // 6 mids over 2 agents of 2 vCPUs (m5.large): 3 per agent, at most 2 at once.
+    let input = sized_input(20_000);
+    let id = c
+        .submit(json!({
+            "dag": "fan",
+            "input": { "name": "data.bin", "base64": base64(&input) },
+            "params": { "mids": 6 },
+            "policy": "remote",
+        }))
+        .await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    let mids: Vec<_> = s.functions.iter().filter(|f| f.name == "mid").collect();
+    assert_eq!(mids.len(), 6, "{v}");
+    for agent in ["a-1", "a-2"] {
+        let on: Vec<_> = mids.iter().filter(|f| f.agent == agent).collect();
+        assert_eq!(on.len(), 3, "{agent}: {v}");
+        assert!(
+            on.iter().any(|f| !f.cold),
+            "{agent}: a third mid ran hot: {v}"
+        );
+    }
+    // The sample is of the job's own setting (mids=6).
+    let (_, m) = c
+        .get_json("/v1/dags/fan/models?params=%7B%22mids%22%3A6%7D")
+        .await;
+    let hot = m["samples"][0]["measured"]["functions"]["mid"]["hot_s"].as_f64();
+    assert!(hot.is_some(), "the sample has a hot time: {m}");
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_job_fails_as_cancelled() {
+    let c = cluster().await;
+    c.apply(
+        r#"
+name: slow
+functions:
+  - { name: nap, image: sonic-lambdas:latest, command: [synthetic, run, --sleep-ms, "60000"], timeout: 120s }
+"#,
+    )
+    .await;
+    let id = c.submit(json!({ "dag": "slow", "policy": "remote" })).await;
+    let running = |c: &Cluster| -> u32 {
+        c.agents
+            .iter()
+            .map(|a| a.state.running.load(std::sync::atomic::Ordering::SeqCst))
+            .sum()
+    };
+    // Cancelled while its lambda runs on an agent.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while running(&c) == 0 {
+        assert!(Instant::now() < deadline, "the lambda never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = c
+        .http
+        .post(format!("{}/v1/jobs/{id}/cancel", c.control.url()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(r.status(), 202);
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Failed, "{v}");
+    assert!(
+        s.error.as_deref().unwrap_or("").contains("cancelled"),
+        "{v}"
+    );
+    // The lambda was stopped on its agent, not left to sleep its minute.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while running(&c) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled job's lambda still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A finished job cannot be cancelled again.
+    let again = c
+        .http
+        .post(format!("{}/v1/jobs/{id}/cancel", c.control.url()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(again.status(), 400);
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn without_an_object_store_jobs_are_refused_clearly() {
+    // The library's control plane with no job runtime (sonic_control::start always opens one).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ControlConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        data_dir: dir.path().to_path_buf(),
+        token: TOKEN.into(),
+        ..ControlConfig::default()
+    };
+    let control = start_with_jobs(config, Arc::new(SystemClock), None)
+        .await
+        .expect("start");
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/jobs", control.url()))
+        .bearer_auth(TOKEN)
+        .json(&json!({ "dag": "fan" }))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.expect("json");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("object store"),
+        "{body}"
+    );
+    control.stop().await;
+}
+
+fn sized_input(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+impl Cluster {
+    /// Reads `GET /v1/jobs/{id}/events` to its end (with a deadline): every event in order.
+    async fn events(&self, id: &str) -> Vec<JobEvent> {
+        let mut r = self
+            .http
+            .get(format!("{}/v1/jobs/{id}/events", self.control.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("events");
+        assert_eq!(r.status(), 200);
+        let ct = r
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        assert!(ct.starts_with("text/event-stream"), "{ct}");
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let mut buf = String::new();
+        let mut out = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let chunk = tokio::time::timeout(left, r.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("the event stream of {id} did not end: {out:?}"))
+                .expect("stream");
+            let Some(chunk) = chunk else { break };
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(pos) = buf.find('\n') {
+                let line: String = buf.drain(..=pos).collect();
+                if let Some(data) = line.trim_end().strip_prefix("data:") {
+                    out.push(serde_json::from_str(data.trim()).expect("a JobEvent"));
+                }
+            }
+        }
+        out
+    }
+
+    /// The job's result files, keyed by their path under `result/`.
+    async fn results(&self, s: &JobSummary) -> Vec<(String, Vec<u8>)> {
+        let mut files = Vec::new();
+        for out in &s.outputs {
+            let key = out.strip_prefix("store://").expect("store url");
+            let rel = key
+                .strip_prefix(&format!("jobs/{}/result/", s.job_id))
+                .expect("under result/")
+                .to_owned();
+            files.push((
+                rel,
+                self.store.get_bytes(key).await.expect("result").to_vec(),
+            ));
+        }
+        files.sort();
+        files
+    }
+
+    /// Runs `dag` on `input` (under `policy`, or as the control plane chooses) to its end.
+    async fn run_ok(&self, dag: &str, policy: Option<&str>, input: &[u8]) -> (Value, JobSummary) {
+        let mut body = json!({
+            "dag": dag,
+            "input": { "name": "data.bin", "base64": base64(input) },
+        });
+        if let Some(p) = policy {
+            body["policy"] = json!(p);
+        }
+        let id = self.submit(body).await;
+        let (v, s) = self.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{policy:?}: {v}");
+        (v, s)
+    }
+
+    /// Every result of the job is a copy of `input`, and there are `n` of them.
+    async fn assert_copies(&self, s: &JobSummary, n: usize, input: &[u8]) {
+        assert_eq!(s.outputs.len(), n, "{s:?}");
+        for out in &s.outputs {
+            let key = out.strip_prefix("store://").expect("store url");
+            let data = self.store.get_bytes(key).await.expect("result");
+            assert_eq!(data.as_ref(), input, "{key}");
+        }
+    }
+
+    /// Waits until `gen` of job `id` ended and both its `mid`s were sent (and still run).
+    async fn wait_mids_sent(&self, id: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let runs = self.control.state.db.instance_runs(id, 1).expect("runs");
+            let gen_done = runs
+                .iter()
+                .any(|r| r.function == "gen" && r.report.is_some());
+            if gen_done && runs.iter().filter(|r| r.function == "mid").count() == 2 {
+                assert!(
+                    runs.iter()
+                        .all(|r| r.function != "mid" || r.report.is_none()),
+                    "the mids ended before the restart: {runs:?}"
+                );
+                return;
+            }
+            assert!(Instant::now() < deadline, "mid never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn submit_input(&self, policy: Option<&str>, input: &[u8]) -> String {
+        let mut body = json!({
+            "dag": "fan",
+            "input": { "name": "data.bin", "base64": base64(input) },
+        });
+        if let Some(p) = policy {
+            body["policy"] = json!(p);
+        }
+        self.submit(body).await
+    }
+}
+
+/// The learning loop: unforced jobs profile with `remote` until the models converge, then run
+/// planned with `sonic` and still add samples; the models, the plan, the progress stream and
+/// the logs are served; a restart keeps what was learned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
+    // Lambda times of a few milliseconds are noise: this test checks the mechanism, so the
+    // error threshold is loose; the number of samples is what converges here.
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 4,
+        ..Convergence::default()
+    };
+    let c = cluster_with(rule).await;
+    c.apply(DAG).await;
+
+    // Nothing learned: a forced sonic job and a plan are refused, saying why.
+    let r = c.post_job(json!({ "dag": "fan", "policy": "sonic" })).await;
+    assert_eq!(r.status(), 409);
+    let body: Value = r.json().await.expect("json");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("cannot be planned yet"),
+        "{body}"
+    );
+    let (status, body) = c.get_json("/v1/dags/fan/plan?input_bytes=1000").await;
+    assert_eq!(status, 409, "{body}");
+    let (status, body) = c.get_json("/v1/dags/fan/models").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        (body["converged"].as_bool(), body["jobs"].as_u64()),
+        (Some(false), Some(0))
+    );
+
+    // Profiling: four sizes.
+    for (k, n) in [30_000usize, 90_000, 150_000, 210_000]
+        .into_iter()
+        .enumerate()
+    {
+        let id = c.submit_input(None, &sized_input(n)).await;
+        let (v, s) = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+        assert_eq!(
+            (s.policy.as_str(), s.mode),
+            ("remote", JobMode::Profiling),
+            "{v}"
+        );
+        assert!(s.plan.is_none(), "{v}");
+        let (_, m) = c.get_json("/v1/dags/fan/models").await;
+        let m: DagModelsView = serde_json::from_value(m).expect("models view");
+        assert_eq!(m.jobs, k + 1);
+        assert_eq!(m.samples.len(), k + 1);
+        assert_eq!(m.converged, k + 1 >= 4, "after {} jobs: {m:?}", k + 1);
+    }
+    let (_, m) = c.get_json("/v1/dags/fan/models").await;
+    let m: DagModelsView = serde_json::from_value(m).expect("models view");
+    assert_eq!(m.max_mape, 1000.0);
+    for p in [
+        "gen.memory_mb",
+        "mid.cold_s",
+        "mid.instances",
+        "gen->mid.bytes",
+        "mid->sink.bytes",
+    ] {
+        let model = m
+            .models
+            .iter()
+            .find(|x| x.parameter == p)
+            .unwrap_or_else(|| panic!("no model {p}: {m:?}"));
+        assert!(model.converged, "{model:?}");
+        assert_eq!(model.samples, 4);
+        assert!(
+            model.equation.is_some() && model.degree.is_some(),
+            "{model:?}"
+        );
+    }
+    // The broadcast edge carries exactly the input: its line is `x` itself.
+    let bytes = m
+        .models
+        .iter()
+        .find(|x| x.parameter == "gen->mid.bytes")
+        .expect("model");
+    // (Least squares leaves a rounding residue in the constant.)
+    assert!(
+        bytes
+            .equation
+            .as_deref()
+            .is_some_and(|e| e.starts_with("1*x")),
+        "{bytes:?}"
+    );
+    assert_eq!(bytes.cv_mape, Some(0.0));
+
+    // The plan for a size never run.
+    let (status, plan) = c.get_json("/v1/dags/fan/plan?input_bytes=120000").await;
+    assert_eq!(status, 200, "{plan}");
+    assert_eq!(
+        (plan["dag"].as_str(), plan["policy"].as_str()),
+        (Some("fan"), Some("sonic"))
+    );
+    assert_eq!(plan["input_bytes"], 120_000);
+    assert_eq!(plan["stages"].as_array().map(Vec::len), Some(3), "{plan}");
+    assert_eq!(plan["stages"][1]["function"], "mid");
+    let planned_edges = plan["edges"].as_array().expect("edges");
+    assert_eq!(planned_edges.len(), 2);
+    for e in planned_edges {
+        assert!(
+            ["vm-storage", "direct", "remote"].contains(&e["method"].as_str().unwrap_or("")),
+            "{e}"
+        );
+    }
+    assert!(
+        plan["predicted"]["perf_per_dollar"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0),
+        "{plan}"
+    );
+    assert_eq!(plan["network_mbps"]["m5.large"]["source"], "catalog");
+    let (status, _) = c
+        .get_json("/v1/dags/fan/plan?input_bytes=120000&policy=remote")
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = c.get_json("/v1/dags/fan/plan").await;
+    assert_eq!(status, 400, "input_bytes is required");
+    let (status, _) = c.get_json("/v1/dags/nope/plan?input_bytes=1").await;
+    assert_eq!(status, 404);
+
+    // Converged: the next unforced job is planned, and its progress streams to its end.
+    let input = sized_input(120_000);
+    let planned_id = c.submit_input(None, &input).await;
+    let events = c.events(&planned_id).await;
+    let last = events.last().expect("at least one event");
+    assert_eq!(last.status, JobStatus::Succeeded, "{events:?}");
+    assert!(events.iter().all(|e| e.job_id == planned_id));
+    assert!(
+        events[..events.len() - 1]
+            .iter()
+            .all(|e| !e.status.is_terminal()),
+        "only the last event is terminal: {events:?}"
+    );
+    assert_eq!(last.done_instances, 4, "{events:?}");
+    assert_eq!(last.total_instances, 4, "{events:?}");
+    let (v, planned) = c.wait(&planned_id).await;
+    assert_eq!(planned.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (planned.policy.as_str(), planned.mode),
+        ("sonic", JobMode::Planned),
+        "{v}"
+    );
+    let jp = planned
+        .plan
+        .clone()
+        .expect("the plan is recorded with the job");
+    assert!(["best", "second_best"].contains(&jp.used.as_str()), "{v}");
+    assert_eq!(jp.report["input_bytes"], 120_000);
+    assert_eq!(jp.stages.len(), 3);
+    for st in &jp.stages {
+        assert!(!st.agents.is_empty(), "{st:?}");
+        assert!(st.agents.iter().all(|a| a == "a-1" || a == "a-2"), "{st:?}");
+        assert!(st.concurrent >= 1);
+    }
+    // Each edge moved data the way the plan that ran says.
+    for e in &planned.edges {
+        let want = jp.report["edges"]
+            .as_array()
+            .expect("edges")
+            .iter()
+            .find(|p| p["from"] == e.from.as_str() && p["to"] == e.to.as_str())
+            .expect("planned edge");
+        assert_eq!(want["method"], e.method.as_str(), "{v}");
+    }
+    // Each instance ran on an agent of its stage.
+    for f in &planned.functions {
+        let st = jp
+            .stages
+            .iter()
+            .find(|s| s.function == f.name)
+            .expect("stage");
+        assert!(st.agents.contains(&f.agent), "{f:?} not on {st:?}");
+    }
+
+    // Byte-identical to a remote run of the same input.
+    let remote_id = c.submit_input(Some("remote"), &input).await;
+    let (v, remote) = c.wait(&remote_id).await;
+    assert_eq!(remote.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (remote.policy.as_str(), remote.mode),
+        ("remote", JobMode::Profiling)
+    );
+    let (got, want) = (c.results(&planned).await, c.results(&remote).await);
+    assert_eq!(got.len(), 2);
+    assert_eq!(got, want, "planned and remote results differ");
+    assert!(got.iter().all(|(_, data)| data == &input));
+
+    // Logs: one per instance attempt, what the lambda printed.
+    let (status, logs) = c.get_json(&format!("/v1/jobs/{planned_id}/logs")).await;
+    assert_eq!(status, 200);
+    let logs: JobLogs = serde_json::from_value(logs).expect("logs");
+    assert_eq!(logs.job_id, planned_id);
+    assert_eq!(logs.logs.len(), 4, "{logs:?}");
+    for l in &logs.logs {
+        assert_eq!(l.attempt, 1);
+        assert!(
+            l.log
+                .contains(&format!("function={} instance={}", l.function, l.instance)),
+            "{l:?}"
+        );
+    }
+    let (_, mids) = c
+        .get_json(&format!("/v1/jobs/{planned_id}/logs?function=mid"))
+        .await;
+    let mids: JobLogs = serde_json::from_value(mids).expect("logs");
+    assert_eq!(
+        mids.logs.iter().map(|l| l.instance).collect::<Vec<_>>(),
+        [0, 1]
+    );
+    let (status, _) = c.get_json("/v1/jobs/j-0000/logs").await;
+    assert_eq!(status, 404);
+    // A finished job's stream is one terminal event.
+    let again = c.events(&planned_id).await;
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0].status, JobStatus::Succeeded);
+
+    // Planned and forced jobs keep teaching the models.
+    let (_, m) = c.get_json("/v1/dags/fan/models").await;
+    assert_eq!(m["jobs"], 6, "{m}");
+
+    // A restart reads the models back: still converged, still planned.
+    let c = c.restart().await;
+    let (_, m) = c.get_json("/v1/dags/fan/models").await;
+    let m: DagModelsView = serde_json::from_value(m).expect("models view");
+    assert!(m.converged, "{m:?}");
+    assert_eq!(m.jobs, 6);
+    let record = c
+        .control
+        .state
+        .db
+        .get_model("fan", &m.setting)
+        .expect("get")
+        .expect("stored");
+    assert!(record.converged);
+    assert_eq!(record.samples, 6);
+    // Bandwidth an agent measures feeds the plans.
+    let beat = json!({
+        "agent_id": "a-1", "running": 0,
+        "bandwidth": { "egress_bps": 50_000_000.0, "ingress_bps": null, "samples": 3 }
+    });
+    let r = c
+        .http
+        .post(format!("{}/v1/agents/a-1/heartbeat", c.control.url()))
+        .bearer_auth(TOKEN)
+        .json(&beat)
+        .send()
+        .await
+        .expect("heartbeat");
+    assert_eq!(r.status(), 200);
+    let (_, plan) = c.get_json("/v1/dags/fan/plan?input_bytes=60000").await;
+    assert_eq!(
+        plan["network_mbps"]["m5.large"]["source"], "measured",
+        "{plan}"
+    );
+    assert_eq!(plan["network_mbps"]["m5.large"]["network_mbps"], 400.0);
+    let id = c.submit_input(None, &sized_input(60_000)).await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(s.mode, JobMode::Planned, "{v}");
+    let best = s.plan.expect("plan");
+    assert_eq!(best.used, "best", "{v}");
+    // The cheapest plan keeps every file on one m5.large VM (same predicted times, half the
+    // price of m5.xlarge, no transfer at all).
+    assert!(
+        best.report["edges"]
+            .as_array()
+            .expect("edges")
+            .iter()
+            .any(|e| e["method"] == "vm-storage"),
+        "{v}"
+    );
+
+    // Now the agents say they are m5.xlarge VMs: the pool can never give the best plan's
+    // m5.large VM, so the resource manager answers with what it has and the job is re-planned
+    // for m5.xlarge only, and says why. Same bytes out.
+    for a in &c.agents {
+        let mut cap = a.state.capacity();
+        cap.vm_type = "m5.xlarge".into();
+        let r = c
+            .http
+            .post(format!("{}/v1/agents/register", c.control.url()))
+            .bearer_auth(TOKEN)
+            .json(&cap)
+            .send()
+            .await
+            .expect("register");
+        assert!(r.status().is_success());
+    }
+    let id = c.submit_input(None, &input).await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (s.policy.as_str(), s.mode),
+        ("sonic", JobMode::Planned),
+        "{v}"
+    );
+    let replanned = s.plan.clone().expect("plan");
+    assert_eq!(replanned.used, "best", "{v}");
+    assert!(
+        replanned.notes[0].starts_with("re-planned for at most 0 m5.large, 2 m5.xlarge: ")
+            && replanned.notes[0].contains("m5.large VMs, the pool has 0"),
+        "{:?}",
+        replanned.notes
+    );
+    assert_eq!(
+        replanned.report["vm_limits"],
+        json!({ "m5.large": 0, "m5.xlarge": 2 }),
+        "{v}"
+    );
+    assert!(
+        replanned.stages.iter().all(|st| st.vm_type == "m5.xlarge"),
+        "{v}"
+    );
+    assert!(s.functions.iter().all(|f| f.vm_type == "m5.xlarge"), "{v}");
+    assert_eq!(
+        c.results(&s).await,
+        want,
+        "re-planned and remote results differ"
+    );
+
+    // The evaluation's policies. `oracle` plans with what jobs measured at this very size.
+    let body = |policy: &str, planned: bool, input: &[u8]| {
+        json!({
+            "dag": "fan",
+            "input": { "name": "data.bin", "base64": base64(input) },
+            "policy": policy,
+            "planned": planned,
+        })
+    };
+    let id = c.submit(body("oracle", false, &input)).await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (s.policy.as_str(), s.mode),
+        ("oracle", JobMode::Planned),
+        "{v}"
+    );
+    let plan = s.plan.clone().expect("an oracle job records its plan");
+    assert_eq!(plan.report["policy"], "oracle", "{v}");
+    assert_eq!(
+        c.results(&s).await,
+        want,
+        "oracle and remote results differ"
+    );
+    // A baseline placed the way the planner places it: planned, every edge through the store.
+    let id = c.submit(body("remote", true, &input)).await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (s.policy.as_str(), s.mode),
+        ("remote", JobMode::Planned),
+        "{v}"
+    );
+    assert_eq!(
+        s.plan.as_ref().map(|p| p.report["policy"].clone()),
+        Some(json!("remote"))
+    );
+    assert!(s.edges.iter().all(|e| e.method == "remote"), "{v}");
+    assert_eq!(
+        c.results(&s).await,
+        want,
+        "planned remote and remote results differ"
+    );
+    // One VM per lambda in this plan: each is charged for at least its lambda's run, even
+    // where two of the plan's VMs share one agent here.
+    let catalog = Catalog::from_yaml(CATALOG).expect("catalog");
+    let floor: f64 = s
+        .functions
+        .iter()
+        .map(|f| {
+            catalog
+                .vm_type(&f.vm_type)
+                .map_or(0.0, |t| t.usd_per_second())
+                * f.seconds
+        })
+        .sum();
+    assert!(s.functions.len() == 4 && floor > 0.0, "{v}");
+    assert!(
+        s.cost_usd >= floor * (1.0 - 1e-9),
+        "{} < {floor}: {v}",
+        s.cost_usd
+    );
+    // Refused, and nothing is queued: the oracle at a size never measured; `planned` without a
+    // baseline.
+    let before = c.get_json("/v1/jobs?dag=fan&limit=500").await.1["jobs"]
+        .as_array()
+        .map_or(0, Vec::len);
+    for (b, status) in [
+        (body("oracle", false, &sized_input(77_777)), 409),
+        (body("sonic", true, &input), 400),
+    ] {
+        let r = c.post_job(b).await;
+        let code = r.status().as_u16();
+        let text = r.text().await.unwrap_or_default();
+        assert_eq!(code, status, "{text}");
+        assert!(
+            text.contains("oracle") || text.contains("planned"),
+            "{text}"
+        );
+    }
+    let after = c.get_json("/v1/jobs?dag=fan&limit=500").await.1["jobs"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert_eq!(before, after);
+    c.stop().await;
+}
+
+/// Warm containers across jobs and prewarming (issue 13): until the DAG's cold times are
+/// learned, every job starts cold on each agent (its runs share warm environments only among
+/// themselves); from then on a later job finds its first stage warm on the agent where an
+/// earlier job ran it, and while a stage runs the agents that will run the stages reading from
+/// it are asked to prewarm them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_jobs_start_warm_and_next_stages_are_prewarmed() {
+    // Cold times count as learned after two jobs.
+    let c = cluster_with(Convergence {
+        max_mape: 1000.0,
+        min_samples: 2,
+        ..Convergence::default()
+    })
+    .await;
+    c.apply(DAG).await;
+    let input = sized_input(20_000);
+    let mut gens = Vec::new();
+    let prewarmed = |c: &Cluster| -> u64 {
+        c.agents
+            .iter()
+            .filter_map(|a| a.state.sandbox.prewarm_stats())
+            .map(|s| s.started)
+            .sum()
+    };
+    for n in 0..4 {
+        let id = c
+            .submit(json!({
+                "dag": "fan",
+                "input": { "name": "data.bin", "base64": base64(&input) },
+                "policy": "remote",
+            }))
+            .await;
+        let (v, s) = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+        let first = s.functions.iter().find(|f| f.name == "gen").expect("gen");
+        gens.push((first.agent.clone(), first.cold));
+        if n < 2 {
+            assert_eq!(
+                prewarmed(&c),
+                0,
+                "job {n} measures cold starts: nothing prewarmed"
+            );
+        }
+    }
+    assert!(
+        gens.iter().all(|g| g.0 == gens[0].0),
+        "gen runs on one agent: {gens:?}"
+    );
+    assert!(
+        gens[0].1 && gens[1].1,
+        "the profiling jobs' gen starts cold: {gens:?}"
+    );
+    // The third job is the first to share the function's environments across jobs: the fourth
+    // finds gen's warm.
+    assert!(
+        !gens[3].1,
+        "once cold times are learned, gen finds its environment warm: {gens:?}"
+    );
+    // The later jobs asked for the mids and the sink to be prewarmed (in the background: polled).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while prewarmed(&c) == 0 {
+        assert!(Instant::now() < deadline, "nothing was prewarmed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.stop().await;
+}
+
+/// Agents say what they keep warm when a run ends; the next planned job is priced hot where its
+/// agents keep enough, granted those agents, and its runs there start hot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_job_after_another_is_priced_and_granted_warm() {
+    let c = cluster_with(Convergence {
+        max_mape: 1000.0,
+        min_samples: 2,
+        ..Convergence::default()
+    })
+    .await;
+    c.apply(DAG).await;
+    // Profiling until the models converge (a few sizes).
+    let mut profiled = 0;
+    for n in [30_000, 90_000, 150_000, 210_000, 270_000] {
+        let (v, s) = c.run_ok("fan", None, &sized_input(n)).await;
+        assert_eq!(s.mode, JobMode::Profiling, "{v}");
+        profiled += 1;
+        let (_, m) = c.get_json("/v1/dags/fan/models").await;
+        if m["mode"]["mode"] == "planned" {
+            break;
+        }
+    }
+    assert!(profiled < 5, "the models never converged");
+    let plan_of = |s: &JobSummary| s.plan.clone().expect("a planned job has a plan");
+    let priced_warm = |p: &JobPlan| -> Vec<String> {
+        p.report["stages"]
+            .as_array()
+            .expect("stages")
+            .iter()
+            .filter(|st| st["warm"] == json!(true))
+            .map(|st| st["function"].as_str().unwrap_or("").to_owned())
+            .collect()
+    };
+    // The first planned job: the profiling jobs' containers served only themselves.
+    let input = sized_input(60_000);
+    let (v, first) = c.run_ok("fan", None, &input).await;
+    assert_eq!(first.mode, JobMode::Planned, "{v}");
+    assert!(priced_warm(&plan_of(&first)).is_empty(), "{v}");
+    // This control plane prewarms (the default): the stages that read from others are priced
+    // without their cold start, the first one is not.
+    let prewarmed: Vec<(String, bool)> = plan_of(&first).report["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .map(|st| {
+            (
+                st["function"].as_str().unwrap_or("").to_owned(),
+                st["prewarmed"] == json!(true),
+            )
+        })
+        .collect();
+    assert_eq!(
+        prewarmed,
+        [
+            ("gen".into(), false),
+            ("mid".into(), true),
+            ("sink".into(), true)
+        ],
+        "{v}"
+    );
+    // The next one finds its functions' containers warm where the first ran them.
+    let (v, second) = c.run_ok("fan", None, &input).await;
+    assert_eq!(second.mode, JobMode::Planned, "{v}");
+    let plan = plan_of(&second);
+    let warm = priced_warm(&plan);
+    assert!(!warm.is_empty(), "no stage priced warm: {v}");
+    for f in &warm {
+        let hosts = plan
+            .stages
+            .iter()
+            .find(|s| &s.function == f)
+            .expect("hosts");
+        assert!(hosts.warm, "{hosts:?}");
+        let ran_first: Vec<&str> = first
+            .functions
+            .iter()
+            .filter(|r| &r.name == f)
+            .map(|r| r.agent.as_str())
+            .collect();
+        for a in &hosts.agents {
+            assert!(
+                ran_first.contains(&a.as_str()),
+                "{f} granted {a}, not where it ran: {v}"
+            );
+        }
+        for r in second.functions.iter().filter(|r| &r.name == f) {
+            assert!(!r.cold, "{f} was priced warm but started cold: {v}");
+        }
+    }
+    assert!(
+        plan.notes.iter().all(|n| !n.contains("priced warm")),
+        "{:?}",
+        plan.notes
+    );
+    // What the plan route shows now prices the same stages warm.
+    let (status, now) = c.get_json("/v1/dags/fan/plan?input_bytes=60000").await;
+    assert_eq!(status, 200, "{now}");
+    assert!(
+        now["stages"]
+            .as_array()
+            .expect("stages")
+            .iter()
+            .any(|st| st["warm"] == json!(true)),
+        "{now}"
+    );
+    c.stop().await;
+}
+
+/// A three-stage chain whose middle lambda writes `output_bytes` (a job parameter) to the sink,
+/// whatever the input size: a job can change its behaviour without a new DAG.
+/// `output_bytes` stands here for a lambda that changes behaviour, not for a setting of the work:
+/// it is left out of the work parameters, so that every job shares one set of models.
+const CHAIN: &str = r#"
+name: chain
+params: { output_bytes: 100000 }
+work_params: []
+functions:
+  - { name: gen, image: sonic-lambdas:latest, command: [synthetic, copy, --to, mid], timeout: 30s }
+  - { name: mid, image: sonic-lambdas:latest, command: [synthetic, run, --to, sink], timeout: 30s }
+  - { name: sink, image: sonic-lambdas:latest, command: [synthetic, noop], timeout: 30s }
+edges:
+  - { from: gen, to: mid, kind: one }
+  - { from: mid, to: sink, kind: one }
+"#;
+
+/// Convergence with hysteresis and drift detection, through the real control plane: once its
+/// models converged the chain stays planned at input sizes it never saw; one job whose mid writes
+/// ten times more does not flip it; three in a row do (drift), the DAG profiles again and says
+/// why (the models view, the next job's mode reason), and a restarted control plane still knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_dag_profiles_again_only_on_sustained_drift() {
+    // Millisecond lambdas: the cross-validated error is noise, so its threshold is loose; the
+    // drift rule is the default one.
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 3,
+        ..Convergence::default()
+    };
+    let c = cluster_with(rule).await;
+    c.apply(CHAIN).await;
+    let run = |n: usize, output_bytes: Option<u64>| {
+        let mut body = json!({
+            "dag": "chain",
+            "input": { "name": "data.bin", "base64": base64(&sized_input(n)) },
+        });
+        if let Some(b) = output_bytes {
+            body["params"] = json!({ "output_bytes": b });
+        }
+        let c = &c;
+        async move {
+            let id = c.submit(body).await;
+            let (v, s) = c.wait(&id).await;
+            assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+            s
+        }
+    };
+    let mode = |m: &DagModelsView| m.mode.clone().expect("the models view has the mode");
+    let models = || async {
+        let (_, m) = c.get_json("/v1/dags/chain/models").await;
+        serde_json::from_value::<DagModelsView>(m).expect("models view")
+    };
+
+    // Profiling until converged.
+    for (k, n) in [20_000usize, 60_000, 100_000].into_iter().enumerate() {
+        let s = run(n, None).await;
+        assert_eq!(s.mode, JobMode::Profiling, "{s:?}");
+        let why = s.mode_reason.clone().unwrap_or_default();
+        assert!(
+            why.starts_with("profiling: the models have not converged"),
+            "{why}"
+        );
+        let m = mode(&models().await);
+        assert_eq!(m.mode == JobMode::Planned, k == 2, "{m:?}");
+    }
+    // Planned at new sizes; an outlier (mid writes 10x) and a normal job after it: still planned.
+    for (n, out) in [
+        (140_000, None),
+        (40_000, None),
+        (80_000, Some(1_000_000)),
+        (120_000, None),
+    ] {
+        let s = run(n, out).await;
+        assert_eq!(
+            (s.policy.as_str(), s.mode),
+            ("sonic", JobMode::Planned),
+            "{s:?}"
+        );
+        let why = s.mode_reason.clone().unwrap_or_default();
+        assert!(why.starts_with("planned: the models converged"), "{why}");
+    }
+    let m = mode(&models().await);
+    assert_eq!((m.mode, m.drifts), (JobMode::Planned, 0), "{m:?}");
+    assert!(m.watch.is_empty(), "the normal job reset the count: {m:?}");
+
+    // The lambda changes for good: the third planned job off drifts.
+    for (i, n) in [50_000usize, 90_000, 130_000].into_iter().enumerate() {
+        let s = run(n, Some(1_000_000)).await;
+        assert_eq!(s.mode, JobMode::Planned, "{s:?}");
+        let m = mode(&models().await);
+        if i < 2 {
+            assert_eq!(m.mode, JobMode::Planned, "{m:?}");
+            let w = m.watch.iter().find(|w| w.parameter == "mid->sink.bytes");
+            assert_eq!(w.map(|w| w.jobs), Some(i + 1), "{m:?}");
+        } else {
+            assert_eq!((m.mode, m.drifts), (JobMode::Profiling, 1), "{m:?}");
+            assert!(
+                m.reason.starts_with("drift: mid->sink.bytes measured"),
+                "{m:?}"
+            );
+        }
+    }
+    // Profiling again, saying why, until the models refitted on the new behaviour converge (the
+    // planned jobs ran warm: the cold times need profiling jobs).
+    let mut profiled = 0;
+    while mode(&models().await).mode == JobMode::Profiling {
+        assert!(profiled < 4, "profiling again never converged");
+        let s = run(30_000 + 40_000 * profiled, Some(1_000_000)).await;
+        profiled += 1;
+        assert_eq!((s.policy.as_str(), s.mode), ("remote", JobMode::Profiling));
+        let why = s.mode_reason.clone().unwrap_or_default();
+        assert!(why.starts_with("drift: mid->sink.bytes"), "{why}");
+    }
+    // The models are fitted on the new behaviour only: the three drifting jobs and the profiling.
+    let m = models().await;
+    assert_eq!(
+        (m.jobs, m.samples.len()),
+        (3 + profiled, 3 + profiled),
+        "{m:?}"
+    );
+    let bytes = m.models.iter().find(|v| v.parameter == "mid->sink.bytes");
+    // (Least squares leaves a rounding residue in the slope.)
+    assert!(
+        bytes
+            .and_then(|v| v.equation.as_deref())
+            .is_some_and(|e| e.ends_with("1e6")),
+        "{m:?}"
+    );
+
+    // The state survives a restart.
+    let c = c.restart().await;
+    let (_, m) = c.get_json("/v1/dags/chain/models").await;
+    let m: DagModelsView = serde_json::from_value(m).expect("models view");
+    let m = m.mode.expect("mode");
+    assert_eq!((m.mode, m.drifts), (JobMode::Planned, 1), "{m:?}");
+    assert!(m.fitted_from.is_some(), "{m:?}");
+    c.stop().await;
+}
+
+/// A chain whose mid writes `output_bytes` (a work parameter) and takes a `seed` that is not one.
+const KNOB: &str = r#"
+name: knob
+params: { output_bytes: 100000, seed: 1 }
+work_params: [output_bytes]
+functions:
+  - { name: gen, image: sonic-lambdas:latest, command: [synthetic, copy, --to, mid], timeout: 30s }
+  - { name: mid, image: sonic-lambdas:latest, command: [synthetic, run, --to, sink], timeout: 30s }
+  - { name: sink, image: sonic-lambdas:latest, command: [synthetic, noop], timeout: 30s }
+edges:
+  - { from: gen, to: mid, kind: one }
+  - { from: mid, to: sink, kind: one }
+"#;
+
+/// Models per parameter setting, through the real control plane: setting A (the defaults)
+/// converges; setting B (mid writes 10x more) then profiles under its own key, saying so, while
+/// A's jobs stay planned (a different seed is still A); once both converged, A and B jobs in turn
+/// all run planned, and neither drifts (with one set of models, B's bytes would be a drift of A).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_parameter_setting_profiles_and_plans_on_its_own() {
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 3,
+        ..Convergence::default()
+    };
+    let c = cluster_with(rule).await;
+    c.apply(KNOB).await;
+    let run = |n: usize, params: Value| {
+        let body = json!({
+            "dag": "knob",
+            "input": { "name": "data.bin", "base64": base64(&sized_input(n)) },
+            "params": params,
+        });
+        let c = &c;
+        async move {
+            let id = c.submit(body).await;
+            let (v, s) = c.wait(&id).await;
+            assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+            s
+        }
+    };
+    let models = || async {
+        let (_, m) = c.get_json("/v1/dags/knob/models").await;
+        serde_json::from_value::<DagModelsView>(m).expect("models view")
+    };
+    let (a_key, b_key) = (r#"{"output_bytes":100000}"#, r#"{"output_bytes":1000000}"#);
+    let b = || json!({ "output_bytes": 1_000_000 });
+
+    // A profiles until converged; the reasons name the setting and how many jobs it learned.
+    for (k, n) in [20_000usize, 60_000, 100_000].into_iter().enumerate() {
+        let s = run(n, json!({})).await;
+        assert_eq!(
+            (s.policy.as_str(), s.mode),
+            ("remote", JobMode::Profiling),
+            "{s:?}"
+        );
+        let why = s.mode_reason.clone().unwrap_or_default();
+        assert!(
+            why.starts_with(&format!(
+                "setting output_bytes=100000 ({k} job{} learned): profiling: the models have not converged",
+                if k == 1 { "" } else { "s" }
+            )),
+            "{why}"
+        );
+    }
+    let m = models().await;
+    assert_eq!(
+        m.setting, a_key,
+        "the top level is the default parameters' setting"
+    );
+    assert_eq!(
+        m.mode.as_ref().map(|v| v.mode),
+        Some(JobMode::Planned),
+        "{m:?}"
+    );
+
+    // B profiles under its own key; A's jobs in between stay planned, a new seed included.
+    for (k, n) in [30_000usize, 70_000, 110_000].into_iter().enumerate() {
+        let s = run(n, b()).await;
+        assert_eq!(
+            (s.policy.as_str(), s.mode),
+            ("remote", JobMode::Profiling),
+            "{s:?}"
+        );
+        let why = s.mode_reason.clone().unwrap_or_default();
+        assert!(
+            why.starts_with(&format!("setting output_bytes=1000000 ({k} job")),
+            "{why}"
+        );
+        assert!(why.contains("profiling"), "{why}");
+        let seed = if k == 1 {
+            json!({ "seed": 7 })
+        } else {
+            json!({})
+        };
+        let s = run(40_000 + 30_000 * k, seed).await;
+        assert_eq!(
+            (s.policy.as_str(), s.mode),
+            ("sonic", JobMode::Planned),
+            "{s:?}"
+        );
+        let why = s.mode_reason.clone().unwrap_or_default();
+        assert!(why.starts_with("setting output_bytes=100000 ("), "{why}");
+        assert!(why.contains("planned: the models converged"), "{why}");
+    }
+    let m = models().await;
+    // Listed by key: `{"output_bytes":1000000}` sorts before `{"output_bytes":100000}`.
+    let listed: Vec<(&str, usize, Option<JobMode>)> = m
+        .settings
+        .iter()
+        .map(|v| (v.setting.as_str(), v.jobs, v.mode.as_ref().map(|m| m.mode)))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (b_key, 3, Some(JobMode::Planned)),
+            (a_key, 6, Some(JobMode::Planned))
+        ],
+        "{m:?}"
+    );
+    let b_view = &m.settings[0];
+    assert_eq!(b_view.params.get("output_bytes"), Some(&json!(1_000_000)));
+    assert_eq!(b_view.label, "output_bytes=1000000");
+
+    // Both converged: A and B in turn, each planned with its own models, more jobs than the
+    // drift rule needs, and no drift.
+    for (i, n) in [25_000usize, 55_000, 85_000, 115_000]
+        .into_iter()
+        .enumerate()
+    {
+        for params in [json!({}), b()] {
+            let s = run(n + 1000 * i, params.clone()).await;
+            assert_eq!(
+                (s.policy.as_str(), s.mode),
+                ("sonic", JobMode::Planned),
+                "{params}: {s:?}"
+            );
+        }
+    }
+    let m = models().await;
+    for v in &m.settings {
+        let mode = v.mode.as_ref().expect("mode");
+        assert_eq!((mode.mode, mode.drifts), (JobMode::Planned, 0), "{v:?}");
+        assert!(mode.watch.is_empty(), "{v:?}");
+    }
+    // Each setting predicts its own bytes on mid -> sink.
+    let bytes = |key: &str| {
+        m.settings
+            .iter()
+            .find(|v| v.setting == key)
+            .and_then(|v| v.models.iter().find(|p| p.parameter == "mid->sink.bytes"))
+            .and_then(|p| p.equation.clone())
+            .unwrap_or_default()
+    };
+    // A constant (least squares leaves a residue of a slope): its last term.
+    let constant = |key: &str| {
+        let e = bytes(key);
+        let c = e.rsplit(' ').next().and_then(|t| t.parse::<f64>().ok());
+        (e, c.unwrap_or(f64::NAN))
+    };
+    let (ea, ca) = constant(a_key);
+    assert!((ca - 1e5).abs() < 1.0, "A: {ea}");
+    let (eb, cb) = constant(b_key);
+    assert!((cb - 1e6).abs() < 1.0, "B: {eb}");
+
+    // The view of the setting a job with given overrides plans with; the seed does not split.
+    let of = |query: &'static str| {
+        let c = &c;
+        async move {
+            let (status, v) = c
+                .get_json(&format!("/v1/dags/knob/models?params={query}"))
+                .await;
+            assert_eq!(status, 200, "{v}");
+            serde_json::from_value::<DagModelsView>(v).expect("models view")
+        }
+    };
+    let mb = of("%7B%22output_bytes%22%3A1000000%7D").await;
+    assert_eq!(
+        (mb.setting.as_str(), mb.jobs, mb.samples.len()),
+        (b_key, 7, 7)
+    );
+    let ma = of("%7B%22seed%22%3A9%7D").await;
+    assert_eq!((ma.setting.as_str(), ma.jobs), (a_key, 10));
+    let (status, v) = c.get_json("/v1/dags/knob/models?params=%5B1%5D").await;
+    assert_eq!(status, 400, "{v}");
+    c.stop().await;
+}

@@ -1,0 +1,4 @@
+//! The simulator's integration tests, one binary: each module was a test file of its own.
+
+mod experiments;
+mod sim;
