@@ -763,6 +763,10 @@ enum Failure {
         agents: Vec<String>,
         message: String,
     },
+    /// A resumed job was granted another plan than the one its recorded runs ran under (other
+    /// agents, or another method on an edge): nothing of them can be reused, and the agents
+    /// may still hold runs under the same ids, so it goes on as a new execution.
+    PlanChanged(String),
 }
 
 impl From<String> for Failure {
@@ -778,6 +782,7 @@ impl Failure {
             Failure::AgentsLost { agents, message } => {
                 format!("agent {} lost: {message}", agents.join(", "))
             }
+            Failure::PlanChanged(m) => m.clone(),
         }
     }
 }
@@ -906,6 +911,7 @@ async fn record_execution(
             .collect(),
         lost: lost.iter().cloned().collect(),
         hosts: Vec::new(),
+        methods: Vec::new(),
     };
     let (id, now) = (job.to_owned(), state.clock.now_ms());
     if let Err(e) = state
@@ -924,11 +930,13 @@ struct Resumed {
 }
 
 /// What [`run`] goes on from: the instances a previous control plane sent in this execution,
-/// and the agents a planned job's stages were granted (agent ids per function, in VM order).
+/// and the plan a planned job was granted: the agents of its stages (agent ids per function, in
+/// VM order) and each edge's method.
 #[derive(Debug, Default)]
 struct Recorded {
     runs: Vec<InstanceRunRecord>,
     hosts: Vec<Vec<String>>,
+    methods: Vec<Method>,
 }
 
 /// Whether [`resume`] can take a job a previous control plane left unfinished: it recorded the
@@ -1039,6 +1047,7 @@ async fn execute_from(
                 .collect(),
             lost: Vec::new(),
             hosts: Vec::new(),
+            methods: Vec::new(),
         };
         let (id, now) = (job.id.clone(), state.clock.now_ms());
         if let Err(e) = state
@@ -1088,6 +1097,7 @@ async fn execute_from(
             .take()
             .map(|r| Recorded {
                 hosts: r.execution.hosts,
+                methods: r.execution.methods,
                 runs: r.runs,
             })
             .unwrap_or_default();
@@ -1131,6 +1141,24 @@ async fn execute_from(
                 execution += 1;
                 // What the next execution needs to go on after a restart, before it sends
                 // anything.
+                record_execution(&state, &job.id, execution, &inputs, &lost).await;
+            }
+            Err(Failure::PlanChanged(why)) if !cancel.is_cancelled() => {
+                let why = format!(
+                    "{why}: running the job again from its input (execution {})",
+                    execution + 1
+                );
+                tracing::warn!(job = %job.id, "{why}");
+                rt.publish(&job.id, |e| {
+                    e.stage = None;
+                    e.done_instances = 0;
+                    e.message = Some(why.clone());
+                });
+                // What the earlier execution left goes, and its runs' ids with it: the next
+                // execution's runs are named after it.
+                clear_execution(&state, &rt, &job.id, &progress.agents, &lost).await;
+                rt.release(&job.id);
+                execution += 1;
                 record_execution(&state, &job.id, execution, &inputs, &lost).await;
             }
             other => break (other.map_err(|f| f.message()), progress),
@@ -1374,8 +1402,9 @@ async fn run(
     recorded: Recorded,
 ) -> Result<(), Failure> {
     let Recorded {
-        runs: mut recorded,
+        runs: recorded,
         hosts: recorded_hosts,
+        methods: recorded_methods,
     } = recorded;
     let lost = progress.lost.clone();
     let now = state.clock.now_ms();
@@ -1429,19 +1458,29 @@ async fn run(
                 .iter()
                 .map(|h| h.iter().map(|&a| agents[a].id.clone()).collect())
                 .collect();
-            if !recorded_hosts.is_empty() && hosts != recorded_hosts && !recorded.is_empty() {
-                // Granted elsewhere than before the restart: what the old grant's agents hold
-                // cannot be placed on, so this execution starts over from the input.
-                tracing::warn!(job = %job.id, before = ?recorded_hosts, now = ?hosts, "resumed on other agents: the execution starts over");
-                recorded.clear();
+            // What a previous control plane recorded is reused only under the same plan: on
+            // the same agents (their files are there) with the same method on every edge (a
+            // sender that ran for `direct` uploaded nothing a `remote` receiver could read). A
+            // record without methods (made before they were kept) cannot say: it starts over.
+            if !recorded.is_empty()
+                && !recorded_hosts.is_empty()
+                && (hosts != recorded_hosts || alloc.methods != recorded_methods)
+            {
+                tracing::warn!(job = %job.id, before = ?recorded_hosts, now = ?hosts, methods_before = ?recorded_methods, methods_now = ?alloc.methods, "resumed under another plan: a new execution starts from the input");
+                return Err(Failure::PlanChanged(
+                    "resumed under another plan than its recorded runs ran under".into(),
+                ));
             }
-            // Recorded so that after a restart the job asks for the same agents again.
+            // Recorded so that after a restart the job asks for the same agents again, and
+            // knows which plan its recorded runs ran under.
             let (id, now) = (job.id.clone(), state.clock.now_ms());
+            let methods = alloc.methods.clone();
             state
                 .db
                 .run(move |db| {
                     if let Some(mut e) = db.job_execution(&id)? {
                         e.hosts = hosts;
+                        e.methods = methods;
                         db.set_job_execution(&id, &e, now)?;
                     }
                     Ok(())

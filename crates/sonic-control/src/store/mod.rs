@@ -335,6 +335,10 @@ pub struct ExecutionRecord {
     /// order (empty before, and for unplanned jobs).
     #[serde(default)]
     pub hosts: Vec<Vec<String>>,
+    /// With `hosts`: how each DAG edge moves its data in the granted plan (empty before, for
+    /// unplanned jobs, and in records made before it was kept).
+    #[serde(default)]
+    pub methods: Vec<sonic_core::model::Method>,
 }
 
 /// One instance an execution sent to an agent: running (no report yet) or succeeded.
@@ -2628,6 +2632,7 @@ mod tests {
             inputs: vec![("data.bin".into(), "jobs/j-1/input/data.bin".into())],
             lost: vec!["a-9".into()],
             hosts: vec![vec!["a-1".into(), "a-2".into()]],
+            methods: vec![sonic_core::model::Method::Direct],
         };
         assert!(db.set_job_execution("j-1", &exec, 5).expect("set"));
         assert!(!db.set_job_execution("j-nope", &exec, 5).expect("set"));

@@ -219,6 +219,12 @@ impl Cluster {
 
     /// Stops the control plane and starts a new one on the same database (the agents stay).
     async fn restart(self) -> Cluster {
+        self.restart_with(|_| {}).await
+    }
+
+    /// [`Cluster::restart`], calling `between` with the stopped control plane's data folder
+    /// before the new one starts.
+    async fn restart_with(self, between: impl FnOnce(&Path)) -> Cluster {
         let Cluster {
             control,
             agents,
@@ -228,6 +234,7 @@ impl Cluster {
             _dir,
         } = self;
         control.stop().await;
+        between(&_dir.path().join("control"));
         let control = start_control(_dir.path(), store.clone(), convergence).await;
         Cluster {
             control,
@@ -825,6 +832,83 @@ async fn a_planned_job_survives_a_control_plane_restart_mid_stage() {
         })
     };
     assert_eq!(hosts(&s.plan), hosts(&granted), "{v}");
+    c.assert_copies(&s, 2, &input).await;
+    c.stop().await;
+}
+
+/// A planned job whose plan changes across a restart: the new control plane plans it again
+/// (with empty bandwidth measurements and warm ledger, so the plan can differ); here its edges go
+/// from `direct` to `remote`, for sure, because the test changes the job's policy in the database
+/// while no control plane runs. What ran under the old plan is not reused (gen's files were
+/// never uploaded, as `remote` receivers need): the execution starts over and succeeds. It used
+/// to keep gen's recorded run, and the job failed with "... was not uploaded".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_job_whose_edge_methods_change_at_resume_starts_over_and_succeeds() {
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 4,
+        ..Convergence::default()
+    };
+    let mut c = cluster_with(rule).await;
+    c.apply(SLOW).await;
+    let body = |input: &[u8], policy: Option<&str>| {
+        let mut b = json!({
+            "dag": "slow",
+            "input": { "name": "data.bin", "base64": base64(input) },
+        });
+        if let Some(p) = policy {
+            b["policy"] = json!(p);
+            b["planned"] = json!(true);
+        }
+        b
+    };
+    for n in [30_000usize, 90_000, 150_000, 210_000] {
+        let id = c.submit(body(&sized_input(n), None)).await;
+        let (v, s) = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    }
+    let input = sized_input(120_000);
+    let id = c.submit(body(&input, Some("direct"))).await;
+    c.wait_mids_sent(&id).await;
+    let recorded = c
+        .control
+        .state
+        .db
+        .job_execution(&id)
+        .expect("read")
+        .expect("an execution");
+    assert!(
+        recorded
+            .methods
+            .iter()
+            .all(|m| *m == sonic_core::model::Method::Direct),
+        "{recorded:?}"
+    );
+    let job = id.clone();
+    c = c
+        .restart_with(move |dir| {
+            let db = rusqlite::Connection::open(dir.join(sonic_control::store::DB_FILE))
+                .expect("open the database");
+            let changed = db
+                .execute(
+                    "UPDATE jobs SET policy = 'remote' WHERE id = ?1",
+                    rusqlite::params![job],
+                )
+                .expect("update");
+            assert_eq!(changed, 1);
+        })
+        .await;
+    let (v, s) = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (s.policy.as_str(), s.mode),
+        ("remote", JobMode::Planned),
+        "{v}"
+    );
+    assert!(
+        !s.edges.is_empty() && s.edges.iter().all(|e| e.method == "remote"),
+        "{v}"
+    );
     c.assert_copies(&s, 2, &input).await;
     c.stop().await;
 }
