@@ -326,8 +326,9 @@ impl Concurrency {
     /// there)`, a stage once per VM): the most that stages which can run at the same time hold
     /// together. Stages one after another share what the largest holds; branches that run at
     /// once each hold their own, as the model gives each its VMs. Each of `slots` and
-    /// `memory_mb` is the most over such sets (exact up to 16 stages on one agent; beyond, each
-    /// stage with every stage it can run beside, which holds at least as much).
+    /// `memory_mb` is the most over such sets: exact up to 16 stages on one agent (every set of
+    /// stages that can all run together is visited once, so a chain costs little); beyond,
+    /// each stage with every stage it can run beside, which holds at least as much.
     pub fn held(&self, stages: &[(usize, Use)]) -> Use {
         let n = stages.len();
         let together = |a: usize, b: usize| {
@@ -335,18 +336,27 @@ impl Concurrency {
         };
         let mut most = Use::default();
         if n <= 16 {
-            for set in 1u32..(1 << n) {
-                let members: Vec<usize> = (0..n).filter(|&a| set & (1 << a) != 0).collect();
-                let all = members
-                    .iter()
-                    .all(|&a| members.iter().all(|&b| a == b || together(a, b)));
-                if all {
-                    let sum = members
-                        .iter()
-                        .fold(Use::default(), |acc, &a| acc.plus(stages[a].1));
-                    most = most.max(sum);
+            // Depth first over the sets whose stages can all run together, each extended only
+            // by later stages that can run beside every one already in it.
+            fn visit(
+                from: usize,
+                sum: Use,
+                chosen: &mut Vec<usize>,
+                stages: &[(usize, Use)],
+                together: &dyn Fn(usize, usize) -> bool,
+                most: &mut Use,
+            ) {
+                *most = most.max(sum);
+                for b in from..stages.len() {
+                    if chosen.iter().all(|&a| together(a, b)) {
+                        chosen.push(b);
+                        visit(b + 1, sum.plus(stages[b].1), chosen, stages, together, most);
+                        chosen.pop();
+                    }
                 }
             }
+            let mut chosen: Vec<usize> = Vec::with_capacity(n);
+            visit(0, Use::default(), &mut chosen, stages, &together, &mut most);
         } else {
             for a in 0..n {
                 let sum = (0..n)
@@ -1021,6 +1031,59 @@ edges:
         assert_eq!(held, BTreeMap::from([(0, slots(2)), (1, slots(1))]));
         // A stage's two VMs on one agent hold twice.
         assert_eq!(c.held(&[(1, slots(1)), (1, slots(1))]), slots(2));
+    }
+
+    proptest! {
+        /// `held` is the most any set of stages that can all run together holds: the same as
+        /// trying every subset, on random DAGs (edges from lower to higher stages).
+        #[test]
+        fn what_a_job_holds_on_an_agent_is_its_heaviest_set_of_concurrent_stages(
+            n in 1usize..9,
+            edges in proptest::collection::vec((0usize..9, 0usize..9), 0..14),
+            uses in proptest::collection::vec((0u32..5, 0u64..5000), 9),
+            twice in 0usize..9,
+        ) {
+            let mut reach = vec![vec![false; n]; n];
+            for &(a, b) in &edges {
+                let (a, b) = (a.min(b), a.max(b));
+                if b < n && a != b {
+                    reach[a][b] = true;
+                }
+            }
+            for i in (0..n).rev() {
+                for j in i + 1..n {
+                    if reach[i][j] {
+                        let below = reach[j].clone();
+                        for (k, r) in below.into_iter().enumerate() {
+                            reach[i][k] |= r;
+                        }
+                    }
+                }
+            }
+            let c = Concurrency { reach };
+            let mut stages: Vec<(usize, Use)> = (0..n)
+                .map(|i| (i, Use { slots: uses[i].0, memory_mb: uses[i].1 }))
+                .collect();
+            // A stage with two VMs on the agent.
+            if twice < n {
+                stages.push(stages[twice]);
+            }
+            let m = stages.len();
+            let mut brute = Use::default();
+            for set in 0u32..(1 << m) {
+                let members: Vec<usize> = (0..m).filter(|&a| set & (1 << a) != 0).collect();
+                let ok = members.iter().all(|&a| {
+                    members.iter().all(|&b| {
+                        a == b || stages[a].0 == stages[b].0 || c.together(stages[a].0, stages[b].0)
+                    })
+                });
+                if ok {
+                    let sum = members.iter().fold(Use::default(), |acc, &a| acc.plus(stages[a].1));
+                    brute = brute.max(sum);
+                }
+            }
+            prop_assert_eq!(c.held(&stages), brute);
+        }
     }
 
     /// Branches that run at once get agents of their own while there are free ones; where
