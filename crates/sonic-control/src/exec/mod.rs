@@ -1118,7 +1118,7 @@ async fn execute_from(
                 used.push(a.clone());
             }
         }
-        match outcome {
+        let why = match outcome {
             Err(Failure::AgentsLost { agents, message })
                 if execution < max_executions && !cancel.is_cancelled() =>
             {
@@ -1127,42 +1127,29 @@ async fn execute_from(
                     agents.join(", "),
                     execution + 1
                 );
-                tracing::warn!(job = %job.id, "{why}");
-                rt.publish(&job.id, |e| {
-                    e.stage = None;
-                    e.done_instances = 0;
-                    e.message = Some(why.clone());
-                });
                 lost.extend(agents);
-                discarded += spans_cost(&rt, &progress);
-                // The next execution starts from the job's input: this one's files go.
-                clear_execution(&state, &rt, &job.id, &progress.agents, &lost).await;
-                rt.release(&job.id);
-                execution += 1;
-                // What the next execution needs to go on after a restart, before it sends
-                // anything.
-                record_execution(&state, &job.id, execution, &inputs, &lost).await;
+                why
             }
-            Err(Failure::PlanChanged(why)) if !cancel.is_cancelled() => {
-                let why = format!(
-                    "{why}: running the job again from its input (execution {})",
-                    execution + 1
-                );
-                tracing::warn!(job = %job.id, "{why}");
-                rt.publish(&job.id, |e| {
-                    e.stage = None;
-                    e.done_instances = 0;
-                    e.message = Some(why.clone());
-                });
-                // What the earlier execution left goes, and its runs' ids with it: the next
-                // execution's runs are named after it.
-                clear_execution(&state, &rt, &job.id, &progress.agents, &lost).await;
-                rt.release(&job.id);
-                execution += 1;
-                record_execution(&state, &job.id, execution, &inputs, &lost).await;
-            }
+            Err(Failure::PlanChanged(why)) if !cancel.is_cancelled() => format!(
+                "{why}: running the job again from its input (execution {})",
+                execution + 1
+            ),
             other => break (other.map_err(|f| f.message()), progress),
-        }
+        };
+        tracing::warn!(job = %job.id, "{why}");
+        rt.publish(&job.id, |e| {
+            e.stage = None;
+            e.done_instances = 0;
+            e.message = Some(why.clone());
+        });
+        discarded += spans_cost(&rt, &progress);
+        // The next execution starts from the job's input: this one's files go, and its runs'
+        // ids with them (the next execution's runs are named after it).
+        clear_execution(&state, &rt, &job.id, &progress.agents, &lost).await;
+        rt.release(&job.id);
+        execution += 1;
+        // What the next execution needs to go on after a restart, before it sends anything.
+        record_execution(&state, &job.id, execution, &inputs, &lost).await;
     };
     // The last execution's agents stay in the progress: its runs and spans index them.
     let latency_s = started.elapsed().as_secs_f64();
