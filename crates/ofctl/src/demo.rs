@@ -19,6 +19,7 @@ use crate::progress::Progress;
 use crate::render::{self, Table};
 use crate::up::{Cluster, ClusterInfo, wait_for_signal, write_info};
 use crate::{Output, UpArgs};
+use sonic_core::planner::Policy;
 use sonic_eval::apps::sort_records;
 
 /// How much the demo runs.
@@ -107,6 +108,10 @@ pub struct DagReport {
     pub notes: Vec<String>,
     /// The planned jobs' summaries.
     pub planned_jobs: Vec<Value>,
+    /// One job of the paper's `direct` baseline at the first planned size, placed as the
+    /// planner places it and run through the resource manager (`policy: direct`, `planned`):
+    /// its prediction against its measure beside the planned jobs'.
+    pub baseline_jobs: Vec<Value>,
 }
 
 /// `ofctl demo`.
@@ -171,12 +176,12 @@ pub async fn run(
     }
     let failed: Vec<String> = reports
         .iter()
-        .flat_map(|r| r.planned_jobs.iter())
+        .flat_map(|r| r.planned_jobs.iter().chain(&r.baseline_jobs))
         .filter(|j| j["status"] == "failed")
         .map(|j| j["job_id"].as_str().unwrap_or("?").to_owned())
         .collect();
     if !failed.is_empty() {
-        bail!("planned job(s) failed: {}", failed.join(", "));
+        bail!("planned or baseline job(s) failed: {}", failed.join(", "));
     }
     Ok(())
 }
@@ -204,12 +209,22 @@ async fn demo(
             plan_input_bytes: app.planned_sizes[0],
             notes: Vec::new(),
             planned_jobs: Vec::new(),
+            baseline_jobs: Vec::new(),
         };
         // Profiling: until the models converge, or the cap.
         for k in 0..opts.max_jobs {
             let size = app.sizes[k as usize % app.sizes.len()];
-            let summary =
-                run_job(cluster, &client, app, size, &mut inputs, data_dir, prefix).await?;
+            let summary = run_job(
+                cluster,
+                &client,
+                app,
+                size,
+                &mut inputs,
+                data_dir,
+                prefix,
+                None,
+            )
+            .await?;
             let s: JobSummary = serde_json::from_value(summary.clone())?;
             report.profiling_jobs.push(JobBrief::from(&s));
             if s.status == JobStatus::Failed {
@@ -279,8 +294,17 @@ async fn demo(
         }
         for k in 0..opts.planned_jobs {
             let size = app.planned_sizes[k as usize % app.planned_sizes.len()];
-            let summary =
-                run_job(cluster, &client, app, size, &mut inputs, data_dir, prefix).await?;
+            let summary = run_job(
+                cluster,
+                &client,
+                app,
+                size,
+                &mut inputs,
+                data_dir,
+                prefix,
+                None,
+            )
+            .await?;
             let s: JobSummary = serde_json::from_value(summary.clone())?;
             eprintln!(
                 "  {} job {} at {}: {} in {:.2} s, perf/$ {:.0}",
@@ -293,6 +317,27 @@ async fn demo(
             );
             report.planned_jobs.push(summary);
         }
+        let size = app.planned_sizes[0];
+        let summary = run_job(
+            cluster,
+            &client,
+            app,
+            size,
+            &mut inputs,
+            data_dir,
+            prefix,
+            Some(Policy::Direct),
+        )
+        .await?;
+        let s: JobSummary = serde_json::from_value(summary.clone())?;
+        eprintln!(
+            "  direct baseline job {} at {}: {} in {:.2} s",
+            s.job_id,
+            render::bytes(size),
+            s.status,
+            s.latency_s
+        );
+        report.baseline_jobs.push(summary);
         reports.push(report);
     }
     Ok(reports)
@@ -310,7 +355,9 @@ async fn models(client: &Client, dag: &str) -> anyhow::Result<Option<DagModelsVi
     }
 }
 
-/// Submits one job of `app` at `size` (its input put in the store once per size) and waits.
+/// Submits one job of `app` at `size` (its input put in the store once per size) and waits;
+/// `baseline`: that policy forced, planned as the planner places it.
+#[allow(clippy::too_many_arguments)]
 async fn run_job(
     cluster: &Cluster,
     client: &Client,
@@ -319,6 +366,7 @@ async fn run_job(
     inputs: &mut HashMap<u64, String>,
     data_dir: &Path,
     prefix: &str,
+    baseline: Option<Policy>,
 ) -> anyhow::Result<Value> {
     let input = if size == 0 {
         None
@@ -343,8 +391,8 @@ async fn run_job(
         dag: app.name.into(),
         input,
         params: Vec::new(),
-        policy: None,
-        planned: false,
+        policy: baseline.map(|p| p.to_string()),
+        planned: baseline.is_some(),
     };
     let accepted = commands::submit(client, &req).await?;
     let id = accepted["job_id"]
@@ -402,11 +450,14 @@ fn write_report(
             "JOB", "MODE", "POLICY", "INPUT", "STATUS", "LATENCY", "COST", "PERF/$", "METHODS",
         ]);
         let briefs = r.profiling_jobs.iter().map(|b| (b.clone(), None)).chain(
-            r.planned_jobs.iter().filter_map(|v| {
-                serde_json::from_value::<JobSummary>(v.clone())
-                    .ok()
-                    .map(|s| (JobBrief::from(&s), Some(s)))
-            }),
+            r.planned_jobs
+                .iter()
+                .chain(&r.baseline_jobs)
+                .filter_map(|v| {
+                    serde_json::from_value::<JobSummary>(v.clone())
+                        .ok()
+                        .map(|s| (JobBrief::from(&s), Some(s)))
+                }),
         );
         for (b, full) in briefs {
             let methods = full
@@ -431,7 +482,7 @@ fn write_report(
             ]);
         }
         t.write("  ", out)?;
-        for j in &r.planned_jobs {
+        for j in r.planned_jobs.iter().chain(&r.baseline_jobs) {
             let used = j["plan"]["used"].as_str();
             if let Some(used) = used {
                 writeln!(
@@ -439,6 +490,9 @@ fn write_report(
                     "  {}: ran the {used} plan",
                     j["job_id"].as_str().unwrap_or("?")
                 )?;
+                if let Some(p) = prediction(j) {
+                    writeln!(out, "    {}", p.line())?;
+                }
                 for n in j["plan"]["notes"].as_array().into_iter().flatten() {
                     writeln!(out, "    note: {}", n.as_str().unwrap_or_default())?;
                 }
@@ -449,9 +503,78 @@ fn write_report(
     Ok(())
 }
 
+/// What a planned job's plan predicted against what it measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Prediction {
+    latency_s: (f64, f64),
+    cost_usd: (f64, f64),
+}
+
+impl Prediction {
+    /// "predicted 2.28 s, $0.000061; measured 2.02 s, $0.000058: latency +13%, cost +5%".
+    fn line(&self) -> String {
+        let err = |(p, m): (f64, f64)| {
+            if m > 0.0 {
+                format!("{:+.0}%", (p - m) / m * 100.0)
+            } else {
+                "n/a".into()
+            }
+        };
+        format!(
+            "predicted {:.2} s, {}; measured {:.2} s, {}: latency {}, cost {} (predicted against measured)",
+            self.latency_s.0,
+            render::usd(self.cost_usd.0),
+            self.latency_s.1,
+            render::usd(self.cost_usd.1),
+            err(self.latency_s),
+            err(self.cost_usd)
+        )
+    }
+}
+
+/// The prediction of the plan a job summary says it ran (`plan.used`: the best plan's, or the
+/// second-best's) against the job's measured latency and cost; `None` for a job without one.
+fn prediction(job: &Value) -> Option<Prediction> {
+    let report = &job["plan"]["report"];
+    let predicted = match job["plan"]["used"].as_str()? {
+        "best" => &report["predicted"],
+        "second_best" => &report["second_best"]["predicted"],
+        _ => return None,
+    };
+    Some(Prediction {
+        latency_s: (predicted["latency_s"].as_f64()?, job["latency_s"].as_f64()?),
+        cost_usd: (predicted["cost_usd"].as_f64()?, job["cost_usd"].as_f64()?),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The prediction of the plan that ran: the best one's, or the second-best's.
+    #[test]
+    fn a_jobs_prediction_is_the_plan_it_ran() {
+        let job = |used: &str| {
+            json!({
+                "latency_s": 2.0, "cost_usd": 0.0001,
+                "plan": {"used": used, "report": {
+                    "predicted": {"latency_s": 2.5, "cost_usd": 0.0002},
+                    "second_best": {"predicted": {"latency_s": 3.0, "cost_usd": 0.0001}},
+                }},
+            })
+        };
+        let best = prediction(&job("best")).expect("best");
+        assert_eq!(best.latency_s, (2.5, 2.0));
+        assert!(
+            best.line().contains("latency +25%, cost +100%"),
+            "{}",
+            best.line()
+        );
+        let second = prediction(&job("second_best")).expect("second");
+        assert_eq!(second.cost_usd, (0.0001, 0.0001));
+        assert!(prediction(&job("none")).is_none());
+        assert!(prediction(&json!({"latency_s": 1.0})).is_none());
+    }
 
     #[test]
     fn the_demo_dags_are_the_shipped_files() {

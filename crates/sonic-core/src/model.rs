@@ -246,6 +246,29 @@ pub struct EdgeTimes {
     pub fetch_s: f64,
 }
 
+/// The VMs of one type a receiving stage holds at once with the senders it fetches from over
+/// `direct` edges: its own `vms` and each direct sender's VM group once (`senders`: group and
+/// its VM count, only the direct senders of the receiver's type), not counting the receiver's
+/// own group. The one rule of how `direct` holds VMs, shared by the planner
+/// ([`PlanProblem::evaluate`] under VM limits) and the resource manager that grants its plans:
+/// a sender's VMs are held until the receiver has fetched, so the two never share a VM.
+pub fn held_with_direct_senders<G: PartialEq + Copy>(
+    vms: u32,
+    own_group: G,
+    senders: impl IntoIterator<Item = (G, u32)>,
+) -> u32 {
+    let mut seen: Vec<G> = Vec::new();
+    let mut need = vms;
+    for (g, n) in senders {
+        if g == own_group || seen.contains(&g) {
+            continue;
+        }
+        seen.push(g);
+        need = need.saturating_add(n);
+    }
+    need
+}
+
 /// One stage's sender, as [`PlanProblem::step`] sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Sender {
@@ -728,6 +751,11 @@ impl PlanProblem {
             .is_some_and(|&n| n >= first)
     }
 
+    /// Whether some VM type has a limit ([`PlanProblem::with_vm_limits`]).
+    pub fn has_vm_limits(&self) -> bool {
+        self.vm_limits.iter().any(Option::is_some)
+    }
+
     /// The most VMs of type `vm` one stage may use (`None`: no limit).
     pub fn vm_limit(&self, vm: usize) -> Option<u32> {
         self.vm_limits.get(vm).copied().flatten()
@@ -1173,6 +1201,18 @@ impl PlanProblem {
                 busy: &mut busy,
                 rate: &rate,
             };
+            if !self.direct_fits(pl, host, &senders) {
+                return Err(Infeasible::Placement {
+                    stage: self.stages[r].name.clone(),
+                    message: format!(
+                        "its {} x {} and the VMs it fetches from over direct edges are more than the {} {} VMs there are (a direct sender's VMs are held until the receiver has fetched)",
+                        pl.vms,
+                        self.vm_type(pl.vm).name,
+                        self.vm_limit(pl.vm).unwrap_or(0),
+                        self.vm_type(pl.vm).name
+                    ),
+                });
+            }
             let out = self.step(r, pl, host, &senders, &mut groups, &mut times);
             match host {
                 Host::New => {
@@ -1217,6 +1257,28 @@ impl PlanProblem {
             edges,
             cost: breakdown,
         })
+    }
+
+    /// Whether the pool's VMs of stage `r`'s type hold it beside the VMs it fetches from over
+    /// `direct` edges: a direct sender's VMs are held until the receiver has fetched, so under a
+    /// VM limit (what a resource manager's pool has of a type) the receiver's VMs and those of
+    /// its direct senders of the same type (each VM group once, not the receiver's own group)
+    /// must all fit. The resource manager holds a granted plan to this rule (it never runs a
+    /// direct receiver on its sender's VM), so the planner respects it when it plans under
+    /// limits. Without a limit on the type it always holds.
+    pub(crate) fn direct_fits(&self, pl: Placement, host: Host, senders: &[Sender]) -> bool {
+        let Some(limit) = self.vm_limit(pl.vm) else {
+            return true;
+        };
+        let own = match host {
+            Host::New => None,
+            Host::Continue(g) => Some(g),
+        };
+        let direct = senders
+            .iter()
+            .filter(|s| s.method == Method::Direct && s.vm == pl.vm)
+            .map(|s| (Some(s.group), s.vms));
+        held_with_direct_senders(pl.vms, own, direct) <= limit
     }
 
     /// Where stage `r` runs given the methods of its incoming edges (see [`PlanProblem::evaluate`]).

@@ -288,6 +288,10 @@ pub enum PlanError {
         placements: usize,
         evaluated: u64,
     },
+    /// A baseline policy's fixed rule cannot place the job (e.g. `direct` within a pool's VM
+    /// limits: a receiver and the senders it fetches from need more VMs of a type at once).
+    #[error("the {policy} plan cannot run: {why}")]
+    Baseline { policy: Policy, why: String },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -400,9 +404,10 @@ pub fn plan_within(
         Policy::Sonic | Policy::Oracle => plan_exact(pb, &Meter::new(budget, clock)),
         Policy::Remote | Policy::Direct | Policy::Local => {
             let a = baseline(pb, policy);
-            let pred = pb
-                .evaluate(&a)
-                .map_err(|e| PlanError::Internal(format!("{policy} plan: {e}")))?;
+            let pred = pb.evaluate(&a).map_err(|e| PlanError::Baseline {
+                policy,
+                why: e.to_string(),
+            })?;
             let table = explain::table(pb, &a, &pred, None, false);
             Ok(PlanOutcome {
                 best: Plan::new(pb, &a, &pred),
@@ -430,7 +435,10 @@ impl<'a> Solvers<'a> {
         Solvers {
             pb,
             meter,
-            chain: chain::is_chain(pb).then(|| chain::Chain::new(pb)),
+            // The chain's sweeps price each edge's placements apart; under VM limits a
+            // `direct` edge's two ends share the pool's VMs ([`PlanProblem::direct_fits`]),
+            // which only the label search checks.
+            chain: (chain::is_chain(pb) && !pb.has_vm_limits()).then(|| chain::Chain::new(pb)),
             search: OnceCell::new(),
             unbanned: OnceCell::new(),
         }
@@ -664,23 +672,80 @@ pub fn baseline(pb: &PlanProblem, policy: Policy) -> Assignment {
                 Method::Remote
             };
             // One VM per lambda, or as many as the type's VM limit allows.
-            let placements = (0..n)
-                .map(|s| {
-                    let vm = smallest_fitting(pb, s);
-                    let vms = pb.fit_vms(s, vm, pb.stages()[s].instances);
-                    Placement {
-                        vm,
-                        vms,
-                        concurrent: pb.per_vm(s, vms).min(pb.max_concurrent(s, vm)).max(1),
-                    }
-                })
-                .collect();
+            let place = |s: usize, vm: usize, vms: u32| Placement {
+                vm,
+                vms,
+                concurrent: pb.per_vm(s, vms).min(pb.max_concurrent(s, vm)).max(1),
+            };
+            let mut placements: Vec<Placement> = Vec::with_capacity(n);
+            for s in 0..n {
+                let vm = smallest_fitting(pb, s);
+                let mut pl = place(s, vm, pb.fit_vms(s, vm, pb.stages()[s].instances));
+                if method == Method::Direct && pb.has_vm_limits() {
+                    pl = direct_within_limits(pb, s, &placements).unwrap_or(pl);
+                }
+                placements.push(pl);
+            }
             Assignment {
                 placements,
                 methods: vec![method; pb.edges().len()],
             }
         }
     }
+}
+
+/// The `direct` baseline's placement of stage `s` under VM limits, its senders placed: the
+/// smallest type it fits (memory, then price) with the most VMs up to one per lambda that the
+/// pool holds beside its senders' (a direct sender's VMs are held until the receiver has
+/// fetched, [`PlanProblem::direct_fits`]); a stage with receivers takes at most half the
+/// type's limit (at least one VM), leaving them room. `None` when no type has room.
+fn direct_within_limits(pb: &PlanProblem, s: usize, placed: &[Placement]) -> Option<Placement> {
+    let vms = &pb.catalog().vm_types;
+    let mut types: Vec<usize> = (0..vms.len())
+        .filter(|&v| pb.max_concurrent(s, v) > 0)
+        .collect();
+    types.sort_by(|&a, &b| {
+        vms[a]
+            .memory_mb
+            .cmp(&vms[b].memory_mb)
+            .then(vms[a].usd_per_hour.total_cmp(&vms[b].usd_per_hour))
+    });
+    let senders: Vec<crate::model::Sender> = pb
+        .incoming(s)
+        .iter()
+        .map(|&e| {
+            let from = pb.edges()[e].from;
+            let sp = placed[from];
+            crate::model::Sender {
+                edge: e,
+                method: Method::Direct,
+                end: 0.0,
+                vm: sp.vm,
+                vms: sp.vms,
+                per_vm: pb.per_vm(from, sp.vms),
+                group: from,
+            }
+        })
+        .collect();
+    let k = pb.stages()[s].instances;
+    let sends = !pb.outgoing(s).is_empty();
+    for vm in types {
+        let mut limit = pb.vm_limit(vm).unwrap_or(u32::MAX);
+        if sends {
+            limit = (limit / 2).max(1);
+        }
+        for vms in pb.vm_counts(s).into_iter().filter(|&c| c <= k.min(limit)) {
+            let pl = Placement {
+                vm,
+                vms,
+                concurrent: pb.per_vm(s, vms).min(pb.max_concurrent(s, vm)).max(1),
+            };
+            if pb.direct_fits(pl, crate::model::Host::New, &senders) {
+                return Some(pl);
+            }
+        }
+    }
+    None
 }
 
 /// Every stage on one VM of type `vm`, as many at once as fit; each stage with senders runs on

@@ -824,6 +824,8 @@ struct Progress {
     /// Per (agent index, the plan's VM on it): when the job first and last held it. Several
     /// VMs of a plan can share one agent (a small cluster); each is charged as the VM it is.
     spans: HashMap<(usize, usize), (Instant, Instant)>,
+    /// Per (function index, instance): the (agent index, plan VM) its last run finished on.
+    placed: HashMap<(usize, u32), (usize, usize)>,
     agents: Vec<AgentSlot>,
     dag: Option<Dag>,
     methods: Vec<Method>,
@@ -2155,6 +2157,35 @@ fn planned_vm(dag: &Dag, a: &crate::resources::planned::Allocation, i: usize, k:
     1 + root * 100_000 + (k as usize % slots)
 }
 
+/// A `direct` sender's VM is held until its receivers have fetched (the model's rule, spec/
+/// model.md "Cost of a job"): each VM that served one of `f`'s direct inputs is held at least
+/// until `f` had staged it. The agent stages an instance's inputs one after another before
+/// the lambda starts, so the fetch of the k-th ended by `started` plus the first k staging
+/// times.
+fn hold_direct_senders(dag: &Dag, f: &Finished, progress: &mut Progress) {
+    let mut staged_until = f.started;
+    for s in &f.report.staged {
+        staged_until += Duration::from_secs_f64(s.seconds.max(0.0));
+        if s.method != "direct" {
+            continue;
+        }
+        let mut parts = s.dest.split('/');
+        let (Some(from), Some(Ok(instance))) = (parts.next(), parts.next().map(str::parse::<u32>))
+        else {
+            continue;
+        };
+        let Some(function) = dag.functions.iter().position(|g| g.name == from) else {
+            continue;
+        };
+        let Some(&at) = progress.placed.get(&(function, instance)) else {
+            continue;
+        };
+        if let Some(span) = progress.spans.get_mut(&at) {
+            span.1 = span.1.max(staged_until.min(f.ended));
+        }
+    }
+}
+
 /// Adds one finished instance to the progress: its run, its edges, its files.
 fn record_instance(
     dag: &Dag,
@@ -2192,6 +2223,10 @@ fn record_instance(
         .or_insert((f.started, f.ended));
     span.0 = span.0.min(f.started);
     span.1 = span.1.max(f.ended);
+    progress
+        .placed
+        .insert((f.function, f.instance), (f.agent, f.vm));
+    hold_direct_senders(dag, f, progress);
     // Staged inputs by edge: `<from>/<i>/<name>` names the sender.
     let mut per_edge: BTreeMap<usize, (u64, f64)> = BTreeMap::new();
     for s in &r.staged {
@@ -2922,6 +2957,93 @@ mod tests {
 
     /// `JobsConfig::submissions_quiet` in these tests: its default.
     const QUIET: Duration = super::SUBMISSIONS_QUIET;
+
+    /// A `direct` sender's VM is billed until its receiver has fetched (the model's rule): a
+    /// ran 0-2 s on agent 0, b fetched its file for 1 s from 2 s on agent 1 then ran to 5 s;
+    /// a's VM is held 0-3 s, b's 2-5 s. A `remote` input holds no sender VM (its upload was
+    /// the sender's own run).
+    #[test]
+    fn a_direct_senders_vm_is_held_until_its_receiver_has_fetched() {
+        use super::{Finished, Progress, record_instance};
+        use crate::store::AgentSlot;
+        let dag = sonic_core::dag::Dag::from_yaml(
+            "pair.yaml",
+            "name: pair\nfunctions:\n  - { name: a, image: i, command: [x] }\n  - { name: b, image: i, command: [x] }\n  - { name: c, image: i, command: [x] }\nedges:\n  - { from: a, to: b, kind: one }\n  - { from: b, to: c, kind: one }\n",
+        )
+        .expect("dag");
+        let agents: Vec<AgentSlot> = (0..3)
+            .map(|i| AgentSlot {
+                id: format!("a-{i}"),
+                url: String::new(),
+                vm_type: "m5.large".into(),
+            })
+            .collect();
+        let t0 = Instant::now();
+        let at = |s: f64| t0 + Duration::from_secs_f64(s);
+        let report = |staged: serde_json::Value| {
+            serde_json::from_value::<sonic_api::agent::RunReport>(serde_json::json!({
+                "run_id": "r", "status": "succeeded", "cold": true, "seconds": 1.0,
+                "start_latency_s": 0.0, "peak_memory_mb": 10.0, "exit_code": 0,
+                "error": null, "staged": staged,
+            }))
+            .expect("report")
+        };
+        let finished = |function, agent, vm, staged, from, to| Finished {
+            function,
+            instance: 0,
+            agent,
+            vm,
+            report: report(staged),
+            attempts: 1,
+            started: at(from),
+            ended: at(to),
+        };
+        let mut progress = Progress::default();
+        let mut produced = vec![Vec::new(); 3];
+        let mut files = Vec::new();
+        let runs = [
+            finished(0, 0, 1, serde_json::json!([]), 0.0, 2.0),
+            finished(
+                1,
+                1,
+                2,
+                serde_json::json!([{"dest": "a/0/x", "method": "direct", "bytes": 10, "seconds": 1.0}]),
+                2.0,
+                5.0,
+            ),
+            finished(
+                2,
+                2,
+                3,
+                serde_json::json!([{"dest": "b/0/x", "method": "remote", "bytes": 10, "seconds": 0.5}]),
+                6.0,
+                7.0,
+            ),
+        ];
+        for f in &runs {
+            record_instance(
+                &dag,
+                &agents,
+                f,
+                &mut progress,
+                &mut produced,
+                "j",
+                &mut files,
+            );
+        }
+        let span = |agent, vm| {
+            let (a, b) = progress.spans[&(agent, vm)];
+            (
+                a.duration_since(t0).as_secs_f64(),
+                b.duration_since(t0).as_secs_f64(),
+            )
+        };
+        let near =
+            |(a, b): (f64, f64), (x, y): (f64, f64)| (a - x).abs() < 1e-6 && (b - y).abs() < 1e-6;
+        assert!(near(span(0, 1), (0.0, 3.0)), "a: {:?}", span(0, 1));
+        assert!(near(span(1, 2), (2.0, 5.0)), "b: {:?}", span(1, 2));
+        assert!(near(span(2, 3), (6.0, 7.0)), "c: {:?}", span(2, 3));
+    }
 
     /// Submissions first: an execution starts at once when no submission is being handled,
     /// waits while one is, starts once the last one is answered, and waits no longer than its

@@ -35,8 +35,8 @@
 //! agent ids; in `release`, stop or recycle them. A stage that continues a `vm-storage` group
 //! ([`Offer::vm_group`]) must be granted its sender's agents, in the same order: the files are
 //! there. Two VMs of one stage must be different agents. A stage that reads over `direct` edges
-//! should get other machines than its senders' where there are free ones: the plan priced each
-//! such edge as one network copy between VMs. The implementation is installed with
+//! must get other machines than its senders': the plan priced each such edge as one network
+//! copy between VMs, the sender's held until the receiver has fetched. The implementation is installed with
 //! [`crate::Runtime::with_resources`].
 
 #![warn(missing_docs)]
@@ -52,7 +52,7 @@ use std::time::Instant;
 
 use sonic_core::catalog::Catalog;
 use sonic_core::dag::Dag;
-use sonic_core::model::Method;
+use sonic_core::model::{Method, held_with_direct_senders};
 use sonic_core::planner::{Plan, PlanStage};
 use tokio::sync::Notify;
 
@@ -119,6 +119,15 @@ fn vm_sender(dag: &Dag, plan: &Plan, i: usize) -> Option<usize> {
                 .any(|pe| &pe.from == from && &pe.to == to && pe.method == Method::VmStorage)
         })
         .map(|e| e.from)
+}
+
+/// The first function of the VM group DAG function `i` runs in (itself, unless it continues
+/// its `vm-storage` sender's VMs).
+fn group_root(dag: &Dag, plan: &Plan, mut i: usize) -> usize {
+    while let Some(s) = vm_sender(dag, plan, i) {
+        i = s;
+    }
+    i
 }
 
 /// The functions DAG function `i` reads from over `direct` edges (their files stay on their
@@ -440,10 +449,12 @@ impl State {
 /// ([`Concurrency::held`]: stages one after another the most of them, branches that run
 /// together the sum; a stage's VM holds the plan's concurrent lambdas per VM and that many
 /// memory limits; capped at the agent's capacity); a slot of an unplanned instance holds one
-/// vCPU and its memory. Two VMs of one stage are never one agent; a stage gets agents that run
-/// none of the job's branches beside it, and a stage that reads over `direct` edges agents of
-/// its type other than its senders', while such agents are free (so that, where the pool has
-/// more than one VM of a type, branches and direct edges are on VMs of their own as planned). Requests are
+/// vCPU and its memory. Two VMs of one stage are never one agent, nor is a stage ever on an
+/// agent it fetches from over a `direct` edge (a plan that needs more VMs of a type at once
+/// than the pool has is answered [`Answer::Capacity`] and planned again within them); a stage
+/// gets agents that run none of the job's branches beside it while such agents are free (so
+/// that, where the pool has more than one VM of a type, branches are on VMs of their own as
+/// planned). Requests are
 /// served first come, first served: one that does not fit waits, and so does every later one
 /// (a small job never overtakes a big one for ever); at most `max_queued` planned jobs wait.
 /// Agents whose VM type the catalog does not know are not limited.
@@ -515,18 +526,36 @@ impl Pool {
             *have.entry(a.vm_type.clone()).or_default() += 1;
         }
         let mut why = Vec::new();
-        for i in 0..offer.dag.functions.len() {
-            if offer.vm_group(i).is_some() {
-                continue;
-            }
+        let (dag, plan) = (&offer.dag, &offer.plan);
+        for i in 0..dag.functions.len() {
             let Some(st) = offer.stage(i) else { continue };
             let n = have.get(&st.vm_type).copied().unwrap_or(0);
-            if st.vms.max(1) > n {
+            if offer.vm_group(i).is_none() && st.vms.max(1) > n {
                 why.push(format!(
                     "{} wants {} {} VMs, the pool has {n}",
                     st.function,
                     st.vms.max(1),
                     st.vm_type
+                ));
+                continue;
+            }
+            // A direct sender's VMs are held until the receiver has fetched: the two never
+            // share one (sonic_core::model::held_with_direct_senders).
+            let root = group_root(dag, plan, i);
+            let Some(own) = stage_of(dag, plan, root) else {
+                continue;
+            };
+            let senders = direct_senders(dag, plan, i).filter_map(|s| {
+                let g = group_root(dag, plan, s);
+                stage_of(dag, plan, g)
+                    .filter(|sp| sp.vm_type == own.vm_type)
+                    .map(|sp| (g, sp.vms.max(1)))
+            });
+            let need = held_with_direct_senders(own.vms.max(1), root, senders);
+            if need > own.vms.max(1) && need > n {
+                why.push(format!(
+                    "{} and the VMs it fetches from over direct edges want {need} {} VMs at once, the pool has {n}",
+                    st.function, own.vm_type
                 ));
             }
         }
@@ -584,16 +613,17 @@ impl Pool {
                 hosts.push(h);
                 continue;
             }
-            // The agents the job ran this stage on before, in their order; then agents that
-            // keep the most warm containers for the stage's first batch (`Offer::warm`); then
-            // agents that run none of the job's stages that can run at the same time as this
-            // one (the model gives each branch VMs of its own); then agents that hold none of
-            // the files the stage fetches `direct` (a direct edge is one network copy between
-            // two VMs, model.md: on its sender's VM it is a local hand-over, which the agent
-            // can only charge to an emulated NIC); then the job's own agents (a reservation
-            // there may already cover the stage); then the freest. An agent beside another
-            // branch, or a sender's agent, is still taken when no other agent of the type is
-            // free; it then holds what both hold together.
+            // Never an agent that holds files the stage fetches `direct`: a direct edge is one
+            // network copy between two VMs and its sender's VMs are held until the receiver
+            // has fetched (model.md); `short` made sure the pool has enough VMs of the type,
+            // so the stage waits for one. Among the others: the agents the job ran this stage
+            // on before, in their order; then agents that keep the most warm containers for
+            // the stage's first batch (`Offer::warm`); then agents that run none of the job's
+            // stages that can run at the same time as this one (the model gives each branch
+            // VMs of its own); then the job's own agents (a reservation there may already
+            // cover the stage); then the freest. An agent beside another branch is still
+            // taken when no other agent of the type is free; it then holds what both hold
+            // together.
             let preferred = |a: usize| {
                 offer
                     .prefer
@@ -607,7 +637,7 @@ impl Pool {
                 .copied()
                 .collect();
             let mut typed: Vec<usize> = (0..agents.len())
-                .filter(|&a| agents[a].vm_type == ps.vm_type)
+                .filter(|&a| agents[a].vm_type == ps.vm_type && !senders.contains(&a))
                 .collect();
             // Warm containers for the first batch: the plan priced the stage hot where the
             // pool had enough of them.
@@ -625,7 +655,6 @@ impl Pool {
                     preferred(a),
                     std::cmp::Reverse(warm(a)),
                     beside,
-                    senders.contains(&a),
                     !on.contains_key(&a),
                     std::cmp::Reverse(fr.slots),
                     std::cmp::Reverse(fr.memory_mb),
@@ -916,10 +945,16 @@ edges:
     }
 
     /// (vm type, vms, concurrent) per function a, b, c; `ab_vm_storage`: a -> b over vm-storage
-    /// (then b's placement is a's).
+    /// (then b's placement is a's), else direct; b -> c direct.
     fn plan(stages: [(&str, u32, u32); 3], ab_vm_storage: bool) -> Plan {
+        plan_over(stages, ab_vm_storage, Method::Direct)
+    }
+
+    /// [`plan`] with `other` on the edges that are not vm-storage (`remote`: a plan whose
+    /// stages may share an agent one after another).
+    fn plan_over(stages: [(&str, u32, u32); 3], ab_vm_storage: bool, other: Method) -> Plan {
         let names = ["a", "b", "c"];
-        let method = |m: bool| if m { Method::VmStorage } else { Method::Direct };
+        let method = |m: bool| if m { Method::VmStorage } else { other };
         Plan {
             stages: names
                 .iter()
@@ -944,7 +979,7 @@ edges:
                 PlanEdge {
                     from: "b".into(),
                     to: "c".into(),
-                    method: Method::Direct,
+                    method: other,
                     predicted_s: 0.0,
                 },
             ],
@@ -1134,9 +1169,16 @@ edges:
             warm: Default::default(),
         };
         let pool = Pool::new(Some(&catalog()), 4);
-        let two = agents(&["m5.large", "m5.large"]);
-        let g = grant_now(&pool, &offer(&two));
+        let three = agents(&["m5.large", "m5.large", "m5.large"]);
+        let g = grant_now(&pool, &offer(&three));
         assert_ne!(g.hosts[1], g.hosts[2], "b and c run at once: {:?}", g.hosts);
+        for (from, to) in [(0, 1), (0, 2), (1, 3), (2, 3)] {
+            assert_ne!(
+                g.hosts[from], g.hosts[to],
+                "direct {from} -> {to}: {:?}",
+                g.hosts
+            );
+        }
         // Each agent holds one branch (and a or d, one after another): one slot each.
         assert!(
             pool.usage().values().all(|u| *u == slots(1)),
@@ -1144,9 +1186,24 @@ edges:
             pool.usage()
         );
         pool.release("j");
-        // One agent: both branches on it, holding two slots.
+        // Two agents: d fetches from b and c at once, three VMs the pool does not have.
+        let two = agents(&["m5.large", "m5.large"]);
+        match pool.offer(&offer(&two), &quiet).now_or_never().expect("at once") {
+            Ok(Answer::Capacity { why, .. }) => assert!(
+                why.contains("d and the VMs it fetches from over direct edges want 3 m5.large VMs at once, the pool has 2"),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // One agent and every edge remote: both branches on it, holding two slots.
+        let mut remote = plan.clone();
+        for e in &mut remote.edges {
+            e.method = Method::Remote;
+        }
         let one = agents(&["m5.large"]);
-        let g = grant_now(&pool, &offer(&one));
+        let mut o = offer(&one);
+        o.plan = remote;
+        let g = grant_now(&pool, &o);
         assert_eq!(g.hosts[1], g.hosts[2]);
         assert_eq!(pool.usage()["a-0"], slots(2));
         pool.release("j");
@@ -1259,7 +1316,7 @@ edges:
     }
 
     #[test]
-    fn a_direct_receiver_gets_other_agents_than_its_senders_while_they_are_free() {
+    fn a_direct_receiver_never_gets_its_senders_agents() {
         let pool = Pool::new(Some(&catalog()), 4);
         let ids = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         // a -> b direct: b gets the other large agent, not a's (nor the job's own).
@@ -1286,26 +1343,42 @@ edges:
         assert_eq!(g.hosts[1], ids(&["a-2", "a-3"]));
         pool.release("j2");
 
-        // Another job fills a-0: j3's a gets a-1, and b, with no other large agent free,
-        // shares a's rather than wait.
+        // Another job fills a-0: j3 cannot have a and b on two large agents, so it waits
+        // (never b on a's agent); once j0 is gone it gets both.
         let other = offer(
             "j0",
-            plan(
+            plan_over(
                 [("m5.large", 1, 2), ("m5.large", 1, 2), ("m5.xlarge", 1, 1)],
                 true,
+                Method::Remote,
             ),
             1024,
             &ag,
         );
         let g0 = grant_now(&pool, &other);
         assert_eq!(g0.hosts[0], ids(&["a-0"]));
-        let g = grant_now(&pool, &offer("j3", chain(1), 1024, &ag));
-        assert_eq!(g.hosts[0], ids(&["a-1"]));
-        assert_eq!(
-            g.hosts[1],
-            ids(&["a-1"]),
-            "the sender's agent when none other is free"
+        let j3 = offer("j3", chain(1), 1024, &ag);
+        let mut waiting = pool.offer(&j3, &quiet);
+        assert!(
+            (&mut waiting).now_or_never().is_none(),
+            "b waits for a large agent a does not hold"
         );
+        pool.release("j0");
+        let g = granted(waiting.now_or_never().expect("granted once j0 is gone"));
+        assert_ne!(g.hosts[0], g.hosts[1], "{:?}", g.hosts);
+        // One large agent: the chain can never run as planned.
+        let one = agents(&["m5.large", "m5.xlarge"]);
+        match pool
+            .offer(&offer("j4", chain(1), 1024, &one), &quiet)
+            .now_or_never()
+            .expect("at once")
+        {
+            Ok(Answer::Capacity { vms, why }) => {
+                assert_eq!(vms["m5.large"], 1);
+                assert!(why.contains("b and the VMs it fetches from over direct edges want 2 m5.large VMs at once, the pool has 1"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -1348,9 +1421,10 @@ edges:
         // Another job holds both slots of the large agent.
         let other = offer(
             "j0",
-            plan(
+            plan_over(
                 [("m5.large", 1, 2), ("m5.large", 1, 2), ("m5.large", 1, 1)],
                 true,
+                Method::Remote,
             ),
             1024,
             &ag,
@@ -1365,13 +1439,14 @@ edges:
             1024,
             &ag,
         );
-        o.second_best = Some(plan(
+        o.second_best = Some(plan_over(
             [
                 ("m5.xlarge", 1, 1),
                 ("m5.xlarge", 1, 1),
                 ("m5.xlarge", 1, 1),
             ],
             false,
+            Method::Remote,
         ));
         match pool.offer(&o, &quiet).now_or_never().expect("at once") {
             Ok(Answer::RefuseBest { why }) => assert!(why.contains("a needs 1 m5.large"), "{why}"),
@@ -1388,13 +1463,14 @@ edges:
         let big = |job: &str| {
             offer(
                 job,
-                plan(
+                plan_over(
                     [
                         ("m5.xlarge", 1, 4),
                         ("m5.xlarge", 1, 4),
                         ("m5.xlarge", 1, 1),
                     ],
                     false,
+                    Method::Remote,
                 ),
                 1024,
                 &ag,
@@ -1402,13 +1478,14 @@ edges:
         };
         let small = offer(
             "small",
-            plan(
+            plan_over(
                 [
                     ("m5.xlarge", 1, 1),
                     ("m5.xlarge", 1, 1),
                     ("m5.xlarge", 1, 1),
                 ],
                 false,
+                Method::Remote,
             ),
             1024,
             &ag,
@@ -1466,9 +1543,10 @@ edges:
         let full = |job: &str| {
             offer(
                 job,
-                plan(
+                plan_over(
                     [("m5.large", 1, 2), ("m5.large", 1, 2), ("m5.large", 1, 1)],
                     false,
+                    Method::Remote,
                 ),
                 1024,
                 &ag,
@@ -1505,9 +1583,10 @@ edges:
         let s1 = pool.slot("p", &ag[0], 1024).await.expect("slot");
         let o = offer(
             "j1",
-            plan(
+            plan_over(
                 [("m5.large", 1, 2), ("m5.large", 1, 1), ("m5.large", 1, 1)],
                 false,
+                Method::Remote,
             ),
             1024,
             &ag,
@@ -1614,6 +1693,14 @@ edges:
                             }
                             if vm_storage {
                                 prop_assert_eq!(&g.hosts[1], &g.hosts[0]);
+                            }
+                            // A direct receiver never runs on its sender's agents (a -> b
+                            // unless vm-storage, b -> c always).
+                            for (from, to, direct) in [(0, 1, !vm_storage), (1, 2, true)] {
+                                prop_assert!(
+                                    !direct || g.hosts[to].iter().all(|a| !g.hosts[from].contains(a)),
+                                    "{} -> {} direct, on {:?} and {:?}", from, to, g.hosts[from], g.hosts[to]
+                                );
                             }
                             jobs.push(job);
                         }

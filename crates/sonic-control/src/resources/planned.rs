@@ -433,6 +433,9 @@ edges:
             for st in &mut p.outcome.best.stages {
                 st.vm_type = "m5.large".into();
             }
+            // Within the limits: a's two VMs and b's one would be three large ones at once
+            // over a direct edge; the planner under limits sends a -> b remote.
+            p.outcome.best.edges[0].method = Method::Remote;
             Ok(p)
         };
         let (a, ran) = admit(&pool(), "j", &d, &planned(true), &ag, &quiet, &replan)

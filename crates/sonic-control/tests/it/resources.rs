@@ -132,9 +132,11 @@ edges:
   - { from: c, to: d, kind: one }
 "#;
 
-/// The `direct` baseline planned: every stage on a VM of its own. With two m5.large agents the
+/// The `remote` baseline planned: every stage on a VM of its own. With two m5.large agents the
 /// pool grants b and c different agents, and the executor runs them at once (it used to put
-/// both on one agent under one reservation of one slot, one after the other).
+/// both on one agent under one reservation of one slot, one after the other). The `direct`
+/// baseline cannot run on two: d fetches from b and c, whose VMs are held until it has, three
+/// VMs at once; the job fails saying so rather than run on one agent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_diamonds_branches_priced_on_their_own_vms_run_at_once_on_two_agents() {
     let rule = Convergence {
@@ -160,6 +162,24 @@ async fn a_diamonds_branches_priced_on_their_own_vms_run_at_once_on_two_agents()
         .submit(json!({
             "dag": "diamond",
             "policy": "direct",
+            "planned": true,
+            "params": params,
+            "input": { "name": "data.bin", "base64": base64(&sized_input(60_000)) },
+        }))
+        .await;
+    let s = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Failed);
+    let error = s.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("the direct plan cannot run")
+            && error.contains("fetches from over direct edges"),
+        "{error}"
+    );
+    assert!(s.functions.is_empty(), "nothing ran: {:?}", s.functions);
+    let id = c
+        .submit(json!({
+            "dag": "diamond",
+            "policy": "remote",
             "planned": true,
             "params": params,
             "input": { "name": "data.bin", "base64": base64(&sized_input(60_000)) },

@@ -717,6 +717,9 @@ impl<'a> Search<'a> {
                                     busy: &mut busy,
                                     rate: &rate,
                                 };
+                                if !pb.direct_fits(pl, host, &senders) {
+                                    continue;
+                                }
                                 let out = pb.step(r, pl, host, &senders, &mut groups, &mut times);
                                 stats.evaluated[r] += 1;
                                 meter.expand(1)?;

@@ -541,3 +541,75 @@ fn enumeration_counts_every_plan() {
     assert_eq!(visited, 3 * 3 * 2 + 1 + 2 + 2);
     assert_eq!(feasible, visited);
 }
+
+/// A `direct` sender's VMs are held until its receiver has fetched, so under VM limits (the
+/// pool's agents of a type) a direct edge's two ends never share the pool's only VM of a type:
+/// such an assignment is infeasible, the `direct` baseline moves the receiver to the next
+/// smallest type with room, and every plan the planner makes within the limits keeps each
+/// receiver and its direct senders within them.
+#[test]
+fn direct_ends_never_share_a_vm_under_vm_limits() {
+    let c = Case {
+        shape: 0,
+        n: 3,
+        fanouts: vec![1, 1, 1, 1],
+        kinds: vec![0, 0, 0, 0],
+        stages: vec![(1000.0, 5.0, 0.5); 4],
+        bytes: vec![1e8; 4],
+        // t0 the smallest (the direct baseline's first choice), t1 the next.
+        types: vec![(2, 4096, 750.0, 0.1), (2, 8192, 750.0, 0.2)],
+        reserve: 512,
+        local_usd: 0.08,
+        remote: (600.0, 400.0, 25.0, 3500.0, None, 0.023),
+        bounds: (0, 1.0, 1.0),
+    };
+    let pb = problem(&c, Bounds::default());
+    let one_each = BTreeMap::from([("t0".to_owned(), 1), ("t1".to_owned(), 1)]);
+    let limited = pb.with_vm_limits(&one_each).expect("limits");
+    let on = |vms: &[usize]| Assignment {
+        placements: vms
+            .iter()
+            .map(|&vm| Placement {
+                vm,
+                vms: 1,
+                concurrent: 1,
+            })
+            .collect(),
+        methods: vec![Method::Direct; 2],
+    };
+    // Without limits the cloud has VMs to spare: all three on t0 is a plan.
+    assert!(pb.evaluate(&on(&[0, 0, 0])).is_ok());
+    let err = limited
+        .evaluate(&on(&[0, 0, 0]))
+        .expect_err("s0 and s1 on the one t0 VM");
+    assert!(err.to_string().contains("over direct edges"), "{err}");
+    // Alternating types is within the limits: s0's VM is given back once s1 has fetched.
+    assert!(limited.evaluate(&on(&[0, 1, 0])).is_ok());
+
+    let direct = plan(&limited, Policy::Direct).expect("direct within limits");
+    let types: Vec<&str> = direct
+        .best
+        .stages
+        .iter()
+        .map(|s| s.vm_type.as_str())
+        .collect();
+    assert_eq!(types, ["t0", "t1", "t0"]);
+    assert!(
+        direct.best.edges.iter().all(|e| e.method == Method::Direct),
+        "{direct:?}"
+    );
+    for policy in [Policy::Sonic, Policy::Remote, Policy::Local] {
+        let out = plan(&limited, policy).expect("plan");
+        let a = out.best.assignment(&limited).expect("assignment");
+        limited.evaluate(&a).expect("within the limits");
+        for (e, m) in a.methods.iter().enumerate() {
+            let (from, to) = (limited.edges()[e].from, limited.edges()[e].to);
+            if *m == Method::Direct {
+                assert_ne!(
+                    a.placements[from].vm, a.placements[to].vm,
+                    "{policy}: a direct edge within one VM type of one VM"
+                );
+            }
+        }
+    }
+}
