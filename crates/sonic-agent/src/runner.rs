@@ -947,7 +947,7 @@ async fn stage_input(
                         .prepare_write(job, &path)
                         .map_err(|e| err(e.to_string()))?;
                     let stats =
-                        crate::transfer::download_remote(store.as_ref(), key, &dest, &state.meter)
+                        crate::transfer::download_remote(store.as_ref(), key, &dest)
                             .await
                             .map_err(|e| err(e.to_string()))?;
                     let size = state
@@ -1060,7 +1060,7 @@ async fn upload_one(
     dest: PathBuf,
 ) -> Result<(usize, f64), RunError> {
     let t = Instant::now();
-    crate::transfer::upload_remote(store, &key, &dest, &state.meter)
+    crate::transfer::upload_remote(store, &key, &dest)
         .await
         .map_err(|e| RunError::Output {
             path,

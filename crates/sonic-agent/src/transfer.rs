@@ -658,13 +658,14 @@ async fn error_message(resp: reqwest::Response) -> String {
 }
 
 /// `remote`, sending half: uploads `local` as `key` (the store handles multipart and throttling),
-/// hashing the file alongside (a second read, from the page cache). `meter` gets an egress sample
-/// (the upload's bytes over its time).
+/// hashing the file alongside (a second read, from the page cache). No bandwidth sample: an
+/// upload's rate is bounded by the store's per-connection throughput and request latency as much
+/// as by the VM's NIC, which the model counts apart (`min(BW, W)` and `L`, spec/model.md), so it
+/// would drag the NIC estimate down to the store's.
 pub async fn upload_remote(
     store: &dyn ObjectStore,
     key: &str,
     local: &Path,
-    meter: &BandwidthMeter,
 ) -> Result<TransferStats, TransferError> {
     let started = Instant::now();
     let path = local.to_owned();
@@ -684,7 +685,7 @@ pub async fn upload_remote(
             "file changed while it was uploaded",
         )));
     }
-    meter.record(Direction::Egress, bytes, put_time.as_secs_f64());
+    tracing::debug!(key, bytes, put_s = put_time.as_secs_f64(), "remote put");
     let stats = TransferStats {
         bytes,
         seconds: started.elapsed().as_secs_f64(),
@@ -699,12 +700,11 @@ pub async fn upload_remote(
 /// handles ranged GETs and throttling), hashes it, and renames it onto `dest`. Compare
 /// `stats.checksum` with the sender's, then register the file with
 /// `FileStore::register_verified(job, path, stats.bytes, &stats.checksum)` (no second read).
-/// `meter` gets an ingress sample (the download's bytes over its time, hashing excluded).
+/// No bandwidth sample, as for [`upload_remote`].
 pub async fn download_remote(
     store: &dyn ObjectStore,
     key: &str,
     dest: &Path,
-    meter: &BandwidthMeter,
 ) -> Result<TransferStats, TransferError> {
     let started = Instant::now();
     let (file, tmp) = create_temp_beside(dest)?;
@@ -716,7 +716,7 @@ pub async fn download_remote(
     };
     match result {
         Ok((bytes, checksum, get_time)) => {
-            meter.record(Direction::Ingress, bytes, get_time.as_secs_f64());
+            tracing::debug!(key, bytes, get_s = get_time.as_secs_f64(), "remote get");
             let stats = TransferStats {
                 bytes,
                 seconds: started.elapsed().as_secs_f64(),

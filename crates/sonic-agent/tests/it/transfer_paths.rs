@@ -125,7 +125,8 @@ async fn pass_every_way(w: &World, case: usize, content: &[u8]) -> Result<(), St
             w.a.files
                 .resolve(&job(), &fpath(&src_path))
                 .map_err(|e| e.to_string())?;
-        let up = upload_remote(store, &key, &src, &w.a.meter)
+        let (a_before, b_before) = (w.a.meter.snapshot(), w.b.meter.snapshot());
+        let up = upload_remote(store, &key, &src)
             .await
             .map_err(|e| e.to_string())?;
         let dest_path = format!("remote/{name}/{case}/data.bin");
@@ -133,9 +134,13 @@ async fn pass_every_way(w: &World, case: usize, content: &[u8]) -> Result<(), St
             w.b.files
                 .prepare_write(&job(), &fpath(&dest_path))
                 .map_err(|e| e.to_string())?;
-        let down = download_remote(store, &key, &dest, &w.b.meter)
+        let down = download_remote(store, &key, &dest)
             .await
             .map_err(|e| e.to_string())?;
+        // The store's rate is not the NIC's: neither meter took a sample.
+        if w.a.meter.snapshot() != a_before || w.b.meter.snapshot() != b_before {
+            return Err(format!("remote via {name} moved a bandwidth meter"));
+        }
         if up.checksum != meta.checksum || down.checksum != meta.checksum || down.bytes != meta.size
         {
             return Err(format!("remote via {name}: {up:?} {down:?}"));

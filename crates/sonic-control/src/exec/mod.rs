@@ -2159,13 +2159,13 @@ fn planned_vm(dag: &Dag, a: &crate::resources::planned::Allocation, i: usize, k:
 
 /// A `direct` sender's VM is held until its receivers have fetched (the model's rule, spec/
 /// model.md "Cost of a job"): each VM that served one of `f`'s direct inputs is held at least
-/// until `f` had staged it. The agent stages an instance's inputs one after another before
-/// the lambda starts, so the fetch of the k-th ended by `started` plus the first k staging
-/// times.
+/// until `f` had staged its inputs. The agent stages them (several at a time) before the lambda
+/// starts, each reporting its share of their wall time, so staging ended by `started` plus the
+/// sum of those shares.
 fn hold_direct_senders(dag: &Dag, f: &Finished, progress: &mut Progress) {
-    let mut staged_until = f.started;
+    let staging: f64 = f.report.staged.iter().map(|s| s.seconds.max(0.0)).sum();
+    let staged_until = (f.started + Duration::from_secs_f64(staging)).min(f.ended);
     for s in &f.report.staged {
-        staged_until += Duration::from_secs_f64(s.seconds.max(0.0));
         if s.method != "direct" {
             continue;
         }
@@ -2181,7 +2181,7 @@ fn hold_direct_senders(dag: &Dag, f: &Finished, progress: &mut Progress) {
             continue;
         };
         if let Some(span) = progress.spans.get_mut(&at) {
-            span.1 = span.1.max(staged_until.min(f.ended));
+            span.1 = span.1.max(staged_until);
         }
     }
 }
