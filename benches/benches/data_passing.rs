@@ -221,11 +221,11 @@ async fn main() -> anyhow::Result<()> {
             }
             if run("remote") && i < 3 {
                 let t0 = Instant::now();
-                upload_remote(store.as_ref(), &key, &src_path, &meter).await?;
+                upload_remote(store.as_ref(), &key, &src_path).await?;
                 m.up.push(mbps(size, t0.elapsed()));
                 let dest = b.prepare_write(&job, &FilePath::parse(&format!("r/{size}/{i}"))?)?;
                 let t0 = Instant::now();
-                download_remote(store.as_ref(), &key, &dest, &meter).await?;
+                download_remote(store.as_ref(), &key, &dest).await?;
                 m.down.push(mbps(size, t0.elapsed()));
                 std::fs::remove_file(&dest)?;
             }

@@ -946,10 +946,9 @@ async fn stage_input(
                         .files
                         .prepare_write(job, &path)
                         .map_err(|e| err(e.to_string()))?;
-                    let stats =
-                        crate::transfer::download_remote(store.as_ref(), key, &dest)
-                            .await
-                            .map_err(|e| err(e.to_string()))?;
+                    let stats = crate::transfer::download_remote(store.as_ref(), key, &dest)
+                        .await
+                        .map_err(|e| err(e.to_string()))?;
                     let size = state
                         .files
                         .register_verified(job, &path, stats.bytes, &stats.checksum)
@@ -1052,7 +1051,6 @@ fn share_wall_time<'a>(seconds: impl Iterator<Item = &'a mut f64>, wall: f64) {
 
 /// Uploads output `i` (file `dest`, object `key`); its index and how long it took.
 async fn upload_one(
-    state: &AgentState,
     store: &dyn sonic_storage::ObjectStore,
     i: usize,
     key: String,
@@ -1145,7 +1143,7 @@ async fn route_outputs(
             .map(|(i, dest)| {
                 let key = outputs[i].key.clone().unwrap_or_default();
                 let path = format!("{}/{}", outputs[i].to, outputs[i].name);
-                upload_one(state, store.as_ref(), i, key, path, dest)
+                upload_one(store.as_ref(), i, key, path, dest)
             })
             .collect();
         let results: Vec<Result<(usize, f64), RunError>> = futures::stream::iter(sends)
