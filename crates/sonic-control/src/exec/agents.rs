@@ -21,21 +21,66 @@ pub struct Accepted {
     pub existed: bool,
 }
 
-/// The calls the executor makes to agents. Errors are messages naming the agent.
+/// Why a call to an agent failed. Every variant names the agent. Whether an agent that did not
+/// answer is lost is for the executor to find out (its health check), not for one call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AgentError {
+    /// No answer: the connection failed or timed out.
+    #[error("agent {agent}: {message}")]
+    Unreachable {
+        /// The agent's id.
+        agent: String,
+        /// What the connection said.
+        message: String,
+    },
+    /// The agent answered `what` with an error status.
+    #[error("agent {agent} refused {what} ({status}): {body}")]
+    Refused {
+        /// The agent's id.
+        agent: String,
+        /// The call: "the run", "the run report", "clearing the job".
+        what: &'static str,
+        /// The HTTP status.
+        status: u16,
+        /// The answer's body (the agent's error).
+        body: String,
+    },
+    /// The agent's answer to `what` could not be read.
+    #[error("agent {agent}: bad answer to {what}: {message}")]
+    BadAnswer {
+        /// The agent's id.
+        agent: String,
+        /// The call, as in [`AgentError::Refused`].
+        what: &'static str,
+        /// Why it could not be read.
+        message: String,
+    },
+}
+
+impl AgentError {
+    fn unreachable(agent: &AgentSlot, e: impl std::fmt::Display) -> AgentError {
+        AgentError::Unreachable {
+            agent: agent.id.clone(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// The calls the executor makes to agents.
 pub trait AgentClient: Send + Sync + std::fmt::Debug {
     /// Sends a run (`POST /v1/runs`).
     fn start<'a>(
         &'a self,
         agent: &'a AgentSlot,
         req: &'a RunRequest,
-    ) -> BoxFuture<'a, Result<Accepted, String>>;
+    ) -> BoxFuture<'a, Result<Accepted, AgentError>>;
 
     /// Reads a run's report (`GET /v1/runs/{id}`); `Running` while it runs.
     fn report<'a>(
         &'a self,
         agent: &'a AgentSlot,
         run_id: &'a str,
-    ) -> BoxFuture<'a, Result<RunReport, String>>;
+    ) -> BoxFuture<'a, Result<RunReport, AgentError>>;
 
     /// Stops a job's runs on the agent and deletes its files there (`DELETE /v1/jobs/{id}`),
     /// waiting at most `timeout` when given.
@@ -44,7 +89,7 @@ pub trait AgentClient: Send + Sync + std::fmt::Debug {
         agent: &'a AgentSlot,
         job: &'a str,
         timeout: Option<Duration>,
-    ) -> BoxFuture<'a, Result<(), String>>;
+    ) -> BoxFuture<'a, Result<(), AgentError>>;
 
     /// Whether the agent answers `GET /v1/health` within `timeout`.
     fn healthy<'a>(&'a self, agent: &'a AgentSlot, timeout: Duration) -> BoxFuture<'a, bool>;
@@ -76,7 +121,7 @@ impl AgentClient for HttpAgents {
         &'a self,
         agent: &'a AgentSlot,
         req: &'a RunRequest,
-    ) -> BoxFuture<'a, Result<Accepted, String>> {
+    ) -> BoxFuture<'a, Result<Accepted, AgentError>> {
         Box::pin(async move {
             let r = self
                 .http
@@ -85,21 +130,24 @@ impl AgentClient for HttpAgents {
                 .json(req)
                 .send()
                 .await
-                .map_err(|e| format!("agent {}: {e}", agent.id))?;
+                .map_err(|e| AgentError::unreachable(agent, e))?;
             if !r.status().is_success() {
-                let status = r.status();
+                let status = r.status().as_u16();
                 let body = r.text().await.unwrap_or_default();
-                return Err(format!(
-                    "agent {} refused the run ({status}): {body}",
-                    agent.id
-                ));
+                return Err(AgentError::Refused {
+                    agent: agent.id.clone(),
+                    what: "the run",
+                    status,
+                    body,
+                });
             }
             // 200, not 202: the agent already had this run (a repeated request).
             let existed = r.status() == reqwest::StatusCode::OK;
-            let accepted: RunAccepted = r
-                .json()
-                .await
-                .map_err(|e| format!("agent {}: bad answer: {e}", agent.id))?;
+            let accepted: RunAccepted = r.json().await.map_err(|e| AgentError::BadAnswer {
+                agent: agent.id.clone(),
+                what: "the run",
+                message: e.to_string(),
+            })?;
             Ok(Accepted {
                 run_id: accepted.run_id,
                 existed,
@@ -111,7 +159,7 @@ impl AgentClient for HttpAgents {
         &'a self,
         agent: &'a AgentSlot,
         run_id: &'a str,
-    ) -> BoxFuture<'a, Result<RunReport, String>> {
+    ) -> BoxFuture<'a, Result<RunReport, AgentError>> {
         Box::pin(async move {
             let r = self
                 .http
@@ -119,17 +167,22 @@ impl AgentClient for HttpAgents {
                 .bearer_auth(&self.token)
                 .send()
                 .await
-                .map_err(|e| format!("agent {}: {e}", agent.id))?;
+                .map_err(|e| AgentError::unreachable(agent, e))?;
             if !r.status().is_success() {
-                return Err(format!(
-                    "agent {}: run report answered {}",
-                    agent.id,
-                    r.status()
-                ));
+                let status = r.status().as_u16();
+                let body = r.text().await.unwrap_or_default();
+                return Err(AgentError::Refused {
+                    agent: agent.id.clone(),
+                    what: "the run report",
+                    status,
+                    body,
+                });
             }
-            r.json()
-                .await
-                .map_err(|e| format!("agent {}: bad report: {e}", agent.id))
+            r.json().await.map_err(|e| AgentError::BadAnswer {
+                agent: agent.id.clone(),
+                what: "the run report",
+                message: e.to_string(),
+            })
         })
     }
 
@@ -138,7 +191,7 @@ impl AgentClient for HttpAgents {
         agent: &'a AgentSlot,
         job: &'a str,
         timeout: Option<Duration>,
-    ) -> BoxFuture<'a, Result<(), String>> {
+    ) -> BoxFuture<'a, Result<(), AgentError>> {
         Box::pin(async move {
             let mut req = self
                 .http
@@ -149,8 +202,16 @@ impl AgentClient for HttpAgents {
             }
             match req.send().await {
                 Ok(r) if r.status().is_success() || r.status() == 404 => Ok(()),
-                Ok(r) => Err(format!("agent {} answered {}", agent.id, r.status())),
-                Err(e) => Err(format!("agent {}: {e}", agent.id)),
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    Err(AgentError::Refused {
+                        agent: agent.id.clone(),
+                        what: "clearing the job",
+                        status,
+                        body: r.text().await.unwrap_or_default(),
+                    })
+                }
+                Err(e) => Err(AgentError::unreachable(agent, e)),
             }
         })
     }
@@ -232,11 +293,11 @@ impl AgentClient for MemoryAgents {
         &'a self,
         agent: &'a AgentSlot,
         req: &'a RunRequest,
-    ) -> BoxFuture<'a, Result<Accepted, String>> {
+    ) -> BoxFuture<'a, Result<Accepted, AgentError>> {
         Box::pin(async move {
             let mut s = self.lock();
             if s.down.contains(&agent.id) {
-                return Err(format!("agent {}: connection refused", agent.id));
+                return Err(AgentError::unreachable(agent, "connection refused"));
             }
             let run_id = req.run_id();
             s.sent.push((agent.id.clone(), req.clone()));
@@ -254,16 +315,21 @@ impl AgentClient for MemoryAgents {
         &'a self,
         agent: &'a AgentSlot,
         run_id: &'a str,
-    ) -> BoxFuture<'a, Result<RunReport, String>> {
+    ) -> BoxFuture<'a, Result<RunReport, AgentError>> {
         Box::pin(async move {
             let s = self.lock();
             if s.down.contains(&agent.id) {
-                return Err(format!("agent {}: connection refused", agent.id));
+                return Err(AgentError::unreachable(agent, "connection refused"));
             }
             s.runs
                 .get(run_id)
                 .cloned()
-                .ok_or_else(|| format!("agent {}: run report answered 404 Not Found", agent.id))
+                .ok_or_else(|| AgentError::Refused {
+                    agent: agent.id.clone(),
+                    what: "the run report",
+                    status: 404,
+                    body: format!("no run {run_id}"),
+                })
         })
     }
 
@@ -272,11 +338,11 @@ impl AgentClient for MemoryAgents {
         agent: &'a AgentSlot,
         job: &'a str,
         _timeout: Option<Duration>,
-    ) -> BoxFuture<'a, Result<(), String>> {
+    ) -> BoxFuture<'a, Result<(), AgentError>> {
         Box::pin(async move {
             let mut s = self.lock();
             if s.down.contains(&agent.id) {
-                return Err(format!("agent {}: connection refused", agent.id));
+                return Err(AgentError::unreachable(agent, "connection refused"));
             }
             s.cleared.push((agent.id.clone(), job.to_owned()));
             s.runs.retain(|id, _| !id.starts_with(&format!("{job}.")));

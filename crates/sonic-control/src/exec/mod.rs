@@ -32,7 +32,7 @@ use sonic_storage::ObjectStore;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::exec::agents::{AgentClient, HttpAgents};
+use crate::exec::agents::{AgentClient, AgentError, HttpAgents};
 use crate::exec::requests::{
     JobInputFile, Method, Policy, Produced, StageContext, edge_methods, instance_runs, job_prefix,
     stage_runs,
@@ -2530,10 +2530,9 @@ impl AttemptTask {
                     ..self.failure(describe(&report), true)
                 })
             }
-            Err(e) => Err(InstanceFailure {
-                disk_full: disk_full(&e),
-                ..self.failure(e, true)
-            }),
+            // No report: the agent's disk says nothing here (an agent refuses no run for its
+            // disk); whether the agent is lost, its health check tells.
+            Err(e) => Err(self.failure(e.to_string(), true)),
         }
     }
 }
@@ -2577,6 +2576,17 @@ fn describe(r: &RunReport) -> String {
     s
 }
 
+/// Why an attempt got no report.
+#[derive(Debug, thiserror::Error)]
+enum AttemptError {
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    #[error("cancelled")]
+    Cancelled,
+    #[error("agent {agent}: run {run_id} did not end within its timeout")]
+    NoEnd { agent: String, run_id: String },
+}
+
 /// Sends one attempt to its agent and waits for its report: pushed by the agent when the run
 /// ends (a waiter registered before the run is sent, so no push comes too early), read with a
 /// slow poll in case the push is lost, and read at once when the agent says the run already
@@ -2587,7 +2597,7 @@ async fn attempt_once(
     agent: &AgentSlot,
     req: &RunRequest,
     cancel: &CancellationToken,
-) -> Result<RunReport, String> {
+) -> Result<RunReport, AttemptError> {
     let run_id = req.run_id();
     let mut waiter = rt.report_url().map(|_| rt.reports.wait(&run_id, &agent.id));
     let mut sent = std::borrow::Cow::Borrowed(req);
@@ -2607,7 +2617,7 @@ async fn attempt_once(
     let mut poll_now = existed || waiter.is_none();
     loop {
         if cancel.is_cancelled() {
-            return Err("cancelled".into());
+            return Err(AttemptError::Cancelled);
         }
         match waiter.as_mut() {
             _ if poll_now => {}
@@ -2637,10 +2647,10 @@ async fn attempt_once(
             return Ok(report);
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "agent {}: run {} did not end within its timeout",
-                agent.id, accepted.run_id
-            ));
+            return Err(AttemptError::NoEnd {
+                agent: agent.id.clone(),
+                run_id: accepted.run_id,
+            });
         }
     }
 }
