@@ -286,12 +286,41 @@ pub struct JobSummary {
     pub mode_reason: Option<String>,
 }
 
+/// Which of the planner's plans a job ran (`best`, `second_best`, `none` on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanUsed {
+    /// The best plan.
+    Best,
+    /// The second-best plan: the resource manager could not grant a vm-storage placement of
+    /// the best one.
+    SecondBest,
+    /// No plan: planning failed and the job profiled with `remote` instead.
+    None,
+}
+
+impl PlanUsed {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlanUsed::Best => "best",
+            PlanUsed::SecondBest => "second_best",
+            PlanUsed::None => "none",
+        }
+    }
+}
+
+impl std::fmt::Display for PlanUsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The plan a planned job ran with, and what the resource manager granted.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct JobPlan {
-    /// `best`, `second_best` (the resource manager could not grant a vm-storage placement of
-    /// the best plan), or `none` (planning failed: the job profiled with `remote` instead).
-    pub used: String,
+    /// Which plan ran.
+    pub used: PlanUsed,
     /// Why: vm-storage refused, VM types substituted, VMs shared, planning errors.
     #[serde(default)]
     pub notes: Vec<String>,

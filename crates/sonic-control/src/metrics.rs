@@ -461,7 +461,7 @@ mod tests {
             outputs: Vec::new(),
             error: None,
             plan: Some(JobPlan {
-                used: "best".into(),
+                used: sonic_api::control::PlanUsed::Best,
                 notes: Vec::new(),
                 report: serde_json::json!({"predicted": {"latency_s": 2.5, "cost_usd": 0.001}}),
                 stages: Vec::new(),

@@ -378,7 +378,7 @@ mod tests {
             seconds: 2.0,
         }];
         s.plan = predicted.map(|p| JobPlan {
-            used: "best".into(),
+            used: sonic_api::control::PlanUsed::Best,
             notes: Vec::new(),
             report: json!({ "predicted": p }),
             stages: Vec::new(),

@@ -184,7 +184,11 @@ impl Row {
                 .map(|e| format!("{}->{}:{}", e.from, e.to, e.method))
                 .collect::<Vec<_>>()
                 .join(" "),
-            plan_used: s.plan.as_ref().map(|p| p.used.clone()).unwrap_or_default(),
+            plan_used: s
+                .plan
+                .as_ref()
+                .map(|p| p.used.to_string())
+                .unwrap_or_default(),
             placement: s
                 .plan
                 .as_ref()

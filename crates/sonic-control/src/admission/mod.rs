@@ -267,7 +267,7 @@ async fn choose(
             Ok(profiling(
                 Policy::Remote,
                 Some(JobPlan {
-                    used: "none".into(),
+                    used: sonic_api::control::PlanUsed::None,
                     notes: vec![format!("{e}: the job profiles with remote instead")],
                     report: serde_json::Value::Null,
                     stages: Vec::new(),

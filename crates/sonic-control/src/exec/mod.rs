@@ -1316,7 +1316,7 @@ fn job_plan(
     }
     JobPlan {
         exact,
-        used: alloc.used.as_str().to_owned(),
+        used: alloc.used,
         notes,
         report,
         stages: dag

@@ -18,24 +18,9 @@ use crate::resources::{Answer, Concurrency, Grant, Offer, ResourceManager, Use};
 use crate::store::AgentSlot;
 use sonic_core::model::Method;
 
-/// Which of the planner's plans a job runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Used {
-    /// The best plan.
-    Best,
-    /// The second-best plan (the best was refused).
-    SecondBest,
-}
-
-impl Used {
-    /// `best` or `second_best`, as the job's plan records it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Used::Best => "best",
-            Used::SecondBest => "second_best",
-        }
-    }
-}
+/// Which of the planner's plans a job runs (the wire's [`PlanUsed`]; a granted job never has
+/// `None`).
+pub use sonic_api::control::PlanUsed as Used;
 
 /// What a planned job runs with.
 #[derive(Debug, Clone, PartialEq)]

@@ -2572,7 +2572,7 @@ mod tests {
         let db = Db::open_in_memory().expect("open");
         db.insert_job(&job("j-1", "ml", 1)).expect("insert");
         let plan = JobPlan {
-            used: "second_best".into(),
+            used: sonic_api::control::PlanUsed::SecondBest,
             notes: vec!["vm-storage refused".into()],
             report: json!({"dag": "ml"}),
             stages: vec![],

@@ -13,7 +13,7 @@ use sonic_agent::sandbox::{ProcessConfig, ProcessSandbox};
 use sonic_agent::server::RunningAgent;
 use sonic_agent::throttle::AgentThrottle;
 use sonic_api::control::{
-    DagModelsView, JobEvent, JobLogs, JobMode, JobPlan, JobStatus, JobSummary,
+    DagModelsView, JobEvent, JobLogs, JobMode, JobPlan, JobStatus, JobSummary, PlanUsed,
 };
 use sonic_control::{
     ControlConfig, JobsConfig, RunningControl, Runtime, SystemClock, start_with_jobs,
@@ -1359,7 +1359,10 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         .plan
         .clone()
         .expect("the plan is recorded with the job");
-    assert!(["best", "second_best"].contains(&jp.used.as_str()), "{v}");
+    assert!(
+        [PlanUsed::Best, PlanUsed::SecondBest].contains(&jp.used),
+        "{v}"
+    );
     assert_eq!(jp.report["input_bytes"], 120_000);
     assert_eq!(jp.stages.len(), 3);
     for st in &jp.stages {
@@ -1473,7 +1476,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     assert_eq!(s.status, JobStatus::Succeeded, "{v}");
     assert_eq!(s.mode, JobMode::Planned, "{v}");
     let best = s.plan.expect("plan");
-    assert_eq!(best.used, "best", "{v}");
+    assert_eq!(best.used, PlanUsed::Best, "{v}");
     // The cheapest plan keeps every file on one m5.large VM (same predicted times, half the
     // price of m5.xlarge, no transfer at all).
     assert!(
@@ -1510,7 +1513,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         "{v}"
     );
     let replanned = s.plan.clone().expect("plan");
-    assert_eq!(replanned.used, "best", "{v}");
+    assert_eq!(replanned.used, PlanUsed::Best, "{v}");
     assert!(
         replanned.notes[0].starts_with("re-planned for at most 0 m5.large, 2 m5.xlarge: ")
             && replanned.notes[0].contains("m5.large VMs, the pool has 0"),

@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
-use sonic_api::control::{AgentInfo, InstanceLog, JobEvent, JobStatus, JobSummary};
+use sonic_api::control::{AgentInfo, InstanceLog, JobEvent, JobStatus, JobSummary, PlanUsed};
 use sonic_core::dag::{Dag, Instances};
 use sonic_core::regression::Model;
 
@@ -948,13 +948,12 @@ fn job_body(v: &JobView) -> String {
     // The plan and why.
     if let Some(plan) = &s.plan {
         out.push_str("<h2>Plan</h2>");
-        let used = match plan.used.as_str() {
-            "best" => "the best plan",
-            "second_best" => {
+        let used = match plan.used {
+            PlanUsed::Best => "the best plan",
+            PlanUsed::SecondBest => {
                 "the second-best plan (the resource manager refused the best one's vm-storage placement)"
             }
-            "none" => "no plan: planning failed and the job profiled",
-            other => other,
+            PlanUsed::None => "no plan: planning failed and the job profiled",
         };
         let _ = write!(out, "<p>It ran {}.</p>", esc(used));
         if !plan.notes.is_empty() {
@@ -987,7 +986,7 @@ fn job_body(v: &JobView) -> String {
                 format!("<b>the plan that ran ({})</b>", esc(&s.policy)),
                 &rep["predicted"],
             ));
-            if plan.used == "second_best" {
+            if plan.used == PlanUsed::SecondBest {
                 rows.push(row(
                     "the best plan (refused)".into(),
                     &rep["best"]["predicted"],
