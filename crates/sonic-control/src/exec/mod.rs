@@ -1144,7 +1144,7 @@ async fn execute_from(
             e.done_instances = 0;
             e.message = Some(why.clone());
         });
-        discarded += spans_cost(&rt, &progress);
+        discarded += spans_cost(rt.catalog.as_ref(), &progress);
         // The next execution starts from the job's input: this one's files go, and its runs'
         // ids with them (the next execution's runs are named after it).
         clear_execution(&state, &rt, &job.id, &progress.agents, &lost).await;
@@ -2775,13 +2775,15 @@ fn price_per_second(catalog: Option<&Catalog>, vm_type: &str) -> f64 {
         .map_or(0.0, |v| v.usd_per_second())
 }
 
-/// What the VMs an execution held cost, USD (each instance's VM from its first start to its end).
-fn spans_cost(rt: &Runtime, p: &Progress) -> f64 {
+/// What the VMs an execution held cost, USD: each of the plan's VMs from its first instance's
+/// start to its last instance's end or its last direct receiver's staging, at its agent's
+/// price (the model's rule).
+fn spans_cost(catalog: Option<&Catalog>, p: &Progress) -> f64 {
     p.spans
         .iter()
         .map(|((agent, _), (a, b))| {
             let vm = p.agents.get(*agent).map_or("", |s| s.vm_type.as_str());
-            price_per_second(rt.catalog.as_ref(), vm) * b.duration_since(*a).as_secs_f64()
+            price_per_second(catalog, vm) * b.duration_since(*a).as_secs_f64()
         })
         .sum()
 }
@@ -2795,7 +2797,8 @@ fn summarize(
     error: Option<&String>,
 ) -> JobSummary {
     let (storage_usd, requests_usd) = p.store.cost(rt.catalog.as_ref(), Instant::now());
-    let cost_usd = spans_cost(rt, p) + p.discarded_usd + storage_usd + requests_usd;
+    let cost_usd =
+        spans_cost(rt.catalog.as_ref(), p) + p.discarded_usd + storage_usd + requests_usd;
     let perf_per_dollar = if latency_s > 0.0 && cost_usd > 0.0 {
         1.0 / (latency_s * cost_usd)
     } else {
@@ -2967,6 +2970,123 @@ mod tests {
 
     /// `JobsConfig::submissions_quiet` in these tests: its default.
     const QUIET: Duration = super::SUBMISSIONS_QUIET;
+
+    proptest::proptest! {
+        /// The executor bills a plan's VMs as the model priced them: a chain of one-instance
+        /// stages, each on a VM of its own (m5.large or t2.large), each edge `direct` or
+        /// `remote` at random; the instances run exactly when the model says (a remote sender
+        /// reports once its upload is done, a receiver stages its input in the edge's fetch
+        /// time). What the executor adds up for the VMs is the prediction's `vm_usd`.
+        #[test]
+        fn the_executor_bills_the_vms_as_the_model_priced_them(
+            n in 2usize..6,
+            remote in proptest::collection::vec(proptest::bool::ANY, 5),
+            compute in proptest::collection::vec(0.1f64..5.0, 6),
+            small in proptest::collection::vec(proptest::bool::ANY, 6),
+            mbytes in proptest::collection::vec(1.0f64..500.0, 5),
+        ) {
+            use super::{Finished, Progress, record_instance, spans_cost};
+            use crate::store::AgentSlot;
+            use sonic_core::dag::{Bounds, EdgeKind};
+            use sonic_core::model::{Assignment, EdgeSpec, Method, Placement, PlanProblem, Stage};
+
+            let catalog = Catalog::default();
+            let vm_of = |i: usize| {
+                let name = if small[i] { "t2.large" } else { "m5.large" };
+                catalog.vm_types.iter().position(|t| t.name == name).expect("type")
+            };
+            let stages: Vec<Stage> = (0..n)
+                .map(|i| Stage {
+                    name: format!("s{i}"),
+                    memory_mb: 100.0,
+                    cold_s: compute[i],
+                    hot_s: compute[i],
+                    instances: 1,
+                    overhead_s: 0.0,
+                    start_s: 0.0,
+                })
+                .collect();
+            let edges: Vec<EdgeSpec> = (1..n)
+                .map(|i| EdgeSpec {
+                    from: format!("s{}", i - 1),
+                    to: format!("s{i}"),
+                    kind: EdgeKind::One,
+                    bytes: mbytes[i - 1] * 1e6,
+                })
+                .collect();
+            let pb = PlanProblem::new(stages, edges, catalog.clone(), Bounds::default())
+                .expect("problem");
+            let method = |e: usize| if remote[e] { Method::Remote } else { Method::Direct };
+            let a = Assignment {
+                placements: (0..n)
+                    .map(|i| Placement { vm: vm_of(i), vms: 1, concurrent: 1 })
+                    .collect(),
+                methods: (0..n - 1).map(method).collect(),
+            };
+            let pred = pb.evaluate(&a).expect("feasible");
+
+            let yaml = format!(
+                "name: chain\nfunctions:\n{}edges:\n{}",
+                (0..n)
+                    .map(|i| format!("  - {{ name: s{i}, image: i, command: [x] }}\n"))
+                    .collect::<String>(),
+                (1..n)
+                    .map(|i| format!("  - {{ from: s{}, to: s{i}, kind: one }}\n", i - 1))
+                    .collect::<String>(),
+            );
+            let dag = sonic_core::dag::Dag::from_yaml("chain.yaml", &yaml).expect("dag");
+            let agents: Vec<AgentSlot> = (0..n)
+                .map(|i| AgentSlot {
+                    id: format!("a-{i}"),
+                    url: String::new(),
+                    vm_type: catalog.vm_types[vm_of(i)].name.clone(),
+                })
+                .collect();
+            let mut progress = Progress { agents: agents.clone(), ..Progress::default() };
+            let mut produced = vec![Vec::new(); n];
+            let mut files = Vec::new();
+            let t0 = Instant::now();
+            let at = |s: f64| t0 + Duration::from_secs_f64(s);
+            for r in 0..n {
+                let st = &pred.stages[r];
+                // The sender reports once its outputs are durable where the plan reads them.
+                let upload = if r + 1 < n && remote[r] { pred.edges[r].upload_s } else { 0.0 };
+                let staged = if r == 0 {
+                    serde_json::json!([])
+                } else {
+                    let m = if remote[r - 1] { "remote" } else { "direct" };
+                    serde_json::json!([{
+                        "dest": format!("s{}/0/x", r - 1), "method": m,
+                        "bytes": (mbytes[r - 1] * 1e6) as u64,
+                        "seconds": pred.edges[r - 1].fetch_s,
+                    }])
+                };
+                let report = serde_json::from_value::<sonic_api::agent::RunReport>(serde_json::json!({
+                    "run_id": "r", "status": "succeeded", "cold": true, "seconds": compute[r],
+                    "start_latency_s": 0.0, "peak_memory_mb": 10.0, "exit_code": 0,
+                    "error": null, "staged": staged,
+                }))
+                .expect("report");
+                let f = Finished {
+                    function: r,
+                    instance: 0,
+                    agent: r,
+                    vm: r + 1,
+                    report,
+                    attempts: 1,
+                    started: at(st.start_s),
+                    ended: at(st.end_s + upload),
+                };
+                record_instance(&dag, &agents, &f, &mut progress, &mut produced, "j", &mut files);
+            }
+            let billed = spans_cost(Some(&catalog), &progress);
+            let priced = pred.cost.vm_usd;
+            proptest::prop_assert!(
+                (billed - priced).abs() <= 1e-6 * priced.max(1e-12),
+                "billed {billed} priced {priced}"
+            );
+        }
+    }
 
     /// A `direct` sender's VM is billed until its receiver has fetched (the model's rule): a
     /// ran 0-2 s on agent 0, b fetched its file for 1 s from 2 s on agent 1 then ran to 5 s;
