@@ -13,7 +13,7 @@ const SHARED: &[&str] = &["clock", "metrics"];
 /// What puts the layers together and may use any of them.
 const ROOT: &[&str] = &["lib", "main", "server", "config"];
 
-/// The top-level module a file of `src/` belongs to (`exec/machine.rs` → `exec`).
+/// The top-level module a file of `src/` belongs to (`exec/threads.rs` → `exec`).
 fn module_of(rel: &Path) -> String {
     let first = rel.components().next().expect("a path under src");
     let name = first.as_os_str().to_string_lossy();

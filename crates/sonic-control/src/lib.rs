@@ -5,7 +5,7 @@
 //! - [`http`]: the API routes, the dashboard, the OpenLambda listener's glue; the one place
 //!   where errors become statuses.
 //! - [`admission`]: a submission checked, its policy chosen, planned under a budget.
-//! - [`exec`]: the executor that runs a job's stages on the agents ([`exec::machine`] decides,
+//! - [`exec`]: the executor that runs a job's stages on the agents (`sonic_core::machine` decides,
 //!   the dispatcher carries it out) and the domain [`exec::Context`] the layers above share.
 //! - [`resources`]: the cluster's resource manager and how a plan is granted agents.
 //! - [`learn`]: samples, models and modes, the warm ledger, the measured bandwidth.

@@ -3,6 +3,7 @@
 
 pub mod catalog;
 pub mod dag;
+pub mod machine;
 pub mod mode;
 pub mod model;
 pub mod params;

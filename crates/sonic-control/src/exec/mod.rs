@@ -11,7 +11,6 @@
 pub mod agents;
 mod context;
 pub mod handlers;
-pub mod machine;
 pub mod prewarm;
 pub mod reports;
 pub mod requests;
@@ -47,7 +46,7 @@ use crate::store::{
     StoreError,
 };
 pub use context::Context;
-use machine::{Action, Event, JobMachine, Outcome, Shape};
+use sonic_core::machine::{self, Action, Event, JobMachine, Outcome, Shape};
 
 /// The reason a job that was running when the control plane stopped is failed with.
 pub const RESTARTED: &str = "control plane restarted";

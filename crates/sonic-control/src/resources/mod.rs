@@ -300,7 +300,7 @@ impl Use {
 }
 
 /// Which of a DAG's stages can run at the same time: `i` and `j` can unless a path of edges
-/// leads from one to the other (independent branches run at once, `exec::machine`).
+/// leads from one to the other (independent branches run at once, `sonic_core::machine`).
 #[derive(Debug, Clone)]
 pub struct Concurrency {
     /// `reach[i][j]`: a path leads from `i` to `j`.

@@ -1,6 +1,6 @@
 //! A job's execution as a state machine: events in, actions out, no I/O and no clock.
 //!
-//! The executor ([`crate::exec`]) feeds [`JobMachine::handle`] what happened (the job began, a
+//! The control plane's executor (`sonic_control::exec`) feeds [`JobMachine::handle`] what happened (the job began, a
 //! stage's instances are known, a run ended or failed, the job was cancelled) and carries out the
 //! [`Action`]s it gets back (open a stage, start a run, stop the runs, finish). Every decision of
 //! *when* something runs is made here, so it is tested without a network: table tests below and
@@ -9,7 +9,7 @@
 //! The rules:
 //! - a stage opens when every stage it reads from has ended; a stage fed only by `one` edges
 //!   (its fanout known) opens when its first instance can start, and each instance starts as soon
-//!   as the sender instances it reads from ended ([`crate::exec::requests::starts_per_instance`]);
+//!   as the sender instances it reads from ended (`sonic_control::exec::requests::starts_per_instance`);
 //! - a failed run is started again, with exponential backoff, up to the attempt limit; then the job
 //!   fails, and every run still going is stopped;
 //! - an instance a previous control plane saw succeed is restored, not run; one it had sent is
@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use sonic_core::dag::{Dag, EdgeKind, Fanout};
+use crate::dag::{Dag, EdgeKind, Fanout};
 
 /// What the machine needs of a job's DAG: per stage, whom it reads from and how it starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
