@@ -455,6 +455,19 @@ fn demo_learns_plans_and_prints_one_json_document() {
         assert!(!profiled.is_empty() && profiled.len() <= 6, "{d}");
         assert!(profiled.iter().all(|j| j["status"] == "succeeded"), "{d}");
     }
+    // One planned `direct` baseline job per DAG, every edge direct, beside the planned ones.
+    for d in dags {
+        let base = d["baseline_jobs"].as_array().expect("baseline jobs");
+        assert_eq!(base.len(), 1, "{d}");
+        assert_eq!(base[0]["status"], "succeeded", "{d}");
+        assert_eq!(base[0]["policy"], "direct", "{d}");
+        assert_eq!(base[0]["mode"], "planned", "{d}");
+        let edges = base[0]["edges"].as_array().expect("edges");
+        assert!(
+            !edges.is_empty() && edges.iter().all(|e| e["method"] == "direct"),
+            "{d}"
+        );
+    }
     let planned = doc["planned_jobs"].as_array().expect("planned jobs");
     assert_eq!(planned.len(), 2, "{doc}");
     for j in planned {
