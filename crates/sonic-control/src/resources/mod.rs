@@ -130,6 +130,19 @@ fn group_root(dag: &Dag, plan: &Plan, mut i: usize) -> usize {
     i
 }
 
+/// Whether a `direct` edge joins the VM group rooted at `a` and the one rooted at `b`, either
+/// way (`roots`: each function's group root).
+fn direct_between(dag: &Dag, plan: &Plan, roots: &[usize], a: usize, b: usize) -> bool {
+    a != b
+        && (0..dag.functions.len()).any(|to| {
+            (roots[to] == a || roots[to] == b)
+                && direct_senders(dag, plan, to).any(|from| {
+                    let other = if roots[to] == a { b } else { a };
+                    roots[from] == other
+                })
+        })
+}
+
 /// The functions DAG function `i` reads from over `direct` edges (their files stay on their
 /// VMs and `i`'s VMs fetch them).
 fn direct_senders<'a>(dag: &'a Dag, plan: &'a Plan, i: usize) -> impl Iterator<Item = usize> + 'a {
@@ -579,6 +592,9 @@ impl Pool {
         let dag = &offer.dag;
         let mut hosts: Vec<Vec<usize>> = Vec::with_capacity(dag.functions.len());
         let together = Concurrency::of(dag);
+        let roots: Vec<usize> = (0..dag.functions.len())
+            .map(|i| group_root(dag, plan, i))
+            .collect();
         // Per agent index: the job's stages placed there so far, each once per VM.
         let mut on: BTreeMap<usize, Vec<(usize, Use)>> = BTreeMap::new();
         for (i, f) in dag.functions.iter().enumerate() {
@@ -613,9 +629,10 @@ impl Pool {
                 hosts.push(h);
                 continue;
             }
-            // Never an agent that holds files the stage fetches `direct`: a direct edge is one
-            // network copy between two VMs and its sender's VMs are held until the receiver
-            // has fetched (model.md); `short` made sure the pool has enough VMs of the type,
+            // Never an agent of a group this stage's group exchanges files with over `direct`
+            // (either way, its later vm-storage stages included): a direct edge is one network
+            // copy between two VMs and its sender's VMs are held until the receiver has fetched
+            // (model.md); `short` made sure the pool has enough VMs of the type,
             // so the stage waits for one. Among the others: the agents the job ran this stage
             // on before, in their order; then agents that keep the most warm containers for
             // the stage's first batch (`Offer::warm`); then agents that run none of the job's
@@ -631,13 +648,14 @@ impl Pool {
                     .and_then(|p| p.iter().position(|id| *id == agents[a].id))
                     .unwrap_or(usize::MAX)
             };
-            let senders: Vec<usize> = direct_senders(dag, plan, i)
-                .filter_map(|s| hosts.get(s))
-                .flatten()
-                .copied()
+            // The agents of every group placed so far that this stage's group sends to or
+            // fetches from over `direct` (its later vm-storage stages' edges too).
+            let peers: Vec<usize> = (0..hosts.len())
+                .filter(|&j| direct_between(dag, plan, &roots, roots[j], i))
+                .flat_map(|j| hosts[j].iter().copied())
                 .collect();
             let mut typed: Vec<usize> = (0..agents.len())
-                .filter(|&a| agents[a].vm_type == ps.vm_type && !senders.contains(&a))
+                .filter(|&a| agents[a].vm_type == ps.vm_type && !peers.contains(&a))
                 .collect();
             // Warm containers for the first batch: the plan priced the stage hot where the
             // pool had enough of them.
@@ -765,6 +783,27 @@ impl Pool {
                                 .map(|h| h.iter().map(|&a| offer.agents[a].id.clone()).collect())
                                 .collect();
                             return Ok(Answer::Grant(Grant { hosts, notes }));
+                        }
+                        Err(why) if st.grants.is_empty() && st.slots.is_empty() => {
+                            // Nothing holds any agent: no release will make room, waiting
+                            // would be for ever. (`short` answers most such plans with the
+                            // capacity; this is what its counts miss.)
+                            if let Some(second) = &offer.second_best
+                                && self.place(&st, offer, second).is_ok()
+                            {
+                                st.dequeue(ticket);
+                                drop(st);
+                                self.changed.notify_waiters();
+                                return Ok(Answer::RefuseBest {
+                                    why: format!("not grantable on this pool: {why}"),
+                                });
+                            }
+                            st.dequeue(ticket);
+                            drop(st);
+                            self.changed.notify_waiters();
+                            return Err(ResourceError::Unavailable(format!(
+                                "the plan cannot be placed on this pool even when it is idle: {why}"
+                            )));
                         }
                         Err(why) => {
                             if let Some(second) = &offer.second_best
@@ -1379,6 +1418,72 @@ edges:
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// h sends `direct` to e, which continues a's VM (a -> e vm-storage): h is placed after a
+    /// (a -> h remote) and must keep off a's agent, though h fetches nothing over `direct`
+    /// and the pool otherwise prefers the job's own agents.
+    #[test]
+    fn a_direct_sender_keeps_off_the_agent_its_receiver_will_continue_on() {
+        const DAG: &str = r#"
+name: join
+functions:
+  - { name: a, image: i, command: [x] }
+  - { name: h, image: i, command: [x] }
+  - { name: e, image: i, command: [x] }
+edges:
+  - { from: a, to: h, kind: one }
+  - { from: a, to: e, kind: one }
+  - { from: h, to: e, kind: one }
+"#;
+        let stage = |f: &str| PlanStage {
+            function: f.into(),
+            vm_type: "m5.large".into(),
+            vms: 1,
+            per_vm: 1,
+            concurrent: 1,
+            warm: false,
+            prewarmed: false,
+        };
+        let edge = |from: &str, to: &str, method| PlanEdge {
+            from: from.into(),
+            to: to.into(),
+            method,
+            predicted_s: 0.0,
+        };
+        let plan = Plan {
+            stages: ["a", "h", "e"].map(stage).to_vec(),
+            edges: vec![
+                edge("a", "h", Method::Remote),
+                edge("a", "e", Method::VmStorage),
+                edge("h", "e", Method::Direct),
+            ],
+            predicted: Predicted {
+                latency_s: 1.0,
+                cost_usd: 1.0,
+                perf_per_dollar: 1.0,
+                requests_usd: 0.0,
+            },
+            timing: Vec::new(),
+        };
+        let o = Offer {
+            job: "j".into(),
+            dag: Arc::new(Dag::from_yaml("join.yaml", DAG).expect("dag")),
+            plan,
+            second_best: None,
+            memory_limit_mb: vec![1024; 3],
+            agents: agents(&["m5.large", "m5.large"]),
+            prefer: Vec::new(),
+            warm: Default::default(),
+        };
+        let pool = Pool::new(Some(&catalog()), 4);
+        let g = grant_now(&pool, &o);
+        assert_eq!(g.hosts[2], g.hosts[0], "e continues a's VM");
+        assert_ne!(
+            g.hosts[1], g.hosts[0],
+            "h sends to e over direct: {:?}",
+            g.hosts
+        );
     }
 
     #[test]
