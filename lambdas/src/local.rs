@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use sonic_lambda::process;
+
 use serde::Serialize;
 use sonic_core::dag::{Dag, EdgeKind, Fanout};
 use sonic_lambda::{JOB_INPUT, RESULT, env};
@@ -696,75 +698,31 @@ pub fn run_measured(cmd: &mut Command, timeout: Option<Duration>) -> io::Result<
     Ok(usage)
 }
 
-#[allow(unsafe_code)]
 fn wait_measured(pid: u32, timeout: Option<Duration>) -> io::Result<Usage> {
-    let pid = libc::pid_t::try_from(pid).map_err(io::Error::other)?;
     let (tx, rx) = mpsc::channel::<()>();
     let watchdog = timeout.map(|timeout| {
         std::thread::spawn(move || {
             if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(timeout) {
-                // SAFETY: kill takes no pointers. The child is not reaped before this thread is
-                // joined (waitid below uses WNOWAIT), so the id cannot belong to anyone else.
-                unsafe { libc::kill(-pid, libc::SIGKILL) };
+                // The child is not reaped before this thread is joined (`wait_exited` leaves
+                // it a zombie), so its group's id cannot belong to anyone else.
+                process::kill_group(pid);
                 return true;
             }
             false
         })
     });
-    let waited = loop {
-        // SAFETY: an all-zero siginfo_t is a valid value of this plain C struct.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `info` is valid and writable for the call; `pid` is our own child. WNOWAIT
-        // leaves it a zombie until the wait4 below.
-        let r = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-        };
-        if r == 0 {
-            break Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            break Err(e);
-        }
-    };
+    let waited = process::wait_exited(pid);
     drop(tx);
     let timed_out = watchdog.is_some_and(|w| w.join().unwrap_or(false));
     waited?;
-    let mut status: libc::c_int = 0;
-    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: `status` and `usage` are valid and writable for the call.
-        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-        if r == pid {
-            break;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    let (exit_code, signal) = if libc::WIFEXITED(status) {
-        (Some(libc::WEXITSTATUS(status)), None)
-    } else if libc::WIFSIGNALED(status) {
-        (None, Some(libc::WTERMSIG(status)))
-    } else {
-        (None, None)
-    };
+    let r = process::reap(pid)?;
     Ok(Usage {
-        exit_code,
-        signal,
+        exit_code: r.exit_code,
+        signal: r.signal,
         timed_out,
         wall_s: 0.0,
-        user_s: secs(usage.ru_utime),
-        sys_s: secs(usage.ru_stime),
-        // ru_maxrss is in KiB on Linux.
-        max_rss_kib: u64::try_from(usage.ru_maxrss).unwrap_or(0),
+        user_s: r.user_s,
+        sys_s: r.sys_s,
+        max_rss_kib: r.max_rss_kib,
     })
 }

@@ -30,6 +30,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 /// Names of the environment variables of the ABI.
+#[cfg(unix)]
+pub mod process;
+
 pub mod env {
     pub const JOB_ID: &str = "SONIC_JOB_ID";
     pub const FUNCTION: &str = "SONIC_FUNCTION";

@@ -20,6 +20,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sonic_lambda::launcher::{self, Report, Request};
+use sonic_lambda::process;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -153,56 +154,15 @@ fn send_report(ctl: &Path, run: &str, report: &Report) {
 
 /// Waits for the child to end, kills what is left of its process group, then reaps it with its
 /// resource usage.
-#[allow(unsafe_code)]
 fn reap(pid: u32) -> io::Result<Report> {
-    let pid = libc::pid_t::try_from(pid).map_err(io::Error::other)?;
-    loop {
-        // SAFETY: an all-zero siginfo_t is a valid value of this plain C struct.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `info` is valid and writable for the call; `pid` is our own child. WNOWAIT
-        // leaves it a zombie, so its pid (the group id) cannot be reused until we reap it below.
-        let r = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-        };
-        if r == 0 {
-            break;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-    // SAFETY: kill takes no pointers; the group is the zombie's, see above. ESRCH (nothing left
-    // in the group) is fine, so the result is not checked.
-    unsafe { libc::kill(-pid, libc::SIGKILL) };
-    let mut status: libc::c_int = 0;
-    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: `status` and `usage` are valid and writable for the call.
-        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-        if r == pid {
-            break;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-    let mut report = Report {
-        // ru_maxrss is in KiB on Linux.
-        max_rss_kib: u64::try_from(usage.ru_maxrss).ok(),
+    process::wait_exited(pid)?;
+    // The group is the zombie's until it is reaped below.
+    process::kill_group(pid);
+    let r = process::reap(pid)?;
+    Ok(Report {
+        max_rss_kib: Some(r.max_rss_kib),
+        exit_code: r.exit_code,
+        signal: r.signal,
         ..Report::default()
-    };
-    if libc::WIFEXITED(status) {
-        report.exit_code = Some(libc::WEXITSTATUS(status));
-    } else if libc::WIFSIGNALED(status) {
-        report.signal = Some(libc::WTERMSIG(status));
-    }
-    Ok(report)
+    })
 }

@@ -1,5 +1,6 @@
-//! The few system calls the sandboxes need that std does not offer: waiting with resource usage,
-//! killing a process group, FIFOs, and joining a cgroup between fork and exec.
+//! The few system calls the sandboxes need that std does not offer: FIFOs and joining a cgroup
+//! between fork and exec; waiting with resource usage and killing a process group come from
+//! `sonic_lambda::process`, shared with the launcher and the local executor.
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
@@ -8,6 +9,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::io::RawFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+
+use sonic_lambda::process;
 
 /// How a reaped process ended, and its peak resident set size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,76 +65,26 @@ impl Drop for GroupGuard {
 /// Blocks until child `pid` ends, kills what is left of its process group (its leader being
 /// `pid`), then reaps it with its resource usage, setting `reaped` under its lock.
 fn wait_kill_group_reap(pid: u32, reaped_flag: &Mutex<bool>) -> io::Result<Reaped> {
-    let pid = libc::pid_t::try_from(pid).map_err(io::Error::other)?;
-    loop {
-        // SAFETY: an all-zero siginfo_t is a valid value of this plain C struct.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `info` is valid and writable during the call. WNOWAIT leaves the child a
-        // zombie, so its pid (the group id) cannot be reused until it is reaped below.
-        let r = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-        };
-        if r == 0 {
-            break;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    process::wait_exited(pid)?;
     // Background processes the lambda left would outlive the run otherwise.
-    kill_group(pid as u32);
+    kill_group(pid);
     // Held until the leader is reaped: a `GroupGuard::kill` either comes before (the pid is still
     // the zombie's) or sees `true`.
     let mut reaped_flag = reaped_flag
         .lock()
         .map_err(|_| io::Error::other("reap lock poisoned"))?;
-    let mut status: libc::c_int = 0;
-    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: `status` and `usage` are valid and writable during the call.
-        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-        if r == pid {
-            *reaped_flag = true;
-            break;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-    let mut reaped = Reaped {
-        exit_code: None,
-        signal: None,
-        // ru_maxrss is in KiB on Linux.
-        max_rss_bytes: u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024,
-    };
-    if libc::WIFEXITED(status) {
-        reaped.exit_code = Some(libc::WEXITSTATUS(status));
-    } else if libc::WIFSIGNALED(status) {
-        reaped.signal = Some(libc::WTERMSIG(status));
-    }
-    Ok(reaped)
+    let r = process::reap(pid)?;
+    *reaped_flag = true;
+    Ok(Reaped {
+        exit_code: r.exit_code,
+        signal: r.signal,
+        max_rss_bytes: r.max_rss_kib * 1024,
+    })
 }
 
 /// Sends SIGKILL to process group `pgid`. Callers make sure the group's leader is not yet reaped
 /// (or is alive), so the id still names that group.
-pub(crate) fn kill_group(pgid: u32) {
-    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
-        return;
-    };
-    if pgid <= 1 {
-        return;
-    }
-    // SAFETY: kill takes no pointers. ESRCH (nothing left in the group) is expected.
-    unsafe { libc::kill(-pgid, libc::SIGKILL) };
-}
+pub(crate) use sonic_lambda::process::kill_group;
 
 /// Sends SIGKILL to process `pid` (a member of a cgroup being emptied).
 pub(crate) fn kill_pid(pid: u32) {
