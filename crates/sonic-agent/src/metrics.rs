@@ -140,6 +140,7 @@ fn status_name(s: &RunStatus) -> &'static str {
         RunStatus::OutOfMemory => "out_of_memory",
         RunStatus::TimedOut => "timed_out",
         RunStatus::Error => "error",
+        RunStatus::DiskFull => "disk_full",
     }
 }
 

@@ -622,9 +622,47 @@ pub async fn execute(state: Arc<AgentState>, req: RunRequest) -> RunReport {
             report.error = Some(e.to_string());
         }
     }
+    // Before the scratch folder goes: what a failed lambda wrote there still fills the disk.
+    if matches!(report.status, RunStatus::Failed | RunStatus::Error)
+        && disk_full(&report, &state.config.data_dir)
+    {
+        tracing::warn!(run = %id, "run failed with the agent's disk full");
+        report.status = RunStatus::DiskFull;
+    }
     // The scratch folder held links and moved-out outputs only; the job's files are in the namespace.
     let _ = tokio::fs::remove_dir_all(&scratch).await;
     report
+}
+
+/// Below this much free space a failed run is taken as one the full disk failed.
+const NEARLY_FULL_BYTES: u64 = 1 << 20;
+
+/// Whether a failed run failed because this agent's disk is full: its error or the lambda's log
+/// carries the system's words for `ENOSPC` (errors reach the report as text: staging, routing
+/// and the store's client wrap the `io::Error`, and a lambda only has its log), or the data
+/// folder's filesystem has next to no space left now.
+fn disk_full(report: &RunReport, data_dir: &Path) -> bool {
+    let says = |t: &str| {
+        let t = t.to_ascii_lowercase();
+        t.contains("no space left on device") || t.contains("os error 28")
+    };
+    report.error.as_deref().is_some_and(says)
+        || says(&report.log)
+        || free_space(data_dir).is_some_and(|free| free < NEARLY_FULL_BYTES)
+}
+
+/// The free bytes (for unprivileged writers) of the filesystem holding `dir`.
+#[allow(unsafe_code)]
+fn free_space(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a valid C string and `st` is writable during the call.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// Atomic visibility, checked: every staged input that names the size its sender reported must
@@ -1171,6 +1209,51 @@ mod tests {
     use crate::server::RunningAgent;
     use crate::throttle::AgentThrottle;
     use sonic_api::agent::InputSpec;
+
+    /// A failed run is the full disk's when its error or its lambda's log says `ENOSPC` in the
+    /// system's words; not otherwise on a disk with room (this machine's temporary folder).
+    #[test]
+    fn a_failed_run_is_the_full_disks_when_the_system_says_so() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let report = |error: Option<&str>, log: &str| RunReport {
+            run_id: "r".into(),
+            status: RunStatus::Failed,
+            cold: None,
+            seconds: None,
+            start_latency_s: None,
+            start_contention: None,
+            setup_s: None,
+            warm: None,
+            peak_memory_mb: None,
+            exit_code: Some(1),
+            error: error.map(str::to_owned),
+            staged: Vec::new(),
+            outputs: Vec::new(),
+            log: log.into(),
+        };
+        assert!(disk_full(
+            &report(
+                Some("staging input a/0/x: local i/o: No space left on device (os error 28)"),
+                ""
+            ),
+            dir.path()
+        ));
+        assert!(disk_full(
+            &report(
+                Some("lambda exited with status 1"),
+                "write: No space left on device\n"
+            ),
+            dir.path()
+        ));
+        assert!(!disk_full(
+            &report(
+                Some("lambda exited with status 1"),
+                "panicked at src/main.rs\n"
+            ),
+            dir.path()
+        ));
+        assert!(free_space(dir.path()).is_some_and(|f| f >= NEARLY_FULL_BYTES));
+    }
 
     const FILE_KEY: &str = "file-key-0123456789abcdef";
     const JOB: &str = "j-own-copy";

@@ -339,6 +339,10 @@ pub enum RunStatus {
     TimedOut,
     /// Inputs could not be staged or outputs not routed.
     Error,
+    /// The run failed (as `failed` or `error` would say) with the agent's disk full: its
+    /// filesystem refused a write (`ENOSPC`) or has next to no space left. The agent is no place
+    /// for the job's next execution.
+    DiskFull,
 }
 
 /// One input as staged: how it came and what it cost.

@@ -786,12 +786,6 @@ impl Failure {
     }
 }
 
-/// A full disk, as the agents and the lambdas report it.
-fn disk_full(error: &str) -> bool {
-    let e = error.to_ascii_lowercase();
-    e.contains("no space left on device") || e.contains("os error 28") || e.contains("enospc")
-}
-
 /// One instance that ended well.
 struct Finished {
     function: usize,
@@ -2522,13 +2516,11 @@ impl AttemptTask {
         }
         match outcome {
             Ok(report) if report.status == RunStatus::Succeeded => Ok((report, Instant::now())),
-            Ok(report) => {
-                let full = report.error.as_deref().is_some_and(disk_full) || disk_full(&report.log);
-                Err(InstanceFailure {
-                    disk_full: full,
-                    ..self.failure(describe(&report), true)
-                })
-            }
+            Ok(report) => Err(InstanceFailure {
+                // The agent says so (`RunStatus::DiskFull`): it knows its disk.
+                disk_full: report.status == RunStatus::DiskFull,
+                ..self.failure(describe(&report), true)
+            }),
             // No report: the agent's disk says nothing here (an agent refuses no run for its
             // disk); whether the agent is lost, its health check tells.
             Err(e) => Err(self.failure(e.to_string(), true)),

@@ -472,7 +472,7 @@ fn main_schemas(int: &Value, time: &Value) -> Value {
             "type": "object", "required": ["run_id", "status"],
             "properties": {
                 "run_id": { "type": "string" },
-                "status": { "type": "string", "enum": ["running", "succeeded", "failed", "out_of_memory", "timed_out", "error"] },
+                "status": { "type": "string", "enum": ["running", "succeeded", "failed", "out_of_memory", "timed_out", "error", "disk_full"] },
                 "cold": { "type": "boolean", "nullable": true },
                 "seconds": { "type": "number", "nullable": true },
                 "start_latency_s": { "type": "number", "nullable": true },
