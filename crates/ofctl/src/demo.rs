@@ -176,7 +176,11 @@ pub async fn run(
     }
     let failed: Vec<String> = reports
         .iter()
-        .flat_map(|r| r.planned_jobs.iter().chain(&r.baseline_jobs))
+        .flat_map(|r| {
+            r.planned_jobs
+                .iter()
+                .chain(r.baseline_jobs.iter().filter(|j| baseline_ran(j)))
+        })
         .filter(|j| j["status"] == "failed")
         .map(|j| j["job_id"].as_str().unwrap_or("?").to_owned())
         .collect();
@@ -337,6 +341,16 @@ async fn demo(
             s.status,
             s.latency_s
         );
+        if !baseline_ran(&summary) {
+            // Too few agents of a type for its direct edges (e.g. `--agents 1`): not the
+            // demo's failure, the cluster's size.
+            let n = format!(
+                "the direct baseline could not run on this cluster: {}",
+                s.error.unwrap_or_default()
+            );
+            eprintln!("  note: {n}");
+            report.notes.push(n);
+        }
         report.baseline_jobs.push(summary);
         reports.push(report);
     }
@@ -503,6 +517,12 @@ fn write_report(
     Ok(())
 }
 
+/// Whether a baseline job got to run (it succeeded, or some instance of it ran): one that
+/// failed before any instance did could not be planned or granted on this cluster.
+fn baseline_ran(job: &Value) -> bool {
+    job["status"] != "failed" || job["functions"].as_array().is_some_and(|f| !f.is_empty())
+}
+
 /// What a planned job's plan predicted against what it measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Prediction {
@@ -570,6 +590,13 @@ mod tests {
             "{}",
             best.line()
         );
+        assert!(baseline_ran(
+            &json!({"status": "succeeded", "functions": []})
+        ));
+        assert!(baseline_ran(
+            &json!({"status": "failed", "functions": [{"name": "a"}]})
+        ));
+        assert!(!baseline_ran(&json!({"status": "failed", "functions": []})));
         let second = prediction(&job("second_best")).expect("second");
         assert_eq!(second.cost_usd, (0.0001, 0.0001));
         assert!(prediction(&job("none")).is_none());
