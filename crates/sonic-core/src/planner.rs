@@ -630,16 +630,22 @@ fn meets(b: &Bounds, latency: f64, cost: f64) -> bool {
 
 /// The smallest VM type (memory, then price) stage `s` fits.
 fn smallest_fitting(pb: &PlanProblem, s: usize) -> usize {
+    fitting_smallest_first(pb, s).first().copied().unwrap_or(0)
+}
+
+/// The VM types stage `s` fits, smallest first (memory, then price; ties in catalog order).
+fn fitting_smallest_first(pb: &PlanProblem, s: usize) -> Vec<usize> {
     let vms = &pb.catalog().vm_types;
-    (0..vms.len())
+    let mut types: Vec<usize> = (0..vms.len())
         .filter(|&v| pb.max_concurrent(s, v) > 0)
-        .min_by(|&a, &b| {
-            vms[a]
-                .memory_mb
-                .cmp(&vms[b].memory_mb)
-                .then(vms[a].usd_per_hour.total_cmp(&vms[b].usd_per_hour))
-        })
-        .unwrap_or(0)
+        .collect();
+    types.sort_by(|&a, &b| {
+        vms[a]
+            .memory_mb
+            .cmp(&vms[b].memory_mb)
+            .then(vms[a].usd_per_hour.total_cmp(&vms[b].usd_per_hour))
+    });
+    types
 }
 
 /// The largest VM type (memory, then vCPUs, then the cheaper).
@@ -700,16 +706,6 @@ pub fn baseline(pb: &PlanProblem, policy: Policy) -> Assignment {
 /// fetched, [`PlanProblem::direct_fits`]); a stage with receivers takes at most half the
 /// type's limit (at least one VM), leaving them room. `None` when no type has room.
 fn direct_within_limits(pb: &PlanProblem, s: usize, placed: &[Placement]) -> Option<Placement> {
-    let vms = &pb.catalog().vm_types;
-    let mut types: Vec<usize> = (0..vms.len())
-        .filter(|&v| pb.max_concurrent(s, v) > 0)
-        .collect();
-    types.sort_by(|&a, &b| {
-        vms[a]
-            .memory_mb
-            .cmp(&vms[b].memory_mb)
-            .then(vms[a].usd_per_hour.total_cmp(&vms[b].usd_per_hour))
-    });
     let senders: Vec<crate::model::Sender> = pb
         .incoming(s)
         .iter()
@@ -729,7 +725,7 @@ fn direct_within_limits(pb: &PlanProblem, s: usize, placed: &[Placement]) -> Opt
         .collect();
     let k = pb.stages()[s].instances;
     let sends = !pb.outgoing(s).is_empty();
-    for vm in types {
+    for vm in fitting_smallest_first(pb, s) {
         let mut limit = pb.vm_limit(vm).unwrap_or(u32::MAX);
         if sends {
             limit = (limit / 2).max(1);

@@ -43,7 +43,7 @@
 
 pub mod planned;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -130,17 +130,20 @@ fn group_root(dag: &Dag, plan: &Plan, mut i: usize) -> usize {
     i
 }
 
-/// Whether a `direct` edge joins the VM group rooted at `a` and the one rooted at `b`, either
-/// way (`roots`: each function's group root).
-fn direct_between(dag: &Dag, plan: &Plan, roots: &[usize], a: usize, b: usize) -> bool {
-    a != b
-        && (0..dag.functions.len()).any(|to| {
-            (roots[to] == a || roots[to] == b)
-                && direct_senders(dag, plan, to).any(|from| {
-                    let other = if roots[to] == a { b } else { a };
-                    roots[from] == other
-                })
-        })
+/// The pairs of VM groups (by root, `roots`: each function's group root) that a `direct` edge
+/// joins, each pair both ways round.
+fn direct_links(dag: &Dag, plan: &Plan, roots: &[usize]) -> BTreeSet<(usize, usize)> {
+    let mut links = BTreeSet::new();
+    for to in 0..dag.functions.len() {
+        for from in direct_senders(dag, plan, to) {
+            let (a, b) = (roots[from], roots[to]);
+            if a != b {
+                links.insert((a, b));
+                links.insert((b, a));
+            }
+        }
+    }
+    links
 }
 
 /// The functions DAG function `i` reads from over `direct` edges (their files stay on their
@@ -595,6 +598,7 @@ impl Pool {
         let roots: Vec<usize> = (0..dag.functions.len())
             .map(|i| group_root(dag, plan, i))
             .collect();
+        let linked = direct_links(dag, plan, &roots);
         // Per agent index: the job's stages placed there so far, each once per VM.
         let mut on: BTreeMap<usize, Vec<(usize, Use)>> = BTreeMap::new();
         for (i, f) in dag.functions.iter().enumerate() {
@@ -651,7 +655,7 @@ impl Pool {
             // The agents of every group placed so far that this stage's group sends to or
             // fetches from over `direct` (its later vm-storage stages' edges too).
             let peers: Vec<usize> = (0..hosts.len())
-                .filter(|&j| direct_between(dag, plan, &roots, roots[j], i))
+                .filter(|&j| linked.contains(&(roots[j], i)))
                 .flat_map(|j| hosts[j].iter().copied())
                 .collect();
             let mut typed: Vec<usize> = (0..agents.len())
