@@ -1,31 +1,36 @@
-//! Load benchmark (not a test): a real control plane in a process of its own, agents running the
-//! synthetic lambda as processes, and many concurrent HTTP calls. Measures the API's latency (p50,
-//! p99 of job submissions and status reads), how fast instances start, the control plane's
-//! overhead per stage and on a chain, and its CPU seconds and peak RSS (`/proc/<pid>/stat` and
-//! `status`). Figures: docs/load.md.
+//! Load benchmark (not a test): a real control plane in a process of its own, configured as a
+//! deployment is (`sonic_control::server::runtime_from_config`: the catalog, so the pool and the
+//! per-vCPU limit), agents standing for the catalog's VM types running the synthetic lambda as
+//! processes, and many concurrent HTTP calls. Measures the API's latency (p50, p99 of job
+//! submissions and status reads), jobs' latency (submission to end), how fast instances cycle
+//! through the agents' vCPU slots, the control plane's overhead per stage and on a chain, and its
+//! CPU seconds and peak RSS (`/proc/<pid>/stat` and `status`). Figures: docs/load.md.
 //!
 //! ```text
 //! cargo build --release -p sonic-lambdas -p sonic-benches
-//! target/release/sonic-load [--jobs 500] [--instances 1000] [--agents 4] [--sleep-ms 20000]
-//!                           [--chains 30] [--lambdas target/release]
-//!                           [--submissions-first-ms 250] [--submissions-quiet-ms 5]
+//! target/release/sonic-load [--jobs 500] [--instances 1000] [--agents 4] [--sleep-ms 100]
+//!                           [--chains 30] [--lambdas target/release] [--catalog FILE]
+//!                           [--submissions-first-ms 0] [--submissions-quiet-ms 5]
 //!                           [--executor-nice 10|off] [--agents-nice 0]
 //!                           [--rounds 2] [--warm-connections] [--pin]
 //! ```
 //!
+//! The agents' VM types are the catalog's (the built-in one unless `--catalog`), in its order,
+//! repeating, each with its type's vCPUs, memory and network rate, as `ofctl up` starts them.
 //! Phase 1: `--jobs` one-instance jobs (`synthetic noop`) submitted at once; each job's end is
 //! followed on its event stream (`GET /v1/jobs/{id}/events`); `--rounds` times, each round by a new
 //! client (new connections) once the previous round's jobs have ended: the first round meets a
 //! control plane just started, the later ones one that has served a burst before. `--pin`: the
 //! control plane alone on one CPU, everything else on another. Phase 2: one job of `--instances`
-//! instances (`synthetic --sleep-ms`, so they overlap), spread over the agents; the agents' running
-//! counters are sampled every 5 ms until all run at once. Phase 3: `--chains` jobs of a chain of 8
-//! no-op stages (`one` edges), one after the other; the agents (in this process) mark when each run
-//! ended (its outputs registered: the next stage's inputs complete), when the next run's request
-//! reached its agent and when its process started, so the overhead per stage is read where it
-//! happens; the chain's latency (submission to its end on the event stream) is compared with its
-//! lambdas' own seconds (the agents' reports). The control plane is this same binary started as
-//! `sonic-load control ...`.
+//! instances (`synthetic --sleep-ms`), more than the agents have vCPUs, so they go through the
+//! pool's slots; the agents' running counters are sampled every 5 ms (the most at once per agent
+//! against its vCPUs) and the job's time is compared with its sleeps alone. Phase 3: `--chains`
+//! jobs of a chain of 8 no-op stages (`one` edges), one after the other; the agents (in this
+//! process) mark when each run ended (its outputs registered: the next stage's inputs
+//! complete), when the next run's request reached its agent and when its process started, so
+//! the overhead per stage is read where it happens; the chain's latency (submission to its end
+//! on the event stream) is compared with its lambdas' own seconds (the agents' reports). The
+//! control plane is this same binary started as `sonic-load control ...`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,7 +41,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use sonic_agent::config::{SandboxChoice, StoreChoice, local_config};
 use sonic_agent::server::RunningAgent;
-use sonic_control::{ControlConfig, JobsConfig, Runtime, SystemClock};
+use sonic_control::{ControlConfig, JobsConfig, SystemClock};
+use sonic_core::catalog::Catalog;
 use sonic_core::units::{ByteSize, Seconds};
 
 const TOKEN: &str = "load-token-0123456789abcdef";
@@ -375,32 +381,45 @@ async fn control(dir: &Path, url_file: &Path) -> anyhow::Result<()> {
             ))
             .init();
     }
-    let store = Arc::new(sonic_storage::local::LocalStore::new(dir.join("store"))?);
-    let mut jobs = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
-    if let Some(first) = env_ms("SONIC_LOAD_SUBMISSIONS_FIRST_MS", "--submissions-first-ms")? {
-        jobs.submissions_first = first;
-    }
-    if let Some(quiet) = env_ms("SONIC_LOAD_SUBMISSIONS_QUIET_MS", "--submissions-quiet-ms")? {
-        jobs.submissions_quiet = quiet;
-    }
-    let mut runtime = Runtime::new(store, None, jobs);
-    // SONIC_LOAD_EXECUTOR_NICE=N: executions on threads of their own, N nicer (`--executor-nice`).
-    if let Some(n) = std::env::var_os("SONIC_LOAD_EXECUTOR_NICE").filter(|v| v != "off") {
-        let nice: i32 = n
-            .to_str()
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| anyhow!("--executor-nice: a number from 0 to 19, or off"))?;
-        runtime = runtime.with_executor(sonic_control::exec::threads::Executor::per_core(nice)?);
-    }
+    // The control plane as a deployment configures it (`sonic_control::start`): the catalog
+    // (SONIC_LOAD_CATALOG, else the built-in one, as `sonic-control` without `catalog:`), so the
+    // pool accounts every agent's vCPUs and memory and an unplanned job runs at most one lambda
+    // per vCPU of an agent; the object store a folder the agents of this machine share.
+    let executor_nice = match std::env::var_os("SONIC_LOAD_EXECUTOR_NICE") {
+        None => Some(sonic_control::config::DEFAULT_EXECUTOR_NICE),
+        Some(v) if v == "off" => None,
+        Some(v) => Some(
+            v.to_str()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| *n <= 19)
+                .ok_or_else(|| anyhow!("--executor-nice: a number from 0 to 19, or off"))?,
+        ),
+    };
     let config = ControlConfig {
         listen: "127.0.0.1:0".parse()?,
         data_dir: dir.join("control"),
         token: TOKEN.into(),
+        agent_token: Some(TOKEN.into()),
+        file_key: Some(FILE_KEY.into()),
+        store: Some(StoreChoice::Local {
+            root: dir.join("store"),
+        }),
         heartbeat_timeout: Seconds(30.0),
-        catalog: None,
+        catalog: std::env::var("SONIC_LOAD_CATALOG").ok(),
         max_body: ByteSize(1024 * 1024),
+        executor_nice,
         ..ControlConfig::default()
     };
+    config.check().map_err(|e| anyhow!("control plane: {e}"))?;
+    let mut runtime = sonic_control::server::runtime_from_config(&config)
+        .await
+        .map_err(|e| anyhow!("control plane: {e}"))?;
+    if let Some(first) = env_ms("SONIC_LOAD_SUBMISSIONS_FIRST_MS", "--submissions-first-ms")? {
+        runtime.config.submissions_first = first;
+    }
+    if let Some(quiet) = env_ms("SONIC_LOAD_SUBMISSIONS_QUIET_MS", "--submissions-quiet-ms")? {
+        runtime.config.submissions_quiet = quiet;
+    }
     let running =
         sonic_control::start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
             .await
@@ -556,11 +575,41 @@ impl Api {
     }
 }
 
-fn running(agents: &[RunningAgent]) -> u32 {
-    agents
+/// Samples the agents' running counters every 5 ms while `on` is set: per agent, the most
+/// lambdas it ran at once, and when the first one ran (since the sampler started).
+fn sample_running(
+    agents: &[RunningAgent],
+    on: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(Vec<u32>, Option<Duration>)> {
+    let states: Vec<Arc<sonic_agent::server::AgentState>> =
+        agents.iter().map(|a| a.state.clone()).collect();
+    tokio::spawn(async move {
+        let t = Instant::now();
+        let mut peaks = vec![0u32; states.len()];
+        let mut first = None;
+        while on.load(Ordering::SeqCst) {
+            for (p, s) in peaks.iter_mut().zip(&states) {
+                let n = s.running.load(Ordering::SeqCst);
+                *p = (*p).max(n);
+                if n > 0 && first.is_none() {
+                    first = Some(t.elapsed());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        (peaks, first)
+    })
+}
+
+/// Per agent, the most lambdas it ran at once against its vCPUs: `a-1 2/2, a-2 0/4, ...`.
+fn peaks_line(peaks: &[u32], vcpus: &[u32]) -> String {
+    peaks
         .iter()
-        .map(|a| a.state.running.load(Ordering::SeqCst))
-        .sum()
+        .zip(vcpus)
+        .enumerate()
+        .map(|(i, (p, v))| format!("a-{} {p}/{v}", i + 1))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn loadavg() -> String {
@@ -791,7 +840,7 @@ async fn drive(
     let jobs = num(args, "--jobs", 500)?;
     let instances = num(args, "--instances", 1000)?;
     let n_agents = num(args, "--agents", 4)?.max(1);
-    let sleep_ms = num(args, "--sleep-ms", 20_000)?;
+    let sleep_ms = num(args, "--sleep-ms", 100)?;
     let chains = num(args, "--chains", 30)?;
     // `JobsConfig::submissions_first` (0 turns it off, to compare) and `submissions_quiet`,
     // the control plane's defaults unless given.
@@ -804,6 +853,21 @@ async fn drive(
     // control plane's default unless given), or `off`: on the API's runtime.
     let executor_nice = arg(args, "--executor-nice")
         .unwrap_or_else(|| sonic_control::config::DEFAULT_EXECUTOR_NICE.to_string());
+    // The catalog the control plane plans and limits with, and whose VM types the agents stand
+    // for (in its order, repeating, as `ofctl up` starts them).
+    let catalog_file = arg(args, "--catalog")
+        .map(|f| std::fs::canonicalize(&f).with_context(|| format!("--catalog {f}")))
+        .transpose()?;
+    let catalog = match &catalog_file {
+        Some(f) => Catalog::from_yaml(
+            &std::fs::read_to_string(f).with_context(|| format!("{}", f.display()))?,
+        )
+        .with_context(|| format!("{}", f.display()))?,
+        None => Catalog::default(),
+    };
+    if catalog.vm_types.is_empty() {
+        bail!("the catalog has no VM types");
+    }
     let lambdas = match arg(args, "--lambdas") {
         Some(d) => PathBuf::from(d),
         None => std::env::current_exe()?
@@ -831,6 +895,7 @@ async fn drive(
         .env("SONIC_LOAD_SUBMISSIONS_FIRST_MS", &submissions_first)
         .env("SONIC_LOAD_SUBMISSIONS_QUIET_MS", &submissions_quiet)
         .env("SONIC_LOAD_EXECUTOR_NICE", &executor_nice)
+        .envs(catalog_file.as_ref().map(|f| ("SONIC_LOAD_CATALOG", f)))
         .envs(pin.map(|(_, control)| ("SONIC_LOAD_CPU", control.to_string())))
         .kill_on_drop(true)
         .spawn()?;
@@ -851,7 +916,8 @@ async fn drive(
         url: url.clone(),
     });
     println!(
-        "control plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms (quiet {submissions_quiet} ms); executor nice {executor_nice}; agents nice {agents_nice}; {}",
+        "load average {} at the start\ncontrol plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms (quiet {submissions_quiet} ms); executor nice {executor_nice}; agents nice {agents_nice}; {}",
+        loadavg(),
         lambdas.display(),
         match pin {
             Some((a, c)) => format!(
@@ -862,8 +928,10 @@ async fn drive(
     );
 
     let mut agents = Vec::new();
+    let mut vm_types = Vec::new();
     for i in 0..n_agents {
         let id = format!("a-{}", i + 1);
+        let vm = &catalog.vm_types[i as usize % catalog.vm_types.len()];
         let mut cfg = local_config(&id, &dir.path().join("agents").join(&id), TOKEN, FILE_KEY);
         cfg.control_url = Some(url.clone());
         cfg.sandbox = SandboxChoice::Process;
@@ -872,14 +940,31 @@ async fn drive(
         });
         cfg.bin_dirs = vec![lambdas.clone()];
         cfg.heartbeat_interval_ms = 1000;
-        cfg.vcpus = 64;
-        cfg.memory_mb = 1 << 20;
+        cfg.vm_type = vm.name.clone();
+        cfg.vcpus = vm.vcpus;
+        cfg.memory_mb = vm.memory_mb;
+        cfg.network_mbps = Some(vm.network_mbps);
+        vm_types.push(vm.clone());
         agents.push(
             sonic_agent::start_from_config(cfg)
                 .await
                 .map_err(|e| anyhow!("agent {id}: {e}"))?,
         );
     }
+    let vcpus: Vec<u32> = vm_types.iter().map(|v| v.vcpus).collect();
+    println!(
+        "catalog {}; agents {} ({} vCPUs in all: the pool's slots, one lambda per vCPU)",
+        catalog_file
+            .as_ref()
+            .map_or("built-in".to_owned(), |f| f.display().to_string()),
+        vm_types
+            .iter()
+            .enumerate()
+            .map(|(i, v)| format!("a-{} {} ({} vCPUs)", i + 1, v.name, v.vcpus))
+            .collect::<Vec<_>>()
+            .join(", "),
+        vcpus.iter().sum::<u32>()
+    );
     let ids: Vec<String> = (1..=n_agents).map(|i| format!("a-{i}")).collect();
     let client = sonic_cluster::Client::new(sonic_cluster::config::Target {
         server: url.clone(),
@@ -910,7 +995,15 @@ async fn drive(
         println!(
             "\nphase 1, round {round} of {rounds}: {jobs} one-instance jobs submitted at once"
         );
+        let on = Arc::new(AtomicBool::new(true));
+        let sampler = sample_running(&agents, on.clone());
         let metrics_after = burst(&url, pid, jobs, warm).await?;
+        on.store(false, Ordering::SeqCst);
+        let (peaks, _) = sampler.await?;
+        println!(
+            "  most lambdas running at once per agent (against its vCPUs): {}",
+            peaks_line(&peaks, &vcpus)
+        );
         // The same submissions as the control plane timed them (routing to response head):
         // what the client's own work on this machine's cores adds is the difference.
         match bucket_quantiles(
@@ -952,55 +1045,62 @@ async fn drive(
         cpu1 - cpu0
     );
 
-    // Phase 2: one job of `instances` instances that overlap.
-    println!("\nphase 2: one job of {instances} instances (each sleeps {sleep_ms} ms)");
+    // Phase 2: one job of `instances` instances, more than the agents have vCPUs: they go
+    // through the pool's slots, at most one lambda per vCPU of each agent at a time.
+    let limit: u32 = vcpus.iter().sum();
+    println!(
+        "\nphase 2: one job of {instances} instances (each sleeps {sleep_ms} ms) on {n_agents} agents of {limit} vCPUs in all"
+    );
     let body =
         format!(r#"{{"dag": "load-fanout", "policy": "remote", "params": {{"n": {instances}}}}}"#);
+    let on = Arc::new(AtomicBool::new(true));
+    let sampler = sample_running(&agents, on.clone());
     let t2 = Instant::now();
     let (id, submit_ms) = api.submit(body).await?;
     let mut lat2 = Latencies::default();
     lat2.add("submit", submit_ms);
-    // Status reads while it runs, from a task of their own.
-    let poller = {
-        let api = api.clone();
-        let id = id.clone();
-        tokio::spawn(async move {
-            let mut lat = Latencies::default();
-            let end = api.wait(&id, &mut lat).await;
-            (lat, end)
-        })
+    // Status reads while it runs (every 200 ms) until it ends.
+    let (lat, end) = {
+        let mut lat = Latencies::default();
+        let end = api.wait(&id, &mut lat).await;
+        (lat, end)
     };
-    let mut peak = 0u32;
-    let mut first: Option<f64> = None;
-    let mut half: Option<f64> = None;
-    let mut all: Option<f64> = None;
-    let sample_deadline = Instant::now() + Duration::from_millis(sleep_ms);
-    while Instant::now() < sample_deadline && all.is_none() {
-        let n = running(&agents);
-        let t = t2.elapsed().as_secs_f64();
-        peak = peak.max(n);
-        if n > 0 && first.is_none() {
-            first = Some(t);
-        }
-        if u64::from(n) * 2 >= instances && half.is_none() {
-            half = Some(t);
-        }
-        if u64::from(n) >= instances {
-            all = Some(t);
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let (lat, end) = poller.await?;
-    lat2.merge(lat);
     let phase2 = t2.elapsed().as_secs_f64();
+    on.store(false, Ordering::SeqCst);
+    let (peaks, first) = sampler.await?;
+    lat2.merge(lat);
     let Usage {
         cpu_s: cpu2,
         peak_rss_mib: rss2,
         ..
     } = usage(pid)?;
     println!(
-        "  job {id} {} in {phase2:.1} s; peak concurrently running {peak}",
-        end.unwrap_or_else(|e| format!("error: {e}"))
+        "  job {id} {} {phase2:.2} s after its submission (status reads every 200 ms); first instance running after {}",
+        end.unwrap_or_else(|e| format!("error: {e}")),
+        first.map_or("never".to_owned(), |f| format!("{:.2} s", f.as_secs_f64()))
+    );
+    println!(
+        "  most lambdas running at once: {} of {limit} vCPUs; per agent (against its vCPUs): {}",
+        peaks.iter().sum::<u32>(),
+        peaks_line(&peaks, &vcpus)
+    );
+    // Instances go round-robin over the agents (instance k of the job's one stage on agent
+    // k mod n): each agent runs its share in waves of its vCPUs, and the slowest one bounds
+    // the job. What that takes if every slot were refilled the moment it freed:
+    let n = vcpus.len() as u64;
+    let waves = (0..n)
+        .map(|j| {
+            let share = instances / n + u64::from(j < instances % n);
+            share.div_ceil(u64::from(vcpus[j as usize].max(1)))
+        })
+        .max()
+        .unwrap_or(0);
+    let ideal = (waves * sleep_ms) as f64 / 1e3;
+    println!(
+        "  {:.0} instances ended per second; the sleeps alone, every slot refilled at once: {ideal:.2} s ({waves} waves of {sleep_ms} ms on the agent with the fewest vCPUs for its share), so {:.2} s of overhead, {:.1} ms per wave",
+        instances as f64 / phase2,
+        phase2 - ideal,
+        (phase2 - ideal) * 1e3 / waves.max(1) as f64
     );
     // Instances that needed more than one attempt, and why the first one failed.
     let (_, logs, _) = api
@@ -1031,24 +1131,6 @@ async fn drive(
             .rev()
             .collect();
         println!("  a failed first attempt: {}", tail.trim());
-    }
-    let fmt = |o: Option<f64>| o.map_or("never".to_string(), |s| format!("{s:.2} s"));
-    println!(
-        "  first instance running after {}, half after {}, all {instances} after {}",
-        fmt(first),
-        fmt(half),
-        fmt(all)
-    );
-    if let Some(a) = all.or(half) {
-        let started = if all.is_some() {
-            instances as f64
-        } else {
-            instances as f64 / 2.0
-        };
-        println!(
-            "  scheduling throughput: {:.0} instances started per second",
-            started / a
-        );
     }
     lat2.print();
     println!("  control plane: {:.1} CPU s in this phase", cpu2 - cpu1);

@@ -104,9 +104,11 @@ pub struct JobsConfig {
     /// ([`sonic_core::catalog::Catalog::dilated`]); reported by `GET /v1/health`.
     pub dilation: f64,
     /// Submissions first: a new job's execution waits while other submissions are being
-    /// handled, at most this long (zero: it starts at once). Under a burst of submissions, the
-    /// executions they start would otherwise take the CPU the later submissions need, and those
-    /// are answered late (docs/load.md, "Submissions first"); a lone submission never waits.
+    /// handled, at most this long (zero, the default: it starts at once). Under a burst of
+    /// submissions, the executions they start take CPU the later submissions need; holding them
+    /// did not make a burst's jobs end sooner (submission to end) with the pool and the per-vCPU
+    /// limit, so it is off unless configured (docs/load.md, "Submissions first"); a lone
+    /// submission never waits.
     pub submissions_first: Duration,
     /// How long no new submission must have begun, after a burst of them, before the executions
     /// it held start (requests of a burst arrive apart: the first moment none is being handled
@@ -156,7 +158,7 @@ impl JobsConfig {
             health_timeout: Duration::from_secs(3),
             prewarm: true,
             dilation: 1.0,
-            submissions_first: Duration::from_millis(250),
+            submissions_first: Duration::ZERO,
             submissions_quiet: SUBMISSIONS_QUIET,
         }
     }
