@@ -84,7 +84,7 @@ impl From<&JobSummary> for JobBrief {
             input_bytes: s.input_bytes,
             status: s.status,
             mode: s.mode,
-            policy: s.policy.clone(),
+            policy: s.policy.to_string(),
             latency_s: s.latency_s,
             cost_usd: s.cost_usd,
             perf_per_dollar: s.perf_per_dollar,

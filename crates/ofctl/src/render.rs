@@ -95,7 +95,7 @@ pub fn jobs(jobs: &[JobSummary], out: &mut dyn Write) -> io::Result<()> {
             j.dag.clone(),
             j.status.to_string(),
             j.mode.to_string(),
-            j.policy.clone(),
+            j.policy.to_string(),
             bytes(j.input_bytes),
             if ended {
                 format!("{:.2} s", j.latency_s)
@@ -190,7 +190,7 @@ pub fn job(j: &JobSummary, out: &mut dyn Write) -> io::Result<()> {
         for e in &j.edges {
             t.row(vec![
                 format!("{} -> {}", e.from, e.to),
-                e.method.clone(),
+                e.method.as_str().to_owned(),
                 bytes(e.bytes),
                 format!("{:.3}", e.seconds),
             ]);

@@ -177,8 +177,8 @@ impl AgentMetrics {
             }
         }
         for s in &r.staged {
-            r_.add(&PASSING_BYTES, &[&s.method, "in"], s.bytes as f64);
-            r_.add(&PASSING_SECONDS, &[&s.method, "in"], s.seconds);
+            r_.add(&PASSING_BYTES, &[s.method.as_str(), "in"], s.bytes as f64);
+            r_.add(&PASSING_SECONDS, &[s.method.as_str(), "in"], s.seconds);
         }
         for o in &r.outputs {
             if let Some(secs) = o.upload_seconds {
@@ -248,7 +248,7 @@ mod tests {
             error: None,
             staged: vec![StagedInput {
                 dest: "gen/0/x".into(),
-                method: "direct".into(),
+                method: sonic_core::model::Method::Direct,
                 bytes: 100,
                 seconds: 0.25,
                 fetched: true,

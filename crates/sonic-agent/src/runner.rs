@@ -11,6 +11,7 @@ use sonic_api::agent::{
     FileSource, HandlerRun, MAX_PREWARM, OutputFile, PrewarmRequest, Prewarmed, RunReport,
     RunRequest, RunStatus, StagedInput,
 };
+use sonic_core::model::Method;
 
 use crate::files::{FilePath, JobId, link_local, move_local};
 use crate::sandbox::{RunSpec, Termination};
@@ -41,8 +42,95 @@ pub fn run_id(req: &RunRequest) -> String {
     req.run_id()
 }
 
-/// Checks what the control plane sent before anything is touched.
-pub fn check_request(req: &RunRequest) -> Result<JobId, RunError> {
+/// A run request checked at the agent's door and parsed once: its job id, and each input's
+/// destination and source as the agent's own path types. Only a checked run is ever run.
+#[derive(Debug, Clone)]
+pub struct CheckedRun {
+    req: RunRequest,
+    job: JobId,
+    inputs: Vec<CheckedInput>,
+}
+
+/// One input of a checked run.
+#[derive(Debug, Clone)]
+struct CheckedInput {
+    /// Where it lands under the instance's input folder.
+    dest: FilePath,
+    source: Source,
+    /// The size its sender reported (atomic visibility, checked before the instance starts).
+    expected_size: Option<u64>,
+}
+
+impl CheckedInput {
+    /// Checks one input: its destination, and where it comes from.
+    fn parse(input: &sonic_api::agent::InputSpec) -> Result<CheckedInput, RunError> {
+        let dest = FilePath::parse(&input.dest)
+            .map_err(|e| RunError::Invalid(format!("input dest: {e}")))?;
+        let file_path = |raw: &str| {
+            FilePath::parse(raw).map_err(|e| RunError::Invalid(format!("input file_path: {e}")))
+        };
+        let source = match &input.source {
+            FileSource::VmStorage { file_path: raw } => Source::VmStorage(file_path(raw)?),
+            FileSource::Direct {
+                peer_url,
+                file_path: raw,
+                token,
+            } => Source::Direct {
+                peer_url: peer_url.clone(),
+                path: file_path(raw)?,
+                token: token.clone(),
+            },
+            FileSource::Remote { key } => {
+                sonic_storage::validate_key(key).map_err(|e| RunError::Invalid(e.to_string()))?;
+                Source::Remote {
+                    key: key.clone(),
+                    path: FilePath::parse(&format!("remote/{key}"))
+                        .map_err(|e| RunError::Invalid(format!("input key: {e}")))?,
+                }
+            }
+        };
+        Ok(CheckedInput {
+            dest,
+            source,
+            expected_size: input.expected_size,
+        })
+    }
+}
+
+/// Where a checked input comes from.
+#[derive(Debug, Clone)]
+enum Source {
+    /// A file of the job already on this agent.
+    VmStorage(FilePath),
+    /// A peer agent's file.
+    Direct {
+        peer_url: String,
+        path: FilePath,
+        token: String,
+    },
+    /// The object store's `key`, kept in the job's namespace at `path` (`remote/<key>`).
+    Remote { key: String, path: FilePath },
+}
+
+impl CheckedRun {
+    /// Checks what the control plane sent before anything is touched.
+    pub fn new(req: RunRequest) -> Result<CheckedRun, RunError> {
+        let (job, inputs) = check_request(&req)?;
+        Ok(CheckedRun { req, job, inputs })
+    }
+
+    /// The request as it came.
+    pub fn request(&self) -> &RunRequest {
+        &self.req
+    }
+
+    /// The run's id.
+    pub fn run_id(&self) -> String {
+        self.req.run_id()
+    }
+}
+
+fn check_request(req: &RunRequest) -> Result<(JobId, Vec<CheckedInput>), RunError> {
     let job = JobId::parse(&req.job_id).map_err(|e| RunError::Invalid(e.to_string()))?;
     if !sonic_core::dag::valid_function_name(&req.function) {
         return Err(RunError::Invalid(format!(
@@ -76,8 +164,8 @@ pub fn check_request(req: &RunRequest) -> Result<JobId, RunError> {
         ));
     }
     let mut dests = std::collections::HashSet::new();
+    let mut inputs = Vec::with_capacity(req.inputs.len());
     for input in &req.inputs {
-        FilePath::parse(&input.dest).map_err(|e| RunError::Invalid(format!("input dest: {e}")))?;
         // Inputs are staged concurrently: two of them must not land on one path.
         if !dests.insert(input.dest.as_str()) {
             return Err(RunError::Invalid(format!(
@@ -85,15 +173,7 @@ pub fn check_request(req: &RunRequest) -> Result<JobId, RunError> {
                 input.dest
             )));
         }
-        if let FileSource::VmStorage { file_path } | FileSource::Direct { file_path, .. } =
-            &input.source
-        {
-            FilePath::parse(file_path)
-                .map_err(|e| RunError::Invalid(format!("input file_path: {e}")))?;
-        }
-        if let FileSource::Remote { key } = &input.source {
-            sonic_storage::validate_key(key).map_err(|e| RunError::Invalid(e.to_string()))?;
-        }
+        inputs.push(CheckedInput::parse(input)?);
     }
     for route in &req.outputs {
         let ok = route.to == "result" || sonic_core::dag::valid_function_name(&route.to);
@@ -119,7 +199,7 @@ pub fn check_request(req: &RunRequest) -> Result<JobId, RunError> {
             )));
         }
     }
-    Ok(job)
+    Ok((job, inputs))
 }
 
 /// A handler run names a registered lambda by digest, its tarball at the digest's key, and a
@@ -597,24 +677,23 @@ impl FetchLocks {
 /// `Error` report).
 pub async fn execute(state: Arc<AgentState>, req: RunRequest) -> RunReport {
     let id = run_id(&req);
-    let mut report = RunReport {
-        run_id: id.clone(),
-        status: RunStatus::Error,
-        cold: None,
-        seconds: None,
-        start_latency_s: None,
-        start_contention: None,
-        setup_s: None,
-        warm: None,
-        peak_memory_mb: None,
-        exit_code: None,
-        error: None,
-        staged: Vec::new(),
-        outputs: Vec::new(),
-        log: String::new(),
-    };
+    match CheckedRun::new(req) {
+        Ok(run) => execute_checked(state, run).await,
+        Err(e) => {
+            tracing::warn!(run = %id, error = %e, "run refused");
+            let mut report = RunReport::new(id, RunStatus::Error);
+            report.error = Some(e.to_string());
+            report
+        }
+    }
+}
+
+/// Runs a checked request to its end and returns the report.
+pub async fn execute_checked(state: Arc<AgentState>, run: CheckedRun) -> RunReport {
+    let id = run.run_id();
+    let mut report = RunReport::new(id.clone(), RunStatus::Error);
     let scratch = state.config.scratch_dir().join(&id);
-    match run_inner(&state, &req, &scratch, &mut report).await {
+    match run_inner(&state, &run, &scratch, &mut report).await {
         Ok(()) => {}
         Err(e) => {
             tracing::warn!(run = %id, error = %e, "run failed");
@@ -668,21 +747,21 @@ fn free_space(dir: &Path) -> Option<u64> {
 /// Atomic visibility, checked: every staged input that names the size its sender reported must
 /// have exactly that size in the instance's input folder, or the instance does not start.
 /// Returns how many were checked.
-fn check_complete(req: &RunRequest, input_dir: &Path) -> Result<usize, RunError> {
+fn check_complete(run: &CheckedRun, input_dir: &Path) -> Result<usize, RunError> {
     let mut checked = 0;
-    for input in &req.inputs {
+    for input in &run.inputs {
         let Some(want) = input.expected_size else {
             continue;
         };
-        let have = std::fs::metadata(input_dir.join(&input.dest))
+        let have = std::fs::metadata(input_dir.join(input.dest.as_str()))
             .map(|m| m.len())
             .map_err(|e| RunError::Stage {
-                dest: input.dest.clone(),
+                dest: input.dest.as_str().to_owned(),
                 message: format!("not staged: {e}"),
             })?;
         if have != want {
             return Err(RunError::Stage {
-                dest: input.dest.clone(),
+                dest: input.dest.as_str().to_owned(),
                 message: format!(
                     "incomplete: {have} of the {want} bytes its sender wrote; the instance was not started"
                 ),
@@ -695,11 +774,11 @@ fn check_complete(req: &RunRequest, input_dir: &Path) -> Result<usize, RunError>
 
 async fn run_inner(
     state: &Arc<AgentState>,
-    req: &RunRequest,
+    run: &CheckedRun,
     scratch: &Path,
     report: &mut RunReport,
 ) -> Result<(), RunError> {
-    let job = check_request(req)?;
+    let (req, job) = (&run.req, &run.job);
     let input_dir = scratch.join("input");
     let output_dir = scratch.join("output");
     let _ = tokio::fs::remove_dir_all(scratch).await;
@@ -715,10 +794,10 @@ async fn run_inner(
     let started = Instant::now();
     // The futures are made first (a closure inside the stream would not be `Send` for every
     // lifetime, as the spawned run needs).
-    let fetches: Vec<_> = req
+    let fetches: Vec<_> = run
         .inputs
         .iter()
-        .map(|input| stage_input(state, &job, input, &input_dir))
+        .map(|input| stage_input(state, job, input, &input_dir))
         .collect();
     let results: Vec<Result<StagedInput, RunError>> = futures::stream::iter(fetches)
         .buffered(TRANSFER_CONCURRENCY)
@@ -733,7 +812,7 @@ async fn run_inner(
     if let Some(e) = failed {
         return Err(e);
     }
-    let checked = check_complete(req, &input_dir)?;
+    let checked = check_complete(run, &input_dir)?;
 
     let mut env: Vec<(String, String)> = req
         .env
@@ -862,7 +941,7 @@ async fn run_inner(
             return Ok(());
         }
     }
-    report.outputs = match route_outputs(state, req, &job, &output_dir).await {
+    report.outputs = match route_outputs(state, req, job, &output_dir).await {
         Ok(outputs) => outputs,
         Err(e @ RunError::Refused { .. }) => {
             tracing::warn!(run = %report.run_id, error = %e, "lambda output refused");
@@ -880,15 +959,14 @@ async fn run_inner(
 async fn stage_input(
     state: &Arc<AgentState>,
     job: &JobId,
-    input: &sonic_api::agent::InputSpec,
+    input: &CheckedInput,
     input_dir: &Path,
 ) -> Result<StagedInput, RunError> {
     let err = |m: String| RunError::Stage {
-        dest: input.dest.clone(),
+        dest: input.dest.as_str().to_owned(),
         message: m,
     };
-    let dest = FilePath::parse(&input.dest).map_err(|e| err(e.to_string()))?;
-    let target = input_dir.join(dest.as_str());
+    let target = input_dir.join(input.dest.as_str());
     if let Some(parent) = target.parent() {
         tokio::fs::create_dir_all(parent)
             .await
@@ -898,30 +976,30 @@ async fn stage_input(
     // Every source first lands in the job's namespace (once per agent), then is linked into the
     // instance's input folder: no byte copy on this agent whatever the method.
     let (method, local, bytes, fetched) = match &input.source {
-        FileSource::VmStorage { file_path } => {
-            let path = FilePath::parse(file_path).map_err(|e| err(e.to_string()))?;
+        Source::VmStorage(path) => {
             let meta = state
                 .files
-                .meta(job, &path)
+                .meta(job, path)
                 .map_err(|e| err(e.to_string()))?;
-            let meta = meta.ok_or_else(|| err(format!("{file_path} is not on this agent")))?;
+            let meta =
+                meta.ok_or_else(|| err(format!("{} is not on this agent", path.as_str())))?;
             let local = state
                 .files
-                .resolve(job, &path)
+                .resolve(job, path)
                 .map_err(|e| err(e.to_string()))?;
-            ("vm-storage", local, meta.size, false)
+            (Method::VmStorage, local, meta.size, false)
         }
-        FileSource::Direct {
+        Source::Direct {
             peer_url,
-            file_path,
+            path,
             token,
         } => {
-            let path = FilePath::parse(file_path).map_err(|e| err(e.to_string()))?;
+            let file_path = path.as_str();
             let lock = state.fetch_locks.get(&format!("{job}/{file_path}"));
             let mut copied = lock.lock().await;
             let (size, fetched) = match state
                 .files
-                .meta(job, &path)
+                .meta(job, path)
                 .map_err(|e| err(e.to_string()))?
             {
                 Some(meta) if *copied => (meta.size, false),
@@ -937,7 +1015,7 @@ async fn stage_input(
                 None => {
                     let dest = state
                         .files
-                        .prepare_write(job, &path)
+                        .prepare_write(job, path)
                         .map_err(|e| err(e.to_string()))?;
                     let stats = crate::transfer::fetch_direct(
                         &state.http,
@@ -953,7 +1031,7 @@ async fn stage_input(
                     .map_err(|e| err(e.to_string()))?;
                     state
                         .files
-                        .register_verified(job, &path, stats.bytes, &stats.checksum)
+                        .register_verified(job, path, stats.bytes, &stats.checksum)
                         .map_err(|e| err(e.to_string()))?;
                     *copied = true;
                     (stats.bytes, true)
@@ -961,35 +1039,34 @@ async fn stage_input(
             };
             let local = state
                 .files
-                .resolve(job, &path)
+                .resolve(job, path)
                 .map_err(|e| err(e.to_string()))?;
-            ("direct", local, size, fetched)
+            (Method::Direct, local, size, fetched)
         }
-        FileSource::Remote { key } => {
+        Source::Remote { key, path } => {
             let store = state
                 .store
                 .as_ref()
                 .ok_or_else(|| err("this agent has no object store".into()))?;
-            let path = FilePath::parse(&format!("remote/{key}")).map_err(|e| err(e.to_string()))?;
             let lock = state.fetch_locks.get(&format!("{job}/remote/{key}"));
             let _guard = lock.lock().await;
             let (size, fetched) = match state
                 .files
-                .meta(job, &path)
+                .meta(job, path)
                 .map_err(|e| err(e.to_string()))?
             {
                 Some(meta) => (meta.size, false),
                 None => {
                     let dest = state
                         .files
-                        .prepare_write(job, &path)
+                        .prepare_write(job, path)
                         .map_err(|e| err(e.to_string()))?;
                     let stats = crate::transfer::download_remote(store.as_ref(), key, &dest)
                         .await
                         .map_err(|e| err(e.to_string()))?;
                     let size = state
                         .files
-                        .register_verified(job, &path, stats.bytes, &stats.checksum)
+                        .register_verified(job, path, stats.bytes, &stats.checksum)
                         .map_err(|e| err(e.to_string()))?
                         .size;
                     (size, true)
@@ -997,15 +1074,15 @@ async fn stage_input(
             };
             let local = state
                 .files
-                .resolve(job, &path)
+                .resolve(job, path)
                 .map_err(|e| err(e.to_string()))?;
-            ("remote", local, size, fetched)
+            (Method::Remote, local, size, fetched)
         }
     };
     link_local(&local, &target).map_err(|e| err(e.to_string()))?;
     Ok(StagedInput {
-        dest: input.dest.clone(),
-        method: method.to_owned(),
+        dest: input.dest.as_str().to_owned(),
+        method,
         bytes,
         seconds: started.elapsed().as_secs_f64(),
         fetched,
@@ -1292,6 +1369,7 @@ mod tests {
             source,
             expected_size: None,
         };
+        let input = CheckedInput::parse(&input).expect("a valid input");
         let job = JobId::parse(JOB).expect("job id");
         let dir = root.join(format!("in-{}-{k}", on.state.config.id));
         stage_input(&on.state, &job, &input, &dir)

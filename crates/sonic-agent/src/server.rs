@@ -328,8 +328,9 @@ async fn start_run(
     body: Result<Json<RunRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<(StatusCode, Json<RunAccepted>), ApiError> {
     let Json(req) = body.map_err(|e| ApiError::Rejected(e.status(), e.body_text()))?;
-    runner::check_request(&req).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let run_id = runner::run_id(&req);
+    let run = runner::CheckedRun::new(req).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let req = run.request();
+    let run_id = run.run_id();
     {
         let mut runs = state.runs();
         if runs.contains_key(&run_id) {
@@ -338,22 +339,7 @@ async fn start_run(
         }
         runs.insert(
             run_id.clone(),
-            RunReport {
-                run_id: run_id.clone(),
-                status: RunStatus::Running,
-                cold: None,
-                seconds: None,
-                start_latency_s: None,
-                start_contention: None,
-                setup_s: None,
-                warm: None,
-                peak_memory_mb: None,
-                exit_code: None,
-                error: None,
-                staged: Vec::new(),
-                outputs: Vec::new(),
-                log: String::new(),
-            },
+            RunReport::new(run_id.clone(), RunStatus::Running),
         );
     }
     // Every event of the run (staging, the sandbox, routing outputs) carries its span.
@@ -370,7 +356,7 @@ async fn start_run(
     let id = run_id.clone();
     let report_url = req.report_url.clone();
     let task = async move {
-        let report = runner::execute(task_state.clone(), req).await;
+        let report = runner::execute_checked(task_state.clone(), run).await;
         tracing::info!(status = ?report.status, cold = report.cold, seconds = report.seconds, "run ended");
         task_state.metrics.run_ended(&report);
         // Kept first: `GET /v1/runs/{id}` answers with it whatever becomes of the push.

@@ -349,7 +349,8 @@ pub enum RunStatus {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StagedInput {
     pub dest: String,
-    pub method: String,
+    /// How it came: `vm-storage`, `direct` or `remote` on the wire.
+    pub method: sonic_core::model::Method,
     pub bytes: u64,
     pub seconds: f64,
     /// Whether staging it paid the edge's copy to this agent: a `direct` fetch, a `remote` GET
@@ -415,6 +416,28 @@ pub struct RunReport {
     /// The tail of the instance's standard output and error.
     #[serde(default)]
     pub log: String,
+}
+
+impl RunReport {
+    /// A report of run `run_id` in `status` with nothing else said yet.
+    pub fn new(run_id: String, status: RunStatus) -> RunReport {
+        RunReport {
+            run_id,
+            status,
+            cold: None,
+            seconds: None,
+            start_latency_s: None,
+            start_contention: None,
+            setup_s: None,
+            warm: None,
+            peak_memory_mb: None,
+            exit_code: None,
+            error: None,
+            staged: Vec::new(),
+            outputs: Vec::new(),
+            log: String::new(),
+        }
+    }
 }
 
 /// `POST /v1/runs` answer.

@@ -8,6 +8,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use sonic_core::model::Method;
+use sonic_core::planner::Policy;
 
 use crate::agent::Capacity;
 
@@ -208,8 +210,8 @@ impl fmt::Display for JobMode {
 pub struct EdgeRun {
     pub from: String,
     pub to: String,
-    /// `vm-storage`, `direct` or `remote`.
-    pub method: String,
+    /// How it moved: `vm-storage`, `direct` or `remote` on the wire.
+    pub method: Method,
     pub bytes: u64,
     pub seconds: f64,
 }
@@ -250,7 +252,7 @@ pub struct JobSummary {
     pub job_id: String,
     pub dag: String,
     pub status: JobStatus,
-    pub policy: String,
+    pub policy: Policy,
     pub mode: JobMode,
     pub input_bytes: u64,
     pub latency_s: f64,
@@ -325,7 +327,7 @@ pub struct JobPlan {
     #[serde(default)]
     pub notes: Vec<String>,
     /// The `ofctl plan -o json` document at this job's input size (`null` when `used` is `none`).
-    pub report: serde_json::Value,
+    pub report: Option<crate::plan::PlanReport>,
     /// Per stage, the agents the plan's VMs were mapped onto.
     #[serde(default)]
     pub stages: Vec<StageHosts>,
@@ -540,7 +542,7 @@ mod tests {
 
     #[test]
     fn a_job_plan_without_exact_still_reads_and_none_is_not_written() {
-        let old = r#"{"used": "best", "notes": [], "report": {}, "stages": []}"#;
+        let old = r#"{"used": "best", "notes": [], "report": null, "stages": []}"#;
         let p: JobPlan = serde_json::from_str(old).expect("parse");
         assert_eq!(p.exact, None);
         assert!(

@@ -2,4 +2,5 @@
 
 pub mod agent;
 pub mod control;
+pub mod plan;
 pub mod token;

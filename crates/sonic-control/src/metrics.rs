@@ -317,23 +317,27 @@ impl Metrics {
             self.reg.inc(&INSTANCES_STARTED, &[start, &f.vm_type]);
         }
         for e in &s.edges {
-            self.reg.add(&PASSING_BYTES, &[&e.method], e.bytes as f64);
-            self.reg.add(&PASSING_SECONDS, &[&e.method], e.seconds);
+            self.reg
+                .add(&PASSING_BYTES, &[e.method.as_str()], e.bytes as f64);
+            self.reg
+                .add(&PASSING_SECONDS, &[e.method.as_str()], e.seconds);
         }
         if s.status != JobStatus::Succeeded {
             return;
         }
         self.reg
             .observe(&JOB_SECONDS, &[&s.dag, policy], s.latency_s);
-        let predicted = s.plan.as_ref().map(|p| &p.report["predicted"]);
+        let predicted = s
+            .plan
+            .as_ref()
+            .and_then(|p| p.report.as_ref())
+            .map(|r| r.predicted());
         if let Some(p) = predicted {
-            for (quantity, measured, key) in [
-                ("latency", s.latency_s, "latency_s"),
-                ("cost", s.cost_usd, "cost_usd"),
+            for (quantity, measured, pred) in [
+                ("latency", s.latency_s, p.latency_s),
+                ("cost", s.cost_usd, p.cost_usd),
             ] {
-                if let Some(pred) = p[key].as_f64()
-                    && measured > 0.0
-                {
+                if measured > 0.0 {
                     self.reg.observe(
                         &PREDICTION_ERROR,
                         &[quantity],
@@ -442,7 +446,7 @@ mod tests {
             job_id: "j-1".into(),
             dag: "fan".into(),
             status: JobStatus::Succeeded,
-            policy: "sonic".into(),
+            policy: sonic_core::planner::Policy::Sonic,
             mode: JobMode::Planned,
             input_bytes: 10,
             latency_s: 2.0,
@@ -453,7 +457,7 @@ mod tests {
             edges: vec![EdgeRun {
                 from: "gen".into(),
                 to: "mid".into(),
-                method: "direct".into(),
+                method: sonic_core::model::Method::Direct,
                 bytes: 1000,
                 seconds: 0.25,
             }],
@@ -463,7 +467,13 @@ mod tests {
             plan: Some(JobPlan {
                 used: sonic_api::control::PlanUsed::Best,
                 notes: Vec::new(),
-                report: serde_json::json!({"predicted": {"latency_s": 2.5, "cost_usd": 0.001}}),
+                report: Some(
+                    serde_json::from_value(serde_json::json!({
+                        "dag": "d", "policy": "sonic", "stages": [], "edges": [],
+                        "predicted": {"latency_s": 2.5, "cost_usd": 0.001, "perf_per_dollar": 400.0},
+                    }))
+                    .expect("a plan report"),
+                ),
                 stages: Vec::new(),
                 exact: None,
             }),

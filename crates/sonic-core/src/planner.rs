@@ -25,7 +25,7 @@ pub use explain::{MethodAlternative, OptionRow, StageDecision};
 use budget::{Frozen, Meter};
 
 /// How a job is planned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
     /// The exact planner.
@@ -181,8 +181,9 @@ pub struct PlanOutcome {
     pub stopped: Option<Stopped>,
 }
 
-/// The document `ofctl plan -o json` prints (interfaces.md §3).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// The document `ofctl plan -o json` prints (interfaces.md §3). Read back with the defaults of
+/// documents recorded before a field was added.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlanReport {
     pub dag: String,
     pub policy: Policy,
@@ -190,14 +191,24 @@ pub struct PlanReport {
     pub edges: Vec<PlanEdge>,
     pub predicted: Predicted,
     /// Per stage, the predicted timing of the plan above.
+    #[serde(default)]
     pub timing: Vec<StageTiming>,
+    #[serde(default)]
     pub second_best: Option<Plan>,
+    #[serde(default)]
     pub planning_time_us: u64,
     /// Whether the plan is proven optimal (`false`: a limit of the planning budget stopped the
     /// search and this is the best plan found within it; `stopped` says which).
+    #[serde(default = "proven")]
     pub exact: bool,
     /// The limit that stopped a search (`null` when none did).
+    #[serde(default)]
     pub stopped: Option<Stopped>,
+}
+
+/// Plans recorded before planning had a budget were all searched to the end.
+fn proven() -> bool {
+    true
 }
 
 impl PlanOutcome {

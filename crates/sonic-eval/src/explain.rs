@@ -28,8 +28,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use serde_json::Value;
 use sonic_api::control::JobSummary;
+use sonic_core::planner::StageTiming;
 
 /// One of the three terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,8 +187,14 @@ pub fn job_times(
             })
     };
     let predicted: BTreeMap<String, (Terms, f64)> = plan
-        .and_then(|p| p.report["timing"].as_array())
-        .map(|ts| ts.iter().filter_map(|t| predicted_stage(t, d)).collect())
+        .and_then(|p| p.report.as_ref())
+        .map(|r| {
+            r.plan
+                .timing
+                .iter()
+                .filter_map(|t| predicted_stage(t, d))
+                .collect()
+        })
         .unwrap_or_default();
     let mut ends: BTreeMap<&str, f64> = BTreeMap::new();
     let mut stages = Vec::new();
@@ -294,18 +300,19 @@ pub fn job_times(
     })
 }
 
-/// A plan's `timing` entry as (function, (terms, end)), divided by `d`.
-fn predicted_stage(t: &Value, d: f64) -> Option<(String, (Terms, f64))> {
-    let n = |k: &str| t[k].as_f64().filter(|x| x.is_finite()).map(|x| x / d);
+/// A plan's `timing` entry as (function, (terms, end)), divided by `d`; `None` when a figure
+/// is not finite.
+fn predicted_stage(t: &StageTiming, d: f64) -> Option<(String, (Terms, f64))> {
+    let n = |x: f64| x.is_finite().then_some(x / d);
     Some((
-        t["function"].as_str()?.to_owned(),
+        t.function.clone(),
         (
             Terms {
-                compute_s: n("compute_s")?,
-                data_s: n("upload_s")? + n("fetch_s")?,
-                wait_s: n("wait_s")?,
+                compute_s: n(t.compute_s)?,
+                data_s: n(t.upload_s)? + n(t.fetch_s)?,
+                wait_s: n(t.wait_s)?,
             },
-            n("end_s")?,
+            n(t.end_s)?,
         ),
     ))
 }
@@ -612,7 +619,8 @@ pub(crate) mod tests {
             "plan": {"used": "best", "notes": [], "stages": [
                 {"function": "a", "vm_type": "m5.large", "agents": ["x"], "concurrent": 2, "memory_limit_mb": 512},
                 {"function": "b", "vm_type": "m5.large", "agents": ["y", "z"], "concurrent": 1, "memory_limit_mb": 512}],
-             "report": {"predicted": {"latency_s": 3.0, "cost_usd": cost / 2.0, "requests_usd": 0.0},
+             "report": {"dag": "chain", "policy": "sonic", "stages": [], "edges": [],
+                "predicted": {"latency_s": 3.0, "cost_usd": cost / 2.0, "perf_per_dollar": 1.0 / (1.5 * cost), "requests_usd": 0.0},
                 "timing": [
                 {"function": "a", "ready_s": 0.0, "start_s": 0.0, "upload_s": 0.0, "wait_s": 0.0,
                  "fetch_s": 0.0, "compute_s": 1.0, "end_s": 1.0, "batches": 1},

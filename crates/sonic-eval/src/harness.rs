@@ -313,15 +313,13 @@ pub fn emulated(s: &JobSummary, d: f64) -> Emulated {
     let predicted = s
         .plan
         .as_ref()
-        .map(|p| &p.report["predicted"])
-        .filter(|p| p.is_object());
-    let number = |v: &Value, k: &str| v[k].as_f64().filter(|x| x.is_finite());
-    let predicted_latency_s = predicted
-        .and_then(|p| number(p, "latency_s"))
-        .map(|l| l / d);
+        .and_then(|p| p.report.as_ref())
+        .map(|r| r.predicted());
+    let number = |x: f64| x.is_finite().then_some(x);
+    let predicted_latency_s = predicted.and_then(|p| number(p.latency_s)).map(|l| l / d);
     let predicted_cost_usd = predicted.and_then(|p| {
-        let total = number(p, "cost_usd")?;
-        let requests = number(p, "requests_usd").unwrap_or(0.0).clamp(0.0, total);
+        let total = number(p.cost_usd)?;
+        let requests = number(p.requests_usd).unwrap_or(0.0).clamp(0.0, total);
         Some((total - requests) / d + requests)
     });
     Emulated {
@@ -373,14 +371,20 @@ mod tests {
         s.edges = vec![EdgeRun {
             from: "a".into(),
             to: "b".into(),
-            method: "remote".into(),
+            method: sonic_core::model::Method::Remote,
             bytes: 10,
             seconds: 2.0,
         }];
         s.plan = predicted.map(|p| JobPlan {
             used: sonic_api::control::PlanUsed::Best,
             notes: Vec::new(),
-            report: json!({ "predicted": p }),
+            report: Some(
+                serde_json::from_value(json!({
+                    "dag": "d", "policy": "sonic", "stages": [], "edges": [],
+                    "predicted": p,
+                }))
+                .expect("a plan report"),
+            ),
             stages: Vec::new(),
             exact: None,
         });
@@ -396,7 +400,9 @@ mod tests {
         let s = summary(
             8.0,
             0.004,
-            Some(json!({"latency_s": 6.0, "cost_usd": 0.0041, "requests_usd": 0.0001})),
+            Some(
+                json!({"latency_s": 6.0, "cost_usd": 0.0041, "perf_per_dollar": 40.0, "requests_usd": 0.0001}),
+            ),
         );
         let e = emulated(&s, 4.0);
         assert!(close(e.latency_s, 2.0) && close(e.cost_usd, 0.001) && close(e.edge_s, 0.5));
@@ -420,7 +426,7 @@ mod tests {
         let old = summary(
             8.0,
             0.004,
-            Some(json!({"latency_s": 6.0, "cost_usd": 0.004})),
+            Some(json!({"latency_s": 6.0, "cost_usd": 0.004, "perf_per_dollar": 40.0})),
         );
         assert!(close(
             emulated(&old, 2.0).predicted_cost_usd.unwrap(),

@@ -212,8 +212,8 @@ impl Row {
             planning_us: s
                 .plan
                 .as_ref()
-                .and_then(|p| p.report["planning_time_us"].as_f64())
-                .unwrap_or(0.0),
+                .and_then(|p| p.report.as_ref())
+                .map_or(0.0, |r| r.plan.planning_time_us as f64),
             predicted_latency_s: e.predicted_latency_s,
             predicted_cost_usd: e.predicted_cost_usd,
             dilation: if dilation.is_finite() && dilation >= 1.0 {
@@ -1081,10 +1081,12 @@ async fn record(
                 ));
             }
             // The first plan of each planned cell, as the control plane explained it.
-            if let Some(plan) = &s.plan {
+            if let Some(report) = s.plan.as_ref().and_then(|p| p.report.as_ref()) {
                 let name = format!("{experiment}-{app}-{}{policy}.json", slug(variant));
                 if !results.plans.iter().any(|(n, _)| *n == name) {
-                    results.plans.push((name, plan.report.clone()));
+                    results
+                        .plans
+                        .push((name, serde_json::to_value(report).unwrap_or_default()));
                 }
             }
             results.rows.push(row);

@@ -208,7 +208,7 @@ async fn a_file_moves_by_every_method_byte_exact() {
         let got = c.run(agent, &recv).await;
         assert_eq!(got.status, RunStatus::Succeeded, "{method}: {got:?}");
         assert_eq!(got.staged.len(), 1);
-        assert_eq!(got.staged[0].method, method);
+        assert_eq!(got.staged[0].method.as_str(), method);
         assert_eq!(got.staged[0].bytes, 3_145_728);
         assert_eq!(got.outputs.len(), 1, "{method}: {got:?}");
         assert_eq!(

@@ -2,33 +2,52 @@
 //! `direct`, `local`: SAND) would predict at the same DAG parameters, recorded with a planned
 //! job's plan (`report.baselines`) so its page can compare them with the plan that ran.
 
-use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+use sonic_api::plan::Baseline;
 use sonic_core::catalog::Catalog;
 use sonic_core::dag::Dag;
 use sonic_core::model::PlanProblem;
 use sonic_core::params::Params;
 use sonic_core::planner::{self, Policy};
 
-/// Per baseline policy, its predicted latency, cost and Perf/$ (`{"error": ...}` when it has no
-/// plan). Baselines ignore the DAG's bounds, as the planner's baselines do.
-pub fn baselines(dag: &Dag, params: &Params, catalog: Catalog) -> Value {
+/// Per baseline policy, its predicted latency, cost and Perf/$ (or why it has no plan).
+/// Baselines ignore the DAG's bounds, as the planner's baselines do.
+pub fn baselines(dag: &Dag, params: &Params, catalog: Catalog) -> BTreeMap<Policy, Baseline> {
+    let policies = [Policy::Remote, Policy::Direct, Policy::Local];
     let problem = match PlanProblem::from_dag(dag, params, catalog, dag.bounds) {
         Ok(p) => p,
-        Err(e) => return json!({ "error": e.to_string() }),
+        Err(e) => {
+            let error = e.to_string();
+            return policies
+                .into_iter()
+                .map(|p| {
+                    (
+                        p,
+                        Baseline::Failed {
+                            error: error.clone(),
+                        },
+                    )
+                })
+                .collect();
+        }
     };
-    let mut out = serde_json::Map::new();
-    for policy in [Policy::Remote, Policy::Direct, Policy::Local] {
-        let v = match planner::plan(&problem, policy) {
-            Ok(o) => json!({
-                "latency_s": o.best.predicted.latency_s,
-                "cost_usd": o.best.predicted.cost_usd,
-                "perf_per_dollar": o.best.predicted.perf_per_dollar,
-            }),
-            Err(e) => json!({ "error": e.to_string() }),
-        };
-        out.insert(policy.as_str().to_owned(), v);
-    }
-    Value::Object(out)
+    policies
+        .into_iter()
+        .map(|policy| {
+            let b = match planner::plan(&problem, policy) {
+                Ok(o) => Baseline::Predicted {
+                    latency_s: o.best.predicted.latency_s,
+                    cost_usd: o.best.predicted.cost_usd,
+                    perf_per_dollar: o.best.predicted.perf_per_dollar,
+                },
+                Err(e) => Baseline::Failed {
+                    error: e.to_string(),
+                },
+            };
+            (policy, b)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -46,7 +65,8 @@ mod tests {
             "functions:\n  gen: { memory_mb: 256, cold_s: 1.0, hot_s: 0.9, instances: 1 }\n  sink: { memory_mb: 256, cold_s: 0.5, hot_s: 0.4, instances: 1 }\nedges:\n  - { from: gen, to: sink, bytes: 10MB }\n",
         )
         .expect("params");
-        let v = baselines(&dag, &params, Catalog::default());
+        let v =
+            serde_json::to_value(baselines(&dag, &params, Catalog::default())).expect("encodes");
         for p in ["remote", "direct", "local"] {
             assert!(
                 v[p]["perf_per_dollar"].as_f64().is_some_and(|x| x > 0.0),

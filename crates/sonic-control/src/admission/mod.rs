@@ -269,7 +269,7 @@ async fn choose(
                 Some(JobPlan {
                     used: sonic_api::control::PlanUsed::None,
                     notes: vec![format!("{e}: the job profiles with remote instead")],
-                    report: serde_json::Value::Null,
+                    report: None,
                     stages: Vec::new(),
                     exact: None,
                 }),
@@ -293,7 +293,7 @@ pub async fn plan_again(ctx: &Context, job: &JobRecord) -> Result<Planned, Strin
     let overrides = job.params.clone().into_iter().collect();
     let fanouts = dag.fanouts(&dag.job_params(&overrides))?;
     let setting = crate::learn::job_setting(dag, &job.params);
-    let policy: Policy = job.policy.parse()?;
+    let policy = job.policy;
     let baseline = matches!(policy, Policy::Remote | Policy::Direct | Policy::Local);
     // The execution resolves the handlers again (and fails if one is gone); here an unresolved
     // one only counts as keeping nothing warm.
@@ -488,10 +488,7 @@ pub async fn submit(ctx: &Arc<Context>, req: SubmitJob) -> Result<JobAccepted, A
     if let Some(p) = choice.planned.as_mut() {
         // Why this plan: what the baselines would predict at the same parameters.
         let (catalog, _) = ctx.planning_catalog();
-        let baselines = baselines::baselines(dag, &p.params, catalog);
-        if let Some(map) = p.report.as_object_mut() {
-            map.insert("baselines".into(), baselines);
-        }
+        p.report.baselines = Some(baselines::baselines(dag, &p.params, catalog));
     }
     let mut inputs = Vec::new();
     if let Some((file, bytes)) = input {
@@ -508,7 +505,7 @@ pub async fn submit(ctx: &Arc<Context>, req: SubmitJob) -> Result<JobAccepted, A
         id: job_id.clone(),
         dag: dag.name.clone(),
         status: JobStatus::Queued,
-        policy: choice.policy.as_str().to_owned(),
+        policy: choice.policy,
         mode: choice.mode,
         input_bytes,
         params: req.params,
@@ -530,7 +527,7 @@ pub async fn submit(ctx: &Arc<Context>, req: SubmitJob) -> Result<JobAccepted, A
     ctx.metrics
         .job_submitted(choice.policy.as_str(), choice.mode.as_str());
     if let Some(p) = &choice.planned {
-        let us = p.report["planning_time_us"].as_f64().unwrap_or(0.0);
+        let us = p.report.plan.planning_time_us as f64;
         ctx.metrics.planned(choice.policy.as_str(), us / 1e6);
     }
     tracing::info!(job = %job_id, dag = %record.dag, policy = %choice.policy, mode = %choice.mode, reason = %choice.reason, input_bytes, "job submitted");

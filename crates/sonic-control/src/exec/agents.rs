@@ -358,19 +358,10 @@ impl AgentClient for MemoryAgents {
 /// A report of a run that succeeded having written nothing, for in-memory agents.
 pub fn succeeded(req: &RunRequest) -> RunReport {
     RunReport {
-        run_id: req.run_id(),
-        status: RunStatus::Succeeded,
         cold: Some(true),
         seconds: Some(0.0),
         start_latency_s: Some(0.0),
-        start_contention: None,
-        setup_s: None,
-        warm: None,
-        peak_memory_mb: None,
         exit_code: Some(0),
-        error: None,
-        staged: Vec::new(),
-        outputs: Vec::new(),
-        log: String::new(),
+        ..RunReport::new(req.run_id(), RunStatus::Succeeded)
     }
 }

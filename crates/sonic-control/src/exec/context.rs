@@ -11,9 +11,10 @@ use sonic_core::regression::Convergence;
 
 use crate::clock::Clock;
 use crate::exec::Runtime;
-use crate::learn::bandwidth::{BandwidthBook, TypeBandwidth};
+use crate::learn::bandwidth::BandwidthBook;
 use crate::metrics::Metrics;
 use crate::store::Db;
+use sonic_api::plan::TypeBandwidth;
 
 /// The domain's shared state.
 #[derive(Debug)]

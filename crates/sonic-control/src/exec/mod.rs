@@ -24,6 +24,7 @@ use sonic_api::agent::{RunReport, RunRequest, RunStatus};
 use sonic_api::control::{
     EdgeRun, FunctionRun, InstanceLog, JobEvent, JobPlan, JobStatus, JobSummary, StageHosts,
 };
+use sonic_api::plan::PlanReport;
 use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
 use sonic_core::dag::{Dag, Fanout};
 use sonic_core::regression::Convergence;
@@ -33,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::exec::agents::{AgentClient, AgentError, HttpAgents};
 use crate::exec::requests::{
-    JobInputFile, Method, Policy, Produced, StageContext, edge_methods, instance_runs, job_prefix,
+    JobInputFile, Method, Produced, StageContext, edge_methods, instance_runs, job_prefix,
     stage_runs,
 };
 use crate::learn::Planned;
@@ -651,7 +652,7 @@ impl Runtime {
         prefer: &[Vec<String>],
         cancel: &CancellationToken,
     ) -> Result<(Allocation, Planned), String> {
-        let policy: Policy = job.policy.parse()?;
+        let policy = job.policy;
         let id = job.id.clone();
         let waiting = |why: &str| {
             tracing::info!(job = %id, why, "job queued");
@@ -812,7 +813,7 @@ struct Progress {
     /// Per edge index: bytes the sending stage wrote for it (the model's edge bytes).
     written: BTreeMap<usize, u64>,
     /// Per edge index: the methods the agents reported staging its files with.
-    observed: BTreeMap<usize, BTreeSet<String>>,
+    observed: BTreeMap<usize, BTreeSet<Method>>,
     /// Per function index: each instance's time outside the data passing the model counts on
     /// the DAG's edges, and its lambda's own time ([`stage_overhead_s`]).
     outside_edges: BTreeMap<usize, Vec<(f64, f64)>>,
@@ -1251,34 +1252,24 @@ fn job_plan(
     dag: &Dag,
     alloc: &Allocation,
     agents: &[AgentSlot],
-    report: &serde_json::Value,
+    report: &PlanReport,
     warm: &crate::learn::warm::WarmPool,
 ) -> JobPlan {
-    let mut report = report.clone();
-    if alloc.used == crate::resources::planned::Used::SecondBest
-        && let Some(map) = report.as_object_mut()
-    {
-        // The document's top level is the plan that runs; the best one stays for the record.
-        let best = serde_json::json!({
-            "stages": map.get("stages").cloned().unwrap_or_default(),
-            "edges": map.get("edges").cloned().unwrap_or_default(),
-            "predicted": map.get("predicted").cloned().unwrap_or_default(),
-            "timing": map.get("timing").cloned().unwrap_or_default(),
-        });
-        if let Ok(serde_json::Value::Object(second)) = serde_json::to_value(&alloc.plan) {
-            map.extend(second);
+    // The document's top level is the plan that runs; the best one stays for the record.
+    let report = match alloc.used {
+        crate::resources::planned::Used::SecondBest => {
+            report.clone().running_second_best(alloc.plan.clone())
         }
-        map.insert("best".into(), best);
-    }
+        _ => report.clone(),
+    };
     // Planning that the budget cut short says so, in the record as in the report.
-    let exact = report.get("exact").and_then(serde_json::Value::as_bool);
     let mut notes = alloc.notes.clone();
-    match serde_json::from_value::<sonic_core::planner::Stopped>(report["stopped"].clone()) {
-        Ok(stopped) => notes.push(format!("planning budget: {stopped}")),
-        Err(_) if exact == Some(false) => {
+    match report.plan.stopped {
+        Some(stopped) => notes.push(format!("planning budget: {stopped}")),
+        None if !report.plan.exact => {
             notes.push("planning budget: the plan is not proven optimal".to_owned())
         }
-        Err(_) => {}
+        None => {}
     }
     let plan_stage = |i: usize| {
         alloc
@@ -1310,10 +1301,10 @@ fn job_plan(
         }
     }
     JobPlan {
-        exact,
+        exact: Some(report.plan.exact),
         used: alloc.used,
         notes,
-        report,
+        report: Some(report),
         stages: dag
             .functions
             .iter()
@@ -1426,7 +1417,7 @@ async fn run(
     let params_map = dag.job_params(&overrides);
     let fanouts = dag.fanouts(&params_map).map_err(Failure::Job)?;
     let params: serde_json::Map<String, serde_json::Value> = params_map.into_iter().collect();
-    let policy: Policy = job.policy.parse().map_err(Failure::Job)?;
+    let policy = job.policy;
     // Handlers are resolved once per execution: its runs all call the same code.
     let handlers = crate::exec::handlers::resolve(rt, &dag)
         .await
@@ -2161,7 +2152,7 @@ fn hold_direct_senders(dag: &Dag, f: &Finished, progress: &mut Progress) {
     let staging: f64 = f.report.staged.iter().map(|s| s.seconds.max(0.0)).sum();
     let staged_until = (f.started + Duration::from_secs_f64(staging)).min(f.ended);
     for s in &f.report.staged {
-        if s.method != "direct" {
+        if s.method != Method::Direct {
             continue;
         }
         let mut parts = s.dest.split('/');
@@ -2238,14 +2229,10 @@ fn record_instance(
         let entry = per_edge.entry(edge).or_default();
         entry.0 += s.bytes;
         entry.1 += s.seconds;
-        if s.method == "remote" && s.fetched {
+        if s.method == Method::Remote && s.fetched {
             progress.store.gets += 1;
         }
-        progress
-            .observed
-            .entry(edge)
-            .or_default()
-            .insert(s.method.clone());
+        progress.observed.entry(edge).or_default().insert(s.method);
     }
     let staged_on_edges: f64 = per_edge.values().map(|(_, s)| s).sum();
     for (edge, (bytes, seconds)) in per_edge {
@@ -2751,14 +2738,10 @@ async fn result_outputs(state: &Arc<Context>, rt: &Runtime, job: &str) -> Vec<St
 }
 
 /// The method the agents reported for an edge when they agree, else the one the job chose.
-fn edge_method(p: &Progress, edge: usize) -> String {
+fn edge_method(p: &Progress, edge: usize) -> Method {
     match p.observed.get(&edge) {
-        Some(seen) if seen.len() == 1 => seen.iter().next().cloned().unwrap_or_default(),
-        _ => p
-            .methods
-            .get(edge)
-            .map_or("remote", |m| m.as_str())
-            .to_owned(),
+        Some(seen) if seen.len() == 1 => seen.iter().next().copied().unwrap_or(Method::Remote),
+        _ => p.methods.get(edge).copied().unwrap_or(Method::Remote),
     }
 }
 
@@ -2827,7 +2810,7 @@ fn summarize(
         } else {
             JobStatus::Succeeded
         },
-        policy: job.policy.clone(),
+        policy: job.policy,
         mode: job.mode,
         input_bytes: job.input_bytes,
         latency_s,

@@ -139,20 +139,8 @@ mod tests {
 
     fn report(id: &str) -> RunReport {
         RunReport {
-            run_id: id.into(),
-            status: RunStatus::Succeeded,
-            cold: None,
-            seconds: None,
-            start_latency_s: None,
-            start_contention: None,
-            setup_s: None,
-            warm: None,
-            peak_memory_mb: None,
             exit_code: Some(0),
-            error: None,
-            staged: Vec::new(),
-            outputs: Vec::new(),
-            log: String::new(),
+            ..RunReport::new(id.into(), RunStatus::Succeeded)
         }
     }
 

@@ -941,7 +941,7 @@ async fn dag_plan(
     State(state): State<Shared>,
     name: Result<Path<String>, PathRejection>,
     query: Result<Query<PlanQuery>, QueryRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<sonic_api::plan::PlanReport>, ApiError> {
     let name = checked_dag_name(path_param(name)?)?;
     let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let input_bytes = q.input_bytes.ok_or_else(|| {

@@ -612,7 +612,7 @@ fn main_schemas(int: &Value, time: &Value) -> Value {
         },
         "PlanReport": {
             "type": "object",
-            "description": "interfaces.md section 3 (`ofctl plan -o json`), plus input_bytes, models_converged, network_mbps (per VM type: the bandwidth used and its source, measured or catalog) and warm_pool; a job's plan that ran its second-best plan has it at the top level and the best one under `best`",
+            "description": "interfaces.md section 3 (`ofctl plan -o json`), plus input_bytes, models_converged, network_mbps (per VM type: the bandwidth used and its source, measured or catalog), warm_pool, baselines (a job's plan: per baseline policy, its prediction or error) and vm_limits (when re-planned under the pool); a job's plan that ran its second-best plan has it at the top level and the best one under `best`",
             "required": ["dag", "policy", "stages", "edges", "predicted", "planning_time_us"],
             "properties": {
                 "dag": { "type": "string" },

@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use serde::Serialize;
 use sonic_api::agent::BandwidthReport;
+use sonic_api::plan::{BandwidthSource, TypeBandwidth};
 use sonic_core::catalog::Catalog;
 
 /// Weight of the newest agent report in its VM type's average.
@@ -33,17 +33,6 @@ struct Book {
 #[derive(Debug, Default)]
 pub struct BandwidthBook {
     book: Mutex<Book>,
-}
-
-/// Where a VM type's bandwidth in a plan came from.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct TypeBandwidth {
-    /// The bandwidth planned with, megabits per second.
-    pub network_mbps: f64,
-    /// `measured` (the agents' moving average) or `catalog` (nobody measured it yet).
-    pub source: &'static str,
-    /// Agent reports averaged (0 for `catalog`).
-    pub reports: u64,
 }
 
 impl BandwidthBook {
@@ -97,13 +86,13 @@ impl BandwidthBook {
                     vm.network_mbps = mbps;
                     TypeBandwidth {
                         network_mbps: mbps,
-                        source: "measured",
+                        source: BandwidthSource::Measured,
                         reports,
                     }
                 }
                 None => TypeBandwidth {
                     network_mbps: vm.network_mbps,
-                    source: "catalog",
+                    source: BandwidthSource::Catalog,
                     reports: 0,
                 },
             };
@@ -155,7 +144,7 @@ mod tests {
         let (c, used) = b.apply(&Catalog::default());
         let large = c.vm_type("m5.large").expect("type");
         assert_eq!(large.network_mbps, 200.0);
-        assert_eq!(used["m5.large"].source, "measured");
+        assert_eq!(used["m5.large"].source, BandwidthSource::Measured);
         assert_eq!(used["m5.large"].reports, 1);
         let xl = c.vm_type("m5.xlarge").expect("type");
         assert_eq!(
@@ -165,6 +154,6 @@ mod tests {
                 .expect("type")
                 .network_mbps
         );
-        assert_eq!(used["m5.xlarge"].source, "catalog");
+        assert_eq!(used["m5.xlarge"].source, BandwidthSource::Catalog);
     }
 }

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use sonic_api::control::{
     DagModeView, DagModelsView, DriftWatch, JobMode, ModelView, SettingModelsView,
 };
+use sonic_api::plan::{PlanReport, TypeBandwidth};
 use sonic_core::catalog::Catalog;
 use sonic_core::dag::{Dag, Fanout};
 use sonic_core::mode::{self, DagMode, Mode};
@@ -32,7 +33,6 @@ use sonic_core::regression::{Convergence, DagModels, FunctionSample, MAX_SAMPLES
 use sonic_core::setting::Setting;
 use sonic_core::units::ByteSize;
 
-use crate::learn::bandwidth::TypeBandwidth;
 use crate::store::{Db, Derived, ModelRecord, SampleRecord, StoreError};
 
 /// Seeds the models' cross-validation folds: a fit is a pure function of its samples.
@@ -924,7 +924,7 @@ pub struct Planned {
     pub params: Params,
     /// The `ofctl plan -o json` document, with `input_bytes`, `models_converged` and
     /// `network_mbps` (each VM type's bandwidth and where it came from) added.
-    pub report: serde_json::Value,
+    pub report: PlanReport,
     /// What the agents kept warm for the DAG's functions when it was planned (stages the plan
     /// prices hot: `PlanStage::warm`); the resource manager prefers those agents.
     pub warm: crate::learn::warm::WarmPool,
@@ -965,9 +965,7 @@ pub fn plan_for(
         started,
         warm,
     )?;
-    if let Some(map) = planned.report.as_object_mut() {
-        map.insert("models_converged".into(), models.converged().into());
-    }
+    planned.report.models_converged = Some(models.converged());
     Ok(planned)
 }
 
@@ -1092,14 +1090,8 @@ pub fn plan_with(
             "planning stopped at its budget"
         );
     }
-    if let Some(map) = report.as_object_mut() {
-        map.insert("input_bytes".into(), input_bytes.into());
-        map.insert(
-            "network_mbps".into(),
-            serde_json::to_value(bandwidth).unwrap_or_default(),
-        );
-        map.insert("warm_pool".into(), pool.report());
-    }
+    report.network_mbps = bandwidth.clone();
+    report.warm_pool = pool.report();
     Ok(Planned {
         outcome,
         params,
@@ -1117,7 +1109,7 @@ fn solve(
     policy: Policy,
     budget: Budget,
     started: &Instant,
-) -> Result<(PlanOutcome, u64, serde_json::Value), PlanFailure> {
+) -> Result<(PlanOutcome, u64, PlanReport), PlanFailure> {
     let infeasible = |why: String| PlanFailure::Infeasible {
         dag: dag.name.clone(),
         input_bytes,
@@ -1132,8 +1124,7 @@ fn solve(
         e => infeasible(e.to_string()),
     })?;
     let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-    let report = serde_json::to_value(outcome.report(&dag.name, policy, us))
-        .map_err(|e| infeasible(format!("cannot encode the plan: {e}")))?;
+    let report = PlanReport::new(outcome.report(&dag.name, policy, us), input_bytes);
     Ok((outcome, us, report))
 }
 
@@ -1150,7 +1141,7 @@ pub fn replan(
     limits: &BTreeMap<String, u32>,
 ) -> Result<Planned, PlanFailure> {
     let started = Instant::now();
-    let input_bytes = planned.report["input_bytes"].as_u64().unwrap_or(0);
+    let input_bytes = planned.report.input_bytes;
     let infeasible = |why: String| PlanFailure::Infeasible {
         dag: dag.name.clone(),
         input_bytes,
@@ -1163,16 +1154,12 @@ pub fn replan(
         })
         .and_then(|p| p.with_vm_limits(limits))
         .map_err(|e| infeasible(e.to_string()))?;
-    let (outcome, _, mut report) = solve(dag, input_bytes, &problem, policy, budget, &started)?;
-    if let (Some(map), Some(old)) = (report.as_object_mut(), planned.report.as_object()) {
-        for (k, v) in old {
-            map.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-        map.insert(
-            "vm_limits".into(),
-            serde_json::to_value(limits).unwrap_or_default(),
-        );
-    }
+    let (outcome, _, new) = solve(dag, input_bytes, &problem, policy, budget, &started)?;
+    let report = PlanReport {
+        plan: new.plan,
+        vm_limits: Some(limits.clone()),
+        ..planned.report.clone()
+    };
     Ok(Planned {
         outcome,
         params: planned.params.clone(),
@@ -2005,7 +1992,7 @@ edges:
         .expect("plan");
         // The job asks for 3 mids; the models only ever saw 2.
         assert_eq!(planned.params.functions["mid"].instances, 3);
-        let r = &planned.report;
+        let r = &serde_json::to_value(&planned.report).expect("encodes");
         assert_eq!(r["exact"], true, "within the default budget");
         assert_eq!(r["dag"], "fan");
         assert_eq!(r["policy"], "sonic");
@@ -2071,7 +2058,7 @@ edges:
         )
         .expect("the best plan known");
         assert!(!planned.outcome.exact);
-        let r = &planned.report;
+        let r = &serde_json::to_value(&planned.report).expect("encodes");
         assert_eq!(r["exact"], false);
         assert_eq!(r["stopped"]["limit"], "expansions");
         assert_eq!(r["stopped"]["search"], "best");

@@ -327,21 +327,22 @@ impl WarmPool {
     }
 
     /// The pool as a plan report shows it (`warm_pool`): per function, one entry per agent
-    /// keeping idle warm environments of it (`agent`, `vm_type`, `idle`).
-    pub fn report(&self) -> serde_json::Value {
+    /// keeping idle warm environments of it.
+    pub fn report(&self) -> BTreeMap<String, Vec<sonic_api::plan::WarmAgent>> {
         self.functions
             .iter()
             .map(|(f, on)| {
-                let agents: Vec<serde_json::Value> = on
+                let agents = on
                     .iter()
-                    .map(|(agent, (vm_type, idle))| {
-                        serde_json::json!({ "agent": agent, "vm_type": vm_type, "idle": idle })
+                    .map(|(agent, (vm_type, idle))| sonic_api::plan::WarmAgent {
+                        agent: agent.clone(),
+                        vm_type: vm_type.clone(),
+                        idle: *idle,
                     })
                     .collect();
-                (f.clone(), serde_json::Value::Array(agents))
+                (f.clone(), agents)
             })
-            .collect::<serde_json::Map<_, _>>()
-            .into()
+            .collect()
     }
 
     /// How many idle warm environments of `function` `agent` keeps.
@@ -404,7 +405,7 @@ mod tests {
         assert_eq!(by_type["a"]["c5.large"], vec![1]);
         assert!(!by_type.contains_key("b"));
         assert_eq!(
-            pool.report(),
+            serde_json::to_value(pool.report()).expect("encodes"),
             serde_json::json!({ "a": [
                 { "agent": "x", "vm_type": "m5.large", "idle": 2 },
                 { "agent": "y", "vm_type": "m5.large", "idle": 3 },

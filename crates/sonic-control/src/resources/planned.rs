@@ -364,10 +364,14 @@ edges:
     }
 
     fn planned(with_second: bool) -> Planned {
+        let outcome = outcome(with_second);
         Planned {
-            outcome: outcome(with_second),
+            report: sonic_api::plan::PlanReport::new(
+                outcome.report("d", sonic_core::planner::Policy::Sonic, 0),
+                0,
+            ),
+            outcome,
             params: params(2000.0),
-            report: serde_json::Value::Null,
             warm: crate::learn::warm::WarmPool::default(),
         }
     }

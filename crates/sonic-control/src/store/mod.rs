@@ -35,6 +35,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sonic_api::agent::{Capacity, Heartbeat, RunReport};
 use sonic_api::control::{InstanceLog, JobMode, JobPlan, JobStatus, JobSummary};
+use sonic_core::planner::Policy;
 
 /// The database's file name inside the data directory.
 pub const DB_FILE: &str = "sonic.db";
@@ -295,7 +296,7 @@ pub struct JobRecord {
     /// Queued, running, or how it ended.
     pub status: JobStatus,
     /// The policy it runs with.
-    pub policy: String,
+    pub policy: Policy,
     /// Profiling or planned.
     pub mode: JobMode,
     /// The size of its input.
@@ -841,7 +842,11 @@ fn job_row(row: &Row<'_>) -> rusqlite::Result<JobRecord> {
         id: row.get(0)?,
         dag: row.get(1)?,
         status: parsed_col(row, 2)?,
-        policy: row.get(3)?,
+        policy: {
+            let text: String = row.get(3)?;
+            text.parse::<Policy>()
+                .map_err(|e| rusqlite::Error::FromSqlConversionFailure(3, Type::Text, e.into()))?
+        },
         mode: parsed_col(row, 4)?,
         input_bytes: u64_col(row, 5)?,
         params: json_col(row, 6)?,
@@ -1646,7 +1651,7 @@ impl Writer<'_> {
                     job.id,
                     job.dag,
                     job.status.as_str(),
-                    job.policy,
+                    job.policy.as_str(),
                     job.mode.as_str(),
                     input_bytes,
                     params_text,
@@ -1877,7 +1882,7 @@ mod tests {
             id: id.into(),
             dag: dag.into(),
             status: JobStatus::Queued,
-            policy: "remote".into(),
+            policy: Policy::Remote,
             mode: JobMode::Profiling,
             input_bytes: 200_000_000,
             params,
@@ -1897,7 +1902,7 @@ mod tests {
             job_id: id.into(),
             dag: "ml".into(),
             status: JobStatus::Succeeded,
-            policy: "remote".into(),
+            policy: Policy::Remote,
             mode: JobMode::Profiling,
             input_bytes: 200_000_000,
             latency_s: 31.2,
@@ -1908,7 +1913,7 @@ mod tests {
             edges: vec![EdgeRun {
                 from: "pca".into(),
                 to: "train".into(),
-                method: "remote".into(),
+                method: sonic_core::model::Method::Remote,
                 bytes: 4_800_000_000,
                 seconds: 2.1,
             }],
@@ -2574,7 +2579,13 @@ mod tests {
         let plan = JobPlan {
             used: sonic_api::control::PlanUsed::SecondBest,
             notes: vec!["vm-storage refused".into()],
-            report: json!({"dag": "ml"}),
+            report: Some(
+                serde_json::from_value(json!({
+                    "dag": "ml", "policy": "sonic", "stages": [], "edges": [],
+                    "predicted": {"latency_s": 1.0, "cost_usd": 0.001, "perf_per_dollar": 1000.0},
+                }))
+                .expect("a plan report"),
+            ),
             stages: vec![],
             exact: None,
         };

@@ -374,7 +374,7 @@ async fn the_pages_show_a_dag_a_job_started_from_the_form_and_the_agents() {
         ids.push((id, s));
     }
     let (planned, s) = &ids[3];
-    assert_eq!(s.policy, "sonic", "{s:?}");
+    assert_eq!(s.policy.as_str(), "sonic", "{s:?}");
 
     // The job's page: its status, every edge's method, the timeline, the plan and why.
     let (status, page) = get(&format!("/jobs/{planned}")).await;
@@ -397,7 +397,7 @@ async fn the_pages_show_a_dag_a_job_started_from_the_form_and_the_agents() {
     assert!(page.contains(">Start</th>"), "the stages' start");
     let plan = s.plan.as_ref().expect("a planned job's plan");
     for st in &plan.stages {
-        let prewarmed = plan.report["stages"]
+        let prewarmed = crate::support::report_json(plan)["stages"]
             .as_array()
             .into_iter()
             .flatten()

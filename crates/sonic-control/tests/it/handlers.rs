@@ -415,7 +415,10 @@ async fn mixed_dag_under_every_policy(sandbox: SandboxChoice) {
             p => Some(p),
         };
         if let Some(m) = method {
-            assert!(s.edges.iter().all(|e| e.method == m), "{policy}: {v}");
+            assert!(
+                s.edges.iter().all(|e| e.method.as_str() == m),
+                "{policy}: {v}"
+            );
         } else {
             assert_eq!(s.mode, JobMode::Planned, "sonic plans once converged: {v}");
         }

@@ -347,7 +347,7 @@ async fn a_dag_runs_under_every_policy_with_identical_results() {
         let (v, s) = c.wait(&id).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
         assert_summary_shape(&v);
-        assert_eq!(s.policy, policy);
+        assert_eq!(s.policy.as_str(), policy);
         assert_eq!(s.input_bytes, input.len() as u64);
         assert!(s.latency_s > 0.0);
         assert!(s.cost_usd > 0.0, "{policy}: cost from the catalog price");
@@ -388,7 +388,7 @@ async fn a_dag_runs_under_every_policy_with_identical_results() {
         };
         assert_eq!(s.edges.len(), 2);
         for e in &s.edges {
-            assert_eq!(e.method, method, "{v}");
+            assert_eq!(e.method.as_str(), method, "{v}");
         }
         // Broadcast: each mid receives the whole input; gather: sink receives both copies.
         let n = input.len() as u64;
@@ -669,7 +669,7 @@ async fn a_job_running_at_restart_is_failed() {
         id: "j-left".into(),
         dag: "fan".into(),
         status: JobStatus::Running,
-        policy: "remote".into(),
+        policy: sonic_core::planner::Policy::Remote,
         mode: sonic_api::control::JobMode::Profiling,
         input_bytes: 0,
         params: Default::default(),
@@ -906,7 +906,7 @@ async fn a_planned_job_whose_edge_methods_change_at_resume_starts_over_and_succe
         "{v}"
     );
     assert!(
-        !s.edges.is_empty() && s.edges.iter().all(|e| e.method == "remote"),
+        !s.edges.is_empty() && s.edges.iter().all(|e| e.method.as_str() == "remote"),
         "{v}"
     );
     c.assert_copies(&s, 2, &input).await;
@@ -1363,7 +1363,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         [PlanUsed::Best, PlanUsed::SecondBest].contains(&jp.used),
         "{v}"
     );
-    assert_eq!(jp.report["input_bytes"], 120_000);
+    assert_eq!(crate::support::report_json(&jp)["input_bytes"], 120_000);
     assert_eq!(jp.stages.len(), 3);
     for st in &jp.stages {
         assert!(!st.agents.is_empty(), "{st:?}");
@@ -1371,8 +1371,9 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         assert!(st.concurrent >= 1);
     }
     // Each edge moved data the way the plan that ran says.
+    let report = crate::support::report_json(&jp);
     for e in &planned.edges {
-        let want = jp.report["edges"]
+        let want = report["edges"]
             .as_array()
             .expect("edges")
             .iter()
@@ -1480,7 +1481,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     // The cheapest plan keeps every file on one m5.large VM (same predicted times, half the
     // price of m5.xlarge, no transfer at all).
     assert!(
-        best.report["edges"]
+        crate::support::report_json(&best)["edges"]
             .as_array()
             .expect("edges")
             .iter()
@@ -1521,7 +1522,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         replanned.notes
     );
     assert_eq!(
-        replanned.report["vm_limits"],
+        crate::support::report_json(&replanned)["vm_limits"],
         json!({ "m5.large": 0, "m5.xlarge": 2 }),
         "{v}"
     );
@@ -1554,7 +1555,11 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         "{v}"
     );
     let plan = s.plan.clone().expect("an oracle job records its plan");
-    assert_eq!(plan.report["policy"], "oracle", "{v}");
+    assert_eq!(
+        crate::support::report_json(&plan)["policy"],
+        "oracle",
+        "{v}"
+    );
     assert_eq!(
         c.results(&s).await,
         want,
@@ -1570,10 +1575,12 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         "{v}"
     );
     assert_eq!(
-        s.plan.as_ref().map(|p| p.report["policy"].clone()),
+        s.plan
+            .as_ref()
+            .map(|p| crate::support::report_json(p)["policy"].clone()),
         Some(json!("remote"))
     );
-    assert!(s.edges.iter().all(|e| e.method == "remote"), "{v}");
+    assert!(s.edges.iter().all(|e| e.method.as_str() == "remote"), "{v}");
     assert_eq!(
         c.results(&s).await,
         want,
@@ -1715,7 +1722,7 @@ async fn a_planned_job_after_another_is_priced_and_granted_warm() {
     assert!(profiled < 5, "the models never converged");
     let plan_of = |s: &JobSummary| s.plan.clone().expect("a planned job has a plan");
     let priced_warm = |p: &JobPlan| -> Vec<String> {
-        p.report["stages"]
+        crate::support::report_json(p)["stages"]
             .as_array()
             .expect("stages")
             .iter()
@@ -1730,7 +1737,7 @@ async fn a_planned_job_after_another_is_priced_and_granted_warm() {
     assert!(priced_warm(&plan_of(&first)).is_empty(), "{v}");
     // This control plane prewarms (the default): the stages that read from others are priced
     // without their cold start, the first one is not.
-    let prewarmed: Vec<(String, bool)> = plan_of(&first).report["stages"]
+    let prewarmed: Vec<(String, bool)> = crate::support::report_json(&plan_of(&first))["stages"]
         .as_array()
         .expect("stages")
         .iter()

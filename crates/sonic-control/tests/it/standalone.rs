@@ -264,7 +264,7 @@ async fn joined_agents_run_a_job_under_every_policy_over_tls() {
         } else {
             policy
         };
-        assert!(s.edges.iter().all(|e| e.method == method), "{v}");
+        assert!(s.edges.iter().all(|e| e.method.as_str() == method), "{v}");
         let agents: std::collections::BTreeSet<&str> =
             s.functions.iter().map(|f| f.agent.as_str()).collect();
         if policy == "direct" {

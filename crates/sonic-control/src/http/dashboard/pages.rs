@@ -11,7 +11,9 @@ use axum::response::{Html, IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
 use sonic_api::control::{AgentInfo, InstanceLog, JobEvent, JobStatus, JobSummary, PlanUsed};
+use sonic_api::plan::Baseline;
 use sonic_core::dag::{Dag, Instances};
+use sonic_core::planner::{Policy, Predicted};
 use sonic_core::regression::Model;
 
 use super::html::{self, esc, page, url};
@@ -197,7 +199,7 @@ fn job_rows(jobs: &[JobRecord]) -> Vec<Vec<String>> {
                 format!("<a href=\"/dags/{}\">{}</a>", url(&s.dag), esc(&s.dag)),
                 html::status(s.status),
                 esc(s.mode.as_str()),
-                esc(&s.policy),
+                esc(s.policy.as_str()),
                 html::bytes(s.input_bytes as f64),
                 html::when(r.created_ms),
                 if ended {
@@ -724,7 +726,7 @@ pub async fn jobs(
     let shown: Vec<JobRecord> = all
         .into_iter()
         .filter(|j| status.is_none_or(|s| j.status == s))
-        .filter(|j| policy.as_deref().is_none_or(|p| j.policy == p))
+        .filter(|j| policy.as_deref().is_none_or(|p| j.policy.as_str() == p))
         .take(limit)
         .collect();
     let names: Vec<String> = dags.iter().map(|d| d.name.clone()).collect();
@@ -839,8 +841,14 @@ pub async fn cancel(
     Ok(see_other(&format!("/jobs/{}", url(&id))))
 }
 
-fn predicted(report: &Value, key: &str) -> Option<f64> {
-    report["predicted"][key].as_f64()
+/// One figure of a prediction, by the key the pages name it with.
+fn predicted(p: &Predicted, key: &str) -> Option<f64> {
+    match key {
+        "latency_s" => Some(p.latency_s),
+        "cost_usd" => Some(p.cost_usd),
+        "perf_per_dollar" => Some(p.perf_per_dollar),
+        _ => None,
+    }
 }
 
 fn job_body(v: &JobView) -> String {
@@ -855,7 +863,7 @@ fn job_body(v: &JobView) -> String {
         html::status(s.status),
         url(&s.dag),
         esc(&s.dag),
-        esc(&s.policy),
+        esc(s.policy.as_str()),
         esc(s.mode.as_str()),
         html::bytes(s.input_bytes as f64),
         html::when(r.created_ms)
@@ -909,7 +917,7 @@ fn job_body(v: &JobView) -> String {
         );
     }
 
-    let report = s.plan.as_ref().map(|p| &p.report).filter(|r| r.is_object());
+    let report = s.plan.as_ref().and_then(|p| p.report.as_ref());
 
     // Predicted against measured.
     if let Some(rep) = report {
@@ -925,7 +933,7 @@ fn job_body(v: &JobView) -> String {
             ("Cost", "cost_usd", s.cost_usd, html::usd),
             ("Perf/$", "perf_per_dollar", s.perf_per_dollar, html::num),
         ] {
-            let p = predicted(rep, key);
+            let p = predicted(&rep.plan.predicted, key);
             let have = ended && measured > 0.0;
             let err = match (p, have) {
                 (Some(p), true) => html::pct((p - measured).abs() / measured),
@@ -965,47 +973,58 @@ fn job_body(v: &JobView) -> String {
         }
         if let Some(rep) = report {
             let mut rows = Vec::new();
-            let row = |name: String, p: &Value| -> Vec<String> {
-                let get = |k: &str| p[k].as_f64();
-                match p["error"].as_str() {
-                    Some(e) => vec![
+            let row = |name: String, p: Option<Baseline>| -> Vec<String> {
+                match p {
+                    Some(Baseline::Failed { error }) => vec![
                         name,
                         "-".into(),
                         "-".into(),
-                        format!("<span class=\"muted\">{}</span>", esc(e)),
+                        format!("<span class=\"muted\">{}</span>", esc(&error)),
                     ],
-                    None => vec![
+                    Some(Baseline::Predicted {
+                        latency_s,
+                        cost_usd,
+                        perf_per_dollar,
+                    }) => vec![
                         name,
-                        get("latency_s").map_or("-".into(), html::secs),
-                        get("cost_usd").map_or("-".into(), html::usd),
-                        get("perf_per_dollar").map_or("-".into(), html::num),
+                        html::secs(latency_s),
+                        html::usd(cost_usd),
+                        html::num(perf_per_dollar),
                     ],
+                    None => vec![name, "-".into(), "-".into(), "-".into()],
                 }
             };
+            let of = |p: &Predicted| {
+                Some(Baseline::Predicted {
+                    latency_s: p.latency_s,
+                    cost_usd: p.cost_usd,
+                    perf_per_dollar: p.perf_per_dollar,
+                })
+            };
             rows.push(row(
-                format!("<b>the plan that ran ({})</b>", esc(&s.policy)),
-                &rep["predicted"],
+                format!("<b>the plan that ran ({})</b>", esc(s.policy.as_str())),
+                of(&rep.plan.predicted),
             ));
             if plan.used == PlanUsed::SecondBest {
                 rows.push(row(
                     "the best plan (refused)".into(),
-                    &rep["best"]["predicted"],
+                    rep.best.as_ref().and_then(|b| of(&b.predicted)),
                 ));
-            } else if rep["second_best"].is_object() {
+            } else if let Some(second) = &rep.plan.second_best {
                 rows.push(row(
                     "second best (no vm-storage where the best uses it)".into(),
-                    &rep["second_best"]["predicted"],
+                    of(&second.predicted),
                 ));
             }
-            if let Some(b) = rep["baselines"].as_object() {
+            if let Some(b) = &rep.baselines {
                 for (policy, p) in b {
-                    let what = match policy.as_str() {
-                        "remote" => "remote: every edge through the store (OpenLambda + S3)",
-                        "direct" => "direct: every edge VM to VM",
-                        "local" => "local: one VM, vm-storage (SAND)",
-                        other => other,
+                    let what = match policy {
+                        Policy::Remote => "remote: every edge through the store (OpenLambda + S3)",
+                        Policy::Direct => "direct: every edge VM to VM",
+                        Policy::Local => "local: one VM, vm-storage (SAND)",
+                        other => other.as_str(),
                     };
-                    rows.push(row(format!("baseline {}", esc(what)), p));
+                    rows.push(row(format!("baseline {}", esc(what)), Some(p.clone())));
                 }
             }
             out.push_str(&html::table(
@@ -1013,7 +1032,7 @@ fn job_body(v: &JobView) -> String {
                 &["Plan", "Latency ", "Cost ", "Perf/$ "],
                 &rows,
             ));
-            if rep.get("baselines").is_none() {
+            if rep.baselines.is_none() {
                 out.push_str("<p class=\"muted\">The baselines' predictions were not recorded for this job.</p>");
             }
         }
@@ -1021,23 +1040,20 @@ fn job_body(v: &JobView) -> String {
             .stages
             .iter()
             .map(|st| {
-                let vms = report
-                    .and_then(|r| r["stages"].as_array())
-                    .and_then(|a| a.iter().find(|x| x["function"] == st.function.as_str()));
+                let vms =
+                    report.and_then(|r| r.plan.stages.iter().find(|x| x.function == st.function));
                 vec![
                     esc(&st.function),
                     esc(&st.vm_type),
-                    vms.and_then(|x| x["vms"].as_u64())
-                        .map_or_else(|| st.agents.len().to_string(), |n| n.to_string()),
-                    vms.and_then(|x| x["per_vm"].as_u64())
-                        .map_or("-".into(), |n| n.to_string()),
+                    vms.map_or_else(|| st.agents.len().to_string(), |x| x.vms.to_string()),
+                    vms.map_or("-".into(), |x| x.per_vm.to_string()),
                     st.concurrent.to_string(),
                     format!("{} MB", st.memory_limit_mb),
                     // How the plan priced its first batch: in containers its agents kept warm,
                     // in containers started while its senders ran, or cold.
                     if st.warm {
                         "warm".into()
-                    } else if vms.is_some_and(|x| x["prewarmed"] == true) {
+                    } else if vms.is_some_and(|x| x.prewarmed) {
                         "prewarmed".into()
                     } else {
                         "cold".into()
@@ -1067,25 +1083,21 @@ fn job_body(v: &JobView) -> String {
     // Edges: the graph with each edge's method, and the numbers.
     if let Some(dag) = &v.dag {
         out.push_str("<h2>Data passing</h2>");
+        let planned_edge = |from: &str, to: &str| {
+            report.and_then(|r| r.plan.edges.iter().find(|e| e.from == from && e.to == to))
+        };
         let planned_method = |from: &str, to: &str| -> Option<String> {
-            report
-                .and_then(|r| r["edges"].as_array())
-                .and_then(|a| a.iter().find(|e| e["from"] == from && e["to"] == to))
-                .and_then(|e| e["method"].as_str().map(str::to_owned))
+            planned_edge(from, to).map(|e| e.method.as_str().to_owned())
         };
-        let predicted_s = |from: &str, to: &str| -> Option<f64> {
-            report
-                .and_then(|r| r["edges"].as_array())
-                .and_then(|a| a.iter().find(|e| e["from"] == from && e["to"] == to))
-                .and_then(|e| e["predicted_s"].as_f64())
-        };
+        let predicted_s =
+            |from: &str, to: &str| -> Option<f64> { planned_edge(from, to).map(|e| e.predicted_s) };
         let mut labels = Vec::new();
         let mut rows = Vec::new();
         for e in &dag.edges {
             let (from, to) = (&dag.functions[e.from].name, &dag.functions[e.to].name);
             let measured = s.edges.iter().find(|x| &x.from == from && &x.to == to);
             let method = measured
-                .map(|m| m.method.clone())
+                .map(|m| m.method.as_str().to_owned())
                 .or_else(|| planned_method(from, to));
             labels.push(EdgeLabel {
                 text: method.clone().unwrap_or_else(|| kind_name(e.kind)),
@@ -1137,7 +1149,7 @@ fn job_body(v: &JobView) -> String {
                         "<span data-edge=\"{}-&gt;{}\">{}</span>",
                         esc(&e.from),
                         esc(&e.to),
-                        esc(&e.method)
+                        esc(e.method.as_str())
                     ),
                     html::bytes(e.bytes as f64),
                     html::secs(e.seconds),
@@ -1383,7 +1395,7 @@ pub async fn agents(State(state): State<Shared>) -> PageResult {
                 vec![
                     esc(t),
                     format!("{} Mbit/s", html::num(b.network_mbps)),
-                    esc(b.source),
+                    esc(b.source.as_str()),
                     b.reports.to_string(),
                 ]
             })

@@ -289,3 +289,8 @@ pub fn base64(data: &[u8]) -> String {
     }
     out
 }
+
+/// A job plan's report as it travels (`null` without one): what the tests read by key.
+pub fn report_json(plan: &sonic_api::control::JobPlan) -> serde_json::Value {
+    serde_json::to_value(&plan.report).expect("a plan report encodes")
+}
