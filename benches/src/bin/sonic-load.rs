@@ -10,7 +10,6 @@
 //! cargo build --release -p sonic-lambdas -p sonic-benches
 //! target/release/sonic-load [--jobs 500] [--instances 1000] [--agents 4] [--sleep-ms 100]
 //!                           [--chains 30] [--lambdas target/release] [--catalog FILE]
-//!                           [--submissions-first-ms 0] [--submissions-quiet-ms 5]
 //!                           [--executor-nice 10|off] [--agents-nice 0]
 //!                           [--rounds 2] [--warm-connections] [--pin]
 //! ```
@@ -41,7 +40,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use sonic_agent::config::{SandboxChoice, StoreChoice, local_config};
 use sonic_agent::server::RunningAgent;
-use sonic_control::{ControlConfig, JobsConfig, SystemClock};
+use sonic_control::{ControlConfig, SystemClock};
 use sonic_core::catalog::Catalog;
 use sonic_core::units::{ByteSize, Seconds};
 
@@ -244,27 +243,6 @@ fn bucket_quantiles(text: &str, before: &str, labels: &str, qs: &[f64]) -> Optio
     Some((total, qs.iter().map(|q| at(*q)).collect()))
 }
 
-/// The value of one series (its name with its labels, as the text writes them) in a metrics
-/// text; 0 when absent.
-fn series(text: &str, series: &str) -> f64 {
-    text.lines()
-        .filter_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .find_map(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// A duration in milliseconds from the variable `name`, which the benchmark sets from `flag`.
-fn env_ms(name: &str, flag: &str) -> anyhow::Result<Option<Duration>> {
-    std::env::var_os(name)
-        .map(|ms| {
-            ms.to_str()
-                .and_then(|v| v.parse().ok())
-                .map(Duration::from_millis)
-                .ok_or_else(|| anyhow!("{flag}: a number of milliseconds"))
-        })
-        .transpose()
-}
-
 /// Raises the open-file limit to its hard maximum (1,000 lambdas hold pipes and sockets).
 #[allow(unsafe_code)]
 fn raise_nofile() -> u64 {
@@ -411,15 +389,9 @@ async fn control(dir: &Path, url_file: &Path) -> anyhow::Result<()> {
         ..ControlConfig::default()
     };
     config.check().map_err(|e| anyhow!("control plane: {e}"))?;
-    let mut runtime = sonic_control::server::runtime_from_config(&config)
+    let runtime = sonic_control::server::runtime_from_config(&config)
         .await
         .map_err(|e| anyhow!("control plane: {e}"))?;
-    if let Some(first) = env_ms("SONIC_LOAD_SUBMISSIONS_FIRST_MS", "--submissions-first-ms")? {
-        runtime.config.submissions_first = first;
-    }
-    if let Some(quiet) = env_ms("SONIC_LOAD_SUBMISSIONS_QUIET_MS", "--submissions-quiet-ms")? {
-        runtime.config.submissions_quiet = quiet;
-    }
     let running =
         sonic_control::start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
             .await
@@ -842,13 +814,6 @@ async fn drive(
     let n_agents = num(args, "--agents", 4)?.max(1);
     let sleep_ms = num(args, "--sleep-ms", 100)?;
     let chains = num(args, "--chains", 30)?;
-    // `JobsConfig::submissions_first` (0 turns it off, to compare) and `submissions_quiet`,
-    // the control plane's defaults unless given.
-    let defaults = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
-    let submissions_first = arg(args, "--submissions-first-ms")
-        .unwrap_or_else(|| defaults.submissions_first.as_millis().to_string());
-    let submissions_quiet = arg(args, "--submissions-quiet-ms")
-        .unwrap_or_else(|| defaults.submissions_quiet.as_millis().to_string());
     // Executions on threads of their own at this niceness (`ControlConfig::executor_nice`, the
     // control plane's default unless given), or `off`: on the API's runtime.
     let executor_nice = arg(args, "--executor-nice")
@@ -892,8 +857,6 @@ async fn drive(
         .arg(dir.path())
         .arg(&url_file)
         .env("RUST_LOG", "warn")
-        .env("SONIC_LOAD_SUBMISSIONS_FIRST_MS", &submissions_first)
-        .env("SONIC_LOAD_SUBMISSIONS_QUIET_MS", &submissions_quiet)
         .env("SONIC_LOAD_EXECUTOR_NICE", &executor_nice)
         .envs(catalog_file.as_ref().map(|f| ("SONIC_LOAD_CATALOG", f)))
         .envs(pin.map(|(_, control)| ("SONIC_LOAD_CPU", control.to_string())))
@@ -916,7 +879,7 @@ async fn drive(
         url: url.clone(),
     });
     println!(
-        "load average {} at the start\ncontrol plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; submissions first {submissions_first} ms (quiet {submissions_quiet} ms); executor nice {executor_nice}; agents nice {agents_nice}; {}",
+        "load average {} at the start\ncontrol plane pid {pid} at {url}; {n_agents} agents (process sandbox, {}); open files {nofile}; executor nice {executor_nice}; agents nice {agents_nice}; {}",
         loadavg(),
         lambdas.display(),
         match pin {
@@ -1019,20 +982,6 @@ async fn drive(
             ),
             None => println!("  submit at the control plane: no request histogram in its metrics"),
         }
-        // Its jobs' executions, by what they waited for (`submissions_first`): the burst's
-        // end, or the bound while submissions were still coming.
-        let held = |until: &str, what: &str| {
-            let name = format!("sonic_executions_held{what}{{until=\"{until}\"}}");
-            series(&metrics_after, &name) - series(&metrics_before, &name)
-        };
-        println!(
-            "  executions: {} started at once, {} held until the burst was answered (mean {:.0} ms), {} until the bound (mean {:.0} ms)",
-            held("none", "_total"),
-            held("quiet", "_total"),
-            held("quiet", "_seconds_total") * 1e3 / held("quiet", "_total").max(1.0),
-            held("bound", "_total"),
-            held("bound", "_seconds_total") * 1e3 / held("bound", "_total").max(1.0),
-        );
         metrics_before = metrics_after;
     }
     let Usage {

@@ -138,19 +138,6 @@ pub const RUN_REPORTS: Desc = Desc::counter(
     &["via"],
 );
 
-/// The `sonic_executions_held_total` counter: Job executions started, by what they waited for: none (started at once: its submission was alone, or it had none), quiet (part of a burst: held until its submissions were answered and none began for a moment), bound (submissions_first passed while submissions were still coming).
-pub const EXECUTIONS_HELD: Desc = Desc::counter(
-    "sonic_executions_held_total",
-    "Job executions started, by what they waited for: none (started at once: its submission was alone, or it had none), quiet (part of a burst: held until its submissions were answered and none began for a moment), bound (submissions_first passed while submissions were still coming).",
-    &["until"],
-);
-/// The `sonic_executions_held_seconds_total` counter: Seconds job executions waited for submissions being handled, by what ended the wait (quiet, bound).
-pub const EXECUTIONS_HELD_SECONDS: Desc = Desc::counter(
-    "sonic_executions_held_seconds_total",
-    "Seconds job executions waited for submissions being handled, by what ended the wait (quiet, bound).",
-    &["until"],
-);
-
 const FAMILIES: &[Desc] = &[
     HTTP_REQUESTS,
     HTTP_REQUEST_SECONDS,
@@ -171,30 +158,10 @@ const FAMILIES: &[Desc] = &[
     CLUSTER_VCPUS,
     STORE_RETRIES,
     RUN_REPORTS,
-    EXECUTIONS_HELD,
-    EXECUTIONS_HELD_SECONDS,
 ];
 
 /// The data-passing methods, shown from the first scrape.
 const METHODS: [&str; 3] = ["vm-storage", "direct", "remote"];
-
-/// The job executions this control plane started, by why they started then, and how long
-/// those held back waited (`sonic_executions_held_total` and `_seconds_total`, docs/api.md):
-/// whether a burst of submissions held its jobs until it was answered, or longer than
-/// `submissions_first` (its executions then started while submissions were still coming).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct HeldExecutions {
-    /// Started at once ([`Released::AtOnce`]).
-    pub at_once: u64,
-    /// Held until the submissions being handled were answered.
-    pub quiet: u64,
-    /// Held until their bound (`submissions_first`).
-    pub bound: u64,
-    /// Seconds the `quiet` ones waited, in all.
-    pub quiet_s: f64,
-    /// Seconds the `bound` ones waited, in all.
-    pub bound_s: f64,
-}
 
 /// The control plane's metrics.
 #[derive(Debug)]
@@ -241,8 +208,6 @@ pub struct Gauges {
     pub capacity: BTreeMap<String, (u64, u64)>,
     /// The control plane's object store's retries so far.
     pub store_retries: u64,
-    /// The job executions started so far, by what they waited for.
-    pub held: HeldExecutions,
 }
 
 /// Counts one instance waiting for a concurrency slot while it lives.
@@ -363,11 +328,6 @@ impl Metrics {
             r.set(&CLUSTER_VCPUS, &[vm_type], *vcpus as f64);
         }
         r.set(&STORE_RETRIES, &[], g.store_retries as f64);
-        r.set(&EXECUTIONS_HELD, &["none"], g.held.at_once as f64);
-        r.set(&EXECUTIONS_HELD, &["quiet"], g.held.quiet as f64);
-        r.set(&EXECUTIONS_HELD, &["bound"], g.held.bound as f64);
-        r.set(&EXECUTIONS_HELD_SECONDS, &["quiet"], g.held.quiet_s);
-        r.set(&EXECUTIONS_HELD_SECONDS, &["bound"], g.held.bound_s);
         r.render()
     }
 }
@@ -390,13 +350,6 @@ mod tests {
             agents_alive: 1,
             agents_dead: 2,
             capacity: [("m5.large".to_owned(), (1, 2))].into_iter().collect(),
-            held: HeldExecutions {
-                at_once: 4,
-                quiet: 2,
-                bound: 1,
-                quiet_s: 0.5,
-                bound_s: 0.25,
-            },
             ..Gauges::default()
         });
         for line in [
@@ -408,9 +361,6 @@ mod tests {
             "sonic_data_passing_bytes_total{method=\"direct\"} 0",
             "sonic_instances_queued 0",
             "sonic_store_retries_total 0",
-            "sonic_executions_held_total{until=\"none\"} 4",
-            "sonic_executions_held_total{until=\"bound\"} 1",
-            "sonic_executions_held_seconds_total{until=\"quiet\"} 0.5",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?}:\n{text}");
         }

@@ -393,8 +393,6 @@ pub async fn submit(ctx: &Arc<Context>, req: SubmitJob) -> Result<JobAccepted, A
     let rt = ctx.jobs.clone().ok_or_else(|| {
         AdmitError::NoJobs("this control plane runs no jobs: it has no object store".into())
     })?;
-    // Executions started meanwhile wait until this submission is answered (submissions first).
-    let submitting = rt.submitting();
     let dag_name = checked_dag_name(req.dag.clone())?;
     let forced: Option<Policy> = req
         .policy
@@ -536,21 +534,17 @@ pub async fn submit(ctx: &Arc<Context>, req: SubmitJob) -> Result<JobAccepted, A
     // Every event of the job (its stages, instances, cleanup) carries the job's span; a root
     // span, so that the submission's span ends with the submission.
     let span = tracing::info_span!(parent: None, "job", job = %job_id, dag = %record.dag, policy = %choice.policy);
-    // Ends the submission; its job waits for the rest of a burst it is part of.
-    rt.spawn_submitted(
-        submitting,
-        tracing::Instrument::instrument(
-            crate::exec::execute(
-                ctx.clone(),
-                rt.clone(),
-                record,
-                inputs,
-                cancel,
-                choice.planned,
-            ),
-            span,
+    rt.spawn_job(tracing::Instrument::instrument(
+        crate::exec::execute(
+            ctx.clone(),
+            rt.clone(),
+            record,
+            inputs,
+            cancel,
+            choice.planned,
         ),
-    );
+        span,
+    ));
     Ok(JobAccepted {
         job_id,
         status: JobStatus::Queued,

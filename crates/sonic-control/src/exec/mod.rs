@@ -38,7 +38,6 @@ use crate::exec::requests::{
     stage_runs,
 };
 use crate::learn::Planned;
-use crate::metrics::HeldExecutions;
 use crate::resources::planned::Allocation;
 use crate::resources::{DEFAULT_MAX_QUEUED, Pool, ResourceManager};
 use crate::store::AgentSlot;
@@ -104,18 +103,6 @@ pub struct JobsConfig {
     /// The time dilation factor of the cluster (1: none); the catalog is already dilated by it
     /// ([`sonic_core::catalog::Catalog::dilated`]); reported by `GET /v1/health`.
     pub dilation: f64,
-    /// Submissions first: a new job's execution waits while other submissions are being
-    /// handled, at most this long (zero, the default: it starts at once). Under a burst of
-    /// submissions, the executions they start take CPU the later submissions need; holding them
-    /// did not make a burst's jobs end sooner (submission to end) with the pool and the per-vCPU
-    /// limit, so it is off unless configured (docs/load.md, "Submissions first"); a lone
-    /// submission never waits.
-    pub submissions_first: Duration,
-    /// How long no new submission must have begun, after a burst of them, before the executions
-    /// it held start (requests of a burst arrive apart: the first moment none is being handled
-    /// is not its end). A submission that began this soon after another is part of a burst, and
-    /// its own job waits too.
-    pub submissions_quiet: Duration,
 }
 
 impl std::fmt::Debug for JobsConfig {
@@ -131,8 +118,6 @@ impl std::fmt::Debug for JobsConfig {
             .field("job_attempts", &self.job_attempts)
             .field("health_timeout", &self.health_timeout)
             .field("dilation", &self.dilation)
-            .field("submissions_first", &self.submissions_first)
-            .field("submissions_quiet", &self.submissions_quiet)
             .finish()
     }
 }
@@ -159,8 +144,6 @@ impl JobsConfig {
             health_timeout: Duration::from_secs(3),
             prewarm: true,
             dilation: 1.0,
-            submissions_first: Duration::ZERO,
-            submissions_quiet: SUBMISSIONS_QUIET,
         }
     }
 }
@@ -193,8 +176,6 @@ pub struct Runtime {
     report_url: std::sync::OnceLock<String>,
     /// The tasks executing jobs, stopped with the control plane ([`Runtime::stop_jobs`]).
     tasks: Mutex<JobTasks>,
-    /// Submissions being handled: new executions wait for them (`JobsConfig::submissions_first`).
-    submitting: Arc<Submitting>,
     /// The OpenLambda registry whose lambdas DAG functions may name as handlers.
     handlers: std::sync::OnceLock<Arc<sonic_openlambda::Handlers>>,
     /// What the agents keep warm, per function: planning prices warm stages hot with it.
@@ -223,181 +204,7 @@ impl JobTasks {
     }
 }
 
-/// After a burst of submissions, how long no new one must have begun before the executions it
-/// held start, by default ([`JobsConfig::submissions_quiet`]).
-pub const SUBMISSIONS_QUIET: Duration = Duration::from_millis(5);
-
-/// The submissions being handled now, when the last one began, and a wake-up for executions
-/// waiting until there are none.
-#[derive(Debug, Default)]
-struct Submitting {
-    count: std::sync::atomic::AtomicUsize,
-    /// When the last one began, and how many began so far.
-    last_began: Mutex<Began>,
-    none: tokio::sync::Notify,
-    /// The executions started so far, by why they started then ([`Runtime::held_executions`]).
-    held: Mutex<HeldExecutions>,
-}
-
-/// Why a job's execution started when it did ([`JobsConfig::submissions_first`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Released {
-    /// It started at once: its submission was alone (or it had none, a resumed job), and no
-    /// submission was being handled.
-    AtOnce,
-    /// The submissions it waited for were answered, and none began for a moment.
-    Quiet,
-    /// It waited `submissions_first`, its bound, while submissions were still being handled.
-    Bound,
-}
-
-/// Counts an execution released for `why` after waiting `waited`.
-fn count_held(held: &mut HeldExecutions, why: Released, waited: Duration) {
-    match why {
-        Released::AtOnce => held.at_once += 1,
-        Released::Quiet => {
-            held.quiet += 1;
-            held.quiet_s += waited.as_secs_f64();
-        }
-        Released::Bound => {
-            held.bound += 1;
-            held.bound_s += waited.as_secs_f64();
-        }
-    }
-}
-
-/// The last submission to begin ([`Submitting::last_began`]).
-#[derive(Debug, Default, Clone, Copy)]
-struct Began {
-    at: Option<tokio::time::Instant>,
-    count: u64,
-}
-
-impl Submitting {
-    fn busy(&self) -> bool {
-        self.count.load(std::sync::atomic::Ordering::SeqCst) > 0
-    }
-
-    fn last_began(&self) -> Began {
-        *self.last_began.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A submission begins: in flight until the guard is dropped. `quiet`: how long before it
-    /// no other may have begun for it to be alone ([`Submission::alone`]).
-    fn begin(self: &Arc<Self>, quiet: Duration) -> Submission {
-        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let now = tokio::time::Instant::now();
-        let mut last = self.last_began.lock().unwrap_or_else(|p| p.into_inner());
-        let after_quiet = last.at.is_none_or(|t| t + quiet <= now);
-        last.at = Some(now);
-        last.count += 1;
-        Submission {
-            submitting: self.clone(),
-            seq: last.count,
-            after_quiet,
-        }
-    }
-
-    /// Returns at once when the execution is `alone` (its own submission was not part of a
-    /// burst, or it has none) and no submission is being handled; otherwise once none is and
-    /// none began for `quiet`, or after `at_most`. Says which.
-    async fn wait_for_none(&self, at_most: Duration, quiet: Duration, alone: bool) -> Released {
-        if at_most.is_zero() || (alone && !self.busy()) {
-            return Released::AtOnce;
-        }
-        let deadline = tokio::time::Instant::now() + at_most;
-        loop {
-            let none = self.none.notified();
-            tokio::pin!(none);
-            // Registered before the count is read again: a last submission ending in between
-            // is not missed.
-            none.as_mut().enable();
-            if !self.busy() {
-                let quiet_at = self.last_began().at.map_or(deadline, |t| t + quiet);
-                if quiet_at <= tokio::time::Instant::now() {
-                    return Released::Quiet;
-                }
-                tokio::time::sleep_until(quiet_at.min(deadline)).await;
-                if tokio::time::Instant::now() >= deadline {
-                    return Released::Bound;
-                }
-                continue;
-            }
-            tokio::select! {
-                () = &mut none => {}
-                () = tokio::time::sleep_until(deadline) => return Released::Bound,
-            }
-        }
-    }
-
-    /// Waits as [`Submitting::wait_for_none`] does, and counts the execution it held.
-    async fn hold(&self, at_most: Duration, quiet: Duration, alone: bool) {
-        let began = tokio::time::Instant::now();
-        let why = self.wait_for_none(at_most, quiet, alone).await;
-        count_held(
-            &mut self.held.lock().unwrap_or_else(|p| p.into_inner()),
-            why,
-            began.elapsed(),
-        );
-    }
-}
-
-/// A submission being handled ([`Runtime::submitting`]); dropping it ends it.
-#[derive(Debug)]
-pub struct Submission {
-    submitting: Arc<Submitting>,
-    /// Its number among the submissions begun.
-    seq: u64,
-    /// No other began within `submissions_quiet` before it.
-    after_quiet: bool,
-}
-
-impl Submission {
-    /// Whether it is not part of a burst: no other submission began within
-    /// `submissions_quiet` before it, nor since, and none is being handled but itself.
-    fn alone(&self) -> bool {
-        self.after_quiet
-            && self.submitting.last_began().count == self.seq
-            && self
-                .submitting
-                .count
-                .load(std::sync::atomic::Ordering::SeqCst)
-                == 1
-    }
-}
-
-impl Drop for Submission {
-    fn drop(&mut self) {
-        if self
-            .submitting
-            .count
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
-            == 1
-        {
-            self.submitting.none.notify_waiters();
-        }
-    }
-}
-
 impl Runtime {
-    /// Marks a submission as being handled until the returned guard is dropped: executions
-    /// started meanwhile wait for it (at most `JobsConfig::submissions_first`). Hand it to
-    /// [`Runtime::spawn_submitted`] with the submission's own job, which ends it (a submission
-    /// that fails just drops it).
-    pub fn submitting(&self) -> Submission {
-        self.submitting.begin(self.config.submissions_quiet)
-    }
-
-    /// The executions started so far by [`Runtime::spawn_job`] and
-    /// [`Runtime::spawn_submitted`], by why they started then.
-    pub fn held_executions(&self) -> HeldExecutions {
-        *self
-            .submitting
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-
     /// A runtime whose jobs are admitted by the built-in [`Pool`] over the registered agents.
     pub fn new(
         store: Arc<dyn ObjectStore>,
@@ -427,7 +234,6 @@ impl Runtime {
             reports: crate::exec::reports::Waiters::default(),
             report_url,
             tasks: Mutex::new(JobTasks::default()),
-            submitting: Arc::default(),
             handlers: std::sync::OnceLock::new(),
             warm: crate::learn::warm::WarmLedger::default(),
             packages: Mutex::new(BTreeSet::new()),
@@ -475,41 +281,13 @@ impl Runtime {
 
     /// Runs a job's execution ([`execute`] or [`resume`]) in a task of its own, stopped by
     /// [`Runtime::stop_jobs`], on the [`Runtime::with_executor`] executor when there is one. It
-    /// starts once no submission is being handled ([`Runtime::submitting`]), or after
-    /// `JobsConfig::submissions_first`.
+    /// starts at once: holding a burst's executions until its submissions were answered did not
+    /// make its jobs end sooner (docs/load.md, "Submissions first").
     pub fn spawn_job<F>(&self, execution: F)
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        self.spawn_held(true, execution);
-    }
-
-    /// [`Runtime::spawn_job`] for the job of `submission`, which it ends: the execution
-    /// starts at once only when the submission was not part of a burst (no other began shortly
-    /// before it or since); otherwise once the burst's submissions are answered and none began
-    /// for `JobsConfig::submissions_quiet`, or after `JobsConfig::submissions_first`. Within a
-    /// burst, the moments when none happens to be in flight are not its end: requests arrive
-    /// apart, more so on a busy machine, and executions started then take the CPU the later
-    /// ones need (docs/load.md, "Submissions first").
-    pub fn spawn_submitted<F>(&self, submission: Submission, execution: F)
-    where
-        F: std::future::Future<Output = ()> + Send + 'static,
-    {
-        let alone = submission.alone();
-        drop(submission);
-        self.spawn_held(alone, execution);
-    }
-
-    fn spawn_held<F>(&self, alone: bool, execution: F)
-    where
-        F: std::future::Future<Output = ()> + Send + 'static,
-    {
-        let submitting = self.submitting.clone();
-        let (at_most, quiet) = (self.config.submissions_first, self.config.submissions_quiet);
-        let task = async move {
-            submitting.hold(at_most, quiet, alone).await;
-            execution.await;
-        };
+        let task = execution;
         let handle = match &self.executor {
             Some(e) => e.handle().spawn(task),
             None => tokio::spawn(task),
@@ -2938,14 +2716,9 @@ fn unix_now() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{Released, StoreUse, Submitting, stage_overhead_s, uncontended};
-    use futures::FutureExt;
+    use super::{StoreUse, stage_overhead_s, uncontended};
     use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
-    use std::sync::Arc;
     use std::time::{Duration, Instant};
-
-    /// `JobsConfig::submissions_quiet` in these tests: its default.
-    const QUIET: Duration = super::SUBMISSIONS_QUIET;
 
     proptest::proptest! {
         /// The executor bills a plan's VMs as the model priced them: a chain of one-instance
@@ -3149,125 +2922,6 @@ mod tests {
         assert!(near(span(0, 1), (0.0, 3.0)), "a: {:?}", span(0, 1));
         assert!(near(span(1, 2), (2.0, 5.0)), "b: {:?}", span(1, 2));
         assert!(near(span(2, 3), (6.0, 7.0)), "c: {:?}", span(2, 3));
-    }
-
-    /// Submissions first: an execution starts at once when no submission is being handled,
-    /// waits while one is, starts once the last one is answered, and waits no longer than its
-    /// bound.
-    #[tokio::test]
-    async fn executions_wait_for_the_submissions_being_handled() {
-        const HOUR: Duration = Duration::from_secs(3600);
-        let s = Arc::new(Submitting::default());
-        assert_eq!(
-            s.wait_for_none(HOUR, QUIET, true).now_or_never(),
-            Some(Released::AtOnce),
-            "a lone submission's job starts at once"
-        );
-
-        let (a, b) = (s.begin(QUIET), s.begin(QUIET));
-        let waiting = tokio::spawn({
-            let s = s.clone();
-            async move { s.wait_for_none(HOUR, QUIET, true).await }
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!waiting.is_finished(), "two submissions are being handled");
-        drop(a);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!waiting.is_finished(), "one still is");
-        drop(b);
-        let why = tokio::time::timeout(Duration::from_secs(30), waiting)
-            .await
-            .expect("started once none was")
-            .expect("task");
-        assert_eq!(why, Released::Quiet);
-
-        let held = s.begin(QUIET);
-        let why = tokio::time::timeout(
-            Duration::from_secs(30),
-            s.wait_for_none(Duration::from_millis(20), QUIET, true),
-        )
-        .await
-        .expect("no longer than its bound while one is being handled");
-        assert_eq!(why, Released::Bound);
-        assert_eq!(
-            s.wait_for_none(Duration::ZERO, QUIET, true).now_or_never(),
-            Some(Released::AtOnce),
-            "zero: off"
-        );
-        drop(held);
-        assert!(!s.busy());
-    }
-
-    /// A submission that began within the quiet of another, or saw another begin before it
-    /// ended, is part of a burst: its job waits for the burst's end even at a moment when none
-    /// is in flight. A lone one (or a resumed job, with no submission) starts at once.
-    #[tokio::test]
-    async fn a_submission_in_a_burst_is_not_alone() {
-        const HOUR: Duration = Duration::from_secs(3600);
-        let quiet = Duration::from_millis(500);
-        let s = Arc::new(Submitting::default());
-        let lone = s.begin(quiet);
-        assert!(lone.alone(), "the first submission");
-        drop(lone);
-        tokio::time::sleep(quiet * 2).await;
-        let lone = s.begin(quiet);
-        assert!(lone.alone(), "long after the last one");
-        drop(lone);
-
-        let first = s.begin(quiet);
-        let second = s.begin(quiet);
-        assert!(!second.alone(), "began right after another");
-        assert!(!first.alone(), "another began since, and is in flight");
-        drop(second);
-        assert!(!first.alone(), "another began since, though answered");
-        drop(first);
-        assert!(!s.busy());
-        assert_eq!(
-            s.wait_for_none(HOUR, quiet, true).now_or_never(),
-            Some(Released::AtOnce),
-            "no submission of its own (a resumed job): at once"
-        );
-        assert!(
-            s.wait_for_none(HOUR, quiet, false).now_or_never().is_none(),
-            "part of a burst: not at once, though none is in flight"
-        );
-        let why =
-            tokio::time::timeout(Duration::from_secs(30), s.wait_for_none(HOUR, quiet, false))
-                .await
-                .expect("started once the burst was quiet");
-        assert_eq!(why, Released::Quiet);
-    }
-
-    /// Each execution held is counted by why it started, with the time it waited.
-    #[tokio::test]
-    async fn executions_held_are_counted_by_why_they_started() {
-        let s = Arc::new(Submitting::default());
-        s.hold(Duration::from_secs(3600), QUIET, true).await;
-        let held = s.begin(QUIET);
-        let waited = Instant::now();
-        s.hold(Duration::from_millis(30), QUIET, true).await;
-        let bound_at_least = waited.elapsed();
-        let quiet = tokio::spawn({
-            let s = s.clone();
-            async move { s.hold(Duration::from_secs(3600), QUIET, true).await }
-        });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        drop(held);
-        tokio::time::timeout(Duration::from_secs(30), quiet)
-            .await
-            .expect("started once none was")
-            .expect("task");
-        let counts = *s.held.lock().unwrap();
-        assert_eq!(
-            (counts.at_once, counts.quiet, counts.bound),
-            (1, 1, 1),
-            "{counts:?}"
-        );
-        assert!(
-            counts.bound_s >= 0.03 && counts.bound_s <= bound_at_least.as_secs_f64(),
-            "{counts:?}"
-        );
-        assert!(counts.quiet_s >= 0.01, "{counts:?}");
     }
 
     #[test]

@@ -7,8 +7,7 @@
 //! and those are answered late (docs/load.md, "Executions at a lower priority"). With the
 //! executions on threads of their own the operating system's scheduler gives the API's
 //! threads the CPU first; when the API is idle the executions have the whole machine, so a
-//! lone job is as fast as before. [`crate::exec::JobsConfig::submissions_first`] is the
-//! other half: a new execution yields to a burst of submissions being handled.
+//! lone job is as fast as before.
 
 use std::io;
 

@@ -504,7 +504,6 @@ async fn render_metrics(State(state): State<Shared>) -> Result<Response, ApiErro
             }
         }
         gauges.store_retries = rt.store.retries();
-        gauges.held = rt.held_executions();
     }
     let text = state.metrics.render(gauges);
     Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response())

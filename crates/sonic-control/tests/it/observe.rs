@@ -40,7 +40,6 @@ async fn both_metrics_endpoints_move_when_jobs_run() {
         "sonic_data_passing_bytes_total",
         "sonic_instances_queued",
         "sonic_store_retries_total",
-        "sonic_executions_held_total",
         "sonic_planning_seconds",
         "sonic_prediction_error_ratio",
     ] {
@@ -151,13 +150,6 @@ async fn both_metrics_endpoints_move_when_jobs_run() {
     );
     assert_eq!(jobs("sonic_instances_queued", &[]), 0.0);
     assert_eq!(jobs("sonic_store_retries_total", &[]), 0.0);
-    // Each job's execution counted once; submitted one at a time, none waited for another's
-    // submission.
-    assert_eq!(total(&text, "sonic_executions_held_total"), 4.0);
-    assert_eq!(
-        jobs("sonic_executions_held_total", &[("until", "none")]),
-        4.0
-    );
     assert!(
         jobs(
             "sonic_http_requests_total",
