@@ -199,20 +199,10 @@ mod tests {
 
     fn report() -> RunReport {
         RunReport {
-            run_id: "j-1.f.0.1".into(),
-            status: RunStatus::Succeeded,
             cold: Some(true),
             seconds: Some(0.1),
-            start_latency_s: None,
-            start_contention: None,
-            setup_s: None,
-            warm: None,
-            peak_memory_mb: None,
             exit_code: Some(0),
-            error: None,
-            staged: Vec::new(),
-            outputs: Vec::new(),
-            log: String::new(),
+            ..RunReport::new("j-1.f.0.1".into(), RunStatus::Succeeded)
         }
     }
 

@@ -1293,20 +1293,10 @@ mod tests {
     fn a_failed_run_is_the_full_disks_when_the_system_says_so() {
         let dir = tempfile::tempdir().expect("tempdir");
         let report = |error: Option<&str>, log: &str| RunReport {
-            run_id: "r".into(),
-            status: RunStatus::Failed,
-            cold: None,
-            seconds: None,
-            start_latency_s: None,
-            start_contention: None,
-            setup_s: None,
-            warm: None,
-            peak_memory_mb: None,
             exit_code: Some(1),
             error: error.map(str::to_owned),
-            staged: Vec::new(),
-            outputs: Vec::new(),
             log: log.into(),
+            ..RunReport::new("r".into(), RunStatus::Failed)
         };
         assert!(disk_full(
             &report(

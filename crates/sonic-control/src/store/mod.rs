@@ -2663,20 +2663,10 @@ mod tests {
         run.attempt = 2;
         db.put_instance_run(&run).expect("sent again");
         run.report = Some(RunReport {
-            run_id: "j-1.pca.3.2".into(),
-            status: sonic_api::agent::RunStatus::Succeeded,
             cold: Some(true),
             seconds: Some(0.5),
-            start_latency_s: None,
-            start_contention: None,
-            setup_s: None,
-            warm: None,
-            peak_memory_mb: None,
             exit_code: Some(0),
-            error: None,
-            staged: Vec::new(),
-            outputs: Vec::new(),
-            log: String::new(),
+            ..RunReport::new("j-1.pca.3.2".into(), sonic_api::agent::RunStatus::Succeeded)
         });
         run.ended_ms = Some(20);
         db.put_instance_run(&run).expect("ended");

@@ -62,20 +62,11 @@ async fn pushed(c: &Cluster, outcome: &str) -> f64 {
 
 fn report(run_id: &str, status: RunStatus) -> RunReport {
     RunReport {
-        run_id: run_id.into(),
-        status,
         cold: Some(false),
         seconds: Some(0.0),
-        start_latency_s: None,
-        start_contention: None,
-        setup_s: None,
-        warm: None,
-        peak_memory_mb: None,
         exit_code: Some(0),
-        error: None,
-        staged: Vec::new(),
-        outputs: Vec::new(),
         log: "forged".into(),
+        ..RunReport::new(run_id.into(), status)
     }
 }
 
