@@ -10,8 +10,9 @@
 //! - a stage opens when every stage it reads from has ended; a stage fed only by `one` edges
 //!   (its fanout known) opens when its first instance can start, and each instance starts as soon
 //!   as the sender instances it reads from ended (`sonic_control::exec::requests::starts_per_instance`);
-//! - a failed run is started again, with exponential backoff, up to the attempt limit; then the job
-//!   fails, and every run still going is stopped;
+//! - a failed run is started again, with exponential backoff, up to the attempt limit, when its
+//!   kind of failure allows ([`Failure::retryable`]: every failure of the run or its agent, not a
+//!   cancel or a refusal); then the job fails, and every run still going is stopped;
 //! - an instance a previous control plane saw succeed is restored, not run; one it had sent is
 //!   started again by the same attempt (the agent answers with the run it has);
 //! - events that do not match the machine's state (a run it did not start, a repeated end, anything
@@ -113,13 +114,43 @@ pub enum Event {
         instance: u32,
         /// The attempt that failed.
         attempt: u32,
-        /// Why.
+        /// Why, in words.
         error: String,
-        /// Whether another attempt may help (`false`: the job was cancelled, a limit closed).
-        retry: bool,
+        /// What kind of failure: the machine decides from it whether to try again.
+        kind: Failure,
     },
     /// The job is cancelled.
     Cancel,
+}
+
+/// Why a run failed, as the executor saw it. The machine decides from it whether another
+/// attempt may help ([`Failure::retryable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The lambda exited with an error or was killed by a signal.
+    Exit,
+    /// It ran past its time limit.
+    Timeout,
+    /// It ran out of memory.
+    OutOfMemory,
+    /// Its agent could not stage its inputs or route its outputs.
+    Error,
+    /// Its agent's disk is full.
+    DiskFull,
+    /// No report came: the agent was unreachable, refused the request or answered nonsense.
+    NoReport,
+    /// The job was cancelled while the attempt waited or ran.
+    Cancelled,
+    /// What the attempt waited on was closed (the job is ending) or refused it.
+    Refused,
+}
+
+impl Failure {
+    /// Whether another attempt may help: every failure of the run or its agent, not a cancel
+    /// or a refusal.
+    pub fn retryable(self) -> bool {
+        !matches!(self, Failure::Cancelled | Failure::Refused)
+    }
 }
 
 /// What the executor is to do.
@@ -312,8 +343,9 @@ impl JobMachine {
                 instance,
                 attempt,
                 error,
-                retry,
+                kind,
             } => {
+                let retry = kind.retryable();
                 let limit = self.limit(stage, instance);
                 let backoff = self.backoff;
                 let Some(slot) = self.running(stage, instance, attempt) else {
@@ -480,7 +512,16 @@ mod tests {
             instance,
             attempt,
             error: "boom".into(),
-            retry,
+            kind: kind(retry),
+        }
+    }
+
+    /// A failure another attempt may help, or one it may not.
+    fn kind(retry: bool) -> Failure {
+        if retry {
+            Failure::Exit
+        } else {
+            Failure::Cancelled
         }
     }
 
@@ -803,7 +844,7 @@ mod tests {
                     let (stage, instance, attempt) = running.remove(pick - opening.len());
                     if c.fail {
                         pending.push(Event::RunFailed {
-                            stage, instance, attempt, error: "x".into(), retry: c.retry,
+                            stage, instance, attempt, error: "x".into(), kind: kind(c.retry),
                         });
                     } else {
                         succeeded.insert((stage, instance));

@@ -46,7 +46,7 @@ use crate::store::{
     StoreError,
 };
 pub use context::Context;
-use sonic_core::machine::{self, Action, Event, JobMachine, Outcome, Shape};
+use sonic_core::machine::{self, Action, Event, Failure as RunFailure, JobMachine, Outcome, Shape};
 
 /// The reason a job that was running when the control plane stopped is failed with.
 pub const RESTARTED: &str = "control plane restarted";
@@ -1636,14 +1636,18 @@ async fn run(
                         "{function} instance {k} attempt {attempt} of {max} failed: {last}"
                     ));
                 });
-                let retry = failure.retry && !cancel.is_cancelled();
+                let kind = if cancel.is_cancelled() {
+                    RunFailure::Cancelled
+                } else {
+                    failure.kind
+                };
                 failures.insert((i, k), failure);
                 events.push_back(Event::RunFailed {
                     stage: i,
                     instance: k,
                     attempt,
                     error: last,
-                    retry,
+                    kind,
                 });
             }
         }
@@ -1694,7 +1698,7 @@ async fn run(
     // answering, or its disk is full) is worth another execution without it.
     let mut gone = unreachable_agents(rt, &agents).await;
     if let Some(f) = failed
-        && f.disk_full
+        && f.kind == RunFailure::DiskFull
         && !f.agent.is_empty()
         && !gone.contains(&f.agent)
     {
@@ -2183,12 +2187,11 @@ impl AttemptTask {
         }
     }
 
-    fn failure(&self, message: String, retry: bool) -> InstanceFailure {
+    fn failure(&self, message: String, kind: RunFailure) -> InstanceFailure {
         InstanceFailure {
             message,
-            disk_full: false,
+            kind,
             agent: self.agent.id.clone(),
-            retry,
         }
     }
 
@@ -2204,23 +2207,17 @@ impl AttemptTask {
         let _permit = match &self.permit {
             Some(s) => {
                 let _waiting = state.metrics.waiting();
-                Some(
-                    s.clone()
-                        .acquire_owned()
-                        .await
-                        .map_err(|_| self.failure("concurrency limit closed".to_owned(), false))?,
-                )
+                Some(s.clone().acquire_owned().await.map_err(|_| {
+                    self.failure("concurrency limit closed".to_owned(), RunFailure::Refused)
+                })?)
             }
             None => None,
         };
         // And the job's reservation on the agent (taken after the stage's).
         let _reserved = match &self.reservation {
-            Some(s) => Some(
-                s.clone()
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| self.failure("reservation limit closed".to_owned(), false))?,
-            ),
+            Some(s) => Some(s.clone().acquire_owned().await.map_err(|_| {
+                self.failure("reservation limit closed".to_owned(), RunFailure::Refused)
+            })?),
             None => None,
         };
         // An unplanned job's instance holds one slot of its agent while it runs, so that
@@ -2232,12 +2229,12 @@ impl AttemptTask {
             let slot = rt.resources.slot(&req.job_id, agent, req.memory_limit_mb);
             match until_cancelled(slot, &self.cancel).await {
                 Some(Ok(s)) => Some(s),
-                Some(Err(e)) => return Err(self.failure(e.to_string(), false)),
-                None => return Err(self.failure("cancelled".into(), false)),
+                Some(Err(e)) => return Err(self.failure(e.to_string(), RunFailure::Refused)),
+                None => return Err(self.failure("cancelled".into(), RunFailure::Cancelled)),
             }
         };
         if self.cancel.is_cancelled() {
-            return Err(self.failure("cancelled".into(), false));
+            return Err(self.failure("cancelled".into(), RunFailure::Cancelled));
         }
         *started = Instant::now();
         // Recorded before it is sent: after a restart, the run is asked for again by the same
@@ -2283,14 +2280,11 @@ impl AttemptTask {
         }
         match outcome {
             Ok(report) if report.status == RunStatus::Succeeded => Ok((report, Instant::now())),
-            Ok(report) => Err(InstanceFailure {
-                // The agent says so (`RunStatus::DiskFull`): it knows its disk.
-                disk_full: report.status == RunStatus::DiskFull,
-                ..self.failure(describe(&report), true)
-            }),
+            // Of what kind, the agent says (`RunStatus::DiskFull`: it knows its disk).
+            Ok(report) => Err(self.failure(describe(&report), failure_kind(report.status))),
             // No report: the agent's disk says nothing here (an agent refuses no run for its
             // disk); whether the agent is lost, its health check tells.
-            Err(e) => Err(self.failure(e.to_string(), true)),
+            Err(e) => Err(self.failure(e.to_string(), RunFailure::NoReport)),
         }
     }
 }
@@ -2298,12 +2292,22 @@ impl AttemptTask {
 /// An attempt that failed.
 struct InstanceFailure {
     message: String,
-    /// Its agent reported a full disk.
-    disk_full: bool,
+    /// What kind of failure (the job machine decides from it whether to try again).
+    kind: RunFailure,
     /// The agent it ran on.
     agent: String,
-    /// Whether another attempt may help (not after a cancel or a closed limit).
-    retry: bool,
+}
+
+/// The kind of failure a run's report says.
+fn failure_kind(status: RunStatus) -> RunFailure {
+    match status {
+        RunStatus::Failed => RunFailure::Exit,
+        RunStatus::OutOfMemory => RunFailure::OutOfMemory,
+        RunStatus::TimedOut => RunFailure::Timeout,
+        RunStatus::DiskFull => RunFailure::DiskFull,
+        // A report that ended neither well nor in a failure of the run: the agent's own error.
+        RunStatus::Error | RunStatus::Running | RunStatus::Succeeded => RunFailure::Error,
+    }
 }
 
 fn describe(r: &RunReport) -> String {
