@@ -1,5 +1,5 @@
 //! The plan document a planned job records (`JobSummary.plan.report`) and
-//! `POST /v1/dags/{name}/plan` answers: `ofctl plan -o json`'s document (interfaces.md §3) with
+//! `GET /v1/dags/{name}/plan` answers: `ofctl plan -o json`'s document (interfaces.md §3) with
 //! what the control plane knew when it planned.
 //!
 //! One type, built once where the job is planned and filled in by field where the control plane
@@ -134,6 +134,17 @@ pub enum Baseline {
     },
     /// Why the baseline has no plan.
     Failed { error: String },
+}
+
+impl Baseline {
+    /// The figures of a plan's prediction.
+    pub fn of(p: &Predicted) -> Baseline {
+        Baseline::Predicted {
+            latency_s: p.latency_s,
+            cost_usd: p.cost_usd,
+            perf_per_dollar: p.perf_per_dollar,
+        }
+    }
 }
 
 #[cfg(test)]

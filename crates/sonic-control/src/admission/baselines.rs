@@ -36,11 +36,7 @@ pub fn baselines(dag: &Dag, params: &Params, catalog: Catalog) -> BTreeMap<Polic
         .into_iter()
         .map(|policy| {
             let b = match planner::plan(&problem, policy) {
-                Ok(o) => Baseline::Predicted {
-                    latency_s: o.best.predicted.latency_s,
-                    cost_usd: o.best.predicted.cost_usd,
-                    perf_per_dollar: o.best.predicted.perf_per_dollar,
-                },
+                Ok(o) => Baseline::of(&o.best.predicted),
                 Err(e) => Baseline::Failed {
                     error: e.to_string(),
                 },

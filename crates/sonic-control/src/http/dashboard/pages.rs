@@ -841,16 +841,6 @@ pub async fn cancel(
     Ok(see_other(&format!("/jobs/{}", url(&id))))
 }
 
-/// One figure of a prediction, by the key the pages name it with.
-fn predicted(p: &Predicted, key: &str) -> Option<f64> {
-    match key {
-        "latency_s" => Some(p.latency_s),
-        "cost_usd" => Some(p.cost_usd),
-        "perf_per_dollar" => Some(p.perf_per_dollar),
-        _ => None,
-    }
-}
-
 fn job_body(v: &JobView) -> String {
     let s = &v.summary;
     let r = &v.record;
@@ -923,25 +913,26 @@ fn job_body(v: &JobView) -> String {
     if let Some(rep) = report {
         out.push_str("<h2>Predicted and measured</h2>");
         let mut rows = Vec::new();
-        for (what, key, measured, fmt) in [
+        let pred = rep.predicted();
+        for (what, p, measured, fmt) in [
             (
                 "Latency",
-                "latency_s",
+                pred.latency_s,
                 s.latency_s,
                 html::secs as fn(f64) -> String,
             ),
-            ("Cost", "cost_usd", s.cost_usd, html::usd),
-            ("Perf/$", "perf_per_dollar", s.perf_per_dollar, html::num),
+            ("Cost", pred.cost_usd, s.cost_usd, html::usd),
+            ("Perf/$", pred.perf_per_dollar, s.perf_per_dollar, html::num),
         ] {
-            let p = predicted(&rep.plan.predicted, key);
             let have = ended && measured > 0.0;
-            let err = match (p, have) {
-                (Some(p), true) => html::pct((p - measured).abs() / measured),
-                _ => "-".into(),
+            let err = if have {
+                html::pct((p - measured).abs() / measured)
+            } else {
+                "-".into()
             };
             rows.push(vec![
                 what.to_owned(),
-                p.map_or("-".into(), fmt),
+                fmt(p),
                 if have { fmt(measured) } else { "-".into() },
                 err,
             ]);
@@ -994,13 +985,7 @@ fn job_body(v: &JobView) -> String {
                     None => vec![name, "-".into(), "-".into(), "-".into()],
                 }
             };
-            let of = |p: &Predicted| {
-                Some(Baseline::Predicted {
-                    latency_s: p.latency_s,
-                    cost_usd: p.cost_usd,
-                    perf_per_dollar: p.perf_per_dollar,
-                })
-            };
+            let of = |p: &Predicted| Some(Baseline::of(p));
             rows.push(row(
                 format!("<b>the plan that ran ({})</b>", esc(s.policy.as_str())),
                 of(&rep.plan.predicted),
