@@ -15,6 +15,11 @@
 //!   cancel or a refusal); then the job fails, and every run still going is stopped;
 //! - an instance a previous control plane saw succeed is restored, not run; one it had sent is
 //!   started again by the same attempt (the agent answers with the run it has);
+//! - where an instance runs ([`Spread`]): a planned stage's instance `k` of `K` runs on VM
+//!   [`vm_of`]`(k, K, vms)` of the plan's `vms` (contiguous blocks, as evenly as the model spreads
+//!   lambdas), and a planned job's stages open when their senders ended, as the model prices
+//!   them ([`Shape::planned`]); an unplanned job's instances go round the agents, shifted by the
+//!   stage, or all to the first agent under `local`;
 //! - events that do not match the machine's state (a run it did not start, a repeated end, anything
 //!   after the job finished) change nothing.
 
@@ -31,6 +36,71 @@ pub struct Shape {
     /// Per stage: its instance count when each instance starts on its own (every edge into it
     /// is `one` and its fanout is known).
     per_instance: Vec<Option<u32>>,
+    /// Per stage: where its instances run.
+    spread: Vec<Spread>,
+}
+
+/// Where a stage's instances run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spread {
+    /// On the plan's `vms` VMs of the stage, in contiguous blocks ([`vm_of`]).
+    Blocks {
+        /// The plan's VMs for the stage.
+        vms: u32,
+    },
+    /// Round the job's `agents` agents, instance `k` on agent `(shift + k) mod agents`: the
+    /// stage index shifts consecutive stages of a chain onto different agents (a `direct`
+    /// edge then really crosses machines). One agent puts everything on it.
+    Rotate {
+        /// How many agents the job runs on.
+        agents: u32,
+        /// The stage's shift.
+        shift: u32,
+    },
+}
+
+impl Spread {
+    /// The VM (of the plan's, for [`Spread::Blocks`]) or agent instance `k` of `instances` runs on.
+    pub fn place(self, k: u32, instances: u32) -> u32 {
+        match self {
+            Spread::Blocks { vms } => vm_of(k, instances, vms),
+            Spread::Rotate { agents, shift } => {
+                if agents == 0 {
+                    0
+                } else {
+                    ((u64::from(shift) + u64::from(k)) % u64::from(agents)) as u32
+                }
+            }
+        }
+    }
+}
+
+/// The instances VM `j` of `vms` runs of a stage's `instances`, as `(first, count)`:
+/// contiguous blocks, the first `instances mod vms` VMs one more (lambdas spread as evenly as
+/// the model assumes). The executor places by it through the machine, and the simulator sizes
+/// its VMs' work by it, so the two put every instance on the same VM.
+pub fn block(j: u32, instances: u32, vms: u32) -> (u32, u32) {
+    let vms = vms.max(1);
+    let (q, r) = (instances / vms, instances % vms);
+    let size = q + u32::from(j < r);
+    let first = j * q + j.min(r);
+    (first, size)
+}
+
+/// The VM of `vms` instance `k` of `instances` runs on: the one whose [`block`] holds it.
+/// Instances past the count (a fanout learned later) wrap round.
+pub fn vm_of(k: u32, instances: u32, vms: u32) -> u32 {
+    let vms = vms.max(1);
+    let instances = instances.max(1);
+    let k = k % instances;
+    let (q, r) = (instances / vms, instances % vms);
+    // The first `r` VMs hold `q + 1` each, the rest `q`.
+    let big = r * (q + 1);
+    if k < big {
+        k / (q + 1)
+    } else {
+        r + (k - big) / q.max(1)
+    }
 }
 
 impl Shape {
@@ -57,16 +127,67 @@ impl Shape {
                     }
                 })
                 .collect(),
+            spread: vec![
+                Spread::Rotate {
+                    agents: 1,
+                    shift: 0
+                };
+                n
+            ],
         }
+    }
+
+    /// The shape of a planned job: every stage opens when all the stages it reads from ended (the
+    /// model prices a stage after its senders, it does not overlap them), and stage `i`'s
+    /// instances run on the plan's `vms[i]` VMs in blocks ([`vm_of`]).
+    pub fn planned(dag: &Dag, vms: &[u32]) -> Shape {
+        let n = dag.functions.len();
+        let mut shape = Shape::of(dag, &[]);
+        shape.per_instance = vec![None; n];
+        shape.spread = (0..n)
+            .map(|i| Spread::Blocks {
+                vms: vms.get(i).copied().unwrap_or(1).max(1),
+            })
+            .collect();
+        shape
+    }
+
+    /// The shape with an unplanned job's placement: instances round `agents` agents, each stage
+    /// shifted by its index, or all on the first one (`together`, the `local` policy).
+    pub fn on_agents(mut self, agents: u32, together: bool) -> Shape {
+        self.spread = (0..self.senders.len())
+            .map(|i| Spread::Rotate {
+                agents: if together { 1 } else { agents },
+                shift: i as u32,
+            })
+            .collect();
+        self
     }
 
     /// A shape from its parts (`senders[i]`: the stages stage `i` reads from; `per_instance[i]`:
     /// its instance count when its instances start one by one). For tests and simulations.
     pub fn new(senders: Vec<Vec<usize>>, per_instance: Vec<Option<u32>>) -> Shape {
+        let spread = vec![
+            Spread::Rotate {
+                agents: 1,
+                shift: 0
+            };
+            senders.len()
+        ];
         Shape {
             senders,
             per_instance,
+            spread,
         }
+    }
+
+    /// The shape with stage `i`'s instances placed by `spread[i]` (stages past its end keep
+    /// theirs).
+    pub fn with_spread(mut self, spread: &[Spread]) -> Shape {
+        for (own, s) in self.spread.iter_mut().zip(spread) {
+            *own = *s;
+        }
+        self
     }
 
     /// The number of stages.
@@ -82,6 +203,11 @@ impl Shape {
     /// Whether stage `i`'s instances start one by one, and how many there are.
     pub fn per_instance(&self, i: usize) -> Option<u32> {
         self.per_instance[i]
+    }
+
+    /// Where stage `i`'s instances run.
+    pub fn spread(&self, i: usize) -> Spread {
+        self.spread[i]
     }
 }
 
@@ -171,6 +297,9 @@ pub enum Action {
         attempt: u32,
         /// How long to wait before sending it.
         delay: Duration,
+        /// Where it runs ([`Shape::spread`]): the stage's VM of the plan (a planned job) or the
+        /// job's agent (an unplanned one), by index.
+        vm: u32,
     },
     /// The instance already succeeded in an earlier control plane's run of this execution: record
     /// it from what was recorded and answer with [`Event::RunEnded`] for `attempt`.
@@ -181,6 +310,8 @@ pub enum Action {
         instance: u32,
         /// The attempt that succeeded.
         attempt: u32,
+        /// Where it ran by the placement rule (as [`Action::StartRun`]'s `vm`).
+        vm: u32,
     },
     /// Stop every run still going (the job is ending without them).
     StopRuns,
@@ -271,6 +402,15 @@ impl JobMachine {
         self
     }
 
+    /// Where the instances of stage `i` run from now on, if it did not open yet (the simulator's
+    /// fall back to the second-best plan for the stages not started). An opened stage keeps its
+    /// placement.
+    pub fn respread(&mut self, i: usize, spread: Spread) {
+        if matches!(self.stages.get(i), Some(Stage::Closed | Stage::Opening)) {
+            self.shape.spread[i] = spread;
+        }
+    }
+
     /// Whether the machine finished (it ignores every event from now on).
     pub fn finished(&self) -> bool {
         self.finished
@@ -348,6 +488,11 @@ impl JobMachine {
                 let retry = kind.retryable();
                 let limit = self.limit(stage, instance);
                 let backoff = self.backoff;
+                let vm = if stage < self.stages.len() {
+                    self.vm(stage, instance)
+                } else {
+                    0
+                };
                 let Some(slot) = self.running(stage, instance, attempt) else {
                     return out;
                 };
@@ -358,6 +503,7 @@ impl JobMachine {
                         instance,
                         attempt: attempt + 1,
                         delay: backoff.saturating_mul(2u32.saturating_pow(attempt - 1)),
+                        vm,
                     });
                     return out;
                 }
@@ -382,6 +528,15 @@ impl JobMachine {
             Some(Recorded::Sent(a) | Recorded::Succeeded(a)) => self.max_attempts.max(*a),
             None => self.max_attempts,
         }
+    }
+
+    /// Where instance `k` of stage `i` runs.
+    fn vm(&self, i: usize, k: u32) -> u32 {
+        let instances = match &self.stages[i] {
+            Stage::Open(insts) => insts.len() as u32,
+            _ => k + 1,
+        };
+        self.shape.spread(i).place(k, instances)
     }
 
     /// The instance's slot when `attempt` of it is the one running.
@@ -433,6 +588,7 @@ impl JobMachine {
                         .filter(|&k| self.inputs_complete(i, k))
                         .collect();
                     for k in start {
+                        let vm = self.vm(i, k);
                         let (state, action) = match self.recorded.get(&(i, k)) {
                             Some(Recorded::Succeeded(a)) => (
                                 Instance::Running(*a),
@@ -440,6 +596,7 @@ impl JobMachine {
                                     stage: i,
                                     instance: k,
                                     attempt: *a,
+                                    vm,
                                 },
                             ),
                             other => {
@@ -454,6 +611,7 @@ impl JobMachine {
                                         instance: k,
                                         attempt,
                                         delay: Duration::ZERO,
+                                        vm,
                                     },
                                 )
                             }
@@ -495,6 +653,7 @@ mod tests {
             instance,
             attempt,
             delay: Duration::ZERO,
+            vm: 0,
         }
     }
 
@@ -577,6 +736,7 @@ mod tests {
                         instance: 0,
                         attempt: 2,
                         delay: B,
+                        vm: 0,
                     }],
                 ),
                 // The failure of an attempt that is not running is stale.
@@ -588,6 +748,7 @@ mod tests {
                         instance: 0,
                         attempt: 3,
                         delay: B * 2,
+                        vm: 0,
                     }],
                 ),
                 (
@@ -706,6 +867,7 @@ mod tests {
                             stage: 0,
                             instance: 0,
                             attempt: 1,
+                            vm: 0,
                         },
                         start(0, 1, 2),
                     ],
@@ -737,6 +899,84 @@ mod tests {
     }
 
     /// A random DAG (edges only forward, so acyclic) with per-instance stages where allowed.
+    #[test]
+    fn blocks_cover_every_instance_once_and_vm_of_finds_its_block() {
+        for instances in 0..40u32 {
+            for vms in 1..9u32 {
+                let mut next = 0;
+                for j in 0..vms {
+                    let (first, count) = block(j, instances, vms);
+                    assert_eq!(first, next, "{instances} on {vms}: VM {j}");
+                    // As even as can be: sizes differ by at most one, larger first.
+                    assert!(count == instances / vms || count == instances / vms + 1);
+                    for k in first..first + count {
+                        assert_eq!(vm_of(k, instances, vms), j, "{k} of {instances} on {vms}");
+                    }
+                    next = first + count;
+                }
+                assert_eq!(next, instances);
+            }
+        }
+    }
+
+    #[test]
+    fn a_planned_job_opens_stages_after_their_senders_and_places_by_blocks() {
+        // a -> b over `one`, fanout 3, b planned on 2 VMs: b opens when all of a ended (the
+        // model's rule), not instance by instance, and runs 0, 1 on VM 0 and 2 on VM 1.
+        let dag = Dag::from_yaml(
+            "p.yaml",
+            "name: p\nfunctions:\n  - { name: a, image: i, command: [x] }\n  - { name: b, image: i, command: [x] }\nedges:\n  - { from: a, to: b, kind: one }\n",
+        )
+        .unwrap();
+        let shape = Shape::planned(&dag, &[1, 2]);
+        assert_eq!(shape.per_instance(1), None);
+        let mut m = JobMachine::new(shape, 1, B);
+        let on = |stage, instance, vm| Action::StartRun {
+            stage,
+            instance,
+            attempt: 1,
+            delay: Duration::ZERO,
+            vm,
+        };
+        check(
+            &mut m,
+            &[
+                (Event::Begin, vec![Action::OpenStage { stage: 0 }]),
+                (opened(0, 3), vec![on(0, 0, 0), on(0, 1, 0), on(0, 2, 0)]),
+                (ended(0, 0, 1), vec![]),
+                (ended(0, 1, 1), vec![]),
+                (ended(0, 2, 1), vec![Action::OpenStage { stage: 1 }]),
+                (opened(1, 3), vec![on(1, 0, 0), on(1, 1, 0), on(1, 2, 1)]),
+            ],
+        );
+    }
+
+    #[test]
+    fn an_unplanned_job_goes_round_the_agents_shifted_by_stage() {
+        let shape = chain().on_agents(3, false);
+        let mut m = JobMachine::new(shape, 1, B);
+        let got = m.handle(Event::Begin);
+        assert_eq!(got, vec![Action::OpenStage { stage: 0 }]);
+        let vms = |actions: Vec<Action>| -> Vec<u32> {
+            actions
+                .into_iter()
+                .filter_map(|a| match a {
+                    Action::StartRun { vm, .. } => Some(vm),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(vms(m.handle(opened(0, 4))), vec![0, 1, 2, 0]);
+        for k in 0..4 {
+            m.handle(ended(0, k, 1));
+        }
+        assert_eq!(vms(m.handle(opened(1, 2))), vec![1, 2]);
+        // `local`: every instance on the first agent.
+        let mut m = JobMachine::new(chain().on_agents(3, true), 1, B);
+        m.handle(Event::Begin);
+        assert_eq!(vms(m.handle(opened(0, 3))), vec![0, 0, 0]);
+    }
+
     fn shapes() -> impl Strategy<Value = (Shape, Vec<u32>)> {
         (1usize..6)
             .prop_flat_map(|n| {

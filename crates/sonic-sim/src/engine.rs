@@ -32,6 +32,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use serde::Serialize;
 use sonic_core::catalog::{SECONDS_PER_MONTH, mbps_to_bytes_per_s};
 use sonic_core::dag::EdgeKind;
+use sonic_core::machine::{self, Action, Event, JobMachine, Shape, Spread};
 use sonic_core::model::{Assignment, Method, Placement, PlanProblem, perf_per_dollar};
 use sonic_core::planner::{Policy, Predicted, plan};
 use sonic_core::regression::{Convergence, DagModels, FunctionSample};
@@ -338,6 +339,8 @@ struct Slot {
     finished: bool,
     /// Lambdas run with the true memory: learned from a first OOM kill (or no need).
     learned: bool,
+    /// Its instances' uploads still going (their runs end, for the job machine, after them).
+    uploads: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -353,6 +356,8 @@ struct StageRun {
     cold: u32,
     hot: u32,
     batched: u32,
+    /// Per instance, the VM of the plan the job machine placed it on (once the stage opened).
+    placed: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -437,6 +442,9 @@ struct Job {
     finish: Option<f64>,
     cost: JobCost,
     fell_back: bool,
+    /// The control plane's job machine (`sonic_core::machine`) for this job: it decides when
+    /// each stage opens and where its instances run, as it does in the system.
+    machine: JobMachine,
 }
 
 impl Job {
@@ -491,14 +499,6 @@ struct Sim<'a> {
     instances: u64,
     local_price: f64,
     remote_price: f64,
-}
-
-/// Contiguous blocks: the first `K mod n` slots get one more instance.
-fn spread(k: u32, n: u32, j: u32) -> (u32, u32) {
-    let (q, r) = (k / n, k % n);
-    let size = q + u32::from(j < r);
-    let first = j * q + j.min(r);
-    (first, size)
 }
 
 fn overlap(a: (u32, u32), b: (u32, u32)) -> u32 {
@@ -697,8 +697,10 @@ fn prepare(
             cold: 0,
             hot: 0,
             batched: 0,
+            placed: Vec::new(),
         })
         .collect();
+    let machine = JobMachine::new(planned_shape(&pb, &c0.first), 1, std::time::Duration::ZERO);
     Ok(Job {
         name: name.clone(),
         app,
@@ -738,7 +740,32 @@ fn prepare(
         finish: None,
         cost: JobCost::default(),
         fell_back: false,
+        machine,
     })
+}
+
+/// The job machine's shape of a planned job, as the control plane builds it
+/// (`Shape::planned`): each stage opens when the stages it reads from ended, and its instances
+/// run on its VMs of `a` in blocks.
+fn planned_shape(pb: &PlanProblem, a: &Assignment) -> Shape {
+    let senders = (0..pb.stages().len())
+        .map(|r| {
+            let mut s: Vec<usize> = pb.incoming(r).iter().map(|&e| pb.edges()[e].from).collect();
+            s.sort_unstable();
+            s.dedup();
+            s
+        })
+        .collect();
+    let n = pb.stages().len();
+    Shape::new(senders, vec![None; n]).with_spread(&spreads(a))
+}
+
+/// Per stage, where the plan `a` runs its instances.
+fn spreads(a: &Assignment) -> Vec<Spread> {
+    a.placements
+        .iter()
+        .map(|pl| Spread::Blocks { vms: pl.vms })
+        .collect()
 }
 
 impl<'a> Sim<'a> {
@@ -967,10 +994,56 @@ impl<'a> Sim<'a> {
                 .is_none_or(sonic_core::warm::shares_across_jobs),
         };
         self.admit(j);
-        for r in 0..self.jobs[j].stages.len() {
-            if self.jobs[j].pb.incoming(r).is_empty() {
-                self.try_ready(j, r);
+        self.machine(j, Event::Begin);
+    }
+
+    /// Tells job `j`'s machine what happened and carries its actions out: an opened stage
+    /// starts when its VMs allow (`try_ready`), the instances it places run on those VMs.
+    fn machine(&mut self, j: usize, event: Event) {
+        let mut events = std::collections::VecDeque::from([event]);
+        let mut opened = Vec::new();
+        while let Some(event) = events.pop_front() {
+            for action in self.jobs[j].machine.handle(event) {
+                match action {
+                    // The stage's instances are placed once it starts (`start_stage`), as the
+                    // executor answers once it built the stage's requests.
+                    Action::OpenStage { stage } => opened.push(stage),
+                    Action::StartRun {
+                        stage,
+                        instance,
+                        vm,
+                        ..
+                    } => {
+                        let placed = &mut self.jobs[j].stages[stage].placed;
+                        if placed.len() <= instance as usize {
+                            placed.resize(instance as usize + 1, 0);
+                        }
+                        placed[instance as usize] = vm;
+                    }
+                    // Nothing is recorded before, nothing fails or is cancelled: the job ends
+                    // when its last stage does (`stage_done`).
+                    Action::Restore { .. } | Action::StopRuns | Action::Finish(_) => {}
+                }
             }
+        }
+        for r in opened {
+            self.try_ready(j, r);
+        }
+    }
+
+    /// The runs of slot `i` of stage `r` ended, their uploads done: the job machine hears it.
+    fn slot_ended(&mut self, j: usize, r: usize, i: usize) {
+        let s = &self.jobs[j].stages[r].slots[i];
+        let (first, size) = (s.first, s.size);
+        for k in first..first + size {
+            self.machine(
+                j,
+                Event::RunEnded {
+                    stage: r,
+                    instance: k,
+                    attempt: 1,
+                },
+            );
         }
     }
 
@@ -1086,6 +1159,11 @@ impl<'a> Sim<'a> {
         for (st, &pl) in job.stages.iter_mut().zip(&c.first.placements) {
             st.pl = pl;
         }
+        job.machine = JobMachine::new(
+            planned_shape(&job.pb, &c.first),
+            1,
+            std::time::Duration::ZERO,
+        );
         job.assign = c.first.clone();
         job.first = c.first;
         job.second = c.second;
@@ -1104,19 +1182,12 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Starts stage `r` once the job machine opened it (every stage it reads from ended, their
+    /// uploads included, as a run in the system reports after its uploads).
     fn try_ready(&mut self, j: usize, r: usize) {
         let job = &self.jobs[j];
-        if job.stages[r].state != State::Waiting {
+        if job.stages[r].state != State::Waiting || !job.machine.opened(r) {
             return;
-        }
-        for &e in job.pb.incoming(r) {
-            let s = job.pb.edges()[e].from;
-            if job.stages[s].state != State::Done {
-                return;
-            }
-            if job.edges[e].sender_method == Some(Method::Remote) && job.edges[e].uploads_left > 0 {
-                return;
-            }
         }
         self.start_stage(j, r);
     }
@@ -1179,7 +1250,7 @@ impl<'a> Sim<'a> {
         j: u32,
     ) -> (u32, u32, u32, f64) {
         let st = &pb.stages()[s];
-        let (first, size) = spread(st.instances, pl.vms, j);
+        let (first, size) = machine::block(j, st.instances, pl.vms);
         let conc = pl.concurrent.min(size).max(1);
         (first, size, conc, f64::from(conc) * mem)
     }
@@ -1206,6 +1277,11 @@ impl<'a> Sim<'a> {
     }
 
     fn start_stage(&mut self, j: usize, r: usize) {
+        self.start_stage_on_vms(j, r);
+        self.placed(j, r);
+    }
+
+    fn start_stage_on_vms(&mut self, j: usize, r: usize) {
         let (methods, host) = self.resolve(j, r);
         if let Some(g) = host
             && self.jobs[j].groups[g].running.is_some()
@@ -1239,6 +1315,7 @@ impl<'a> Sim<'a> {
                 done: 0,
                 finished: false,
                 learned,
+                uploads: 0,
             });
         }
         let job = &mut self.jobs[j];
@@ -1309,6 +1386,34 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// A stage started on its VMs: the job machine places its instances, which must be the
+    /// slots' blocks the stage was started with.
+    fn placed(&mut self, j: usize, r: usize) {
+        if self.jobs[j].stages[r].state != State::Running
+            || !self.jobs[j].stages[r].placed.is_empty()
+        {
+            return;
+        }
+        let instances = self.jobs[j].pb.stages()[r].instances;
+        self.machine(
+            j,
+            Event::StageOpened {
+                stage: r,
+                instances,
+            },
+        );
+        let st = &self.jobs[j].stages[r];
+        debug_assert!(
+            st.slots
+                .iter()
+                .enumerate()
+                .all(|(i, sl)| (sl.first..sl.first + sl.size)
+                    .all(|k| st.placed.get(k as usize) == Some(&(i as u32)))),
+            "the machine placed stage {r} where its slots run: {:?}",
+            st.placed
+        );
+    }
+
     /// Takes back a vm-storage start the resource manager refused.
     fn undo_start(&mut self, j: usize, r: usize, g: usize) {
         let job = &mut self.jobs[j];
@@ -1333,6 +1438,13 @@ impl<'a> Sim<'a> {
     fn fall_back(&mut self, j: usize) {
         let job = &mut self.jobs[j];
         if let Some(second) = job.second.take() {
+            // The stages not started yet run where the second plan puts them.
+            let spreads = spreads(&second);
+            for (r, sp) in spreads.into_iter().enumerate() {
+                if job.stages[r].state == State::Waiting {
+                    job.machine.respread(r, sp);
+                }
+            }
             job.assign = second;
             job.fell_back = true;
         }
@@ -1751,6 +1863,9 @@ impl<'a> Sim<'a> {
             } => {
                 let g = self.jobs[job].stages[stage].group;
                 self.jobs[job].groups[g].leases[slot].uploads -= 1;
+                let s = &mut self.jobs[job].stages[stage].slots[slot];
+                s.uploads -= 1;
+                let slot_ended = s.uploads == 0;
                 // The upload is part of the sender's instance in the system.
                 self.extend_span(job, g, slot);
                 let done = self.jobs[job].stages[stage].state == State::Done;
@@ -1759,10 +1874,11 @@ impl<'a> Sim<'a> {
                 if er.uploads_left == 0 && done {
                     er.durable = self.now;
                     er.upload_s = self.now - er.sender_end;
-                    let to = self.jobs[job].pb.edges()[edge].to;
-                    self.try_ready(job, to);
                 }
                 self.refresh_group(job, g);
+                if slot_ended {
+                    self.slot_ended(job, stage, slot);
+                }
             }
         }
     }
@@ -1907,6 +2023,7 @@ impl<'a> Sim<'a> {
             let links = self.links_of([4 * vm as u32, 4 * vm as u32 + 2], true);
             self.jobs[j].edges[e].uploads_left += 1;
             self.jobs[j].groups[g].leases[i].uploads += 1;
+            self.jobs[j].stages[r].slots[i].uploads += 1;
             let tag = FlowTag::Upload {
                 job: j,
                 stage: r,
@@ -1919,6 +2036,9 @@ impl<'a> Sim<'a> {
             self.stage_done(j, r);
         } else {
             self.refresh_group(j, g);
+        }
+        if self.jobs[j].stages[r].slots[i].uploads == 0 {
+            self.slot_ended(j, r, i);
         }
     }
 
@@ -2052,6 +2172,7 @@ impl<'a> Sim<'a> {
                         hot: st.hot,
                         batched: st.batched,
                         on_vms: st.slots.iter().map(|s| s.vm).collect(),
+                        instance_vms: st.placed.clone(),
                     })
                     .collect();
                 let edges = job
@@ -2125,7 +2246,7 @@ mod tests {
             for n in 1..=k {
                 let mut next = 0;
                 for j in 0..n {
-                    let (first, size) = spread(k, n, j);
+                    let (first, size) = machine::block(j, k, n);
                     assert_eq!(first, next);
                     assert!(size >= 1 && size <= k.div_ceil(n));
                     next += size;

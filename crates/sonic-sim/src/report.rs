@@ -58,6 +58,9 @@ pub struct StageReport {
     pub batched: u32,
     /// The cluster VMs it ran on (index into the cluster's VM list), one per VM of the plan.
     pub on_vms: Vec<usize>,
+    /// Per instance, the VM of the plan it ran on (an index into `on_vms`), as the job machine
+    /// placed it (`sonic_core::machine::vm_of`, the control plane's rule).
+    pub instance_vms: Vec<u32>,
 }
 
 /// How one edge's data moved.

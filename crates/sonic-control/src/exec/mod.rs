@@ -27,6 +27,7 @@ use sonic_api::control::{
 use sonic_api::plan::PlanReport;
 use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
 use sonic_core::dag::{Dag, Fanout};
+use sonic_core::planner::Policy;
 use sonic_core::regression::Convergence;
 use sonic_storage::ObjectStore;
 use tokio::sync::{Semaphore, watch};
@@ -1313,7 +1314,15 @@ async fn run(
         .collect();
     // Every decision of when what runs is the machine's (`machine.rs`); this loop carries its
     // actions out and tells it what happened.
-    let shape = Shape::of(&dag, &fanouts);
+    // A planned job's stages open after their senders and run on the plan's VMs in blocks, as
+    // the model priced them; an unplanned job's go round its agents (`machine::Spread`).
+    let shape = match &alloc {
+        Some(a) => {
+            let vms: Vec<u32> = a.hosts.iter().map(|h| h.len().max(1) as u32).collect();
+            Shape::planned(&dag, &vms)
+        }
+        None => Shape::of(&dag, &fanouts).on_agents(agents.len() as u32, policy == Policy::Local),
+    };
     let mut machine = JobMachine::new(shape.clone(), rt.config.max_attempts, rt.config.backoff)
         .with_recorded(decisions);
     let mut opened: Vec<Option<Opened>> = (0..n).map(|_| None).collect();
@@ -1443,6 +1452,7 @@ async fn run(
                         instance: k,
                         attempt,
                         delay,
+                        vm,
                     } => {
                         let Some(stage) = opened[i].as_mut() else {
                             continue;
@@ -1477,10 +1487,15 @@ async fn run(
                         if profiling {
                             p.request.function_key = None;
                         }
-                        if let Some(a) = &alloc {
-                            p.agent = a.host(i, k);
-                            p.request.memory_limit_mb = a.memory_limit_mb[i];
-                        }
+                        // Where the machine placed it: the plan's VM `vm` of the stage, on the
+                        // agent granted for it, or the job's agent `vm`.
+                        p.agent = match &alloc {
+                            Some(a) => {
+                                p.request.memory_limit_mb = a.memory_limit_mb[i];
+                                a.hosts[i].get(vm as usize).copied().unwrap_or(0)
+                            }
+                            None => vm as usize,
+                        };
                         // An instance a previous control plane sent is asked for again on the
                         // agent it went to.
                         let mut sent_ms = None;
@@ -1509,7 +1524,7 @@ async fn run(
                             .map(|s| s.1)
                             .or(sent_ms)
                             .unwrap_or_else(|| state.clock.now_ms());
-                        let vm = alloc.as_ref().map_or(0, |a| planned_vm(&dag, a, i, k));
+                        let vm = alloc.as_ref().map_or(0, |a| planned_vm(&dag, a, i, vm));
                         let attempt = AttemptTask {
                             state: state.clone(),
                             rt: rt.clone(),
@@ -1532,6 +1547,7 @@ async fn run(
                         stage: i,
                         instance: k,
                         attempt,
+                        vm,
                     } => {
                         let Some((a, r)) = recorded.get(&(i, k)) else {
                             continue;
@@ -1543,7 +1559,7 @@ async fn run(
                             function: i,
                             instance: k,
                             agent: *a,
-                            vm: alloc.as_ref().map_or(0, |al| planned_vm(&dag, al, i, k)),
+                            vm: alloc.as_ref().map_or(0, |al| planned_vm(&dag, al, i, vm)),
                             report,
                             attempts: attempt,
                             started: instant_at(state, r.started_ms),
@@ -1903,10 +1919,10 @@ async fn unreachable_agents(rt: &Runtime, agents: &[AgentSlot]) -> Vec<String> {
         .collect()
 }
 
-/// Which of the plan's VMs instance `k` of function `i` runs on, as a number unique within
-/// the job: the VM's slot in the stage that started its vm-storage group (a receiver over
+/// Which of the plan's VMs the stage's VM `vm` (the machine's placement) is, as a number unique
+/// within the job: the VM's slot in the stage that started its vm-storage group (a receiver over
 /// vm-storage runs on its sender's VMs), offset by that stage's index.
-fn planned_vm(dag: &Dag, a: &crate::resources::planned::Allocation, i: usize, k: u32) -> usize {
+fn planned_vm(dag: &Dag, a: &crate::resources::planned::Allocation, i: usize, vm: u32) -> usize {
     let mut root = i;
     // A stage over vm-storage continues its sender's VMs; the DAG is acyclic, so this ends.
     for _ in 0..dag.functions.len() {
@@ -1922,7 +1938,7 @@ fn planned_vm(dag: &Dag, a: &crate::resources::planned::Allocation, i: usize, k:
         }
     }
     let slots = a.hosts.get(i).map_or(1, |h| h.len().max(1));
-    1 + root * 100_000 + (k as usize % slots)
+    1 + root * 100_000 + (vm as usize % slots)
 }
 
 /// A `direct` sender's VM is held until its receivers have fetched (the model's rule, spec/

@@ -70,7 +70,7 @@ pub fn targets(
                 match instances {
                     Some(n) => {
                         for k in 0..n {
-                            *placed.entry(a.host(j, k)).or_insert(0) += 1;
+                            *placed.entry(a.host(j, k, n)).or_insert(0) += 1;
                         }
                     }
                     None => {

@@ -158,15 +158,18 @@ pub fn stage_fanout(ctx: &StageContext<'_>, i: usize) -> u32 {
     }
 }
 
-/// The agent instance `k` of function `i` runs on. `local` keeps everything on the first agent;
-/// otherwise instances go round-robin, shifted by the stage index so that consecutive stages of a
-/// chain land on different agents (a `direct` edge then really crosses VMs).
+/// The agent instance `k` of function `i` of an unplanned job runs on, by the job machine's rule
+/// (`machine::Spread::Rotate`, what `Shape::on_agents` gives every stage): `local` keeps
+/// everything on the first agent; otherwise instances go round the agents, shifted by the stage
+/// index so that consecutive stages of a chain land on different agents (a `direct` edge then
+/// really crosses VMs).
 pub fn place(policy: Policy, agents: usize, i: usize, k: u32) -> usize {
-    if policy == Policy::Local || agents == 0 {
-        0
-    } else {
-        (i + k as usize) % agents
+    let agents = if policy == Policy::Local { 1 } else { agents };
+    sonic_core::machine::Spread::Rotate {
+        agents: u32::try_from(agents).unwrap_or(u32::MAX),
+        shift: u32::try_from(i).unwrap_or(u32::MAX),
     }
+    .place(k, 0) as usize
 }
 
 fn source(ctx: &StageContext<'_>, method: Method, f: &Produced) -> Result<FileSource, String> {

@@ -2,9 +2,10 @@
 //! [`ResourceManager`] (grant; refusal, then the second-best plan; or the capacity the pool has,
 //! then a plan within it) and turns the grant into an [`Allocation`].
 //!
-//! A plan's stage asks for `vms` VMs of one type. Its instance `k` runs on VM `k % vms` (lambdas
-//! spread evenly, as the model assumes), so a stage that continues a `vm-storage` group (same VMs
-//! as its sender) finds instance `k`'s input where instance `k` of the sender wrote it. The
+//! A plan's stage asks for `vms` VMs of one type. Its instance `k` of `K` runs on VM
+//! `sonic_core::machine::vm_of(k, K, vms)` (contiguous blocks, lambdas spread evenly as the model
+//! assumes; the job machine places by it), so a stage that continues a `vm-storage` group (same
+//! VMs as its sender) finds instance `k`'s input where instance `k` of the sender wrote it. The
 //! manager grants such a stage its sender's agents, in the same order.
 
 use std::collections::BTreeMap;
@@ -42,10 +43,12 @@ pub struct Allocation {
 }
 
 impl Allocation {
-    /// The agent instance `k` of function `i` runs on.
-    pub fn host(&self, i: usize, k: u32) -> usize {
+    /// The agent instance `k` of function `i`'s `instances` runs on (the job machine's rule,
+    /// [`sonic_core::machine::vm_of`]).
+    pub fn host(&self, i: usize, k: u32, instances: u32) -> usize {
         let h = &self.hosts[i];
-        h[k as usize % h.len()]
+        let vm = sonic_core::machine::vm_of(k, instances, h.len() as u32) as usize;
+        h[vm.min(h.len() - 1)]
     }
 
     /// Per agent, how many of the stage's instances may run at once on it (several VMs of the

@@ -1,7 +1,8 @@
 //! The cluster-wide resource manager on a real cluster in this process (process sandbox): two
 //! planned jobs that each need every vCPU of an agent are queued one behind the other, never run
 //! side by side; a diamond whose branches were priced on VMs of their own runs them on two
-//! agents at once.
+//! agents at once, in the order and on the VMs the simulator gives the same plan (both run the
+//! job machine).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -214,5 +215,146 @@ async fn a_diamonds_branches_priced_on_their_own_vms_run_at_once_on_two_agents()
         b0 < c1 && c0 < b1,
         "b ran {b0:.2}-{b1:.2} s and c {c0:.2}-{c1:.2} s: one after the other"
     );
+    runs_as_simulated(&s);
     c.stop().await;
+}
+
+/// Runs the plan job `s` ran through the simulator (alone, on a cluster of the plan's VM types,
+/// with parameters of the diamond's shape: times do not matter here) and checks that the
+/// system and the simulator opened the stages in the same order (which stage started only after
+/// which ended) and ran every instance on the same VM of its stage's plan.
+fn runs_as_simulated(s: &JobSummary) {
+    use sonic_core::catalog::Catalog;
+    use sonic_core::params::{EdgeParams, FunctionParams, Params};
+    use sonic_sim::{Cluster as SimCluster, EdgeShape, JobSpec, PlanShape, SimConfig, StageShape};
+    use std::collections::{BTreeMap, BTreeSet};
+
+    let plan = s.plan.as_ref().expect("a plan");
+    let shape = PlanShape {
+        stages: plan
+            .stages
+            .iter()
+            .map(|st| StageShape {
+                function: st.function.clone(),
+                vm_type: st.vm_type.clone(),
+                vms: st.agents.len() as u32,
+                concurrent: st.concurrent,
+            })
+            .collect(),
+        edges: s
+            .edges
+            .iter()
+            .map(|e| EdgeShape {
+                from: e.from.clone(),
+                to: e.to.clone(),
+                method: e.method,
+            })
+            .collect(),
+    };
+    let dag = sonic_core::dag::Dag::from_yaml("diamond.yaml", DIAMOND).unwrap();
+    let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+    for st in &shape.stages {
+        *counts.entry(st.vm_type.clone()).or_default() += st.vms;
+    }
+    let instances = |f: &str| s.functions.iter().filter(|r| r.name == f).count() as u32;
+    let params = Params {
+        functions: dag
+            .functions
+            .iter()
+            .map(|f| {
+                let t = if f.name == "b" || f.name == "c" {
+                    1.5
+                } else {
+                    0.2
+                };
+                (
+                    f.name.clone(),
+                    FunctionParams {
+                        memory_mb: 128.0,
+                        cold_s: t + 0.1,
+                        hot_s: t,
+                        instances: instances(&f.name),
+                        overhead_s: 0.0,
+                        start_s: 0.0,
+                    },
+                )
+            })
+            .collect(),
+        edges: dag
+            .edges
+            .iter()
+            .map(|e| EdgeParams {
+                from: dag.functions[e.from].name.clone(),
+                to: dag.functions[e.to].name.clone(),
+                bytes: sonic_core::units::ByteSize(60_000),
+            })
+            .collect(),
+    };
+    let cluster =
+        SimCluster::new(&Catalog::default(), &counts.into_iter().collect::<Vec<_>>()).unwrap();
+    let job = JobSpec {
+        name: "diamond".into(),
+        dag: std::sync::Arc::new(dag.clone()),
+        params,
+        predicted: None,
+        arrival_s: 0.0,
+        policy: s.policy,
+        bounds: dag.bounds,
+    };
+    let sim = sonic_sim::validate_plan(&cluster, &job, &shape, &SimConfig::default())
+        .unwrap()
+        .job;
+    // Which stage started only once which had ended, in each.
+    let after = |spans: &BTreeMap<String, (f64, f64)>, slack: f64| -> BTreeSet<(String, String)> {
+        let mut out = BTreeSet::new();
+        for (x, &(_, x_end)) in spans {
+            for (y, &(y_start, _)) in spans {
+                if x != y && y_start >= x_end - slack {
+                    out.insert((x.clone(), y.clone()));
+                }
+            }
+        }
+        out
+    };
+    let mut system: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for r in &s.functions {
+        let (a, b) = (r.started_s.expect("started"), r.ended_s.expect("ended"));
+        let e = system.entry(r.name.clone()).or_insert((a, b));
+        *e = (e.0.min(a), e.1.max(b));
+    }
+    let simulated: BTreeMap<String, (f64, f64)> = sim
+        .stages
+        .iter()
+        .map(|st| (st.function.clone(), (st.start_s, st.end_s)))
+        .collect();
+    // The system's times are in milliseconds.
+    assert_eq!(
+        after(&system, 1e-3),
+        after(&simulated, 0.0),
+        "system {system:?}, simulated {simulated:?}"
+    );
+    // Every instance on the same VM of its stage's plan.
+    for st in &plan.stages {
+        let sim_stage = sim
+            .stages
+            .iter()
+            .find(|x| x.function == st.function)
+            .expect("simulated stage");
+        let mut ran: Vec<(u32, u32)> = s
+            .functions
+            .iter()
+            .filter(|r| r.name == st.function)
+            .map(|r| {
+                let vm = st
+                    .agents
+                    .iter()
+                    .position(|a| *a == r.agent)
+                    .expect("a granted agent");
+                (r.instance, vm as u32)
+            })
+            .collect();
+        ran.sort_unstable();
+        let simulated: Vec<(u32, u32)> = (0u32..).zip(sim_stage.instance_vms.clone()).collect();
+        assert_eq!(ran, simulated, "{}", st.function);
+    }
 }

@@ -781,6 +781,19 @@ fn a_given_plan_runs_as_given() {
             placed,
             [("m5.large", 1, 1), ("m5.xlarge", 3, 2), ("m5.large", 1, 1)]
         );
+        // The job machine placed every instance, in blocks over the stage's VMs.
+        for st in &v.job.stages {
+            let k = st.instances_run;
+            let want: Vec<u32> = (0..k)
+                .map(|i| sonic_core::machine::vm_of(i, k, st.vms))
+                .collect();
+            assert_eq!(st.instance_vms, want, "{}", st.function);
+        }
+        let train = &v.job.stages[1].instance_vms;
+        assert!(
+            train.contains(&2) && train.windows(2).all(|w| w[0] <= w[1]),
+            "{train:?}"
+        );
         assert!(v.latency_rel_error < 1e-6 && v.cost_rel_error < 1e-6);
     }
     assert!(remote.job.latency_s != direct.job.latency_s);
