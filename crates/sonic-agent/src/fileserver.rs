@@ -24,9 +24,9 @@ use axum::extract::{Path, Query, State};
 use axum::http::header::{ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, RANGE};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, get};
 use bytes::Bytes;
 use serde::Deserialize;
+use sonic_daemon::routes::RouteTable;
 use tokio::sync::mpsc;
 
 use crate::files::{FileError, FilePath, FileStore, JobId};
@@ -67,28 +67,25 @@ impl std::fmt::Debug for FileServerState {
 /// (`agent_router.merge(fileserver::router(state))`). They carry their own authorization (file
 /// tokens), so they go outside any control-plane token layer.
 pub fn router(state: FileServerState) -> Router {
-    let mut router = Router::new();
-    for (info, handler) in table() {
-        router = router.route(info.path, handler);
-    }
-    router.with_state(Arc::new(state))
+    // Every route is a file route: its handler checks the file token.
+    table()
+        .router(|_, routes| routes)
+        .with_state(Arc::new(state))
 }
 
 /// The file server's routes, each once with its handler.
-fn table() -> Vec<(RouteInfo, MethodRouter<Arc<FileServerState>>)> {
-    vec![(
-        RouteInfo {
-            method: Method::GET,
-            path: "/v1/files/{job}/{*path}",
-            guard: Guard::FileToken,
-        },
-        get(get_file),
-    )]
+fn table() -> RouteTable<Arc<FileServerState>, Guard> {
+    RouteTable::new().route(
+        Method::GET,
+        "/v1/files/{job}/{*path}",
+        Guard::FileToken,
+        get_file,
+    )
 }
 
 /// The file server's routes (all [`Guard::FileToken`]).
 pub fn routes() -> Vec<RouteInfo> {
-    table().into_iter().map(|(info, _)| info).collect()
+    table().routes()
 }
 
 /// Binds `addr` and serves only the file server's routes in a background task (for tests, benches

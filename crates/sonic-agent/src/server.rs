@@ -10,12 +10,12 @@ use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, delete, get, post};
 use axum::{Json, Router};
 use sonic_api::agent::{
     Capacity, ErrorBody, Health, Heartbeat, PrewarmRequest, Prewarmed, RunAccepted, RunReport,
     RunRequest, RunStatus,
 };
+use sonic_daemon::routes::{Route, RouteTable};
 use sonic_storage::ObjectStore;
 
 use crate::config::AgentConfig;
@@ -213,88 +213,53 @@ pub enum Guard {
 }
 
 /// One route of the agent's API.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteInfo {
-    pub method: Method,
-    /// The path template, `{param}` for a path parameter (as axum writes it).
-    pub path: &'static str,
-    pub guard: Guard,
-}
+pub type RouteInfo = Route<Guard>;
 
-/// The agent's own routes, each once with its handler; the file server's are in
+/// The agent's own routes, each once with its guard and handler; the file server's are in
 /// [`crate::fileserver::routes`].
-fn table() -> Vec<(RouteInfo, MethodRouter<Arc<AgentState>>)> {
-    let r = |method: Method, path, guard| RouteInfo {
-        method,
-        path,
-        guard,
-    };
-    vec![
-        (r(Method::GET, "/v1/health", Guard::Public), get(health)),
-        (
-            r(Method::GET, "/v1/capacity", Guard::ControlToken),
-            get(capacity),
-        ),
-        (
-            r(Method::POST, "/v1/runs", Guard::ControlToken),
-            post(start_run),
-        ),
-        (
-            r(Method::POST, "/v1/prewarm", Guard::ControlToken),
-            post(prewarm),
-        ),
-        (
-            r(Method::GET, "/v1/runs/{run_id}", Guard::ControlToken),
-            get(get_run),
-        ),
-        (
-            r(Method::DELETE, "/v1/runs/{run_id}", Guard::ControlToken),
-            delete(stop_run),
-        ),
-        (
-            r(Method::DELETE, "/v1/jobs/{job_id}", Guard::ControlToken),
-            delete(delete_job),
-        ),
-        (
-            r(Method::GET, "/metrics", Guard::ControlToken),
-            get(render_metrics),
-        ),
-    ]
+fn table() -> RouteTable<Arc<AgentState>, Guard> {
+    use Guard::{ControlToken, Public};
+    RouteTable::new()
+        .route(Method::GET, "/v1/health", Public, health)
+        .route(Method::GET, "/v1/capacity", ControlToken, capacity)
+        .route(Method::POST, "/v1/runs", ControlToken, start_run)
+        .route(Method::POST, "/v1/prewarm", ControlToken, prewarm)
+        .route(Method::GET, "/v1/runs/{run_id}", ControlToken, get_run)
+        .route(Method::DELETE, "/v1/runs/{run_id}", ControlToken, stop_run)
+        .route(
+            Method::DELETE,
+            "/v1/jobs/{job_id}",
+            ControlToken,
+            delete_job,
+        )
+        .route(Method::GET, "/metrics", ControlToken, render_metrics)
 }
 
 /// Every route the agent serves, the file server's included: what the access tests walk.
 pub fn routes() -> Vec<RouteInfo> {
-    table()
-        .into_iter()
-        .map(|(info, _)| info)
-        .chain(crate::fileserver::routes())
-        .collect()
+    let mut routes = table().routes();
+    routes.extend(crate::fileserver::routes());
+    routes
 }
 
 /// The whole HTTP API.
 pub fn router(state: Arc<AgentState>) -> Router {
-    let mut public = Router::new();
-    let mut control = Router::new();
-    for (info, handler) in table() {
-        match info.guard {
-            Guard::Public => public = public.route(info.path, handler),
-            Guard::ControlToken => control = control.route(info.path, handler),
-            // The file server checks its own tokens; its routes come from its own router.
-            Guard::FileToken => {}
+    let agent = table().router(|guard, routes| match guard {
+        Guard::Public => routes,
+        Guard::ControlToken => {
+            routes.route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         }
-    }
-    let control = control
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
-        .with_state(state.clone());
+        // A file route checks its file token itself (the file server's own router).
+        Guard::FileToken => routes,
+    });
     let files = crate::fileserver::router(crate::fileserver::FileServerState {
         files: state.files.clone(),
         key: state.config.file_key.as_bytes().to_vec(),
         throttle: state.throttle.clone(),
         meter: state.meter.clone(),
     });
-    public
+    agent
         .with_state(state)
-        .merge(control)
         .merge(files)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }

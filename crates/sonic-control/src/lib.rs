@@ -32,7 +32,7 @@ mod layers;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{ControlArgs, ControlConfig};
 pub use exec::{Context, JobsConfig, Runtime};
-pub use http::api::{ControlState, RouteInfo, Settings, Verb, router, routes};
+pub use http::api::{Access, ControlState, RouteInfo, Settings, router, routes};
 pub use http::error::ApiError;
 pub use server::{RunningControl, ServeError, serve, start, start_with_jobs};
 pub use store::{Db, StoreError};

@@ -9,11 +9,13 @@
 //! - [`logging`]: text or JSON log lines (`--log-format`), with the job and run spans.
 //! - [`metrics`]: a per-daemon registry of counters, gauges and histograms in the Prometheus
 //!   text format.
+//! - [`routes`]: a daemon's route table (method, path, guard, handler), its router and its list.
 
 pub mod config;
 pub mod logging;
 pub mod metrics;
 pub mod net;
+pub mod routes;
 pub mod secret;
 pub mod tls;
 

@@ -12,7 +12,6 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -23,6 +22,7 @@ use sonic_api::control::{
 };
 use sonic_core::dag::Dag;
 use sonic_core::setting::Setting;
+use sonic_daemon::routes::{Route, RouteTable};
 
 pub(crate) use crate::admission::checked_dag_name;
 use crate::admission::{self, job_record};
@@ -99,153 +99,86 @@ impl ControlState {
     }
 }
 
-/// The methods the API uses.
+/// Who may call an API route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verb {
-    /// `GET`.
-    Get,
-    /// `PUT`.
-    Put,
-    /// `POST`.
-    Post,
-    /// `DELETE`.
-    Delete,
+pub enum Access {
+    /// Anyone (health).
+    Public,
+    /// `Authorization: Bearer <token>`, the API token.
+    Token,
+    /// The routes agents call: the API token, the join token or the agents' token.
+    Agents,
 }
 
-impl Verb {
-    /// The HTTP method.
-    pub fn method(self) -> Method {
-        match self {
-            Verb::Get => Method::GET,
-            Verb::Put => Method::PUT,
-            Verb::Post => Method::POST,
-            Verb::Delete => Method::DELETE,
-        }
-    }
-
-    pub(crate) fn filter(self) -> MethodFilter {
-        match self {
-            Verb::Get => MethodFilter::GET,
-            Verb::Put => MethodFilter::PUT,
-            Verb::Post => MethodFilter::POST,
-            Verb::Delete => MethodFilter::DELETE,
-        }
+impl Access {
+    /// Whether the route requires a token (every route but health).
+    pub fn needs_token(self) -> bool {
+        self != Access::Public
     }
 }
 
 /// One route of the API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RouteInfo {
-    /// The method.
-    pub verb: Verb,
-    /// The path template, `{param}` for a path parameter (as axum and OpenAPI both write it).
-    pub path: &'static str,
-    /// Whether the route requires the bearer token.
-    pub auth: bool,
-    /// Whether the join token opens it too (the routes agents call).
-    pub agents: bool,
-}
+pub type RouteInfo = Route<Access>;
 
 type Shared = Arc<ControlState>;
 
-fn entry<H, T>(
-    verb: Verb,
-    path: &'static str,
-    auth: bool,
-    handler: H,
-) -> (RouteInfo, MethodRouter<Shared>)
-where
-    H: axum::handler::Handler<T, Shared>,
-    T: 'static,
-{
-    (
-        RouteInfo {
-            verb,
-            path,
-            auth,
-            agents: false,
-        },
-        axum::routing::on(verb.filter(), handler),
-    )
-}
-
-/// A route agents call: the API token or the join token opens it.
-fn agent_entry<H, T>(
-    verb: Verb,
-    path: &'static str,
-    handler: H,
-) -> (RouteInfo, MethodRouter<Shared>)
-where
-    H: axum::handler::Handler<T, Shared>,
-    T: 'static,
-{
-    let (mut info, route) = entry(verb, path, true, handler);
-    info.agents = true;
-    (info, route)
-}
-
-/// The route table: each route once, with its handler.
-fn table() -> Vec<(RouteInfo, MethodRouter<Shared>)> {
-    use Verb::{Delete, Get, Post, Put};
-    vec![
-        entry(Get, "/v1/health", false, health),
-        entry(Get, "/v1/openapi.json", true, openapi),
-        entry(Get, "/metrics", true, render_metrics),
-        entry(Get, "/v1/dags", true, list_dags),
-        entry(Put, "/v1/dags", true, apply_dag),
-        entry(Post, "/v1/dags", true, apply_dag),
-        entry(Get, "/v1/dags/{name}", true, get_dag),
-        entry(Delete, "/v1/dags/{name}", true, delete_dag),
-        entry(Get, "/v1/dags/{name}/models", true, dag_models),
-        entry(Get, "/v1/dags/{name}/plan", true, dag_plan),
-        entry(Get, "/v1/agents", true, list_agents),
-        agent_entry(Post, "/v1/agents/register", register_agent),
-        agent_entry(Post, "/v1/agents/{id}/heartbeat", heartbeat),
-        agent_entry(
-            Post,
+/// The route table: each route once, with its guard and its handler.
+fn table() -> RouteTable<Shared, Access> {
+    use Access::{Agents, Public, Token};
+    RouteTable::new()
+        .route(Method::GET, "/v1/health", Public, health)
+        .route(Method::GET, "/v1/openapi.json", Token, openapi)
+        .route(Method::GET, "/metrics", Token, render_metrics)
+        .route(Method::GET, "/v1/dags", Token, list_dags)
+        .route(Method::PUT, "/v1/dags", Token, apply_dag)
+        .route(Method::POST, "/v1/dags", Token, apply_dag)
+        .route(Method::GET, "/v1/dags/{name}", Token, get_dag)
+        .route(Method::DELETE, "/v1/dags/{name}", Token, delete_dag)
+        .route(Method::GET, "/v1/dags/{name}/models", Token, dag_models)
+        .route(Method::GET, "/v1/dags/{name}/plan", Token, dag_plan)
+        .route(Method::GET, "/v1/agents", Token, list_agents)
+        .route(Method::POST, "/v1/agents/register", Agents, register_agent)
+        .route(Method::POST, "/v1/agents/{id}/heartbeat", Agents, heartbeat)
+        .route(
+            Method::POST,
             "/v1/agents/{id}/runs/{run_id}/report",
+            Agents,
             crate::http::reports::report_run,
-        ),
-        entry(Get, "/v1/jobs", true, list_jobs),
-        entry(Post, "/v1/jobs", true, submit_job),
-        entry(Get, "/v1/jobs/{id}", true, get_job),
-        entry(Post, "/v1/jobs/{id}/cancel", true, cancel_job),
-        entry(Get, "/v1/jobs/{id}/results/{*key}", true, get_result),
-        entry(Get, "/v1/jobs/{id}/events", true, job_events),
-        entry(Get, "/v1/jobs/{id}/logs", true, job_logs),
-    ]
+        )
+        .route(Method::GET, "/v1/jobs", Token, list_jobs)
+        .route(Method::POST, "/v1/jobs", Token, submit_job)
+        .route(Method::GET, "/v1/jobs/{id}", Token, get_job)
+        .route(Method::POST, "/v1/jobs/{id}/cancel", Token, cancel_job)
+        .route(
+            Method::GET,
+            "/v1/jobs/{id}/results/{*key}",
+            Token,
+            get_result,
+        )
+        .route(Method::GET, "/v1/jobs/{id}/events", Token, job_events)
+        .route(Method::GET, "/v1/jobs/{id}/logs", Token, job_logs)
 }
 
 /// Every route the router serves.
 pub fn routes() -> Vec<RouteInfo> {
-    table().into_iter().map(|(r, _)| r).collect()
+    table().routes()
 }
 
 /// The whole HTTP API.
 pub fn router(state: Shared) -> Router {
-    let mut public = Router::new();
-    let mut guarded = Router::new();
-    let mut agents = Router::new();
-    for (info, handler) in table() {
-        if info.agents {
-            agents = agents.route(info.path, handler);
-        } else if info.auth {
-            guarded = guarded.route(info.path, handler);
-        } else {
-            public = public.route(info.path, handler);
-        }
-    }
     // route_layer: the token is checked only on matched routes, before any extractor reads the
     // body, so an unauthenticated client cannot make the server buffer anything.
-    let guarded = guarded.route_layer(middleware::from_fn_with_state(state.clone(), require_token));
-    let agents = agents.route_layer(middleware::from_fn_with_state(
-        state.clone(),
-        require_agent_token,
-    ));
-    public
-        .merge(guarded)
-        .merge(agents)
-        .merge(crate::http::dashboard::router(state.clone()))
+    let api = table().router(|access, routes| match access {
+        Access::Public => routes,
+        Access::Token => {
+            routes.route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+        }
+        Access::Agents => routes.route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_agent_token,
+        )),
+    });
+    api.merge(crate::http::dashboard::router(state.clone()))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(state.settings.max_body_bytes))
@@ -1152,15 +1085,15 @@ mod tests {
         for (i, a) in r.iter().enumerate() {
             for b in &r[i + 1..] {
                 assert!(
-                    !(a.verb == b.verb && a.path == b.path),
-                    "{:?} {} twice",
-                    a.verb,
+                    !(a.method == b.method && a.path == b.path),
+                    "{} {} twice",
+                    a.method,
                     a.path
                 );
             }
         }
         assert_eq!(
-            r.iter().filter(|r| !r.auth).count(),
+            r.iter().filter(|r| !r.guard.needs_token()).count(),
             1,
             "only health is public"
         );

@@ -1015,7 +1015,11 @@ async fn every_guarded_route_refuses_bad_credentials_before_reading_anything() {
     let cp = setup().await;
     let before = cp.snapshot().await;
     let table = routes();
-    let public: Vec<&str> = table.iter().filter(|r| !r.auth).map(|r| r.path).collect();
+    let public: Vec<&str> = table
+        .iter()
+        .filter(|r| !r.guard.needs_token())
+        .map(|r| r.path)
+        .collect();
     assert_eq!(public, ["/v1/health"], "health is the only public route");
     let credentials: Vec<(&str, Option<String>)> = vec![
         ("no header", None),
@@ -1053,19 +1057,20 @@ async fn every_guarded_route_refuses_bad_credentials_before_reading_anything() {
             for (what, auth) in &credentials {
                 for body in [Vec::new(), huge.clone()] {
                     let a = cp
-                        .call(r.verb.method(), &uri, auth.as_deref(), JSON, body.clone())
+                        .call(r.method.clone(), &uri, auth.as_deref(), JSON, body.clone())
                         .await;
-                    let expected = if r.auth {
+                    let expected = if r.guard.needs_token() {
                         StatusCode::UNAUTHORIZED
                     } else {
                         StatusCode::OK
                     };
-                    let json_ok = serde_json::from_slice::<Value>(&a.body)
-                        .is_ok_and(|v| !r.auth || v == json!({"error": "missing or wrong token"}));
+                    let json_ok = serde_json::from_slice::<Value>(&a.body).is_ok_and(|v| {
+                        !r.guard.needs_token() || v == json!({"error": "missing or wrong token"})
+                    });
                     if a.status != expected || !json_ok {
                         failures.push(format!(
-                            "{:?} {uri} with {what}, {} byte body: {} {}",
-                            r.verb,
+                            "{} {uri} with {what}, {} byte body: {} {}",
+                            r.method,
                             body.len(),
                             a.status,
                             a.text().chars().take(120).collect::<String>()
@@ -1079,17 +1084,17 @@ async fn every_guarded_route_refuses_bad_credentials_before_reading_anything() {
         let sep = if uri.contains('?') { '&' } else { '?' };
         let a = cp
             .call(
-                r.verb.method(),
+                r.method.clone(),
                 &format!("{uri}{sep}token={TOKEN}"),
                 None,
                 JSON,
                 Vec::new(),
             )
             .await;
-        if r.auth && a.status != StatusCode::UNAUTHORIZED {
+        if r.guard.needs_token() && a.status != StatusCode::UNAUTHORIZED {
             failures.push(format!(
-                "{:?} {uri} with the token in the query: {}",
-                r.verb, a.status
+                "{} {uri} with the token in the query: {}",
+                r.method, a.status
             ));
         }
     }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crate::support::{Cluster, DAG, TOKEN};
 use serde_json::{Value, json};
 use sonic_api::control::JobStatus;
-use sonic_control::http::dashboard::pages;
+use sonic_control::http::dashboard::{PageAccess, pages};
 use sonic_core::regression::Convergence;
 
 /// The W3C WebDriver key of an element reference.
@@ -367,12 +367,12 @@ async fn a_browser_logs_in_runs_a_job_and_watches_it_succeed() {
     let base = base_url.as_str();
 
     // Without the token, every page sends the browser to the login page.
-    for r in pages().iter().filter(|r| r.auth) {
+    for r in pages().iter().filter(|r| r.guard == PageAccess::SignedIn) {
         let path = r
             .path
             .replace("{name}", "fan")
             .replace("{id}", "j-0000000000000001");
-        if r.verb == sonic_control::Verb::Get
+        if r.method == axum::http::Method::GET
             && !path.ends_with(".js")
             && !path.ends_with("/events")
         {
@@ -388,17 +388,16 @@ async fn a_browser_logs_in_runs_a_job_and_watches_it_succeed() {
             );
         }
         // And any client without it (the script, the event stream, the forms): 401.
-        let (status, _) = match r.verb {
-            sonic_control::Verb::Get => c.get_text(&format!("{base}{path}"), None).await,
-            _ => {
-                let r = c
-                    .http
-                    .post(format!("{base}{path}"))
-                    .send()
-                    .await
-                    .expect("post");
-                (r.status().as_u16(), String::new())
-            }
+        let (status, _) = if r.method == axum::http::Method::GET {
+            c.get_text(&format!("{base}{path}"), None).await
+        } else {
+            let r = c
+                .http
+                .post(format!("{base}{path}"))
+                .send()
+                .await
+                .expect("post");
+            (r.status().as_u16(), String::new())
         };
         assert_eq!(status, 401, "{path} without the token");
     }

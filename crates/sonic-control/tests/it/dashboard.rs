@@ -13,7 +13,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use sonic_api::control::JobStatus;
-use sonic_control::http::dashboard::{COOKIE, pages};
+use sonic_control::http::dashboard::{COOKIE, PageAccess, pages};
 use sonic_control::{ControlState, Db, ManualClock, Settings, router};
 use sonic_core::regression::Convergence;
 use tower::ServiceExt;
@@ -103,9 +103,9 @@ async fn every_page_refuses_a_request_without_the_token() {
     assert!(table.len() >= 10, "{table:?}");
     let wrong_cookie = format!("{COOKIE}={}", hex("wrong-token-0123456789"));
     let almost = format!("{COOKIE}={}", hex(&TOKEN[..TOKEN.len() - 1]));
-    for r in table.iter().filter(|r| r.auth) {
+    for r in table.iter().filter(|r| r.guard == PageAccess::SignedIn) {
         let uri = fill(r.path);
-        let method = r.verb.method();
+        let method = r.method.clone();
         for (what, headers) in [
             ("nothing", vec![]),
             (
@@ -133,8 +133,8 @@ async fn every_page_refuses_a_request_without_the_token() {
             assert_eq!(
                 a.status,
                 StatusCode::UNAUTHORIZED,
-                "{:?} {uri} with {what}",
-                r.verb
+                "{} {uri} with {what}",
+                r.method
             );
             assert!(!a.body.contains("<html"), "{uri}: {}", a.body);
             // A browser: sent to the login page, which brings it back.
@@ -144,8 +144,8 @@ async fn every_page_refuses_a_request_without_the_token() {
             assert_eq!(
                 a.status,
                 StatusCode::SEE_OTHER,
-                "{:?} {uri} with {what} (browser)",
-                r.verb
+                "{} {uri} with {what} (browser)",
+                r.method
             );
             let to = a.headers[header::LOCATION].to_str().expect("location");
             assert!(to.starts_with("/login"), "{uri} -> {to}");
@@ -153,7 +153,11 @@ async fn every_page_refuses_a_request_without_the_token() {
         }
     }
     // The open routes are the login page, the login and the logout.
-    let open: Vec<&str> = table.iter().filter(|r| !r.auth).map(|r| r.path).collect();
+    let open: Vec<&str> = table
+        .iter()
+        .filter(|r| r.guard == PageAccess::Open)
+        .map(|r| r.path)
+        .collect();
     assert_eq!(open, ["/login", "/login", "/logout"]);
     let login = call(&app, Method::GET, "/login?next=/jobs", &[], "").await;
     assert_eq!(login.status, StatusCode::OK);
@@ -220,7 +224,7 @@ async fn the_token_opens_every_page_as_a_bearer_or_a_cookie() {
 
     for r in pages()
         .iter()
-        .filter(|r| r.auth && r.verb == sonic_control::Verb::Get)
+        .filter(|r| r.guard == PageAccess::SignedIn && r.method == Method::GET)
     {
         if r.path.contains("{") {
             continue; // pages of one DAG or job: below, on a cluster

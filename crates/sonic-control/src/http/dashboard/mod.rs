@@ -17,12 +17,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::MethodRouter;
 
-use crate::http::api::{ControlState, RouteInfo, Verb, authorized};
+use sonic_daemon::routes::{Route, RouteTable};
+
+use crate::http::api::{ControlState, authorized};
 use crate::http::error::ApiError;
 
 type Shared = Arc<ControlState>;
@@ -44,66 +45,58 @@ impl DashboardState {
     }
 }
 
-fn page<H, T>(
-    verb: Verb,
-    path: &'static str,
-    auth: bool,
-    handler: H,
-) -> (RouteInfo, MethodRouter<Shared>)
-where
-    H: axum::handler::Handler<T, Shared>,
-    T: 'static,
-{
-    (
-        RouteInfo {
-            verb,
-            path,
-            auth,
-            agents: false,
-        },
-        axum::routing::on(verb.filter(), handler),
-    )
+/// Who may see a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageAccess {
+    /// Anyone (logging in and out).
+    Open,
+    /// Signed in: the API token in the dashboard's cookie, or as a bearer token.
+    SignedIn,
 }
 
+/// One route of the dashboard.
+pub type PageInfo = Route<PageAccess>;
+
 /// The dashboard's routes, each once with its handler. Only the login and logout routes are open.
-fn table() -> Vec<(RouteInfo, MethodRouter<Shared>)> {
-    use Verb::{Get, Post};
-    vec![
-        page(Get, "/login", false, pages::login_form),
-        page(Post, "/login", false, pages::login),
-        page(Post, "/logout", false, pages::logout),
-        page(Get, "/", true, pages::index),
-        page(Get, "/dags", true, pages::dags),
-        page(Get, "/dags/{name}", true, pages::dag),
-        page(Post, "/dags/{name}/run", true, pages::run),
-        page(Get, "/jobs", true, pages::jobs),
-        page(Get, "/jobs/{id}", true, pages::job),
-        page(Get, "/jobs/{id}/live", true, pages::job_live),
-        page(Get, "/jobs/{id}/events", true, crate::http::api::job_events),
-        page(Post, "/jobs/{id}/cancel", true, pages::cancel),
-        page(Get, "/agents", true, pages::agents),
-        page(Get, "/assets/dashboard.js", true, pages::script),
-    ]
+fn table() -> RouteTable<Shared, PageAccess> {
+    use PageAccess::{Open, SignedIn};
+    RouteTable::new()
+        .route(Method::GET, "/login", Open, pages::login_form)
+        .route(Method::POST, "/login", Open, pages::login)
+        .route(Method::POST, "/logout", Open, pages::logout)
+        .route(Method::GET, "/", SignedIn, pages::index)
+        .route(Method::GET, "/dags", SignedIn, pages::dags)
+        .route(Method::GET, "/dags/{name}", SignedIn, pages::dag)
+        .route(Method::POST, "/dags/{name}/run", SignedIn, pages::run)
+        .route(Method::GET, "/jobs", SignedIn, pages::jobs)
+        .route(Method::GET, "/jobs/{id}", SignedIn, pages::job)
+        .route(Method::GET, "/jobs/{id}/live", SignedIn, pages::job_live)
+        .route(
+            Method::GET,
+            "/jobs/{id}/events",
+            SignedIn,
+            crate::http::api::job_events,
+        )
+        .route(Method::POST, "/jobs/{id}/cancel", SignedIn, pages::cancel)
+        .route(Method::GET, "/agents", SignedIn, pages::agents)
+        .route(Method::GET, "/assets/dashboard.js", SignedIn, pages::script)
 }
 
 /// Every route of the dashboard (what the access tests walk).
-pub fn pages() -> Vec<RouteInfo> {
-    table().into_iter().map(|(r, _)| r).collect()
+pub fn pages() -> Vec<PageInfo> {
+    table().routes()
 }
 
 /// The dashboard's router, merged into the API's (same port, same state).
 pub fn router(state: Shared) -> Router<Shared> {
-    let mut open = Router::new();
-    let mut guarded = Router::new();
-    for (info, handler) in table() {
-        if info.auth {
-            guarded = guarded.route(info.path, handler);
-        } else {
-            open = open.route(info.path, handler);
-        }
-    }
-    let guarded = guarded.route_layer(middleware::from_fn_with_state(state, require_session));
-    open.merge(guarded)
+    table()
+        .router(|access, routes| match access {
+            PageAccess::Open => routes,
+            PageAccess::SignedIn => routes.route_layer(middleware::from_fn_with_state(
+                state.clone(),
+                require_session,
+            )),
+        })
         .route_layer(middleware::from_fn(same_origin_posts))
         .route_layer(middleware::from_fn(headers))
 }
@@ -317,13 +310,17 @@ mod tests {
         let api = crate::http::api::routes();
         for p in pages() {
             assert!(
-                !api.iter().any(|r| r.path == p.path && r.verb == p.verb),
+                !api.iter().any(|r| r.path == p.path && r.method == p.method),
                 "{} is an API route",
                 p.path
             );
             assert!(!p.path.starts_with("/v1/"), "{} under /v1", p.path);
         }
-        let open: Vec<&str> = pages().iter().filter(|p| !p.auth).map(|p| p.path).collect();
+        let open: Vec<&str> = pages()
+            .iter()
+            .filter(|p| p.guard == PageAccess::Open)
+            .map(|p| p.path)
+            .collect();
         assert_eq!(open, ["/login", "/login", "/logout"]);
     }
 }
