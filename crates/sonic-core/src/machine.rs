@@ -640,6 +640,128 @@ impl JobMachine {
     }
 }
 
+/// How one execution of a job ended without success, as the executor saw it: the input to
+/// [`Executions::ended`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecutionEnd {
+    /// A run failed for good ([`Outcome::Failed`]), or the job could not go on (`kind: None`:
+    /// bad parameters, a stage that cannot be built, a plan that cannot run).
+    Failed {
+        /// Why, in words.
+        message: String,
+        /// The kind of the run's last failure, if a run failed.
+        kind: Option<Failure>,
+        /// The agent of that failure (empty when none).
+        agent: String,
+        /// The job's agents that did not answer a health probe after it.
+        unreachable: Vec<String>,
+    },
+    /// A resumed job was granted another plan than its recorded runs ran under: nothing of them
+    /// can be reused.
+    PlanChanged(String),
+    /// The job was cancelled.
+    Cancelled(String),
+}
+
+/// What the job does after an execution ended without success.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Run the job again from its input, as execution `execution`, without the agents lost so
+    /// far ([`Executions::lost`]); `why` says so.
+    RunAgain {
+        /// The next execution's number.
+        execution: u32,
+        /// The agents this end lost (already in [`Executions::lost`]).
+        lost: Vec<String>,
+        /// Why, for the job's progress and log.
+        why: String,
+    },
+    /// The job fails with this message.
+    Fail(String),
+}
+
+/// A job's executions: when a failed one is worth another, without which agents. The rules:
+/// - a lost agent (it did not answer a probe after the failure, or its disk was full) is worth
+///   another execution without it, up to `max` executions in all; a lambda's own failure, a
+///   job that cannot go on or a cancel is not;
+/// - a resumed job granted another plan starts over as a new execution (it does not count
+///   against `max`: nothing failed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Executions {
+    execution: u32,
+    max: u32,
+    lost: BTreeSet<String>,
+}
+
+impl Executions {
+    /// A job at execution `execution` (1 for a new one), allowed `max` in all, which already lost
+    /// `lost` (a resumed job's record).
+    pub fn new(execution: u32, max: u32, lost: impl IntoIterator<Item = String>) -> Executions {
+        Executions {
+            execution: execution.max(1),
+            max: max.max(1),
+            lost: lost.into_iter().collect(),
+        }
+    }
+
+    /// The current execution's number.
+    pub fn execution(&self) -> u32 {
+        self.execution
+    }
+
+    /// Every agent lost so far: no later execution runs on them.
+    pub fn lost(&self) -> &BTreeSet<String> {
+        &self.lost
+    }
+
+    /// What follows `end`.
+    pub fn ended(&mut self, end: ExecutionEnd) -> Next {
+        match end {
+            ExecutionEnd::Cancelled(message) => Next::Fail(message),
+            ExecutionEnd::PlanChanged(why) => {
+                self.execution += 1;
+                Next::RunAgain {
+                    execution: self.execution,
+                    lost: Vec::new(),
+                    why: format!(
+                        "{why}: running the job again from its input (execution {})",
+                        self.execution
+                    ),
+                }
+            }
+            ExecutionEnd::Failed {
+                message,
+                kind,
+                agent,
+                unreachable,
+            } => {
+                let mut gone = unreachable;
+                if kind == Some(Failure::DiskFull) && !agent.is_empty() && !gone.contains(&agent) {
+                    gone.push(agent);
+                }
+                if gone.is_empty() {
+                    return Next::Fail(message);
+                }
+                if self.execution >= self.max {
+                    return Next::Fail(format!("agent {} lost: {message}", gone.join(", ")));
+                }
+                self.execution += 1;
+                self.lost.extend(gone.iter().cloned());
+                Next::RunAgain {
+                    execution: self.execution,
+                    why: format!(
+                        "agent {} lost ({message}); running the job again without it (execution {} of {})",
+                        gone.join(", "),
+                        self.execution,
+                        self.max
+                    ),
+                    lost: gone,
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -975,6 +1097,75 @@ mod tests {
         let mut m = JobMachine::new(chain().on_agents(3, true), 1, B);
         m.handle(Event::Begin);
         assert_eq!(vms(m.handle(opened(0, 3))), vec![0, 0, 0]);
+    }
+
+    fn failed_run(kind: Option<Failure>, agent: &str, unreachable: &[&str]) -> ExecutionEnd {
+        ExecutionEnd::Failed {
+            message: "boom".into(),
+            kind,
+            agent: agent.into(),
+            unreachable: unreachable.iter().map(|a| a.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_lost_agent_runs_the_job_again_without_it_up_to_the_limit() {
+        let mut x = Executions::new(1, 2, []);
+        match x.ended(failed_run(Some(Failure::NoReport), "a-1", &["a-1"])) {
+            Next::RunAgain {
+                execution, lost, ..
+            } => {
+                assert_eq!(execution, 2);
+                assert_eq!(lost, ["a-1"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(x.lost().contains("a-1"));
+        // The limit reached: the job fails, saying which agent was lost.
+        assert_eq!(
+            x.ended(failed_run(Some(Failure::NoReport), "a-2", &["a-2"])),
+            Next::Fail("agent a-2 lost: boom".into())
+        );
+        assert!(!x.lost().contains("a-2"));
+    }
+
+    #[test]
+    fn a_full_disk_loses_its_agent_and_a_lambdas_own_failure_loses_none() {
+        let mut x = Executions::new(1, 3, ["old".to_string()]);
+        match x.ended(failed_run(Some(Failure::DiskFull), "a-2", &[])) {
+            Next::RunAgain { lost, .. } => assert_eq!(lost, ["a-2"]),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(x.lost().len(), 2);
+        assert_eq!(
+            x.ended(failed_run(Some(Failure::Exit), "a-1", &[])),
+            Next::Fail("boom".into())
+        );
+        assert_eq!(
+            x.ended(ExecutionEnd::Cancelled("cancelled".into())),
+            Next::Fail("cancelled".into())
+        );
+        assert_eq!(x.execution(), 2);
+    }
+
+    #[test]
+    fn a_changed_plan_starts_over_whatever_the_limit() {
+        let mut x = Executions::new(4, 1, []);
+        match x.ended(ExecutionEnd::PlanChanged("the plan changed".into())) {
+            Next::RunAgain {
+                execution,
+                lost,
+                why,
+            } => {
+                assert_eq!(execution, 5);
+                assert!(lost.is_empty());
+                assert!(
+                    why.starts_with("the plan changed: running the job again"),
+                    "{why}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     fn shapes() -> impl Strategy<Value = (Shape, Vec<u32>)> {

@@ -47,7 +47,10 @@ use crate::store::{
     StoreError,
 };
 pub use context::Context;
-use sonic_core::machine::{self, Action, Event, Failure as RunFailure, JobMachine, Outcome, Shape};
+use sonic_core::machine::{
+    self, Action, Event, ExecutionEnd, Executions, Failure as RunFailure, JobMachine, Next,
+    Outcome, Shape,
+};
 
 /// The reason a job that was running when the control plane stopped is failed with.
 pub const RESTARTED: &str = "control plane restarted";
@@ -536,13 +539,16 @@ pub fn interrupted(
 /// Why one execution of a job stopped.
 #[derive(Debug)]
 enum Failure {
-    /// The job cannot go on (a lambda keeps failing, bad parameters, cancelled, ...).
+    /// The job cannot go on (bad parameters, a plan that cannot run, cancelled, ...).
     Job(String),
-    /// Agents the job used were lost (no answer, or a full disk): another execution without them
-    /// may succeed.
-    AgentsLost {
-        agents: Vec<String>,
+    /// A run failed for good: whether another execution without some agents may succeed is the
+    /// job machine's call (`machine::Executions`), from the failure's kind and agent and the
+    /// agents that did not answer a probe after it.
+    RunFailed {
         message: String,
+        kind: Option<RunFailure>,
+        agent: String,
+        unreachable: Vec<String>,
     },
     /// A resumed job was granted another plan than the one its recorded runs ran under (other
     /// agents, or another method on an edge): nothing of them can be reused, and the agents
@@ -557,13 +563,33 @@ impl From<String> for Failure {
 }
 
 impl Failure {
-    fn message(&self) -> String {
+    /// What the executions' machine is told. A cancelled job's failure is a cancel whatever
+    /// stopped it.
+    fn end(self, cancelled: bool) -> ExecutionEnd {
         match self {
-            Failure::Job(m) => m.clone(),
-            Failure::AgentsLost { agents, message } => {
-                format!("agent {} lost: {message}", agents.join(", "))
+            Failure::Job(m) | Failure::RunFailed { message: m, .. } | Failure::PlanChanged(m)
+                if cancelled =>
+            {
+                ExecutionEnd::Cancelled(m)
             }
-            Failure::PlanChanged(m) => m.clone(),
+            Failure::Job(message) => ExecutionEnd::Failed {
+                message,
+                kind: None,
+                agent: String::new(),
+                unreachable: Vec::new(),
+            },
+            Failure::RunFailed {
+                message,
+                kind,
+                agent,
+                unreachable,
+            } => ExecutionEnd::Failed {
+                message,
+                kind,
+                agent,
+                unreachable,
+            },
+            Failure::PlanChanged(why) => ExecutionEnd::PlanChanged(why),
         }
     }
 }
@@ -856,16 +882,21 @@ async fn execute_from(
     }
     // Every agent any execution used, for the final cleanup.
     let mut used: Vec<AgentSlot> = Vec::new();
-    let mut lost: BTreeSet<String> = resumed
-        .as_ref()
-        .map(|r| r.execution.lost.iter().cloned().collect())
-        .unwrap_or_default();
-    let max_executions = rt.config.job_attempts.max(1);
-    let mut execution = resumed.as_ref().map_or(1, |r| r.execution.number.max(1));
+    // Whether a failed execution is followed by another, without which agents, is the job
+    // machine's decision (`machine::Executions`).
+    let mut executions = Executions::new(
+        resumed.as_ref().map_or(1, |r| r.execution.number),
+        rt.config.job_attempts,
+        resumed
+            .as_ref()
+            .map(|r| r.execution.lost.clone())
+            .unwrap_or_default(),
+    );
     let mut discarded = 0.0;
     let (outcome, progress) = loop {
+        let execution = executions.execution();
         let mut progress = Progress {
-            lost: lost.clone(),
+            lost: executions.lost().clone(),
             origin: Some(started),
             discarded_usd: discarded,
             ..Progress::default()
@@ -895,23 +926,13 @@ async fn execute_from(
                 used.push(a.clone());
             }
         }
-        let why = match outcome {
-            Err(Failure::AgentsLost { agents, message })
-                if execution < max_executions && !cancel.is_cancelled() =>
-            {
-                let why = format!(
-                    "agent {} lost ({message}); running the job again without it (execution {} of {max_executions})",
-                    agents.join(", "),
-                    execution + 1
-                );
-                lost.extend(agents);
-                why
-            }
-            Err(Failure::PlanChanged(why)) if !cancel.is_cancelled() => format!(
-                "{why}: running the job again from its input (execution {})",
-                execution + 1
-            ),
-            other => break (other.map_err(|f| f.message()), progress),
+        let failure = match outcome {
+            Ok(()) => break (Ok(()), progress),
+            Err(f) => f,
+        };
+        let why = match executions.ended(failure.end(cancel.is_cancelled())) {
+            Next::Fail(message) => break (Err(message), progress),
+            Next::RunAgain { why, .. } => why,
         };
         tracing::warn!(job = %job.id, "{why}");
         rt.publish(&job.id, |e| {
@@ -922,11 +943,11 @@ async fn execute_from(
         discarded += spans_cost(rt.catalog.as_ref(), &progress);
         // The next execution starts from the job's input: this one's files go, and its runs'
         // ids with them (the next execution's runs are named after it).
-        clear_execution(&state, &rt, &job.id, &progress.agents, &lost).await;
+        let lost = executions.lost();
+        clear_execution(&state, &rt, &job.id, &progress.agents, lost).await;
         rt.release(&job.id);
-        execution += 1;
         // What the next execution needs to go on after a restart, before it sends anything.
-        record_execution(&state, &job.id, execution, &inputs, &lost).await;
+        record_execution(&state, &job.id, executions.execution(), &inputs, lost).await;
     };
     // The last execution's agents stay in the progress: its runs and spans index them.
     let latency_s = started.elapsed().as_secs_f64();
@@ -1710,22 +1731,16 @@ async fn run(
     if cancel.is_cancelled() {
         return Err(Failure::Job(message));
     }
-    // A lambda's own failure fails the job; a lost agent (it or a peer it fetched from stopped
-    // answering, or its disk is full) is worth another execution without it.
-    let mut gone = unreachable_agents(rt, &agents).await;
-    if let Some(f) = failed
-        && f.kind == RunFailure::DiskFull
-        && !f.agent.is_empty()
-        && !gone.contains(&f.agent)
-    {
-        gone.push(f.agent.clone());
-    }
-    if gone.is_empty() {
-        return Err(Failure::Job(message));
-    }
-    Err(Failure::AgentsLost {
-        agents: gone,
+    // Whether a lost agent (it or a peer it fetched from stopped answering, or its disk is
+    // full) makes the job worth another execution without it is the job machine's call; the
+    // probe is what it needs to know.
+    let unreachable = unreachable_agents(rt, &agents).await;
+    let (kind, agent) = failed.map_or((None, String::new()), |f| (Some(f.kind), f.agent));
+    Err(Failure::RunFailed {
         message,
+        kind,
+        agent,
+        unreachable,
     })
 }
 
