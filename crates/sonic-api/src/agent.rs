@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// `GET /v1/health` (no token).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -13,13 +14,17 @@ pub struct Health {
 }
 
 /// What a VM offers: `GET /v1/capacity`, and the body of the registration.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Capacity {
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,64}$")]
     pub agent_id: String,
     /// The URL peers and the control plane reach this agent at.
     pub url: String,
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,64}$")]
     pub vm_type: String,
+    #[schema(minimum = 1)]
     pub vcpus: u32,
+    #[schema(minimum = 1)]
     pub memory_mb: u64,
     /// The VM type's nominal bandwidth (the agent's limit), megabits per second; `None` = unlimited.
     pub network_mbps: Option<f64>,
@@ -31,7 +36,7 @@ pub struct Capacity {
 }
 
 /// Bandwidth the agent measured (exponentially weighted moving average over completed transfers).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default, ToSchema)]
 pub struct BandwidthReport {
     pub egress_bps: Option<f64>,
     pub ingress_bps: Option<f64>,
@@ -39,7 +44,7 @@ pub struct BandwidthReport {
 }
 
 /// A heartbeat: `POST {control}/v1/agents/{id}/heartbeat`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Heartbeat {
     pub agent_id: String,
     pub running: u32,
@@ -290,7 +295,7 @@ pub struct Prewarmed {
 /// What an agent holds warm for a function once one of its runs ended: the next runs of the
 /// function (same key and limits) on this agent that start hot. The control plane prices a
 /// planned stage's first batch hot where its VMs hold enough (docs/model.md, warm starts).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct WarmIdle {
     /// Idle warm containers (process environments) of the run's warm key and limits, the run's
     /// own included when it was kept; prewarmed ones no run used yet are not counted (their
@@ -309,7 +314,7 @@ pub struct WarmIdle {
 /// [`StartContention::factor`] times as long as one alone (measured: the one Docker engine the
 /// demo's four agents share on two cores started one container in 0.20 s, two at once in 0.24 s,
 /// four in 0.5 s). The control plane learns the cold start without it (docs/model.md).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct StartContention {
     /// Environment starts by the agent's process that overlapped this run's, its own included
     /// (the agents one process runs share its host).
@@ -328,7 +333,7 @@ impl StartContention {
 }
 
 /// How an instance ended, as the agent reports it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     Running,
@@ -346,10 +351,11 @@ pub enum RunStatus {
 }
 
 /// One input as staged: how it came and what it cost.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct StagedInput {
     pub dest: String,
     /// How it came: `vm-storage`, `direct` or `remote` on the wire.
+    #[schema(schema_with = crate::schema::method)]
     pub method: sonic_core::model::Method,
     pub bytes: u64,
     pub seconds: f64,
@@ -368,7 +374,7 @@ fn fetched_by_default() -> bool {
 }
 
 /// One output file the instance wrote, where it now lives.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct OutputFile {
     /// The file's path in the job namespace on this agent: `<function>/<instance>/<to>/<name>`.
     pub file_path: String,
@@ -383,7 +389,7 @@ pub struct OutputFile {
 
 /// `GET /v1/runs/{run_id}`: the state or result of a run; also the body an agent pushes to
 /// `POST {control}/v1/agents/{agent_id}/runs/{run_id}/report` when the run ends.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct RunReport {
     pub run_id: String,
     pub status: RunStatus,
@@ -447,7 +453,7 @@ pub struct RunAccepted {
 }
 
 /// Every error body of the agent and the control plane.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ErrorBody {
     pub error: String,
 }

@@ -10,11 +10,12 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use sonic_core::model::Method;
 use sonic_core::planner::Policy;
+use utoipa::ToSchema;
 
 use crate::agent::Capacity;
 
 /// `GET /v1/health` (no token).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ControlHealth {
     /// `ok`, or `unavailable` when the database does not answer.
     pub status: String,
@@ -31,7 +32,7 @@ fn one() -> f64 {
 }
 
 /// A stored DAG, as listed: `GET /v1/dags`, and the answer to `PUT`/`POST /v1/dags`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct DagSummary {
     pub name: String,
     #[serde(default)]
@@ -49,13 +50,13 @@ pub struct DagSummary {
 }
 
 /// `GET /v1/dags`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct DagList {
     pub dags: Vec<DagSummary>,
 }
 
 /// `GET /v1/dags/{name}`: the summary, the file as applied, and the checked DAG.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct DagDetail {
     #[serde(flatten)]
     pub summary: DagSummary,
@@ -66,7 +67,7 @@ pub struct DagDetail {
 }
 
 /// The 400 answer to a DAG file that is not valid: where and why.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct DagErrorBody {
     /// The whole message, `file:line:column: field: why`.
     pub error: String,
@@ -78,7 +79,7 @@ pub struct DagErrorBody {
 }
 
 /// One registered agent: `GET /v1/agents`, and the answer to registration and heartbeats.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct AgentInfo {
     pub agent_id: String,
     pub url: String,
@@ -94,7 +95,7 @@ pub struct AgentInfo {
 }
 
 /// `GET /v1/agents`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct AgentList {
     pub agents: Vec<AgentInfo>,
     /// An agent silent for longer than this is not alive.
@@ -102,7 +103,7 @@ pub struct AgentList {
 }
 
 /// Where a job is in its life.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum JobStatus {
     Queued,
@@ -112,7 +113,7 @@ pub enum JobStatus {
 }
 
 /// How a job was run: `profiling` while the DAG's models have not converged, `planned` after.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum JobMode {
     Profiling,
@@ -206,18 +207,19 @@ impl fmt::Display for JobMode {
 }
 
 /// How one edge's data moved in a finished job.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct EdgeRun {
     pub from: String,
     pub to: String,
     /// How it moved: `vm-storage`, `direct` or `remote` on the wire.
+    #[schema(schema_with = crate::schema::method)]
     pub method: Method,
     pub bytes: u64,
     pub seconds: f64,
 }
 
 /// How one function instance ran in a finished job.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct FunctionRun {
     pub name: String,
     pub instance: u32,
@@ -247,11 +249,12 @@ pub struct FunctionRun {
 }
 
 /// The job summary of interfaces.md (`ofctl run --wait -o json`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct JobSummary {
     pub job_id: String,
     pub dag: String,
     pub status: JobStatus,
+    #[schema(schema_with = crate::schema::policy)]
     pub policy: Policy,
     pub mode: JobMode,
     pub input_bytes: u64,
@@ -289,7 +292,7 @@ pub struct JobSummary {
 }
 
 /// Which of the planner's plans a job ran (`best`, `second_best`, `none` on the wire).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PlanUsed {
     /// The best plan.
@@ -319,7 +322,7 @@ impl std::fmt::Display for PlanUsed {
 }
 
 /// The plan a planned job ran with, and what the resource manager granted.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct JobPlan {
     /// Which plan ran.
     pub used: PlanUsed,
@@ -339,7 +342,7 @@ pub struct JobPlan {
 }
 
 /// Where one stage of a planned job ran.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct StageHosts {
     pub function: String,
     /// The VM type the plan chose.
@@ -358,7 +361,7 @@ pub struct StageHosts {
 }
 
 /// One fitted model as `GET /v1/dags/{name}/models` shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ModelView {
     /// `pca.memory_mb`, `pca.cold_s`, `pca.hot_s`, `pca.instances`, `pca->train.bytes`.
     pub parameter: String,
@@ -375,7 +378,7 @@ pub struct ModelView {
 /// parameter setting (the values of the job parameters that change the work, docs/model.md);
 /// the top level is the setting of a job with the DAG's default parameters, `settings` lists
 /// every setting learned.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct DagModelsView {
     pub dag: String,
     /// The setting the top level describes: its canonical key (`{"trees":6}`; empty for a DAG
@@ -406,7 +409,7 @@ pub struct DagModelsView {
 }
 
 /// One parameter setting's models and mode in the models view.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct SettingModelsView {
     /// Its canonical key (`{"trees":12}`).
     pub setting: String,
@@ -425,7 +428,7 @@ pub struct SettingModelsView {
 }
 
 /// A DAG's mode: profiling until its models converge, then planned until a drift (docs/model.md).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct DagModeView {
     /// How its next unforced job runs.
     pub mode: JobMode,
@@ -453,7 +456,7 @@ pub struct DagModeView {
 }
 
 /// A parameter off its prediction in the latest planned jobs.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct DriftWatch {
     pub parameter: String,
     /// In the latest of them.
@@ -466,7 +469,7 @@ pub struct DriftWatch {
 }
 
 /// One event of `GET /v1/jobs/{id}/events` (server-sent events, `data:` is this JSON).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct JobEvent {
     pub job_id: String,
     pub status: JobStatus,
@@ -481,7 +484,7 @@ pub struct JobEvent {
 }
 
 /// One instance's log lines, as `GET /v1/jobs/{id}/logs[?function=F]` returns them.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct InstanceLog {
     pub function: String,
     pub instance: u32,
@@ -492,7 +495,7 @@ pub struct InstanceLog {
 }
 
 /// `GET /v1/jobs/{id}/logs`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct JobLogs {
     pub job_id: String,
     pub logs: Vec<InstanceLog>,
@@ -563,7 +566,7 @@ mod tests {
 
 /// Where a cluster's `remote` files live, as the control plane tells a joining agent (the agent's
 /// own store setting, if any, wins).
-#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
 pub enum StoreSpec {
     /// An S3-compatible endpoint.
@@ -605,7 +608,7 @@ impl fmt::Debug for StoreSpec {
 
 /// What a joining agent needs to take part in jobs, handed out at registration to an agent that
 /// presented the join token (or the API token).
-#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JoinSecrets {
     /// The bearer token the control plane presents on every call to an agent.
@@ -628,7 +631,7 @@ impl fmt::Debug for JoinSecrets {
 
 /// The answer to `POST /v1/agents/register`: the agent's record and, from a control plane that
 /// runs jobs, what the agent needs to take part in them.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Joined {
     #[serde(flatten)]
     pub agent: AgentInfo,
@@ -637,7 +640,7 @@ pub struct Joined {
 }
 
 /// `POST /v1/jobs`: run a DAG.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitJob {
     /// The name of an applied DAG.
@@ -651,6 +654,7 @@ pub struct SubmitJob {
     /// Forces `remote`, `direct`, `local` or `sonic`. Without it: `sonic` (planned) once the
     /// DAG's models converged, `remote` (profiling) before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::schema::policy)]
     pub policy: Option<String>,
     /// With a forced `remote`, `direct` or `local`: place the job the way the planner places
     /// that baseline (the paper's OpenLambda+S3, direct passing, SAND: VM types chosen by the
@@ -663,7 +667,7 @@ pub struct SubmitJob {
 
 /// The job input: inline bytes (`base64`) or an object already in the store (`key`); the first
 /// functions see it as `input/<name>`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobInput {
     /// The file name under `input/` (default `input`, or the key's last segment).
@@ -678,7 +682,7 @@ pub struct JobInput {
 }
 
 /// The 202 answer to a submitted job.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct JobAccepted {
     /// The new job's id (`j-...`).
     pub job_id: String,

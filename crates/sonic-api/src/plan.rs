@@ -10,13 +10,15 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sonic_core::planner::{self, Plan, Policy, Predicted};
+use utoipa::ToSchema;
 
 /// A planned job's plan document.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct PlanReport {
     /// What `ofctl plan -o json` prints: the plan that runs (its stages, edges, prediction and
     /// timing at the top level), the second-best plan, the planning time, whether it is exact.
     #[serde(flatten)]
+    #[schema(schema_with = crate::schema::planner_report)]
     pub plan: planner::PlanReport,
     /// The job's input size the plan was made for.
     #[serde(default)]
@@ -36,6 +38,7 @@ pub struct PlanReport {
     /// What each baseline policy would predict at the same parameters (`remote`, `direct`,
     /// `local`): why this plan.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<BTreeMap<String, Baseline>>)]
     pub baselines: Option<BTreeMap<Policy, Baseline>>,
     /// The most VMs of each type a stage could have when the plan was made again under the
     /// resource manager's pool (absent when it was not).
@@ -43,6 +46,7 @@ pub struct PlanReport {
     pub vm_limits: Option<BTreeMap<String, u32>>,
     /// When the job ran its second-best plan (the top level), the best plan it was planned with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::schema::plan)]
     pub best: Option<Plan>,
 }
 
@@ -81,7 +85,7 @@ impl PlanReport {
 }
 
 /// Where a VM type's bandwidth in a plan came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BandwidthSource {
     /// The agents' moving average of their peer transfers.
@@ -101,7 +105,7 @@ impl BandwidthSource {
 }
 
 /// The bandwidth a plan used for one VM type.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct TypeBandwidth {
     /// Megabits per second.
     pub network_mbps: f64,
@@ -112,7 +116,7 @@ pub struct TypeBandwidth {
 }
 
 /// One agent keeping idle warm environments of a function when a job was planned.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct WarmAgent {
     /// The agent's id.
     pub agent: String,
@@ -123,7 +127,7 @@ pub struct WarmAgent {
 }
 
 /// What one baseline policy would predict at a job's parameters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum Baseline {
     /// Its plan's prediction.

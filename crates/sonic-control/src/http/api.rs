@@ -15,14 +15,16 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use sonic_api::agent::{Capacity, Heartbeat};
+use sonic_api::agent::{Capacity, ErrorBody, Heartbeat};
 use sonic_api::control::{
-    AgentInfo, AgentList, ControlHealth, DagDetail, DagList, DagModelsView, DagSummary, JobEvent,
-    JobLogs, JobStatus, JobSummary, Joined,
+    AgentInfo, AgentList, ControlHealth, DagDetail, DagErrorBody, DagList, DagModelsView,
+    DagSummary, JobEvent, JobLogs, JobStatus, JobSummary, Joined,
 };
+use sonic_api::plan::PlanReport;
 use sonic_core::dag::Dag;
 use sonic_core::setting::Setting;
 use sonic_daemon::routes::{Route, RouteTable};
+use utoipa::{IntoParams, ToSchema};
 
 pub(crate) use crate::admission::checked_dag_name;
 use crate::admission::{self, job_record};
@@ -30,6 +32,7 @@ use crate::clock::Clock;
 use crate::exec::requests::Policy;
 use crate::exec::{Context, Runtime};
 use crate::http::error::ApiError;
+use crate::http::openapi::{DagName, Id, ResultKey};
 use crate::metrics::{self, Gauges};
 use crate::store::{AgentRecord, Applied, DagRecord, Db, JobRecord};
 
@@ -378,6 +381,17 @@ fn timeout_ms(d: Duration) -> u64 {
 
 // ---- handlers ----
 
+/// Liveness of the control plane and its database
+#[utoipa::path(
+    get,
+    path = "/v1/health",
+    operation_id = "health",
+    tag = "system",
+    responses(
+        (status = 200, description = "up", body = ControlHealth),
+        (status = 503, description = "the database does not answer", body = ControlHealth),
+    )
+)]
 async fn health(State(state): State<Shared>) -> Response {
     let ok = match state.db.run(|db| db.ping()).await {
         Ok(()) => true,
@@ -399,10 +413,33 @@ async fn health(State(state): State<Shared>) -> Response {
     (status, Json(body)).into_response()
 }
 
-async fn openapi() -> Json<serde_json::Value> {
+/// This document
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    operation_id = "openapi",
+    tag = "system",
+    responses(
+        (status = 200, description = "OpenAPI 3 document", body = Object,
+            content_type = "application/json"),
+    )
+)]
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
     Json(crate::http::openapi::document())
 }
 
+/// Prometheus metrics (text format 0.0.4)
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "system",
+    responses(
+        (status = 200, description = "requests, jobs, stages, instances, data passing, planning, \
+            prediction error, queue, capacity, store retries (docs/api.md, Metrics)",
+            body = String, content_type = "text/plain"),
+    )
+)]
 async fn render_metrics(State(state): State<Shared>) -> Result<Response, ApiError> {
     let now = state.clock.now_ms();
     let timeout = state.settings.heartbeat_timeout;
@@ -442,10 +479,13 @@ async fn render_metrics(State(state): State<Shared>) -> Result<Response, ApiErro
     Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ApplyQuery {
-    /// The file's name, as errors should show it (`ofctl apply -f FILE` sends FILE).
+    /// The file name errors should show (default: `request body`; `ofctl apply -f FILE` sends
+    /// FILE).
+    #[param(max_length = 256)]
     file: Option<String>,
 }
 
@@ -473,6 +513,27 @@ fn check_yaml_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// Apply a DAG file (create or update)
+// `POST /v1/dags` too: the OpenAPI document copies this operation as `postDag`.
+#[utoipa::path(
+    put,
+    path = "/v1/dags",
+    operation_id = "putDag",
+    tag = "dags",
+    params(ApplyQuery),
+    request_body(
+        description = "the DAG file (interfaces.md section 1)",
+        content((String = "application/yaml"), (String = "text/plain")),
+    ),
+    responses(
+        (status = 201, description = "created", body = DagSummary),
+        (status = 200, description = "updated, or unchanged (same text)", body = DagSummary),
+        (status = 400, description = "the file is not a valid DAG: where and why",
+            body = DagErrorBody),
+        (status = 413, description = "body over the size limit", body = ErrorBody),
+        (status = 415, description = "not a YAML or text body", body = ErrorBody),
+    )
+)]
 async fn apply_dag(
     State(state): State<Shared>,
     query: Result<Query<ApplyQuery>, QueryRejection>,
@@ -515,6 +576,14 @@ async fn apply_dag(
     Ok((status, Json(dag_summary(&record))).into_response())
 }
 
+/// List the DAGs
+#[utoipa::path(
+    get,
+    path = "/v1/dags",
+    operation_id = "listDags",
+    tag = "dags",
+    responses((status = 200, description = "every DAG, by name", body = DagList))
+)]
 async fn list_dags(State(state): State<Shared>) -> Result<Json<DagList>, ApiError> {
     let dags = state.db.run(|db| db.list_dags()).await?;
     Ok(Json(DagList {
@@ -522,6 +591,19 @@ async fn list_dags(State(state): State<Shared>) -> Result<Json<DagList>, ApiErro
     }))
 }
 
+/// One DAG: summary, the file as applied, and the checked DAG
+#[utoipa::path(
+    get,
+    path = "/v1/dags/{name}",
+    operation_id = "getDag",
+    tag = "dags",
+    params(DagName),
+    responses(
+        (status = 200, description = "the DAG", body = DagDetail),
+        (status = 400, description = "not a valid DAG name", body = ErrorBody),
+        (status = 404, description = "no such DAG", body = ErrorBody),
+    )
+)]
 async fn get_dag(
     State(state): State<Shared>,
     name: Result<Path<String>, PathRejection>,
@@ -540,6 +622,19 @@ async fn get_dag(
     }))
 }
 
+/// Remove a DAG's definition (its jobs, samples and models stay)
+#[utoipa::path(
+    delete,
+    path = "/v1/dags/{name}",
+    operation_id = "deleteDag",
+    tag = "dags",
+    params(DagName),
+    responses(
+        (status = 204, description = "deleted"),
+        (status = 400, description = "not a valid DAG name", body = ErrorBody),
+        (status = 404, description = "no such DAG", body = ErrorBody),
+    )
+)]
 async fn delete_dag(
     State(state): State<Shared>,
     name: Result<Path<String>, PathRejection>,
@@ -554,6 +649,14 @@ async fn delete_dag(
     }
 }
 
+/// List the agents with their liveness
+#[utoipa::path(
+    get,
+    path = "/v1/agents",
+    operation_id = "listAgents",
+    tag = "agents",
+    responses((status = 200, description = "every agent, by id", body = AgentList))
+)]
 async fn list_agents(State(state): State<Shared>) -> Result<Json<AgentList>, ApiError> {
     let agents = state.db.run(|db| db.list_agents()).await?;
     let now = state.clock.now_ms();
@@ -567,6 +670,20 @@ async fn list_agents(State(state): State<Shared>) -> Result<Json<AgentList>, Api
     }))
 }
 
+/// Register (or re-register) an agent: the join token (or the API token) opens it; the answer
+/// hands a joining agent its token, the file key and the store
+#[utoipa::path(
+    post,
+    path = "/v1/agents/register",
+    operation_id = "registerAgent",
+    tag = "agents",
+    request_body = Capacity,
+    responses(
+        (status = 200, description = "registered", body = Joined),
+        (status = 400, description = "invalid JSON, agent id, URL or VM type", body = ErrorBody),
+        (status = 413, description = "body over the size limit", body = ErrorBody),
+    )
+)]
 async fn register_agent(
     State(state): State<Shared>,
     body: Result<Bytes, BytesRejection>,
@@ -592,6 +709,22 @@ async fn register_agent(
     }))
 }
 
+/// An agent's heartbeat (the join token or the API token opens it)
+#[utoipa::path(
+    post,
+    path = "/v1/agents/{id}/heartbeat",
+    operation_id = "heartbeat",
+    tag = "agents",
+    params(Id),
+    request_body = Heartbeat,
+    responses(
+        (status = 200, description = "recorded", body = AgentInfo),
+        (status = 400, description = "invalid JSON, or the body's agent_id differs from the path",
+            body = ErrorBody),
+        (status = 404, description = "unknown agent: register again", body = ErrorBody),
+        (status = 413, description = "body over the size limit", body = ErrorBody),
+    )
+)]
 async fn heartbeat(
     State(state): State<Shared>,
     id: Result<Path<String>, PathRejection>,
@@ -630,16 +763,20 @@ async fn heartbeat(
 pub use sonic_api::control::{JobAccepted, JobInput, SubmitJob};
 
 /// `GET /v1/jobs`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct JobList {
     /// Every job's summary.
     pub jobs: Vec<JobSummary>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct JobsQuery {
+    /// Only this DAG's jobs.
     dag: Option<String>,
+    /// At most this many (default 100).
+    #[param(maximum = 1000)]
     limit: Option<u32>,
 }
 
@@ -679,6 +816,28 @@ pub fn job_view(r: JobRecord) -> JobSummary {
     }
 }
 
+/// Submit a job: run a DAG on an input
+#[utoipa::path(
+    post,
+    path = "/v1/jobs",
+    operation_id = "submitJob",
+    tag = "jobs",
+    request_body = SubmitJob,
+    responses(
+        (status = 202, description = "accepted; follow it with GET /v1/jobs/{id}",
+            body = JobAccepted),
+        (status = 400, description = "invalid JSON, policy, parameters or input",
+            body = ErrorBody),
+        (status = 404, description = "no such DAG", body = ErrorBody),
+        (status = 409, description = "policy sonic forced, but the DAG's models cannot predict yet",
+            body = ErrorBody),
+        (status = 422, description = "policy sonic forced, but no plan is possible",
+            body = ErrorBody),
+        (status = 413, description = "body over the size limit", body = ErrorBody),
+        (status = 503, description = "this control plane runs no jobs (no object store)",
+            body = ErrorBody),
+    )
+)]
 async fn submit_job(
     State(state): State<Shared>,
     body: Result<Bytes, BytesRejection>,
@@ -694,6 +853,18 @@ async fn submit_job(
     Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
 }
 
+/// List jobs, newest first
+#[utoipa::path(
+    get,
+    path = "/v1/jobs",
+    operation_id = "listJobs",
+    tag = "jobs",
+    params(JobsQuery),
+    responses(
+        (status = 200, description = "jobs", body = JobList),
+        (status = 400, description = "bad query", body = ErrorBody),
+    )
+)]
 async fn list_jobs(
     State(state): State<Shared>,
     query: Result<Query<JobsQuery>, QueryRejection>,
@@ -718,6 +889,19 @@ pub(crate) fn checked_job_id(id: String) -> Result<String, ApiError> {
     }
 }
 
+/// A job: its state, and its summary once it ended
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}",
+    operation_id = "getJob",
+    tag = "jobs",
+    params(Id),
+    responses(
+        (status = 200, description = "the job", body = JobSummary),
+        (status = 400, description = "not a job id", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody),
+    )
+)]
 async fn get_job(
     State(state): State<Shared>,
     id: Result<Path<String>, PathRejection>,
@@ -726,6 +910,19 @@ async fn get_job(
     Ok(Json(job_view(job_record(&state, &id).await?)))
 }
 
+/// Cancel a queued or running job
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/cancel",
+    operation_id = "cancelJob",
+    tag = "jobs",
+    params(Id),
+    responses(
+        (status = 202, description = "cancel requested", body = JobSummary),
+        (status = 400, description = "not a job id, or the job already ended", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody),
+    )
+)]
 async fn cancel_job(
     State(state): State<Shared>,
     id: Result<Path<String>, PathRejection>,
@@ -735,8 +932,24 @@ async fn cancel_job(
     Ok((StatusCode::ACCEPTED, Json(job_view(job))).into_response())
 }
 
-/// `GET /v1/jobs/{id}/results/{*key}`: one result object of a job (`key` is its path under the
-/// job's `result/`), as `ofctl fetch` downloads it.
+/// Download one result object of a job (an `outputs` entry, by its path under the job's result/)
+///
+/// `key` is the object's path under the job's `result/`; `ofctl fetch` downloads it so.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/results/{key}",
+    operation_id = "getJobResult",
+    tag = "jobs",
+    params(Id, ResultKey),
+    responses(
+        (status = 200, description = "the object's bytes",
+            content(("application/octet-stream"))),
+        (status = 400, description = "not a job id, or an invalid key", body = ErrorBody),
+        (status = 404, description = "no such job or result", body = ErrorBody),
+        (status = 503, description = "this control plane runs no jobs (no object store)",
+            body = ErrorBody),
+    )
+)]
 async fn get_result(
     State(state): State<Shared>,
     params: Result<Path<(String, String)>, PathRejection>,
@@ -764,8 +977,9 @@ async fn get_result(
 
 // ---- models, plans, progress, logs ----
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ModelsQuery {
     /// A job's parameter overrides, as a JSON object: the view is of the setting such a job
     /// plans with (default: none, the DAG's default parameters).
@@ -791,8 +1005,24 @@ fn query_overrides(
     Ok(map)
 }
 
-/// `GET /v1/dags/{name}/models[?params=JSON]`: the fitted equations, their error, the samples,
-/// convergence, of the setting a job with those parameter overrides plans with.
+/// What online profiling learned: per parameter the fitted equation, its cross-validated MAPE,
+/// its samples; whether the DAG converged (its jobs then run planned)
+///
+/// Of the parameter setting a job with the overrides of `params` plans with (default: the DAG's
+/// default parameters).
+#[utoipa::path(
+    get,
+    path = "/v1/dags/{name}/models",
+    operation_id = "getDagModels",
+    tag = "dags",
+    params(DagName, ModelsQuery),
+    responses(
+        (status = 200, description = "the models (empty equations before the first job)",
+            body = DagModelsView),
+        (status = 400, description = "not a valid DAG name, or bad params", body = ErrorBody),
+        (status = 404, description = "no such DAG, and no models of that name", body = ErrorBody),
+    )
+)]
 async fn dag_models(
     State(state): State<Shared>,
     name: Result<Path<String>, PathRejection>,
@@ -860,15 +1090,37 @@ async fn dag_models(
         .ok_or_else(|| ApiError::NotFound(format!("no dag named {name}")))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct PlanQuery {
+    /// The job input size to plan for.
+    #[param(required = true)]
     input_bytes: Option<u64>,
+    /// The policy to plan with.
+    #[param(schema_with = crate::http::openapi::plan_policies)]
     policy: Option<String>,
 }
 
-/// `GET /v1/dags/{name}/plan?input_bytes=N[&policy=P]`: the plan for a job of that input size,
-/// from the fitted models, as `ofctl plan -o json` prints it.
+/// The plan for a job of a given input size, from the fitted models and the measured bandwidths
+/// (the `ofctl plan -o json` document)
+#[utoipa::path(
+    get,
+    path = "/v1/dags/{name}/plan",
+    operation_id = "getDagPlan",
+    tag = "dags",
+    params(DagName, PlanQuery),
+    responses(
+        (status = 200, description = "the plan", body = PlanReport),
+        (status = 400, description = "not a valid DAG name, input_bytes missing, or an unknown \
+            policy", body = ErrorBody),
+        (status = 404, description = "no such DAG", body = ErrorBody),
+        (status = 409, description = "the models cannot predict yet (a parameter was never \
+            measured)", body = ErrorBody),
+        (status = 422, description = "no plan is possible (the DAG's bounds, memory no VM type \
+            offers)", body = ErrorBody),
+    )
+)]
 async fn dag_plan(
     State(state): State<Shared>,
     name: Result<Path<String>, PathRejection>,
@@ -970,8 +1222,21 @@ async fn next_event(
     Some((sse_event(&ev), (state, next)))
 }
 
-/// `GET /v1/jobs/{id}/events`: server-sent events, each `data:` one [`JobEvent`]; the first is
-/// the job's state now, and the stream ends after the event with a terminal status.
+/// The job's progress as server-sent events: each `data:` line is one JobEvent; the first is its
+/// state now, the stream ends after the event with a terminal status
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/events",
+    operation_id = "getJobEvents",
+    tag = "jobs",
+    params(Id),
+    responses(
+        (status = 200, description = "text/event-stream of JobEvent (keep-alive comments in \
+            between)", body = JobEvent, content_type = "text/event-stream"),
+        (status = 400, description = "not a job id", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody),
+    )
+)]
 pub(crate) async fn job_events(
     State(state): State<Shared>,
     id: Result<Path<String>, PathRejection>,
@@ -1002,13 +1267,28 @@ pub(crate) async fn job_events(
         .into_response())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct LogsQuery {
+    /// Only this function's instances.
     function: Option<String>,
 }
 
-/// `GET /v1/jobs/{id}/logs[?function=F]`: every instance attempt's log.
+/// What every instance attempt of the job wrote (standard output and error, as kept by its
+/// agent)
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/logs",
+    operation_id = "getJobLogs",
+    tag = "jobs",
+    params(Id, LogsQuery),
+    responses(
+        (status = 200, description = "the logs, by function, instance and attempt", body = JobLogs),
+        (status = 400, description = "not a job id or function name", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody),
+    )
+)]
 async fn job_logs(
     State(state): State<Shared>,
     id: Result<Path<String>, PathRejection>,

@@ -5,13 +5,32 @@ use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use sonic_api::agent::{RunReport, RunStatus};
+use sonic_api::agent::{ErrorBody, RunReport, RunStatus};
 
 use crate::exec::reports::Refusal;
 use crate::http::api::{ControlState, checked_agent_id, json_body};
 use crate::http::error::ApiError;
+use crate::http::openapi::{Id, RunId};
 
-/// `POST /v1/agents/{id}/runs/{run_id}/report`: an agent's report of a run that ended.
+/// An agent pushes the report of a run that ended, to the executor waiting for it (the agents'
+/// token, the join token or the API token opens it)
+#[utoipa::path(
+    post,
+    path = "/v1/agents/{id}/runs/{run_id}/report",
+    operation_id = "reportRun",
+    tag = "agents",
+    params(Id, RunId),
+    request_body = RunReport,
+    responses(
+        (status = 204, description = "taken: the waiting executor has the report"),
+        (status = 400, description = "invalid JSON, agent id or run id; the body's run_id differs \
+            from the path; status running", body = ErrorBody),
+        (status = 403, description = "the run was sent to another agent", body = ErrorBody),
+        (status = 404, description = "no run of that id waits for a report (unknown, stale \
+            attempt, already reported), or the control plane runs no jobs", body = ErrorBody),
+        (status = 413, description = "body over the size limit", body = ErrorBody),
+    )
+)]
 pub(crate) async fn report_run(
     State(state): State<std::sync::Arc<ControlState>>,
     path: Result<Path<(String, String)>, PathRejection>,
