@@ -4,6 +4,20 @@
 
 mod support;
 
+/// The kit's agent processes (`support::Builder::agent_processes`): this binary re-run with
+/// the agent's description in its environment runs only this test; otherwise it does nothing.
+#[test]
+fn agent_process_entry() {
+    support::agent_process_main();
+}
+
+/// The kit's control plane process (`support::Builder::control_process`), as
+/// [`agent_process_entry`].
+#[test]
+fn control_process_entry() {
+    support::control_process_main();
+}
+
 // The example host platform (examples/host), which `embedding` runs: its modules name each other
 // from the crate's root.
 #[path = "../../examples/host/containers.rs"]

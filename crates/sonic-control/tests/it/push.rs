@@ -4,14 +4,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::support::{Cluster, DAG, TOKEN};
 use serde_json::json;
 use sonic_api::agent::{RunReport, RunStatus};
 use sonic_api::control::{JobStatus, JobSummary};
-use sonic_core::regression::Convergence;
 use sonic_daemon::metrics::sample;
 
 /// One function that sleeps long enough for a test to see its run waiting.
@@ -27,10 +25,6 @@ name: noop
 functions:
   - { name: only, image: sonic-lambdas:latest, command: [synthetic, noop], timeout: 30s }
 "#;
-
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 0))
-}
 
 /// The control plane's `sonic_run_reports_total{via}`.
 async fn reports(c: &Cluster, via: &str) -> f64 {
@@ -89,10 +83,12 @@ async fn push(c: &Cluster, agent: &str, run_id: &str, token: Option<&str>, body:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_finishes_on_pushed_reports_alone() {
     // The slow poll would first read a report after ten minutes: only pushes end this job.
-    let c = Cluster::start_tuned(loopback(), Convergence::default(), |j| {
-        j.fallback_poll = Duration::from_secs(600);
-    })
-    .await;
+    let c = Cluster::builder()
+        .tune(|j| {
+            j.fallback_poll = Duration::from_secs(600);
+        })
+        .start()
+        .await;
     c.apply(DAG).await;
     let id = c.submit_sized(Some("direct"), 2048).await;
     let s = c.wait(&id).await;
@@ -106,10 +102,12 @@ async fn a_job_finishes_on_pushed_reports_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_stale_and_malformed_reports_are_refused_and_change_nothing() {
-    let c = Cluster::start_tuned(loopback(), Convergence::default(), |j| {
-        j.fallback_poll = Duration::from_secs(600);
-    })
-    .await;
+    let c = Cluster::builder()
+        .tune(|j| {
+            j.fallback_poll = Duration::from_secs(600);
+        })
+        .start()
+        .await;
     let ok = serde_json::to_string(&report("j-1.f.0.1", RunStatus::Succeeded)).unwrap();
     // Nobody waits for an unknown run.
     assert_eq!(
@@ -223,11 +221,13 @@ async fn a_lost_push_costs_the_fallback_poll_not_the_job() {
             }
         }
     });
-    let c = Cluster::start_tuned(loopback(), Convergence::default(), |j| {
-        j.report_url = Some(dead);
-        j.fallback_poll = Duration::from_millis(200);
-    })
-    .await;
+    let c = Cluster::builder()
+        .tune(move |j| {
+            j.report_url = Some(dead.clone());
+            j.fallback_poll = Duration::from_millis(200);
+        })
+        .start()
+        .await;
     c.apply(DAG).await;
     let id = c.submit_sized(Some("remote"), 2048).await;
     let s = c.wait(&id).await;
@@ -268,10 +268,10 @@ async fn a_lost_push_costs_the_fallback_poll_not_the_job() {
 #[ignore = "a measurement, run by hand"]
 async fn measure_noop_job_latency() {
     for push_reports in [false, true] {
-        let c = Cluster::start_tuned(loopback(), Convergence::default(), |j| {
-            j.push_reports = push_reports;
-        })
-        .await;
+        let c = Cluster::builder()
+            .tune(move |j| j.push_reports = push_reports)
+            .start()
+            .await;
         c.apply(NOOP).await;
         let mut latencies = Vec::new();
         let mut walls = Vec::new();

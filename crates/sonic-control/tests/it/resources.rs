@@ -70,7 +70,7 @@ async fn two_jobs_whose_plans_exceed_the_pool_are_queued_not_oversubscribed() {
         assert_eq!(mid.concurrent, 4, "every slot of a-2: {plan:?}");
     }
     // Whichever was admitted second waited for the first to release a-2, and says so.
-    let db = c.control.state.db.clone();
+    let db = c.control().state.db.clone();
     let (a, b) = (first.clone(), second.clone());
     let (ra, rb) = db
         .run(move |db| Ok((db.get_job(&a)?, db.get_job(&b)?)))
@@ -96,7 +96,7 @@ async fn two_jobs_whose_plans_exceed_the_pool_are_queued_not_oversubscribed() {
         "{notes:?}"
     );
     // Nothing is held once both ended.
-    let rt = c.control.state.jobs.clone().expect("runtime");
+    let rt = c.control().state.jobs.clone().expect("runtime");
     let probe = sonic_control::store::AgentSlot {
         id: "a-2".into(),
         url: String::new(),
@@ -145,7 +145,11 @@ async fn a_diamonds_branches_priced_on_their_own_vms_run_at_once_on_two_agents()
         min_samples: 3,
         ..Convergence::default()
     };
-    let c = Cluster::start_agents(rule, &[("a-1", "m5.large"), ("a-2", "m5.large")]).await;
+    let c = Cluster::builder()
+        .convergence(rule)
+        .agents(&[("a-1", "m5.large"), ("a-2", "m5.large")])
+        .start()
+        .await;
     c.apply(DIAMOND).await;
     let params = json!({ "b.sleep_ms": 1500, "c.sleep_ms": 1500 });
     for n in [30_000usize, 90_000, 150_000] {
