@@ -2,40 +2,18 @@
 //! `synthetic` lambda, one shared LocalStore), over HTTP on loopback.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::lambda_dir;
+use crate::support::{CATALOG, Cluster, FILE_KEY, TOKEN, base64, sized_input};
 use serde_json::{Value, json};
-use sonic_agent::config::{AgentConfig, local_config};
-use sonic_agent::sandbox::{ProcessConfig, ProcessSandbox};
-use sonic_agent::server::RunningAgent;
-use sonic_agent::throttle::AgentThrottle;
 use sonic_api::control::{
     DagModelsView, JobEvent, JobLogs, JobMode, JobPlan, JobStatus, JobSummary, PlanUsed,
 };
-use sonic_control::{
-    ControlConfig, JobsConfig, RunningControl, Runtime, SystemClock, start_with_jobs,
-};
+use sonic_control::{ControlConfig, JobsConfig, Runtime, SystemClock, start_with_jobs};
 use sonic_core::catalog::Catalog;
 use sonic_core::regression::Convergence;
-use sonic_core::units::Seconds;
-use sonic_storage::ObjectStore;
 use sonic_storage::local::LocalStore;
-
-const TOKEN: &str = "control-token-0123456789";
-const FILE_KEY: &str = "file-key-0123456789abcdef";
-
-const CATALOG: &str = r#"
-vm_types:
-  - { name: m5.large,   vcpus: 2, memory_mb: 8192,  network_mbps: 750,  usd_per_hour: 0.107 }
-  - { name: m5.xlarge,  vcpus: 4, memory_mb: 16384, network_mbps: 1250, usd_per_hour: 0.214 }
-local_storage:  { usd_per_gb_month: 0.12 }
-remote_storage: { write_mbps: 600, read_mbps: 400, request_latency_ms: 25,
-                  put_usd_per_1k: 0.0055, get_usd_per_1k: 0.00044, usd_per_gb_month: 0.026,
-                  requests_per_s: 3500 }
-"#;
 
 /// gen copies the job input and broadcasts it to two mids, which copy it on; sink gathers both
 /// and copies everything to `result/`: every result file must equal the input, byte for byte.
@@ -60,127 +38,26 @@ edges:
   - { from: ok, to: bad, kind: one }
 "#;
 
-struct Cluster {
-    control: RunningControl,
-    agents: Vec<RunningAgent>,
-    store: Arc<LocalStore>,
-    http: reqwest::Client,
-    convergence: Convergence,
-    _dir: tempfile::TempDir,
-}
-
-async fn agent(id: &str, root: &Path, store: Arc<LocalStore>) -> RunningAgent {
-    let mut cfg: AgentConfig = local_config(id, &root.join(id), TOKEN, FILE_KEY);
-    cfg.vm_type = "m5.large".into();
-    cfg.bin_dirs = vec![lambda_dir().to_path_buf()];
-    let sandbox = ProcessSandbox::new(ProcessConfig {
-        work_dir: root.join(id).join("processes"),
-        path: cfg.bin_dirs.clone(),
-        ..ProcessConfig::default()
-    })
-    .expect("process sandbox");
-    sonic_agent::server::start(
-        cfg,
-        Arc::new(sandbox),
-        Some(store),
-        &AgentThrottle::unlimited(),
-    )
-    .await
-    .expect("start agent")
-}
-
-/// A control plane with jobs on `dir/control` (a restart reopens the same database).
-async fn start_control(
-    dir: &Path,
-    store: Arc<LocalStore>,
-    convergence: Convergence,
-) -> RunningControl {
-    let mut jobs = JobsConfig::new(TOKEN, FILE_KEY.as_bytes());
-    jobs.backoff = Duration::from_millis(20);
-    jobs.convergence = convergence;
-    // Executions on an executor of their own, as the daemon runs them (`executor_nice`).
-    let executor = sonic_control::exec::threads::Executor::new(
-        2,
-        i32::from(sonic_control::config::DEFAULT_EXECUTOR_NICE),
-    )
-    .expect("executor");
-    let runtime = Runtime::new(
-        store,
-        Some(Catalog::from_yaml(CATALOG).expect("catalog")),
-        jobs,
-    )
-    .with_executor(executor);
-    let config = ControlConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        data_dir: dir.join("control"),
-        token: TOKEN.into(),
-        // These agents do not heartbeat (no control URL): registration must keep them alive for
-        // the whole test, however slow the machine.
-        heartbeat_timeout: Seconds(3600.0),
-        ..ControlConfig::default()
-    };
-    start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
+/// Two m5.large agents that report no network of their own; executions on an executor of
+/// their own (2 threads, as the daemon runs them); a job ends within 90 s.
+async fn cluster_with(convergence: Convergence) -> Cluster {
+    Cluster::builder()
+        .agents(&[("a-1", "m5.large"), ("a-2", "m5.large")])
+        .tune_agents(|a| a.network_mbps = None)
+        .executor_threads(2)
+        .convergence(convergence)
+        .wait_deadline(Duration::from_secs(90))
+        .start()
         .await
-        .expect("start control plane")
 }
 
 async fn cluster() -> Cluster {
     cluster_with(Convergence::default()).await
 }
 
-async fn cluster_with(convergence: Convergence) -> Cluster {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Arc::new(LocalStore::new(dir.path().join("store")).expect("store"));
-    let a = agent("a-1", dir.path(), store.clone()).await;
-    let b = agent("a-2", dir.path(), store.clone()).await;
-    let control = start_control(dir.path(), store.clone(), convergence).await;
-    let http = reqwest::Client::new();
-    for a in [&a, &b] {
-        let r = http
-            .post(format!("{}/v1/agents/register", control.url()))
-            .bearer_auth(TOKEN)
-            .json(&a.state.capacity())
-            .send()
-            .await
-            .expect("register");
-        assert!(r.status().is_success(), "register: {}", r.status());
-    }
-    Cluster {
-        control,
-        agents: vec![a, b],
-        store,
-        http,
-        convergence,
-        _dir: dir,
-    }
-}
-
 impl Cluster {
-    async fn apply(&self, yaml: &str) {
-        let r = self
-            .http
-            .put(format!("{}/v1/dags", self.control.url()))
-            .bearer_auth(TOKEN)
-            .header("content-type", "application/yaml")
-            .body(yaml.to_owned())
-            .send()
-            .await
-            .expect("apply");
-        assert!(r.status().is_success(), "apply: {}", r.status());
-    }
-
-    /// `POST /v1/jobs` with `body`, whatever the answer.
-    async fn post_job(&self, body: Value) -> reqwest::Response {
-        self.http
-            .post(format!("{}/v1/jobs", self.control.url()))
-            .bearer_auth(TOKEN)
-            .json(&body)
-            .send()
-            .await
-            .expect("POST /v1/jobs")
-    }
-
-    async fn submit(&self, body: Value) -> String {
+    /// Submits a job: accepted (202) and queued, its id a job's.
+    async fn queue(&self, body: Value) -> String {
         let r = self.post_job(body).await;
         assert_eq!(r.status(), 202, "{}", r.text().await.unwrap_or_default());
         let v: Value = r.json().await.expect("accepted");
@@ -189,106 +66,6 @@ impl Cluster {
         assert!(id.starts_with("j-"), "{id}");
         id
     }
-
-    async fn get(&self, id: &str) -> (Value, JobSummary) {
-        let r = self
-            .http
-            .get(format!("{}/v1/jobs/{id}", self.control.url()))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .expect("get job");
-        assert_eq!(r.status(), 200);
-        let v: Value = r.json().await.expect("json");
-        let s: JobSummary = serde_json::from_value(v.clone()).expect("summary");
-        (v, s)
-    }
-
-    /// Polls the job until it ends (deadline, no fixed sleeps).
-    async fn wait(&self, id: &str) -> (Value, JobSummary) {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            let (v, s) = self.get(id).await;
-            if s.status.is_terminal() {
-                return (v, s);
-            }
-            assert!(Instant::now() < deadline, "job {id} did not end: {v}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Stops the control plane and starts a new one on the same database (the agents stay).
-    async fn restart(self) -> Cluster {
-        self.restart_with(|_| {}).await
-    }
-
-    /// [`Cluster::restart`], calling `between` with the stopped control plane's data folder
-    /// before the new one starts.
-    async fn restart_with(self, between: impl FnOnce(&Path)) -> Cluster {
-        let Cluster {
-            control,
-            agents,
-            store,
-            http,
-            convergence,
-            _dir,
-        } = self;
-        control.stop().await;
-        between(&_dir.path().join("control"));
-        let control = start_control(_dir.path(), store.clone(), convergence).await;
-        Cluster {
-            control,
-            agents,
-            store,
-            http,
-            convergence,
-            _dir,
-        }
-    }
-
-    async fn get_json(&self, path: &str) -> (reqwest::StatusCode, Value) {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.control.url()))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .expect("get");
-        let status = r.status();
-        (status, r.json().await.expect("json body"))
-    }
-
-    async fn stop(self) {
-        self.control.stop().await;
-        for a in self.agents {
-            a.stop().await;
-        }
-    }
-}
-
-fn input_bytes() -> Vec<u8> {
-    (0..300_000u32).map(|i| (i * 31 % 251) as u8).collect()
-}
-
-fn base64(data: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 /// Every field of the summary of interfaces.md section 3.
@@ -334,17 +111,17 @@ fn assert_summary_shape(v: &Value) {
 async fn a_dag_runs_under_every_policy_with_identical_results() {
     let c = cluster().await;
     c.apply(DAG).await;
-    let input = input_bytes();
+    let input = sized_input(300_000);
     let mut results: Vec<Vec<(String, Vec<u8>)>> = Vec::new();
     for policy in ["remote", "direct", "local"] {
         let id = c
-            .submit(json!({
+            .queue(json!({
                 "dag": "fan",
                 "policy": policy,
                 "input": { "name": "data.bin", "base64": base64(&input) },
             }))
             .await;
-        let (v, s) = c.wait(&id).await;
+        let (v, s) = c.ended(&id).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
         assert_summary_shape(&v);
         assert_eq!(s.policy.as_str(), policy);
@@ -406,7 +183,7 @@ async fn a_dag_runs_under_every_policy_with_identical_results() {
         for out in &s.outputs {
             let key = out.strip_prefix("store://").expect("store url");
             assert!(key.starts_with(&format!("jobs/{id}/result/")), "{key}");
-            let data = c.store.get_bytes(key).await.expect("result");
+            let data = c.store().get_bytes(key).await.expect("result");
             assert_eq!(
                 data.as_ref(),
                 input.as_slice(),
@@ -416,14 +193,14 @@ async fn a_dag_runs_under_every_policy_with_identical_results() {
         }
         results.push(files);
         // Only the results stay in the store; the agents forgot the job.
-        let left = c.store.list(&format!("jobs/{id}/")).await.expect("list");
+        let left = c.store().list(&format!("jobs/{id}/")).await.expect("list");
         assert_eq!(left.len(), 2, "intermediates left in the store: {left:?}");
         for a in &c.agents {
             let job = sonic_agent::files::JobId::parse(&id).expect("id");
             assert!(a.state.files.list(&job).expect("list").is_empty());
         }
         // A profiling sample was recorded.
-        let samples = c.control.state.db.samples("fan").expect("samples");
+        let samples = c.control().state.db.samples("fan").expect("samples");
         let sample = samples.iter().find(|x| x.job == id).expect("sample");
         assert_eq!(sample.input_bytes, n);
         assert_eq!(sample.measured["functions"]["mid"]["instances"], 2);
@@ -442,7 +219,7 @@ async fn a_dag_runs_under_every_policy_with_identical_results() {
 
     let r: Value = c
         .http
-        .get(format!("{}/v1/jobs", c.control.url()))
+        .get(format!("{}/v1/jobs", c.url()))
         .bearer_auth(TOKEN)
         .send()
         .await
@@ -484,7 +261,7 @@ edges:
 async fn a_diamonds_two_branches_overlap_in_time() {
     let c = cluster().await;
     c.apply(DIAMOND).await;
-    let input = input_bytes();
+    let input = sized_input(300_000);
     for policy in ["remote", "direct", "local"] {
         let (v, s) = c.run_ok("diamond", Some(policy), &input).await;
         let [split, left, right, join] = ["split", "left", "right", "join"].map(|f| span(&s, f, 0));
@@ -518,7 +295,7 @@ edges:
 async fn a_one_edge_starts_each_receiver_when_its_own_sender_ends() {
     let c = cluster().await;
     c.apply(PIPELINE).await;
-    let input = input_bytes();
+    let input = sized_input(300_000);
     for policy in ["remote", "direct", "local"] {
         let (v, s) = c.run_ok("pipeline", Some(policy), &input).await;
         let span = |name: &str, k: u32| span(&s, name, k);
@@ -543,9 +320,9 @@ async fn a_failing_lambda_fails_the_job_after_its_retries() {
     let c = cluster().await;
     c.apply(FAILING).await;
     let id = c
-        .submit(json!({ "dag": "broken", "policy": "remote" }))
+        .queue(json!({ "dag": "broken", "policy": "remote" }))
         .await;
-    let (v, s) = c.wait(&id).await;
+    let (v, s) = c.ended(&id).await;
     assert_eq!(s.status, JobStatus::Failed, "{v}");
     assert_summary_shape(&v);
     let error = s.error.expect("error");
@@ -559,7 +336,7 @@ async fn a_failing_lambda_fails_the_job_after_its_retries() {
     assert!(s.outputs.is_empty());
     // No sample from a failed job; nothing of it left in the store.
     assert!(
-        c.control
+        c.control()
             .state
             .db
             .samples("broken")
@@ -567,7 +344,7 @@ async fn a_failing_lambda_fails_the_job_after_its_retries() {
             .is_empty()
     );
     assert!(
-        c.store
+        c.store()
             .list(&format!("jobs/{id}/"))
             .await
             .expect("list")
@@ -597,7 +374,7 @@ async fn bad_submissions_are_refused() {
     );
     let missing = c
         .http
-        .get(format!("{}/v1/jobs/j-0000", c.control.url()))
+        .get(format!("{}/v1/jobs/j-0000", c.url()))
         .bearer_auth(TOKEN)
         .send()
         .await
@@ -618,7 +395,7 @@ fn one_function(function: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reapplied_dag_runs_as_applied_and_a_deleted_one_is_refused() {
     let c = cluster().await;
-    let input = input_bytes();
+    let input = sized_input(300_000);
     let names = |s: &JobSummary| {
         let mut n: Vec<String> = s.functions.iter().map(|f| f.name.clone()).collect();
         n.dedup();
@@ -648,7 +425,7 @@ async fn a_reapplied_dag_runs_as_applied_and_a_deleted_one_is_refused() {
     assert_eq!(names(&s), ["third"], "{v}");
     let r = c
         .http
-        .delete(format!("{}/v1/dags/again", c.control.url()))
+        .delete(format!("{}/v1/dags/again", c.url()))
         .bearer_auth(TOKEN)
         .send()
         .await
@@ -738,11 +515,11 @@ fn runs_ended(c: &Cluster) -> u64 {
 async fn a_job_survives_a_control_plane_restart_mid_stage() {
     let mut c = cluster().await;
     c.apply(SLOW).await;
-    let input = input_bytes();
+    let input = sized_input(300_000);
     for policy in ["remote", "direct"] {
         let before = runs_ended(&c);
         let id = c
-            .submit(json!({
+            .queue(json!({
                 "dag": "slow",
                 "policy": policy,
                 "input": { "name": "data.bin", "base64": base64(&input) },
@@ -751,7 +528,7 @@ async fn a_job_survives_a_control_plane_restart_mid_stage() {
         // Stopped once gen has ended and both mids were sent to their agents.
         c.wait_mids_sent(&id).await;
         c = c.restart().await;
-        let (v, s) = c.wait(&id).await;
+        let (v, s) = c.ended(&id).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
         // Nothing ran twice: gen was not run again and the mids were adopted, not repeated.
         assert_eq!(s.functions.len(), 4, "{policy}: {v}");
@@ -765,7 +542,7 @@ async fn a_job_survives_a_control_plane_restart_mid_stage() {
         c.assert_copies(&s, 2, &input).await;
         // Once ended, nothing of its execution is kept to resume.
         assert!(
-            c.control
+            c.control()
                 .state
                 .db
                 .instance_runs(&id, 1)
@@ -795,16 +572,16 @@ async fn a_planned_job_survives_a_control_plane_restart_mid_stage() {
         })
     };
     for n in [30_000usize, 90_000, 150_000, 210_000] {
-        let id = c.submit(body(&sized_input(n))).await;
-        let (v, s) = c.wait(&id).await;
+        let id = c.queue(body(&sized_input(n))).await;
+        let (v, s) = c.ended(&id).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{v}");
     }
     let input = sized_input(120_000);
     let before = runs_ended(&c);
-    let id = c.submit(body(&input)).await;
+    let id = c.queue(body(&input)).await;
     c.wait_mids_sent(&id).await;
     let granted = c
-        .control
+        .control()
         .state
         .db
         .get_job(&id)
@@ -812,7 +589,7 @@ async fn a_planned_job_survives_a_control_plane_restart_mid_stage() {
         .expect("job")
         .plan;
     c = c.restart().await;
-    let (v, s) = c.wait(&id).await;
+    let (v, s) = c.ended(&id).await;
     assert_eq!(s.status, JobStatus::Succeeded, "{v}");
     assert_eq!(
         (s.policy.as_str(), s.mode),
@@ -863,15 +640,15 @@ async fn a_planned_job_whose_edge_methods_change_at_resume_starts_over_and_succe
         b
     };
     for n in [30_000usize, 90_000, 150_000, 210_000] {
-        let id = c.submit(body(&sized_input(n), None)).await;
-        let (v, s) = c.wait(&id).await;
+        let id = c.queue(body(&sized_input(n), None)).await;
+        let (v, s) = c.ended(&id).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{v}");
     }
     let input = sized_input(120_000);
-    let id = c.submit(body(&input, Some("direct"))).await;
+    let id = c.queue(body(&input, Some("direct"))).await;
     c.wait_mids_sent(&id).await;
     let recorded = c
-        .control
+        .control()
         .state
         .db
         .job_execution(&id)
@@ -898,7 +675,7 @@ async fn a_planned_job_whose_edge_methods_change_at_resume_starts_over_and_succe
             assert_eq!(changed, 1);
         })
         .await;
-    let (v, s) = c.wait(&id).await;
+    let (v, s) = c.ended(&id).await;
     assert_eq!(s.status, JobStatus::Succeeded, "{v}");
     assert_eq!(
         (s.policy.as_str(), s.mode),
@@ -930,10 +707,8 @@ async fn shuffle_routes_each_part_to_its_reducer() {
     c.apply(SHUFFLE).await;
     let mut seen = Vec::new();
     for policy in ["direct", "remote"] {
-        let id = c
-            .submit(json!({ "dag": "shuffle", "policy": policy }))
-            .await;
-        let (v, s) = c.wait(&id).await;
+        let id = c.queue(json!({ "dag": "shuffle", "policy": policy })).await;
+        let (v, s) = c.ended(&id).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
         assert_eq!(s.edges[0].bytes, 80_000, "{v}");
         let mut files = Vec::new();
@@ -947,7 +722,7 @@ async fn shuffle_routes_each_part_to_its_reducer() {
             assert_eq!(parts.len(), 5, "{rel}");
             assert_eq!(parts[0], "red");
             assert_eq!(parts[4], format!("part-{}", parts[1]), "{rel}");
-            let data = c.store.get_bytes(key).await.expect("result");
+            let data = c.store().get_bytes(key).await.expect("result");
             assert_eq!(data.len(), 20_000, "{rel}");
             files.push((rel.to_owned(), data.to_vec()));
         }
@@ -968,14 +743,14 @@ async fn unplanned_stages_run_one_lambda_per_vcpu_and_measure_hot_runs() {
     // 6 mids over 2 agents of 2 vCPUs (m5.large): 3 per agent, at most 2 at once.
     let input = sized_input(20_000);
     let id = c
-        .submit(json!({
+        .queue(json!({
             "dag": "fan",
             "input": { "name": "data.bin", "base64": base64(&input) },
             "params": { "mids": 6 },
             "policy": "remote",
         }))
         .await;
-    let (v, s) = c.wait(&id).await;
+    let (v, s) = c.ended(&id).await;
     assert_eq!(s.status, JobStatus::Succeeded, "{v}");
     let mids: Vec<_> = s.functions.iter().filter(|f| f.name == "mid").collect();
     assert_eq!(mids.len(), 6, "{v}");
@@ -989,7 +764,7 @@ async fn unplanned_stages_run_one_lambda_per_vcpu_and_measure_hot_runs() {
     }
     // The sample is of the job's own setting (mids=6).
     let (_, m) = c
-        .get_json("/v1/dags/fan/models?params=%7B%22mids%22%3A6%7D")
+        .get_json_status("/v1/dags/fan/models?params=%7B%22mids%22%3A6%7D")
         .await;
     let hot = m["samples"][0]["measured"]["functions"]["mid"]["hot_s"].as_f64();
     assert!(hot.is_some(), "the sample has a hot time: {m}");
@@ -1007,7 +782,7 @@ functions:
 "#,
     )
     .await;
-    let id = c.submit(json!({ "dag": "slow", "policy": "remote" })).await;
+    let id = c.queue(json!({ "dag": "slow", "policy": "remote" })).await;
     let running = |c: &Cluster| -> u32 {
         c.agents
             .iter()
@@ -1022,13 +797,13 @@ functions:
     }
     let r = c
         .http
-        .post(format!("{}/v1/jobs/{id}/cancel", c.control.url()))
+        .post(format!("{}/v1/jobs/{id}/cancel", c.url()))
         .bearer_auth(TOKEN)
         .send()
         .await
         .expect("cancel");
     assert_eq!(r.status(), 202);
-    let (v, s) = c.wait(&id).await;
+    let (v, s) = c.ended(&id).await;
     assert_eq!(s.status, JobStatus::Failed, "{v}");
     assert!(
         s.error.as_deref().unwrap_or("").contains("cancelled"),
@@ -1046,7 +821,7 @@ functions:
     // A finished job cannot be cancelled again.
     let again = c
         .http
-        .post(format!("{}/v1/jobs/{id}/cancel", c.control.url()))
+        .post(format!("{}/v1/jobs/{id}/cancel", c.url()))
         .bearer_auth(TOKEN)
         .send()
         .await
@@ -1087,65 +862,18 @@ async fn without_an_object_store_jobs_are_refused_clearly() {
     control.stop().await;
 }
 
-fn sized_input(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i * 31 % 251) as u8).collect()
-}
-
 impl Cluster {
-    /// Reads `GET /v1/jobs/{id}/events` to its end (with a deadline): every event in order.
-    async fn events(&self, id: &str) -> Vec<JobEvent> {
-        let mut r = self
-            .http
-            .get(format!("{}/v1/jobs/{id}/events", self.control.url()))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .expect("events");
-        assert_eq!(r.status(), 200);
-        let ct = r
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
+    /// Reads `GET /v1/jobs/{id}/events` to its end (within the deadline): every event in order.
+    async fn all_events(&self, id: &str) -> Vec<JobEvent> {
+        let mut events = self.events(id).await;
+        assert_eq!(events.status, 200);
+        let ct = &events.content_type;
         assert!(ct.starts_with("text/event-stream"), "{ct}");
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let mut buf = String::new();
         let mut out = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let chunk = tokio::time::timeout(left, r.chunk())
-                .await
-                .unwrap_or_else(|_| panic!("the event stream of {id} did not end: {out:?}"))
-                .expect("stream");
-            let Some(chunk) = chunk else { break };
-            buf.push_str(&String::from_utf8_lossy(&chunk));
-            while let Some(pos) = buf.find('\n') {
-                let line: String = buf.drain(..=pos).collect();
-                if let Some(data) = line.trim_end().strip_prefix("data:") {
-                    out.push(serde_json::from_str(data.trim()).expect("a JobEvent"));
-                }
-            }
+        while let Some(e) = events.next().await {
+            out.push(e);
         }
         out
-    }
-
-    /// The job's result files, keyed by their path under `result/`.
-    async fn results(&self, s: &JobSummary) -> Vec<(String, Vec<u8>)> {
-        let mut files = Vec::new();
-        for out in &s.outputs {
-            let key = out.strip_prefix("store://").expect("store url");
-            let rel = key
-                .strip_prefix(&format!("jobs/{}/result/", s.job_id))
-                .expect("under result/")
-                .to_owned();
-            files.push((
-                rel,
-                self.store.get_bytes(key).await.expect("result").to_vec(),
-            ));
-        }
-        files.sort();
-        files
     }
 
     /// Runs `dag` on `input` (under `policy`, or as the control plane chooses) to its end.
@@ -1157,8 +885,8 @@ impl Cluster {
         if let Some(p) = policy {
             body["policy"] = json!(p);
         }
-        let id = self.submit(body).await;
-        let (v, s) = self.wait(&id).await;
+        let id = self.queue(body).await;
+        let (v, s) = self.ended(&id).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{policy:?}: {v}");
         (v, s)
     }
@@ -1168,7 +896,7 @@ impl Cluster {
         assert_eq!(s.outputs.len(), n, "{s:?}");
         for out in &s.outputs {
             let key = out.strip_prefix("store://").expect("store url");
-            let data = self.store.get_bytes(key).await.expect("result");
+            let data = self.store().get_bytes(key).await.expect("result");
             assert_eq!(data.as_ref(), input, "{key}");
         }
     }
@@ -1177,7 +905,7 @@ impl Cluster {
     async fn wait_mids_sent(&self, id: &str) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let runs = self.control.state.db.instance_runs(id, 1).expect("runs");
+            let runs = self.control().state.db.instance_runs(id, 1).expect("runs");
             let gen_done = runs
                 .iter()
                 .any(|r| r.function == "gen" && r.report.is_some());
@@ -1202,7 +930,7 @@ impl Cluster {
         if let Some(p) = policy {
             body["policy"] = json!(p);
         }
-        self.submit(body).await
+        self.queue(body).await
     }
 }
 
@@ -1232,9 +960,11 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
             .contains("cannot be planned yet"),
         "{body}"
     );
-    let (status, body) = c.get_json("/v1/dags/fan/plan?input_bytes=1000").await;
+    let (status, body) = c
+        .get_json_status("/v1/dags/fan/plan?input_bytes=1000")
+        .await;
     assert_eq!(status, 409, "{body}");
-    let (status, body) = c.get_json("/v1/dags/fan/models").await;
+    let (status, body) = c.get_json_status("/v1/dags/fan/models").await;
     assert_eq!(status, 200);
     assert_eq!(
         (body["converged"].as_bool(), body["jobs"].as_u64()),
@@ -1247,7 +977,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         .enumerate()
     {
         let id = c.submit_input(None, &sized_input(n)).await;
-        let (v, s) = c.wait(&id).await;
+        let (v, s) = c.ended(&id).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{v}");
         assert_eq!(
             (s.policy.as_str(), s.mode),
@@ -1255,13 +985,13 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
             "{v}"
         );
         assert!(s.plan.is_none(), "{v}");
-        let (_, m) = c.get_json("/v1/dags/fan/models").await;
+        let (_, m) = c.get_json_status("/v1/dags/fan/models").await;
         let m: DagModelsView = serde_json::from_value(m).expect("models view");
         assert_eq!(m.jobs, k + 1);
         assert_eq!(m.samples.len(), k + 1);
         assert_eq!(m.converged, k + 1 >= 4, "after {} jobs: {m:?}", k + 1);
     }
-    let (_, m) = c.get_json("/v1/dags/fan/models").await;
+    let (_, m) = c.get_json_status("/v1/dags/fan/models").await;
     let m: DagModelsView = serde_json::from_value(m).expect("models view");
     assert_eq!(m.max_mape, 1000.0);
     for p in [
@@ -1300,7 +1030,9 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     assert_eq!(bytes.cv_mape, Some(0.0));
 
     // The plan for a size never run.
-    let (status, plan) = c.get_json("/v1/dags/fan/plan?input_bytes=120000").await;
+    let (status, plan) = c
+        .get_json_status("/v1/dags/fan/plan?input_bytes=120000")
+        .await;
     assert_eq!(status, 200, "{plan}");
     assert_eq!(
         (plan["dag"].as_str(), plan["policy"].as_str()),
@@ -1325,18 +1057,18 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     );
     assert_eq!(plan["network_mbps"]["m5.large"]["source"], "catalog");
     let (status, _) = c
-        .get_json("/v1/dags/fan/plan?input_bytes=120000&policy=remote")
+        .get_json_status("/v1/dags/fan/plan?input_bytes=120000&policy=remote")
         .await;
     assert_eq!(status, 200);
-    let (status, _) = c.get_json("/v1/dags/fan/plan").await;
+    let (status, _) = c.get_json_status("/v1/dags/fan/plan").await;
     assert_eq!(status, 400, "input_bytes is required");
-    let (status, _) = c.get_json("/v1/dags/nope/plan?input_bytes=1").await;
+    let (status, _) = c.get_json_status("/v1/dags/nope/plan?input_bytes=1").await;
     assert_eq!(status, 404);
 
     // Converged: the next unforced job is planned, and its progress streams to its end.
     let input = sized_input(120_000);
     let planned_id = c.submit_input(None, &input).await;
-    let events = c.events(&planned_id).await;
+    let events = c.all_events(&planned_id).await;
     let last = events.last().expect("at least one event");
     assert_eq!(last.status, JobStatus::Succeeded, "{events:?}");
     assert!(events.iter().all(|e| e.job_id == planned_id));
@@ -1348,7 +1080,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     );
     assert_eq!(last.done_instances, 4, "{events:?}");
     assert_eq!(last.total_instances, 4, "{events:?}");
-    let (v, planned) = c.wait(&planned_id).await;
+    let (v, planned) = c.ended(&planned_id).await;
     assert_eq!(planned.status, JobStatus::Succeeded, "{v}");
     assert_eq!(
         (planned.policy.as_str(), planned.mode),
@@ -1393,19 +1125,24 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
 
     // Byte-identical to a remote run of the same input.
     let remote_id = c.submit_input(Some("remote"), &input).await;
-    let (v, remote) = c.wait(&remote_id).await;
+    let (v, remote) = c.ended(&remote_id).await;
     assert_eq!(remote.status, JobStatus::Succeeded, "{v}");
     assert_eq!(
         (remote.policy.as_str(), remote.mode),
         ("remote", JobMode::Profiling)
     );
-    let (got, want) = (c.results(&planned).await, c.results(&remote).await);
+    let (got, want) = (
+        c.stored_results(&planned).await,
+        c.stored_results(&remote).await,
+    );
     assert_eq!(got.len(), 2);
     assert_eq!(got, want, "planned and remote results differ");
     assert!(got.iter().all(|(_, data)| data == &input));
 
     // Logs: one per instance attempt, what the lambda printed.
-    let (status, logs) = c.get_json(&format!("/v1/jobs/{planned_id}/logs")).await;
+    let (status, logs) = c
+        .get_json_status(&format!("/v1/jobs/{planned_id}/logs"))
+        .await;
     assert_eq!(status, 200);
     let logs: JobLogs = serde_json::from_value(logs).expect("logs");
     assert_eq!(logs.job_id, planned_id);
@@ -1419,32 +1156,32 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         );
     }
     let (_, mids) = c
-        .get_json(&format!("/v1/jobs/{planned_id}/logs?function=mid"))
+        .get_json_status(&format!("/v1/jobs/{planned_id}/logs?function=mid"))
         .await;
     let mids: JobLogs = serde_json::from_value(mids).expect("logs");
     assert_eq!(
         mids.logs.iter().map(|l| l.instance).collect::<Vec<_>>(),
         [0, 1]
     );
-    let (status, _) = c.get_json("/v1/jobs/j-0000/logs").await;
+    let (status, _) = c.get_json_status("/v1/jobs/j-0000/logs").await;
     assert_eq!(status, 404);
     // A finished job's stream is one terminal event.
-    let again = c.events(&planned_id).await;
+    let again = c.all_events(&planned_id).await;
     assert_eq!(again.len(), 1, "{again:?}");
     assert_eq!(again[0].status, JobStatus::Succeeded);
 
     // Planned and forced jobs keep teaching the models.
-    let (_, m) = c.get_json("/v1/dags/fan/models").await;
+    let (_, m) = c.get_json_status("/v1/dags/fan/models").await;
     assert_eq!(m["jobs"], 6, "{m}");
 
     // A restart reads the models back: still converged, still planned.
     let c = c.restart().await;
-    let (_, m) = c.get_json("/v1/dags/fan/models").await;
+    let (_, m) = c.get_json_status("/v1/dags/fan/models").await;
     let m: DagModelsView = serde_json::from_value(m).expect("models view");
     assert!(m.converged, "{m:?}");
     assert_eq!(m.jobs, 6);
     let record = c
-        .control
+        .control()
         .state
         .db
         .get_model("fan", &m.setting)
@@ -1459,21 +1196,23 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     });
     let r = c
         .http
-        .post(format!("{}/v1/agents/a-1/heartbeat", c.control.url()))
+        .post(format!("{}/v1/agents/a-1/heartbeat", c.url()))
         .bearer_auth(TOKEN)
         .json(&beat)
         .send()
         .await
         .expect("heartbeat");
     assert_eq!(r.status(), 200);
-    let (_, plan) = c.get_json("/v1/dags/fan/plan?input_bytes=60000").await;
+    let (_, plan) = c
+        .get_json_status("/v1/dags/fan/plan?input_bytes=60000")
+        .await;
     assert_eq!(
         plan["network_mbps"]["m5.large"]["source"], "measured",
         "{plan}"
     );
     assert_eq!(plan["network_mbps"]["m5.large"]["network_mbps"], 400.0);
     let id = c.submit_input(None, &sized_input(60_000)).await;
-    let (v, s) = c.wait(&id).await;
+    let (v, s) = c.ended(&id).await;
     assert_eq!(s.status, JobStatus::Succeeded, "{v}");
     assert_eq!(s.mode, JobMode::Planned, "{v}");
     let best = s.plan.expect("plan");
@@ -1497,7 +1236,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         cap.vm_type = "m5.xlarge".into();
         let r = c
             .http
-            .post(format!("{}/v1/agents/register", c.control.url()))
+            .post(format!("{}/v1/agents/register", c.url()))
             .bearer_auth(TOKEN)
             .json(&cap)
             .send()
@@ -1506,7 +1245,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         assert!(r.status().is_success());
     }
     let id = c.submit_input(None, &input).await;
-    let (v, s) = c.wait(&id).await;
+    let (v, s) = c.ended(&id).await;
     assert_eq!(s.status, JobStatus::Succeeded, "{v}");
     assert_eq!(
         (s.policy.as_str(), s.mode),
@@ -1532,7 +1271,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     );
     assert!(s.functions.iter().all(|f| f.vm_type == "m5.xlarge"), "{v}");
     assert_eq!(
-        c.results(&s).await,
+        c.stored_results(&s).await,
         want,
         "re-planned and remote results differ"
     );
@@ -1546,8 +1285,8 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
             "planned": planned,
         })
     };
-    let id = c.submit(body("oracle", false, &input)).await;
-    let (v, s) = c.wait(&id).await;
+    let id = c.queue(body("oracle", false, &input)).await;
+    let (v, s) = c.ended(&id).await;
     assert_eq!(s.status, JobStatus::Succeeded, "{v}");
     assert_eq!(
         (s.policy.as_str(), s.mode),
@@ -1561,13 +1300,13 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         "{v}"
     );
     assert_eq!(
-        c.results(&s).await,
+        c.stored_results(&s).await,
         want,
         "oracle and remote results differ"
     );
     // A baseline placed the way the planner places it: planned, every edge through the store.
-    let id = c.submit(body("remote", true, &input)).await;
-    let (v, s) = c.wait(&id).await;
+    let id = c.queue(body("remote", true, &input)).await;
+    let (v, s) = c.ended(&id).await;
     assert_eq!(s.status, JobStatus::Succeeded, "{v}");
     assert_eq!(
         (s.policy.as_str(), s.mode),
@@ -1582,7 +1321,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     );
     assert!(s.edges.iter().all(|e| e.method.as_str() == "remote"), "{v}");
     assert_eq!(
-        c.results(&s).await,
+        c.stored_results(&s).await,
         want,
         "planned remote and remote results differ"
     );
@@ -1607,7 +1346,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     );
     // Refused, and nothing is queued: the oracle at a size never measured; `planned` without a
     // baseline.
-    let before = c.get_json("/v1/jobs?dag=fan&limit=500").await.1["jobs"]
+    let before = c.get_json_status("/v1/jobs?dag=fan&limit=500").await.1["jobs"]
         .as_array()
         .map_or(0, Vec::len);
     for (b, status) in [
@@ -1623,7 +1362,7 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
             "{text}"
         );
     }
-    let after = c.get_json("/v1/jobs?dag=fan&limit=500").await.1["jobs"]
+    let after = c.get_json_status("/v1/jobs?dag=fan&limit=500").await.1["jobs"]
         .as_array()
         .map_or(0, Vec::len);
     assert_eq!(before, after);
@@ -1656,13 +1395,13 @@ async fn later_jobs_start_warm_and_next_stages_are_prewarmed() {
     };
     for n in 0..4 {
         let id = c
-            .submit(json!({
+            .queue(json!({
                 "dag": "fan",
                 "input": { "name": "data.bin", "base64": base64(&input) },
                 "policy": "remote",
             }))
             .await;
-        let (v, s) = c.wait(&id).await;
+        let (v, s) = c.ended(&id).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{v}");
         let first = s.functions.iter().find(|f| f.name == "gen").expect("gen");
         gens.push((first.agent.clone(), first.cold));
@@ -1714,7 +1453,7 @@ async fn a_planned_job_after_another_is_priced_and_granted_warm() {
         let (v, s) = c.run_ok("fan", None, &sized_input(n)).await;
         assert_eq!(s.mode, JobMode::Profiling, "{v}");
         profiled += 1;
-        let (_, m) = c.get_json("/v1/dags/fan/models").await;
+        let (_, m) = c.get_json_status("/v1/dags/fan/models").await;
         if m["mode"]["mode"] == "planned" {
             break;
         }
@@ -1792,7 +1531,9 @@ async fn a_planned_job_after_another_is_priced_and_granted_warm() {
         plan.notes
     );
     // What the plan route shows now prices the same stages warm.
-    let (status, now) = c.get_json("/v1/dags/fan/plan?input_bytes=60000").await;
+    let (status, now) = c
+        .get_json_status("/v1/dags/fan/plan?input_bytes=60000")
+        .await;
     assert_eq!(status, 200, "{now}");
     assert!(
         now["stages"]
@@ -1847,15 +1588,15 @@ async fn a_planned_dag_profiles_again_only_on_sustained_drift() {
         }
         let c = &c;
         async move {
-            let id = c.submit(body).await;
-            let (v, s) = c.wait(&id).await;
+            let id = c.queue(body).await;
+            let (v, s) = c.ended(&id).await;
             assert_eq!(s.status, JobStatus::Succeeded, "{v}");
             s
         }
     };
     let mode = |m: &DagModelsView| m.mode.clone().expect("the models view has the mode");
     let models = || async {
-        let (_, m) = c.get_json("/v1/dags/chain/models").await;
+        let (_, m) = c.get_json_status("/v1/dags/chain/models").await;
         serde_json::from_value::<DagModelsView>(m).expect("models view")
     };
 
@@ -1937,7 +1678,7 @@ async fn a_planned_dag_profiles_again_only_on_sustained_drift() {
 
     // The state survives a restart.
     let c = c.restart().await;
-    let (_, m) = c.get_json("/v1/dags/chain/models").await;
+    let (_, m) = c.get_json_status("/v1/dags/chain/models").await;
     let m: DagModelsView = serde_json::from_value(m).expect("models view");
     let m = m.mode.expect("mode");
     assert_eq!((m.mode, m.drifts), (JobMode::Planned, 1), "{m:?}");
@@ -1980,14 +1721,14 @@ async fn each_parameter_setting_profiles_and_plans_on_its_own() {
         });
         let c = &c;
         async move {
-            let id = c.submit(body).await;
-            let (v, s) = c.wait(&id).await;
+            let id = c.queue(body).await;
+            let (v, s) = c.ended(&id).await;
             assert_eq!(s.status, JobStatus::Succeeded, "{v}");
             s
         }
     };
     let models = || async {
-        let (_, m) = c.get_json("/v1/dags/knob/models").await;
+        let (_, m) = c.get_json_status("/v1/dags/knob/models").await;
         serde_json::from_value::<DagModelsView>(m).expect("models view")
     };
     let (a_key, b_key) = (r#"{"output_bytes":100000}"#, r#"{"output_bytes":1000000}"#);
@@ -2115,7 +1856,7 @@ async fn each_parameter_setting_profiles_and_plans_on_its_own() {
         let c = &c;
         async move {
             let (status, v) = c
-                .get_json(&format!("/v1/dags/knob/models?params={query}"))
+                .get_json_status(&format!("/v1/dags/knob/models?params={query}"))
                 .await;
             assert_eq!(status, 200, "{v}");
             serde_json::from_value::<DagModelsView>(v).expect("models view")
@@ -2128,7 +1869,9 @@ async fn each_parameter_setting_profiles_and_plans_on_its_own() {
     );
     let ma = of("%7B%22seed%22%3A9%7D").await;
     assert_eq!((ma.setting.as_str(), ma.jobs), (a_key, 10));
-    let (status, v) = c.get_json("/v1/dags/knob/models?params=%5B1%5D").await;
+    let (status, v) = c
+        .get_json_status("/v1/dags/knob/models?params=%5B1%5D")
+        .await;
     assert_eq!(status, 400, "{v}");
     c.stop().await;
 }
