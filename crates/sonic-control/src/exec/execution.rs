@@ -237,11 +237,15 @@ impl<'a> Execution<'a> {
         let vcpu_permits: HashMap<usize, Arc<Semaphore>> = HashMap::new();
         // A planned job holds on each agent what its grant reserved there, by the pool's rule
         // (`Allocation::reserved`): stages one after another share it, branches that run together
-        // each have their own share.
+        // each have their own share, at most the agent's vCPUs.
         let job_permits: HashMap<usize, Arc<Semaphore>> = alloc
             .as_ref()
             .map(|a| {
-                a.reserved(&dag)
+                let vcpus = |agent: usize| {
+                    let t = rt.catalog.as_ref()?.vm_type(&agents.get(agent)?.vm_type)?;
+                    Some(t.vcpus as usize)
+                };
+                a.reserved(&dag, vcpus)
                     .into_iter()
                     .map(|(agent, k)| (agent, Arc::new(Semaphore::new(k))))
                     .collect()

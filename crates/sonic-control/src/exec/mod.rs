@@ -2174,9 +2174,220 @@ fn unix_now() -> u64 {
 mod tests {
     use super::{StoreUse, stage_overhead_s, uncontended};
     use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
+    use sonic_core::dag::Dag;
     use std::time::{Duration, Instant};
 
     proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 96,
+            // About a third of random plans fit a random pool; the others are refused or
+            // re-planned, which is not what this checks.
+            max_global_rejects: 8192,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+        /// Over random DAGs, plans and pools: whatever the built-in pool grants runs as the plan
+        /// assumed. Each stage gets as many agents as the plan has VMs, all of its VM type; the
+        /// job machine puts each instance on one of them, as evenly as the model spreads
+        /// lambdas (a VM runs at most `ceil(K / vms)`); what the executor lets run at once
+        /// on an agent is the plan's (a stage's permits there are its VMs there times its
+        /// concurrency, and the job's reservation holds every set of stages that can run
+        /// together) and never more than the agent's vCPUs; every VM of the plan is billed on
+        /// its own (`planned_vm`), even where two share an agent.
+        #[test]
+        fn a_granted_plan_runs_placed_and_billed_as_priced(
+            n in 1usize..6,
+            links in proptest::collection::vec((0usize..6, 0usize..6), 0..8),
+            stages in proptest::collection::vec((proptest::bool::ANY, 1u32..4, 1u32..3, 1u32..8), 6),
+            direct in proptest::collection::vec(proptest::bool::ANY, 8),
+            pool in proptest::collection::vec(proptest::bool::ANY, 2..10),
+        ) {
+            use super::planned_vm;
+            use crate::resources::planned::admit;
+            use crate::resources::tests::{agents, catalog};
+            use crate::resources::{Concurrency, Pool};
+            use sonic_core::machine::{Action, Event, JobMachine, Shape, vm_of};
+            use sonic_core::model::Method;
+            use sonic_core::planner::{Plan, PlanEdge, PlanOutcome, PlanStage, Predicted};
+            use std::collections::{BTreeMap, BTreeSet};
+
+            // Edges from lower to higher stages: a DAG.
+            let mut edges: BTreeSet<(usize, usize)> = BTreeSet::new();
+            for &(a, b) in &links {
+                let (a, b) = (a.min(b), a.max(b));
+                if b < n && a != b {
+                    edges.insert((a, b));
+                }
+            }
+            let edges: Vec<(usize, usize)> = edges.into_iter().collect();
+            let yaml = format!(
+                "name: r\nfunctions:\n{}edges:\n{}",
+                (0..n)
+                    .map(|i| format!("  - {{ name: s{i}, image: i, command: [x] }}\n"))
+                    .collect::<String>(),
+                if edges.is_empty() {
+                    "  []\n".to_owned()
+                } else {
+                    edges
+                        .iter()
+                        .map(|(a, b)| format!("  - {{ from: s{a}, to: s{b}, kind: gather }}\n"))
+                        .collect::<String>()
+                },
+            );
+            let dag = Dag::from_yaml("r.yaml", &yaml).expect("dag");
+            let type_of = |xl: bool| if xl { "m5.xlarge" } else { "m5.large" };
+            let plan = Plan {
+                stages: (0..n)
+                    .map(|i| PlanStage {
+                        function: format!("s{i}"),
+                        vm_type: type_of(stages[i].0).into(),
+                        vms: stages[i].1,
+                        per_vm: stages[i].3.div_ceil(stages[i].1),
+                        concurrent: stages[i].2,
+                        warm: false,
+                        prewarmed: false,
+                    })
+                    .collect(),
+                edges: dag
+                    .edges
+                    .iter()
+                    .enumerate()
+                    .map(|(e, edge)| PlanEdge {
+                        from: dag.functions[edge.from].name.clone(),
+                        to: dag.functions[edge.to].name.clone(),
+                        method: if direct[e] { Method::Direct } else { Method::Remote },
+                        predicted_s: 0.0,
+                    })
+                    .collect(),
+                predicted: Predicted {
+                    latency_s: 1.0,
+                    cost_usd: 1.0,
+                    perf_per_dollar: 1.0,
+                    requests_usd: 0.0,
+                },
+                timing: Vec::new(),
+            };
+            let outcome = PlanOutcome {
+                best: plan.clone(),
+                second_best: None,
+                table: Vec::new(),
+                exact: true,
+                stopped: None,
+            };
+            let planned = crate::learn::Planned {
+                report: sonic_api::plan::PlanReport::new(
+                    outcome.report("r", sonic_core::planner::Policy::Sonic, 0),
+                    0,
+                ),
+                outcome,
+                params: sonic_core::params::Params::default(),
+                warm: crate::learn::warm::WarmPool::default(),
+            };
+            let types: Vec<&str> = pool.iter().map(|&xl| type_of(xl)).collect();
+            let slots = agents(&types);
+            let manager = Pool::new(Some(&catalog()), 8);
+            let no_replan = |_: &BTreeMap<String, u32>| -> Result<crate::learn::Planned, String> {
+                Err("no re-plan here".into())
+            };
+            let quiet = |_: &str| {};
+            let granted = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("runtime")
+                .block_on(async {
+                    // A fresh pool answers at once: it grants, refuses or says what it has.
+                    tokio::time::timeout(
+                        Duration::from_secs(10),
+                        admit(&manager, "j", &dag, &planned, &slots, &quiet, &no_replan),
+                    )
+                    .await
+                });
+            let granted = granted.expect("a fresh pool never makes a job wait");
+            // A plan the pool cannot hold is re-planned (not here) or refused: nothing runs.
+            proptest::prop_assume!(granted.is_ok());
+            let (a, _) = granted.expect("granted");
+            let cat = catalog();
+            let vcpus = |agent: usize| {
+                cat.vm_type(&slots[agent].vm_type).expect("type").vcpus as usize
+            };
+            // Placement: the plan's VMs, each an agent of the plan's type.
+            for (i, st) in plan.stages.iter().enumerate() {
+                proptest::prop_assert_eq!(a.hosts[i].len(), st.vms as usize);
+                for &h in &a.hosts[i] {
+                    proptest::prop_assert_eq!(&slots[h].vm_type, &st.vm_type);
+                }
+            }
+            // Concurrency: a stage's permits per agent are its VMs there times its
+            // concurrency; the job's reservation on an agent holds every set of stages that
+            // can run together, and never more than the agent has.
+            let reserved = a.reserved(&dag, |agent| Some(vcpus(agent)));
+            let together = Concurrency::of(&dag);
+            for i in 0..n {
+                let permits = a.permits(i);
+                for (&agent, &k) in &permits {
+                    let vms_there = a.hosts[i].iter().filter(|&&h| h == agent).count();
+                    proptest::prop_assert_eq!(k, vms_there * plan.stages[i].concurrent as usize);
+                    proptest::prop_assert!(reserved[&agent] >= k, "stage {} on {}", i, agent);
+                }
+                for j in i + 1..n {
+                    if !together.together(i, j) {
+                        continue;
+                    }
+                    let pj = a.permits(j);
+                    for (agent, k) in &permits {
+                        if let Some(kj) = pj.get(agent) {
+                            // Where the pool squeezed branches onto one agent beyond its
+                            // slots, they share them, and the job's notes say so.
+                            let id = &slots[*agent].id;
+                            let said = a.notes.iter().any(|n| n.contains(&format!("share agent {id}:")));
+                            proptest::prop_assert!(
+                                reserved[agent] >= k + kj || (k + kj > vcpus(*agent) && said),
+                                "branches {} and {} on agent {}: {:?}", i, j, agent, a.notes
+                            );
+                        }
+                    }
+                }
+            }
+            for (&agent, &k) in &reserved {
+                proptest::prop_assert!(k <= vcpus(agent), "agent {} holds {} slots", agent, k);
+            }
+            // The job machine places every instance on one of the stage's VMs, as evenly as the
+            // model assumes, and every VM of the plan is billed on its own.
+            let vms: Vec<u32> = a.hosts.iter().map(|h| h.len() as u32).collect();
+            let mut machine = JobMachine::new(Shape::planned(&dag, &vms), 1, Duration::ZERO);
+            let mut events = std::collections::VecDeque::from([Event::Begin]);
+            let mut per_vm: BTreeMap<(usize, u32), u32> = BTreeMap::new();
+            let mut finished = false;
+            while let Some(event) = events.pop_front() {
+                for action in machine.handle(event) {
+                    match action {
+                        Action::OpenStage { stage } => events.push_back(Event::StageOpened {
+                            stage,
+                            instances: stages[stage].3,
+                        }),
+                        Action::StartRun { stage, instance, vm, .. } => {
+                            let k = stages[stage].3;
+                            proptest::prop_assert_eq!(vm, vm_of(instance, k, vms[stage]));
+                            proptest::prop_assert!(vm < vms[stage]);
+                            *per_vm.entry((stage, vm)).or_default() += 1;
+                            events.push_back(Event::RunEnded { stage, instance, attempt: 1 });
+                        }
+                        Action::Finish(outcome) => {
+                            proptest::prop_assert_eq!(outcome, sonic_core::machine::Outcome::Succeeded);
+                            finished = true;
+                        }
+                        other => proptest::prop_assert!(false, "{:?}", other),
+                    }
+                }
+            }
+            proptest::prop_assert!(finished);
+            for (&(i, _), &count) in &per_vm {
+                proptest::prop_assert!(count <= plan.stages[i].per_vm, "stage {} VM runs {}", i, count);
+            }
+            let billed: BTreeSet<usize> =
+                per_vm.keys().map(|&(i, vm)| planned_vm(&dag, &a, i, vm)).collect();
+            proptest::prop_assert_eq!(billed.len(), per_vm.len());
+        }
+
         /// The executor bills a plan's VMs as the model priced them: a chain of one-instance
         /// stages, each on a VM of its own (m5.large or t2.large), each edge `direct` or
         /// `remote` at random; the instances run exactly when the model says (a remote sender

@@ -716,6 +716,48 @@ impl Pool {
         Ok((hosts, need))
     }
 
+    /// What the job's notes say of agents where stages that run together hold more than the
+    /// agent has: they share its slots, fewer of them at once than the plan priced.
+    fn squeezed(&self, offer: &Offer, hosts: &[Vec<usize>]) -> Vec<String> {
+        let dag = &offer.dag;
+        let together = Concurrency::of(dag);
+        let mut on: BTreeMap<usize, Vec<(usize, Use)>> = BTreeMap::new();
+        for (i, h) in hosts.iter().enumerate() {
+            let Some(ps) = stage_of(dag, &offer.plan, i) else {
+                continue;
+            };
+            let per = Use {
+                slots: ps.concurrent.max(1),
+                memory_mb: 0,
+            };
+            for &a in h {
+                on.entry(a).or_default().push((i, per));
+            }
+        }
+        let mut notes = Vec::new();
+        for (a, st) in on {
+            let Some(cap) = self.cap(&offer.agents[a]) else {
+                continue;
+            };
+            let held = together.held(&st);
+            if held.slots > cap.slots {
+                let mut names: Vec<&str> = st
+                    .iter()
+                    .map(|&(i, _)| dag.functions[i].name.as_str())
+                    .collect();
+                names.dedup();
+                notes.push(format!(
+                    "{} share agent {}: {} lambdas at once as planned, it has {} slots; they run fewer at once",
+                    names.join(", "),
+                    offer.agents[a].id,
+                    held.slots,
+                    cap.slots
+                ));
+            }
+        }
+        notes
+    }
+
     async fn offer_inner(
         &self,
         offer: &Offer,
@@ -774,7 +816,7 @@ impl Pool {
                             st.dequeue(ticket);
                             drop(st);
                             self.changed.notify_waiters();
-                            let mut notes = Vec::new();
+                            let mut notes = self.squeezed(offer, &hosts);
                             if behind > 0 {
                                 notes.push(format!(
                                     "queued {:.1} s behind {behind} job{}",

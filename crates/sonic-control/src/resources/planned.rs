@@ -63,8 +63,15 @@ impl Allocation {
 
     /// Per agent, how many of the job's lambdas may run at once on it: what the grant reserved
     /// there, by the built-in pool's rule ([`Concurrency::held_per_agent`]: stages one after
-    /// another the most of them, branches that run together the sum).
-    pub fn reserved(&self, dag: &Dag) -> BTreeMap<usize, usize> {
+    /// another the most of them, branches that run together the sum), and never more than
+    /// `cap(agent)` (the agent's vCPU slots, where known), as the pool caps what it reserves:
+    /// branches squeezed onto one agent share its slots rather than oversubscribe it (the
+    /// grant's notes say so).
+    pub fn reserved(
+        &self,
+        dag: &Dag,
+        cap: impl Fn(usize) -> Option<usize>,
+    ) -> BTreeMap<usize, usize> {
         let per: Vec<Use> = self
             .concurrent
             .iter()
@@ -76,7 +83,10 @@ impl Allocation {
         Concurrency::of(dag)
             .held_per_agent(&self.hosts, &per)
             .into_iter()
-            .map(|(a, u)| (a, u.slots as usize))
+            .map(|(a, u)| {
+                let slots = u.slots as usize;
+                (a, cap(a).map_or(slots, |c| slots.min(c.max(1))))
+            })
             .collect()
     }
 
