@@ -10,25 +10,16 @@
 //! `sonic-lambdas:latest` (`bash deploy/build-images.sh --debug`). Like the repository's other
 //! Docker tests they need the engine and the images, and fail saying so without them.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use sonic_agent::config::{AgentConfig, SandboxChoice};
-use sonic_agent::server::RunningAgent;
-use sonic_api::control::{JobMode, JobStatus, JobSummary};
-use sonic_control::config::OpenLambdaSettings;
-use sonic_control::{ControlConfig, RunningControl, SystemClock};
+use sonic_agent::config::SandboxChoice;
+use sonic_api::control::{JobMode, JobStatus};
 use sonic_core::regression::Convergence;
-use sonic_core::units::{ByteSize, Seconds};
-use sonic_storage::StoreChoice;
+use sonic_core::units::ByteSize;
 
-use crate::support::{base64, lambda_dir};
-
-const TOKEN: &str = "api-token-0123456789abcdef";
-const JOIN: &str = "join-token-0123456789abcdef";
+use crate::support::{Cluster, TOKEN, base64, sized_input};
 
 /// split (Python) writes the job input as two binary parts with the `sonic` module (large
 /// data); copy (Rust) copies each part on; count (Python) gathers them, reads the files and
@@ -91,270 +82,54 @@ fn tarball(files: &[(&str, &str)]) -> Vec<u8> {
     out.stdout
 }
 
-/// The store of this run: SeaweedFS when the tests have one (CI), else a folder.
-fn store_choice(dir: &Path) -> StoreChoice {
-    match std::env::var("SONIC_S3_ENDPOINT") {
-        Ok(endpoint) if !endpoint.is_empty() => StoreChoice::S3(sonic_storage::s3::S3Config::new(
-            endpoint,
-            "sonic-handlers",
-            "sonic",
-            "sonicsecret",
-        )),
-        _ => StoreChoice::Local {
-            root: dir.join("store"),
-        },
-    }
+/// Agents with this sandbox (Docker: checked first, `support::docker_ready`); lambda times of
+/// milliseconds are noise: a few samples converge the models.
+async fn cluster(sandbox: SandboxChoice) -> Cluster {
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 3,
+        ..Convergence::default()
+    };
+    cluster_with(sandbox, rule, 2).await
 }
 
-pub struct Cluster {
-    pub control: RunningControl,
-    agents: Vec<RunningAgent>,
-    pub http: reqwest::Client,
-    _dir: tempfile::TempDir,
-}
-
-/// Fails the test, saying what to do, when Docker does not answer or an image is missing.
-async fn docker_ready() {
-    let sandbox = sonic_agent::sandbox::DockerSandbox::connect_with(
-        sonic_agent::sandbox::DockerConfig {
-            work_dir: std::env::temp_dir().join("sonic-handlers-docker-check"),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "these tests need a running Docker engine: {e}. Start it (e.g. `service docker start`)."
-        )
-    });
-    for (image, script) in [
-        ("sonic-python:latest", "deploy/build-python-image.sh"),
-        ("sonic-lambdas:latest", "deploy/build-images.sh"),
-    ] {
-        assert!(
-            sandbox.image_exists(image).await.unwrap_or(false),
-            "image {image} is missing: build it with `bash {script} --debug`"
-        );
-    }
+/// A control plane started from its own configuration with the OpenLambda listener (the
+/// registry) and job inputs inline up to 16 MiB (the ML pipeline's larger CSVs); two agents
+/// (m5.large, m5.xlarge) that join, each a host of its own, with this sandbox and output quota;
+/// the models converging under `convergence`, two attempts per instance.
+async fn cluster_with(
+    sandbox: SandboxChoice,
+    convergence: Convergence,
+    output_quota_mb: u64,
+) -> Cluster {
+    Cluster::builder()
+        .joined()
+        .openlambda()
+        .store_bucket("sonic-handlers")
+        .max_body(ByteSize(16 << 20))
+        .sandbox(sandbox)
+        .convergence(convergence)
+        .tune(|jobs| {
+            jobs.max_attempts = 2;
+            jobs.backoff = Duration::from_millis(20);
+        })
+        .tune_agents(move |agent| agent.output_quota_mb = output_quota_mb)
+        .start()
+        .await
 }
 
 impl Cluster {
-    pub async fn start() -> Cluster {
-        Cluster::start_in(SandboxChoice::Process).await
-    }
-
-    /// Agents with this sandbox (Docker: checked first, see [`docker_ready`]).
-    pub async fn start_in(sandbox: SandboxChoice) -> Cluster {
-        // Lambda times of milliseconds are noise: a few samples converge the models.
-        Cluster::start_with(
-            sandbox,
-            Convergence {
-                max_mape: 1000.0,
-                min_samples: 3,
-                ..Convergence::default()
-            },
-            2,
-        )
-        .await
-    }
-
-    /// Agents with this sandbox and output quota, the models converging under `convergence`.
-    pub async fn start_with(
-        sandbox: SandboxChoice,
-        convergence: Convergence,
-        output_quota_mb: u64,
-    ) -> Cluster {
-        if sandbox == SandboxChoice::Docker {
-            docker_ready().await;
-        }
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = ControlConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            data_dir: dir.path().join("control"),
-            token: TOKEN.into(),
-            join_token: JOIN.into(),
-            store: Some(store_choice(dir.path())),
-            // Job inputs inline up to 16 MiB (the ML pipeline's larger CSVs).
-            max_body: ByteSize(16 << 20),
-            openlambda: Some(OpenLambdaSettings {
-                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-                token: String::new(),
-                python: "python3".into(),
-                timeout: Seconds(30.0),
-                max_body: ByteSize(1 << 20),
-                pip_timeout: Seconds(300.0),
-                worker_memory: ByteSize(1 << 30),
-                ..OpenLambdaSettings::on(SocketAddr::from(([127, 0, 0, 1], 0)))
-            }),
-            ..ControlConfig::default()
-        };
-        let mut runtime = sonic_control::server::runtime_from_config(&config)
-            .await
-            .expect("runtime");
-        runtime.config.max_attempts = 2;
-        runtime.config.backoff = Duration::from_millis(20);
-        runtime.config.convergence = convergence;
-        let control =
-            sonic_control::start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
-                .await
-                .expect("control plane");
-        let mut agents = Vec::new();
-        for (id, vm_type) in [("a-1", "m5.large"), ("a-2", "m5.xlarge")] {
-            let cfg = AgentConfig {
-                id: id.to_owned(),
-                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-                // A host of its own: nothing of the control plane's folder is visible to it.
-                data_dir: dir.path().join(id),
-                vm_type: vm_type.into(),
-                control_url: Some(control.url()),
-                join_token: JOIN.to_owned(),
-                sandbox,
-                bin_dirs: vec![lambda_dir().to_path_buf()],
-                heartbeat_interval_ms: 200,
-                output_quota_mb,
-                ..AgentConfig::default()
-            };
-            agents.push(
-                sonic_agent::start_from_config(cfg)
-                    .await
-                    .expect("agent joins"),
-            );
-        }
-        let c = Cluster {
-            control,
-            agents,
-            http: reqwest::Client::new(),
-            _dir: dir,
-        };
-        c.wait_alive().await;
-        c
-    }
-
-    /// The folder the control plane (`control/`) and the agents (`a-1/`, `a-2/`) keep their data in.
-    pub fn dir(&self) -> &Path {
-        self._dir.path()
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.control.url())
-    }
-
-    pub fn ol_url(&self, path: &str) -> String {
-        let ol = self.control.openlambda.as_ref().expect("openlambda");
-        format!("{}{path}", ol.url())
-    }
-
-    async fn wait_alive(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let v = self.get_json("/v1/agents").await;
-            let agents = v["agents"].as_array().cloned().unwrap_or_default();
-            if agents.len() == 2 && agents.iter().all(|a| a["alive"] == json!(true)) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "agents not alive: {v}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    pub async fn get_json(&self, path: &str) -> Value {
-        self.http
-            .get(self.url(path))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .expect("get")
-            .json()
-            .await
-            .expect("json")
-    }
-
+    /// Uploads the lambda `name` to the registry.
     pub async fn upload(&self, name: &str, files: &[(&str, &str)]) {
         let r = self
             .http
-            .post(self.ol_url(&format!("/registry/{name}")))
+            .post(self.openlambda_url(&format!("/registry/{name}")))
             .body(tarball(files))
             .send()
             .await
             .expect("upload");
         assert_eq!(r.status(), 201, "{}", r.text().await.unwrap_or_default());
     }
-
-    pub async fn apply(&self, yaml: &str) {
-        let r = self
-            .http
-            .put(self.url("/v1/dags"))
-            .bearer_auth(TOKEN)
-            .header("content-type", "application/yaml")
-            .body(yaml.to_owned())
-            .send()
-            .await
-            .expect("apply");
-        assert!(r.status().is_success(), "apply: {}", r.status());
-    }
-
-    /// Submits a job; the status and body of the answer.
-    pub async fn try_submit(&self, body: Value) -> (u16, Value) {
-        let r = self
-            .http
-            .post(self.url("/v1/jobs"))
-            .bearer_auth(TOKEN)
-            .json(&body)
-            .send()
-            .await
-            .expect("submit");
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-    }
-
-    pub async fn run(&self, body: Value) -> (Value, JobSummary) {
-        let (status, v) = self.try_submit(body).await;
-        assert_eq!(status, 202, "{v}");
-        let id = v["job_id"].as_str().expect("id").to_owned();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let v = self.get_json(&format!("/v1/jobs/{id}")).await;
-            let s: JobSummary = serde_json::from_value(v.clone()).expect("summary");
-            if s.status.is_terminal() {
-                return (v, s);
-            }
-            assert!(Instant::now() < deadline, "job {id} did not end: {v}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Every result file of a job, read through the API (keyed without the job id).
-    pub async fn results(&self, s: &JobSummary) -> Vec<(String, Vec<u8>)> {
-        let mut files = Vec::new();
-        for out in &s.outputs {
-            let marker = format!("jobs/{}/result/", s.job_id);
-            let key = out
-                .split_once(&marker)
-                .map(|(_, k)| k.to_owned())
-                .unwrap_or_else(|| panic!("output {out} is not a result"));
-            let r = self
-                .http
-                .get(self.url(&format!("/v1/jobs/{}/results/{key}", s.job_id)))
-                .bearer_auth(TOKEN)
-                .send()
-                .await
-                .expect("result");
-            assert_eq!(r.status(), 200, "{out}");
-            files.push((key, r.bytes().await.expect("bytes").to_vec()));
-        }
-        files.sort();
-        files
-    }
-
-    pub async fn stop(self) {
-        for a in self.agents {
-            a.stop().await;
-        }
-        self.control.stop().await;
-    }
-}
-
-fn input(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i * 31 % 251) as u8).collect()
 }
 
 fn job(policy: Option<&str>, data: &[u8]) -> Value {
@@ -379,7 +154,7 @@ async fn a_dag_of_handlers_and_executables_runs_alike_under_every_policy_in_dock
 }
 
 async fn mixed_dag_under_every_policy(sandbox: SandboxChoice) {
-    let c = Cluster::start_in(sandbox).await;
+    let c = cluster(sandbox).await;
     c.upload("py-split", &[("f.py", SPLIT)]).await;
     c.upload(
         "py-count",
@@ -393,10 +168,10 @@ async fn mixed_dag_under_every_policy(sandbox: SandboxChoice) {
 
     // Profiling at three sizes, so that the models converge and a later job is planned.
     for n in [20_000, 60_000, 100_000] {
-        let (v, s) = c.run(job(None, &input(n))).await;
+        let (v, s) = c.run(job(None, &sized_input(n))).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{v}");
     }
-    let data = input(80_000);
+    let data = sized_input(80_000);
     let want = json!({
         "label": "hello",
         "greeting": "hi from ol.yaml",
@@ -439,8 +214,9 @@ async fn mixed_dag_under_every_policy(sandbox: SandboxChoice) {
     let mut plan = Value::Null;
     for _ in 0..5 {
         plan = c
-            .get_json(&format!("/v1/dags/mixed/plan?input_bytes={}", data.len()))
-            .await;
+            .get_json_status(&format!("/v1/dags/mixed/plan?input_bytes={}", data.len()))
+            .await
+            .1;
         if plan["exact"] == json!(true) {
             break;
         }
@@ -494,7 +270,7 @@ async fn bad_handlers_and_outputs_fail_with_a_clear_error_in_docker() {
 }
 
 async fn bad_handlers(sandbox: SandboxChoice) {
-    let c = Cluster::start_in(sandbox).await;
+    let c = cluster(sandbox).await;
     let one = |handler: &str| {
         format!(
             "name: bad-{handler}\nfunctions:\n  - {{ name: only, handler: {handler}, timeout: 30s }}\n"
@@ -502,7 +278,8 @@ async fn bad_handlers(sandbox: SandboxChoice) {
     };
     // A handler that is not registered refuses the job: nothing is stored.
     c.apply(&one("missing")).await;
-    let (status, v) = c.try_submit(json!({ "dag": "bad-missing" })).await;
+    let r = c.post_job(json!({ "dag": "bad-missing" })).await;
+    let (status, v) = (r.status().as_u16(), r.json().await.unwrap_or(Value::Null));
     assert_eq!(status, 400, "{v}");
     let msg = v["error"].as_str().unwrap_or_default();
     assert!(
@@ -510,7 +287,7 @@ async fn bad_handlers(sandbox: SandboxChoice) {
         "{v}"
     );
     assert_eq!(
-        c.get_json("/v1/jobs").await["jobs"]
+        c.get_json_status("/v1/jobs").await.1["jobs"]
             .as_array()
             .map(Vec::len),
         Some(0)
@@ -550,7 +327,7 @@ async fn bad_handlers(sandbox: SandboxChoice) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dag_is_invocable_like_a_lambda() {
-    let c = Cluster::start().await;
+    let c = cluster(SandboxChoice::Process).await;
     c.upload(
         "py-double",
         &[(
@@ -573,7 +350,7 @@ async fn a_dag_is_invocable_like_a_lambda() {
         .await;
     let call = |method: reqwest::Method, name: &str, body: &str| {
         c.http
-            .request(method, c.ol_url(&format!("/run/{name}")))
+            .request(method, c.openlambda_url(&format!("/run/{name}")))
             .body(body.to_owned())
             .send()
     };
@@ -590,7 +367,7 @@ async fn a_dag_is_invocable_like_a_lambda() {
         json!({"doubled": 42})
     );
     // It ran as a job of the DAG, recorded as any other.
-    let jobs = c.get_json("/v1/jobs?dag=double").await;
+    let jobs = c.get_json_status("/v1/jobs?dag=double").await.1;
     assert_eq!(jobs["jobs"].as_array().map(Vec::len), Some(1), "{jobs}");
 
     // A failed job: 500 with its error.
@@ -614,7 +391,7 @@ async fn a_dag_is_invocable_like_a_lambda() {
         .await
         .expect("run");
     assert_eq!(r.status(), 400);
-    let jobs = c.get_json("/v1/jobs?dag=double").await;
+    let jobs = c.get_json_status("/v1/jobs?dag=double").await.1;
     assert_eq!(jobs["jobs"].as_array().map(Vec::len), Some(1), "{jobs}");
 
     // Lambdas keep OpenLambda's behaviour: a registered one runs, an unknown name is 404.
@@ -647,7 +424,7 @@ async fn a_dag_is_invocable_like_a_lambda() {
 /// tarball (a tiny wheel from PyPI: needs the network, a few seconds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_stage_runs_in_its_requirements_environment() {
-    let c = Cluster::start().await;
+    let c = cluster(SandboxChoice::Process).await;
     c.upload(
         "py-six",
         &[
@@ -671,7 +448,7 @@ async fn a_handler_stage_runs_in_its_requirements_environment() {
     for _ in 0..2 {
         let r = c
             .http
-            .post(c.ol_url("/run/six"))
+            .post(c.openlambda_url("/run/six"))
             .body("{}")
             .send()
             .await
@@ -700,7 +477,7 @@ async fn a_handler_stage_runs_in_its_requirements_environment() {
 /// the runtime that then served the call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prewarmed_handler_stage_finds_its_runtime_started() {
-    let c = Cluster::start().await;
+    let c = cluster(SandboxChoice::Process).await;
     c.upload(
         "py-slow",
         &[(
@@ -809,7 +586,7 @@ fn ml_job(rows: u64, policy: Option<&str>) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "installs numpy (18 MB) from PyPI on every host: 22 s here"]
 async fn the_ml_pipeline_as_python_handlers() {
-    let c = Cluster::start().await;
+    let c = cluster(SandboxChoice::Process).await;
     ml_pipeline(&c).await;
     let (v, s) = c.run(ml_job(3000, None)).await;
     assert_eq!(s.status, JobStatus::Succeeded, "{v}");
@@ -838,10 +615,10 @@ async fn the_ml_pipeline_as_python_handlers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "installs numpy from PyPI on every host and runs up to 28 jobs; needs a quiet machine"]
 async fn the_ml_pipeline_as_python_handlers_is_learned_then_planned() {
-    let c = Cluster::start_with(SandboxChoice::Process, Convergence::default(), 64).await;
+    let c = cluster_with(SandboxChoice::Process, Convergence::default(), 64).await;
     ml_pipeline(&c).await;
     let models_url = reqwest::Url::parse_with_params(
-        &c.url("/v1/dags/ml-pipeline-py/models"),
+        &c.url_for("/v1/dags/ml-pipeline-py/models"),
         &[("params", ml_params().to_string())],
     )
     .expect("url");
@@ -926,10 +703,10 @@ async fn the_ml_pipeline_as_python_handlers_is_learned_then_planned() {
 /// of concurrent calls, and a handler that never returns (its timeout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openlambda_requests_run_handler_stages_in_docker() {
-    let c = Cluster::start_in(SandboxChoice::Docker).await;
+    let c = cluster(SandboxChoice::Docker).await;
     let call = |name: &str, body: String| {
         c.http
-            .post(c.ol_url(&format!("/run/{name}")))
+            .post(c.openlambda_url(&format!("/run/{name}")))
             .body(body)
             .send()
     };
@@ -1036,7 +813,7 @@ async fn run_handler(
     .await;
     let r = c
         .http
-        .post(c.ol_url(&format!("/run/dag-{name}")))
+        .post(c.openlambda_url(&format!("/run/dag-{name}")))
         .body(body.to_owned())
         .send()
         .await
@@ -1050,7 +827,7 @@ async fn run_handler(
 /// network), in its data folder, and the stage's container sees it read-only at `/sonic/venv`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_stage_runs_in_its_requirements_environment_in_docker() {
-    let c = Cluster::start_in(SandboxChoice::Docker).await;
+    let c = cluster(SandboxChoice::Docker).await;
     c.upload(
         "py-six",
         &[
@@ -1068,7 +845,7 @@ async fn a_handler_stage_runs_in_its_requirements_environment_in_docker() {
     for _ in 0..2 {
         let r = c
             .http
-            .post(c.ol_url("/run/six"))
+            .post(c.openlambda_url("/run/six"))
             .body("{}")
             .send()
             .await
