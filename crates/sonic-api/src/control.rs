@@ -653,9 +653,13 @@ pub struct SubmitJob {
     pub params: serde_json::Map<String, serde_json::Value>,
     /// Forces `remote`, `direct`, `local` or `sonic`. Without it: `sonic` (planned) once the
     /// DAG's models converged, `remote` (profiling) before.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "forced_policy"
+    )]
     #[schema(schema_with = crate::schema::policy)]
-    pub policy: Option<String>,
+    pub policy: Option<Policy>,
     /// With a forced `remote`, `direct` or `local`: place the job the way the planner places
     /// that baseline (the paper's OpenLambda+S3, direct passing, SAND: VM types chosen by the
     /// models' predicted memory, lambdas per VM, the whole job on one VM for `local`) and run it
@@ -663,6 +667,14 @@ pub struct SubmitJob {
     /// instances over the agents (mode `profiling`). Needs models that predict (409 otherwise).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub planned: bool,
+}
+
+/// A submission's policy, read by its name: a name that is not one refuses the submission,
+/// saying which are ("unknown policy ...").
+fn forced_policy<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Policy>, D::Error> {
+    let name: Option<String> = Option::deserialize(d)?;
+    name.map(|n| n.parse::<Policy>().map_err(serde::de::Error::custom))
+        .transpose()
 }
 
 /// The job input: inline bytes (`base64`) or an object already in the store (`key`); the first

@@ -90,7 +90,13 @@ pub async fn submit(client: &Client, req: &JobRequest) -> anyhow::Result<Value> 
         dag: req.dag.clone(),
         input,
         params: req.params.iter().cloned().collect(),
-        policy: req.policy.clone(),
+        // Refused here, as the control plane would, with its words.
+        policy: req
+            .policy
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e: String| anyhow!(e))?,
         planned: req.planned,
     };
     let v: Value = client.post("/v1/jobs", &body).await.map_err(|e| {

@@ -394,12 +394,8 @@ pub async fn submit(ctx: &Arc<Context>, req: SubmitJob) -> Result<JobAccepted, A
         AdmitError::NoJobs("this control plane runs no jobs: it has no object store".into())
     })?;
     let dag_name = checked_dag_name(req.dag.clone())?;
-    let forced: Option<Policy> = req
-        .policy
-        .as_deref()
-        .map(str::parse)
-        .transpose()
-        .map_err(AdmitError::Invalid)?;
+    // Read by name where the request was parsed (`SubmitJob::policy`).
+    let forced: Option<Policy> = req.policy;
     // Parsed once per revision and kept (`Db::parsed_dag`): no blocking thread once looked up.
     let parsed = tracing::Instrument::instrument(
         ctx.db.parsed_dag(&dag_name),

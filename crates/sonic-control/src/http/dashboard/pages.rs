@@ -633,7 +633,14 @@ pub async fn run(
         } else {
             None
         };
-        let policy = Some(f.policy.trim().to_owned()).filter(|p| !p.is_empty());
+        // The form's policy, read as the API reads it: a name that is none refuses the run.
+        let policy = match f.policy.trim() {
+            "" => None,
+            name => Some(
+                name.parse::<sonic_core::planner::Policy>()
+                    .map_err(refuse)?,
+            ),
+        };
         crate::admission::submit(
             &state.ctx,
             SubmitJob {
