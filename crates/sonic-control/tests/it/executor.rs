@@ -2,20 +2,16 @@
 //! runs jobs on in-memory agents ([`MemoryAgents`]), which end every run at once with the report a
 //! test scripts. What is checked is what the executor sends where, and in which order.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use sonic_api::agent::{BandwidthReport, Capacity, OutputFile, RunReport, RunRequest, RunStatus};
+use sonic_api::agent::{OutputFile, RunReport, RunRequest, RunStatus};
 use sonic_api::control::{JobStatus, JobSummary};
 use sonic_control::exec::agents::{MemoryAgents, succeeded};
 use sonic_control::store::AgentSlot;
-use sonic_control::{ControlConfig, JobsConfig, RunningControl, Runtime, SystemClock};
-use sonic_core::units::Seconds;
-use sonic_storage::local::LocalStore;
 
-const TOKEN: &str = "control-token-0123456789";
+use crate::support::Cluster;
 
 const CATALOG: &str = r#"
 vm_types:
@@ -64,114 +60,35 @@ fn failed(req: &RunRequest, why: &str) -> RunReport {
     r
 }
 
-struct Plane {
-    control: RunningControl,
-    agents: Arc<MemoryAgents>,
-    http: reqwest::Client,
-    _dir: tempfile::TempDir,
-}
-
+/// Two m5.large agents in memory (`m-1`, `m-2`) answering as `behaviour` says, registered with
+/// no network figure; the executor retrying after 1 ms, polling every 1 ms instead of being
+/// pushed reports, giving an agent 200 ms to answer its health check; `DAG` applied; a job ends
+/// within 60 s.
 async fn plane(
     behaviour: impl Fn(&AgentSlot, &RunRequest) -> RunReport + Send + Sync + 'static,
-) -> Plane {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Arc::new(LocalStore::new(dir.path().join("store")).expect("store"));
-    let agents = Arc::new(MemoryAgents::new(behaviour));
-    let mut jobs = JobsConfig::new(TOKEN, b"file-key-0123456789abcdef".to_vec());
-    jobs.backoff = Duration::from_millis(1);
-    jobs.push_reports = false;
-    jobs.poll_interval = Duration::from_millis(1);
-    jobs.health_timeout = Duration::from_millis(200);
-    let catalog = sonic_core::catalog::Catalog::from_yaml(CATALOG).expect("catalog");
-    let runtime = Runtime::new(store, Some(catalog), jobs).with_agents(agents.clone());
-    let config = ControlConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        data_dir: dir.path().join("control"),
-        token: TOKEN.into(),
-        heartbeat_timeout: Seconds(3600.0),
-        ..ControlConfig::default()
-    };
-    let control =
-        sonic_control::start_with_jobs(config, Arc::new(SystemClock), Some(Arc::new(runtime)))
-            .await
-            .expect("start control plane");
-    let http = reqwest::Client::new();
-    for id in ["m-1", "m-2"] {
-        let capacity = Capacity {
-            agent_id: id.into(),
-            // Nothing listens there: only the in-memory client is ever used.
-            url: "http://127.0.0.1:9".into(),
-            vm_type: "m5.large".into(),
-            vcpus: 2,
-            memory_mb: 8192,
-            network_mbps: None,
-            sandbox: "process".into(),
-            running: 0,
-            bandwidth: BandwidthReport {
-                egress_bps: None,
-                ingress_bps: None,
-                samples: 0,
-            },
-        };
-        let r = http
-            .post(format!("{}/v1/agents/register", control.url()))
-            .bearer_auth(TOKEN)
-            .json(&capacity)
-            .send()
-            .await
-            .expect("register");
-        assert!(r.status().is_success(), "register: {}", r.status());
-    }
-    let r = http
-        .put(format!("{}/v1/dags", control.url()))
-        .bearer_auth(TOKEN)
-        .header("content-type", "application/yaml")
-        .body(DAG)
-        .send()
-        .await
-        .expect("apply");
-    assert!(r.status().is_success(), "apply: {}", r.status());
-    Plane {
-        control,
-        agents,
-        http,
-        _dir: dir,
-    }
+) -> Cluster {
+    let c = Cluster::builder()
+        .agents(&[("m-1", "m5.large"), ("m-2", "m5.large")])
+        .memory_agents(Arc::new(MemoryAgents::new(behaviour)))
+        .catalog(Some(CATALOG))
+        .tune(|jobs| {
+            jobs.backoff = Duration::from_millis(1);
+            jobs.push_reports = false;
+            jobs.poll_interval = Duration::from_millis(1);
+            jobs.health_timeout = Duration::from_millis(200);
+        })
+        .tune_agents(|agent| agent.network_mbps = None)
+        .wait_deadline(Duration::from_secs(60))
+        .start()
+        .await;
+    c.apply(DAG).await;
+    c
 }
 
-impl Plane {
+impl Cluster {
     /// Submits a `remote` job of the DAG and waits for its end.
-    async fn run(&self) -> (Value, JobSummary) {
-        let r = self
-            .http
-            .post(format!("{}/v1/jobs", self.control.url()))
-            .bearer_auth(TOKEN)
-            .json(&json!({"dag": "fan", "policy": "remote"}))
-            .send()
-            .await
-            .expect("submit");
-        assert_eq!(r.status(), 202, "{}", r.text().await.unwrap_or_default());
-        let v: Value = r.json().await.expect("accepted");
-        let id = v["job_id"].as_str().expect("job id").to_owned();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let v: Value = self
-                .http
-                .get(format!("{}/v1/jobs/{id}", self.control.url()))
-                .bearer_auth(TOKEN)
-                .send()
-                .await
-                .expect("get")
-                .json()
-                .await
-                .expect("json");
-            let s: JobSummary = serde_json::from_value(v.clone()).expect("summary");
-            if s.status.is_terminal() {
-                return (v, s);
-            }
-            assert!(Instant::now() < deadline, "job {id} did not end: {v}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+    async fn run_remote(&self) -> (Value, JobSummary) {
+        self.run(json!({"dag": "fan", "policy": "remote"})).await
     }
 }
 
@@ -196,9 +113,9 @@ async fn a_job_runs_on_in_memory_agents_retrying_a_failed_attempt() {
         }
     })
     .await;
-    let (v, s) = p.run().await;
+    let (v, s) = p.run_remote().await;
     assert_eq!(s.status, JobStatus::Succeeded, "{v}");
-    let sent = p.agents.sent();
+    let sent = p.memory().sent();
     // gen once, mid 3 instances + 1 retry, sink once.
     assert_eq!(sent.len(), 6, "{sent:#?}");
     let (_, gen_last) = span(&sent, "gen");
@@ -228,7 +145,7 @@ async fn an_instance_failing_every_attempt_fails_the_job_and_starts_nothing_afte
         }
     })
     .await;
-    let (v, s) = p.run().await;
+    let (v, s) = p.run_remote().await;
     assert_eq!(s.status, JobStatus::Failed, "{v}");
     let error = v["error"].as_str().unwrap_or_default();
     assert!(
@@ -236,7 +153,7 @@ async fn an_instance_failing_every_attempt_fails_the_job_and_starts_nothing_afte
             && error.contains("always"),
         "{v}"
     );
-    let sent = p.agents.sent();
+    let sent = p.memory().sent();
     assert!(sent.iter().all(|(_, r)| r.function != "sink"), "{sent:#?}");
     let attempts: Vec<u32> = sent
         .iter()
@@ -249,10 +166,10 @@ async fn an_instance_failing_every_attempt_fails_the_job_and_starts_nothing_afte
 #[tokio::test]
 async fn a_lost_agent_makes_the_job_run_again_without_it() {
     let p = plane(|_, req| wrote(req)).await;
-    p.agents.set_down("m-2", true);
-    let (v, s) = p.run().await;
+    p.memory().set_down("m-2", true);
+    let (v, s) = p.run_remote().await;
     assert_eq!(s.status, JobStatus::Succeeded, "{v}");
-    let sent = p.agents.sent();
+    let sent = p.memory().sent();
     // The second execution sends everything to m-1 (the down agent records nothing).
     assert!(sent.iter().all(|(a, _)| a == "m-1"), "{sent:#?}");
     assert!(
