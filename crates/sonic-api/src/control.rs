@@ -281,6 +281,12 @@ pub struct JobSummary {
     pub outputs: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// When a run's failure failed the job: its kind (`exit`, `timeout`, `out_of_memory`,
+    /// `error`, `disk_full`, `no_report`, `cancelled`, `refused`), so that a client can tell a
+    /// lambda's own failure from its agent's without reading `error`. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::schema::failure)]
+    pub failure: Option<sonic_core::machine::Failure>,
     /// How a `sonic` job was planned and placed (absent for the other policies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<JobPlan>,

@@ -22,6 +22,14 @@ pub fn policy() -> Object {
     names("a policy", Policy::ALL.map(Policy::as_str))
 }
 
+/// What kind of run failure failed a job.
+pub fn failure() -> Object {
+    names(
+        "the kind of the run failure that failed the job",
+        sonic_core::machine::Failure::ALL.map(sonic_core::machine::Failure::as_str),
+    )
+}
+
 fn names<const N: usize>(description: &str, values: [&str; N]) -> Object {
     ObjectBuilder::new()
         .schema_type(Type::String)

@@ -414,6 +414,7 @@ mod tests {
             functions: vec![run(true), run(false), run(false)],
             outputs: Vec::new(),
             error: None,
+            failure: None,
             plan: Some(JobPlan {
                 used: sonic_api::control::PlanUsed::Best,
                 notes: Vec::new(),

@@ -250,8 +250,10 @@ pub enum Event {
 }
 
 /// Why a run failed, as the executor saw it. The machine decides from it whether another
-/// attempt may help ([`Failure::retryable`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// attempt may help ([`Failure::retryable`]). On the wire (a failed job's summary, `failure`)
+/// by its snake-case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Failure {
     /// The lambda exited with an error or was killed by a signal.
     Exit,
@@ -272,6 +274,32 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// Every kind, in the order of their names on the wire.
+    pub const ALL: [Failure; 8] = [
+        Failure::Exit,
+        Failure::Timeout,
+        Failure::OutOfMemory,
+        Failure::Error,
+        Failure::DiskFull,
+        Failure::NoReport,
+        Failure::Cancelled,
+        Failure::Refused,
+    ];
+
+    /// Its name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::Exit => "exit",
+            Failure::Timeout => "timeout",
+            Failure::OutOfMemory => "out_of_memory",
+            Failure::Error => "error",
+            Failure::DiskFull => "disk_full",
+            Failure::NoReport => "no_report",
+            Failure::Cancelled => "cancelled",
+            Failure::Refused => "refused",
+        }
+    }
+
     /// Whether another attempt may help: every failure of the run or its agent, not a cancel
     /// or a refusal.
     pub fn retryable(self) -> bool {
@@ -1021,6 +1049,15 @@ mod tests {
     }
 
     /// A random DAG (edges only forward, so acyclic) with per-instance stages where allowed.
+    #[test]
+    fn failure_kinds_go_on_the_wire_by_their_names() {
+        for f in Failure::ALL {
+            let json = serde_json::to_string(&f).unwrap();
+            assert_eq!(json, format!("\"{}\"", f.as_str()));
+            assert_eq!(serde_json::from_str::<Failure>(&json).unwrap(), f);
+        }
+    }
+
     #[test]
     fn blocks_cover_every_instance_once_and_vm_of_finds_its_block() {
         for instances in 0..40u32 {

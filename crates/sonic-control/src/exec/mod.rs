@@ -894,6 +894,8 @@ async fn execute_from(
             .unwrap_or_default(),
     );
     let mut discarded = 0.0;
+    // The kind of the run failure that failed the job, for its summary.
+    let mut failed_kind = None;
     let (outcome, progress) = loop {
         let execution = executions.execution();
         let mut progress = Progress {
@@ -931,8 +933,15 @@ async fn execute_from(
             Ok(()) => break (Ok(()), progress),
             Err(f) => f,
         };
+        let kind = match &failure {
+            Failure::RunFailed { kind, .. } => *kind,
+            _ => None,
+        };
         let why = match executions.ended(failure.end(cancel.is_cancelled())) {
-            Next::Fail(message) => break (Err(message), progress),
+            Next::Fail(message) => {
+                failed_kind = kind;
+                break (Err(message), progress);
+            }
             Next::RunAgain { why, .. } => why,
         };
         tracing::warn!(job = %job.id, "{why}");
@@ -968,6 +977,7 @@ async fn execute_from(
         latency_s,
         outputs,
         outcome.as_ref().err(),
+        failed_kind,
     );
     let (status, error) = match &outcome {
         Ok(()) => (JobStatus::Succeeded, None),
@@ -2005,6 +2015,7 @@ fn summarize(
     latency_s: f64,
     outputs: Vec<String>,
     error: Option<&String>,
+    failure: Option<RunFailure>,
 ) -> JobSummary {
     let (storage_usd, requests_usd) = p.store.cost(rt.catalog.as_ref(), Instant::now());
     let cost_usd =
@@ -2056,6 +2067,7 @@ fn summarize(
         functions,
         outputs,
         error: error.cloned(),
+        failure,
         plan: p.plan.clone().or_else(|| job.plan.clone()),
         mode_reason: job.mode_reason.clone(),
     }

@@ -811,6 +811,7 @@ pub fn job_view(r: JobRecord) -> JobSummary {
         functions: Vec::new(),
         outputs: Vec::new(),
         error: r.error,
+        failure: None,
         plan: r.plan,
         mode_reason: r.mode_reason,
     }

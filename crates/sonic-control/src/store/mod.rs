@@ -1920,6 +1920,7 @@ mod tests {
             functions: vec![],
             outputs: vec!["s3://sonic/jobs/j-1/result/model.json".into()],
             error: None,
+            failure: None,
             plan: None,
             mode_reason: None,
         }

@@ -153,6 +153,9 @@ async fn an_instance_failing_every_attempt_fails_the_job_and_starts_nothing_afte
             && error.contains("always"),
         "{v}"
     );
+    // The kind of failure travels with it: the lambda's own (it exited with an error).
+    assert_eq!(v["failure"], "exit", "{v}");
+    assert_eq!(s.failure, Some(sonic_core::machine::Failure::Exit));
     let sent = p.memory().sent();
     assert!(sent.iter().all(|(_, r)| r.function != "sink"), "{sent:#?}");
     let attempts: Vec<u32> = sent
