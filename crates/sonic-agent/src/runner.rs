@@ -37,11 +37,6 @@ pub enum RunError {
     Handler { name: String, message: String },
 }
 
-/// The id of a run: one per (job, function, instance, attempt), so a repeated request is idempotent.
-pub fn run_id(req: &RunRequest) -> String {
-    req.run_id()
-}
-
 /// A run request checked at the agent's door and parsed once: its job id, and each input's
 /// destination and source as the agent's own path types. Only a checked run is ever run.
 #[derive(Debug, Clone)]
@@ -676,7 +671,7 @@ impl FetchLocks {
 /// Runs the request to its end and returns the report (never panics on bad input: errors become an
 /// `Error` report).
 pub async fn execute(state: Arc<AgentState>, req: RunRequest) -> RunReport {
-    let id = run_id(&req);
+    let id = req.run_id();
     match CheckedRun::new(req) {
         Ok(run) => execute_checked(state, run).await,
         Err(e) => {
