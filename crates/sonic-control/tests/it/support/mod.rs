@@ -712,12 +712,9 @@ impl Cluster {
             .first()
             .map_or("m5.large".to_owned(), |(_, vm)| vm.clone());
         self.start_agent(&id, &vm_type, root).await;
-        if let Some(a) = self
-            .agents
-            .last()
-            .filter(|_| matches!(self.setup.kind, Agents::Registered))
-        {
-            self.register(&a.state.capacity()).await;
+        if matches!(self.setup.kind, Agents::Registered) {
+            let capacity = self.agents.last().expect("started").state.capacity();
+            self.register(&capacity).await;
         }
         id
     }
@@ -1180,7 +1177,7 @@ pub fn control_process_main() {
 }
 
 /// Fails the test, saying what to do, when Docker does not answer or an image is missing.
-pub async fn docker_ready() {
+async fn docker_ready() {
     let sandbox = sonic_agent::sandbox::DockerSandbox::connect_with(
         sonic_agent::sandbox::DockerConfig {
             work_dir: std::env::temp_dir().join("sonic-handlers-docker-check"),
@@ -1221,7 +1218,7 @@ pub fn certificates(dir: &Path, names: &[&str]) {
     );
 }
 
-pub fn tls_files(dir: &Path, name: &str) -> TlsFiles {
+fn tls_files(dir: &Path, name: &str) -> TlsFiles {
     TlsFiles {
         cert: dir.join(format!("{name}.pem")),
         key: dir.join(format!("{name}.key")),
