@@ -3,6 +3,7 @@
 
 pub mod catalog;
 pub mod dag;
+pub mod dist;
 pub mod machine;
 pub mod mode;
 pub mod model;
@@ -10,6 +11,7 @@ pub mod params;
 pub mod planner;
 pub mod regression;
 pub mod setting;
+pub mod tails;
 pub mod units;
 pub mod warm;
 mod yaml;

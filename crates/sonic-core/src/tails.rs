@@ -1,0 +1,367 @@
+//! A plan's latency distribution (ORION's CONV and MAX, seed thesis ch. 6.4.1, over the model's
+//! own timeline): where [`PlanProblem::evaluate`] adds means, this adds distributions.
+//!
+//! The timeline is the model's (docs/model.md): a stage starts when its inputs are durable (each
+//! sender's end plus its upload) and its VMs are free (a stage continuing a `vm-storage` group
+//! after the group's previous stage); it then fetches, computes and pays its per-batch overhead,
+//! all as the model predicts them, except the compute, which is drawn from the stage's instance
+//! times ([`StageTimes`]). On its fullest VMs a stage runs `batches` batches of `concurrent`
+//! instances each; a batch ends with its slowest instance (the first cold, or prewarmed, or hot
+//! where the pool keeps warm containers, the others hot); the stage ends with its slowest VM;
+//! the job with its slowest last stage.
+//!
+//! Parts are combined as independent, except a stage's own instances when [`StageTimes::together`]
+//! says they move together (one input makes them all slow: the slowest of `n` is then one of
+//! them). Branches that share an ancestor are combined as independent too, which counts the
+//! ancestor's spread twice at the join: the tail this predicts is then a little heavier than the
+//! truth, never lighter. With every time a point, the result is [`PlanProblem::evaluate`]'s
+//! latency exactly (a test holds it).
+
+use crate::dist::Dist;
+use crate::model::{Assignment, Infeasible, Method, PlanProblem};
+
+/// What one instance of a stage takes to compute.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageTimes {
+    /// In a new container.
+    pub cold: Dist,
+    /// In a warm container that already ran the function.
+    pub hot: Dist,
+    /// Whether the stage's instances move together (their times are correlated, e.g. by the
+    /// job's input): the slowest of them is then any one of them.
+    pub together: bool,
+}
+
+impl StageTimes {
+    /// The stage's mean times as points (what the model alone knows).
+    pub fn points(pb: &PlanProblem, s: usize) -> Result<StageTimes, crate::dist::DistError> {
+        let st = &pb.stages()[s];
+        Ok(StageTimes {
+            cold: Dist::point(st.cold_s)?,
+            hot: Dist::point(st.hot_s)?,
+            together: false,
+        })
+    }
+}
+
+/// A plan's predicted latency distribution.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatencyDist {
+    /// The job's end to end.
+    pub job: Dist,
+    /// Per stage, when it ends (since the job started).
+    pub stage_ends: Vec<Dist>,
+}
+
+/// The latency distribution of `a` with each stage's instance times `times` (one per stage).
+pub fn latency(
+    pb: &PlanProblem,
+    a: &Assignment,
+    times: &[StageTimes],
+) -> Result<LatencyDist, Infeasible> {
+    let n = pb.stages().len();
+    if times.len() != n {
+        return Err(Infeasible::Shape {
+            what: "stage times",
+            got: times.len(),
+            want: n,
+        });
+    }
+    let pred = pb.evaluate(a)?;
+    // Per stage: its VM group (a vm-storage receiver continues its sender's); per group: the
+    // stage that ran on it last.
+    let mut group_of = vec![0usize; n];
+    let mut last_on: Vec<usize> = Vec::new();
+    let mut ends: Vec<Dist> = Vec::with_capacity(n);
+    for r in 0..n {
+        let pl = a.placements[r];
+        let mut start: Option<Dist> = None;
+        let mut join = |d: Dist| {
+            start = Some(match start.take() {
+                None => d,
+                Some(s) => s.max(&d),
+            });
+        };
+        let continues = pb
+            .incoming(r)
+            .iter()
+            .find(|&&e| a.methods[e] == Method::VmStorage)
+            .map(|&e| group_of[pb.edges()[e].from]);
+        for &e in pb.incoming(r) {
+            let s = pb.edges()[e].from;
+            join(ends[s].shifted(pred.edges[e].upload_s));
+        }
+        match continues {
+            Some(g) => {
+                // The group's VMs are free once its previous stage ended (when that stage is
+                // not a sender, its end is not counted yet).
+                let prev = last_on[g];
+                if !pb.incoming(r).iter().any(|&e| pb.edges()[e].from == prev) {
+                    join(ends[prev].clone());
+                }
+                group_of[r] = g;
+                last_on[g] = r;
+            }
+            None => {
+                group_of[r] = last_on.len();
+                last_on.push(r);
+            }
+        }
+        let st = &pred.stages[r];
+        let run = compute(pb, r, pl, &times[r]).shifted(st.fetch_s + st.overhead_s);
+        ends.push(match start {
+            None => run,
+            Some(s) => s.then(&run),
+        });
+    }
+    let mut job: Option<Dist> = None;
+    for (r, end) in ends.iter().enumerate() {
+        if pb.outgoing(r).is_empty() {
+            job = Some(match job {
+                None => end.clone(),
+                Some(j) => j.max(end),
+            });
+        }
+    }
+    let job = job.unwrap_or_else(Dist::zero);
+    Ok(LatencyDist {
+        job,
+        stage_ends: ends,
+    })
+}
+
+/// The compute time of stage `s` under `pl`: its slowest VM's batches, one after another.
+fn compute(pb: &PlanProblem, s: usize, pl: crate::model::Placement, t: &StageTimes) -> Dist {
+    let st = &pb.stages()[s];
+    let first = if pb.warm_start(s, pl) {
+        t.hot.clone()
+    } else if pb.prewarmed(s, pl) {
+        t.cold.shifted(-st.start_s)
+    } else {
+        t.cold.clone()
+    };
+    let slowest = |d: &Dist, k: u32| {
+        if t.together {
+            d.clone()
+        } else {
+            d.slowest_of(k)
+        }
+    };
+    let conc = pl.concurrent.max(1);
+    // One VM running `k` instances: its batches in a row, the last one possibly short.
+    let vm = |k: u32| -> Dist {
+        let batches = k.div_ceil(conc).max(1);
+        let mut total = slowest(&first, k.min(conc));
+        for b in 1..batches {
+            let size = (k - b * conc).min(conc);
+            total = total.then(&slowest(&t.hot, size));
+        }
+        total
+    };
+    let vms = pl.vms.max(1);
+    let full = pb.per_vm(s, vms);
+    let instances = st.instances;
+    // The fullest VMs hold `full` instances, the others one fewer (contiguous blocks).
+    let fullest = match instances % vms {
+        0 => vms,
+        r => r,
+    };
+    let others = vms - fullest;
+    let mut stage = vm(full);
+    if !t.together {
+        stage = stage.slowest_of(fullest);
+        if others > 0 && full > 1 {
+            stage = stage.max(&vm(full - 1).slowest_of(others));
+        }
+    }
+    stage
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::Catalog;
+    use crate::dag::{Bounds, EdgeKind};
+    use crate::model::{EdgeSpec, Placement, Stage};
+    use proptest::prelude::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    fn problem(stages: &[(u32, f64, f64)], edges: &[(usize, usize, EdgeKind)]) -> PlanProblem {
+        let stages: Vec<Stage> = stages
+            .iter()
+            .enumerate()
+            .map(|(i, &(instances, cold, hot))| Stage {
+                name: format!("s{i}"),
+                memory_mb: 100.0,
+                cold_s: cold,
+                hot_s: hot,
+                instances,
+                overhead_s: 0.05,
+                start_s: 0.1,
+            })
+            .collect();
+        let edges: Vec<EdgeSpec> = edges
+            .iter()
+            .map(|&(a, b, kind)| EdgeSpec {
+                from: format!("s{a}"),
+                to: format!("s{b}"),
+                kind,
+                bytes: 20e6,
+            })
+            .collect();
+        PlanProblem::new(stages, edges, Catalog::default(), Bounds::default()).expect("problem")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// With every instance time a point, the distribution is the model's latency, on random
+        /// DAGs (edges from lower to higher stages) and placements, any method but vm-storage.
+        #[test]
+        fn points_give_the_models_latency(
+            n in 1usize..6,
+            links in proptest::collection::vec((0usize..6, 0usize..6, any::<bool>()), 0..8),
+            shape in proptest::collection::vec((1u32..9, 0.2f64..5.0, 1u32..4, 1u32..3, any::<bool>()), 6),
+        ) {
+            let mut edges = std::collections::BTreeSet::new();
+            for &(a, b, remote) in &links {
+                let (a, b) = (a.min(b), a.max(b));
+                if b < n && a != b {
+                    edges.insert((a, b, remote));
+                }
+            }
+            let edges: Vec<(usize, usize, bool)> = {
+                let mut seen = std::collections::BTreeSet::new();
+                edges.into_iter().filter(|&(a, b, _)| seen.insert((a, b))).collect()
+            };
+            let pb = problem(
+                &(0..n).map(|i| (shape[i].0, shape[i].1, shape[i].1 * 0.6)).collect::<Vec<_>>(),
+                &edges.iter().map(|&(a, b, _)| (a, b, EdgeKind::Shuffle)).collect::<Vec<_>>(),
+            );
+            let large = pb.catalog().vm_types.iter().position(|t| t.name == "m5.large").unwrap();
+            let a = Assignment {
+                placements: (0..n)
+                    .map(|i| {
+                        let vms = pb.fit_vms(i, large, shape[i].2);
+                        Placement { vm: large, vms, concurrent: shape[i].3.min(pb.max_concurrent(i, large)).max(1) }
+                    })
+                    .collect(),
+                methods: edges
+                    .iter()
+                    .map(|&(_, _, remote)| if remote { Method::Remote } else { Method::Direct })
+                    .collect(),
+            };
+            let Ok(pred) = pb.evaluate(&a) else {
+                return Ok(());
+            };
+            let times: Vec<StageTimes> = (0..n).map(|i| StageTimes::points(&pb, i).unwrap()).collect();
+            let d = latency(&pb, &a, &times).unwrap();
+            for p in [0.0, 0.5, 0.99, 1.0] {
+                prop_assert!((d.job.quantile(p) - pred.latency_s).abs() < 1e-9 * pred.latency_s.max(1.0),
+                    "p{}: {} vs {}", p, d.job.quantile(p), pred.latency_s);
+            }
+            for (r, st) in pred.stages.iter().enumerate() {
+                prop_assert!((d.stage_ends[r].mean() - st.end_s).abs() < 1e-9 * st.end_s.max(1.0));
+            }
+        }
+    }
+
+    /// split (1) -> map (8 on 2 VMs, 2 at once: 2 batches each) -> reduce (1), remote edges,
+    /// skewed map times: the predicted quantiles are those of sampling the same timeline.
+    #[test]
+    fn a_fan_out_matches_sampling_and_grows_a_tail() {
+        let pb = problem(
+            &[(1, 1.0, 0.8), (8, 2.0, 1.5), (1, 1.0, 0.8)],
+            &[(0, 1, EdgeKind::Scatter), (1, 2, EdgeKind::Gather)],
+        )
+        .with_prewarm(true);
+        let large = pb
+            .catalog()
+            .vm_types
+            .iter()
+            .position(|t| t.name == "m5.large")
+            .unwrap();
+        let a = Assignment {
+            placements: vec![
+                Placement {
+                    vm: large,
+                    vms: 1,
+                    concurrent: 1,
+                },
+                Placement {
+                    vm: large,
+                    vms: 2,
+                    concurrent: 2,
+                },
+                Placement {
+                    vm: large,
+                    vms: 1,
+                    concurrent: 1,
+                },
+            ],
+            methods: vec![Method::Remote, Method::Remote],
+        };
+        let pred = pb.evaluate(&a).unwrap();
+        assert!(pb.prewarmed(1, a.placements[1]));
+        let mut rng = StdRng::seed_from_u64(3);
+        // Map instances: a mean-preserving skew (most a little faster, one in ten 3x slower).
+        let skew = |rng: &mut StdRng, mean: f64| {
+            if rng.r#gen::<f64>() < 0.1 {
+                mean * 2.8
+            } else {
+                mean * 0.8
+            }
+        };
+        let samples = |rng: &mut StdRng, mean: f64| -> Vec<f64> {
+            (0..5000).map(|_| skew(rng, mean)).collect()
+        };
+        let map = StageTimes {
+            cold: Dist::from_samples(&samples(&mut rng, 2.0)).unwrap(),
+            hot: Dist::from_samples(&samples(&mut rng, 1.5)).unwrap(),
+            together: false,
+        };
+        let times = vec![
+            StageTimes::points(&pb, 0).unwrap(),
+            map,
+            StageTimes::points(&pb, 2).unwrap(),
+        ];
+        let d = latency(&pb, &a, &times).unwrap();
+        // Sampling the timeline: everything but map's compute as predicted.
+        let (s0, s1, s2) = (&pred.stages[0], &pred.stages[1], &pred.stages[2]);
+        let before = s1.start_s + s1.fetch_s + s1.overhead_s;
+        let after = s2.end_s - s1.end_s;
+        let mut job: Vec<f64> = (0..200_000)
+            .map(|_| {
+                // Prewarmed: the first batch is cold less the container's start.
+                let first = |rng: &mut StdRng| skew(rng, 2.0) - 0.1;
+                let vm = |rng: &mut StdRng| {
+                    first(rng).max(first(rng)) + skew(rng, 1.5).max(skew(rng, 1.5))
+                };
+                let map_compute = vm(&mut rng).max(vm(&mut rng));
+                before + map_compute + after
+            })
+            .collect();
+        job.sort_by(f64::total_cmp);
+        assert!(s0.end_s > 0.0);
+        for p in [0.5, 0.9, 0.95, 0.99] {
+            let want = job[(p * job.len() as f64) as usize];
+            let got = d.job.quantile(p);
+            assert!(
+                (got - want).abs() <= 0.03 * want,
+                "p{p}: {got} vs sampled {want}"
+            );
+        }
+        // The model's mean is below what the slowest instance makes the job take.
+        assert!(
+            d.job.mean() > pred.latency_s * 1.05,
+            "{} vs {}",
+            d.job.mean(),
+            pred.latency_s
+        );
+        // Instances that move together: the slowest of them is one of them.
+        let mut together = times.clone();
+        together[1].together = true;
+        let t = latency(&pb, &a, &together).unwrap();
+        assert!(t.job.quantile(0.5) < d.job.quantile(0.5));
+    }
+}
