@@ -27,6 +27,8 @@ fn params(x: f64) -> Params {
         instances: k,
         overhead_s: 0.0,
         start_s: 0.0,
+        cold_dist: None,
+        hot_dist: None,
     };
     Params {
         functions: [

@@ -37,8 +37,18 @@ pub fn plan_files(
     };
     let started = Instant::now();
     let problem = PlanProblem::from_dag(&dag, &params, catalog, dag.bounds)?;
-    let outcome = planner::plan(&problem, policy)?;
+    let mut outcome = planner::plan(&problem, policy)?;
     let planning_time_us = started.elapsed().as_micros() as u64;
+    // Where the parameters give distributions: the plans' latency distributions
+    // (interfaces.md §6, `predicted.latency_quantiles_s`).
+    let quantiles = |plan: &Plan| {
+        sonic_core::tails::quantiles_for(&problem, plan, &params)
+            .map_err(|e| anyhow!("the latency distribution: {e}"))
+    };
+    outcome.best.predicted.latency_quantiles_s = quantiles(&outcome.best)?;
+    if let Some(second) = outcome.second_best.as_mut() {
+        second.predicted.latency_quantiles_s = quantiles(second)?;
+    }
     Ok((outcome.report(&dag.name, policy, planning_time_us), outcome))
 }
 
@@ -117,7 +127,15 @@ fn write_plan(title: &str, plan: &Plan, out: &mut dyn Write) -> std::io::Result<
         out,
         "  predicted: latency {:.3} s, cost ${:.6}, perf/$ {:.1}",
         p.latency_s, p.cost_usd, p.perf_per_dollar
-    )
+    )?;
+    if let Some(q) = p.latency_quantiles_s {
+        writeln!(
+            out,
+            "  latency distribution: p50 {:.3} s, p90 {:.3} s, p95 {:.3} s, p99 {:.3} s (the mean above adds means; a stage ends with its slowest instance)",
+            q.p50, q.p90, q.p95, q.p99
+        )?;
+    }
+    Ok(())
 }
 
 fn write_table(

@@ -200,6 +200,7 @@ mod tests {
                 cost_usd: 1.0,
                 perf_per_dollar: 1.0 / latency_s,
                 requests_usd: 0.0,
+                latency_quantiles_s: None,
             },
             timing: Vec::new(),
         };

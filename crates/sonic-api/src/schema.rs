@@ -67,6 +67,19 @@ fn predicted() -> Object {
                 Some("the part of cost_usd charged per store request"),
             ),
         )
+        .property(
+            "latency_quantiles_s",
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .description(Some(
+                    "the predicted latency distribution (p50, p90, p95, p99, seconds), where the \
+                     parameters give the functions' times as distributions",
+                ))
+                .property("p50", number())
+                .property("p90", number())
+                .property("p95", number())
+                .property("p99", number()),
+        )
         .required("latency_s")
         .required("cost_usd")
         .required("perf_per_dollar")
@@ -171,6 +184,12 @@ mod tests {
             cost_usd: 1.0,
             perf_per_dollar: 1.0,
             requests_usd: 0.0,
+            latency_quantiles_s: Some(sonic_core::planner::Quantiles {
+                p50: 1.0,
+                p90: 1.0,
+                p95: 1.0,
+                p99: 1.0,
+            }),
         };
         let plan = Plan {
             stages: vec![PlanStage {

@@ -10,12 +10,16 @@ use crate::catalog::first_line;
 use crate::units::ByteSize;
 
 /// What one function needs, per instance.
+///
+/// `cold_s` and `hot_s` may be given as distributions (interfaces.md §6): `{ samples: [...] }`
+/// or `{ quantiles: { p50: 1.3, p95: 3.8 } }`; the field then holds the distribution's mean and
+/// [`FunctionParams::cold_dist`] / [`FunctionParams::hot_dist`] the distribution as written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawFunction", into = "RawFunction")]
 pub struct FunctionParams {
     /// Peak memory of one instance.
     pub memory_mb: f64,
-    /// Compute time of an instance in a new container.
+    /// Compute time of an instance in a new container (the mean, when a distribution is given).
     pub cold_s: f64,
     /// Compute time of an instance in a warm container that already ran this function.
     pub hot_s: f64,
@@ -33,10 +37,142 @@ pub struct FunctionParams {
     /// (prewarming) pays `cold_s - start_s` for its first batch; 0 when not given.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub start_s: f64,
+    /// The distribution of `cold_s`, when the file gave one.
+    pub cold_dist: Option<TimeValue>,
+    /// The distribution of `hot_s`, when the file gave one.
+    pub hot_dist: Option<TimeValue>,
 }
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+/// A time as a parameters file may give it: seconds, or a distribution (interfaces.md §6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TimeValue {
+    /// Seconds.
+    Seconds(f64),
+    /// Measured times.
+    Samples(SampleTimes),
+    /// Quantiles by name (`p50`, `p95`, `p99.9`, ...).
+    Quantiles(QuantileTimes),
+}
+
+/// `{ samples: [...] }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SampleTimes {
+    pub samples: Vec<f64>,
+}
+
+/// `{ quantiles: { p50: ..., p95: ... } }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuantileTimes {
+    pub quantiles: BTreeMap<String, f64>,
+}
+
+impl TimeValue {
+    /// The distribution it gives.
+    pub fn dist(&self) -> Result<crate::dist::Dist, String> {
+        use crate::dist::Dist;
+        match self {
+            TimeValue::Seconds(v) => Dist::point(*v).map_err(|e| e.to_string()),
+            TimeValue::Samples(s) => Dist::from_samples(&s.samples).map_err(|e| e.to_string()),
+            TimeValue::Quantiles(q) => {
+                let mut points = Vec::with_capacity(q.quantiles.len());
+                for (name, &v) in &q.quantiles {
+                    let p = name
+                        .strip_prefix('p')
+                        .and_then(|x| x.parse::<f64>().ok())
+                        .filter(|p| *p > 0.0 && *p < 100.0)
+                        .ok_or_else(|| {
+                            format!("quantile {name:?}: a name like p50, p95 or p99.9 is needed")
+                        })?;
+                    points.push((p / 100.0, v));
+                }
+                Dist::from_quantiles(&points).map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
+/// [`FunctionParams`] as a file writes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFunction {
+    memory_mb: f64,
+    cold_s: TimeValue,
+    hot_s: TimeValue,
+    instances: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    overhead_s: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    start_s: f64,
+}
+
+impl TryFrom<RawFunction> for FunctionParams {
+    type Error = String;
+    fn try_from(r: RawFunction) -> Result<FunctionParams, String> {
+        let time = |field: &str, v: TimeValue| -> Result<(f64, Option<TimeValue>), String> {
+            match v {
+                TimeValue::Seconds(s) => Ok((s, None)),
+                other => {
+                    let d = other.dist().map_err(|e| format!("{field}: {e}"))?;
+                    Ok((d.mean(), Some(other)))
+                }
+            }
+        };
+        let (cold_s, cold_dist) = time("cold_s", r.cold_s)?;
+        let (hot_s, hot_dist) = time("hot_s", r.hot_s)?;
+        Ok(FunctionParams {
+            memory_mb: r.memory_mb,
+            cold_s,
+            hot_s,
+            instances: r.instances,
+            overhead_s: r.overhead_s,
+            start_s: r.start_s,
+            cold_dist,
+            hot_dist,
+        })
+    }
+}
+
+impl From<FunctionParams> for RawFunction {
+    fn from(f: FunctionParams) -> RawFunction {
+        RawFunction {
+            memory_mb: f.memory_mb,
+            cold_s: f.cold_dist.unwrap_or(TimeValue::Seconds(f.cold_s)),
+            hot_s: f.hot_dist.unwrap_or(TimeValue::Seconds(f.hot_s)),
+            instances: f.instances,
+            overhead_s: f.overhead_s,
+            start_s: f.start_s,
+        }
+    }
+}
+
+impl FunctionParams {
+    /// The distribution of a cold instance's time: the one given, or its mean as a point.
+    pub fn cold_times(&self) -> Result<crate::dist::Dist, String> {
+        match &self.cold_dist {
+            Some(d) => d.dist(),
+            None => TimeValue::Seconds(self.cold_s).dist(),
+        }
+    }
+
+    /// The distribution of a hot instance's time.
+    pub fn hot_times(&self) -> Result<crate::dist::Dist, String> {
+        match &self.hot_dist {
+            Some(d) => d.dist(),
+            None => TimeValue::Seconds(self.hot_s).dist(),
+        }
+    }
+
+    /// Whether either time was given as a distribution.
+    pub fn has_distribution(&self) -> bool {
+        self.cold_dist.is_some() || self.hot_dist.is_some()
+    }
 }
 
 /// Bytes on one edge: the total the sending stage writes for the receiving stage.
@@ -184,6 +320,38 @@ edges:
         assert_eq!(p.edge_bytes("pca", "train"), Some(ByteSize(800_000_000)));
         let again = Params::from_yaml(&p.to_yaml().unwrap()).unwrap();
         assert_eq!(again, p);
+    }
+
+    /// interfaces.md §6: a time as samples or quantiles; the field holds the mean, the file
+    /// writes back what it read; a distribution that is none is refused naming the field.
+    #[test]
+    fn times_may_be_distributions() {
+        let text = r#"
+functions:
+  a: { memory_mb: 100, cold_s: { samples: [1.0, 2.0, 3.0] }, hot_s: 0.5, instances: 1 }
+  b: { memory_mb: 100, cold_s: 2.0, hot_s: { quantiles: { p50: 1.3, p95: 3.8 } }, instances: 2 }
+"#;
+        let p = Params::from_yaml(text).unwrap();
+        let a = &p.functions["a"];
+        assert!((a.cold_s - 2.0).abs() < 1e-9 && a.has_distribution());
+        assert!((a.cold_times().unwrap().quantile(0.99) - 3.0).abs() < 0.1);
+        let b = &p.functions["b"];
+        assert!((b.hot_times().unwrap().quantile(0.95) - 3.8).abs() < 0.05);
+        assert_eq!(b.cold_dist, None);
+        let again = Params::from_yaml(&p.to_yaml().unwrap()).unwrap();
+        assert_eq!(again, p);
+        check(
+            "functions:\n  a: { memory_mb: 1, cold_s: { samples: [] }, hot_s: 1, instances: 1 }\n",
+            &["cold_s", "at least one sample"],
+        );
+        check(
+            "functions:\n  a: { memory_mb: 1, cold_s: 1, hot_s: { quantiles: { median: 1 } }, instances: 1 }\n",
+            &["hot_s", "p50"],
+        );
+        check(
+            "functions:\n  a: { memory_mb: 1, cold_s: 1, hot_s: 1, instances: 1, speed: 2 }\n",
+            &["speed"],
+        );
     }
 
     fn check(text: &str, expect: &[&str]) {

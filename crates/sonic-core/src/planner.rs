@@ -118,6 +118,32 @@ pub struct Predicted {
     /// that rest: docs/evaluation.md).
     #[serde(default)]
     pub requests_usd: f64,
+    /// The predicted end-to-end latency distribution (interfaces.md §6), where the parameters
+    /// give the functions' times as distributions ([`crate::tails`]); absent when only means
+    /// are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_quantiles_s: Option<Quantiles>,
+}
+
+/// Latency quantiles, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Quantiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p95: f64,
+    pub p99: f64,
+}
+
+impl Quantiles {
+    /// The quantiles of `d`.
+    pub fn of(d: &crate::dist::Dist) -> Quantiles {
+        Quantiles {
+            p50: d.quantile(0.5),
+            p90: d.quantile(0.9),
+            p95: d.quantile(0.95),
+            p99: d.quantile(0.99),
+        }
+    }
 }
 
 /// The model's timing of one stage of a plan, split into the terms an evaluation compares with
@@ -346,6 +372,7 @@ impl Plan {
                 cost_usd: pred.cost_usd,
                 perf_per_dollar: pred.perf_per_dollar,
                 requests_usd: pred.cost.requests_usd,
+                latency_quantiles_s: None,
             },
             timing: timing(pb, pred),
         }

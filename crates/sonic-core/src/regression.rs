@@ -679,6 +679,8 @@ impl DagModels {
                 name.clone(),
                 FunctionParams {
                     start_s,
+                    cold_dist: None,
+                    hot_dist: None,
                     memory_mb: need(&f.memory_mb, format!("{name}.memory_mb"))?,
                     cold_s,
                     hot_s,

@@ -130,6 +130,37 @@ pub fn latency(
     })
 }
 
+/// The latency quantiles of `plan` where `params` (the file `pb` was built from) gives some
+/// function's times as a distribution; `None` when every time is a mean only (the quantiles
+/// would all be the mean: nothing to say). A function `params` does not name keeps its means.
+pub fn quantiles_for(
+    pb: &PlanProblem,
+    plan: &crate::planner::Plan,
+    params: &crate::params::Params,
+) -> Result<Option<crate::planner::Quantiles>, String> {
+    if !params.functions.values().any(|f| f.has_distribution()) {
+        return Ok(None);
+    }
+    let a = plan.assignment(pb).map_err(|e| e.to_string())?;
+    let mut times = Vec::with_capacity(pb.stages().len());
+    for (s, st) in pb.stages().iter().enumerate() {
+        times.push(match params.functions.get(&st.name) {
+            Some(f) => StageTimes {
+                cold: f
+                    .cold_times()
+                    .map_err(|e| format!("{}.cold_s: {e}", st.name))?,
+                hot: f
+                    .hot_times()
+                    .map_err(|e| format!("{}.hot_s: {e}", st.name))?,
+                together: false,
+            },
+            None => StageTimes::points(pb, s).map_err(|e| e.to_string())?,
+        });
+    }
+    let d = latency(pb, &a, &times).map_err(|e| e.to_string())?;
+    Ok(Some(crate::planner::Quantiles::of(&d.job)))
+}
+
 /// The compute time of stage `s` under `pl`: its slowest VM's batches, one after another.
 fn compute(pb: &PlanProblem, s: usize, pl: crate::model::Placement, t: &StageTimes) -> Dist {
     let st = &pb.stages()[s];

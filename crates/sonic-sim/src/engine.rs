@@ -652,6 +652,7 @@ fn prepare(
                     cost_usd: pred.cost_usd,
                     perf_per_dollar: pred.perf_per_dollar,
                     requests_usd: pred.cost.requests_usd,
+                    latency_quantiles_s: None,
                 },
                 first,
                 second,

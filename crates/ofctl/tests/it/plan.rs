@@ -269,3 +269,76 @@ fn the_crossover_moves_up_on_a_faster_network() {
         "crossover {fast} on the fast VM type is not above {slow}"
     );
 }
+
+/// Times given as distributions (interfaces.md §6) give the plan's latency distribution under
+/// `predicted.latency_quantiles_s`, above the mean where the trainers' tail is long; means only
+/// give none. A distribution that is none (quantiles that go down) is refused, naming it.
+#[test]
+fn distributions_give_the_plans_latency_quantiles() {
+    let skewed = plan_json(
+        "lightgbm.dag.yaml",
+        "lightgbm-k3-skewed.params.yaml",
+        Some("catalog-750.yaml"),
+        "sonic",
+    );
+    let p = &skewed["predicted"];
+    let q = &p["latency_quantiles_s"];
+    let at = |k: &str| q[k].as_f64().unwrap_or_else(|| panic!("{k} in {p}"));
+    assert!(
+        at("p50") < at("p90") && at("p90") <= at("p95") && at("p95") <= at("p99"),
+        "{q}"
+    );
+    // Three trainers at once: the job waits for the slowest, so its median is past the mean.
+    let mean = p["latency_s"].as_f64().expect("latency_s");
+    assert!(at("p95") > mean * 1.2, "p95 {} vs mean {mean}", at("p95"));
+    let plain = plan_json(
+        "lightgbm.dag.yaml",
+        "lightgbm-k3.params.yaml",
+        Some("catalog-750.yaml"),
+        "sonic",
+    );
+    assert!(
+        plain["predicted"].get("latency_quantiles_s").is_none(),
+        "{plain}"
+    );
+    // The table says it too.
+    let f = fixtures();
+    let (dag, params, catalog) = (
+        f.join("lightgbm.dag.yaml"),
+        f.join("lightgbm-k3-skewed.params.yaml"),
+        f.join("catalog-750.yaml"),
+    );
+    let (code, stdout, stderr) = ofctl(&[
+        "plan",
+        "--dag",
+        dag.to_str().unwrap(),
+        "--params",
+        params.to_str().unwrap(),
+        "--catalog",
+        catalog.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("latency distribution: p50"), "{stdout}");
+    // Quantiles that go down are refused.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.params.yaml");
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(&params)
+            .unwrap()
+            .replace("p50: 55.0, p95: 95.0", "p50: 95.0, p95: 55.0"),
+    )
+    .unwrap();
+    let (code, _, stderr) = ofctl(&[
+        "plan",
+        "--dag",
+        dag.to_str().unwrap(),
+        "--params",
+        bad.to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("cold_s") && stderr.contains("quantiles must not decrease"),
+        "{stderr}"
+    );
+}

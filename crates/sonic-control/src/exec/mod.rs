@@ -2275,6 +2275,7 @@ mod tests {
                     cost_usd: 1.0,
                     perf_per_dollar: 1.0,
                     requests_usd: 0.0,
+                    latency_quantiles_s: None,
                 },
                 timing: Vec::new(),
             };

@@ -1026,6 +1026,8 @@ pub fn measured_params(
                 instances: (instances.round() as u32).max(1),
                 overhead_s: overhead.unwrap_or(0.0),
                 start_s,
+                cold_dist: None,
+                hot_dist: None,
             },
         );
     }

@@ -1073,6 +1073,7 @@ edges:
                 cost_usd: 1.0,
                 perf_per_dollar: 1.0,
                 requests_usd: 0.0,
+                latency_quantiles_s: None,
             },
             timing: Vec::new(),
         }
@@ -1240,6 +1241,7 @@ edges:
                 cost_usd: 1.0,
                 perf_per_dollar: 1.0,
                 requests_usd: 0.0,
+                latency_quantiles_s: None,
             },
             timing: Vec::new(),
         };
@@ -1509,6 +1511,7 @@ edges:
                 cost_usd: 1.0,
                 perf_per_dollar: 1.0,
                 requests_usd: 0.0,
+                latency_quantiles_s: None,
             },
             timing: Vec::new(),
         };

@@ -319,6 +319,7 @@ edges:
             cost_usd: 1.0,
             perf_per_dollar: 1.0,
             requests_usd: 0.0,
+            latency_quantiles_s: None,
         }
     }
 
@@ -366,6 +367,8 @@ edges:
             instances: 1,
             overhead_s: 0.0,
             start_s: 0.0,
+            cold_dist: None,
+            hot_dist: None,
         };
         Params {
             functions: [("a", p(100.0)), ("b", p(memory_mb)), ("c", p(10.0))]

@@ -280,6 +280,8 @@ fn runs_as_simulated(s: &JobSummary) {
                         instances: instances(&f.name),
                         overhead_s: 0.0,
                         start_s: 0.0,
+                        cold_dist: None,
+                        hot_dist: None,
                     },
                 )
             })
