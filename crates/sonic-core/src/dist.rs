@@ -320,6 +320,13 @@ fn recut_weighted(sorted: &[(f64, f64)]) -> Vec<f64> {
         };
         atoms.resize(ATOMS, last);
     }
+    // A slice's mean is computed in floating point: equal values can come out an ulp apart.
+    // Atoms never go down.
+    for i in 1..atoms.len() {
+        if atoms[i] < atoms[i - 1] {
+            atoms[i] = atoms[i - 1];
+        }
+    }
     atoms
 }
 

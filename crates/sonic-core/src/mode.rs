@@ -466,9 +466,11 @@ mod tests {
                 instances: Some(2),
                 overhead_s: None,
                 start_s: None,
+                cold_spread: None,
+                hot_spread: None,
             };
             let fs: BTreeMap<String, FunctionSample> =
-                [("a".to_owned(), f), ("b".to_owned(), f)].into();
+                [("a".to_owned(), f.clone()), ("b".to_owned(), f)].into();
             let es = vec![EdgeParams {
                 from: "a".into(),
                 to: "b".into(),

@@ -395,6 +395,26 @@ pub struct FunctionModels {
     /// from models stored before it was learned.
     #[serde(default = "start_model")]
     pub start_s: Model,
+    /// Its cold runs' times over their job's mean, pooled over the newest jobs (at most
+    /// [`MAX_SHAPE`]): the spread of one instance around the predicted mean, and so the skew
+    /// of a stage's instances (issue 36). Empty in models stored before it was learned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cold_shape: Vec<f64>,
+    /// The same of its hot runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hot_shape: Vec<f64>,
+}
+
+impl FunctionModels {
+    /// Adds how a job's instances spread around its means to the function's shapes.
+    pub fn add_spreads(&mut self, s: &FunctionSample) {
+        if let Some(r) = &s.cold_spread {
+            add_ratios(&mut self.cold_shape, r);
+        }
+        if let Some(r) = &s.hot_spread {
+            add_ratios(&mut self.hot_shape, r);
+        }
+    }
 }
 
 /// An empty cold-start model (for models stored before cold starts were learned).
@@ -417,7 +437,7 @@ pub struct EdgeModel {
 
 /// One function's measurements in one job; a field is `None` when the job did not measure it
 /// (e.g. no instance ran warm).
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FunctionSample {
     pub memory_mb: Option<f64>,
     pub cold_s: Option<f64>,
@@ -429,6 +449,49 @@ pub struct FunctionSample {
     /// Mean cold start of its cold runs (`FunctionModels::start_s`).
     #[serde(default)]
     pub start_s: Option<f64>,
+    /// Each cold run's time over the job's mean cold time: how the stage's instances spread
+    /// around their mean (`FunctionModels::cold_shape`). Absent from older samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_spread: Option<Vec<f64>>,
+    /// Each hot run's time over the job's mean hot time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hot_spread: Option<Vec<f64>>,
+}
+
+/// How many of a function's newest instance ratios its shape keeps.
+pub const MAX_SHAPE: usize = 512;
+
+/// How many ratios a shape needs before [`DagModels::params_for`] gives a distribution.
+pub const MIN_SHAPE: usize = 8;
+
+/// Adds `ratios` (finite, positive) to `shape`, keeping the newest [`MAX_SHAPE`].
+fn add_ratios(shape: &mut Vec<f64>, ratios: &[f64]) {
+    shape.extend(ratios.iter().copied().filter(|r| r.is_finite() && *r > 0.0));
+    if shape.len() > MAX_SHAPE {
+        let excess = shape.len() - MAX_SHAPE;
+        shape.drain(..excess);
+    }
+}
+
+/// A time of mean `mean` spread as `shape` (ratios to the mean), as quantiles a parameters
+/// file can hold; none before the shape has [`MIN_SHAPE`] ratios.
+fn spread_of(shape: &[f64], mean: f64) -> Option<crate::params::TimeValue> {
+    if shape.len() < MIN_SHAPE || !(mean.is_finite() && mean > 0.0) {
+        return None;
+    }
+    let d = crate::dist::Dist::from_samples(shape).ok()?.scaled(mean);
+    let mut last = 0.0f64;
+    let quantiles = [1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0]
+        .into_iter()
+        .map(|p: f64| {
+            // Never down, even by an ulp of rounding.
+            last = last.max(d.quantile(p / 100.0));
+            (format!("p{p}"), last)
+        })
+        .collect();
+    Some(crate::params::TimeValue::Quantiles(
+        crate::params::QuantileTimes { quantiles },
+    ))
 }
 
 /// Every model of one DAG.
@@ -501,6 +564,8 @@ impl DagModels {
                             Quantity::Time,
                             seed ^ start_model().seed.wrapping_mul(0x9E37_79B9),
                         ),
+                        cold_shape: Vec::new(),
+                        hot_shape: Vec::new(),
                     },
                 )
             })
@@ -565,6 +630,7 @@ impl DagModels {
                     model.fit()?;
                 }
             }
+            m.add_spreads(s);
         }
         for e in edges {
             if let Some(m) = self
@@ -599,6 +665,8 @@ impl DagModels {
                         instances: Some(f.instances),
                         overhead_s: Some(f.overhead_s),
                         start_s: None,
+                        cold_spread: None,
+                        hot_spread: None,
                     },
                 )
             })
@@ -679,8 +747,9 @@ impl DagModels {
                 name.clone(),
                 FunctionParams {
                     start_s,
-                    cold_dist: None,
-                    hot_dist: None,
+                    // How instances spread around the means, once enough were measured.
+                    cold_dist: spread_of(&f.cold_shape, cold_s),
+                    hot_dist: spread_of(&f.hot_shape, hot_s),
                     memory_mb: need(&f.memory_mb, format!("{name}.memory_mb"))?,
                     cold_s,
                     hot_s,
@@ -754,6 +823,66 @@ mod tests {
             let sign = if k % 2 == 0 { 1.0 } else { -1.0 };
             f(x) * (1.0 + sign * jitter * ((k % 3) as f64 + 1.0) / 3.0)
         }
+    }
+
+    /// How a stage's instances spread around their job's mean is pooled across jobs; once
+    /// there are [`MIN_SHAPE`] ratios, `params_for` gives the time as a distribution whose
+    /// median and tail follow the pooled ratios at the predicted mean; an older model without
+    /// them reads as before.
+    #[test]
+    fn instance_spreads_become_the_predicted_distribution() {
+        let mut m = DagModels::for_names(&["f".into()], &[], Convergence::default(), 3);
+        let sample = |x: f64| {
+            let f = FunctionSample {
+                memory_mb: Some(100.0),
+                cold_s: Some(1.0 + x / 1e9),
+                hot_s: Some(0.5 + x / 1e9),
+                instances: Some(4),
+                overhead_s: None,
+                start_s: None,
+                // Three fast instances and a straggler at twice the others.
+                cold_spread: Some(vec![0.8, 0.8, 0.8, 1.6]),
+                hot_spread: None,
+            };
+            BTreeMap::from([("f".to_owned(), f)])
+        };
+        m.add_sample(1e8, &sample(1e8), &[]).unwrap();
+        assert!(
+            m.params_for(2e8).is_err()
+                || m.params_for(2e8).unwrap().functions["f"]
+                    .cold_dist
+                    .is_none()
+        );
+        for i in 2..=6 {
+            let x = f64::from(i) * 1e8;
+            m.add_sample(x, &sample(x), &[]).unwrap();
+        }
+        assert_eq!(m.functions["f"].cold_shape.len(), 24);
+        let p = m.params_for(3e8).unwrap();
+        let f = &p.functions["f"];
+        assert!(f.hot_dist.is_none());
+        let d = f.cold_times().unwrap();
+        assert!(
+            (d.quantile(0.5) - 0.8 * f.cold_s).abs() < 0.05 * f.cold_s,
+            "{}",
+            d.quantile(0.5)
+        );
+        assert!(
+            (d.quantile(0.99) - 1.6 * f.cold_s).abs() < 0.05 * f.cold_s,
+            "{}",
+            d.quantile(0.99)
+        );
+        // Stored and read back, the shape stays; a model stored before it reads as empty.
+        let json = serde_json::to_string(&m).unwrap();
+        let back: DagModels = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.functions["f"].cold_shape, m.functions["f"].cold_shape);
+        let mut old: serde_json::Value = serde_json::from_str(&json).unwrap();
+        old["functions"]["f"]
+            .as_object_mut()
+            .unwrap()
+            .remove("cold_shape");
+        let old: DagModels = serde_json::from_value(old).unwrap();
+        assert!(old.functions["f"].cold_shape.is_empty());
     }
 
     #[test]
@@ -966,6 +1095,8 @@ mod tests {
                     instances: Some(1),
                     overhead_s: Some(0.2 + 1e-9 * x),
                     start_s: None,
+                    cold_spread: None,
+                    hot_spread: None,
                 },
             );
             f.insert(
@@ -977,6 +1108,8 @@ mod tests {
                     instances: Some(6),
                     overhead_s: None,
                     start_s: None,
+                    cold_spread: None,
+                    hot_spread: None,
                 },
             );
             let e = [EdgeParams {

@@ -2130,12 +2130,25 @@ fn sample(job: &JobRecord, p: &Progress, state: &Context) -> SampleRecord {
                 .iter()
                 .filter_map(|r| r.peak_memory_mb)
                 .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+            // How the cold (or hot) runs spread around their mean: each one's time over it.
+            let spread = |cold: bool| -> Option<Vec<f64>> {
+                let s: Vec<f64> = runs
+                    .iter()
+                    .filter(|r| r.cold == cold)
+                    .map(|r| uncontended(r).0)
+                    .filter(|v| v.is_finite() && *v > 0.0)
+                    .collect();
+                let m = s.iter().sum::<f64>() / s.len().max(1) as f64;
+                (s.len() >= 2 && m > 0.0).then(|| s.iter().map(|v| v / m).collect())
+            };
             functions.insert(
                 f.name.clone(),
                 serde_json::json!({
                     "memory_mb": memory,
                     "cold_s": mean(true, seconds),
                     "hot_s": mean(false, seconds),
+                    "cold_spread": spread(true),
+                    "hot_spread": spread(false),
                     "overhead_s": overhead,
                     "start_s": start,
                     "instances": p.instances.get(&i).copied().unwrap_or(0),

@@ -127,6 +127,15 @@ pub fn sample_parts(s: &SampleRecord) -> (BTreeMap<String, FunctionSample>, Vec<
     if let Some(map) = s.measured["functions"].as_object() {
         for (name, m) in map {
             let num = |k: &str| m[k].as_f64().filter(|v| v.is_finite());
+            // Each instance's time over the job's mean (absent from older samples).
+            let spread = |k: &str| {
+                m[k].as_array().map(|a| {
+                    a.iter()
+                        .filter_map(serde_json::Value::as_f64)
+                        .filter(|v| v.is_finite() && *v > 0.0)
+                        .collect::<Vec<f64>>()
+                })
+            };
             functions.insert(
                 name.clone(),
                 FunctionSample {
@@ -140,6 +149,8 @@ pub fn sample_parts(s: &SampleRecord) -> (BTreeMap<String, FunctionSample>, Vec<
                         .as_u64()
                         .filter(|n| *n > 0)
                         .and_then(|n| u32::try_from(n).ok()),
+                    cold_spread: spread("cold_spread"),
+                    hot_spread: spread("hot_spread"),
                 },
             );
         }
@@ -215,6 +226,7 @@ pub fn fit_all<'a>(
                     let _ = model.add_sample(x, y);
                 }
             }
+            m.add_spreads(f);
         }
         for e in &edges {
             if let Some(m) = models
@@ -1081,7 +1093,15 @@ pub fn plan_with(
     let problem = PlanProblem::from_dag(dag, &params, catalog, dag.bounds)
         .map(|p| p.with_warm(&pool.by_type()).with_prewarm(pool.prewarm))
         .map_err(|e| infeasible(e.to_string()))?;
-    let (outcome, us, mut report) = solve(dag, input_bytes, &problem, policy, budget, &started)?;
+    let (outcome, us, mut report) = solve(
+        dag,
+        input_bytes,
+        &problem,
+        &params,
+        policy,
+        budget,
+        &started,
+    )?;
     if let Some(stopped) = &outcome.stopped {
         tracing::warn!(
             dag = %dag.name,
@@ -1108,6 +1128,7 @@ fn solve(
     dag: &Dag,
     input_bytes: u64,
     problem: &PlanProblem,
+    params: &Params,
     policy: Policy,
     budget: Budget,
     started: &Instant,
@@ -1126,6 +1147,19 @@ fn solve(
         e => infeasible(e.to_string()),
     })?;
     let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    let mut outcome = outcome;
+    // Where the models learned how instances spread, the plans' latency distributions
+    // (`predicted.latency_quantiles_s`); a failure here costs the report its quantiles only.
+    let quantiles = |plan: &mut sonic_core::planner::Plan| match sonic_core::tails::quantiles_for(
+        problem, plan, params,
+    ) {
+        Ok(q) => plan.predicted.latency_quantiles_s = q,
+        Err(e) => tracing::warn!(dag = %dag.name, error = %e, "no latency distribution"),
+    };
+    quantiles(&mut outcome.best);
+    if let Some(second) = outcome.second_best.as_mut() {
+        quantiles(second);
+    }
     let report = PlanReport::new(outcome.report(&dag.name, policy, us), input_bytes);
     Ok((outcome, us, report))
 }
@@ -1156,7 +1190,15 @@ pub fn replan(
         })
         .and_then(|p| p.with_vm_limits(limits))
         .map_err(|e| infeasible(e.to_string()))?;
-    let (outcome, _, new) = solve(dag, input_bytes, &problem, policy, budget, &started)?;
+    let (outcome, _, new) = solve(
+        dag,
+        input_bytes,
+        &problem,
+        &planned.params,
+        policy,
+        budget,
+        &started,
+    )?;
     let report = PlanReport {
         plan: new.plan,
         vm_limits: Some(limits.clone()),

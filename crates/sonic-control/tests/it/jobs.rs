@@ -1056,6 +1056,18 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         "{plan}"
     );
     assert_eq!(plan["network_mbps"]["m5.large"]["source"], "catalog");
+    // Four jobs of two mids each, both cold (one per agent): eight ratios of a mid's time to
+    // its job's mean, enough for the models to say how mids spread, and for the plan its
+    // latency distribution (issue 36).
+    let q = &plan["predicted"]["latency_quantiles_s"];
+    let at = |k: &str| q[k].as_f64().unwrap_or_else(|| panic!("{k}: {plan}"));
+    assert!(
+        0.0 < at("p50")
+            && at("p50") <= at("p90")
+            && at("p90") <= at("p95")
+            && at("p95") <= at("p99"),
+        "{q}"
+    );
     let (status, _) = c
         .get_json_status("/v1/dags/fan/plan?input_bytes=120000&policy=remote")
         .await;
