@@ -428,6 +428,16 @@ pub fn plan(p: &serde_json::Value, indent: &str, out: &mut dyn Write) -> io::Res
             pr["perf_per_dollar"].as_f64().unwrap_or(0.0)
         )?;
     }
+    // Where the models learned how instances spread: the plan's latency distribution.
+    let q = &pr["latency_quantiles_s"];
+    if let [Some(p50), Some(p90), Some(p95), Some(p99)] =
+        ["p50", "p90", "p95", "p99"].map(|k| q[k].as_f64())
+    {
+        writeln!(
+            out,
+            "{indent}latency distribution: p50 {p50:.3} s, p90 {p90:.3} s, p95 {p95:.3} s, p99 {p99:.3} s"
+        )?;
+    }
     if p["exact"] == false {
         let why = serde_json::from_value::<sonic_core::planner::Stopped>(p["stopped"].clone())
             .map_or_else(
@@ -496,6 +506,31 @@ mod tests {
             row.split_whitespace().collect::<Vec<_>>(),
             ["trees=12", "-", "no", "2", "-"],
             "{row}"
+        );
+    }
+
+    /// A plan report with a latency distribution shows it under its prediction; one without
+    /// shows none.
+    #[test]
+    fn a_plans_latency_distribution_is_shown_when_known() {
+        let mut p = serde_json::json!({
+            "stages": [], "edges": [], "exact": true,
+            "predicted": { "latency_s": 1.5, "cost_usd": 0.001, "perf_per_dollar": 666.0 },
+        });
+        let text = |p: &serde_json::Value| {
+            let mut out = Vec::new();
+            plan(p, "", &mut out).expect("write");
+            String::from_utf8(out).expect("utf8")
+        };
+        assert!(!text(&p).contains("latency distribution"));
+        p["predicted"]["latency_quantiles_s"] =
+            serde_json::json!({ "p50": 1.6, "p90": 2.0, "p95": 2.25, "p99": 3.0 });
+        let shown = text(&p);
+        assert!(
+            shown.contains(
+                "latency distribution: p50 1.600 s, p90 2.000 s, p95 2.250 s, p99 3.000 s"
+            ),
+            "{shown}"
         );
     }
 
