@@ -4,6 +4,7 @@
 pub mod catalog;
 pub mod dag;
 pub mod dist;
+pub mod held;
 pub mod machine;
 pub mod mode;
 pub mod model;

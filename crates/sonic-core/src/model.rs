@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::{Catalog, CatalogError, SECONDS_PER_MONTH, VmType, mbps_to_bytes_per_s};
 use crate::dag::{Bounds, Dag, EdgeKind};
+use crate::held::{self, Heaviest, Reach};
 use crate::params::Params;
 
 /// How an edge's data moves from the sending stage to the receiving stage.
@@ -171,6 +172,18 @@ pub enum Infeasible {
         to: String,
         message: String,
     },
+    /// Under a pool's VM limits, VM groups held at the same time need more VMs of a type than
+    /// the pool has ([`crate::held`]).
+    #[error(
+        "{stages} hold {need} {vm_type} VMs at the same time (branches that run at once, or direct senders until their receivers fetch), the pool has {limit}"
+    )]
+    Pool {
+        /// The stages of the groups held at once, named.
+        stages: String,
+        vm_type: String,
+        need: u32,
+        limit: u32,
+    },
 }
 
 /// The user's optional bounds on one job, checked.
@@ -199,6 +212,8 @@ pub struct PlanProblem {
     bounds: Bounds,
     incoming: Vec<Vec<usize>>,
     outgoing: Vec<Vec<usize>>,
+    /// Which stages come before which (the VM groups a plan holds at once, [`crate::held`]).
+    reach: Reach,
     /// `[stage][vm]`: most lambdas of the stage that run at once on one VM of that type (memory
     /// and vCPUs); 0 when one does not fit.
     cmax: Vec<Vec<u32>>,
@@ -567,6 +582,7 @@ impl PlanProblem {
         let remote_price = catalog.remote_storage.usd_per_gb_month / SECONDS_PER_MONTH / 1e9;
         let vm_limits = vec![None; catalog.vm_types.len()];
         let warm = vec![vec![Vec::new(); catalog.vm_types.len()]; n];
+        let reach = Reach::new(n, edges.iter().map(|e| (e.from, e.to)));
         Ok(PlanProblem {
             stages,
             edges,
@@ -574,6 +590,7 @@ impl PlanProblem {
             bounds,
             incoming,
             outgoing,
+            reach,
             cmax,
             vm_limits,
             warm,
@@ -1248,6 +1265,21 @@ impl PlanProblem {
                 cost_so_far_usd: total,
             });
         }
+        if let Some((vm, most)) = self.over_pool(a) {
+            let groups = self.groups_of(a);
+            return Err(Infeasible::Pool {
+                stages: most
+                    .groups
+                    .iter()
+                    .flat_map(|&g| groups.stages(g))
+                    .map(|s| self.stages[s].name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                vm_type: self.vm_type(vm).name.clone(),
+                need: most.vms,
+                limit: self.vm_limit(vm).unwrap_or(0),
+            });
+        }
         let latency = ends.iter().copied().fold(0.0, f64::max);
         Ok(Prediction {
             latency_s: latency,
@@ -1256,6 +1288,53 @@ impl PlanProblem {
             stages,
             edges,
             cost: breakdown,
+        })
+    }
+
+    /// The VM groups of assignment `a` ([`crate::held`]): a stage continues the group of its
+    /// `vm-storage` senders (all in one group when `a` is feasible), else starts its own.
+    pub fn groups_of(&self, a: &Assignment) -> held::Groups {
+        let n = self.stages.len();
+        let mut group_of: Vec<usize> = (0..n).collect();
+        for r in 0..n {
+            if let Some(&e) = self.incoming[r]
+                .iter()
+                .find(|&&e| a.methods.get(e) == Some(&Method::VmStorage))
+            {
+                group_of[r] = group_of[self.edges[e].from];
+            }
+        }
+        let direct = self
+            .edges
+            .iter()
+            .zip(&a.methods)
+            .filter(|(_, m)| **m == Method::Direct)
+            .map(|(e, _)| (e.from, e.to));
+        held::Groups::new(&self.reach, &group_of, direct)
+    }
+
+    /// Under VM limits, the first VM type (and its heaviest set of groups) of which `a`'s VM
+    /// groups held at the same time need more VMs than the pool has: the one rule of
+    /// [`crate::held`], which the resource manager grants by. `None` when `a` fits (always
+    /// without limits).
+    pub fn over_pool(&self, a: &Assignment) -> Option<(usize, Heaviest)> {
+        if !self.has_vm_limits() || a.placements.len() != self.stages.len() {
+            return None;
+        }
+        let groups = self.groups_of(a);
+        // Each group's placement is its first stage's.
+        let mut first: Vec<Option<Placement>> = vec![None; groups.count()];
+        for (s, pl) in a.placements.iter().enumerate() {
+            first[groups.of(s)].get_or_insert(*pl);
+        }
+        (0..self.catalog.vm_types.len()).find_map(|vm| {
+            let limit = self.vm_limit(vm)?;
+            let weights: Vec<u32> = first
+                .iter()
+                .map(|p| p.filter(|p| p.vm == vm).map_or(0, |p| p.vms))
+                .collect();
+            let most = groups.most(&weights);
+            (most.vms > limit).then_some((vm, most))
         })
     }
 

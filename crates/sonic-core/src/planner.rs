@@ -730,12 +730,43 @@ pub fn baseline(pb: &PlanProblem, policy: Policy) -> Assignment {
                 }
                 placements.push(pl);
             }
-            Assignment {
-                placements,
-                methods: vec![method; pb.edges().len()],
-            }
+            within_pool(
+                pb,
+                Assignment {
+                    placements,
+                    methods: vec![method; pb.edges().len()],
+                },
+            )
         }
     }
+}
+
+/// A baseline (every stage on VMs of its own) whose stages held at the same time need more VMs
+/// of a type than the pool has ([`PlanProblem::over_pool`]), with fewer VMs for the largest of
+/// them, one step at a time, until it fits or none can shrink (the model then says why it
+/// cannot run).
+fn within_pool(pb: &PlanProblem, mut a: Assignment) -> Assignment {
+    while let Some((vm, most)) = pb.over_pool(&a) {
+        // Every stage is its own group in a baseline without vm-storage.
+        let groups = pb.groups_of(&a);
+        let shrink = most
+            .groups
+            .iter()
+            .filter_map(|&g| groups.stages(g).next())
+            .filter(|&s| a.placements[s].vm == vm && a.placements[s].vms > 1)
+            .max_by_key(|&s| (a.placements[s].vms, std::cmp::Reverse(s)));
+        let Some(s) = shrink else { break };
+        let vms = pb.fit_vms(s, vm, a.placements[s].vms - 1);
+        if vms == 0 || vms >= a.placements[s].vms {
+            break;
+        }
+        a.placements[s] = Placement {
+            vm,
+            vms,
+            concurrent: pb.per_vm(s, vms).min(pb.max_concurrent(s, vm)).max(1),
+        };
+    }
+    a
 }
 
 /// The `direct` baseline's placement of stage `s` under VM limits, its senders placed: the

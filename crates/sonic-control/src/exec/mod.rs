@@ -2216,8 +2216,9 @@ mod tests {
         /// lambdas (a VM runs at most `ceil(K / vms)`); what the executor lets run at once
         /// on an agent is the plan's (a stage's permits there are its VMs there times its
         /// concurrency, and the job's reservation holds every set of stages that can run
-        /// together) and never more than the agent's vCPUs; every VM of the plan is billed on
-        /// its own (`planned_vm`), even where two share an agent.
+        /// together) and never more than the agent's vCPUs; stages that run at once are on
+        /// different agents unless no plan keeps them apart (the notes then say so); every VM
+        /// of the plan is billed on its own (`planned_vm`), even where two share an agent.
         #[test]
         fn a_granted_plan_runs_placed_and_billed_as_priced(
             n in 1usize..6,
@@ -2359,10 +2360,14 @@ mod tests {
                         continue;
                     }
                     let pj = a.permits(j);
+                    // Branches priced on VMs of their own run on agents of their own, unless
+                    // no plan keeps them apart on this pool and the notes say they share.
+                    let shared = a.notes.iter().any(|n| n.starts_with("no plan fits"));
                     for (agent, k) in &permits {
                         if let Some(kj) = pj.get(agent) {
-                            // Where the pool squeezed branches onto one agent beyond its
-                            // slots, they share them, and the job's notes say so.
+                            proptest::prop_assert!(shared, "branches {} and {} on agent {}: {:?}", i, j, agent, a.notes);
+                            // Where they share an agent beyond its slots, they share them, and
+                            // the job's notes say so.
                             let id = &slots[*agent].id;
                             let said = a.notes.iter().any(|n| n.contains(&format!("share agent {id}:")));
                             proptest::prop_assert!(

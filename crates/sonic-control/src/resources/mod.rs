@@ -36,7 +36,10 @@
 //! ([`Offer::vm_group`]) must be granted its sender's agents, in the same order: the files are
 //! there. Two VMs of one stage must be different agents. A stage that reads over `direct` edges
 //! must get other machines than its senders': the plan priced each such edge as one network
-//! copy between VMs, the sender's held until the receiver has fetched. The implementation is installed with
+//! copy between VMs, the sender's held until the receiver has fetched. More generally, VM groups
+//! the plan holds at the same time (branches that run at once, a direct sender until its
+//! receivers have fetched: [`sonic_core::held`], [`Offer::held_at_once`]) get machines of their
+//! own, unless the offer says they may share ([`Offer::share`]). The implementation is installed with
 //! [`crate::Runtime::with_resources`].
 
 #![warn(missing_docs)]
@@ -52,6 +55,7 @@ use std::time::Instant;
 
 use sonic_core::catalog::Catalog;
 use sonic_core::dag::Dag;
+use sonic_core::held::Reach;
 use sonic_core::model::{Method, held_with_direct_senders};
 use sonic_core::planner::{Plan, PlanStage};
 use tokio::sync::Notify;
@@ -88,9 +92,20 @@ pub struct Offer {
     /// and agent), as the plan was priced with: a stage the plan marks `warm` starts hot only
     /// on agents that keep enough of them. A hint: the built-in manager prefers them.
     pub warm: crate::learn::warm::WarmPool,
+    /// Whether VM groups the plan holds at the same time may share an agent (they then share
+    /// its slots, fewer lambdas at once than priced). `false` unless no plan keeps them apart
+    /// on this pool ([`planned::admit`] offers the plan again with it, and says so in the
+    /// job's notes).
+    pub share: bool,
 }
 
 impl Offer {
+    /// The plan's VM groups and which of them it holds at the same time (the model's rule,
+    /// [`sonic_core::held`]): group ids are the groups' first functions.
+    pub fn held_at_once(&self) -> sonic_core::held::Groups {
+        held_at_once(&self.dag, &self.plan)
+    }
+
     /// The plan's placement of DAG function `i`.
     pub fn stage(&self, i: usize) -> Option<&PlanStage> {
         stage_of(&self.dag, &self.plan, i)
@@ -101,6 +116,27 @@ impl Offer {
     pub fn vm_group(&self, i: usize) -> Option<usize> {
         vm_sender(&self.dag, &self.plan, i)
     }
+}
+
+/// [`Offer::held_at_once`] of `plan`.
+fn held_at_once(dag: &Dag, plan: &Plan) -> sonic_core::held::Groups {
+    let n = dag.functions.len();
+    let reach = Reach::new(n, dag.edges.iter().map(|e| (e.from, e.to)));
+    let roots: Vec<usize> = (0..n).map(|i| group_root(dag, plan, i)).collect();
+    let direct = dag
+        .edges
+        .iter()
+        .filter(|e| edge_method(dag, plan, e.from, e.to) == Some(Method::Direct));
+    sonic_core::held::Groups::new(&reach, &roots, direct.map(|e| (e.from, e.to)))
+}
+
+/// The plan's method on the edge `from -> to` (DAG function indices).
+fn edge_method(dag: &Dag, plan: &Plan, from: usize, to: usize) -> Option<Method> {
+    let (f, t) = (&dag.functions[from].name, &dag.functions[to].name);
+    plan.edges
+        .iter()
+        .find(|e| &e.from == f && &e.to == t)
+        .map(|e| e.method)
 }
 
 fn stage_of<'a>(dag: &Dag, plan: &'a Plan, i: usize) -> Option<&'a PlanStage> {
@@ -319,32 +355,22 @@ impl Use {
 /// leads from one to the other (independent branches run at once, `sonic_core::machine`).
 #[derive(Debug, Clone)]
 pub struct Concurrency {
-    /// `reach[i][j]`: a path leads from `i` to `j`.
-    reach: Vec<Vec<bool>>,
+    /// Which stages come before which (the model's, [`sonic_core::held::Reach`]).
+    reach: Reach,
 }
 
 impl Concurrency {
     /// The relation of `dag`'s stages.
     pub fn of(dag: &Dag) -> Concurrency {
         let n = dag.functions.len();
-        let mut reach = vec![vec![false; n]; n];
-        // Functions are in topological order: a sender's row is complete before its receivers
-        // read it, walking from the last function back.
-        for i in (0..n).rev() {
-            for e in dag.edges.iter().filter(|e| e.from == i && e.to < n) {
-                reach[i][e.to] = true;
-                let below = reach[e.to].clone();
-                for (j, r) in below.into_iter().enumerate() {
-                    reach[i][j] |= r;
-                }
-            }
+        Concurrency {
+            reach: Reach::new(n, dag.edges.iter().map(|e| (e.from, e.to))),
         }
-        Concurrency { reach }
     }
 
     /// Whether stages `i` and `j` (not the same) can run at the same time.
     pub fn together(&self, i: usize, j: usize) -> bool {
-        i != j && !self.reach[i][j] && !self.reach[j][i]
+        self.reach.together(i, j)
     }
 
     /// What a job holds on one agent from its stages there (`(stage, what one of its VMs holds
@@ -575,6 +601,38 @@ impl Pool {
                 ));
             }
         }
+        // VM groups held at the same time never share an agent (unless the offer allows it):
+        // per VM type, the heaviest set of them against the agents of that type.
+        if why.is_empty() && !offer.share {
+            let groups = offer.held_at_once();
+            let types: BTreeSet<&str> = plan.stages.iter().map(|s| s.vm_type.as_str()).collect();
+            for t in types {
+                let mut weights = vec![0u32; groups.count()];
+                for i in 0..dag.functions.len() {
+                    if let Some(st) = offer.stage(i)
+                        && st.vm_type == t
+                        && offer.vm_group(i).is_none()
+                    {
+                        weights[groups.of(i)] = st.vms.max(1);
+                    }
+                }
+                let most = groups.most(&weights);
+                let n = have.get(t).copied().unwrap_or(0);
+                if most.vms > n {
+                    let names: Vec<&str> = most
+                        .groups
+                        .iter()
+                        .flat_map(|&g| groups.stages(g))
+                        .map(|i| dag.functions[i].name.as_str())
+                        .collect();
+                    why.push(format!(
+                        "{} hold {} {t} VMs at the same time (branches that run at once, or direct senders until their receivers fetch), the pool has {n}",
+                        names.join(", "),
+                        most.vms
+                    ));
+                }
+            }
+        }
         (!why.is_empty()).then(|| (have, why.join("; ")))
     }
 
@@ -599,6 +657,7 @@ impl Pool {
             .map(|i| group_root(dag, plan, i))
             .collect();
         let linked = direct_links(dag, plan, &roots);
+        let held = held_at_once(dag, plan);
         // Per agent index: the job's stages placed there so far, each once per VM.
         let mut on: BTreeMap<usize, Vec<(usize, Use)>> = BTreeMap::new();
         for (i, f) in dag.functions.iter().enumerate() {
@@ -633,18 +692,16 @@ impl Pool {
                 hosts.push(h);
                 continue;
             }
-            // Never an agent of a group this stage's group exchanges files with over `direct`
-            // (either way, its later vm-storage stages included): a direct edge is one network
-            // copy between two VMs and its sender's VMs are held until the receiver has fetched
-            // (model.md); `short` made sure the pool has enough VMs of the type,
-            // so the stage waits for one. Among the others: the agents the job ran this stage
-            // on before, in their order; then agents that keep the most warm containers for
-            // the stage's first batch (`Offer::warm`); then agents that run none of the job's
-            // stages that can run at the same time as this one (the model gives each branch
-            // VMs of its own); then the job's own agents (a reservation there may already
-            // cover the stage); then the freest. An agent beside another branch is still
-            // taken when no other agent of the type is free; it then holds what both hold
-            // together.
+            // Never an agent of a group this stage's group is held at the same time as
+            // (branches that run at once, a direct sender until its receivers have fetched,
+            // either way round and its later vm-storage stages included: the model gives each
+            // such group VMs of its own, sonic_core::held); `short` made sure the pool has
+            // enough VMs of the type, so the stage waits for one. (An offer that lets them share
+            // keeps only the direct pairs apart.) Among the others: the agents the job ran this
+            // stage on before, in their order; then agents that keep the most warm containers
+            // for the stage's first batch (`Offer::warm`); then agents that run none of the
+            // job's stages that can run at the same time as this one; then the job's own agents
+            // (a reservation there may already cover the stage); then the freest.
             let preferred = |a: usize| {
                 offer
                     .prefer
@@ -652,10 +709,18 @@ impl Pool {
                     .and_then(|p| p.iter().position(|id| *id == agents[a].id))
                     .unwrap_or(usize::MAX)
             };
-            // The agents of every group placed so far that this stage's group sends to or
-            // fetches from over `direct` (its later vm-storage stages' edges too).
+            // The agents of every group placed so far that this stage's group is held at the
+            // same time as (sonic_core::held); when the offer lets such groups share, only
+            // those it sends to or fetches from over `direct` (its later vm-storage stages'
+            // edges too).
             let peers: Vec<usize> = (0..hosts.len())
-                .filter(|&j| linked.contains(&(roots[j], i)))
+                .filter(|&j| {
+                    if offer.share {
+                        linked.contains(&(roots[j], i))
+                    } else {
+                        held.at_once(held.of(j), held.of(i))
+                    }
+                })
                 .flat_map(|j| hosts[j].iter().copied())
                 .collect();
             let mut typed: Vec<usize> = (0..agents.len())
@@ -1089,6 +1154,7 @@ edges:
             agents: agents.to_vec(),
             prefer: Vec::new(),
             warm: Default::default(),
+            share: false,
         }
     }
 
@@ -1164,24 +1230,11 @@ edges:
             uses in proptest::collection::vec((0u32..5, 0u64..5000), 9),
             twice in 0usize..9,
         ) {
-            let mut reach = vec![vec![false; n]; n];
-            for &(a, b) in &edges {
-                let (a, b) = (a.min(b), a.max(b));
-                if b < n && a != b {
-                    reach[a][b] = true;
-                }
-            }
-            for i in (0..n).rev() {
-                for j in i + 1..n {
-                    if reach[i][j] {
-                        let below = reach[j].clone();
-                        for (k, r) in below.into_iter().enumerate() {
-                            reach[i][k] |= r;
-                        }
-                    }
-                }
-            }
-            let c = Concurrency { reach };
+            let pairs = edges
+                .iter()
+                .map(|&(a, b)| (a.min(b), a.max(b)))
+                .filter(|&(a, b)| b < n && a != b);
+            let c = Concurrency { reach: Reach::new(n, pairs) };
             let mut stages: Vec<(usize, Use)> = (0..n)
                 .map(|i| (i, Use { slots: uses[i].0, memory_mb: uses[i].1 }))
                 .collect();
@@ -1254,6 +1307,7 @@ edges:
             agents: agents.to_vec(),
             prefer: Vec::new(),
             warm: Default::default(),
+            share: false,
         };
         let pool = Pool::new(Some(&catalog()), 4);
         let three = agents(&["m5.large", "m5.large", "m5.large"]);
@@ -1282,17 +1336,62 @@ edges:
             ),
             other => panic!("{other:?}"),
         }
-        // One agent and every edge remote: both branches on it, holding two slots.
+        // One agent and every edge remote: b and c run at once, each priced on a VM of its
+        // own, so the pool can never hold them apart and says so (the job is re-planned).
         let mut remote = plan.clone();
         for e in &mut remote.edges {
             e.method = Method::Remote;
         }
         let one = agents(&["m5.large"]);
         let mut o = offer(&one);
-        o.plan = remote;
+        o.plan = remote.clone();
+        match pool.offer(&o, &quiet).now_or_never().expect("at once") {
+            Ok(Answer::Capacity { vms, why }) => {
+                assert_eq!(vms["m5.large"], 1);
+                assert!(
+                    why.contains("b, c hold 2 m5.large VMs at the same time"),
+                    "{why}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Offered with leave to share (no plan kept them apart): both branches on it, holding
+        // two slots.
+        o.share = true;
         let g = grant_now(&pool, &o);
         assert_eq!(g.hosts[1], g.hosts[2]);
         assert_eq!(pool.usage()["a-0"], slots(2));
+        pool.release("j");
+        // Two agents, one of them full with another job's grant: c waits for it rather than
+        // run beside b.
+        let two = agents(&["m5.large", "m5.large"]);
+        let mut o = offer(&two);
+        o.plan = remote;
+        // The other job: a remote chain, one after another on one agent, two lambdas at once.
+        let other = super::tests::offer(
+            "other",
+            plan_over([("m5.large", 1, 2); 3], false, Method::Remote),
+            1024,
+            &two,
+        );
+        let busy = grant_now(&pool, &other);
+        assert_eq!(pool.usage()[&busy.hosts[0][0]], slots(2));
+        let waited = std::sync::Mutex::new(Vec::new());
+        let said = |why: &str| waited.lock().expect("lock").push(why.to_owned());
+        let mut pending = pool.offer(&o, &said);
+        assert!((&mut pending).now_or_never().is_none(), "c waits");
+        pool.release("other");
+        let g = granted(pending.now_or_never().expect("granted once released"));
+        assert_ne!(g.hosts[1], g.hosts[2], "{:?}", g.hosts);
+        assert!(
+            waited
+                .lock()
+                .expect("lock")
+                .iter()
+                .any(|w| w.starts_with("queued")),
+            "{:?}",
+            waited.lock()
+        );
         pool.release("j");
     }
 
@@ -1524,6 +1623,7 @@ edges:
             agents: agents(&["m5.large", "m5.large"]),
             prefer: Vec::new(),
             warm: Default::default(),
+            share: false,
         };
         let pool = Pool::new(Some(&catalog()), 4);
         let g = grant_now(&pool, &o);

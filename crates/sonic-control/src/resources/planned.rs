@@ -201,6 +201,9 @@ pub async fn admit_preferring(
     let mut current = planned.clone();
     let mut notes = Vec::new();
     let mut replanned = false;
+    // Whether groups the plan holds at once may share agents: only once no plan keeps them
+    // apart on this pool.
+    let mut share = false;
     loop {
         let memory_limit_mb = memory_limits(dag, &current.params);
         let mut offer = Offer {
@@ -212,6 +215,7 @@ pub async fn admit_preferring(
             agents: agents.to_vec(),
             prefer: prefer.to_vec(),
             warm: current.warm.clone(),
+            share,
         };
         let mut used = Used::Best;
         let mut answer = manager
@@ -257,12 +261,28 @@ pub async fn admit_preferring(
                         limits_text(&vms)
                     ));
                 }
-                current = replan(&vms)?;
-                replanned = true;
-                notes.push(format!(
-                    "re-planned for at most {}: {why}",
-                    limits_text(&vms)
-                ));
+                match replan(&vms) {
+                    Ok(again) => {
+                        current = again;
+                        replanned = true;
+                        notes.push(format!(
+                            "re-planned for at most {}: {why}",
+                            limits_text(&vms)
+                        ));
+                    }
+                    // No plan keeps the groups held at once apart on this pool (e.g. two
+                    // branches that can only run on VMs of their own, one VM of the type):
+                    // the plan runs with them sharing agents, as the job's notes say, rather
+                    // than not at all. Its prediction assumed they run apart.
+                    Err(e) if !share => {
+                        share = true;
+                        notes.push(format!(
+                            "no plan fits {} ({why}; re-planning: {e}): stages planned on VMs of their own share agents and run fewer lambdas at once than predicted",
+                            limits_text(&vms)
+                        ));
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
     }

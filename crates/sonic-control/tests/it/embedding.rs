@@ -361,6 +361,7 @@ edges:
         agents,
         prefer: Vec::new(),
         warm: Default::default(),
+        share: false,
     }
 }
 

@@ -2,7 +2,8 @@
 //! planned jobs that each need every vCPU of an agent are queued one behind the other, never run
 //! side by side; a diamond whose branches were priced on VMs of their own runs them on two
 //! agents at once, in the order and on the VMs the simulator gives the same plan (both run the
-//! job machine).
+//! job machine); on one agent it is planned again so that they take turns on one VM, or, where
+//! no plan can (the `remote` baseline), shares the agent and says so.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -220,6 +221,91 @@ async fn a_diamonds_branches_priced_on_their_own_vms_run_at_once_on_two_agents()
         "b ran {b0:.2}-{b1:.2} s and c {c0:.2}-{c1:.2} s: one after the other"
     );
     runs_as_simulated(&s);
+    c.stop().await;
+}
+
+/// The same diamond on a pool of one m5.large agent. Sonic's plan gives b and c VMs of their own
+/// (they run at once); the pool can never hold them apart, so the job is re-planned within one
+/// VM, where the only plans run b and c on a's VM one after the other (vm-storage), and runs
+/// that. The `remote` baseline has no such plan (every stage on a VM of its own): it runs with
+/// b and c sharing the agent, and its notes say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn branches_the_pool_cannot_hold_apart_are_planned_again_or_said_to_share() {
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 3,
+        ..Convergence::default()
+    };
+    let c = Cluster::builder()
+        .convergence(rule)
+        .agents(&[("a-1", "m5.large")])
+        .start()
+        .await;
+    c.apply(DIAMOND).await;
+    let params = json!({ "b.sleep_ms": 300, "c.sleep_ms": 300 });
+    for n in [30_000usize, 90_000, 150_000] {
+        let id = c
+            .submit(json!({
+                "dag": "diamond",
+                "params": params,
+                "input": { "name": "data.bin", "base64": base64(&sized_input(n)) },
+            }))
+            .await;
+        let s = c.wait(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{:?}", s.error);
+    }
+    // Sonic plans once the models converged; a baseline is planned when asked to be.
+    let submit = |policy: &str| {
+        let mut job = json!({
+            "dag": "diamond",
+            "policy": policy,
+            "params": params,
+            "input": { "name": "data.bin", "base64": base64(&sized_input(60_000)) },
+        });
+        if policy != "sonic" {
+            job["planned"] = json!(true);
+        }
+        job
+    };
+    let s = c.wait(&c.submit(submit("sonic")).await).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{:?}", s.error);
+    assert_eq!(s.mode, JobMode::Planned);
+    let plan = s.plan.as_ref().expect("a planned job records its grant");
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.starts_with("re-planned for at most 1 m5.large")),
+        "{:?}",
+        plan.notes
+    );
+    let method = |s: &JobSummary, to: &str| {
+        s.edges
+            .iter()
+            .find(|e| e.from == "a" && e.to == to)
+            .map(|e| e.method)
+            .expect("edge")
+    };
+    for to in ["b", "c"] {
+        assert_eq!(
+            method(&s, to),
+            sonic_core::model::Method::VmStorage,
+            "b and c continue on a's VM: {:?}",
+            s.edges
+        );
+    }
+    assert!(!plan.notes.iter().any(|n| n.starts_with("no plan fits")));
+
+    let s = c.wait(&c.submit(submit("remote")).await).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{:?}", s.error);
+    let plan = s.plan.as_ref().expect("plan");
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.starts_with("no plan fits 1 m5.large")
+                && n.contains("b, c hold 2 m5.large VMs at the same time")),
+        "{:?}",
+        plan.notes
+    );
     c.stop().await;
 }
 

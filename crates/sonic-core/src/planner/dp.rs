@@ -386,7 +386,7 @@ impl<'a> Search<'a> {
         } else {
             (f64::INFINITY, None)
         };
-        let (last, backs, stats) = match self.run(banned, bounds, incumbent, meter) {
+        let (last, backs, stats) = match self.run(banned, bounds, incumbent, meter, false) {
             Ok(done) => done,
             Err((_, stats)) => {
                 return Solved {
@@ -395,23 +395,48 @@ impl<'a> Search<'a> {
                 };
             }
         };
-        let mut best: Option<(f64, u32)> = None;
-        if let Some(ids) = last.keys.get(&Vec::new()) {
-            for &id in ids {
-                let v = last.label(id);
-                let product = v[0] * v[1];
-                if best.is_none_or(|(p, _)| product < p) {
-                    best = Some((product, id));
-                }
-            }
-        }
+        let (best, unfit) = self.best_fitting(&last, &backs);
+        let (best, stats) = match best {
+            // Under VM limits the best plan kept may hold more VMs at once than the pool has
+            // (`PlanProblem::over_pool`, known only of a complete plan), and labels it dominated
+            // are gone: the search runs again keeping every label, and its best fitting plan is
+            // the optimum. When the budget stops it, the best fitting plan of the first search
+            // (or the incumbent) comes back, `meter.stopped()` saying so.
+            _ if unfit => match self.run(banned, bounds, incumbent, meter, true) {
+                Ok((last, backs, stats)) => (self.best_fitting(&last, &backs).0, stats),
+                Err((_, stats)) => (best, stats),
+            },
+            _ => (best, stats),
+        };
         let best = match (best, inc_plan) {
-            (Some((p, id)), inc) if p < incumbent || inc.is_none() => {
-                Some(self.rebuild(&backs, id))
-            }
+            (Some((p, a)), inc) if p < incumbent || inc.is_none() => Some(a),
             (_, inc) => inc,
         };
         Solved { best, stats }
+    }
+
+    /// The best complete plan (min latency * cost) of a search's last layer that fits the
+    /// pool's VM limits, and whether a better one did not.
+    fn best_fitting(&self, last: &Layer, backs: &[Vec<Back>]) -> (Option<(f64, Assignment)>, bool) {
+        let mut ends: Vec<(f64, u32)> = last
+            .keys
+            .get(&Vec::new())
+            .map(|ids| {
+                ids.iter()
+                    .map(|&id| (last.label(id)[0] * last.label(id)[1], id))
+                    .collect()
+            })
+            .unwrap_or_default();
+        ends.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut unfit = false;
+        for (product, id) in ends {
+            let a = self.rebuild(backs, id);
+            if self.pb.over_pool(&a).is_none() {
+                return (Some((product, a)), unfit);
+            }
+            unfit = true;
+        }
+        (None, unfit)
     }
 
     /// Every (latency, cost) at the end of a search cut only by `bounds`: the Pareto front of
@@ -422,18 +447,28 @@ impl<'a> Search<'a> {
         bounds: Bounds,
         meter: &Meter<'_>,
     ) -> Result<Vec<(f64, f64)>, Limit> {
-        let (last, _, _) = self
-            .run(banned, bounds, f64::INFINITY, meter)
-            .map_err(|(limit, _)| limit)?;
-        Ok(last
-            .keys
-            .get(&Vec::new())
-            .map(|ids| {
-                ids.iter()
-                    .map(|&id| (last.label(id)[0], last.label(id)[1]))
-                    .collect()
-            })
-            .unwrap_or_default())
+        // Under VM limits, the plans that fit the pool; when some kept do not, from a search
+        // that keeps every label (see `solve`).
+        let mut keep_all = false;
+        loop {
+            let (last, backs, _) = self
+                .run(banned, bounds, f64::INFINITY, meter, keep_all)
+                .map_err(|(limit, _)| limit)?;
+            let ids = last.keys.get(&Vec::new()).cloned().unwrap_or_default();
+            let fits: Vec<bool> = ids
+                .iter()
+                .map(|&id| self.pb.over_pool(&self.rebuild(&backs, id)).is_none())
+                .collect();
+            if keep_all || fits.iter().all(|&f| f) {
+                return Ok(ids
+                    .iter()
+                    .zip(fits)
+                    .filter(|(_, f)| *f)
+                    .map(|(&id, _)| (last.label(id)[0], last.label(id)[1]))
+                    .collect());
+            }
+            keep_all = true;
+        }
     }
 
     /// The best baseline-like plan that is allowed and meets the bounds: its latency * cost
@@ -517,7 +552,8 @@ impl<'a> Search<'a> {
     }
 
     /// The layers of the search; returns the last one, every layer's back pointers, and stats;
-    /// or the limit that stopped it, with the stats until then.
+    /// or the limit that stopped it, with the stats until then. `keep_all`: no label dominates
+    /// another (every plan within the bounds and the incumbent is kept).
     #[allow(clippy::type_complexity)]
     fn run(
         &self,
@@ -525,6 +561,7 @@ impl<'a> Search<'a> {
         bounds: Bounds,
         incumbent: f64,
         meter: &Meter<'_>,
+        keep_all: bool,
     ) -> Result<(Layer, Vec<Vec<Back>>, Stats), (Limit, Stats)> {
         let pb = self.pb;
         let n = pb.stages().len();
@@ -546,11 +583,12 @@ impl<'a> Search<'a> {
         }
         let mut backs = Vec::with_capacity(n);
         for r in 0..n {
-            let mut next =
-                match self.advance(r, &layer, banned, bounds, incumbent, &mut stats, meter) {
-                    Ok(next) => next,
-                    Err(limit) => return Err((limit, stats)),
-                };
+            let mut next = match self.advance(
+                r, &layer, banned, bounds, incumbent, keep_all, &mut stats, meter,
+            ) {
+                Ok(next) => next,
+                Err(limit) => return Err((limit, stats)),
+            };
             backs.push(std::mem::take(&mut next.back));
             layer = next;
         }
@@ -568,6 +606,7 @@ impl<'a> Search<'a> {
         banned: &[bool],
         bounds: Bounds,
         incumbent: f64,
+        keep_all: bool,
         stats: &mut Stats,
         meter: &Meter<'_>,
     ) -> Result<Layer, Limit> {
@@ -769,6 +808,7 @@ impl<'a> Search<'a> {
                                     &w_h,
                                     &canon2,
                                     shift,
+                                    keep_all,
                                 ) {
                                     meter.keep(bytes)?;
                                     let seen = &mut stats.seen[r][o.vm];
@@ -808,6 +848,7 @@ impl Layer {
         w_h: &[f64],
         canon: &[u32],
         shift: bool,
+        keep_all: bool,
     ) -> Option<u64> {
         let d = self.d;
         let stride = self.stride();
@@ -821,16 +862,18 @@ impl Layer {
                 self.keys.entry(key.to_vec()).or_default()
             }
         };
-        for &id in list.iter() {
-            let v = &vals[id as usize * stride..(id as usize + 1) * stride];
-            if dominates(v, cand, d, w_e, w_h, canon, shift) {
-                return None;
+        if !keep_all {
+            for &id in list.iter() {
+                let v = &vals[id as usize * stride..(id as usize + 1) * stride];
+                if dominates(v, cand, d, w_e, w_h, canon, shift) {
+                    return None;
+                }
             }
+            list.retain(|&id| {
+                let v = &vals[id as usize * stride..(id as usize + 1) * stride];
+                !dominates(cand, v, d, w_e, w_h, canon, shift)
+            });
         }
-        list.retain(|&id| {
-            let v = &vals[id as usize * stride..(id as usize + 1) * stride];
-            !dominates(cand, v, d, w_e, w_h, canon, shift)
-        });
         let id = self.back.len() as u32;
         list.push(id);
         self.vals.extend_from_slice(cand);

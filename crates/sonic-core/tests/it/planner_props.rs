@@ -325,6 +325,17 @@ fn check(c: &Case, limits: &BTreeMap<String, u32>) -> Result<(), TestCaseError> 
     };
     prop_assume!(size(&free) <= 60_000.0);
     let unbounded = brute(&free, &vec![false; free.edges().len()]);
+    if !unbounded.found && !limits.is_empty() {
+        // Stages held at the same time need more VMs of a type than the limits allow
+        // (`PlanProblem::over_pool`): the planner finds no plan either.
+        let planned = plan(&free, Policy::Sonic);
+        prop_assert!(
+            planned.is_err(),
+            "a plan the pool cannot hold: {:?}",
+            planned
+        );
+        return Ok(());
+    }
     prop_assert!(unbounded.found, "every generated problem has a plan");
     // Bounds relative to the unbounded optimum's neighbourhood, so that some bind and some fail.
     let (kind, lf, cf) = c.bounds;
@@ -612,4 +623,81 @@ fn direct_ends_never_share_a_vm_under_vm_limits() {
             }
         }
     }
+}
+
+/// Branches that run at once each hold VMs of their own (sonic_core::held): on a diamond under a
+/// limit of 2 VMs of the only type, every edge `remote` with each stage on one VM fits (the two
+/// branches hold 2), two VMs for a branch does not (3 at once), and the baselines and the
+/// planner keep within it; under a limit of 1 the branches can only share `a`'s VM one after
+/// the other (vm-storage), which is what the planner plans, and the `remote` baseline cannot.
+#[test]
+fn branches_that_run_at_once_never_share_the_pools_vms() {
+    let c = Case {
+        shape: 3,
+        n: 4,
+        fanouts: vec![1, 2, 2, 1],
+        kinds: vec![0, 0, 0, 0],
+        stages: vec![(1000.0, 5.0, 0.5); 4],
+        bytes: vec![1e7; 4],
+        types: vec![(2, 4096, 750.0, 0.1)],
+        reserve: 512,
+        local_usd: 0.08,
+        remote: (600.0, 400.0, 25.0, 3500.0, None, 0.023),
+        bounds: (0, 1.0, 1.0),
+    };
+    let pb = problem(&c, Bounds::default());
+    let two = pb
+        .with_vm_limits(&BTreeMap::from([("t0".to_owned(), 2)]))
+        .expect("limits");
+    let on = |vms: [u32; 4]| Assignment {
+        placements: vms
+            .iter()
+            .map(|&vms| Placement {
+                vm: 0,
+                vms,
+                concurrent: 1,
+            })
+            .collect(),
+        methods: vec![Method::Remote; 4],
+    };
+    two.evaluate(&on([1, 1, 1, 1]))
+        .expect("b and c hold two VMs");
+    assert!(pb.evaluate(&on([1, 2, 1, 1])).is_ok(), "no limit, no rule");
+    let err = two
+        .evaluate(&on([1, 2, 1, 1]))
+        .expect_err("b's two VMs and c's one at once");
+    assert!(
+        err.to_string()
+            .contains("s1, s2 hold 3 t0 VMs at the same time"),
+        "{err}"
+    );
+    // (`direct` cannot: d fetches from b and c at once, three VMs.)
+    for policy in [Policy::Sonic, Policy::Remote, Policy::Local] {
+        let out = plan(&two, policy).unwrap_or_else(|e| panic!("{policy}: {e}"));
+        let a = out.best.assignment(&two).expect("assignment");
+        assert!(two.over_pool(&a).is_none(), "{policy}: {a:?}");
+        assert!(out.exact, "{policy}");
+    }
+    // The remote baseline gives each branch one VM per lambda, as many as fit beside the other.
+    let remote = plan(&two, Policy::Remote).expect("remote");
+    let vms: Vec<u32> = remote.best.stages.iter().map(|s| s.vms).collect();
+    assert_eq!(vms, [1, 1, 1, 1]);
+
+    let one = pb
+        .with_vm_limits(&BTreeMap::from([("t0".to_owned(), 1)]))
+        .expect("limits");
+    let out = plan(&one, Policy::Sonic).expect("sonic within one VM");
+    let a = out.best.assignment(&one).expect("assignment");
+    assert!(one.over_pool(&a).is_none());
+    assert_eq!(
+        (a.methods[0], a.methods[1]),
+        (Method::VmStorage, Method::VmStorage),
+        "both branches continue on a's VM: {a:?}"
+    );
+    // Every edge remote cannot hold the branches apart on one VM.
+    let err = plan(&one, Policy::Remote).expect_err("remote on one VM");
+    assert!(
+        err.to_string().contains("hold 2 t0 VMs at the same time"),
+        "{err}"
+    );
 }
