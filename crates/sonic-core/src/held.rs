@@ -1,5 +1,5 @@
 //! Which of a plan's VMs are held at the same time: the one rule by which the model prices a plan
-//! under a pool's VM limits and the resource manager grants it agents (model.md, "Groups").
+//! under a pool's VM limits and the resource manager grants it agents (docs/model.md, "VM limits").
 //!
 //! A plan runs each stage on a *group* of VMs: a stage and the stages that continue on its VMs
 //! over `vm-storage`, one after another. A group holds its VMs from its first stage's start until
@@ -7,6 +7,13 @@
 //! Two groups are held at once unless one is over, by the DAG's order alone, before the other
 //! starts. Groups held at once never share a VM: a pool with fewer VMs of a type than such a set
 //! of groups needs cannot run the plan as priced.
+//!
+//! A `remote` sender is not held past its last stage: the executor's run reports after its
+//! uploads, and its receivers start after the stage has ended. The model lets a receiver start
+//! once its own edge's upload has ended, so where one sender's uploads to two receivers take
+//! different times, the model's timeline can hold the sender while the quicker receiver starts;
+//! the rule follows the executor there (the receiver starts later than the model says, on the
+//! agents the rule gave it).
 
 /// Which stages run before which: `i` before `j` when a path of edges leads from `i` to `j`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -329,6 +329,12 @@ pub enum PlanError {
     /// limits: a receiver and the senders it fetches from need more VMs of a type at once).
     #[error("the {policy} plan cannot run: {why}")]
     Baseline { policy: Policy, why: String },
+    /// Under a pool's VM limits, every plan holds more VMs of a type at once than the pool has
+    /// (`PlanProblem::over_pool`).
+    #[error(
+        "no plan fits the pool ({limits}): every plan holds more VMs of a type at the same time (branches that run at once, or direct senders until their receivers fetch)"
+    )]
+    Pool { limits: String },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -571,6 +577,17 @@ impl<'a> Solvers<'a> {
                     Ok(front) => front,
                     Err(limit) => return Ok(cut(limit)),
                 };
+                let pb = self.pb;
+                if front.is_empty() && pb.has_vm_limits() {
+                    let limits = (0..pb.catalog().vm_types.len())
+                        .filter_map(|vm| {
+                            let n = pb.vm_limit(vm)?;
+                            Some(format!("{n} {}", pb.catalog().vm_types[vm].name))
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    return Ok(PlanError::Pool { limits });
+                }
                 (
                     front.iter().map(|x| x.0).fold(f64::INFINITY, f64::min),
                     front.iter().map(|x| x.1).fold(f64::INFINITY, f64::min),

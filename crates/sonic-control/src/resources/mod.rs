@@ -637,7 +637,12 @@ impl Pool {
     }
 
     /// Places `plan` on the agents now, or says why not: per function, agent indices; per
-    /// agent index, what the job reserves there.
+    /// agent index, what the job reserves there. Each stage takes the agents it prefers (see
+    /// [`Placing`]); where a later stage then finds none, earlier choices are undone and the next
+    /// preferred tried (depth first, at most [`PLACE_STEPS`] choices), so that a plan the agents
+    /// can hold is placed even where taking each stage's first choice would not (groups held at
+    /// once need different agents, and a first fit can use up the ones a later group needed).
+    /// The reason given is the first dead end's (that of taking every first choice).
     #[allow(clippy::type_complexity)]
     fn place(
         &self,
@@ -645,137 +650,43 @@ impl Pool {
         offer: &Offer,
         plan: &Plan,
     ) -> Result<(Vec<Vec<usize>>, BTreeMap<usize, Use>), String> {
-        let agents = &offer.agents;
-        let free = |a: usize| -> Option<Use> {
-            let cap = self.cap(&agents[a])?;
-            Some(cap.minus(st.used.get(&agents[a].id).copied().unwrap_or_default()))
-        };
         let dag = &offer.dag;
-        let mut hosts: Vec<Vec<usize>> = Vec::with_capacity(dag.functions.len());
-        let together = Concurrency::of(dag);
+        for f in &dag.functions {
+            if !plan.stages.iter().any(|s| s.function == f.name) {
+                return Err(format!("the plan has no placement for {}", f.name));
+            }
+        }
         let roots: Vec<usize> = (0..dag.functions.len())
             .map(|i| group_root(dag, plan, i))
             .collect();
-        let linked = direct_links(dag, plan, &roots);
-        let held = held_at_once(dag, plan);
+        let mut placing = Placing {
+            pool: self,
+            st,
+            offer,
+            plan,
+            together: Concurrency::of(dag),
+            linked: direct_links(dag, plan, &roots),
+            held: held_at_once(dag, plan),
+            roots,
+            steps: 0,
+            first_dead_end: None,
+        };
+        let mut hosts: Vec<Vec<usize>> = Vec::with_capacity(dag.functions.len());
         // Per agent index: the job's stages placed there so far, each once per VM.
         let mut on: BTreeMap<usize, Vec<(usize, Use)>> = BTreeMap::new();
-        for (i, f) in dag.functions.iter().enumerate() {
-            let ps = stage_of(dag, plan, i)
-                .ok_or_else(|| format!("the plan has no placement for {}", f.name))?;
-            let mem = offer.memory_limit_mb.get(i).copied().unwrap_or(0);
-            let concurrent = ps.concurrent.max(1);
-            let per = Use {
-                slots: concurrent,
-                memory_mb: mem.saturating_mul(u64::from(concurrent)),
-            };
-            let fits = |a: usize, on: &BTreeMap<usize, Vec<(usize, Use)>>| -> bool {
-                let Some(cap) = self.cap(&agents[a]) else {
-                    return true;
-                };
-                // What the job would hold there in all, against what other holders left.
-                let mut there = on.get(&a).cloned().unwrap_or_default();
-                there.push((i, per));
-                free(a).is_some_and(|fr| together.held(&there).min(cap).within(fr))
-            };
-            if let Some(s) = vm_sender(dag, plan, i) {
-                let h = hosts[s].clone();
-                for &a in &h {
-                    if !fits(a, &on) {
-                        return Err(format!(
-                            "{} (over vm-storage from {}) needs {} slots and {} MB on agent {}",
-                            f.name, dag.functions[s].name, per.slots, per.memory_mb, agents[a].id
-                        ));
-                    }
-                    on.entry(a).or_default().push((i, per));
-                }
-                hosts.push(h);
-                continue;
-            }
-            // Never an agent of a group this stage's group is held at the same time as
-            // (branches that run at once, a direct sender until its receivers have fetched,
-            // either way round and its later vm-storage stages included: the model gives each
-            // such group VMs of its own, sonic_core::held); `short` made sure the pool has
-            // enough VMs of the type, so the stage waits for one. (An offer that lets them share
-            // keeps only the direct pairs apart.) Among the others: the agents the job ran this
-            // stage on before, in their order; then agents that keep the most warm containers
-            // for the stage's first batch (`Offer::warm`); then agents that run none of the
-            // job's stages that can run at the same time as this one; then the job's own agents
-            // (a reservation there may already cover the stage); then the freest.
-            let preferred = |a: usize| {
-                offer
-                    .prefer
-                    .get(i)
-                    .and_then(|p| p.iter().position(|id| *id == agents[a].id))
-                    .unwrap_or(usize::MAX)
-            };
-            // The agents of every group placed so far that this stage's group is held at the
-            // same time as (sonic_core::held); when the offer lets such groups share, only
-            // those it sends to or fetches from over `direct` (its later vm-storage stages'
-            // edges too).
-            let peers: Vec<usize> = (0..hosts.len())
-                .filter(|&j| {
-                    if offer.share {
-                        linked.contains(&(roots[j], i))
-                    } else {
-                        held.at_once(held.of(j), held.of(i))
-                    }
-                })
-                .flat_map(|j| hosts[j].iter().copied())
-                .collect();
-            let mut typed: Vec<usize> = (0..agents.len())
-                .filter(|&a| agents[a].vm_type == ps.vm_type && !peers.contains(&a))
-                .collect();
-            // Warm containers for the first batch: the plan priced the stage hot where the
-            // pool had enough of them.
-            let first = ps.per_vm.min(concurrent).max(1);
-            let warm = |a: usize| offer.warm.on(&f.name, &agents[a].id).min(first);
-            typed.sort_by_key(|&a| {
-                let fr = free(a).unwrap_or(Use {
-                    slots: u32::MAX,
-                    memory_mb: u64::MAX,
-                });
-                let beside = on
-                    .get(&a)
-                    .is_some_and(|st| st.iter().any(|&(j, _)| together.together(i, j)));
-                (
-                    preferred(a),
-                    std::cmp::Reverse(warm(a)),
-                    beside,
-                    !on.contains_key(&a),
-                    std::cmp::Reverse(fr.slots),
-                    std::cmp::Reverse(fr.memory_mb),
-                    a,
-                )
-            });
-            let vms = ps.vms.max(1) as usize;
-            let mut h = Vec::with_capacity(vms);
-            for a in typed {
-                if h.len() == vms {
-                    break;
-                }
-                if fits(a, &on) {
-                    on.entry(a).or_default().push((i, per));
-                    h.push(a);
-                }
-            }
-            if h.len() < vms {
-                return Err(format!(
-                    "{} needs {vms} {} VMs with {} free slots and {} MB each, {} are free",
-                    f.name,
-                    ps.vm_type,
-                    per.slots,
-                    per.memory_mb,
-                    h.len()
-                ));
-            }
-            hosts.push(h);
+        if !placing.stage(0, &mut hosts, &mut on) {
+            return Err(placing
+                .first_dead_end
+                .unwrap_or_else(|| "no placement found".to_owned()));
         }
         let need = on
             .into_iter()
             .map(|(a, st)| {
-                let held = together.held(&st);
-                (a, self.cap(&agents[a]).map_or(held, |cap| held.min(cap)))
+                let held = placing.together.held(&st);
+                (
+                    a,
+                    self.cap(&offer.agents[a]).map_or(held, |cap| held.min(cap)),
+                )
             })
             .collect();
         Ok((hosts, need))
@@ -999,6 +910,223 @@ impl Pool {
                 }
             }
             notified.await;
+        }
+    }
+}
+
+/// How many agent choices [`Pool::place`] tries before it gives up on a plan.
+const PLACE_STEPS: usize = 2_000;
+
+/// One placement of a plan in progress ([`Pool::place`]).
+struct Placing<'a> {
+    pool: &'a Pool,
+    st: &'a State,
+    offer: &'a Offer,
+    plan: &'a Plan,
+    together: Concurrency,
+    /// Per function, the first function of its VM group.
+    roots: Vec<usize>,
+    linked: BTreeSet<(usize, usize)>,
+    held: sonic_core::held::Groups,
+    steps: usize,
+    /// Why the first path that failed failed.
+    first_dead_end: Option<String>,
+}
+
+impl Placing<'_> {
+    fn dead_end(&mut self, why: impl FnOnce() -> String) -> bool {
+        if self.first_dead_end.is_none() {
+            self.first_dead_end = Some(why());
+        }
+        false
+    }
+
+    fn free(&self, a: usize) -> Option<Use> {
+        let agent = &self.offer.agents[a];
+        let cap = self.pool.cap(agent)?;
+        Some(cap.minus(self.st.used.get(&agent.id).copied().unwrap_or_default()))
+    }
+
+    /// Whether stage `i`, holding `per` on each of its VMs, fits agent `a` beside what the job
+    /// holds there already: what the job would hold there in all, against what other holders
+    /// left.
+    fn fits(&self, a: usize, i: usize, per: Use, on: &BTreeMap<usize, Vec<(usize, Use)>>) -> bool {
+        let Some(cap) = self.pool.cap(&self.offer.agents[a]) else {
+            return true;
+        };
+        let mut there = on.get(&a).cloned().unwrap_or_default();
+        there.push((i, per));
+        self.free(a)
+            .is_some_and(|fr| self.together.held(&there).min(cap).within(fr))
+    }
+
+    /// Places stages `i..` given the hosts of those before; whether it could.
+    fn stage(
+        &mut self,
+        i: usize,
+        hosts: &mut Vec<Vec<usize>>,
+        on: &mut BTreeMap<usize, Vec<(usize, Use)>>,
+    ) -> bool {
+        let (dag, offer, plan) = (&*self.offer.dag, self.offer, self.plan);
+        if i == dag.functions.len() {
+            return true;
+        }
+        let agents = &offer.agents;
+        let f = &dag.functions[i];
+        let Some(ps) = stage_of(dag, plan, i) else {
+            return self.dead_end(|| format!("the plan has no placement for {}", f.name));
+        };
+        let mem = offer.memory_limit_mb.get(i).copied().unwrap_or(0);
+        let concurrent = ps.concurrent.max(1);
+        let per = Use {
+            slots: concurrent,
+            memory_mb: mem.saturating_mul(u64::from(concurrent)),
+        };
+        if let Some(s) = vm_sender(dag, plan, i) {
+            let h = hosts[s].clone();
+            for &a in &h {
+                if !self.fits(a, i, per, on) {
+                    return self.dead_end(|| {
+                        format!(
+                            "{} (over vm-storage from {}) needs {} slots and {} MB on agent {}",
+                            f.name, dag.functions[s].name, per.slots, per.memory_mb, agents[a].id
+                        )
+                    });
+                }
+            }
+            for &a in &h {
+                on.entry(a).or_default().push((i, per));
+            }
+            hosts.push(h.clone());
+            if self.stage(i + 1, hosts, on) {
+                return true;
+            }
+            hosts.pop();
+            for &a in &h {
+                unplace(on, a);
+            }
+            return false;
+        }
+        // Never an agent of a group this stage's group is held at the same time as (branches
+        // that run at once, a direct sender until its receivers have fetched, either way round
+        // and its later vm-storage stages included: the model gives each such group VMs of its
+        // own, sonic_core::held); `short` made sure the pool has enough VMs of the type, so the
+        // stage waits for one. (An offer that lets them share keeps only the direct pairs
+        // apart.) Among the others, in order: the agents the job ran this stage on before, in
+        // their order; then agents that keep the most warm containers for the stage's first
+        // batch (`Offer::warm`: the plan priced the stage hot where the pool had enough); then
+        // agents that run none of the job's stages that can run at the same time as this one;
+        // then the job's own agents (a reservation there may already cover the stage); then
+        // the freest.
+        let peers: Vec<usize> = (0..hosts.len())
+            .filter(|&j| {
+                if offer.share {
+                    self.linked.contains(&(self.roots[j], i))
+                } else {
+                    self.held.at_once(self.held.of(j), self.held.of(i))
+                }
+            })
+            .flat_map(|j| hosts[j].iter().copied())
+            .collect();
+        let preferred = |a: usize| {
+            offer
+                .prefer
+                .get(i)
+                .and_then(|p| p.iter().position(|id| *id == agents[a].id))
+                .unwrap_or(usize::MAX)
+        };
+        let first = ps.per_vm.min(concurrent).max(1);
+        let warm = |a: usize| offer.warm.on(&f.name, &agents[a].id).min(first);
+        let mut typed: Vec<usize> = (0..agents.len())
+            .filter(|&a| agents[a].vm_type == ps.vm_type && !peers.contains(&a))
+            .collect();
+        typed.sort_by_key(|&a| {
+            let fr = self.free(a).unwrap_or(Use {
+                slots: u32::MAX,
+                memory_mb: u64::MAX,
+            });
+            let beside = on
+                .get(&a)
+                .is_some_and(|st| st.iter().any(|&(j, _)| self.together.together(i, j)));
+            (
+                preferred(a),
+                std::cmp::Reverse(warm(a)),
+                beside,
+                !on.contains_key(&a),
+                std::cmp::Reverse(fr.slots),
+                std::cmp::Reverse(fr.memory_mb),
+                a,
+            )
+        });
+        let vms = ps.vms.max(1) as usize;
+        let mut chosen = Vec::with_capacity(vms);
+        self.choose(i, per, vms, &typed, 0, &mut chosen, hosts, on)
+    }
+
+    /// Takes `vms - chosen.len()` more agents for stage `i` from `typed[from..]`, in order,
+    /// then places the stages after it; undoes its choices where that fails.
+    #[allow(clippy::too_many_arguments)]
+    fn choose(
+        &mut self,
+        i: usize,
+        per: Use,
+        vms: usize,
+        typed: &[usize],
+        from: usize,
+        chosen: &mut Vec<usize>,
+        hosts: &mut Vec<Vec<usize>>,
+        on: &mut BTreeMap<usize, Vec<(usize, Use)>>,
+    ) -> bool {
+        if chosen.len() == vms {
+            hosts.push(chosen.clone());
+            if self.stage(i + 1, hosts, on) {
+                return true;
+            }
+            hosts.pop();
+            return false;
+        }
+        let mut fitting = chosen.len();
+        for k in from..typed.len() {
+            if self.steps >= PLACE_STEPS {
+                return false;
+            }
+            self.steps += 1;
+            let a = typed[k];
+            if !self.fits(a, i, per, on) {
+                continue;
+            }
+            fitting += 1;
+            on.entry(a).or_default().push((i, per));
+            chosen.push(a);
+            if self.choose(i, per, vms, typed, k + 1, chosen, hosts, on) {
+                return true;
+            }
+            chosen.pop();
+            unplace(on, a);
+        }
+        let (f, ps) = (
+            &self.offer.dag.functions[i],
+            stage_of(&self.offer.dag, self.plan, i),
+        );
+        let vm_type = ps.map(|p| p.vm_type.clone()).unwrap_or_default();
+        self.dead_end(|| {
+            format!(
+                "{} needs {vms} {vm_type} VMs with {} free slots and {} MB each, {} are free",
+                f.name,
+                per.slots,
+                per.memory_mb,
+                fitting.min(vms - 1)
+            )
+        })
+    }
+}
+
+/// Takes the last stage placed on agent `a` off it.
+fn unplace(on: &mut BTreeMap<usize, Vec<(usize, Use)>>, a: usize) {
+    if let Some(list) = on.get_mut(&a) {
+        list.pop();
+        if list.is_empty() {
+            on.remove(&a);
         }
     }
 }
@@ -1392,6 +1520,62 @@ edges:
             "{:?}",
             waited.lock()
         );
+        pool.release("j");
+    }
+
+    /// Roots a and b, a and b -> c, a -> d, every edge remote, a VM each: b is held beside a,
+    /// c beside d (they can run at once), b beside d; so two agents hold the plan, {a, d} and
+    /// {b, c}. Taking each stage's first choice puts c on a's agent and leaves d none: the pool
+    /// undoes that choice rather than answer that the plan cannot be placed.
+    #[test]
+    fn groups_held_at_once_are_placed_where_a_first_fit_would_not() {
+        const DAG: &str = r#"
+name: two-roots
+functions:
+  - { name: a, image: i, command: [x] }
+  - { name: b, image: i, command: [x] }
+  - { name: c, image: i, command: [x] }
+  - { name: d, image: i, command: [x] }
+edges:
+  - { from: a, to: c, kind: one }
+  - { from: b, to: c, kind: one }
+  - { from: a, to: d, kind: one }
+"#;
+        let dag = Arc::new(Dag::from_yaml("two-roots.yaml", DAG).expect("dag"));
+        let mut plan = plan_over([("m5.large", 1, 1); 3], false, Method::Remote);
+        plan.stages = ["a", "b", "c", "d"]
+            .map(|f| PlanStage {
+                function: f.into(),
+                ..plan.stages[0].clone()
+            })
+            .to_vec();
+        plan.edges = [("a", "c"), ("b", "c"), ("a", "d")]
+            .map(|(from, to)| PlanEdge {
+                from: from.into(),
+                to: to.into(),
+                method: Method::Remote,
+                predicted_s: 0.0,
+            })
+            .to_vec();
+        let two = agents(&["m5.large", "m5.large"]);
+        let o = Offer {
+            dag,
+            plan,
+            memory_limit_mb: vec![1024; 4],
+            ..offer(
+                "j",
+                plan_over([("m5.large", 1, 1); 3], false, Method::Remote),
+                1024,
+                &two,
+            )
+        };
+        let groups = o.held_at_once();
+        assert!(groups.at_once(0, 1) && groups.at_once(2, 3) && groups.at_once(1, 3));
+        let pool = Pool::new(Some(&catalog()), 4);
+        let g = grant_now(&pool, &o);
+        assert_eq!(g.hosts[0], g.hosts[3], "{:?}", g.hosts);
+        assert_eq!(g.hosts[1], g.hosts[2], "{:?}", g.hosts);
+        assert_ne!(g.hosts[0], g.hosts[1], "{:?}", g.hosts);
         pool.release("j");
     }
 
