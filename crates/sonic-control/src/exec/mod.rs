@@ -621,8 +621,8 @@ struct Progress {
     /// Per edge index: the methods the agents reported staging its files with.
     observed: BTreeMap<usize, BTreeSet<Method>>,
     /// Per function index: each instance's time outside the data passing the model counts on
-    /// the DAG's edges, and its lambda's own time ([`stage_overhead_s`]).
-    outside_edges: BTreeMap<usize, Vec<(f64, f64)>>,
+    /// the DAG's edges, its lambda's own time, and whether it ran cold ([`stage_overhead_s`]).
+    outside_edges: BTreeMap<usize, Vec<Outside>>,
     /// Per (agent index, the plan's VM on it): when the job first and last held it. Several
     /// VMs of a plan can share one agent (a small cluster); each is charged as the VM it is.
     spans: HashMap<(usize, usize), (Instant, Instant)>,
@@ -1498,13 +1498,23 @@ fn record_instance(
         .sum();
     // A handler's one-off setup on the agent (its code fetched, its environment built: pip
     // installs in the first run of a requirements set) is not a per-instance overhead either.
-    progress.outside_edges.entry(f.function).or_default().push((
-        f.ended.saturating_duration_since(f.started).as_secs_f64()
-            - staged_on_edges
-            - uploaded_on_edges
-            - r.setup_s.unwrap_or(0.0),
-        r.seconds.unwrap_or(0.0),
-    ));
+    // Nor is the part of a cold start that waited for other starts on the agent's host: the
+    // run's time is learned without it (`uncontended`), and so is its time outside the edges.
+    let run = progress.functions.last();
+    let contended = run.map_or(0.0, |run| (run.seconds - uncontended(run).0).max(0.0));
+    progress
+        .outside_edges
+        .entry(f.function)
+        .or_default()
+        .push(Outside {
+            outside_s: f.ended.saturating_duration_since(f.started).as_secs_f64()
+                - staged_on_edges
+                - uploaded_on_edges
+                - r.setup_s.unwrap_or(0.0)
+                - contended,
+            lambda_s: r.seconds.unwrap_or(0.0) - contended,
+            cold: r.cold.unwrap_or(false),
+        });
     for o in &r.outputs {
         if let Some(edge) = dag
             .edges
@@ -1553,29 +1563,50 @@ fn record_instance(
     }
 }
 
+/// One instance's times, for its stage's overhead ([`stage_overhead_s`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Outside {
+    /// From sending the instance (after its permits) to taking its report, less its staging of
+    /// inputs from DAG senders, its uploads of outputs for DAG receivers (the model counts those
+    /// on the edges), a handler's setup on the agent (`RunReport::setup_s`: its code fetched,
+    /// its environment built) and the part of a cold start spent waiting for other starts on
+    /// the host (`uncontended`).
+    pub outside_s: f64,
+    /// The lambda's own time, less that same wait.
+    pub lambda_s: f64,
+    /// Whether it ran cold: the model's first batch (a VM's later batches run hot).
+    pub cold: bool,
+}
+
 /// A stage's *overhead* in one job, the per-batch term of the model
-/// (`FunctionParams::overhead_s`), from its instances' `(time outside the edges' data passing,
-/// lambda time)`: the first is from sending the instance (after its permits) to taking its
-/// report, less its staging of inputs from DAG senders and its uploads of outputs for DAG
-/// receivers (the model counts those on the edges) and a handler's setup on the agent
-/// (`RunReport::setup_s`: its code fetched, its environment built). The stage ends with its slowest instance
-/// while the model's compute is the mean lambda's, so the overhead is the slowest instance's
-/// time outside the edges less the mean lambda time: what the system pays per instance (the
-/// request and the report, loading the job's input in first stages, moving and registering
-/// outputs, uploading results in last stages, the records kept around it) and its instances'
-/// spread. Never negative; `None` without an instance.
-pub(crate) fn stage_overhead_s(instances: &[(f64, f64)]) -> Option<f64> {
-    let finite: Vec<(f64, f64)> = instances
-        .iter()
-        .copied()
-        .filter(|(a, b)| a.is_finite() && b.is_finite())
-        .collect();
-    if finite.is_empty() {
-        return None;
-    }
-    let slowest = finite.iter().map(|x| x.0).fold(f64::NEG_INFINITY, f64::max);
-    let mean_lambda = finite.iter().map(|x| x.1).sum::<f64>() / finite.len() as f64;
-    Some((slowest - mean_lambda).max(0.0))
+/// (`FunctionParams::overhead_s`, charged once per batch), from its instances' times
+/// ([`Outside`]). A batch ends with its slowest instance while the model's compute is the mean
+/// lambda's, so a batch's overhead is its slowest instance's time outside the edges less its
+/// mean lambda time: what the system pays per instance (the request and the report, loading the
+/// job's input in first stages, moving and registering outputs, uploading results in last
+/// stages, the records kept around it) and the batch's spread. The batches are told apart by
+/// how they ran: the cold instances are the first batch, the hot ones the later (a cold
+/// instance's lambda time is not the hot ones', so one slowest-minus-mean over both would count
+/// their difference as overhead). The stage's overhead is the mean over its batches. Never
+/// negative; `None` without an instance.
+pub(crate) fn stage_overhead_s(instances: &[Outside]) -> Option<f64> {
+    let batch = |cold: bool| -> Option<f64> {
+        let runs: Vec<&Outside> = instances
+            .iter()
+            .filter(|x| x.cold == cold && x.outside_s.is_finite() && x.lambda_s.is_finite())
+            .collect();
+        if runs.is_empty() {
+            return None;
+        }
+        let slowest = runs
+            .iter()
+            .map(|x| x.outside_s)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let mean_lambda = runs.iter().map(|x| x.lambda_s).sum::<f64>() / runs.len() as f64;
+        Some((slowest - mean_lambda).max(0.0))
+    };
+    let batches: Vec<f64> = [true, false].into_iter().filter_map(batch).collect();
+    (!batches.is_empty()).then(|| batches.iter().sum::<f64>() / batches.len() as f64)
 }
 
 /// `<function>/<instance>/<to>/<name>` -> instance.
@@ -2197,7 +2228,7 @@ fn unix_now() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{StoreUse, stage_overhead_s, uncontended};
+    use super::{Outside, StoreUse, stage_overhead_s, uncontended};
     use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
     use sonic_core::dag::Dag;
     use std::time::{Duration, Instant};
@@ -2648,20 +2679,57 @@ mod tests {
         assert_eq!(use_.cost(None, end), (0.0, 0.0));
     }
 
+    /// (time outside the edges, lambda time) of cold instances.
+    fn cold(runs: &[(f64, f64)]) -> Vec<Outside> {
+        runs.iter()
+            .map(|&(outside_s, lambda_s)| Outside {
+                outside_s,
+                lambda_s,
+                cold: true,
+            })
+            .collect()
+    }
+
     #[test]
     fn a_stage_overhead_is_what_its_slowest_instance_adds_to_the_mean_lambda() {
         // One instance: sent to reported 1.0 s less 0.2 s staging from senders and 0.1 s
         // uploading for receivers is 0.7 s outside the edges, of which 0.5 s lambda.
-        let o = stage_overhead_s(&[(0.7, 0.5)]).expect("one");
+        let o = stage_overhead_s(&cold(&[(0.7, 0.5)])).expect("one");
         assert!((o - 0.2).abs() < 1e-12, "{o}");
         // Two: the slowest (0.9 s outside the edges) against the mean lambda (0.4 s).
-        let o = stage_overhead_s(&[(0.6, 0.5), (0.9, 0.3)]).expect("two");
+        let o = stage_overhead_s(&cold(&[(0.6, 0.5), (0.9, 0.3)])).expect("two");
         assert!((o - 0.5).abs() < 1e-12, "{o}");
         // Never negative, NaNs left out, nothing without instances.
-        assert_eq!(stage_overhead_s(&[(0.5, 0.6)]), Some(0.0));
-        let o = stage_overhead_s(&[(f64::NAN, 0.1), (0.3, 0.1)]).expect("one finite");
+        assert_eq!(stage_overhead_s(&cold(&[(0.5, 0.6)])), Some(0.0));
+        let o = stage_overhead_s(&cold(&[(f64::NAN, 0.1), (0.3, 0.1)])).expect("one finite");
         assert!((o - 0.2).abs() < 1e-12, "{o}");
         assert_eq!(stage_overhead_s(&[]), None);
+    }
+
+    /// The demo's planned sort (committed run 1, docs/results/demo-predictions): four mappers on
+    /// one VM, two at a time, so a cold batch then a hot one. Each batch's overhead is its
+    /// slowest instance's time outside the edges less its own mean lambda: about 13 ms, where
+    /// one slowest-minus-mean over all four counted the cold lambdas' lead over the hot ones
+    /// (157 ms).
+    #[test]
+    fn a_stage_overhead_is_taken_per_batch() {
+        let runs = [
+            (0.346, 0.336, true),
+            (0.340, 0.333, true),
+            (0.060, 0.047, false),
+            (0.053, 0.042, false),
+        ]
+        .map(|(outside_s, lambda_s, cold)| Outside {
+            outside_s,
+            lambda_s,
+            cold,
+        });
+        let o = stage_overhead_s(&runs).expect("two batches");
+        // Cold: 0.346 - 0.3345 = 0.0115; hot: 0.060 - 0.0445 = 0.0155; their mean.
+        assert!((o - 0.0135).abs() < 1e-9, "{o}");
+        // Over all four as one: what the overhead was learned as before.
+        let one = stage_overhead_s(&cold(&runs.map(|r| (r.outside_s, r.lambda_s)))).expect("one");
+        assert!((one - 0.1565).abs() < 1e-9, "{one}");
     }
 
     /// A cold run whose container started among others on the agent's host is learned as if
