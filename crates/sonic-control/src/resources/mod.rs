@@ -642,14 +642,17 @@ impl Pool {
     /// preferred tried (depth first, at most [`PLACE_STEPS`] choices), so that a plan the agents
     /// can hold is placed even where taking each stage's first choice would not (groups held at
     /// once need different agents, and a first fit can use up the ones a later group needed).
-    /// The reason given is the first dead end's (that of taking every first choice).
+    /// The reason given is the first dead end's (that of taking every first choice). With the
+    /// placement come the job's notes on agents where stages that run together hold more than
+    /// the agent has (stages of one VM group, or groups an offer with `share` let share one):
+    /// they share its slots, fewer of them at once than the plan priced.
     #[allow(clippy::type_complexity)]
     fn place(
         &self,
         st: &State,
         offer: &Offer,
         plan: &Plan,
-    ) -> Result<(Vec<Vec<usize>>, BTreeMap<usize, Use>), String> {
+    ) -> Result<(Vec<Vec<usize>>, BTreeMap<usize, Use>, Vec<String>), String> {
         let dag = &offer.dag;
         for f in &dag.functions {
             if !plan.stages.iter().any(|s| s.function == f.name) {
@@ -679,50 +682,21 @@ impl Pool {
                 .first_dead_end
                 .unwrap_or_else(|| "no placement found".to_owned()));
         }
-        let need = on
-            .into_iter()
-            .map(|(a, st)| {
-                let held = placing.together.held(&st);
-                (
-                    a,
-                    self.cap(&offer.agents[a]).map_or(held, |cap| held.min(cap)),
-                )
-            })
-            .collect();
-        Ok((hosts, need))
-    }
-
-    /// What the job's notes say of agents where stages that run together hold more than the
-    /// agent has: they share its slots, fewer of them at once than the plan priced.
-    fn squeezed(&self, offer: &Offer, hosts: &[Vec<usize>]) -> Vec<String> {
-        let dag = &offer.dag;
-        let together = Concurrency::of(dag);
-        let mut on: BTreeMap<usize, Vec<(usize, Use)>> = BTreeMap::new();
-        for (i, h) in hosts.iter().enumerate() {
-            let Some(ps) = stage_of(dag, &offer.plan, i) else {
-                continue;
-            };
-            let per = Use {
-                slots: ps.concurrent.max(1),
-                memory_mb: 0,
-            };
-            for &a in h {
-                on.entry(a).or_default().push((i, per));
-            }
-        }
-        let mut notes = Vec::new();
+        let mut need = BTreeMap::new();
+        let mut squeezed = Vec::new();
         for (a, st) in on {
+            let held = placing.together.held(&st);
             let Some(cap) = self.cap(&offer.agents[a]) else {
+                need.insert(a, held);
                 continue;
             };
-            let held = together.held(&st);
             if held.slots > cap.slots {
                 let mut names: Vec<&str> = st
                     .iter()
                     .map(|&(i, _)| dag.functions[i].name.as_str())
                     .collect();
                 names.dedup();
-                notes.push(format!(
+                squeezed.push(format!(
                     "{} share agent {}: {} lambdas at once as planned, it has {} slots; they run fewer at once",
                     names.join(", "),
                     offer.agents[a].id,
@@ -730,8 +704,9 @@ impl Pool {
                     cap.slots
                 ));
             }
+            need.insert(a, held.min(cap));
         }
-        notes
+        Ok((hosts, need, squeezed))
     }
 
     async fn offer_inner(
@@ -776,7 +751,7 @@ impl Pool {
                 let mut st = self.state();
                 if st.at_head(ticket) {
                     match self.place(&st, offer, &offer.plan) {
-                        Ok((hosts, need)) => {
+                        Ok((hosts, need, squeezed)) => {
                             let reserved: Vec<(String, Use)> = need
                                 .iter()
                                 .filter(|(a, _)| self.cap(&offer.agents[**a]).is_some())
@@ -792,7 +767,7 @@ impl Pool {
                             st.dequeue(ticket);
                             drop(st);
                             self.changed.notify_waiters();
-                            let mut notes = self.squeezed(offer, &hosts);
+                            let mut notes = squeezed;
                             if behind > 0 {
                                 notes.push(format!(
                                     "queued {:.1} s behind {behind} job{}",
