@@ -166,6 +166,7 @@ pub fn validate_plan(
     config: &SimConfig,
 ) -> Result<Validation, SimError> {
     let pb = PlanProblem::from_dag(&job.dag, &job.params, cluster.catalog().clone(), job.bounds)
+        .map(|pb| pb.with_prewarm(config.prewarm))
         .map_err(|e| job_err(&job.name, e))?;
     let a = plan
         .assignment(&pb)
@@ -563,7 +564,10 @@ fn prepare(
     // (`resources::planned::allocate`, `Answer::Capacity`): a stage never uses more VMs of a type than the
     // cluster has. The best plan within the limits is the best plan whenever that fits.
     let limits: BTreeMap<String, u32> = cluster.counts().into_iter().collect();
-    let limited = |pb: PlanProblem| pb.with_vm_limits(&limits);
+    let limited = |pb: PlanProblem| {
+        pb.with_vm_limits(&limits)
+            .map(|pb| pb.with_prewarm(cfg.prewarm))
+    };
     let pb = PlanProblem::from_dag(&spec.dag, &spec.params, catalog.clone(), spec.bounds)
         .and_then(limited)
         .map_err(|e| job_err(name, e))?;
@@ -1910,7 +1914,19 @@ impl<'a> Sim<'a> {
                 None => false,
             };
             let stage = &self.jobs[j].pb.stages()[r];
-            let work = if hot { stage.hot_s } else { stage.cold_s };
+            let mut work = if hot { stage.hot_s } else { stage.cold_s };
+            // Prewarmed: the container started once the first sender started; the start not
+            // yet over by now is all this cold run still pays of it.
+            let senders = self.jobs[j].pb.incoming(r);
+            if !hot && self.cfg.prewarm && !senders.is_empty() {
+                let first_sender = senders
+                    .iter()
+                    .map(|&e| self.jobs[j].stages[self.jobs[j].pb.edges()[e].from].first_grant)
+                    .fold(f64::INFINITY, f64::min);
+                let start = stage.start_s.clamp(0.0, stage.cold_s);
+                let left = (first_sender + start - now).clamp(0.0, start);
+                work = stage.cold_s - start + left;
+            }
             let st = &mut self.jobs[j].stages[r];
             if hot {
                 st.hot += 1;

@@ -152,6 +152,12 @@ pub struct SimConfig {
     /// computes, and a slot that does not fit waits rather than oversubscribing the VM. Off:
     /// slots are granted by memory alone, and lambdas beyond the vCPUs share them.
     pub vcpu_slots: bool,
+    /// Prewarming, as the control plane's executor does it (`JobsConfig::prewarm`): a stage that
+    /// reads from other stages gets its containers started on its VMs once the first of its
+    /// senders starts, so its cold instances pay their cold start (`start_s`) only as far as
+    /// that start is not yet over when they run; the planner prices it
+    /// (`PlanProblem::with_prewarm`). Off (default): every cold instance pays its cold time.
+    pub prewarm: bool,
 }
 
 impl Default for SimConfig {
@@ -164,6 +170,7 @@ impl Default for SimConfig {
             load_aware: true,
             cold_samples: None,
             vcpu_slots: true,
+            prewarm: false,
         }
     }
 }

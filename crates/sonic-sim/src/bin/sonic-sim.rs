@@ -33,6 +33,8 @@ options:
   --no-cpu-sharing    lambdas never slow each other down on a VM
   --no-load-aware     sonic and oracle run the plan best alone, whatever the cluster's load
   --no-vcpu-slots     grant slots by memory alone (lambdas beyond the vCPUs share them)
+  --prewarm           start a stage's containers while its senders run, as the control plane
+                      does by default (its cold instances pay only what is left of the start)
   --validate          run one job of each application alone per policy, next to the model
   -o table|json       output (default table)
 
@@ -90,6 +92,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
             "--no-cpu-sharing" => a.config.cpu_sharing = false,
             "--no-load-aware" => a.config.load_aware = false,
             "--no-vcpu-slots" => a.config.vcpu_slots = false,
+            "--prewarm" => a.config.prewarm = true,
             "--validate" => a.validate = true,
             "--policy" => {
                 let v = it.next().ok_or("--policy needs a value")?;
