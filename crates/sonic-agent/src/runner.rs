@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use sonic_api::agent::{
-    FileSource, HandlerRun, MAX_PREWARM, OutputFile, PrewarmRequest, Prewarmed, RunReport,
-    RunRequest, RunStatus, StagedInput,
+    FetchReport, FetchRequest, FetchedFile, FileSource, HandlerRun, MAX_FETCH_FILES, MAX_PREWARM,
+    OutputFile, PrewarmRequest, Prewarmed, RunReport, RunRequest, RunStatus, StagedInput,
 };
 use sonic_core::model::Method;
 
@@ -61,32 +61,9 @@ impl CheckedInput {
     fn parse(input: &sonic_api::agent::InputSpec) -> Result<CheckedInput, RunError> {
         let dest = FilePath::parse(&input.dest)
             .map_err(|e| RunError::Invalid(format!("input dest: {e}")))?;
-        let file_path = |raw: &str| {
-            FilePath::parse(raw).map_err(|e| RunError::Invalid(format!("input file_path: {e}")))
-        };
-        let source = match &input.source {
-            FileSource::VmStorage { file_path: raw } => Source::VmStorage(file_path(raw)?),
-            FileSource::Direct {
-                peer_url,
-                file_path: raw,
-                token,
-            } => Source::Direct {
-                peer_url: peer_url.clone(),
-                path: file_path(raw)?,
-                token: token.clone(),
-            },
-            FileSource::Remote { key } => {
-                sonic_storage::validate_key(key).map_err(|e| RunError::Invalid(e.to_string()))?;
-                Source::Remote {
-                    key: key.clone(),
-                    path: FilePath::parse(&format!("remote/{key}"))
-                        .map_err(|e| RunError::Invalid(format!("input key: {e}")))?,
-                }
-            }
-        };
         Ok(CheckedInput {
             dest,
-            source,
+            source: Source::parse(&input.source)?,
             expected_size: input.expected_size,
         })
     }
@@ -105,6 +82,35 @@ enum Source {
     },
     /// The object store's `key`, kept in the job's namespace at `path` (`remote/<key>`).
     Remote { key: String, path: FilePath },
+}
+
+impl Source {
+    /// Checks where a file comes from.
+    fn parse(source: &FileSource) -> Result<Source, RunError> {
+        let file_path = |raw: &str| {
+            FilePath::parse(raw).map_err(|e| RunError::Invalid(format!("input file_path: {e}")))
+        };
+        Ok(match source {
+            FileSource::VmStorage { file_path: raw } => Source::VmStorage(file_path(raw)?),
+            FileSource::Direct {
+                peer_url,
+                file_path: raw,
+                token,
+            } => Source::Direct {
+                peer_url: peer_url.clone(),
+                path: file_path(raw)?,
+                token: token.clone(),
+            },
+            FileSource::Remote { key } => {
+                sonic_storage::validate_key(key).map_err(|e| RunError::Invalid(e.to_string()))?;
+                Source::Remote {
+                    key: key.clone(),
+                    path: FilePath::parse(&format!("remote/{key}"))
+                        .map_err(|e| RunError::Invalid(format!("input key: {e}")))?,
+                }
+            }
+        })
+    }
 }
 
 impl CheckedRun {
@@ -970,18 +976,85 @@ async fn stage_input(
     let started = Instant::now();
     // Every source first lands in the job's namespace (once per agent), then is linked into the
     // instance's input folder: no byte copy on this agent whatever the method.
-    let (method, local, bytes, fetched) = match &input.source {
+    let (method, local, bytes, fetched) = land(state, job, &input.source).await.map_err(err)?;
+    link_local(&local, &target).map_err(|e| err(e.to_string()))?;
+    Ok(StagedInput {
+        dest: input.dest.as_str().to_owned(),
+        method,
+        bytes,
+        seconds: started.elapsed().as_secs_f64(),
+        fetched,
+    })
+}
+
+/// `POST /v1/fetches`: lands a job's files in its namespace now, several at a time, so that the
+/// runs that read them later copy nothing (`sonic_api::agent::FetchRequest`). Checked whole
+/// before anything is fetched; the first file that cannot be landed fails the request (those
+/// landed stay, as a run's staging would leave them).
+pub async fn fetch(state: &Arc<AgentState>, req: &FetchRequest) -> Result<FetchReport, RunError> {
+    let job = JobId::parse(&req.job_id).map_err(|e| RunError::Invalid(e.to_string()))?;
+    if req.files.is_empty() || req.files.len() > MAX_FETCH_FILES {
+        return Err(RunError::Invalid(format!(
+            "a fetch asks for 1 to {MAX_FETCH_FILES} files, not {}",
+            req.files.len()
+        )));
+    }
+    let sources = req
+        .files
+        .iter()
+        .map(|f| match Source::parse(f)? {
+            Source::VmStorage(_) => Err(RunError::Invalid(
+                "a vm-storage file is on this agent already: nothing to fetch".into(),
+            )),
+            s => Ok(s),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let started = Instant::now();
+    let lands: Vec<_> = sources
+        .iter()
+        .map(|source| async {
+            let (_, _, bytes, fetched) = land(state, &job, source).await?;
+            Ok::<_, String>(FetchedFile {
+                bytes,
+                done_s: started.elapsed().as_secs_f64(),
+                fetched,
+            })
+        })
+        .collect();
+    let results: Vec<Result<FetchedFile, String>> = futures::stream::iter(lands)
+        .buffered(TRANSFER_CONCURRENCY)
+        .collect()
+        .await;
+    let mut files = Vec::with_capacity(results.len());
+    for (r, f) in results.into_iter().zip(&req.files) {
+        let what = match f {
+            FileSource::Direct { file_path, .. } => file_path.as_str(),
+            FileSource::Remote { key } => key.as_str(),
+            FileSource::VmStorage { file_path } => file_path.as_str(),
+        };
+        files.push(r.map_err(|message| RunError::Stage {
+            dest: what.to_owned(),
+            message,
+        })?);
+    }
+    Ok(FetchReport {
+        files,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Lands `source` in `job`'s namespace on this agent (once per agent: a second caller finds it
+/// there): how it came, where it is, its size and whether landing it paid the edge's copy.
+async fn land(
+    state: &Arc<AgentState>,
+    job: &JobId,
+    source: &Source,
+) -> Result<(Method, PathBuf, u64, bool), String> {
+    Ok(match source {
         Source::VmStorage(path) => {
-            let meta = state
-                .files
-                .meta(job, path)
-                .map_err(|e| err(e.to_string()))?;
-            let meta =
-                meta.ok_or_else(|| err(format!("{} is not on this agent", path.as_str())))?;
-            let local = state
-                .files
-                .resolve(job, path)
-                .map_err(|e| err(e.to_string()))?;
+            let meta = state.files.meta(job, path).map_err(|e| e.to_string())?;
+            let meta = meta.ok_or_else(|| format!("{} is not on this agent", path.as_str()))?;
+            let local = state.files.resolve(job, path).map_err(|e| e.to_string())?;
             (Method::VmStorage, local, meta.size, false)
         }
         Source::Direct {
@@ -992,11 +1065,7 @@ async fn stage_input(
             let file_path = path.as_str();
             let lock = state.fetch_locks.get(&format!("{job}/{file_path}"));
             let mut copied = lock.lock().await;
-            let (size, fetched) = match state
-                .files
-                .meta(job, path)
-                .map_err(|e| err(e.to_string()))?
-            {
+            let (size, fetched) = match state.files.meta(job, path).map_err(|e| e.to_string())? {
                 Some(meta) if *copied => (meta.size, false),
                 Some(meta) => {
                     // This agent wrote it (the resource manager gave the receiver the sender's
@@ -1011,7 +1080,7 @@ async fn stage_input(
                     let dest = state
                         .files
                         .prepare_write(job, path)
-                        .map_err(|e| err(e.to_string()))?;
+                        .map_err(|e| e.to_string())?;
                     let stats = crate::transfer::fetch_direct(
                         &state.http,
                         peer_url,
@@ -1023,64 +1092,46 @@ async fn stage_input(
                         &state.meter,
                     )
                     .await
-                    .map_err(|e| err(e.to_string()))?;
+                    .map_err(|e| e.to_string())?;
                     state
                         .files
                         .register_verified(job, path, stats.bytes, &stats.checksum)
-                        .map_err(|e| err(e.to_string()))?;
+                        .map_err(|e| e.to_string())?;
                     *copied = true;
                     (stats.bytes, true)
                 }
             };
-            let local = state
-                .files
-                .resolve(job, path)
-                .map_err(|e| err(e.to_string()))?;
+            let local = state.files.resolve(job, path).map_err(|e| e.to_string())?;
             (Method::Direct, local, size, fetched)
         }
         Source::Remote { key, path } => {
             let store = state
                 .store
                 .as_ref()
-                .ok_or_else(|| err("this agent has no object store".into()))?;
+                .ok_or_else(|| "this agent has no object store".to_owned())?;
             let lock = state.fetch_locks.get(&format!("{job}/remote/{key}"));
             let _guard = lock.lock().await;
-            let (size, fetched) = match state
-                .files
-                .meta(job, path)
-                .map_err(|e| err(e.to_string()))?
-            {
+            let (size, fetched) = match state.files.meta(job, path).map_err(|e| e.to_string())? {
                 Some(meta) => (meta.size, false),
                 None => {
                     let dest = state
                         .files
                         .prepare_write(job, path)
-                        .map_err(|e| err(e.to_string()))?;
+                        .map_err(|e| e.to_string())?;
                     let stats = crate::transfer::download_remote(store.as_ref(), key, &dest)
                         .await
-                        .map_err(|e| err(e.to_string()))?;
+                        .map_err(|e| e.to_string())?;
                     let size = state
                         .files
                         .register_verified(job, path, stats.bytes, &stats.checksum)
-                        .map_err(|e| err(e.to_string()))?
+                        .map_err(|e| e.to_string())?
                         .size;
                     (size, true)
                 }
             };
-            let local = state
-                .files
-                .resolve(job, path)
-                .map_err(|e| err(e.to_string()))?;
+            let local = state.files.resolve(job, path).map_err(|e| e.to_string())?;
             (Method::Remote, local, size, fetched)
         }
-    };
-    link_local(&local, &target).map_err(|e| err(e.to_string()))?;
-    Ok(StagedInput {
-        dest: input.dest.as_str().to_owned(),
-        method,
-        bytes,
-        seconds: started.elapsed().as_secs_f64(),
-        fetched,
     })
 }
 
@@ -1447,6 +1498,86 @@ mod tests {
             "no emulated bandwidth: nothing changes"
         );
         for x in [a, b, c] {
+            x.stop().await;
+        }
+    }
+
+    /// `POST /v1/fetches` lands a stage's inputs on the receiving agent at once, through the
+    /// route the control plane calls: the sender's NIC pays the copy then, and a run that reads
+    /// the file later copies nothing (`fetched: false`). A request the checks refuse (a bad job
+    /// id, nothing asked, a vm-storage file, a bad path) is a 400 that fetches nothing; a file
+    /// no peer has is a 502.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fetch_lands_a_stages_inputs_before_its_runs_read_them() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let root = root.path();
+        let limited = Some(4e6);
+        let (a, b) = (
+            agent(root, "a-1", limited).await,
+            agent(root, "a-2", limited).await,
+        );
+        let job = JobId::parse(JOB).expect("job id");
+        let path = FilePath::parse(PATH).expect("path");
+        a.state
+            .files
+            .write_atomic(&job, &path, &vec![7u8; SIZE])
+            .expect("sender's output");
+        let http = reqwest::Client::new();
+        let post = |body: serde_json::Value| {
+            http.post(format!("{}/v1/fetches", b.url()))
+                .bearer_auth("control-token-0123456789")
+                .json(&body)
+                .send()
+        };
+        let req = FetchRequest {
+            job_id: JOB.into(),
+            files: vec![direct(&a)],
+        };
+        let bad = [
+            serde_json::json!({"job_id": "../x", "files": [direct(&a)]}),
+            serde_json::json!({"job_id": JOB, "files": []}),
+            serde_json::json!({"job_id": JOB, "files": [{"method": "vm-storage", "file_path": PATH}]}),
+            serde_json::json!({"job_id": JOB, "files": [{"method": "direct", "peer_url": a.url(), "file_path": "../../etc", "token": "t"}]}),
+        ];
+        for body in bad {
+            let r = post(body.clone()).await.expect("answer");
+            assert_eq!(r.status(), 400, "{body}");
+        }
+        assert_eq!(through_nic(&b), (0, 0), "nothing fetched for bad requests");
+
+        let r = post(serde_json::to_value(&req).expect("json"))
+            .await
+            .expect("answer");
+        assert_eq!(r.status(), 200);
+        let report: FetchReport = r.json().await.expect("a fetch report");
+        assert_eq!(report.files.len(), 1);
+        let f = &report.files[0];
+        assert_eq!((f.bytes, f.fetched), (SIZE as u64, true));
+        assert!(f.done_s > 0.0 && f.done_s <= report.seconds, "{report:?}");
+        assert_eq!(through_nic(&a), (SIZE, 0), "the sender's egress, once");
+        assert_eq!(through_nic(&b), (0, SIZE));
+
+        // The runs that read it later copy nothing.
+        let run = stage(&b, root, 0, direct(&a)).await;
+        assert_eq!((run.bytes, run.fetched), (SIZE as u64, false));
+        assert_eq!(through_nic(&a), (SIZE, 0));
+
+        // A file the peer does not have.
+        let missing = FileSource::Direct {
+            peer_url: a.url(),
+            file_path: "send/1/recv/data.bin".into(),
+            token: sonic_api::token::issue(
+                FILE_KEY.as_bytes(),
+                JOB,
+                "send/1/recv/data.bin",
+                u64::MAX / 2,
+            ),
+        };
+        let r = post(serde_json::json!({"job_id": JOB, "files": [missing]}))
+            .await
+            .expect("answer");
+        assert_eq!(r.status(), 502);
+        for x in [a, b] {
             x.stop().await;
         }
     }

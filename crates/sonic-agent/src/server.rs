@@ -12,8 +12,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use sonic_api::agent::{
-    Capacity, ErrorBody, Health, Heartbeat, PrewarmRequest, Prewarmed, RunAccepted, RunReport,
-    RunRequest, RunStatus,
+    Capacity, ErrorBody, FetchReport, FetchRequest, Health, Heartbeat, PrewarmRequest, Prewarmed,
+    RunAccepted, RunReport, RunRequest, RunStatus,
 };
 use sonic_daemon::routes::{Route, RouteTable};
 use sonic_storage::ObjectStore;
@@ -161,6 +161,8 @@ pub enum ApiError {
     Unauthorized,
     NotFound(String),
     Conflict(String),
+    /// What the request needed from elsewhere (a peer, the store) could not be had.
+    BadGateway(String),
     Internal,
 }
 
@@ -175,6 +177,7 @@ impl IntoResponse for ApiError {
             ),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m),
             ApiError::Conflict(m) => (StatusCode::CONFLICT, m),
+            ApiError::BadGateway(m) => (StatusCode::BAD_GATEWAY, m),
             ApiError::Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal error".to_owned(),
@@ -224,6 +227,7 @@ fn table() -> RouteTable<Arc<AgentState>, Guard> {
         .route(Method::GET, "/v1/capacity", ControlToken, capacity)
         .route(Method::POST, "/v1/runs", ControlToken, start_run)
         .route(Method::POST, "/v1/prewarm", ControlToken, prewarm)
+        .route(Method::POST, "/v1/fetches", ControlToken, fetch)
         .route(Method::GET, "/v1/runs/{run_id}", ControlToken, get_run)
         .route(Method::DELETE, "/v1/runs/{run_id}", ControlToken, stop_run)
         .route(
@@ -358,6 +362,24 @@ async fn prewarm(
         Err(e) => {
             tracing::warn!(key = %req.function_key, error = %e, "prewarm failed");
             Err(ApiError::Internal)
+        }
+    }
+}
+
+/// `POST /v1/fetches`: a job's input files landed on this agent before its runs start
+/// (`sonic_api::agent::FetchRequest`), answered when all are here. A request the checks refuse:
+/// 400, nothing fetched; a file that could not be had (a peer, the store): 502.
+async fn fetch(
+    State(state): State<Arc<AgentState>>,
+    body: Result<Json<FetchRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<FetchReport>, ApiError> {
+    let Json(req) = body.map_err(|e| ApiError::Rejected(e.status(), e.body_text()))?;
+    match runner::fetch(&state, &req).await {
+        Ok(done) => Ok(Json(done)),
+        Err(runner::RunError::Invalid(m)) => Err(ApiError::BadRequest(m)),
+        Err(e) => {
+            tracing::warn!(job = %req.job_id, error = %e, "fetch failed");
+            Err(ApiError::BadGateway(e.to_string()))
         }
     }
 }

@@ -246,6 +246,40 @@ pub fn warm_key(identity: &str, image: &str, command: &[String]) -> String {
     format!("{identity}|{image}|{}", command.join("\u{1f}"))
 }
 
+/// The most files one fetch request may ask for.
+pub const MAX_FETCH_FILES: usize = 10_000;
+
+/// `POST /v1/fetches`: land a job's input files on this agent now, before the runs that read
+/// them start. The control plane asks it once per stage and agent, with every `direct` and
+/// `remote` input of the stage's instances there, so that the agent fetches all of them at the
+/// stage's start, as the model prices it (a `direct` sender's VM is held until its receiver's
+/// VM has fetched, not until the receiver's last batch starts). A run that reads a fetched file
+/// later finds it in the job's namespace and copies nothing.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FetchRequest {
+    pub job_id: String,
+    /// The files, `vm-storage` sources excepted (1 to [`MAX_FETCH_FILES`]).
+    pub files: Vec<FileSource>,
+}
+
+/// `POST /v1/fetches` answer: every file landed, in the order asked.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FetchReport {
+    pub files: Vec<FetchedFile>,
+    /// The wall time of the whole fetch.
+    pub seconds: f64,
+}
+
+/// One file of a [`FetchReport`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FetchedFile {
+    pub bytes: u64,
+    /// Seconds from the fetch's start until this file was on the agent.
+    pub done_s: f64,
+    /// As [`StagedInput::fetched`]: whether landing it paid the edge's copy to this agent.
+    pub fetched: bool,
+}
+
 /// The most containers (or process environments) one prewarm request may ask for.
 pub const MAX_PREWARM: u32 = 64;
 

@@ -5,6 +5,7 @@
 //! [`Execution::dispatch`] carries out the machine's actions, each by one method, and tells it
 //! what happened; [`Execution::finish`] turns the machine's outcome into the execution's.
 
+use super::fetch::StageFetch;
 use super::*;
 
 /// Runs one execution of `job` (number `execution`), recording into `progress`.
@@ -468,9 +469,28 @@ impl<'a> Execution<'a> {
                 .collect(),
             None => HashMap::new(),
         };
+        // Each agent fetches its instances' inputs once, before the first of them runs: the
+        // agent an instance runs on as `start_run` finds it (the machine's spread of the stage).
+        let agent_of = |k: u32| {
+            let vm = shape.spread(i).place(k, count);
+            match alloc {
+                Some(a) => a.hosts[i].get(vm as usize).copied().unwrap_or(0),
+                None => vm as usize,
+            }
+        };
+        let fetches = StageFetch::for_stage(
+            &job.id,
+            dag,
+            i,
+            agents,
+            built
+                .iter()
+                .map(|p| (agent_of(p.request.instance), &p.request)),
+        );
         opened[i] = Some(Opened {
             requests: built.into_iter().map(|p| (p.request.instance, p)).collect(),
             permits,
+            fetches,
             count,
             since: Instant::now(),
         });
@@ -597,6 +617,7 @@ impl<'a> Execution<'a> {
             permit,
             reservation: job_permits.get(&p.agent).cloned(),
             delay,
+            fetch: stage.fetches.get(&p.agent).cloned(),
             sent_ms,
             function: i,
             vm,
@@ -638,6 +659,7 @@ impl<'a> Execution<'a> {
             attempts: attempt,
             started: instant_at(state, r.started_ms),
             ended: instant_at(state, r.ended_ms.unwrap_or(r.started_ms)),
+            fetch: None,
         };
         let ended = succeed(
             state, rt, &job.id, dag, agents, execution, f, progress, produced,
@@ -686,6 +708,7 @@ impl<'a> Execution<'a> {
                     attempts: a.attempt,
                     started: first.0,
                     ended,
+                    fetch: a.fetch,
                 };
                 // The instance's files are recorded before any instance that reads them starts.
                 let ended = succeed(

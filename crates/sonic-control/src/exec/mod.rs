@@ -11,6 +11,7 @@
 pub mod agents;
 mod context;
 mod execution;
+mod fetch;
 pub mod handlers;
 pub mod prewarm;
 pub mod reports;
@@ -606,6 +607,8 @@ struct Finished {
     attempts: u32,
     started: Instant,
     ended: Instant,
+    /// The stage's fetch on the instance's agent, if it had one.
+    fetch: Option<Arc<fetch::StageFetch>>,
 }
 
 /// What the executor learned so far (kept for the summary of a failed job too).
@@ -1208,6 +1211,8 @@ struct Opened {
     requests: HashMap<u32, crate::exec::requests::Placement>,
     /// A planned stage's concurrency per agent.
     permits: HashMap<usize, Arc<Semaphore>>,
+    /// Per agent: its instances' inputs, fetched before the first of them runs.
+    fetches: HashMap<usize, Arc<fetch::StageFetch>>,
     count: u32,
     since: Instant,
 }
@@ -1392,11 +1397,15 @@ fn planned_vm(dag: &Dag, a: &crate::resources::planned::Allocation, i: usize, vm
 /// until `f` had staged its inputs. The agent stages them (several at a time) before the lambda
 /// starts, each reporting its share of their wall time, so staging ended by `started` plus the
 /// sum of those shares.
+///
+/// A file the stage's fetch brought ([`fetch::StageFetch`]) held its sender until that fetch
+/// ended ([`record_fetch`]), not until this instance started: the run staged it without a copy.
 fn hold_direct_senders(dag: &Dag, f: &Finished, progress: &mut Progress) {
     let staging: f64 = f.report.staged.iter().map(|s| s.seconds.max(0.0)).sum();
     let staged_until = (f.started + Duration::from_secs_f64(staging)).min(f.ended);
+    let prefetched = f.fetch.as_ref().is_some_and(|x| x.fetched().is_some());
     for s in &f.report.staged {
-        if s.method != Method::Direct {
+        if s.method != Method::Direct || (prefetched && !s.fetched) {
             continue;
         }
         let mut parts = s.dest.split('/');
@@ -1412,6 +1421,40 @@ fn hold_direct_senders(dag: &Dag, f: &Finished, progress: &mut Progress) {
         };
         if let Some(span) = progress.spans.get_mut(&at) {
             span.1 = span.1.max(staged_until);
+        }
+    }
+}
+
+/// What the stage's fetch on `f`'s agent did, if it had one: the instance's VM is held from
+/// the fetch's start; once per fetch, its files' edges take its times, its `remote` files its
+/// GETs, and each `direct` sender's VM is held until the fetch ended (the model's hold).
+fn record_fetch(f: &Finished, progress: &mut Progress) {
+    let Some(fetch) = &f.fetch else {
+        return;
+    };
+    let Some(fetched) = fetch.fetched() else {
+        return;
+    };
+    if let Some(span) = progress.spans.get_mut(&(f.agent, f.vm)) {
+        span.0 = span.0.min(fetched.started);
+    }
+    let Some((fetched, files)) = fetch.record_once() else {
+        return;
+    };
+    let seconds = fetched.ended.saturating_duration_since(fetched.started);
+    for (of, file) in files.iter().zip(&fetched.report.files) {
+        let total = progress.edges.entry(of.edge).or_default();
+        total.1 = total.1.max(file.done_s.min(seconds.as_secs_f64()));
+        match of.sender {
+            Some(sender) => {
+                if let Some(at) = progress.placed.get(&sender)
+                    && let Some(span) = progress.spans.get_mut(at)
+                {
+                    span.1 = span.1.max(fetched.ended);
+                }
+            }
+            None if file.fetched => progress.store.gets += 1,
+            None => {}
         }
     }
 }
@@ -1457,6 +1500,7 @@ fn record_instance(
         .placed
         .insert((f.function, f.instance), (f.agent, f.vm));
     hold_direct_senders(dag, f, progress);
+    record_fetch(f, progress);
     // Staged inputs by edge: `<from>/<i>/<name>` names the sender.
     let mut per_edge: BTreeMap<usize, (u64, f64)> = BTreeMap::new();
     for s in &r.staged {
@@ -1644,6 +1688,8 @@ struct AttemptTask {
     permit: Option<Arc<Semaphore>>,
     reservation: Option<Arc<Semaphore>>,
     delay: Duration,
+    /// The stage's inputs on this agent, fetched before the instance takes its permits.
+    fetch: Option<Arc<fetch::StageFetch>>,
     /// When the instance was first sent (wall clock, ms): kept in its run record.
     sent_ms: i64,
     function: usize,
@@ -1660,6 +1706,8 @@ struct Attempted {
     sent_ms: i64,
     /// When it held its agent (after its permits).
     started: Instant,
+    /// The stage's fetch on its agent.
+    fetch: Option<Arc<fetch::StageFetch>>,
     /// Its report and when it ended, if it succeeded.
     outcome: Result<(RunReport, Instant), InstanceFailure>,
 }
@@ -1676,6 +1724,7 @@ impl AttemptTask {
             vm: self.vm,
             sent_ms: self.sent_ms,
             started,
+            fetch: self.fetch,
             outcome,
         }
     }
@@ -1695,6 +1744,15 @@ impl AttemptTask {
         let (state, rt, req, agent) = (&*self.state, &*self.rt, &self.request, &self.agent);
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
+        }
+        // The stage's inputs on this agent, all at once before its first batch (the model's
+        // fetch); when that fails, the run fetches its own.
+        if let Some(fetch) = &self.fetch
+            && until_cancelled(fetch.once(rt), &self.cancel)
+                .await
+                .is_none()
+        {
+            return Err(self.failure("cancelled".into(), RunFailure::Cancelled));
         }
         // Held while the instance runs: the plan's concurrency on this VM.
         let _permit = match &self.permit {
@@ -2554,6 +2612,7 @@ mod tests {
                     attempts: 1,
                     started: at(st.start_s),
                     ended: at(st.end_s + upload),
+                    fetch: None,
                 };
                 record_instance(&dag, &agents, &f, &mut progress, &mut produced, "j", &mut files);
             }
@@ -2605,6 +2664,7 @@ mod tests {
             attempts: 1,
             started: at(from),
             ended: at(to),
+            fetch: None,
         };
         let mut progress = Progress::default();
         let mut produced = vec![Vec::new(); 3];
@@ -2651,6 +2711,129 @@ mod tests {
         assert!(near(span(0, 1), (0.0, 3.0)), "a: {:?}", span(0, 1));
         assert!(near(span(1, 2), (2.0, 5.0)), "b: {:?}", span(1, 2));
         assert!(near(span(2, 3), (6.0, 7.0)), "c: {:?}", span(2, 3));
+    }
+
+    /// With the stage's fetch, a `direct` sender's VM is held until the receiver's VM has
+    /// fetched, whatever its later batches do: a's two instances ran 0-2 s on agent 0; b's
+    /// agent fetched both files 2-3 s, then ran b's instances one after the other, 3-5 s and
+    /// 5-7 s, each staging its file without a copy. a's VM is held 0-3 s (not until 5 s, when
+    /// b's second batch started), b's 2-7 s (its fetch included), and the edge took the
+    /// fetch's 1 s. Without the fetch, each run fetching its own, a is held until b's last
+    /// batch has staged its file.
+    #[test]
+    fn a_stage_fetch_holds_a_direct_sender_until_the_receivers_vm_has_fetched() {
+        use super::fetch::{Fetched, FileOf, StageFetch};
+        use super::{Finished, Progress, record_instance};
+        use crate::store::AgentSlot;
+        let dag = sonic_core::dag::Dag::from_yaml(
+            "pair.yaml",
+            "name: pair\nfunctions:\n  - { name: a, image: i, command: [x] }\n  - { name: b, image: i, command: [x] }\nedges:\n  - { from: a, to: b, kind: one }\n",
+        )
+        .expect("dag");
+        let agents: Vec<AgentSlot> = (0..2)
+            .map(|i| AgentSlot {
+                id: format!("a-{i}"),
+                url: String::new(),
+                vm_type: "m5.large".into(),
+            })
+            .collect();
+        let t0 = Instant::now();
+        let at = |s: f64| t0 + Duration::from_secs_f64(s);
+        let report = |staged: serde_json::Value| {
+            serde_json::from_value::<sonic_api::agent::RunReport>(serde_json::json!({
+                "run_id": "r", "status": "succeeded", "cold": true, "seconds": 1.0,
+                "start_latency_s": 0.0, "peak_memory_mb": 10.0, "exit_code": 0,
+                "error": null, "staged": staged,
+            }))
+            .expect("report")
+        };
+        let run = |with_fetch: bool| {
+            let fetch = with_fetch.then(|| {
+                let file = sonic_api::agent::FetchedFile {
+                    bytes: 10,
+                    done_s: 1.0,
+                    fetched: true,
+                };
+                std::sync::Arc::new(StageFetch::over(
+                    agents[1].clone(),
+                    (0..2)
+                        .map(|k| FileOf {
+                            edge: 0,
+                            sender: Some((0, k)),
+                        })
+                        .collect(),
+                    Fetched {
+                        started: at(2.0),
+                        ended: at(3.0),
+                        report: sonic_api::agent::FetchReport {
+                            files: vec![file.clone(), file],
+                            seconds: 1.0,
+                        },
+                    },
+                ))
+            });
+            // Staging without a copy takes no time; fetching its own file takes 1 s.
+            let (seconds, start) = if with_fetch { (0.0, 3.0) } else { (1.0, 2.0) };
+            let staged = |k: u32| {
+                serde_json::json!([{"dest": format!("a/{k}/x"), "method": "direct", "bytes": 10,
+                    "seconds": seconds, "fetched": !with_fetch}])
+            };
+            let finished = |function, instance, agent, vm, staged, from, to| Finished {
+                function,
+                instance,
+                agent,
+                vm,
+                report: report(staged),
+                attempts: 1,
+                started: at(from),
+                ended: at(to),
+                fetch: (function == 1).then(|| fetch.clone()).flatten(),
+            };
+            let runs = [
+                finished(0, 0, 0, 1, serde_json::json!([]), 0.0, 2.0),
+                finished(0, 1, 0, 1, serde_json::json!([]), 0.0, 2.0),
+                finished(1, 0, 1, 2, staged(0), start, start + 2.0 + seconds),
+                finished(
+                    1,
+                    1,
+                    1,
+                    2,
+                    staged(1),
+                    start + 2.0 + seconds,
+                    start + 4.0 + 2.0 * seconds,
+                ),
+            ];
+            let mut progress = Progress::default();
+            let (mut produced, mut files) = (vec![Vec::new(); 2], Vec::new());
+            for f in &runs {
+                record_instance(
+                    &dag,
+                    &agents,
+                    f,
+                    &mut progress,
+                    &mut produced,
+                    "j",
+                    &mut files,
+                );
+            }
+            let span = |agent, vm| {
+                let (a, b) = progress.spans[&(agent, vm)];
+                (
+                    a.duration_since(t0).as_secs_f64(),
+                    b.duration_since(t0).as_secs_f64(),
+                )
+            };
+            (span(0, 1), span(1, 2), progress.edges[&0].1)
+        };
+        let near =
+            |(a, b): (f64, f64), (x, y): (f64, f64)| (a - x).abs() < 1e-6 && (b - y).abs() < 1e-6;
+        let (a, b, edge) = run(true);
+        assert!(near(a, (0.0, 3.0)), "a: {a:?}");
+        assert!(near(b, (2.0, 7.0)), "b: {b:?}");
+        assert!((edge - 1.0).abs() < 1e-6, "edge: {edge}");
+        let (a, b, _) = run(false);
+        assert!(near(a, (0.0, 6.0)), "a without the fetch: {a:?}");
+        assert!(near(b, (2.0, 8.0)), "b without the fetch: {b:?}");
     }
 
     #[test]

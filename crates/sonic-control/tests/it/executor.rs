@@ -135,6 +135,51 @@ async fn a_job_runs_on_in_memory_agents_retrying_a_failed_attempt() {
     assert_eq!(sink.inputs.len(), 3, "{sink:#?}");
 }
 
+/// Each agent fetches a stage's `direct` and `remote` inputs once, in one request, before the
+/// stage's runs there read them (the model's fetch at the stage's start): one fetch per agent
+/// and stage, each file once, every input a run reads on the agent among them.
+#[tokio::test]
+async fn each_agent_fetches_a_stages_inputs_once_before_its_runs() {
+    use sonic_api::agent::FileSource;
+    for policy in ["remote", "direct"] {
+        let p = plane(|_, req| wrote(req)).await;
+        let (v, s) = p.run(json!({"dag": "fan", "policy": policy})).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+        let (sent, fetched) = (p.memory().sent(), p.memory().fetched());
+        let mut wanted = std::collections::BTreeSet::new();
+        for (agent, req) in &sent {
+            for input in &req.inputs {
+                if !matches!(input.source, FileSource::VmStorage { .. }) {
+                    wanted.insert((agent.clone(), req.function.clone()));
+                    assert!(
+                        fetched
+                            .iter()
+                            .any(|(a, f)| a == agent && f.files.contains(&input.source)),
+                        "{policy}: {} {} reads {:?} on {agent}, which no fetch there brought: {fetched:#?}",
+                        req.function,
+                        req.instance,
+                        input.source
+                    );
+                }
+            }
+        }
+        // mid on the agents its 3 instances run on, sink on its one.
+        assert_eq!(fetched.len(), wanted.len(), "{policy}: {fetched:#?}");
+        assert!(wanted.len() >= 2, "{policy}: {wanted:?}");
+        for (_, f) in &fetched {
+            assert_eq!(f.job_id, s.job_id);
+            for (i, x) in f.files.iter().enumerate() {
+                assert!(!f.files[..i].contains(x), "{policy}: fetched twice: {f:#?}");
+            }
+            let direct = f
+                .files
+                .iter()
+                .all(|x| matches!(x, FileSource::Direct { .. }));
+            assert_eq!(direct, policy == "direct", "{f:#?}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn an_instance_failing_every_attempt_fails_the_job_and_starts_nothing_after_it() {
     let p = plane(|_, req| {
