@@ -402,6 +402,20 @@ async fn stats(State(h): State<Arc<Handlers>>) -> Response {
         };
         out.insert(format!("{name}.ms-avg"), avg.into());
     }
+    // The packages of lambdas' `requirements.txt` that runs needed, each once (OpenLambda's count
+    // of the packages its worker pulled; absent until one was; `venv::Venvs::needed_by_a_run`).
+    let (cnt, total_ms) = [Some(&h.venvs), h.docker_venvs.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(venv::Venvs::pulled)
+        .fold((0, 0.0), |(c, t), (c2, t2)| (c + c2, t + t2));
+    if cnt > 0 {
+        out.insert("pull-package.cnt".into(), cnt.into());
+        out.insert(
+            "pull-package.ms-avg".into(),
+            ((total_ms / cnt as f64).round() as u64).into(),
+        );
+    }
     axum::Json(out).into_response()
 }
 
@@ -475,8 +489,9 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
         l.queued += 1;
         (l.slots.clone(), Queued(h, name.to_string()))
     };
+    // No body is the empty object, as OpenLambda's runtime gives a handler.
     let event: serde_json::Value = if body.iter().all(u8::is_ascii_whitespace) {
-        serde_json::Value::Null
+        serde_json::Value::Object(serde_json::Map::new())
     } else {
         match serde_json::from_slice(body) {
             Ok(v) => v,
@@ -520,7 +535,10 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
             let python = match &reqs {
                 None => h.python.clone(),
                 Some(r) => match h.venvs_for_workers().ensure(r).await {
-                    Ok(p) => p,
+                    Ok(p) => {
+                        h.venvs_for_workers().needed_by_a_run(r);
+                        p
+                    }
                     Err(e) => {
                         return text(
                             StatusCode::INTERNAL_SERVER_ERROR,

@@ -217,6 +217,21 @@ pub struct Venvs {
     timeout: Duration,
     builder: Option<BuildFn>,
     builds: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pulled: Arc<Mutex<Pulled>>,
+}
+
+/// The packages runs needed: each pin counted once, when a run first needs it, with its share
+/// of its environment's build time. OpenLambda's worker counts the packages it pulls
+/// (`pull-package`), which it does when a lambda first runs; Sonic builds a lambda's environment
+/// when the lambda is uploaded (a bad `requirements.txt` is refused then), and counts its
+/// packages when a run first needs them, so the counter reads as OpenLambda's.
+#[derive(Debug, Default)]
+struct Pulled {
+    pins: std::collections::BTreeSet<(String, String)>,
+    cnt: u64,
+    total_ms: f64,
+    /// Per environment built by this process (its requirements' digest): its build time, ms.
+    built_ms: HashMap<String, f64>,
 }
 
 impl std::fmt::Debug for Venvs {
@@ -271,6 +286,27 @@ impl Venvs {
             timeout,
             builder: None,
             builds: Mutex::new(HashMap::new()),
+            pulled: Arc::default(),
+        }
+    }
+
+    /// The packages runs needed so far ([`Venvs::needed_by_a_run`]), each pin once: how many,
+    /// and the milliseconds of their builds, shared among each environment's pins.
+    pub fn pulled(&self) -> (u64, f64) {
+        let p = self.pulled.lock().unwrap_or_else(|e| e.into_inner());
+        (p.cnt, p.total_ms)
+    }
+
+    /// A run starts with `reqs`'s environment: counts the pins no run needed before.
+    pub fn needed_by_a_run(&self, reqs: &Requirements) {
+        let mut p = self.pulled.lock().unwrap_or_else(|e| e.into_inner());
+        let share =
+            p.built_ms.get(reqs.sha256()).copied().unwrap_or(0.0) / reqs.pins.len().max(1) as f64;
+        for pin in &reqs.pins {
+            if p.pins.insert(pin.clone()) {
+                p.cnt += 1;
+                p.total_ms += share;
+            }
         }
     }
 
@@ -323,6 +359,7 @@ impl Venvs {
             timeout: self.timeout,
             reqs: reqs.clone(),
             builder: self.builder.clone(),
+            pulled: self.pulled.clone(),
         };
         let task = tokio::spawn(async move {
             let _one = lock.lock().await;
@@ -344,6 +381,7 @@ struct Build {
     timeout: Duration,
     reqs: Requirements,
     builder: Option<BuildFn>,
+    pulled: Arc<Mutex<Pulled>>,
 }
 
 impl Build {
@@ -368,6 +406,12 @@ impl Build {
         match built {
             Ok(()) => {
                 tokio::fs::write(self.dir.join(READY), self.reqs.text()).await?;
+                let ms = t0.elapsed().as_secs_f64() * 1000.0;
+                self.pulled
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .built_ms
+                    .insert(self.reqs.sha256().to_owned(), ms);
                 tracing::info!(
                     sha256 = %self.reqs.sha256(),
                     secs = t0.elapsed().as_secs_f64(),

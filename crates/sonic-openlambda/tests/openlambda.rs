@@ -109,6 +109,15 @@ async fn upload(ol: &Running, name: &str, tgz: Vec<u8>) -> Res<(u16, String)> {
 }
 
 /// What `OpenLambda.run` does: POST the JSON-encoded args to /run/<name>.
+/// `/stats`' `pull-package.cnt`, if it has one.
+async fn pulled(ol: &Running) -> Res<Option<serde_json::Value>> {
+    let stats: serde_json::Value = reqwest::get(format!("{}/stats", ol.url()))
+        .await?
+        .json()
+        .await?;
+    Ok(stats.get("pull-package.cnt").cloned())
+}
+
 async fn run(ol: &Running, name: &str, args: &serde_json::Value) -> Res<(u16, String)> {
     let r = reqwest::Client::new()
         .post(format!("{}/run/{name}", ol.url()))
@@ -178,6 +187,15 @@ async fn echo_status_stats_and_registry_in(sb: Sb) -> Res {
         .await?;
     assert_eq!(stats["web-request.cnt"], 2);
     assert!(stats["web-request.ms-avg"].is_u64());
+    // No body is the empty object, as OpenLambda's runtime hands it to `f`.
+    for method in [reqwest::Method::POST, reqwest::Method::GET] {
+        let r = http
+            .request(method.clone(), format!("{}/run/echo", ol.url()))
+            .send()
+            .await?;
+        assert_eq!(r.status().as_u16(), 200, "{method}");
+        assert_eq!(r.json::<serde_json::Value>().await?, serde_json::json!({}));
+    }
     let (status, body) = run(&ol, "nope", &serde_json::json!(1)).await?;
     assert_eq!(status, 404, "{body}");
     let r = http
@@ -865,8 +883,12 @@ async fn requirements_install_from_pypi_into_a_shared_venv() -> Res {
     let built = venvs(dir.path());
     assert_eq!(built.len(), 1, "{built:?}");
     assert!(dir.path().join("pip-cache").is_dir());
-    for name in ["six-a", "six-b"] {
+    // `/stats` counts a package when a run first needs it (OpenLambda pulls it then): none yet,
+    // one after the first run, still one after the second lambda with the same pin.
+    assert_eq!(pulled(&ol).await?, None);
+    for (i, name) in ["six-a", "six-b"].into_iter().enumerate() {
         let (status, body) = run(&ol, name, &serde_json::json!(null)).await?;
+        assert_eq!(pulled(&ol).await?, Some(1.into()), "after run {i}");
         assert_eq!(status, 200, "{body}");
         let v: serde_json::Value = serde_json::from_str(&body)?;
         assert_eq!(v["six"], "1.16.0");
@@ -900,6 +922,7 @@ async fn requirements_install_from_pypi_into_a_shared_venv() -> Res {
         serde_json::from_str::<serde_json::Value>(&body)?["six"],
         "1.17.0"
     );
+    assert_eq!(pulled(&ol).await?, Some(2.into()), "a new pin");
     let (_, body) = run(&ol, "six-b", &serde_json::json!(null)).await?;
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&body)?["six"],
