@@ -226,6 +226,29 @@ impl LambdaConfig {
         self.methods.clone()
     }
 
+    /// The file the runtime imports: `OL_ENTRY_FILE` of its environment, as OpenLambda reads
+    /// it, or `f.py`; a `.py` file at the lambda's top.
+    pub fn entry_file(&self) -> Result<&str, String> {
+        let file = self
+            .environment
+            .get("OL_ENTRY_FILE")
+            .map_or("f.py", String::as_str);
+        let plain = file.len() > 3
+            && file.ends_with(".py")
+            && !file.starts_with('.')
+            && file
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.'))
+            && file.matches('.').count() == 1;
+        if plain {
+            Ok(file)
+        } else {
+            Err(format!(
+                "OL_ENTRY_FILE must name a Python module file at the lambda's top (like app.py), not {file:?}"
+            ))
+        }
+    }
+
     /// The environment as pairs.
     pub fn env(&self) -> Vec<(String, String)> {
         self.environment

@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path as UrlPath, Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 
 pub use config::{LambdaConfig, OpenLambdaConfig, WorkerSandbox};
-use worker::{CallError, Limits, Place, Worker};
+use worker::{CallError, Entry, HttpCall, HttpReply, Limits, Place, Worker};
 
 /// The Python side of the runtime, written next to the registry at start.
 pub const RUNTIME_PY: &str = include_str!("../python/sonic_ol_runtime.py");
@@ -420,12 +420,31 @@ async fn stats(State(h): State<Arc<Handlers>>) -> Response {
 }
 
 async fn run_extra(
-    state: State<Arc<Handlers>>,
-    UrlPath((name, _extra)): UrlPath<(String, String)>,
+    State(h): State<Arc<Handlers>>,
+    UrlPath((name, extra)): UrlPath<(String, String)>,
     method: Method,
+    uri: Uri,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    run(state, UrlPath(name), method, body).await
+    let req = Call {
+        path: format!("/{extra}"),
+        query: uri.query().unwrap_or("").to_owned(),
+        headers,
+    };
+    let t0 = Instant::now();
+    let resp = run_inner(&h, &name, &method, &req, &body).await;
+    h.record("web-request", t0);
+    resp
+}
+
+/// What an app lambda is handed of a request beyond its method and body.
+struct Call {
+    /// The path after `/run/<name>`, from `/`.
+    path: String,
+    /// The query string, without `?`.
+    query: String,
+    headers: HeaderMap,
 }
 
 /// A place in a lambda's queue, given back on drop.
@@ -443,15 +462,22 @@ async fn run(
     State(h): State<Arc<Handlers>>,
     UrlPath(name): UrlPath<String>,
     method: Method,
+    uri: Uri,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let req = Call {
+        path: "/".into(),
+        query: uri.query().unwrap_or("").to_owned(),
+        headers,
+    };
     let t0 = Instant::now();
-    let resp = run_inner(&h, &name, &method, &body).await;
+    let resp = run_inner(&h, &name, &method, &req, &body).await;
     h.record("web-request", t0);
     resp
 }
 
-async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Response {
+async fn run_inner(h: &Handlers, name: &str, method: &Method, req: &Call, body: &[u8]) -> Response {
     if let Some(r) = invalid_name(name) {
         return r;
     }
@@ -489,19 +515,12 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
         l.queued += 1;
         (l.slots.clone(), Queued(h, name.to_string()))
     };
-    // No body is the empty object, as OpenLambda's runtime gives a handler.
-    let event: serde_json::Value = if body.iter().all(u8::is_ascii_whitespace) {
-        serde_json::Value::Object(serde_json::Map::new())
+    // An `f(event)` lambda's event: no body is the empty object, as OpenLambda's runtime gives
+    // it. An app lambda gets the body as sent instead (known once a worker says which it is).
+    let event: Result<serde_json::Value, String> = if body.iter().all(u8::is_ascii_whitespace) {
+        Ok(serde_json::Value::Object(serde_json::Map::new()))
     } else {
-        match serde_json::from_slice(body) {
-            Ok(v) => v,
-            Err(e) => {
-                return text(
-                    StatusCode::BAD_REQUEST,
-                    format!("the body is not JSON: {e}"),
-                );
-            }
-        }
+        serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))
     };
     let Ok(_slot) = slots.acquire_owned().await else {
         return text(StatusCode::SERVICE_UNAVAILABLE, "the lambda was removed");
@@ -573,6 +592,38 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
             }
         }
     };
+    if w.entry != Entry::Func {
+        let call = HttpCall {
+            method: method.to_string(),
+            app: name.to_owned(),
+            path: req.path.clone(),
+            query: req.query.clone(),
+            headers: req
+                .headers
+                .iter()
+                .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+                .collect(),
+            body: body.to_vec(),
+        };
+        return match w.call_http(&call, &limits).await {
+            Ok(reply) => {
+                give_back(h, name, w);
+                app_response(name, reply)
+            }
+            Err(e @ CallError::Raised(_)) => {
+                give_back(h, name, w);
+                call_error(name, e)
+            }
+            Err(e) => call_error(name, e),
+        };
+    }
+    let event = match event {
+        Ok(v) => v,
+        Err(msg) => {
+            give_back(h, name, w);
+            return text(StatusCode::BAD_REQUEST, msg);
+        }
+    };
     match w.call(&event, &limits).await {
         Ok(v) => {
             give_back(h, name, w);
@@ -584,6 +635,40 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, body: &[u8]) -> Re
         }
         Err(e) => call_error(name, e),
     }
+}
+
+/// An app's answer as it gave it: its status, its headers (those of the connection itself
+/// excepted: the listener frames the body) and its body. A status or header HTTP cannot carry
+/// is the app's error: 500.
+fn app_response(name: &str, reply: HttpReply) -> Response {
+    let Ok(status) = StatusCode::from_u16(reply.status) else {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("lambda `{name}` answered status {}", reply.status),
+        );
+    };
+    let mut resp = (status, reply.body).into_response();
+    let headers = resp.headers_mut();
+    headers.remove(header::CONTENT_TYPE);
+    for (k, v) in &reply.headers {
+        let (Ok(k), Ok(v)) = (
+            HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(v),
+        ) else {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("lambda `{name}` answered a header HTTP cannot carry: {k:?}"),
+            );
+        };
+        if matches!(
+            k,
+            header::CONTENT_LENGTH | header::TRANSFER_ENCODING | header::CONNECTION
+        ) {
+            continue;
+        }
+        headers.append(k, v);
+    }
+    resp
 }
 
 /// A DAG's name: `[a-z0-9-]`, starting and ending with a letter or digit, at most 63.
@@ -688,10 +773,11 @@ async fn install(
     let unpacked = tokio::task::spawn_blocking(move || -> Result<Unpacked, String> {
         std::fs::create_dir(&st).map_err(|e| e.to_string())?;
         tarball::unpack(&body, &st, max).map_err(|e| e.to_string())?;
-        if !st.join("f.py").is_file() {
-            return Err("the tarball has no f.py at its top (pack the lambda's folder: tar -czf name.tar.gz -C dir .)".into());
-        }
         let config = LambdaConfig::load(&st).map_err(|e| e.to_string())?;
+        let entry = config.entry_file()?;
+        if !st.join(entry).is_file() {
+            return Err(format!("the tarball has no {entry} at its top (pack the lambda's folder: tar -czf name.tar.gz -C dir .)"));
+        }
         let reqs = venv::Requirements::load(&st).map_err(|e| e.to_string())?;
         Ok((config, reqs))
     })

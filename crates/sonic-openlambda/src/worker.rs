@@ -39,6 +39,48 @@ pub struct Worker {
     cpu: Option<CpuGroup>,
     /// Its container (Docker sandbox): `child` is the `docker run -i` attached to it.
     container: Option<String>,
+    /// What the lambda's entry is, as the runtime found it.
+    pub entry: Entry,
+}
+
+/// A lambda's entry, as OpenLambda's runtime chooses it (`OL_WSGI_ENTRY`, `OL_ASGI_ENTRY`, `f`,
+/// `app`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// `f(event)`: a JSON event in, a JSON result out.
+    Func,
+    /// A WSGI app (PEP 3333): the HTTP request in, its status, headers and body out.
+    Wsgi,
+    /// An ASGI app (HTTP scope): as WSGI.
+    Asgi,
+}
+
+/// One HTTP request for an app lambda.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpCall {
+    /// The request's method.
+    pub method: String,
+    /// The lambda's name (the app's root is `/run/<app>`).
+    pub app: String,
+    /// The path after `/run/<app>`, from `/`.
+    pub path: String,
+    /// The query string, without `?`.
+    pub query: String,
+    /// The request's headers, in order.
+    pub headers: Vec<(String, String)>,
+    /// The request's body, as sent.
+    pub body: Vec<u8>,
+}
+
+/// An app's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpReply {
+    /// The status the app answered.
+    pub status: u16,
+    /// The headers it answered, in order.
+    pub headers: Vec<(String, String)>,
+    /// Its body.
+    pub body: Vec<u8>,
 }
 
 impl Drop for Worker {
@@ -409,6 +451,7 @@ impl Worker {
             version,
             cpu,
             container,
+            entry: Entry::Func,
         };
         let first = match tokio::time::timeout(limits.timeout, w.read_line(limits.max_output)).await
         {
@@ -427,7 +470,14 @@ impl Worker {
             Ok(r) => r?,
         };
         match first.get("ready") {
-            Some(_) => Ok(w),
+            Some(_) => {
+                w.entry = match first.get("entry").and_then(|v| v.as_str()) {
+                    Some("wsgi") => Entry::Wsgi,
+                    Some("asgi") => Entry::Asgi,
+                    _ => Entry::Func,
+                };
+                Ok(w)
+            }
             None => Err(CallError::Import(
                 first
                     .get("import_error")
@@ -462,8 +512,69 @@ impl Worker {
         event: &serde_json::Value,
         limits: &Limits,
     ) -> Result<serde_json::Value, CallError> {
-        let mut line = serde_json::to_vec(&serde_json::json!({ "event": event }))
-            .map_err(|e| CallError::Worker(e.to_string()))?;
+        let mut reply = self
+            .exchange(&serde_json::json!({ "event": event }), limits)
+            .await?;
+        if let Some(ok) = reply.get_mut("ok") {
+            return Ok(ok.take());
+        }
+        match reply.get("err").and_then(|v| v.as_str()) {
+            Some(tb) => Err(CallError::Raised(tb.to_string())),
+            None => Err(CallError::Worker("unexpected reply".into())),
+        }
+    }
+
+    /// Calls an app with one HTTP request (its body and the answer's travel base64-encoded, so
+    /// an answer is at most 3/4 of the output bound). After any error but `Raised`, the worker
+    /// must be dropped.
+    pub async fn call_http(
+        &mut self,
+        call: &HttpCall,
+        limits: &Limits,
+    ) -> Result<HttpReply, CallError> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let request = serde_json::json!({ "http": {
+            "method": call.method,
+            "app": call.app,
+            "path": call.path,
+            "query": call.query,
+            "headers": call.headers,
+            "body": b64.encode(&call.body),
+        }});
+        let reply = self.exchange(&request, limits).await?;
+        if let Some(tb) = reply.get("err").and_then(|v| v.as_str()) {
+            return Err(CallError::Raised(tb.to_string()));
+        }
+        let bad = |what: &str| CallError::Worker(format!("unexpected reply: {what}"));
+        let http = reply.get("http").ok_or_else(|| bad("no answer"))?;
+        let status = http
+            .get("status")
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|s| u16::try_from(s).ok())
+            .filter(|s| (100..=999).contains(s))
+            .ok_or_else(|| bad("no status"))?;
+        let headers = serde_json::from_value::<Vec<(String, String)>>(
+            http.get("headers").cloned().unwrap_or_default(),
+        )
+        .map_err(|_| bad("headers"))?;
+        let body = b64
+            .decode(http.get("body").and_then(|v| v.as_str()).unwrap_or(""))
+            .map_err(|_| bad("body"))?;
+        Ok(HttpReply {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// Sends one request line and reads the reply's, within the call's time.
+    async fn exchange(
+        &mut self,
+        request: &serde_json::Value,
+        limits: &Limits,
+    ) -> Result<serde_json::Value, CallError> {
+        let mut line = serde_json::to_vec(request).map_err(|e| CallError::Worker(e.to_string()))?;
         line.push(b'\n');
         let exchange = async {
             self.stdin
@@ -476,16 +587,9 @@ impl Worker {
                 .map_err(|e| CallError::Worker(format!("cannot send the call: {e}")))?;
             self.read_line(limits.max_output).await
         };
-        let mut reply = tokio::time::timeout(limits.timeout, exchange)
+        tokio::time::timeout(limits.timeout, exchange)
             .await
-            .map_err(|_| CallError::Timeout(limits.timeout))??;
-        if let Some(ok) = reply.get_mut("ok") {
-            return Ok(ok.take());
-        }
-        match reply.get("err").and_then(|v| v.as_str()) {
-            Some(tb) => Err(CallError::Raised(tb.to_string())),
-            None => Err(CallError::Worker("unexpected reply".into())),
-        }
+            .map_err(|_| CallError::Timeout(limits.timeout))?
     }
 
     async fn read_line(&mut self, max: usize) -> Result<serde_json::Value, CallError> {

@@ -108,7 +108,6 @@ async fn upload(ol: &Running, name: &str, tgz: Vec<u8>) -> Res<(u16, String)> {
     Ok((r.status().as_u16(), r.text().await?))
 }
 
-/// What `OpenLambda.run` does: POST the JSON-encoded args to /run/<name>.
 /// `/stats`' `pull-package.cnt`, if it has one.
 async fn pulled(ol: &Running) -> Res<Option<serde_json::Value>> {
     let stats: serde_json::Value = reqwest::get(format!("{}/stats", ol.url()))
@@ -118,6 +117,7 @@ async fn pulled(ol: &Running) -> Res<Option<serde_json::Value>> {
     Ok(stats.get("pull-package.cnt").cloned())
 }
 
+/// What `OpenLambda.run` does: POST the JSON-encoded args to /run/<name>.
 async fn run(ol: &Running, name: &str, args: &serde_json::Value) -> Res<(u16, String)> {
     let r = reqwest::Client::new()
         .post(format!("{}/run/{name}", ol.url()))
@@ -128,6 +128,165 @@ async fn run(ol: &Running, name: &str, args: &serde_json::Value) -> Res<(u16, St
 }
 
 const ECHO: &str = "def f(event):\n    return event\n";
+
+/// A WSGI app (PEP 3333, no framework) in `app.py`, named by `OL_ENTRY_FILE` as OpenLambda's
+/// `flask-entry-test` is: `/` answers 418 with its own header, `/echo` its body as sent,
+/// `/info` what it was handed, `/boom` raises.
+const WSGI_APP: &str = r#"import json
+
+def app(environ, start_response):
+    path = environ["PATH_INFO"]
+    if path == "/echo":
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        start_response("200 OK", [("Content-Type", environ.get("CONTENT_TYPE", "text/plain"))])
+        return [body]
+    if path == "/info":
+        info = {"script": environ["SCRIPT_NAME"], "path": path,
+                "query": environ["QUERY_STRING"], "method": environ["REQUEST_METHOD"],
+                "x": environ.get("HTTP_X_THING"), "entry": __file__.rsplit("/", 1)[-1]}
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [json.dumps(info).encode()]
+    if path == "/boom":
+        raise RuntimeError("boom")
+    start_response("418 I'm a teapot", [("A", "B"), ("Content-Type", "text/plain")])
+    return [b"hi\n"]
+"#;
+
+/// An ASGI app (no framework): a JSON greeting, and its request body back under `/echo`.
+const ASGI_APP: &str = r#"import json
+
+async def app(scope, receive, send):
+    message = await receive()
+    if scope["path"] == "/echo":
+        body = message.get("body", b"")
+    else:
+        body = json.dumps({"message": "hello world", "path": scope["path"],
+                           "root": scope["root_path"]}).encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+"#;
+
+both!(
+    apps_in,
+    wsgi_and_asgi_apps_answer_for_themselves,
+    wsgi_and_asgi_apps_answer_for_themselves_in_docker
+);
+
+/// App lambdas, as OpenLambda's runtime runs them: a WSGI app in the file `OL_ENTRY_FILE` names
+/// controls its status, headers and body, gets the raw body, its path, query and headers; a
+/// WSGI entry named by `OL_WSGI_ENTRY`; an ASGI `app`. A raising app is a 500 with its
+/// traceback and the next call is served; an entry file that is missing or not a top-level
+/// `.py` is refused at upload.
+async fn apps_in(sb: Sb) -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config_in(dir.path(), sb)).await?;
+    let http = reqwest::Client::new();
+    let yaml = |env: &str| {
+        format!("triggers:\n  http:\n    - method: GET\n    - method: POST\nenvironment:\n{env}")
+    };
+    let wsgi = tarball(
+        &[
+            ("app.py", WSGI_APP),
+            ("ol.yaml", &yaml("  OL_ENTRY_FILE: \"app.py\"\n")),
+        ],
+        "",
+    )?;
+    assert_eq!(upload(&ol, "wsgi", wsgi).await?.0, 201);
+    let r = http.get(format!("{}/run/wsgi", ol.url())).send().await?;
+    assert_eq!(r.status().as_u16(), 418);
+    assert_eq!(r.headers()["A"], "B");
+    assert_eq!(r.text().await?, "hi\n");
+    for body in ["hello world", "{\"key\": \"value\"}", "{not json"] {
+        let r = http
+            .post(format!("{}/run/wsgi/echo", ol.url()))
+            .header("Content-Type", "text/plain")
+            .body(body)
+            .send()
+            .await?;
+        assert_eq!(r.status().as_u16(), 200, "{body}");
+        assert_eq!(r.headers()["content-type"], "text/plain");
+        assert_eq!(r.text().await?, body);
+    }
+    let info: serde_json::Value = http
+        .get(format!("{}/run/wsgi/info?a=1&b=2", ol.url()))
+        .header("X-Thing", "yes")
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(
+        info,
+        serde_json::json!({"script": "/run/wsgi", "path": "/info", "query": "a=1&b=2",
+            "method": "GET", "x": "yes", "entry": "app.py"})
+    );
+    let r = http
+        .get(format!("{}/run/wsgi/boom", ol.url()))
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 500);
+    assert!(r.text().await?.contains("RuntimeError: boom"));
+    assert_eq!(
+        http.get(format!("{}/run/wsgi", ol.url()))
+            .send()
+            .await?
+            .status()
+            .as_u16(),
+        418,
+        "served after the app raised"
+    );
+
+    let named = tarball(
+        &[
+            ("main.py", &WSGI_APP.replace("def app(", "def my_wsgi_app(")),
+            (
+                "ol.yaml",
+                &yaml("  OL_ENTRY_FILE: \"main.py\"\n  OL_WSGI_ENTRY: \"my_wsgi_app\"\n"),
+            ),
+        ],
+        "",
+    )?;
+    assert_eq!(upload(&ol, "named", named).await?.0, 201);
+    let r = http.get(format!("{}/run/named/", ol.url())).send().await?;
+    assert_eq!((r.status().as_u16(), r.text().await?), (418, "hi\n".into()));
+
+    assert_eq!(
+        upload(&ol, "asgi", tarball(&[("f.py", ASGI_APP)], "")?)
+            .await?
+            .0,
+        201
+    );
+    let r = http
+        .get(format!("{}/run/asgi/x/y", ol.url()))
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.json::<serde_json::Value>().await?,
+        serde_json::json!({"message": "hello world", "path": "/x/y", "root": "/run/asgi"})
+    );
+    let r = http
+        .post(format!("{}/run/asgi/echo", ol.url()))
+        .body("raw bytes")
+        .send()
+        .await?;
+    assert_eq!(r.text().await?, "raw bytes");
+
+    for (env, why) in [
+        ("  OL_ENTRY_FILE: \"missing.py\"\n", "no missing.py"),
+        (
+            "  OL_ENTRY_FILE: \"../app.py\"\n",
+            "OL_ENTRY_FILE must name",
+        ),
+        ("  OL_ENTRY_FILE: \"app.txt\"\n", "OL_ENTRY_FILE must name"),
+    ] {
+        let tgz = tarball(&[("app.py", WSGI_APP), ("ol.yaml", &yaml(env))], "")?;
+        let (status, body) = upload(&ol, "bad-entry", tgz).await?;
+        assert_eq!(status, 400, "{env}: {body}");
+        assert!(body.contains(why), "{env}: {body}");
+    }
+    stop(ol, dir.path(), sb).await
+}
 
 both!(
     echo_status_stats_and_registry_in,
