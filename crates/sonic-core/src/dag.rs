@@ -103,6 +103,62 @@ pub struct Function {
     pub handler: Option<String>,
     pub timeout_s: f64,
     pub instances: Instances,
+    /// When its failed runs are tried again (`retries:`); `None`: the control plane's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<Retries>,
+}
+
+/// The most retries a function may ask for.
+pub const MAX_RETRIES: u32 = 100;
+
+/// A function's retry policy as its DAG file gives it (interfaces.md §7): each field it leaves
+/// out is the control plane's default.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Retries {
+    /// How many times a failed run is tried again after its first attempt (0: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    /// The wait before the first retry, doubled before each next one, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_s: Option<f64>,
+    /// The kinds of failure that are tried again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on: Option<Vec<RetryOn>>,
+}
+
+/// A kind of failure a retry policy names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryOn {
+    /// The lambda failed (exited with an error, was killed by a signal), or its agent could not
+    /// stage its inputs, route its outputs or write for lack of disk.
+    Error,
+    /// It ran past its time limit.
+    Timeout,
+    /// It ran out of memory.
+    Oom,
+    /// Its agent did not answer.
+    Lost,
+}
+
+impl RetryOn {
+    /// Every kind, in the order of their names.
+    pub const ALL: [RetryOn; 4] = [
+        RetryOn::Error,
+        RetryOn::Timeout,
+        RetryOn::Oom,
+        RetryOn::Lost,
+    ];
+
+    /// Its name in a DAG file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryOn::Error => "error",
+            RetryOn::Timeout => "timeout",
+            RetryOn::Oom => "oom",
+            RetryOn::Lost => "lost",
+        }
+    }
 }
 
 /// One edge, by function index.
@@ -181,6 +237,19 @@ struct FunctionSpec {
     timeout: Option<Spanned<ScalarSpec>>,
     #[serde(default)]
     instances: Option<Spanned<ScalarSpec>>,
+    #[serde(default)]
+    retries: Option<Spanned<RetriesSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetriesSpec {
+    #[serde(default)]
+    limit: Option<Spanned<ScalarSpec>>,
+    #[serde(default)]
+    backoff: Option<Spanned<ScalarSpec>>,
+    #[serde(default)]
+    on: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Deserialize)]
@@ -216,6 +285,86 @@ impl fmt::Display for ScalarSpec {
             ScalarSpec::Str(s) => write!(f, "{s:?}"),
         }
     }
+}
+
+/// A function's `retries:` checked: a limit from 0 to [`MAX_RETRIES`], a backoff from 0 to an
+/// hour, kinds of failure among [`RetryOn::ALL`], each once.
+fn retries_of(
+    errs: &Errs<'_>,
+    r: &RetriesSpec,
+    at: &dyn Fn(&str) -> String,
+) -> Result<Retries, DagError> {
+    let limit = match &r.limit {
+        None => None,
+        Some(l) => match &l.value {
+            ScalarSpec::Int(n) if (0..=i64::from(MAX_RETRIES)).contains(n) => Some(*n as u32),
+            _ => {
+                return Err(errs.at(
+                    l,
+                    at("retries.limit"),
+                    format!(
+                        "{} is not a whole number of retries from 0 to {MAX_RETRIES}",
+                        l.value
+                    ),
+                ));
+            }
+        },
+    };
+    let backoff_s = match &r.backoff {
+        None => None,
+        Some(b) => {
+            let secs = match &b.value {
+                ScalarSpec::Int(0) => Some(0.0),
+                ScalarSpec::Str(s) => s.parse::<Seconds>().ok().map(|s| s.0),
+                _ => None,
+            };
+            match secs {
+                Some(s) if (0.0..=3600.0).contains(&s) => Some(s),
+                _ => {
+                    return Err(errs.at(
+                        b,
+                        at("retries.backoff"),
+                        format!(
+                            "{} is not a duration from 0 to 1h (e.g. 500ms, 2s)",
+                            b.value
+                        ),
+                    ));
+                }
+            }
+        }
+    };
+    let on = match &r.on {
+        None => None,
+        Some(list) => {
+            let mut kinds = Vec::new();
+            for k in &list.value {
+                let Some(kind) = RetryOn::ALL.into_iter().find(|x| x.as_str() == k.value) else {
+                    return Err(errs.at(
+                        k,
+                        at("retries.on"),
+                        format!(
+                            "{:?} is not a kind of failure (error, timeout, oom, lost)",
+                            k.value
+                        ),
+                    ));
+                };
+                if kinds.contains(&kind) {
+                    return Err(errs.at(
+                        k,
+                        at("retries.on"),
+                        format!("{:?} is named twice", k.value),
+                    ));
+                }
+                kinds.push(kind);
+            }
+            Some(kinds)
+        }
+    };
+    Ok(Retries {
+        limit,
+        backoff_s,
+        on,
+    })
 }
 
 /// Builds errors that all name the same file.
@@ -954,6 +1103,10 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                 }
             },
         };
+        let retries = match &f.retries {
+            None => None,
+            Some(r) => Some(retries_of(errs, &r.value, &at)?),
+        };
         functions.push(Function {
             name,
             image,
@@ -961,6 +1114,7 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
             handler,
             timeout_s,
             instances,
+            retries,
         });
     }
 

@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::dag::{Dag, EdgeKind, Fanout};
+use crate::dag::{Dag, EdgeKind, Fanout, Retries, RetryOn};
 
 /// What the machine needs of a job's DAG: per stage, whom it reads from and how it starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -305,6 +305,61 @@ impl Failure {
     pub fn retryable(self) -> bool {
         !matches!(self, Failure::Cancelled | Failure::Refused)
     }
+
+    /// The kind a retry policy names it by ([`RetryOn`]); `None` for those never retried.
+    pub fn retry_kind(self) -> Option<RetryOn> {
+        match self {
+            Failure::Exit | Failure::Error | Failure::DiskFull => Some(RetryOn::Error),
+            Failure::Timeout => Some(RetryOn::Timeout),
+            Failure::OutOfMemory => Some(RetryOn::Oom),
+            Failure::NoReport => Some(RetryOn::Lost),
+            Failure::Cancelled | Failure::Refused => None,
+        }
+    }
+}
+
+/// When a stage's failed runs are tried again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (at least 1).
+    pub attempts: u32,
+    /// The wait before the first retry, doubled before each next one.
+    pub backoff: Duration,
+    /// The kinds of failure tried again.
+    pub on: BTreeSet<RetryOn>,
+}
+
+impl RetryPolicy {
+    /// Up to `attempts` attempts in all, every retryable kind of failure.
+    pub fn new(attempts: u32, backoff: Duration) -> RetryPolicy {
+        RetryPolicy {
+            attempts: attempts.max(1),
+            backoff,
+            on: RetryOn::ALL.into_iter().collect(),
+        }
+    }
+
+    /// A function's `retries:` over this default: each field it gives replaces the default's.
+    pub fn with(&self, retries: Option<&Retries>) -> RetryPolicy {
+        let Some(r) = retries else {
+            return self.clone();
+        };
+        RetryPolicy {
+            attempts: r.limit.map_or(self.attempts, |l| l.saturating_add(1)),
+            backoff: r
+                .backoff_s
+                .map_or(self.backoff, |s| Duration::from_secs_f64(s.max(0.0))),
+            on: r
+                .on
+                .as_ref()
+                .map_or_else(|| self.on.clone(), |on| on.iter().copied().collect()),
+        }
+    }
+
+    /// Whether a run that failed so is tried again under this policy.
+    pub fn retries(&self, kind: Failure) -> bool {
+        kind.retry_kind().is_some_and(|k| self.on.contains(&k))
+    }
 }
 
 /// What the executor is to do.
@@ -402,8 +457,8 @@ pub enum Recorded {
 pub struct JobMachine {
     shape: Shape,
     stages: Vec<Stage>,
-    max_attempts: u32,
-    backoff: Duration,
+    /// Per stage: when its failed runs are tried again.
+    policies: Vec<RetryPolicy>,
     recorded: BTreeMap<(usize, u32), Recorded>,
     finished: bool,
 }
@@ -413,14 +468,30 @@ impl JobMachine {
     /// attempts in all, waiting `backoff`, twice that, and so on between them.
     pub fn new(shape: Shape, max_attempts: u32, backoff: Duration) -> JobMachine {
         let stages = vec![Stage::Closed; shape.stages()];
+        let policies = vec![RetryPolicy::new(max_attempts, backoff); shape.stages()];
         JobMachine {
             shape,
             stages,
-            max_attempts: max_attempts.max(1),
-            backoff,
+            policies,
             recorded: BTreeMap::new(),
             finished: false,
         }
+    }
+
+    /// Stage `i`'s failed runs are tried again by `policies[i]` (a function's `retries:` over
+    /// the default, [`RetryPolicy::with`]); stages past the list keep the machine's default.
+    pub fn with_policies(mut self, policies: Vec<RetryPolicy>) -> JobMachine {
+        for (i, p) in policies.into_iter().enumerate() {
+            if let Some(slot) = self.policies.get_mut(i) {
+                *slot = p;
+            }
+        }
+        self
+    }
+
+    /// Stage `i`'s retry policy.
+    pub fn policy(&self, i: usize) -> Option<&RetryPolicy> {
+        self.policies.get(i)
     }
 
     /// Goes on from what an earlier control plane recorded of this execution, by (stage,
@@ -513,9 +584,13 @@ impl JobMachine {
                 error,
                 kind,
             } => {
-                let retry = kind.retryable();
+                let retry =
+                    kind.retryable() && self.policies.get(stage).is_some_and(|p| p.retries(kind));
                 let limit = self.limit(stage, instance);
-                let backoff = self.backoff;
+                let backoff = self
+                    .policies
+                    .get(stage)
+                    .map_or(Duration::ZERO, |p| p.backoff);
                 let vm = if stage < self.stages.len() {
                     self.vm(stage, instance)
                 } else {
@@ -552,9 +627,10 @@ impl JobMachine {
     /// The attempt limit of an instance: the machine's, or more when an earlier control plane
     /// already sent a later attempt.
     fn limit(&self, i: usize, k: u32) -> u32 {
+        let attempts = self.policies.get(i).map_or(1, |p| p.attempts);
         match self.recorded.get(&(i, k)) {
-            Some(Recorded::Sent(a) | Recorded::Succeeded(a)) => self.max_attempts.max(*a),
-            None => self.max_attempts,
+            Some(Recorded::Sent(a) | Recorded::Succeeded(a)) => attempts.max(*a),
+            None => attempts,
         }
     }
 
@@ -867,6 +943,102 @@ mod tests {
                 (opened(1, 1), vec![start(1, 0, 1)]),
                 (ended(1, 0, 1), vec![Action::Finish(Outcome::Succeeded)]),
                 (Event::Cancel, vec![]),
+            ],
+        );
+    }
+
+    /// A stage's own retry policy: a function's `retries:` over the default. Stage 0 retries
+    /// only timeouts, at most once, after 50 ms: an exit fails the job at once (not exhausted:
+    /// its kind is not retried), a timeout is tried again once and then fails it (exhausted).
+    /// `limit: 0` never retries; a policy leaves the other stages at the default.
+    #[test]
+    fn a_stages_retry_policy_decides_what_is_tried_again_and_when() {
+        let default = RetryPolicy::new(3, B);
+        let timeouts = Retries {
+            limit: Some(1),
+            backoff_s: Some(0.05),
+            on: Some(vec![RetryOn::Timeout]),
+        };
+        let p = default.with(Some(&timeouts));
+        assert_eq!(p.attempts, 2);
+        assert_eq!(p.backoff, Duration::from_millis(50));
+        assert!(p.retries(Failure::Timeout) && !p.retries(Failure::Exit));
+        assert!(!p.retries(Failure::Cancelled) && !default.retries(Failure::Refused));
+        assert!(default.retries(Failure::NoReport) && default.retries(Failure::OutOfMemory));
+        let never = default.with(Some(&Retries {
+            limit: Some(0),
+            ..Retries::default()
+        }));
+        assert_eq!(
+            (never.attempts, never.backoff),
+            (1, B),
+            "the rest is the default's"
+        );
+        assert_eq!(default.with(None), default);
+
+        let exit = |attempt| Event::RunFailed {
+            stage: 0,
+            instance: 0,
+            attempt,
+            error: "boom".into(),
+            kind: Failure::Exit,
+        };
+        let timeout = |attempt| Event::RunFailed {
+            stage: 0,
+            instance: 0,
+            attempt,
+            error: "slow".into(),
+            kind: Failure::Timeout,
+        };
+        let fail = |attempts, error: &str, exhausted| {
+            vec![
+                Action::StopRuns,
+                Action::Finish(Outcome::Failed {
+                    stage: 0,
+                    instance: 0,
+                    attempts,
+                    error: error.into(),
+                    exhausted,
+                }),
+            ]
+        };
+        let machine = || JobMachine::new(chain(), 3, B).with_policies(vec![p.clone()]);
+        let mut m = machine();
+        assert_eq!(m.policy(1), Some(&default));
+        check(
+            &mut m,
+            &[
+                (Event::Begin, vec![Action::OpenStage { stage: 0 }]),
+                (opened(0, 1), vec![start(0, 0, 1)]),
+                (exit(1), fail(1, "boom", false)),
+            ],
+        );
+        let mut m = machine();
+        check(
+            &mut m,
+            &[
+                (Event::Begin, vec![Action::OpenStage { stage: 0 }]),
+                (opened(0, 1), vec![start(0, 0, 1)]),
+                (
+                    timeout(1),
+                    vec![Action::StartRun {
+                        stage: 0,
+                        instance: 0,
+                        attempt: 2,
+                        delay: Duration::from_millis(50),
+                        vm: 0,
+                    }],
+                ),
+                (timeout(2), fail(2, "slow", true)),
+            ],
+        );
+        let mut m = JobMachine::new(chain(), 3, B).with_policies(vec![never]);
+        check(
+            &mut m,
+            &[
+                (Event::Begin, vec![Action::OpenStage { stage: 0 }]),
+                (opened(0, 1), vec![start(0, 0, 1)]),
+                (timeout(1), fail(1, "slow", true)),
             ],
         );
     }

@@ -286,7 +286,15 @@ impl<'a> Execution<'a> {
                 Shape::of(&dag, &fanouts).on_agents(agents.len() as u32, policy == Policy::Local)
             }
         };
+        // Each function's `retries:` over the control plane's default.
+        let default = RetryPolicy::new(rt.config.max_attempts, rt.config.backoff);
+        let policies = dag
+            .functions
+            .iter()
+            .map(|f| default.with(f.retries.as_ref()))
+            .collect();
         let machine = JobMachine::new(shape.clone(), rt.config.max_attempts, rt.config.backoff)
+            .with_policies(policies)
             .with_recorded(decisions);
         let opened: Vec<Option<Opened>> = (0..n).map(|_| None).collect();
         let seen_ended = vec![false; n];
@@ -720,7 +728,11 @@ impl<'a> Execution<'a> {
             Err(failure) => {
                 let function = &dag.functions[i].name;
                 let attempt = a.attempt;
-                let max = rt.config.max_attempts.max(1).max(attempt);
+                let max = self
+                    .machine
+                    .policy(i)
+                    .map_or(rt.config.max_attempts, |p| p.attempts)
+                    .max(attempt);
                 let last = failure.message.clone();
                 rt.publish(&job.id, |e| {
                     e.message = Some(format!(
@@ -785,13 +797,22 @@ impl<'a> Execution<'a> {
                 error,
                 exhausted,
             } => {
-                let message = if exhausted {
-                    format!(
-                        "function {} instance {instance} failed after {attempts} attempts: {error}",
-                        dag.functions[stage].name
-                    )
-                } else {
-                    error
+                let name = &dag.functions[stage].name;
+                let tries = if attempts == 1 { "attempt" } else { "attempts" };
+                // A failure of a kind its function's retries leave out is said so; a cancel or
+                // a refusal is its own message.
+                let uncovered = failures
+                    .get(&(stage, instance))
+                    .and_then(|f| f.kind.retry_kind());
+                let message = match (exhausted, uncovered) {
+                    (true, _) => format!(
+                        "function {name} instance {instance} failed after {attempts} {tries}: {error}"
+                    ),
+                    (false, Some(kind)) => format!(
+                        "function {name} instance {instance} failed after {attempts} {tries} (its retries do not cover `{}` failures): {error}",
+                        kind.as_str()
+                    ),
+                    (false, None) => error,
                 };
                 (message, failures.remove(&(stage, instance)))
             }

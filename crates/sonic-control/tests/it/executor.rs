@@ -180,6 +180,40 @@ async fn each_agent_fetches_a_stages_inputs_once_before_its_runs() {
     }
 }
 
+/// A function's `retries:` in its DAG file overrides the control plane's policy (3 attempts):
+/// `patient` retries its exits 4 times and succeeds at its 5th attempt; `picky` retries only
+/// timeouts, so its exit fails the job at its first attempt, saying so.
+#[tokio::test]
+async fn a_functions_retries_decide_what_is_tried_again() {
+    let p = plane(|_, req| match (req.function.as_str(), req.attempt) {
+        ("patient", 1..=4) | ("picky", _) => failed(req, "flaky"),
+        _ => wrote(req),
+    })
+    .await;
+    p.apply(
+        "name: retried\nfunctions:\n  - { name: patient, image: i, command: [x], timeout: 30s, retries: { limit: 4, backoff: 1ms } }\n  - { name: picky, image: i, command: [x], timeout: 30s, retries: { on: [timeout] } }\nedges:\n  - { from: patient, to: picky, kind: one }\n",
+    )
+    .await;
+    let (v, s) = p.run(json!({"dag": "retried", "policy": "remote"})).await;
+    assert_eq!(s.status, JobStatus::Failed, "{v}");
+    let error = v["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("function picky instance 0 failed after 1 attempt (its retries do not cover `error` failures): failed"),
+        "{v}"
+    );
+    assert_eq!(s.failure, Some(sonic_core::machine::Failure::Exit));
+    let attempts = |function: &str| -> Vec<u32> {
+        p.memory()
+            .sent()
+            .iter()
+            .filter(|(_, r)| r.function == function)
+            .map(|(_, r)| r.attempt)
+            .collect()
+    };
+    assert_eq!(attempts("patient"), vec![1, 2, 3, 4, 5]);
+    assert_eq!(attempts("picky"), vec![1]);
+}
+
 #[tokio::test]
 async fn an_instance_failing_every_attempt_fails_the_job_and_starts_nothing_after_it() {
     let p = plane(|_, req| {

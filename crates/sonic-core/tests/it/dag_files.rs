@@ -348,3 +348,72 @@ fn image_references_follow_docker_grammar() {
     }
     assert!(!valid_image(&"x".repeat(600)));
 }
+
+/// A function's `retries:` (interfaces.md §7): what it gives is kept, what it leaves out is the
+/// control plane's default (`None`), and a function without it stores as before (its
+/// warm-container identity hashes it). Bad values are refused at their place.
+#[test]
+fn a_functions_retries_are_read_and_checked() {
+    use sonic_core::dag::{Retries, RetryOn};
+    let dag = Dag::from_yaml(
+        "r.yaml",
+        "name: r\nfunctions:\n  - name: train\n    image: i\n    command: [x]\n    retries: { limit: 4, backoff: 500ms, on: [error, timeout, oom, lost] }\n  - { name: b, image: i, command: [x], retries: { on: [timeout] } }\n  - { name: c, image: i, command: [x], retries: { limit: 0, backoff: 0 } }\n  - { name: d, image: i, command: [x] }\n",
+    )
+    .expect("retries");
+    assert_eq!(
+        dag.functions[0].retries,
+        Some(Retries {
+            limit: Some(4),
+            backoff_s: Some(0.5),
+            on: Some(RetryOn::ALL.to_vec()),
+        })
+    );
+    assert_eq!(
+        dag.functions[1].retries,
+        Some(Retries {
+            on: Some(vec![RetryOn::Timeout]),
+            ..Retries::default()
+        })
+    );
+    assert_eq!(
+        dag.functions[2].retries,
+        Some(Retries {
+            limit: Some(0),
+            backoff_s: Some(0.0),
+            on: None,
+        })
+    );
+    assert_eq!(dag.functions[3].retries, None);
+    let json = serde_json::to_value(&dag.functions[3]).expect("json");
+    assert!(json.get("retries").is_none(), "{json}");
+    let back: Dag =
+        serde_json::from_value(serde_json::to_value(&dag).expect("json")).expect("back");
+    assert_eq!(back, dag);
+
+    let f =
+        |r: &str| format!("functions:\n  - {{ name: a, image: i, command: [x], retries: {r} }}\n");
+    check(
+        &f("{ limit: -1 }"),
+        &[":3:", "functions[0].retries.limit", "from 0 to 100"],
+    );
+    check(&f("{ limit: 101 }"), &["functions[0].retries.limit"]);
+    check(&f("{ limit: two }"), &["functions[0].retries.limit"]);
+    check(
+        &f("{ backoff: soon }"),
+        &["functions[0].retries.backoff", "not a duration"],
+    );
+    check(&f("{ backoff: 2h }"), &["functions[0].retries.backoff"]);
+    check(
+        &f("{ on: [crash] }"),
+        &[
+            "functions[0].retries.on",
+            "\"crash\"",
+            "error, timeout, oom, lost",
+        ],
+    );
+    check(
+        &f("{ on: [oom, oom] }"),
+        &["functions[0].retries.on", "twice"],
+    );
+    check(&f("{ tries: 3 }"), &["tries"]);
+}
