@@ -51,6 +51,7 @@ pub async fn run(
             params,
             policy,
             planned,
+            key,
             wait,
         } => {
             let req = JobRequest {
@@ -59,6 +60,7 @@ pub async fn run(
                 params,
                 policy,
                 planned,
+                key,
             };
             let accepted = submit(client, &req).await?;
             let id = accepted["job_id"]

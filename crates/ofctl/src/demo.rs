@@ -407,6 +407,7 @@ async fn run_job(
         params: Vec::new(),
         policy: baseline.map(|p| p.to_string()),
         planned: baseline.is_some(),
+        key: None,
     };
     let accepted = commands::submit(client, &req).await?;
     let id = accepted["job_id"]

@@ -232,6 +232,10 @@ pub enum Command {
         /// baseline (VM types by predicted memory) instead of spreading it over the agents.
         #[arg(long)]
         planned: bool,
+        /// An idempotency key: a second `run` of the DAG with the same key returns the first
+        /// job (its id, exit 0), whatever its state, and starts nothing.
+        #[arg(long)]
+        key: Option<String>,
         /// Follow the job to its end and print its summary.
         #[arg(long)]
         wait: bool,

@@ -148,6 +148,22 @@ impl Client {
         decode(&what, r).await
     }
 
+    /// [`Client::post`] with an `Idempotency-Key` header when `key` is given.
+    pub async fn post_keyed<B: serde::Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+        key: Option<&str>,
+    ) -> Result<T, RequestError> {
+        let what = format!("POST {}", route_of(path));
+        let mut req = self.request(Method::POST, path).json(body);
+        if let Some(k) = key {
+            req = req.header("idempotency-key", k);
+        }
+        let r = self.send(&what, req).await?;
+        decode(&what, r).await
+    }
+
     /// `PUT path` with a YAML body; the status and the answer as JSON.
     pub async fn put_yaml<T: DeserializeOwned>(
         &self,

@@ -40,6 +40,8 @@ pub struct JobRequest {
     pub policy: Option<String>,
     /// A forced static policy placed the way the planner places that baseline.
     pub planned: bool,
+    /// The submission's `Idempotency-Key`: a second submission with it returns the first job.
+    pub key: Option<String>,
 }
 
 /// A name the control plane accepts under `input/`: letters, digits, `.`, `_`, `-`.
@@ -67,7 +69,7 @@ fn input_name(path: &Path) -> String {
     }
 }
 
-/// `POST /v1/jobs`; the 202 answer.
+/// `POST /v1/jobs`; the answer (202 for a new job, 200 for the job its key made before).
 pub async fn submit(client: &Client, req: &JobRequest) -> anyhow::Result<Value> {
     let input = match &req.input {
         None => None,
@@ -99,7 +101,10 @@ pub async fn submit(client: &Client, req: &JobRequest) -> anyhow::Result<Value> 
             .map_err(|e: String| anyhow!(e))?,
         planned: req.planned,
     };
-    let v: Value = client.post("/v1/jobs", &body).await.map_err(|e| {
+    let v: Value = client
+        .post_keyed("/v1/jobs", &body, req.key.as_deref())
+        .await
+        .map_err(|e| {
         match e.status() {
             Some(s) if s == reqwest::StatusCode::PAYLOAD_TOO_LARGE => anyhow!(
                 "{e}: the input is too large to send inline to this control plane (raise its max_body)"

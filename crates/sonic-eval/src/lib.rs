@@ -574,6 +574,7 @@ async fn run_job(client: &Client, job: Job<'_>) -> anyhow::Result<JobSummary> {
         params: job.params,
         policy: job.policy.map(str::to_owned),
         planned: job.planned,
+        key: None,
     };
     let accepted = jobs::submit(client, &req).await?;
     let id = accepted["job_id"]

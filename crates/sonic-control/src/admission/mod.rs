@@ -390,10 +390,51 @@ fn plan_error(e: PlanFailure) -> AdmitError {
 
 /// Checks, plans and starts a job: what `POST /v1/jobs` and the dashboard's run form do.
 pub async fn submit(ctx: &Arc<Context>, req: SubmitJob) -> Result<JobAccepted, AdmitError> {
+    Ok(submit_keyed(ctx, req, None).await?.accepted)
+}
+
+/// What a submission came to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submitted {
+    /// The job.
+    pub accepted: JobAccepted,
+    /// Its submission key had already made it: nothing new was started.
+    pub existed: bool,
+}
+
+/// The most characters of a submission key.
+pub const MAX_KEY_CHARS: usize = 255;
+
+/// Checks a submission key: 1 to [`MAX_KEY_CHARS`] visible ASCII characters.
+pub fn check_key(key: &str) -> Result<(), AdmitError> {
+    if !key.is_empty() && key.len() <= MAX_KEY_CHARS && key.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(())
+    } else {
+        Err(AdmitError::Invalid(format!(
+            "Idempotency-Key: 1 to {MAX_KEY_CHARS} visible ASCII characters (no spaces)"
+        )))
+    }
+}
+
+/// [`submit`], idempotent under `key` (interfaces.md §7): a key that already made a job of the
+/// DAG returns that job, whatever its state, and starts nothing. Two submissions with one key at
+/// once make one job (the key is recorded with the job, in one transaction).
+pub async fn submit_keyed(
+    ctx: &Arc<Context>,
+    req: SubmitJob,
+    key: Option<&str>,
+) -> Result<Submitted, AdmitError> {
     let rt = ctx.jobs.clone().ok_or_else(|| {
         AdmitError::NoJobs("this control plane runs no jobs: it has no object store".into())
     })?;
     let dag_name = checked_dag_name(req.dag.clone())?;
+    if let Some(key) = key {
+        check_key(key)?;
+        let (dag, k) = (dag_name.clone(), key.to_owned());
+        if let Some(id) = ctx.db.run(move |db| db.job_for_key(&dag, &k)).await? {
+            return existing(ctx, id).await;
+        }
+    }
     // Read by name where the request was parsed (`SubmitJob::policy`).
     let forced: Option<Policy> = req.policy;
     // Parsed once per revision and kept (`Db::parsed_dag`): no blocking thread once looked up.
@@ -513,11 +554,24 @@ pub async fn submit(ctx: &Arc<Context>, req: SubmitJob) -> Result<JobAccepted, A
         mode_reason: Some(choice.reason.clone()),
     };
     let stored = record.clone();
-    tracing::Instrument::instrument(
-        ctx.db.commit(move |w| w.insert_job(&stored)),
+    let owned_key = key.map(str::to_owned);
+    let made_before = tracing::Instrument::instrument(
+        ctx.db.commit(move |w| match &owned_key {
+            Some(k) => w.insert_keyed_job(&stored, k),
+            None => w.insert_job(&stored).map(|()| None),
+        }),
         tracing::debug_span!("submit_record"),
     )
     .await?;
+    if let Some(id) = made_before {
+        // Another submission with the key made its job first: this one's input goes.
+        for file in &inputs {
+            if file.key.starts_with(&format!("jobs/{job_id}/")) {
+                let _ = rt.store.delete(&file.key).await;
+            }
+        }
+        return existing(ctx, id).await;
+    }
     ctx.metrics
         .job_submitted(choice.policy.as_str(), choice.mode.as_str());
     if let Some(p) = &choice.planned {
@@ -541,9 +595,24 @@ pub async fn submit(ctx: &Arc<Context>, req: SubmitJob) -> Result<JobAccepted, A
         ),
         span,
     ));
-    Ok(JobAccepted {
-        job_id,
-        status: JobStatus::Queued,
+    Ok(Submitted {
+        accepted: JobAccepted {
+            job_id,
+            status: JobStatus::Queued,
+        },
+        existed: false,
+    })
+}
+
+/// The job a submission key made before, as a submission's answer.
+async fn existing(ctx: &Context, id: String) -> Result<Submitted, AdmitError> {
+    let job = job_record(ctx, &id).await?;
+    Ok(Submitted {
+        accepted: JobAccepted {
+            job_id: job.id,
+            status: job.status,
+        },
+        existed: true,
     })
 }
 

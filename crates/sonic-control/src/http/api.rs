@@ -824,9 +824,16 @@ pub fn job_view(r: JobRecord) -> JobSummary {
     operation_id = "submitJob",
     tag = "jobs",
     request_body = SubmitJob,
+    params(
+        ("Idempotency-Key" = Option<String>, Header,
+            description = "1 to 255 visible ASCII characters: a second submission of the DAG \
+            with the same key returns the first job (200) and starts nothing"),
+    ),
     responses(
         (status = 202, description = "accepted; follow it with GET /v1/jobs/{id}",
             body = JobAccepted),
+        (status = 200, description = "the job this DAG's Idempotency-Key made before, in its \
+            current status; nothing started", body = JobAccepted),
         (status = 400, description = "invalid JSON, policy, parameters or input",
             body = ErrorBody),
         (status = 404, description = "no such DAG", body = ErrorBody),
@@ -841,17 +848,29 @@ pub fn job_view(r: JobRecord) -> JobSummary {
 )]
 async fn submit_job(
     State(state): State<Shared>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => Some(v.to_str().map_err(|_| {
+            ApiError::BadRequest("Idempotency-Key: visible ASCII characters only".into())
+        })?),
+    };
     let req: SubmitJob = json_body(body, state.settings.max_body_bytes)?;
     // Spans at debug: with span timings on (`sonic-load`'s SONIC_LOAD_SPANS), where a
     // submission's time goes.
-    let accepted = tracing::Instrument::instrument(
-        admission::submit(&state.ctx, req),
+    let submitted = tracing::Instrument::instrument(
+        admission::submit_keyed(&state.ctx, req, key),
         tracing::debug_span!("submit"),
     )
     .await?;
-    Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
+    let status = if submitted.existed {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(submitted.accepted)).into_response())
 }
 
 /// List jobs, newest first

@@ -198,6 +198,16 @@ const MIGRATIONS: &[&str] = &[
     DROP TABLE dag_modes;
     ALTER TABLE dag_modes_by_setting RENAME TO dag_modes;
     "#,
+    // 6: idempotent submission: the job a DAG's submission key made (`Idempotency-Key`).
+    r#"
+    CREATE TABLE job_keys (
+        dag         TEXT NOT NULL,
+        key         TEXT NOT NULL,
+        job         TEXT NOT NULL,
+        created_ms  INTEGER NOT NULL,
+        PRIMARY KEY (dag, key)
+    ) STRICT;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -1254,6 +1264,15 @@ impl Db {
             .optional()?)
     }
 
+    /// The job `dag`'s submission key `key` made, if one did.
+    pub fn job_for_key(&self, dag: &str, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .reader()
+            .prepare_cached("SELECT job FROM job_keys WHERE dag = ?1 AND key = ?2")?
+            .query_row(params![dag, key], |r| r.get(0))
+            .optional()?)
+    }
+
     /// The newest `limit` jobs, of one DAG or of all.
     pub fn list_jobs(&self, dag: Option<&str>, limit: u32) -> Result<Vec<JobRecord>, StoreError> {
         let conn = self.reader();
@@ -1628,6 +1647,31 @@ impl Writer<'_> {
         }
         self.0.prepare_cached("RELEASE sonic_write")?.execute([])?;
         Ok(out)
+    }
+
+    /// Inserts `job` made by its DAG's submission key `key`, unless the key already made one:
+    /// then nothing is written and that job's id comes back. In one transaction, so that two
+    /// submissions with one key make one job.
+    pub fn insert_keyed_job(
+        &self,
+        job: &JobRecord,
+        key: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let existing: Option<String> = self
+            .0
+            .prepare_cached("SELECT job FROM job_keys WHERE dag = ?1 AND key = ?2")?
+            .query_row(params![job.dag, key], |r| r.get(0))
+            .optional()?;
+        if existing.is_some() {
+            return Ok(existing);
+        }
+        self.insert_job(job)?;
+        self.0
+            .prepare_cached(
+                "INSERT INTO job_keys (dag, key, job, created_ms) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![job.dag, key, job.id, job.created_ms])?;
+        Ok(None)
     }
 
     /// Adds a new job; [`StoreError::Conflict`] when the id is taken.

@@ -282,3 +282,101 @@ async fn a_lost_agent_makes_the_job_run_again_without_it() {
         s.cost_usd
     );
 }
+
+/// Idempotent submission (interfaces.md §7): a second `POST /v1/jobs` of a DAG with the same
+/// `Idempotency-Key` answers 200 with the first job, whatever its state, and starts nothing;
+/// submissions racing with one key make one job; another key or another DAG makes a new one;
+/// a bad key is a 400 that stores nothing.
+#[tokio::test]
+async fn a_repeated_submission_with_its_key_returns_the_first_job() {
+    let p = plane(|_, req| wrote(req)).await;
+    p.apply("name: other\nfunctions:\n  - { name: only, image: i, command: [x], timeout: 30s }\n")
+        .await;
+    let post = |dag: &'static str, key: &'static str| {
+        p.http
+            .post(p.url_for("/v1/jobs"))
+            .bearer_auth(crate::support::TOKEN)
+            .header("Idempotency-Key", key)
+            .json(&json!({"dag": dag, "policy": "remote"}))
+            .send()
+    };
+    let answer = |r: reqwest::Response| async move {
+        let status = r.status().as_u16();
+        let v: Value = r.json().await.expect("json");
+        (
+            status,
+            v["job_id"].as_str().unwrap_or_default().to_owned(),
+            v,
+        )
+    };
+    let (status, first, _) = answer(post("fan", "nightly-2026-11-28").await.expect("post")).await;
+    assert_eq!(status, 202);
+    let s = p.wait(&first).await;
+    assert_eq!(s.status, JobStatus::Succeeded);
+    let sent = p.memory().sent().len();
+    let (status, again, v) = answer(post("fan", "nightly-2026-11-28").await.expect("post")).await;
+    assert_eq!((status, again.as_str()), (200, first.as_str()), "{v}");
+    assert_eq!(v["status"], "succeeded", "its current state: {v}");
+    assert_eq!(p.memory().sent().len(), sent, "nothing started");
+
+    // Racing submissions with a new key: one job.
+    let (a, b) = tokio::join!(post("fan", "race"), post("fan", "race"));
+    let (sa, ja, _) = answer(a.expect("post")).await;
+    let (sb, jb, _) = answer(b.expect("post")).await;
+    assert_eq!(ja, jb);
+    let mut statuses = [sa, sb];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 202]);
+
+    // Another key, another DAG: new jobs.
+    let (status, other_key, _) =
+        answer(post("fan", "nightly-2026-11-29").await.expect("post")).await;
+    assert_eq!(status, 202);
+    let (status, other_dag, _) =
+        answer(post("other", "nightly-2026-11-28").await.expect("post")).await;
+    assert_eq!(status, 202);
+    let ids = [&first, &ja, &other_key, &other_dag];
+    let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
+    assert_eq!(distinct.len(), 4, "{ids:?}");
+
+    let jobs_before: Value = p
+        .http
+        .get(p.url_for("/v1/jobs"))
+        .bearer_auth(crate::support::TOKEN)
+        .send()
+        .await
+        .expect("jobs")
+        .json()
+        .await
+        .expect("json");
+    let long = "k".repeat(256);
+    for bad in ["has space", "", long.as_str(), "tab\tkey"] {
+        let r = p
+            .http
+            .post(p.url_for("/v1/jobs"))
+            .bearer_auth(crate::support::TOKEN)
+            .header("Idempotency-Key", bad)
+            .json(&json!({"dag": "fan", "policy": "remote"}))
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(r.status(), 400, "{bad:?}");
+    }
+    let jobs_after: Value = p
+        .http
+        .get(p.url_for("/v1/jobs"))
+        .bearer_auth(crate::support::TOKEN)
+        .send()
+        .await
+        .expect("jobs")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        jobs_after["jobs"].as_array().map(Vec::len),
+        jobs_before["jobs"].as_array().map(Vec::len)
+    );
+    for id in [ja, other_key, other_dag] {
+        p.wait(&id).await;
+    }
+}
