@@ -201,7 +201,14 @@ pub struct Dag {
     pub functions: Vec<Function>,
     pub edges: Vec<Edge>,
     pub bounds: Bounds,
+    /// The whole job's deadline, in seconds from its submission (`deadline:`): past it, the job
+    /// fails with a reason naming it. `None`: no deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_s: Option<f64>,
 }
+
+/// The longest deadline a DAG may give its jobs: a week.
+pub const MAX_DEADLINE_S: f64 = 7.0 * 86_400.0;
 
 // ---- the YAML as written ----
 
@@ -221,6 +228,8 @@ struct DagSpec {
     edges: Option<Vec<Spanned<EdgeSpec>>>,
     #[serde(default)]
     bounds: Option<BoundsSpec>,
+    #[serde(default)]
+    deadline: Option<Spanned<ScalarSpec>>,
 }
 
 #[derive(Deserialize)]
@@ -1253,6 +1262,30 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         }
     };
 
+    let deadline_s = match &spec.deadline {
+        None => None,
+        Some(d) => {
+            let secs = match &d.value {
+                ScalarSpec::Int(n) if *n > 0 => Some(*n as f64),
+                ScalarSpec::Str(s) => s.parse::<Seconds>().ok().map(|s| s.0),
+                _ => None,
+            };
+            match secs {
+                Some(s) if s > 0.0 && s <= MAX_DEADLINE_S => Some(s),
+                _ => {
+                    return Err(errs.at(
+                        d,
+                        "deadline",
+                        format!(
+                            "{} is not a duration from 1ms to 7 days (e.g. 10m, 90s, 2h)",
+                            d.value
+                        ),
+                    ));
+                }
+            }
+        }
+    };
+
     let dag = Dag {
         name: spec.name.value.clone(),
         description: spec
@@ -1265,6 +1298,7 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         functions,
         edges,
         bounds,
+        deadline_s,
     };
     // Edge kinds must agree with the fanouts under the default parameters.
     if let Err(msg) = dag.fanouts(&dag.params) {

@@ -884,6 +884,22 @@ async fn execute_from(
         }
         rt.publish(&job.id, |e| e.status = JobStatus::Running);
     }
+    // The DAG's deadline counts from the submission, across restarts: past it the job is
+    // stopped as a cancel stops it, and fails naming the deadline.
+    let deadline = match state.db.parsed_dag(&job.dag).await {
+        Ok(Some(p)) => p.dag.deadline_s,
+        _ => None,
+    };
+    let deadline_passed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = deadline.map(|secs| {
+        let at = instant_at(&state, job.created_ms) + Duration::from_secs_f64(secs);
+        let (cancel, passed) = (cancel.clone(), deadline_passed.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            passed.store(true, std::sync::atomic::Ordering::SeqCst);
+            cancel.cancel();
+        })
+    });
     // Every agent any execution used, for the final cleanup.
     let mut used: Vec<AgentSlot> = Vec::new();
     // Whether a failed execution is followed by another, without which agents, is the job
@@ -940,6 +956,17 @@ async fn execute_from(
             Failure::RunFailed { kind, .. } => *kind,
             _ => None,
         };
+        if let Some(secs) = deadline
+            && deadline_passed.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            break (
+                Err(format!(
+                    "the job ran past its deadline of {} (the DAG's `deadline:`, counted from its submission) and was stopped",
+                    sonic_core::units::Seconds(secs)
+                )),
+                progress,
+            );
+        }
         let why = match executions.ended(failure.end(cancel.is_cancelled())) {
             Next::Fail(message) => {
                 failed_kind = kind;
@@ -962,6 +989,9 @@ async fn execute_from(
         // What the next execution needs to go on after a restart, before it sends anything.
         record_execution(&state, &job.id, executions.execution(), &inputs, lost).await;
     };
+    if let Some(w) = watcher {
+        w.abort();
+    }
     // The last execution's agents stay in the progress: its runs and spans index them.
     let latency_s = started.elapsed().as_secs_f64();
     rt.publish(&job.id, |e| {

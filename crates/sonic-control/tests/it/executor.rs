@@ -380,3 +380,30 @@ async fn a_repeated_submission_with_its_key_returns_the_first_job() {
         p.wait(&id).await;
     }
 }
+
+/// A DAG's `deadline:` (interfaces.md §7): a job still running past it, counted from its
+/// submission, is stopped and fails with a reason naming the deadline. Here `slow`'s run never
+/// ends (its agent answers "running" whenever asked), so only the deadline ends the job; `fast`
+/// before it ran.
+#[tokio::test]
+async fn a_job_past_its_deadline_fails_naming_it() {
+    let p = plane(|_, req| {
+        if req.function == "slow" {
+            RunReport::new(req.run_id(), RunStatus::Running)
+        } else {
+            wrote(req)
+        }
+    })
+    .await;
+    p.apply(
+        "name: late\ndeadline: 1s\nfunctions:\n  - { name: fast, image: i, command: [x], timeout: 60s }\n  - { name: slow, image: i, command: [x], timeout: 60s }\nedges:\n  - { from: fast, to: slow, kind: one }\n",
+    )
+    .await;
+    let (v, s) = p.run(json!({"dag": "late", "policy": "remote"})).await;
+    assert_eq!(s.status, JobStatus::Failed, "{v}");
+    let error = v["error"].as_str().unwrap_or_default();
+    assert!(error.contains("ran past its deadline of 1s"), "{v}");
+    assert!(s.latency_s >= 1.0, "{v}");
+    let sent = p.memory().sent();
+    assert!(sent.iter().any(|(_, r)| r.function == "slow"), "{sent:#?}");
+}

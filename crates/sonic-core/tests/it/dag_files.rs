@@ -417,3 +417,31 @@ fn a_functions_retries_are_read_and_checked() {
     );
     check(&f("{ tries: 3 }"), &["tries"]);
 }
+
+/// A DAG's `deadline:` (interfaces.md §7): a duration up to a week, kept in seconds; absent, no
+/// deadline and the stored form unchanged; anything else refused at its place.
+#[test]
+fn a_dags_deadline_is_read_and_checked() {
+    let with = |d: &str| {
+        Dag::from_yaml(
+            "d.yaml",
+            &format!(
+                "name: d\ndeadline: {d}\nfunctions:\n  - {{ name: a, image: i, command: [x] }}\n"
+            ),
+        )
+    };
+    assert_eq!(with("10m").expect("10m").deadline_s, Some(600.0));
+    assert_eq!(with("90").expect("90").deadline_s, Some(90.0));
+    let none = Dag::from_yaml(
+        "d.yaml",
+        "name: d\nfunctions:\n  - { name: a, image: i, command: [x] }\n",
+    )
+    .expect("no deadline");
+    assert_eq!(none.deadline_s, None);
+    let json = serde_json::to_value(&none).expect("json");
+    assert!(json.get("deadline_s").is_none(), "{json}");
+    for bad in ["soon", "0", "-5s", "200h", "[1]"] {
+        let err = with(bad).expect_err(bad).to_string();
+        assert!(err.contains("deadline"), "{bad}: {err}");
+    }
+}
