@@ -141,6 +141,7 @@ fn status_name(s: &RunStatus) -> &'static str {
         RunStatus::TimedOut => "timed_out",
         RunStatus::Error => "error",
         RunStatus::DiskFull => "disk_full",
+        RunStatus::Unrunnable => "unrunnable",
     }
 }
 

@@ -698,7 +698,11 @@ pub async fn execute_checked(state: Arc<AgentState>, run: CheckedRun) -> RunRepo
         Ok(()) => {}
         Err(e) => {
             tracing::warn!(run = %id, error = %e, "run failed");
-            report.status = RunStatus::Error;
+            report.status = if unrunnable(&e) {
+                RunStatus::Unrunnable
+            } else {
+                RunStatus::Error
+            };
             report.error = Some(e.to_string());
         }
     }
@@ -716,6 +720,20 @@ pub async fn execute_checked(state: Arc<AgentState>, run: CheckedRun) -> RunRepo
 
 /// Below this much free space a failed run is taken as one the full disk failed.
 const NEARLY_FULL_BYTES: u64 = 1 << 20;
+
+/// Whether a run could not start at all, for a reason another attempt keeps: its image is
+/// missing, its spec is one the sandbox refuses, its command is not there or not executable.
+fn unrunnable(e: &RunError) -> bool {
+    use crate::sandbox::SandboxError;
+    match e {
+        RunError::Sandbox(SandboxError::ImageNotFound(_) | SandboxError::InvalidSpec(_)) => true,
+        RunError::Sandbox(SandboxError::Io(io)) => matches!(
+            io.kind(),
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+        ),
+        _ => false,
+    }
+}
 
 /// Whether a failed run failed because this agent's disk is full: its error or the lambda's log
 /// carries the system's words for `ENOSPC` (errors reach the report as text: staging, routing
@@ -901,6 +919,19 @@ async fn run_inner(
     }
     match termination {
         Termination::Exited(0) => {}
+        Termination::Exited(code @ (126 | 127)) => {
+            report.status = RunStatus::Unrunnable;
+            report.exit_code = Some(code);
+            report.error = Some(format!(
+                "lambda exited with status {code}: its command {} (not retried)",
+                if code == 127 {
+                    "was not found"
+                } else {
+                    "is not executable"
+                }
+            ));
+            return Ok(());
+        }
         Termination::Exited(code) => {
             report.status = RunStatus::Failed;
             report.exit_code = Some(code);

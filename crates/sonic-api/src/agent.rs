@@ -382,6 +382,10 @@ pub enum RunStatus {
     /// filesystem refused a write (`ENOSPC`) or has next to no space left. The agent is no place
     /// for the job's next execution.
     DiskFull,
+    /// The lambda could not be started at all, and another attempt cannot start it: its image
+    /// is missing, its command was not found or is not executable (the sandbox said so, or the
+    /// command exited 127 or 126, the shell's and the container runtime's words for it).
+    Unrunnable,
 }
 
 /// One input as staged: how it came and what it cost.

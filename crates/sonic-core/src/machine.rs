@@ -271,11 +271,14 @@ pub enum Failure {
     Cancelled,
     /// What the attempt waited on was closed (the job is ending) or refused it.
     Refused,
+    /// The lambda could not be started at all (its image missing, its command not found or not
+    /// executable): another attempt cannot start it.
+    Unrunnable,
 }
 
 impl Failure {
     /// Every kind, in the order of their names on the wire.
-    pub const ALL: [Failure; 8] = [
+    pub const ALL: [Failure; 9] = [
         Failure::Exit,
         Failure::Timeout,
         Failure::OutOfMemory,
@@ -284,6 +287,7 @@ impl Failure {
         Failure::NoReport,
         Failure::Cancelled,
         Failure::Refused,
+        Failure::Unrunnable,
     ];
 
     /// Its name on the wire.
@@ -297,13 +301,17 @@ impl Failure {
             Failure::NoReport => "no_report",
             Failure::Cancelled => "cancelled",
             Failure::Refused => "refused",
+            Failure::Unrunnable => "unrunnable",
         }
     }
 
-    /// Whether another attempt may help: every failure of the run or its agent, not a cancel
-    /// or a refusal.
+    /// Whether another attempt may help: every failure of the run or its agent, not a cancel,
+    /// a refusal or a lambda that cannot start.
     pub fn retryable(self) -> bool {
-        !matches!(self, Failure::Cancelled | Failure::Refused)
+        !matches!(
+            self,
+            Failure::Cancelled | Failure::Refused | Failure::Unrunnable
+        )
     }
 
     /// The kind a retry policy names it by ([`RetryOn`]); `None` for those never retried.
@@ -313,7 +321,7 @@ impl Failure {
             Failure::Timeout => Some(RetryOn::Timeout),
             Failure::OutOfMemory => Some(RetryOn::Oom),
             Failure::NoReport => Some(RetryOn::Lost),
-            Failure::Cancelled | Failure::Refused => None,
+            Failure::Cancelled | Failure::Refused | Failure::Unrunnable => None,
         }
     }
 }

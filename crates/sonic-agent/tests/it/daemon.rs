@@ -426,6 +426,16 @@ async fn failures_are_reported_not_crashes() {
     let got = c.run(&c.a, &request(job, "f", &["--exit-code", "3"])).await;
     assert_eq!(got.status, RunStatus::Failed);
     assert_eq!(got.exit_code, Some(3));
+    // A command that is not there cannot start: another attempt would not start it either.
+    let mut absent = request(job, "n", &[]);
+    absent.command = vec!["sonic-no-such-command".into()];
+    let got = c.run(&c.a, &absent).await;
+    assert_eq!(got.status, RunStatus::Unrunnable, "{got:?}");
+    assert_eq!(got.exit_code, Some(127));
+    assert!(
+        got.error.as_deref().unwrap_or("").contains("was not found"),
+        "{got:?}"
+    );
     // Timeout.
     let mut slow = request(job, "g", &["--sleep-ms", "30000"]);
     slow.timeout_ms = 300;

@@ -1886,6 +1886,7 @@ fn failure_kind(status: RunStatus) -> RunFailure {
         RunStatus::OutOfMemory => RunFailure::OutOfMemory,
         RunStatus::TimedOut => RunFailure::Timeout,
         RunStatus::DiskFull => RunFailure::DiskFull,
+        RunStatus::Unrunnable => RunFailure::Unrunnable,
         // A report that ended neither well nor in a failure of the run: the agent's own error.
         RunStatus::Error | RunStatus::Running | RunStatus::Succeeded => RunFailure::Error,
     }

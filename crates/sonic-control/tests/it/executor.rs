@@ -407,3 +407,33 @@ async fn a_job_past_its_deadline_fails_naming_it() {
     let sent = p.memory().sent();
     assert!(sent.iter().any(|(_, r)| r.function == "slow"), "{sent:#?}");
 }
+
+/// A lambda that cannot start (its command not found: the agent says `unrunnable`) is not tried
+/// again: the job fails at its first attempt with the failure kind `unrunnable`.
+#[tokio::test]
+async fn a_lambda_that_cannot_start_is_not_retried() {
+    let p = plane(|_, req| {
+        if req.function == "mid" {
+            let mut r = failed(
+                req,
+                "lambda exited with status 127: its command was not found",
+            );
+            r.status = RunStatus::Unrunnable;
+            r.exit_code = Some(127);
+            r
+        } else {
+            wrote(req)
+        }
+    })
+    .await;
+    let (v, s) = p.run_remote().await;
+    assert_eq!(s.status, JobStatus::Failed, "{v}");
+    assert_eq!(v["failure"], "unrunnable", "{v}");
+    let sent = p.memory().sent();
+    let mid: Vec<u32> = sent
+        .iter()
+        .filter(|(_, r)| r.function == "mid")
+        .map(|(_, r)| r.attempt)
+        .collect();
+    assert!(mid.iter().all(|&a| a == 1), "{mid:?}");
+}
