@@ -20,6 +20,15 @@ fn main() -> ExitCode {
         .init();
     match ofctl::run(cli, &mut std::io::stdout()) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`ofctl get jobs | head`): what it wanted was written.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("ofctl: {}", ofctl::one_line(&e));
             ExitCode::from(ofctl::exit_status(&e))

@@ -1322,16 +1322,33 @@ async fn job_logs(
         return Err(ApiError::BadRequest("invalid function name".into()));
     }
     let lookup = id.clone();
-    let logs = state
+    let function = q.function.clone();
+    // A function the job's DAG does not have, and no log of it: a 404 that says so, rather
+    // than an empty list that reads as "it printed nothing".
+    let found = state
         .db
         .run(move |db| {
-            if db.get_job(&lookup)?.is_none() {
+            let Some(job) = db.get_job(&lookup)? else {
                 return Ok(None);
-            }
-            db.logs(&lookup, q.function.as_deref()).map(Some)
+            };
+            let logs = db.logs(&lookup, function.as_deref())?;
+            let unknown = match &function {
+                Some(f) if logs.is_empty() => db
+                    .load_dag(&job.dag)?
+                    .is_some_and(|p| !p.dag.functions.iter().any(|g| &g.name == f)),
+                _ => false,
+            };
+            Ok(Some((logs, unknown, job.dag)))
         })
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    let (logs, unknown, dag) = found;
+    if unknown {
+        return Err(ApiError::NotFound(format!(
+            "job {id}: DAG {dag} has no function {}",
+            q.function.unwrap_or_default()
+        )));
+    }
     Ok(Json(JobLogs { job_id: id, logs }))
 }
 

@@ -1177,6 +1177,15 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
     );
     let (status, _) = c.get_json_status("/v1/jobs/j-0000/logs").await;
     assert_eq!(status, 404);
+    // A function the DAG does not have is a 404 that says so, not an empty list.
+    let (status, body) = c
+        .get_json_status(&format!("/v1/jobs/{planned_id}/logs?function=mapers"))
+        .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body.to_string().contains("has no function mapers"),
+        "{body}"
+    );
     // A finished job's stream is one terminal event.
     let again = c.all_events(&planned_id).await;
     assert_eq!(again.len(), 1, "{again:?}");
