@@ -96,13 +96,39 @@ pub async fn run(
             }
             Ok(())
         }
-        Command::Get { kind } => {
+        Command::Get {
+            kind,
+            dag,
+            status,
+            limit,
+        } => {
             let (path, what) = match kind {
                 Kind::Dags => ("/v1/dags", "GET /v1/dags"),
                 Kind::Jobs => ("/v1/jobs", "GET /v1/jobs"),
                 Kind::Agents => ("/v1/agents", "GET /v1/agents"),
             };
-            let v: Value = client.get(path).await?;
+            let mut query = Vec::new();
+            if let Some(d) = &dag {
+                query.push(format!("dag={}", encode(d)));
+            }
+            if let Some(s) = &status {
+                query.push(format!("status={}", encode(s)));
+            }
+            if let Some(n) = limit {
+                query.push(format!("limit={n}"));
+            }
+            if !query.is_empty() && !matches!(kind, Kind::Jobs) {
+                return Err(crate::UsageError(
+                    "--dag, --status and --limit filter `get jobs` only".into(),
+                )
+                .into());
+            }
+            let path = if query.is_empty() {
+                path.to_owned()
+            } else {
+                format!("{path}?{}", query.join("&"))
+            };
+            let v: Value = client.get(&path).await?;
             match (output, kind) {
                 (Output::Json, _) => print_json(out, &v),
                 (Output::Table, Kind::Dags) => Ok(render::dags(&typed::<DagList>(what, &v)?, out)?),

@@ -244,6 +244,15 @@ pub enum Command {
     Get {
         #[arg(value_enum)]
         kind: Kind,
+        /// `get jobs`: only this DAG's.
+        #[arg(long)]
+        dag: Option<String>,
+        /// `get jobs`: only those in this status (queued, running, succeeded, failed).
+        #[arg(long)]
+        status: Option<String>,
+        /// `get jobs`: at most this many, newest first (default 100, at most 1000).
+        #[arg(long)]
+        limit: Option<u32>,
     },
     /// Show one job in detail.
     Describe {

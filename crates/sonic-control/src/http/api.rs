@@ -778,6 +778,8 @@ struct JobsQuery {
     /// At most this many (default 100).
     #[param(maximum = 1000)]
     limit: Option<u32>,
+    /// Only jobs in this status (`queued`, `running`, `succeeded`, `failed`).
+    status: Option<String>,
 }
 
 /// A job as the API shows it: the recorded summary once it ended, its state before.
@@ -892,9 +894,15 @@ async fn list_jobs(
     let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let dag = q.dag.map(checked_dag_name).transpose()?;
     let limit = q.limit.unwrap_or(100).min(1000);
+    let status = q
+        .status
+        .as_deref()
+        .map(str::parse::<JobStatus>)
+        .transpose()
+        .map_err(|e| ApiError::BadRequest(format!("status: {e}")))?;
     let jobs = state
         .db
-        .run(move |db| db.list_jobs(dag.as_deref(), limit))
+        .run(move |db| db.find_jobs(dag.as_deref(), status, limit))
         .await?;
     Ok(Json(JobList {
         jobs: jobs.into_iter().map(job_view).collect(),

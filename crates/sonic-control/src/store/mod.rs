@@ -1275,12 +1275,24 @@ impl Db {
 
     /// The newest `limit` jobs, of one DAG or of all.
     pub fn list_jobs(&self, dag: Option<&str>, limit: u32) -> Result<Vec<JobRecord>, StoreError> {
+        self.find_jobs(dag, None, limit)
+    }
+
+    /// The newest `limit` jobs, of one DAG or of all, in one status or in any.
+    pub fn find_jobs(
+        &self,
+        dag: Option<&str>,
+        status: Option<JobStatus>,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>, StoreError> {
         let conn = self.reader();
         let mut stmt = conn.prepare_cached(&format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE (?1 IS NULL OR dag = ?1) \
+             AND (?3 IS NULL OR status = ?3) \
              ORDER BY created_ms DESC, id DESC LIMIT ?2"
         ))?;
-        let rows = stmt.query_map(params![dag, limit], job_row)?;
+        let status = status.map(JobStatus::as_str);
+        let rows = stmt.query_map(params![dag, limit, status], job_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 

@@ -437,3 +437,57 @@ async fn a_lambda_that_cannot_start_is_not_retried() {
         .collect();
     assert!(mid.iter().all(|&a| a == 1), "{mid:?}");
 }
+
+/// `GET /v1/jobs` filters by DAG and status (what `ofctl get jobs --dag --status --limit`
+/// sends); an unknown status is a 400.
+#[tokio::test]
+async fn jobs_are_listed_by_dag_and_status() {
+    let p = plane(|_, req| {
+        if req.function == "bad" {
+            failed(req, "no")
+        } else {
+            wrote(req)
+        }
+    })
+    .await;
+    p.apply("name: other\nfunctions:\n  - { name: bad, image: i, command: [x], timeout: 30s, retries: { limit: 0 } }\n")
+        .await;
+    let (_, ok) = p.run_remote().await;
+    let (_, bad) = p.run(json!({"dag": "other", "policy": "remote"})).await;
+    assert_eq!(
+        (ok.status, bad.status),
+        (JobStatus::Succeeded, JobStatus::Failed)
+    );
+    let p = &p;
+    let list = |query: &'static str| async move {
+        let r = p
+            .http
+            .get(p.url_for(&format!("/v1/jobs{query}")))
+            .bearer_auth(crate::support::TOKEN)
+            .send()
+            .await
+            .expect("jobs");
+        let status = r.status().as_u16();
+        let v: Value = r.json().await.expect("json");
+        let ids: Vec<String> = v["jobs"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|j| j["job_id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        (status, ids)
+    };
+    assert_eq!(
+        list("?status=failed").await,
+        (200, vec![bad.job_id.clone()])
+    );
+    assert_eq!(
+        list("?status=succeeded&dag=fan").await,
+        (200, vec![ok.job_id.clone()])
+    );
+    assert_eq!(list("?status=succeeded&dag=other").await, (200, vec![]));
+    assert_eq!(list("?limit=1").await, (200, vec![bad.job_id.clone()]));
+    assert_eq!(list("?status=done").await.0, 400);
+}
