@@ -70,10 +70,12 @@ pub async fn run(
             if !wait {
                 return match output {
                     Output::Json => print_json(out, &accepted),
-                    Output::Table => Ok(writeln!(
-                        out,
-                        "job {id} submitted; follow it with `ofctl describe job {id}`"
-                    )?),
+                    // The bare id on stdout, for scripts (`id=$(ofctl run ...)`); the hint for
+                    // people on stderr.
+                    Output::Table => {
+                        eprintln!("job {id} submitted; follow it with `ofctl describe job {id}`");
+                        Ok(writeln!(out, "{id}")?)
+                    }
                 };
             }
             let mut progress = Progress::new();

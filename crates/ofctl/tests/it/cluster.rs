@@ -331,9 +331,35 @@ fn a_user_session_against_ofctl_up() {
         assert_eq!(std::fs::read(&path).expect("result"), input, "{path:?}");
     }
 
-    // run without --wait: the job id at once.
+    // run without --wait: the job id at once; in a table, the bare id on stdout (scripts).
     let accepted = up.ofctl(&["run", "fan", "-o", "json"]).json();
     assert!(str_of(&accepted, "job_id").starts_with("j-"));
+    let bare = up.ofctl(&["run", "fan", "--key", "cluster-test"]);
+    assert_eq!(bare.code, 0, "{bare:?}");
+    let id = bare.stdout.trim().to_owned();
+    assert!(id.starts_with("j-") && !id.contains(' '), "{bare:?}");
+    // The same key: the same job, nothing new.
+    let again = up.ofctl(&["run", "fan", "--key", "cluster-test"]);
+    assert_eq!(
+        (again.code, again.stdout.trim()),
+        (0, id.as_str()),
+        "{again:?}"
+    );
+    // get jobs filters; a filter on another kind is bad usage; logs of no such function fail.
+    let listed = up
+        .ofctl(&["get", "jobs", "--dag", "fan", "--limit", "2", "-o", "json"])
+        .json();
+    let jobs = listed["jobs"].as_array().expect("jobs");
+    assert!(
+        jobs.len() <= 2 && jobs.iter().all(|j| j["dag"] == "fan"),
+        "{listed}"
+    );
+    assert_eq!(up.ofctl(&["get", "dags", "--status", "failed"]).code, 2);
+    assert!(
+        up.ofctl(&["logs", &id, "no_such_function"])
+            .refused()
+            .contains("has no function no_such_function")
+    );
 
     // A failed job: its summary on stdout, exit 1, the reason on stderr's last line.
     let broken = up.file("broken.yaml", BROKEN);
