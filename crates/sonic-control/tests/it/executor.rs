@@ -403,7 +403,6 @@ async fn a_job_past_its_deadline_fails_naming_it() {
     assert_eq!(s.status, JobStatus::Failed, "{v}");
     let error = v["error"].as_str().unwrap_or_default();
     assert!(error.contains("ran past its deadline of 1s"), "{v}");
-    assert!(s.latency_s >= 1.0, "{v}");
     let sent = p.memory().sent();
     assert!(sent.iter().any(|(_, r)| r.function == "slow"), "{sent:#?}");
 }

@@ -112,6 +112,12 @@ async fn cluster_with(
         .tune(|jobs| {
             jobs.max_attempts = 2;
             jobs.backoff = Duration::from_millis(20);
+            // The plan route is asked for an exact plan below. In CI (2 cores, every test
+            // binary at once) its search has run past the default 2 s budget on some learned
+            // states, where the same DAG plans in about 0.5 ms on an idle machine: the cause
+            // is not found (docs/testing.md). A longer budget lets it finish; exactness is
+            // still what is asserted.
+            jobs.planning.time = Some(Duration::from_secs(30));
         })
         .tune_agents(move |agent| agent.output_quota_mb = output_quota_mb)
         .start()
