@@ -427,15 +427,16 @@ async fn run_extra(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let req = Call {
-        path: format!("/{extra}"),
-        query: uri.query().unwrap_or("").to_owned(),
+    run_at(
+        &h,
+        &name,
+        format!("/{extra}"),
+        &method,
+        &uri,
         headers,
-    };
-    let t0 = Instant::now();
-    let resp = run_inner(&h, &name, &method, &req, &body).await;
-    h.record("web-request", t0);
-    resp
+        &body,
+    )
+    .await
 }
 
 /// What an app lambda is handed of a request beyond its method and body.
@@ -466,13 +467,26 @@ async fn run(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    run_at(&h, &name, "/".into(), &method, &uri, headers, &body).await
+}
+
+/// `/run/<name>` with `path` after the name: the call, timed as OpenLambda's `web-request`.
+async fn run_at(
+    h: &Handlers,
+    name: &str,
+    path: String,
+    method: &Method,
+    uri: &Uri,
+    headers: HeaderMap,
+    body: &[u8],
+) -> Response {
     let req = Call {
-        path: "/".into(),
+        path,
         query: uri.query().unwrap_or("").to_owned(),
         headers,
     };
     let t0 = Instant::now();
-    let resp = run_inner(&h, &name, &method, &req, &body).await;
+    let resp = run_inner(h, name, method, &req, body).await;
     h.record("web-request", t0);
     resp
 }

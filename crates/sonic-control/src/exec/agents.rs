@@ -126,6 +126,42 @@ fn base(agent: &AgentSlot) -> &str {
     agent.url.trim_end_matches('/')
 }
 
+/// Sends `req` to `agent`: its answer when it succeeded, else why not (`what`: the call).
+async fn answered(
+    agent: &AgentSlot,
+    what: &'static str,
+    req: reqwest::RequestBuilder,
+) -> Result<reqwest::Response, AgentError> {
+    let r = req
+        .send()
+        .await
+        .map_err(|e| AgentError::unreachable(agent, e))?;
+    if !r.status().is_success() {
+        let status = r.status().as_u16();
+        let body = r.text().await.unwrap_or_default();
+        return Err(AgentError::Refused {
+            agent: agent.id.clone(),
+            what,
+            status,
+            body,
+        });
+    }
+    Ok(r)
+}
+
+/// An answer's JSON body, read as `T`.
+async fn read<T: serde::de::DeserializeOwned>(
+    agent: &AgentSlot,
+    what: &'static str,
+    r: reqwest::Response,
+) -> Result<T, AgentError> {
+    r.json().await.map_err(|e| AgentError::BadAnswer {
+        agent: agent.id.clone(),
+        what,
+        message: e.to_string(),
+    })
+}
+
 impl AgentClient for HttpAgents {
     fn start<'a>(
         &'a self,
@@ -133,31 +169,15 @@ impl AgentClient for HttpAgents {
         req: &'a RunRequest,
     ) -> BoxFuture<'a, Result<Accepted, AgentError>> {
         Box::pin(async move {
-            let r = self
+            let req = self
                 .http
                 .post(format!("{}/v1/runs", base(agent)))
                 .bearer_auth(&self.token)
-                .json(req)
-                .send()
-                .await
-                .map_err(|e| AgentError::unreachable(agent, e))?;
-            if !r.status().is_success() {
-                let status = r.status().as_u16();
-                let body = r.text().await.unwrap_or_default();
-                return Err(AgentError::Refused {
-                    agent: agent.id.clone(),
-                    what: "the run",
-                    status,
-                    body,
-                });
-            }
+                .json(req);
+            let r = answered(agent, "the run", req).await?;
             // 200, not 202: the agent already had this run (a repeated request).
             let existed = r.status() == reqwest::StatusCode::OK;
-            let accepted: RunAccepted = r.json().await.map_err(|e| AgentError::BadAnswer {
-                agent: agent.id.clone(),
-                what: "the run",
-                message: e.to_string(),
-            })?;
+            let accepted: RunAccepted = read(agent, "the run", r).await?;
             Ok(Accepted {
                 run_id: accepted.run_id,
                 existed,
@@ -171,29 +191,12 @@ impl AgentClient for HttpAgents {
         req: &'a FetchRequest,
     ) -> BoxFuture<'a, Result<FetchReport, AgentError>> {
         Box::pin(async move {
-            let r = self
+            let req = self
                 .http
                 .post(format!("{}/v1/fetches", base(agent)))
                 .bearer_auth(&self.token)
-                .json(req)
-                .send()
-                .await
-                .map_err(|e| AgentError::unreachable(agent, e))?;
-            if !r.status().is_success() {
-                let status = r.status().as_u16();
-                let body = r.text().await.unwrap_or_default();
-                return Err(AgentError::Refused {
-                    agent: agent.id.clone(),
-                    what: "the fetch",
-                    status,
-                    body,
-                });
-            }
-            r.json().await.map_err(|e| AgentError::BadAnswer {
-                agent: agent.id.clone(),
-                what: "the fetch",
-                message: e.to_string(),
-            })
+                .json(req);
+            read(agent, "the fetch", answered(agent, "the fetch", req).await?).await
         })
     }
 
@@ -203,28 +206,12 @@ impl AgentClient for HttpAgents {
         run_id: &'a str,
     ) -> BoxFuture<'a, Result<RunReport, AgentError>> {
         Box::pin(async move {
-            let r = self
+            let req = self
                 .http
                 .get(format!("{}/v1/runs/{run_id}", base(agent)))
-                .bearer_auth(&self.token)
-                .send()
-                .await
-                .map_err(|e| AgentError::unreachable(agent, e))?;
-            if !r.status().is_success() {
-                let status = r.status().as_u16();
-                let body = r.text().await.unwrap_or_default();
-                return Err(AgentError::Refused {
-                    agent: agent.id.clone(),
-                    what: "the run report",
-                    status,
-                    body,
-                });
-            }
-            r.json().await.map_err(|e| AgentError::BadAnswer {
-                agent: agent.id.clone(),
-                what: "the run report",
-                message: e.to_string(),
-            })
+                .bearer_auth(&self.token);
+            let what = "the run report";
+            read(agent, what, answered(agent, what, req).await?).await
         })
     }
 

@@ -8,7 +8,7 @@
 //! (`POST /v1/fetches`), the others wait for it. A fetch that fails changes nothing: each run then
 //! fetches its own inputs as it would without one, and fails or succeeds by them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -59,7 +59,9 @@ impl StageFetch {
         agents: &[AgentSlot],
         runs: impl IntoIterator<Item = (usize, &'a RunRequest)>,
     ) -> HashMap<usize, Arc<StageFetch>> {
-        let mut per_agent: BTreeMap<usize, Vec<(String, FileSource, FileOf)>> = BTreeMap::new();
+        let mut per_agent: BTreeMap<usize, Vec<(FileSource, FileOf)>> = BTreeMap::new();
+        // Each file once per agent (a broadcast's file is every instance's input there).
+        let mut seen: HashSet<(usize, String)> = HashSet::new();
         for (agent, req) in runs {
             for input in &req.inputs {
                 let key = match &input.source {
@@ -74,9 +76,11 @@ impl StageFetch {
                 let Some(of) = file_of(dag, i, &input.dest, &input.source) else {
                     continue;
                 };
-                let files = per_agent.entry(agent).or_default();
-                if !files.iter().any(|(k, _, _)| *k == key) {
-                    files.push((key, input.source.clone(), of));
+                if seen.insert((agent, key)) {
+                    per_agent
+                        .entry(agent)
+                        .or_default()
+                        .push((input.source.clone(), of));
                 }
             }
         }
@@ -84,8 +88,7 @@ impl StageFetch {
             .into_iter()
             .filter_map(|(agent, files)| {
                 let slot = agents.get(agent)?.clone();
-                let (sources, of): (Vec<FileSource>, Vec<FileOf>) =
-                    files.into_iter().map(|(_, s, o)| (s, o)).unzip();
+                let (sources, of): (Vec<FileSource>, Vec<FileOf>) = files.into_iter().unzip();
                 Some((agent, slot, sources, of))
             })
             .map(|(agent, slot, sources, of)| {
