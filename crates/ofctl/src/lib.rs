@@ -156,9 +156,19 @@ pub enum Command {
         /// The VM catalog (YAML); the built-in defaults when omitted.
         #[arg(long)]
         catalog: Option<PathBuf>,
-        /// sonic (the planner), remote, local, direct, or oracle.
+        /// sonic (the planner), sonic-mean (the paper's: means only), remote, local, direct, or
+        /// oracle.
         #[arg(long, default_value = "sonic")]
         policy: String,
+        /// A percentile objective on job latency, p<percentile>=<duration> (e.g. p95=20s):
+        /// the cheapest plan whose predicted latency at that percentile meets it. Overrides the
+        /// DAG's `slo:`.
+        #[arg(long, value_parser = parse_slo)]
+        slo: Option<sonic_core::slo::Slo>,
+        /// Where no plan meets the SLO, the plan with the lowest percentile latency instead of
+        /// a refusal.
+        #[arg(long)]
+        slo_best_effort: bool,
     },
     /// Start a whole cluster on this machine in the foreground (Ctrl-C stops it).
     Up(UpArgs),
@@ -304,6 +314,12 @@ fn parse_param(s: &str) -> Result<(String, serde_json::Value), String> {
     Ok((k.to_owned(), value))
 }
 
+/// `--slo p95=20s`.
+fn parse_slo(s: &str) -> Result<sonic_core::slo::Slo, String> {
+    s.parse()
+        .map_err(|e: sonic_core::slo::SloError| e.to_string())
+}
+
 /// Runs one command, writing its answer to `out`.
 pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     let output = cli.output;
@@ -313,7 +329,23 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             params,
             catalog,
             policy,
-        } => plan::run(&dag, &params, catalog.as_deref(), &policy, output, out),
+            slo,
+            slo_best_effort,
+        } => {
+            let objective = plan::Objective {
+                slo,
+                best_effort: slo_best_effort,
+            };
+            plan::run(
+                &dag,
+                &params,
+                catalog.as_deref(),
+                &policy,
+                objective,
+                output,
+                out,
+            )
+        }
         Command::Up(args) => runtime()?.block_on(up::run(args, output, out)),
         Command::Demo {
             up,

@@ -17,12 +17,21 @@ fn read(path: &Path) -> anyhow::Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
+/// A percentile objective for `ofctl plan` (`--slo`, `--slo-best-effort`); without `slo`, the
+/// DAG's own `slo:` applies.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Objective {
+    pub slo: Option<sonic_core::slo::Slo>,
+    pub best_effort: bool,
+}
+
 /// Plans and returns the report and the outcome (for the explanation).
 pub fn plan_files(
     dag: &Path,
     params: &Path,
     catalog: Option<&Path>,
     policy: &str,
+    objective: Objective,
 ) -> anyhow::Result<(PlanReport, PlanOutcome)> {
     let policy: Policy = policy.parse().map_err(|e: String| anyhow!(e))?;
     let dag_text = read(dag)?;
@@ -37,7 +46,23 @@ pub fn plan_files(
     };
     let started = Instant::now();
     let problem = PlanProblem::from_dag(&dag, &params, catalog, dag.bounds)?;
-    let mut outcome = planner::plan(&problem, policy)?;
+    let slo = objective.slo.or(dag.slo);
+    let mut outcome = match slo {
+        None => planner::plan(&problem, policy)?,
+        Some(slo) => {
+            let times = sonic_core::tails::stage_times(&problem, &params)
+                .map_err(|e| anyhow!("the functions' time distributions: {e}"))?;
+            planner::plan_for_slo(
+                &problem,
+                policy,
+                &times,
+                slo,
+                objective.best_effort,
+                planner::Budget::default(),
+                &started,
+            )?
+        }
+    };
     let planning_time_us = started.elapsed().as_micros() as u64;
     // Where the parameters give distributions: the plans' latency distributions
     // (interfaces.md §6, `predicted.latency_quantiles_s`).
@@ -57,10 +82,11 @@ pub fn run(
     params: &Path,
     catalog: Option<&Path>,
     policy: &str,
+    objective: Objective,
     output: Output,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    let (report, outcome) = plan_files(dag, params, catalog, policy)?;
+    let (report, outcome) = plan_files(dag, params, catalog, policy, objective)?;
     match output {
         Output::Json => {
             serde_json::to_writer_pretty(&mut *out, &report)?;
@@ -153,6 +179,21 @@ fn write_table(
     )?;
     if let Some(stopped) = &report.stopped {
         writeln!(out, "  {stopped}")?;
+    }
+    if let Some(v) = &report.slo {
+        writeln!(
+            out,
+            "  SLO p{} <= {:.3} s: predicted p{} {:.3} s, {}",
+            v.percentile,
+            v.latency_s,
+            v.percentile,
+            v.predicted_s,
+            if v.met {
+                "met"
+            } else {
+                "NOT MET (best effort, or a baseline's own plan)"
+            }
+        )?;
     }
     writeln!(out)?;
     write_plan("BEST PLAN", &outcome.best, out)?;

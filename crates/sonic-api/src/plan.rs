@@ -216,6 +216,7 @@ mod tests {
             planning_time_us: 1,
             exact: true,
             stopped: None,
+            slo: None,
         };
         let r = PlanReport::new(report, 5).running_second_best(plan(2.0));
         assert_eq!(r.predicted().latency_s, 2.0);

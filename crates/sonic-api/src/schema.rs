@@ -151,6 +151,20 @@ pub fn planner_report() -> Object {
                      expansions with max) and search (best, second_best)",
                 )),
         )
+        .property(
+            "slo",
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .description(Some(
+                    "the percentile objective the plan was made for (absent when none was): \
+                     percentile, latency_s, predicted_s (the plan's predicted latency at the \
+                     percentile) and met",
+                ))
+                .property("percentile", typed(Type::Number, None))
+                .property("latency_s", typed(Type::Number, None))
+                .property("predicted_s", typed(Type::Number, None))
+                .property("met", typed(Type::Boolean, None)),
+        )
         .required("dag")
         .required("policy")
         .required("planning_time_us")
@@ -232,6 +246,12 @@ mod tests {
             planning_time_us: 1,
             exact: true,
             stopped: None,
+            slo: Some(sonic_core::planner::SloVerdict {
+                percentile: 95.0,
+                latency_s: 2.0,
+                predicted_s: 1.5,
+                met: true,
+            }),
         };
         let report = serde_json::to_value(&report).expect("json");
         assert_eq!(properties(planner_report()), keys(&report));
@@ -255,7 +275,7 @@ mod tests {
         let v = serde_json::to_value(policy()).expect("json");
         assert_eq!(
             v["enum"],
-            serde_json::json!(["sonic", "remote", "local", "direct", "oracle"])
+            serde_json::json!(["sonic", "sonic-mean", "remote", "local", "direct", "oracle"])
         );
         let v = serde_json::to_value(method()).expect("json");
         assert_eq!(

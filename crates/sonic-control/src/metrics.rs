@@ -177,8 +177,8 @@ impl Default for Metrics {
             reg.touch(&PASSING_SECONDS, &[m]);
         }
         for s in ["succeeded", "failed"] {
-            for p in ["sonic", "remote", "direct", "local", "oracle"] {
-                reg.touch(&JOBS_ENDED, &[s, p]);
+            for p in sonic_core::planner::Policy::ALL {
+                reg.touch(&JOBS_ENDED, &[s, p.as_str()]);
             }
         }
         for s in ["queued", "running"] {

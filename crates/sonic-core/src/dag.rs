@@ -205,6 +205,10 @@ pub struct Dag {
     /// fails with a reason naming it. `None`: no deadline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_s: Option<f64>,
+    /// The objective on job latency at a percentile (`slo:`, interfaces.md §6); a job may
+    /// override it. `None`: plans maximize Perf/$.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo: Option<crate::slo::Slo>,
 }
 
 /// The longest deadline a DAG may give its jobs: a week.
@@ -230,6 +234,16 @@ struct DagSpec {
     bounds: Option<BoundsSpec>,
     #[serde(default)]
     deadline: Option<Spanned<ScalarSpec>>,
+    #[serde(default)]
+    slo: Option<Spanned<SloSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SloSpec {
+    #[serde(default)]
+    percentile: Option<Spanned<ScalarSpec>>,
+    latency: Spanned<ScalarSpec>,
 }
 
 #[derive(Deserialize)]
@@ -1286,6 +1300,53 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         }
     };
 
+    let slo = match &spec.slo {
+        None => None,
+        Some(o) => {
+            let percentile = match &o.value.percentile {
+                None => 95.0,
+                Some(p) => match &p.value {
+                    ScalarSpec::Int(n) => *n as f64,
+                    ScalarSpec::Float(x) => *x,
+                    ScalarSpec::Str(_) => {
+                        return Err(errs.at(
+                            p,
+                            "slo.percentile",
+                            format!("{} is not a number from 50 to 99.9", p.value),
+                        ));
+                    }
+                },
+            };
+            let latency = match &o.value.latency.value {
+                ScalarSpec::Int(n) if *n > 0 => Some(*n as f64),
+                ScalarSpec::Float(x) if *x > 0.0 => Some(*x),
+                ScalarSpec::Str(s) => s.parse::<Seconds>().ok().map(|s| s.0),
+                _ => None,
+            };
+            let Some(latency) = latency else {
+                return Err(errs.at(
+                    &o.value.latency,
+                    "slo.latency",
+                    format!(
+                        "{} is not a duration (e.g. 20s, 1500ms, 2m)",
+                        o.value.latency.value
+                    ),
+                ));
+            };
+            match crate::slo::Slo::new(percentile, latency) {
+                Ok(slo) => Some(slo),
+                Err(e @ crate::slo::SloError::Percentile(_)) => {
+                    let at = o.value.percentile.as_ref().map_or_else(
+                        || errs.at(o, "slo", e.to_string()),
+                        |p| errs.at(p, "slo.percentile", e.to_string()),
+                    );
+                    return Err(at);
+                }
+                Err(e) => return Err(errs.at(&o.value.latency, "slo.latency", e.to_string())),
+            }
+        }
+    };
+
     let dag = Dag {
         name: spec.name.value.clone(),
         description: spec
@@ -1299,6 +1360,7 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         edges,
         bounds,
         deadline_s,
+        slo,
     };
     // Edge kinds must agree with the fanouts under the default parameters.
     if let Err(msg) = dag.fanouts(&dag.params) {

@@ -140,6 +140,11 @@ impl Dist {
         self.atoms.iter().sum::<f64>() / ATOMS as f64
     }
 
+    /// The lowest value it takes (its first atom).
+    pub fn lowest(&self) -> f64 {
+        self.atoms[0]
+    }
+
     /// The `p` quantile (`p` in [0, 1]): interpolated between the atoms, each standing at the
     /// middle of its slice; below the first and above the last, the first and the last.
     pub fn quantile(&self, p: f64) -> f64 {

@@ -12,6 +12,7 @@ pub mod params;
 pub mod planner;
 pub mod regression;
 pub mod setting;
+pub mod slo;
 pub mod tails;
 pub mod units;
 pub mod warm;

@@ -1177,118 +1177,11 @@ impl PlanProblem {
                 want: self.edges.len(),
             });
         }
-        let mut group_of = vec![usize::MAX; n];
-        let (mut hold, mut busy, mut rate, mut gplace) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut ends = vec![0.0; n];
-        let mut stages = Vec::with_capacity(n);
-        let mut edges = vec![
-            EdgePrediction {
-                method: Method::Direct,
-                seconds: 0.0,
-                upload_s: 0.0,
-                fetch_s: 0.0
-            };
-            self.edges.len()
-        ];
-        let mut total = 0.0;
-        let mut breakdown = CostBreakdown::default();
-        let mut senders = Vec::new();
-        let mut times = Vec::new();
+        let mut walk = Walk::new(self);
         for r in 0..n {
-            let pl = a.placements[r];
-            self.check_placement(r, pl)?;
-            let host = self.host_of(r, pl, &a.methods, &group_of, &gplace)?;
-            senders.clear();
-            for &e in &self.incoming[r] {
-                let s = self.edges[e].from;
-                let sp = a.placements[s];
-                senders.push(Sender {
-                    edge: e,
-                    method: a.methods[e],
-                    end: ends[s],
-                    vm: sp.vm,
-                    vms: sp.vms,
-                    per_vm: self.per_vm(s, sp.vms),
-                    group: group_of[s],
-                });
-            }
-            let mut groups = Groups {
-                hold: &mut hold,
-                busy: &mut busy,
-                rate: &rate,
-            };
-            if !self.direct_fits(pl, host, &senders) {
-                return Err(Infeasible::Placement {
-                    stage: self.stages[r].name.clone(),
-                    message: format!(
-                        "its {} x {} and the VMs it fetches from over direct edges are more than the {} {} VMs there are (a direct sender's VMs are held until the receiver has fetched)",
-                        pl.vms,
-                        self.vm_type(pl.vm).name,
-                        self.vm_limit(pl.vm).unwrap_or(0),
-                        self.vm_type(pl.vm).name
-                    ),
-                });
-            }
-            let out = self.step(r, pl, host, &senders, &mut groups, &mut times);
-            match host {
-                Host::New => {
-                    group_of[r] = hold.len();
-                    hold.push(out.end);
-                    busy.push(out.end);
-                    rate.push(self.rate(pl.vm, pl.vms));
-                    gplace.push(pl);
-                }
-                Host::Continue(g) => group_of[r] = g,
-            }
-            ends[r] = out.end;
-            total += out.cost;
-            breakdown.vm_usd += out.vm_usd;
-            breakdown.local_storage_usd += out.local_usd;
-            breakdown.remote_storage_usd += out.remote_usd;
-            breakdown.requests_usd += out.request_usd;
-            for (s, (t, _)) in senders.iter().zip(&times) {
-                edges[s.edge] = EdgePrediction {
-                    method: s.method,
-                    seconds: t.upload_s + t.fetch_s,
-                    upload_s: t.upload_s,
-                    fetch_s: t.fetch_s,
-                };
-            }
-            stages.push(StagePrediction {
-                start_s: out.start,
-                fetch_s: out.fetch,
-                compute_s: out.compute,
-                overhead_s: out.overhead,
-                end_s: out.end,
-                batches: self.batches(r, pl),
-                cost_so_far_usd: total,
-            });
+            walk.push(self, a, r)?;
         }
-        if let Some((vm, most)) = self.over_pool(a) {
-            let groups = self.groups_of(a);
-            return Err(Infeasible::Pool {
-                stages: most
-                    .groups
-                    .iter()
-                    .flat_map(|&g| groups.stages(g))
-                    .map(|s| self.stages[s].name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                vm_type: self.vm_type(vm).name.clone(),
-                need: most.vms,
-                limit: self.vm_limit(vm).unwrap_or(0),
-            });
-        }
-        let latency = ends.iter().copied().fold(0.0, f64::max);
-        Ok(Prediction {
-            latency_s: latency,
-            cost_usd: total,
-            perf_per_dollar: perf_per_dollar(latency, total),
-            stages,
-            edges,
-            cost: breakdown,
-        })
+        walk.finish(self, a)
     }
 
     /// The VM groups of assignment `a` ([`crate::held`]): a stage continues the group of its
@@ -1431,6 +1324,178 @@ impl PlanProblem {
             }
         }
         Ok(Host::Continue(g))
+    }
+}
+
+/// The model's timeline built one stage at a time, in topological order: what
+/// [`PlanProblem::evaluate`] runs, and what a search runs to price a plan's first stages (every
+/// step only adds cost and never makes an earlier stage end sooner, so a prefix's cost and
+/// stage ends bound the whole plan's).
+#[derive(Debug, Clone)]
+pub(crate) struct Walk {
+    group_of: Vec<usize>,
+    hold: Vec<f64>,
+    busy: Vec<f64>,
+    rate: Vec<f64>,
+    gplace: Vec<Placement>,
+    ends: Vec<f64>,
+    pub stages: Vec<StagePrediction>,
+    pub edges: Vec<EdgePrediction>,
+    /// The cost of the stages pushed so far.
+    pub total: f64,
+    breakdown: CostBreakdown,
+}
+
+impl Walk {
+    pub(crate) fn new(pb: &PlanProblem) -> Walk {
+        let n = pb.stages.len();
+        Walk {
+            group_of: vec![usize::MAX; n],
+            hold: Vec::new(),
+            busy: Vec::new(),
+            rate: Vec::new(),
+            gplace: Vec::new(),
+            ends: vec![0.0; n],
+            stages: Vec::with_capacity(n),
+            edges: vec![
+                EdgePrediction {
+                    method: Method::Direct,
+                    seconds: 0.0,
+                    upload_s: 0.0,
+                    fetch_s: 0.0
+                };
+                pb.edges.len()
+            ],
+            total: 0.0,
+            breakdown: CostBreakdown::default(),
+        }
+    }
+
+    /// The (VM type, VM count) stage `r` must take when `a`'s methods into it include
+    /// vm-storage from an already placed group; `None` when it starts VMs of its own.
+    pub(crate) fn continued_placement(
+        &self,
+        pb: &PlanProblem,
+        a: &Assignment,
+        r: usize,
+    ) -> Option<Placement> {
+        pb.incoming[r]
+            .iter()
+            .find(|&&e| a.methods[e] == Method::VmStorage)
+            .and_then(|&e| {
+                let g = self.group_of[pb.edges[e].from];
+                self.gplace.get(g).copied()
+            })
+    }
+
+    /// Stage `r` placed as `a` says, with `a`'s methods on its incoming edges; the stages before
+    /// it in topological order must have been pushed.
+    pub(crate) fn push(
+        &mut self,
+        pb: &PlanProblem,
+        a: &Assignment,
+        r: usize,
+    ) -> Result<(), Infeasible> {
+        debug_assert_eq!(self.stages.len(), r, "stages are pushed in order");
+        let pl = a.placements[r];
+        pb.check_placement(r, pl)?;
+        let host = pb.host_of(r, pl, &a.methods, &self.group_of, &self.gplace)?;
+        let mut senders = Vec::with_capacity(pb.incoming[r].len());
+        for &e in &pb.incoming[r] {
+            let s = pb.edges[e].from;
+            let sp = a.placements[s];
+            senders.push(Sender {
+                edge: e,
+                method: a.methods[e],
+                end: self.ends[s],
+                vm: sp.vm,
+                vms: sp.vms,
+                per_vm: pb.per_vm(s, sp.vms),
+                group: self.group_of[s],
+            });
+        }
+        if !pb.direct_fits(pl, host, &senders) {
+            return Err(Infeasible::Placement {
+                stage: pb.stages[r].name.clone(),
+                message: format!(
+                    "its {} x {} and the VMs it fetches from over direct edges are more than the {} {} VMs there are (a direct sender's VMs are held until the receiver has fetched)",
+                    pl.vms,
+                    pb.vm_type(pl.vm).name,
+                    pb.vm_limit(pl.vm).unwrap_or(0),
+                    pb.vm_type(pl.vm).name
+                ),
+            });
+        }
+        let mut groups = Groups {
+            hold: &mut self.hold,
+            busy: &mut self.busy,
+            rate: &self.rate,
+        };
+        let mut times = Vec::with_capacity(senders.len());
+        let out = pb.step(r, pl, host, &senders, &mut groups, &mut times);
+        match host {
+            Host::New => {
+                self.group_of[r] = self.hold.len();
+                self.hold.push(out.end);
+                self.busy.push(out.end);
+                self.rate.push(pb.rate(pl.vm, pl.vms));
+                self.gplace.push(pl);
+            }
+            Host::Continue(g) => self.group_of[r] = g,
+        }
+        self.ends[r] = out.end;
+        self.total += out.cost;
+        self.breakdown.vm_usd += out.vm_usd;
+        self.breakdown.local_storage_usd += out.local_usd;
+        self.breakdown.remote_storage_usd += out.remote_usd;
+        self.breakdown.requests_usd += out.request_usd;
+        for (s, (t, _)) in senders.iter().zip(&times) {
+            self.edges[s.edge] = EdgePrediction {
+                method: s.method,
+                seconds: t.upload_s + t.fetch_s,
+                upload_s: t.upload_s,
+                fetch_s: t.fetch_s,
+            };
+        }
+        self.stages.push(StagePrediction {
+            start_s: out.start,
+            fetch_s: out.fetch,
+            compute_s: out.compute,
+            overhead_s: out.overhead,
+            end_s: out.end,
+            batches: pb.batches(r, pl),
+            cost_so_far_usd: self.total,
+        });
+        Ok(())
+    }
+
+    /// The whole plan's prediction, once every stage is pushed: refused when it holds more
+    /// VMs of a type at once than the pool has.
+    pub(crate) fn finish(self, pb: &PlanProblem, a: &Assignment) -> Result<Prediction, Infeasible> {
+        if let Some((vm, most)) = pb.over_pool(a) {
+            let groups = pb.groups_of(a);
+            return Err(Infeasible::Pool {
+                stages: most
+                    .groups
+                    .iter()
+                    .flat_map(|&g| groups.stages(g))
+                    .map(|s| pb.stages[s].name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                vm_type: pb.vm_type(vm).name.clone(),
+                need: most.vms,
+                limit: pb.vm_limit(vm).unwrap_or(0),
+            });
+        }
+        let latency = self.ends.iter().copied().fold(0.0, f64::max);
+        Ok(Prediction {
+            latency_s: latency,
+            cost_usd: self.total,
+            perf_per_dollar: perf_per_dollar(latency, self.total),
+            stages: self.stages,
+            edges: self.edges,
+            cost: self.breakdown,
+        })
     }
 }
 

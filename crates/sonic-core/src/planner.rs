@@ -7,6 +7,7 @@ mod budget;
 mod chain;
 mod dp;
 mod explain;
+mod slo;
 
 use std::cell::OnceCell;
 use std::fmt;
@@ -28,8 +29,12 @@ use budget::{Frozen, Meter};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
-    /// The exact planner.
+    /// The exact planner: Perf/$ on means, or under a percentile SLO the cheapest plan whose
+    /// predicted percentile latency meets it ([`plan_for_slo`]).
     Sonic,
+    /// The planner as the SONIC paper describes it (means, Perf/$, no distributions), kept as a
+    /// baseline: an SLO's latency is to it a bound on the mean.
+    SonicMean,
     /// Every edge through the object store, one smallest-fitting VM per lambda (OpenLambda + S3).
     Remote,
     /// The whole job on one largest VM, every edge vm-storage, lambdas serialized as memory
@@ -43,8 +48,9 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub const ALL: [Policy; 5] = [
+    pub const ALL: [Policy; 6] = [
         Policy::Sonic,
+        Policy::SonicMean,
         Policy::Remote,
         Policy::Local,
         Policy::Direct,
@@ -54,6 +60,7 @@ impl Policy {
     pub fn as_str(self) -> &'static str {
         match self {
             Policy::Sonic => "sonic",
+            Policy::SonicMean => "sonic-mean",
             Policy::Remote => "remote",
             Policy::Local => "local",
             Policy::Direct => "direct",
@@ -74,7 +81,9 @@ impl FromStr for Policy {
         Policy::ALL
             .into_iter()
             .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("unknown policy {s:?} (sonic, remote, local, direct, oracle)"))
+            .ok_or_else(|| {
+                format!("unknown policy {s:?} (sonic, sonic-mean, remote, local, direct, oracle)")
+            })
     }
 }
 
@@ -205,6 +214,21 @@ pub struct PlanOutcome {
     pub exact: bool,
     /// The limit that cut a search short, and which search, when one did.
     pub stopped: Option<Stopped>,
+    /// The percentile objective the plan was made for, and whether its prediction meets it.
+    pub slo: Option<SloVerdict>,
+}
+
+/// A plan against a percentile objective (interfaces.md §6).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SloVerdict {
+    pub percentile: f64,
+    /// The objective's latency, seconds.
+    pub latency_s: f64,
+    /// The plan's predicted latency at the percentile.
+    pub predicted_s: f64,
+    /// Whether `predicted_s` is at most `latency_s`; `false` only where the plan runs anyway
+    /// (`--slo-best-effort`, or a baseline policy, which plans by its own rule).
+    pub met: bool,
 }
 
 /// The document `ofctl plan -o json` prints (interfaces.md §3). Read back with the defaults of
@@ -230,6 +254,9 @@ pub struct PlanReport {
     /// The limit that stopped a search (`null` when none did).
     #[serde(default)]
     pub stopped: Option<Stopped>,
+    /// The percentile objective the plan was made for (absent when none was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo: Option<SloVerdict>,
 }
 
 /// Plans recorded before planning had a budget were all searched to the end.
@@ -251,6 +278,7 @@ impl PlanOutcome {
             planning_time_us,
             exact: self.exact,
             stopped: self.stopped,
+            slo: self.slo,
         }
     }
 }
@@ -303,6 +331,14 @@ pub enum PlanError {
         bound_s: f64,
         bound_usd: f64,
         best_usd: f64,
+    },
+    #[error(
+        "no plan meets the SLO p{percentile} <= {latency_s} s: the lowest p{percentile} latency reachable is {best_s:.3} s (--slo-best-effort runs that plan)"
+    )]
+    Slo {
+        percentile: f64,
+        latency_s: f64,
+        best_s: f64,
     },
     #[error("the plan does not match the problem: {0}")]
     Mismatch(String),
@@ -445,7 +481,9 @@ pub fn plan_within(
     clock: &dyn Stopwatch,
 ) -> Result<PlanOutcome, PlanError> {
     match policy {
-        Policy::Sonic | Policy::Oracle => plan_exact(pb, &Meter::new(budget, clock)),
+        Policy::Sonic | Policy::SonicMean | Policy::Oracle => {
+            plan_exact(pb, &Meter::new(budget, clock))
+        }
         Policy::Remote | Policy::Direct | Policy::Local => {
             let a = baseline(pb, policy);
             let pred = pb.evaluate(&a).map_err(|e| PlanError::Baseline {
@@ -459,9 +497,125 @@ pub fn plan_within(
                 table,
                 exact: true,
                 stopped: None,
+                slo: None,
             })
         }
     }
+}
+
+/// Plans a job for a percentile objective (interfaces.md §6), within `budget` (its time read
+/// from `clock`), the functions' instance times being `times` (one per stage,
+/// [`crate::tails::stage_times`]).
+///
+/// - `sonic` and `oracle`: the cheapest plan whose predicted `slo.percentile` latency is at most
+///   `slo.latency_s` and that meets the problem's bounds on the means ([`slo::search`], exact
+///   unless the budget stops it); when no plan does, the plan with the lowest percentile
+///   latency if `best_effort`, else [`PlanError::Slo`] naming that latency.
+/// - `sonic-mean`: the mean planner with the objective's latency as a bound on the mean.
+/// - the baselines: their own plan.
+///
+/// Every outcome says how its plan stands against the objective (`slo`).
+pub fn plan_for_slo(
+    pb: &PlanProblem,
+    policy: Policy,
+    times: &[crate::tails::StageTimes],
+    slo: crate::slo::Slo,
+    best_effort: bool,
+    budget: Budget,
+    clock: &dyn Stopwatch,
+) -> Result<PlanOutcome, PlanError> {
+    let p = slo.probability();
+    let internal = |what: &str, e: &dyn fmt::Display| PlanError::Internal(format!("{what}: {e}"));
+    let latency = |a: &Assignment| {
+        crate::tails::latency(pb, a, times)
+            .map_err(|e| internal("the plan's latency distribution", &e))
+    };
+    let verdict = |q: f64| SloVerdict {
+        percentile: slo.percentile,
+        latency_s: slo.latency_s,
+        predicted_s: q,
+        met: q <= slo.latency_s,
+    };
+    match policy {
+        Policy::Sonic | Policy::Oracle => {}
+        Policy::SonicMean | Policy::Remote | Policy::Direct | Policy::Local => {
+            let problem = if policy == Policy::SonicMean {
+                let b = pb.bounds();
+                let bound = b
+                    .max_latency_s
+                    .map_or(slo.latency_s, |x| x.min(slo.latency_s));
+                pb.with_bounds(Bounds {
+                    max_latency_s: Some(bound),
+                    ..b
+                })?
+            } else {
+                pb.clone()
+            };
+            let mut out = plan_within(&problem, policy, budget, clock)?;
+            let d = latency(&out.best.assignment(pb)?)?;
+            out.slo = Some(verdict(d.job.quantile(p)));
+            return Ok(out);
+        }
+    }
+    // Seeds: the baselines and the mean planner's plan, when its search fits the budget.
+    let mut seeds: Vec<Assignment> = [Policy::Remote, Policy::Direct, Policy::Local]
+        .into_iter()
+        .map(|b| baseline(pb, b))
+        .collect();
+    if let Ok(mean) = plan_exact(pb, &Meter::new(budget, clock))
+        && let Ok(a) = mean.best.assignment(pb)
+    {
+        seeds.push(a);
+    }
+    let meter = Meter::new(budget, clock);
+    let goal = slo::Goal::Cheapest {
+        target_s: slo.latency_s,
+    };
+    let found = match slo::search(pb, times, p, goal, &seeds, &meter).best {
+        Some(f) => f,
+        None => {
+            let fastest = slo::search(pb, times, p, slo::Goal::Fastest, &seeds, &meter);
+            let cut = |limit| {
+                Solvers::new(pb, &meter).budget_error(limit, "finding a plan that meets the SLO")
+            };
+            match (fastest.best, meter.stopped()) {
+                (Some(f), _) if best_effort => f,
+                (_, Some(limit)) => return Err(cut(limit)),
+                (Some(f), None) => {
+                    return Err(PlanError::Slo {
+                        percentile: slo.percentile,
+                        latency_s: slo.latency_s,
+                        best_s: f.quantile_s,
+                    });
+                }
+                // No plan at all: the mean planner says why (the pool, the bounds).
+                (None, None) => {
+                    return Err(plan_exact(pb, &Meter::new(budget, clock))
+                        .err()
+                        .unwrap_or_else(|| PlanError::Internal("no plan can run".into())));
+                }
+            }
+        }
+    };
+    let a = found.assignment;
+    let pred = pb
+        .evaluate(&a)
+        .map_err(|e| internal("planned an infeasible plan", &e))?;
+    let stopped = meter.stopped();
+    let d = latency(&a)?;
+    let mut best = Plan::new(pb, &a, &pred);
+    best.predicted.latency_quantiles_s = Some(Quantiles::of(&d.job));
+    Ok(PlanOutcome {
+        best,
+        second_best: None,
+        table: explain::table(pb, &a, &pred, None, stopped.is_some()),
+        exact: stopped.is_none(),
+        stopped: stopped.map(|limit| Stopped {
+            limit,
+            search: StoppedSearch::Best,
+        }),
+        slo: Some(verdict(d.job.quantile(p))),
+    })
 }
 
 /// The exact searches of one problem, built when first needed, and the budget they share.
@@ -676,6 +830,7 @@ fn plan_exact(pb: &PlanProblem, meter: &Meter<'_>) -> Result<PlanOutcome, PlanEr
         table,
         exact: cut_best.is_none(),
         stopped,
+        slo: None,
     })
 }
 
@@ -726,7 +881,7 @@ pub fn baseline(pb: &PlanProblem, policy: Policy) -> Assignment {
             // Every stage fits the largest type by construction; this is unreachable but kept total.
             baseline(pb, Policy::Remote)
         }),
-        Policy::Direct | Policy::Remote | Policy::Sonic | Policy::Oracle => {
+        Policy::Direct | Policy::Remote | Policy::Sonic | Policy::SonicMean | Policy::Oracle => {
             let method = if policy == Policy::Direct {
                 Method::Direct
             } else {

@@ -68,13 +68,50 @@ pub fn latency(
         });
     }
     let pred = pb.evaluate(a)?;
-    // Per stage: its VM group (a vm-storage receiver continues its sender's); per group: the
-    // stage that ran on it last.
-    let mut group_of = vec![0usize; n];
-    let mut last_on: Vec<usize> = Vec::new();
-    let mut ends: Vec<Dist> = Vec::with_capacity(n);
-    for r in 0..n {
-        let pl = a.placements[r];
+    let mut walk = DistWalk::new(pb);
+    for (r, t) in times.iter().enumerate() {
+        let run = compute(pb, r, a.placements[r], t);
+        walk.push(pb, a, r, &pred.stages[r], &pred.edges, run);
+    }
+    Ok(LatencyDist {
+        job: walk.job(pb),
+        stage_ends: walk.ends,
+    })
+}
+
+/// The distributions of stage ends built one stage at a time, in topological order, beside the
+/// model's own [`crate::model::Walk`] (what [`latency`] runs, and the percentile search that
+/// prices a plan's first stages: a stage's end never comes sooner for the stages after it, so
+/// a prefix's quantiles bound the whole plan's).
+#[derive(Debug, Clone)]
+pub(crate) struct DistWalk {
+    /// Per stage: its VM group (a vm-storage receiver continues its sender's).
+    group_of: Vec<usize>,
+    /// Per group: the stage that ran on it last.
+    last_on: Vec<usize>,
+    /// Per stage pushed: when it ends.
+    pub ends: Vec<Dist>,
+}
+
+impl DistWalk {
+    pub(crate) fn new(pb: &PlanProblem) -> DistWalk {
+        let n = pb.stages().len();
+        DistWalk {
+            group_of: vec![0; n],
+            last_on: Vec::new(),
+            ends: Vec::with_capacity(n),
+        }
+    }
+
+    /// When stage `r` starts, as a distribution (`None`: at 0, it has no input and new VMs):
+    /// its inputs durable (each sender's end plus its upload, `edges`) and its VMs free.
+    pub(crate) fn start(
+        &self,
+        pb: &PlanProblem,
+        a: &Assignment,
+        r: usize,
+        edges: &[crate::model::EdgePrediction],
+    ) -> Option<Dist> {
         let mut start: Option<Dist> = None;
         let mut join = |d: Dist| {
             start = Some(match start.take() {
@@ -82,52 +119,84 @@ pub fn latency(
                 Some(s) => s.max(&d),
             });
         };
-        let continues = pb
-            .incoming(r)
-            .iter()
-            .find(|&&e| a.methods[e] == Method::VmStorage)
-            .map(|&e| group_of[pb.edges()[e].from]);
         for &e in pb.incoming(r) {
             let s = pb.edges()[e].from;
-            join(ends[s].shifted(pred.edges[e].upload_s));
+            join(self.ends[s].shifted(edges[e].upload_s));
         }
-        match continues {
+        if let Some(g) = self.continues(pb, a, r) {
+            // The group's VMs are free once its previous stage ended (when that stage is not a
+            // sender, its end is not counted yet).
+            let prev = self.last_on[g];
+            if !pb.incoming(r).iter().any(|&e| pb.edges()[e].from == prev) {
+                join(self.ends[prev].clone());
+            }
+        }
+        start
+    }
+
+    fn continues(&self, pb: &PlanProblem, a: &Assignment, r: usize) -> Option<usize> {
+        pb.incoming(r)
+            .iter()
+            .find(|&&e| a.methods[e] == Method::VmStorage)
+            .map(|&e| self.group_of[pb.edges()[e].from])
+    }
+
+    /// Stage `r` with `run`, its compute time ([`compute`]); `stage` and `edges` are the
+    /// model's prediction of it and of the edges into it.
+    pub(crate) fn push(
+        &mut self,
+        pb: &PlanProblem,
+        a: &Assignment,
+        r: usize,
+        stage: &crate::model::StagePrediction,
+        edges: &[crate::model::EdgePrediction],
+        run: Dist,
+    ) {
+        let start = self.start(pb, a, r, edges);
+        self.push_start(pb, a, r, stage, start, run);
+    }
+
+    /// [`DistWalk::push`] with the start already computed ([`DistWalk::start`]).
+    pub(crate) fn push_start(
+        &mut self,
+        pb: &PlanProblem,
+        a: &Assignment,
+        r: usize,
+        stage: &crate::model::StagePrediction,
+        start: Option<Dist>,
+        run: Dist,
+    ) {
+        debug_assert_eq!(self.ends.len(), r, "stages are pushed in order");
+        match self.continues(pb, a, r) {
             Some(g) => {
-                // The group's VMs are free once its previous stage ended (when that stage is
-                // not a sender, its end is not counted yet).
-                let prev = last_on[g];
-                if !pb.incoming(r).iter().any(|&e| pb.edges()[e].from == prev) {
-                    join(ends[prev].clone());
-                }
-                group_of[r] = g;
-                last_on[g] = r;
+                self.group_of[r] = g;
+                self.last_on[g] = r;
             }
             None => {
-                group_of[r] = last_on.len();
-                last_on.push(r);
+                self.group_of[r] = self.last_on.len();
+                self.last_on.push(r);
             }
         }
-        let st = &pred.stages[r];
-        let run = compute(pb, r, pl, &times[r]).shifted(st.fetch_s + st.overhead_s);
-        ends.push(match start {
+        let run = run.shifted(stage.fetch_s + stage.overhead_s);
+        self.ends.push(match start {
             None => run,
             Some(s) => s.then(&run),
         });
     }
-    let mut job: Option<Dist> = None;
-    for (r, end) in ends.iter().enumerate() {
-        if pb.outgoing(r).is_empty() {
-            job = Some(match job {
-                None => end.clone(),
-                Some(j) => j.max(end),
-            });
+
+    /// The job's end: its slowest last stage (every stage pushed).
+    pub(crate) fn job(&self, pb: &PlanProblem) -> Dist {
+        let mut job: Option<Dist> = None;
+        for (r, end) in self.ends.iter().enumerate() {
+            if pb.outgoing(r).is_empty() {
+                job = Some(match job {
+                    None => end.clone(),
+                    Some(j) => j.max(end),
+                });
+            }
         }
+        job.unwrap_or_else(Dist::zero)
     }
-    let job = job.unwrap_or_else(Dist::zero);
-    Ok(LatencyDist {
-        job,
-        stage_ends: ends,
-    })
 }
 
 /// The latency quantiles of `plan` where `params` (the file `pb` was built from) gives some
@@ -142,6 +211,18 @@ pub fn quantiles_for(
         return Ok(None);
     }
     let a = plan.assignment(pb).map_err(|e| e.to_string())?;
+    let times = stage_times(pb, params)?;
+    let d = latency(pb, &a, &times).map_err(|e| e.to_string())?;
+    Ok(Some(crate::planner::Quantiles::of(&d.job)))
+}
+
+/// Each stage's instance times as `params` (the file `pb` was built from) gives them: a
+/// distribution where it has one, else the mean as a point; a function `params` does not name
+/// keeps `pb`'s means.
+pub fn stage_times(
+    pb: &PlanProblem,
+    params: &crate::params::Params,
+) -> Result<Vec<StageTimes>, String> {
     let mut times = Vec::with_capacity(pb.stages().len());
     for (s, st) in pb.stages().iter().enumerate() {
         times.push(match params.functions.get(&st.name) {
@@ -157,12 +238,16 @@ pub fn quantiles_for(
             None => StageTimes::points(pb, s).map_err(|e| e.to_string())?,
         });
     }
-    let d = latency(pb, &a, &times).map_err(|e| e.to_string())?;
-    Ok(Some(crate::planner::Quantiles::of(&d.job)))
+    Ok(times)
 }
 
 /// The compute time of stage `s` under `pl`: its slowest VM's batches, one after another.
-fn compute(pb: &PlanProblem, s: usize, pl: crate::model::Placement, t: &StageTimes) -> Dist {
+pub(crate) fn compute(
+    pb: &PlanProblem,
+    s: usize,
+    pl: crate::model::Placement,
+    t: &StageTimes,
+) -> Dist {
     let st = &pb.stages()[s];
     let first = if pb.warm_start(s, pl) {
         t.hot.clone()

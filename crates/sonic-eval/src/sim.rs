@@ -63,6 +63,7 @@ fn rel(sim: f64, real: f64) -> f64 {
 pub fn policy(name: &str) -> Option<Policy> {
     Some(match name {
         "sonic" => Policy::Sonic,
+        "sonic-mean" => Policy::SonicMean,
         "remote" => Policy::Remote,
         "local" => Policy::Local,
         "direct" => Policy::Direct,

@@ -589,8 +589,12 @@ fn prepare(
             ));
         }
     }
-    let load_aware =
-        cfg.load_aware && forced.is_none() && matches!(spec.policy, Policy::Sonic | Policy::Oracle);
+    let load_aware = cfg.load_aware
+        && forced.is_none()
+        && matches!(
+            spec.policy,
+            Policy::Sonic | Policy::SonicMean | Policy::Oracle
+        );
     let subsets = if load_aware {
         type_subsets(catalog.vm_types.len())
     } else {
@@ -619,6 +623,7 @@ fn prepare(
                     table: Vec::new(),
                     exact: true,
                     stopped: None,
+                    slo: None,
                 })
             }
             None => plan(&sub_pb, spec.policy),

@@ -342,3 +342,93 @@ fn distributions_give_the_plans_latency_quantiles() {
         "{stderr}"
     );
 }
+
+/// `--slo p95=...` (interfaces.md §6) on the skewed fixture: the cheapest plan whose predicted
+/// p95 meets it, never dearer than the mean planner's where that one meets it too; below the
+/// lowest reachable p95 a refusal (exit 1) naming it, or with `--slo-best-effort` that plan;
+/// a malformed objective refused by the command line.
+#[test]
+fn a_percentile_slo_gets_the_cheapest_plan_meeting_it_or_a_refusal_naming_the_best() {
+    let f = fixtures();
+    let (dag, params, catalog) = (
+        f.join("lightgbm.dag.yaml"),
+        f.join("lightgbm-k3-skewed.params.yaml"),
+        f.join("catalog-750.yaml"),
+    );
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--dag",
+            dag.to_str().unwrap(),
+            "--params",
+            params.to_str().unwrap(),
+            "--catalog",
+            catalog.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        ofctl(&args)
+    };
+    let json = |out: (i32, String, String)| -> serde_json::Value {
+        assert_eq!(out.0, 0, "{}", out.2);
+        serde_json::from_str(&out.1).expect("one JSON document")
+    };
+    // Out of reach: the refusal names the lowest p95 there is.
+    let (code, _, stderr) = run(&["--slo", "p95=1s"]);
+    assert_eq!(code, 1, "{stderr}");
+    let best: f64 = stderr
+        .split("the lowest p95 latency reachable is ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no reachable p95 in: {stderr}"));
+    assert!(best > 1.0);
+    // Best effort runs that plan, and says the objective is not met.
+    let effort = json(run(&["--slo", "p95=1s", "--slo-best-effort", "-o", "json"]));
+    let v = &effort["slo"];
+    assert_eq!(v["met"], false, "{effort}");
+    assert!(
+        (v["predicted_s"].as_f64().unwrap() - best).abs() < 1e-3,
+        "{v}"
+    );
+    // Within reach: met, at the least cost.
+    let target = best * 1.1;
+    let slo = format!("p95={target}s");
+    let sonic = json(run(&["--slo", &slo, "-o", "json"]));
+    let v = &sonic["slo"];
+    assert_eq!(v["met"], true, "{sonic}");
+    assert_eq!(v["percentile"], 95.0);
+    let p95 = v["predicted_s"].as_f64().unwrap();
+    assert!(p95 <= target, "{v}");
+    assert_eq!(
+        sonic["predicted"]["latency_quantiles_s"]["p95"].as_f64(),
+        Some(p95)
+    );
+    let mean = json(run(&[
+        "--slo",
+        &slo,
+        "--policy",
+        "sonic-mean",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(mean["policy"], "sonic-mean");
+    assert!(mean["predicted"]["latency_s"].as_f64().unwrap() <= target);
+    if mean["slo"]["met"] == true {
+        assert!(
+            sonic["predicted"]["cost_usd"].as_f64().unwrap()
+                <= mean["predicted"]["cost_usd"].as_f64().unwrap() * (1.0 + 1e-9),
+            "sonic {sonic} against sonic-mean {mean}"
+        );
+    }
+    // The table says where the plan stands.
+    let (code, stdout, stderr) = run(&["--slo", &slo]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("SLO p95 <= ") && stdout.contains(" s, met"),
+        "{stdout}"
+    );
+    // A malformed objective never reaches the planner.
+    let (code, _, stderr) = run(&["--slo", "p95"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("p<percentile>=<duration>"), "{stderr}");
+}

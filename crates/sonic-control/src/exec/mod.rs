@@ -2419,6 +2419,7 @@ mod tests {
                 table: Vec::new(),
                 exact: true,
                 stopped: None,
+                slo: None,
             };
             let planned = crate::learn::Planned {
                 report: sonic_api::plan::PlanReport::new(

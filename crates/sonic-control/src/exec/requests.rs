@@ -21,7 +21,7 @@ pub use sonic_core::planner::Policy;
 /// profiles: every edge goes through the store, which measures each function on its own.
 pub fn edge_methods(dag: &Dag, policy: Policy) -> Vec<Method> {
     let m = match policy {
-        Policy::Remote | Policy::Sonic | Policy::Oracle => Method::Remote,
+        Policy::Remote | Policy::Sonic | Policy::SonicMean | Policy::Oracle => Method::Remote,
         Policy::Direct => Method::Direct,
         Policy::Local => Method::VmStorage,
     };

@@ -376,6 +376,7 @@ edges:
             table: Vec::new(),
             exact: true,
             stopped: None,
+            slo: None,
         }
     }
 

@@ -445,3 +445,53 @@ fn a_dags_deadline_is_read_and_checked() {
         assert!(err.contains("deadline"), "{bad}: {err}");
     }
 }
+
+/// A DAG's `slo:` (interfaces.md §6): a latency at a percentile (95 unless given); absent, none
+/// and the stored form unchanged; a bad one refused naming its field.
+#[test]
+fn a_dags_slo_is_read_and_checked() {
+    let with = |slo: &str| {
+        Dag::from_yaml(
+            "d.yaml",
+            &format!(
+                "name: d\nslo: {slo}\nfunctions:\n  - {{ name: a, image: i, command: [x] }}\n"
+            ),
+        )
+    };
+    let slo = with("{ latency: 20s }")
+        .expect("p95 by default")
+        .slo
+        .expect("slo");
+    assert_eq!((slo.percentile, slo.latency_s), (95.0, 20.0));
+    let slo = with("{ percentile: 99.9, latency: 1500ms }")
+        .expect("p99.9")
+        .slo
+        .expect("slo");
+    assert_eq!((slo.percentile, slo.latency_s), (99.9, 1.5));
+    let slo = with("{ percentile: 50, latency: 3 }")
+        .expect("bare seconds")
+        .slo
+        .expect("slo");
+    assert_eq!((slo.percentile, slo.latency_s), (50.0, 3.0));
+    let none = Dag::from_yaml(
+        "d.yaml",
+        "name: d\nfunctions:\n  - { name: a, image: i, command: [x] }\n",
+    )
+    .expect("no slo");
+    assert_eq!(none.slo, None);
+    let json = serde_json::to_value(&none).expect("json");
+    assert!(json.get("slo").is_none(), "{json}");
+    for (bad, field) in [
+        ("{ latency: soon }", "slo.latency"),
+        ("{ latency: 0s }", "slo.latency"),
+        ("{ percentile: 40, latency: 1s }", "slo.percentile"),
+        ("{ percentile: 100, latency: 1s }", "slo.percentile"),
+        ("{ percentile: high, latency: 1s }", "slo.percentile"),
+        ("{ percentile: 95 }", "latency"),
+        ("{ latency: 1s, p: 9 }", "p"),
+        ("20s", "slo"),
+    ] {
+        let err = with(bad).expect_err(bad).to_string();
+        assert!(err.contains(field), "{bad}: {err}");
+    }
+}

@@ -740,8 +740,8 @@ pub async fn jobs(
     let statuses: Vec<String> = ["queued", "running", "succeeded", "failed"]
         .map(String::from)
         .to_vec();
-    let policies: Vec<String> = ["sonic", "remote", "direct", "local", "oracle"]
-        .map(String::from)
+    let policies: Vec<String> = sonic_core::planner::Policy::ALL
+        .map(|p| p.as_str().to_owned())
         .to_vec();
     let mut body = String::from("<h1>Jobs</h1>");
     let _ = write!(
