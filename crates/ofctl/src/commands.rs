@@ -52,6 +52,8 @@ pub async fn run(
             policy,
             planned,
             key,
+            slo,
+            slo_best_effort,
             wait,
         } => {
             let req = JobRequest {
@@ -61,6 +63,8 @@ pub async fn run(
                 policy,
                 planned,
                 key,
+                slo,
+                slo_best_effort,
             };
             let accepted = submit(client, &req).await?;
             let id = accepted["job_id"]

@@ -408,6 +408,8 @@ async fn run_job(
         policy: baseline.map(|p| p.to_string()),
         planned: baseline.is_some(),
         key: None,
+        slo: None,
+        slo_best_effort: false,
     };
     let accepted = commands::submit(client, &req).await?;
     let id = accepted["job_id"]

@@ -246,6 +246,15 @@ pub enum Command {
         /// job (its id, exit 0), whatever its state, and starts nothing.
         #[arg(long)]
         key: Option<String>,
+        /// A percentile objective on the job's latency, p<percentile>=<duration> (e.g.
+        /// p95=20s), overriding the DAG's `slo:`: the cheapest plan whose predicted latency at
+        /// that percentile meets it; the job is refused (exit 1) when none does.
+        #[arg(long, value_parser = parse_slo)]
+        slo: Option<sonic_core::slo::Slo>,
+        /// Where no plan meets the SLO (the job's or the DAG's), run the plan with the lowest
+        /// percentile latency instead of refusing the job.
+        #[arg(long)]
+        slo_best_effort: bool,
         /// Follow the job to its end and print its summary.
         #[arg(long)]
         wait: bool,

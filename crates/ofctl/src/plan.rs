@@ -46,7 +46,10 @@ pub fn plan_files(
     };
     let started = Instant::now();
     let problem = PlanProblem::from_dag(&dag, &params, catalog, dag.bounds)?;
-    let slo = objective.slo.or(dag.slo);
+    let slo = objective
+        .slo
+        .or(dag.slo)
+        .map(|s| s.best_effort(s.best_effort || objective.best_effort));
     let mut outcome = match slo {
         None => planner::plan(&problem, policy)?,
         Some(slo) => {
@@ -57,7 +60,6 @@ pub fn plan_files(
                 policy,
                 &times,
                 slo,
-                objective.best_effort,
                 planner::Budget::default(),
                 &started,
             )?

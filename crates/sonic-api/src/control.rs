@@ -295,6 +295,12 @@ pub struct JobSummary {
     /// control planes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode_reason: Option<String>,
+    /// The percentile objective the job was planned for (its own or its DAG's): `percentile`
+    /// and `latency_s` (and `best_effort` when set); the plan report's `slo` says whether the
+    /// plan's prediction met it. Absent when none applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::schema::slo)]
+    pub slo: Option<sonic_core::slo::Slo>,
 }
 
 /// Which of the planner's plans a job ran (`best`, `second_best`, `none` on the wire).
@@ -673,6 +679,30 @@ pub struct SubmitJob {
     /// instances over the agents (mode `profiling`). Needs models that predict (409 otherwise).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub planned: bool,
+    /// A percentile objective on the job's latency (interfaces.md §6), overriding its DAG's
+    /// `slo`: `{"percentile": 95, "latency_s": 20.0}`. A job that cannot meet it is refused
+    /// before it runs (422) unless `slo_best_effort`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "checked_slo"
+    )]
+    #[schema(schema_with = crate::schema::slo)]
+    pub slo: Option<sonic_core::slo::Slo>,
+    /// Where no plan meets the objective (the job's or its DAG's), run the plan with the lowest
+    /// percentile latency instead of refusing the job.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub slo_best_effort: bool,
+}
+
+/// A submission's objective, checked as it is read (a percentile from 50 to 99.9, a latency
+/// more than 0).
+fn checked_slo<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<sonic_core::slo::Slo>, D::Error> {
+    let slo: Option<sonic_core::slo::Slo> = Option::deserialize(d)?;
+    slo.map(|s| s.checked().map_err(serde::de::Error::custom))
+        .transpose()
 }
 
 /// A submission's policy, read by its name: a name that is not one refuses the submission,

@@ -22,6 +22,23 @@ pub fn policy() -> Object {
     names("a policy", Policy::ALL.map(Policy::as_str))
 }
 
+/// A percentile objective on job latency (interfaces.md §6).
+pub fn slo() -> Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .description(Some(
+            "a percentile objective on job latency: percentile (50 to 99.9), latency_s \
+             (seconds) and best_effort (run the plan with the lowest percentile latency where \
+             none meets it, instead of refusing the job)",
+        ))
+        .property("percentile", typed(Type::Number, None))
+        .property("latency_s", typed(Type::Number, None))
+        .property("best_effort", typed(Type::Boolean, None))
+        .required("percentile")
+        .required("latency_s")
+        .build()
+}
+
 /// What kind of run failure failed a job.
 pub fn failure() -> Object {
     names(

@@ -42,6 +42,10 @@ pub struct JobRequest {
     pub planned: bool,
     /// The submission's `Idempotency-Key`: a second submission with it returns the first job.
     pub key: Option<String>,
+    /// A percentile objective overriding the DAG's (`--slo p95=20s`).
+    pub slo: Option<sonic_core::slo::Slo>,
+    /// Where no plan meets the objective, run the fastest instead of refusing the job.
+    pub slo_best_effort: bool,
 }
 
 /// A name the control plane accepts under `input/`: letters, digits, `.`, `_`, `-`.
@@ -100,6 +104,8 @@ pub async fn submit(client: &Client, req: &JobRequest) -> anyhow::Result<Value> 
             .transpose()
             .map_err(|e: String| anyhow!(e))?,
         planned: req.planned,
+        slo: req.slo,
+        slo_best_effort: req.slo_best_effort,
     };
     let v: Value = client
         .post_keyed("/v1/jobs", &body, req.key.as_deref())

@@ -429,6 +429,7 @@ mod tests {
                 exact: None,
             }),
             mode_reason: None,
+            slo: None,
         };
         m.job_ended(&summary);
         let r = m.registry();

@@ -244,6 +244,8 @@ struct SloSpec {
     #[serde(default)]
     percentile: Option<Spanned<ScalarSpec>>,
     latency: Spanned<ScalarSpec>,
+    #[serde(default)]
+    best_effort: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -1334,7 +1336,7 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                 ));
             };
             match crate::slo::Slo::new(percentile, latency) {
-                Ok(slo) => Some(slo),
+                Ok(slo) => Some(slo.best_effort(o.value.best_effort.unwrap_or(false))),
                 Err(e @ crate::slo::SloError::Percentile(_)) => {
                     let at = o.value.percentile.as_ref().map_or_else(
                         || errs.at(o, "slo", e.to_string()),

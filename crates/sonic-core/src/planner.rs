@@ -510,7 +510,7 @@ pub fn plan_within(
 /// - `sonic` and `oracle`: the cheapest plan whose predicted `slo.percentile` latency is at most
 ///   `slo.latency_s` and that meets the problem's bounds on the means ([`slo::search`], exact
 ///   unless the budget stops it); when no plan does, the plan with the lowest percentile
-///   latency if `best_effort`, else [`PlanError::Slo`] naming that latency.
+///   latency if `slo.best_effort`, else [`PlanError::Slo`] naming that latency.
 /// - `sonic-mean`: the mean planner with the objective's latency as a bound on the mean.
 /// - the baselines: their own plan.
 ///
@@ -520,7 +520,6 @@ pub fn plan_for_slo(
     policy: Policy,
     times: &[crate::tails::StageTimes],
     slo: crate::slo::Slo,
-    best_effort: bool,
     budget: Budget,
     clock: &dyn Stopwatch,
 ) -> Result<PlanOutcome, PlanError> {
@@ -579,7 +578,7 @@ pub fn plan_for_slo(
                 Solvers::new(pb, &meter).budget_error(limit, "finding a plan that meets the SLO")
             };
             match (fastest.best, meter.stopped()) {
-                (Some(f), _) if best_effort => f,
+                (Some(f), _) if slo.best_effort => f,
                 (_, Some(limit)) => return Err(cut(limit)),
                 (Some(f), None) => {
                     return Err(PlanError::Slo {

@@ -18,6 +18,10 @@ pub struct Slo {
     pub percentile: f64,
     /// Seconds, more than 0.
     pub latency_s: f64,
+    /// Where no plan meets it: run the plan with the lowest percentile latency instead of
+    /// refusing the job (`--slo-best-effort`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub best_effort: bool,
 }
 
 /// Why an objective was refused.
@@ -43,6 +47,7 @@ impl Slo {
         Ok(Slo {
             percentile,
             latency_s,
+            best_effort: false,
         })
     }
 
@@ -53,7 +58,18 @@ impl Slo {
 
     /// Checks an objective read from elsewhere (a stored job, a request).
     pub fn checked(self) -> Result<Slo, SloError> {
-        Slo::new(self.percentile, self.latency_s)
+        Ok(Slo {
+            best_effort: self.best_effort,
+            ..Slo::new(self.percentile, self.latency_s)?
+        })
+    }
+
+    /// The same objective, best effort or not.
+    pub fn best_effort(self, best_effort: bool) -> Slo {
+        Slo {
+            best_effort,
+            ..self
+        }
     }
 }
 
@@ -118,5 +134,14 @@ mod tests {
             serde_json::json!({"percentile": 95.0, "latency_s": 20.0})
         );
         assert_eq!(s.to_string(), "p95=20s");
+        let json = serde_json::to_value(s.best_effort(true)).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"percentile": 95.0, "latency_s": 20.0, "best_effort": true})
+        );
+        let bad: Slo =
+            serde_json::from_value(serde_json::json!({"percentile": 20, "latency_s": 1}))
+                .expect("decodes");
+        assert!(bad.checked().is_err());
     }
 }

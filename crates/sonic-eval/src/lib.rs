@@ -575,6 +575,8 @@ async fn run_job(client: &Client, job: Job<'_>) -> anyhow::Result<JobSummary> {
         policy: job.policy.map(str::to_owned),
         planned: job.planned,
         key: None,
+        slo: None,
+        slo_best_effort: false,
     };
     let accepted = jobs::submit(client, &req).await?;
     let id = accepted["job_id"]

@@ -334,6 +334,23 @@ fn a_user_session_against_ofctl_up() {
     // run without --wait: the job id at once; in a table, the bare id on stdout (scripts).
     let accepted = up.ofctl(&["run", "fan", "-o", "json"]).json();
     assert!(str_of(&accepted, "job_id").starts_with("j-"));
+    // With a percentile objective (the server reads it; a profiling job is not planned for
+    // it, so its summary has none).
+    let with_slo = up
+        .ofctl(&[
+            "run",
+            "fan",
+            "--slo",
+            "p95=1h",
+            "--slo-best-effort",
+            "--wait",
+            "-o",
+            "json",
+        ])
+        .json();
+    assert_eq!(with_slo["status"], "succeeded", "{with_slo}");
+    assert_eq!(with_slo["mode"], "profiling", "{with_slo}");
+    assert!(with_slo.get("slo").is_none(), "{with_slo}");
     let bare = up.ofctl(&["run", "fan", "--key", "cluster-test"]);
     assert_eq!(bare.code, 0, "{bare:?}");
     let id = bare.stdout.trim().to_owned();
@@ -409,6 +426,8 @@ fn a_user_session_against_ofctl_up() {
     // Bad usage: exit 2.
     assert_eq!(up.ofctl(&["get", "things"]).code, 2);
     assert_eq!(up.ofctl(&["run", "fan", "--param", "novalue"]).code, 2);
+    assert_eq!(up.ofctl(&["run", "fan", "--slo", "p95"]).code, 2);
+    assert_eq!(up.ofctl(&["run", "fan", "--slo", "p20=1s"]).code, 2);
     assert_eq!(up.ofctl(&["describe", "job"]).code, 2);
     assert_eq!(up.ofctl(&["fetch", &job]).code, 2);
 

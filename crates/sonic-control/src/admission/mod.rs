@@ -222,6 +222,8 @@ async fn choose(
         });
     }
     let forced_sonic = forced.is_some();
+    // `sonic`, or the paper's planner (`sonic-mean`) when forced.
+    let policy = forced.unwrap_or(Policy::Sonic);
     let now = ctx.clock.now_ms();
     let (reason, outcome) = ctx
         .db
@@ -230,7 +232,7 @@ async fn choose(
             // The setting's mode decides, not the models' error of the moment (hysteresis).
             let mode = crate::learn::mode_of(db, &dag.name, &setting, &models, now)?;
             let reason = if forced_sonic {
-                "policy sonic forced: planned with what the models predict".to_owned()
+                format!("policy {policy} forced: planned with what the models predict")
             } else {
                 crate::learn::reason(&setting, &mode, &models)
             };
@@ -245,7 +247,7 @@ async fn choose(
                 &fanouts,
                 catalog,
                 &bandwidth,
-                Policy::Sonic,
+                policy,
                 budget,
                 &warm,
             );
@@ -255,13 +257,15 @@ async fn choose(
     match outcome {
         None => Ok(profiling(Policy::Remote, None, reason)),
         Some(Ok(planned)) => Ok(Choice {
-            policy: Policy::Sonic,
+            policy,
             mode: JobMode::Planned,
             planned: Some(planned),
             plan: None,
             reason,
         }),
         Some(Err(e)) if forced_sonic => Err(plan_error(e)),
+        // An objective no plan meets refuses the job before it runs (interfaces.md §6).
+        Some(Err(e @ crate::learn::PlanFailure::Slo { .. })) => Err(plan_error(e)),
         Some(Err(e)) => {
             tracing::warn!(error = %e, "planned dag, but no plan: the job profiles");
             Ok(profiling(
@@ -289,7 +293,11 @@ pub async fn plan_again(ctx: &Context, job: &JobRecord) -> Result<Planned, Strin
         .await
         .map_err(|e| format!("database: {e}"))?
         .ok_or_else(|| format!("dag {} no longer exists", job.dag))?;
-    let dag = &parsed.dag;
+    // Planned again for the objective it was submitted with.
+    let dag = &sonic_core::dag::Dag {
+        slo: job.slo,
+        ..parsed.dag.clone()
+    };
     let overrides = job.params.clone().into_iter().collect();
     let fanouts = dag.fanouts(&dag.job_params(&overrides))?;
     let setting = crate::learn::job_setting(dag, &job.params);
@@ -382,7 +390,7 @@ pub async fn plan_dag(
 fn plan_error(e: PlanFailure) -> AdmitError {
     match e {
         PlanFailure::NotReady { .. } => AdmitError::NotReady(e.to_string()),
-        PlanFailure::Infeasible { .. } | PlanFailure::Budget { .. } => {
+        PlanFailure::Infeasible { .. } | PlanFailure::Budget { .. } | PlanFailure::Slo { .. } => {
             AdmitError::Infeasible(e.to_string())
         }
     }
@@ -444,7 +452,21 @@ pub async fn submit_keyed(
     )
     .await?
     .ok_or_else(|| AdmitError::NotFound(format!("no dag named {dag_name}")))?;
-    let dag = &parsed.dag;
+    // The job's percentile objective: its own, else its DAG's; best effort if either says so.
+    let slo = req
+        .slo
+        .or(parsed.dag.slo)
+        .map(|s| s.best_effort(s.best_effort || req.slo_best_effort));
+    let with_slo;
+    let dag = if slo == parsed.dag.slo {
+        &parsed.dag
+    } else {
+        with_slo = sonic_core::dag::Dag {
+            slo,
+            ..parsed.dag.clone()
+        };
+        &with_slo
+    };
     let overrides = req.params.clone().into_iter().collect();
     let fanouts = dag
         .fanouts(&dag.job_params(&overrides))
@@ -552,6 +574,7 @@ pub async fn submit_keyed(
         updated_ms: now,
         plan: choice.plan,
         mode_reason: Some(choice.reason.clone()),
+        slo: dag.slo,
     };
     let stored = record.clone();
     let owned_key = key.map(str::to_owned);

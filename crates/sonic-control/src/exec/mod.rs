@@ -2190,6 +2190,9 @@ fn summarize(
         failure,
         plan: p.plan.clone().or_else(|| job.plan.clone()),
         mode_reason: job.mode_reason.clone(),
+        slo: job
+            .slo
+            .filter(|_| job.mode == sonic_api::control::JobMode::Planned),
     }
 }
 

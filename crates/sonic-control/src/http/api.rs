@@ -795,6 +795,9 @@ pub fn job_view(r: JobRecord) -> JobSummary {
         if s.mode_reason.is_none() {
             s.mode_reason = r.mode_reason;
         }
+        if s.slo.is_none() && r.mode == sonic_api::control::JobMode::Planned {
+            s.slo = r.slo;
+        }
         return s;
     }
     JobSummary {
@@ -816,6 +819,10 @@ pub fn job_view(r: JobRecord) -> JobSummary {
         failure: None,
         plan: r.plan,
         mode_reason: r.mode_reason,
+        // An objective applies to a job planned for it; a profiling job is not.
+        slo: r
+            .slo
+            .filter(|_| r.mode == sonic_api::control::JobMode::Planned),
     }
 }
 
@@ -836,12 +843,13 @@ pub fn job_view(r: JobRecord) -> JobSummary {
             body = JobAccepted),
         (status = 200, description = "the job this DAG's Idempotency-Key made before, in its \
             current status; nothing started", body = JobAccepted),
-        (status = 400, description = "invalid JSON, policy, parameters or input",
+        (status = 400, description = "invalid JSON, policy, parameters, input or SLO",
             body = ErrorBody),
         (status = 404, description = "no such DAG", body = ErrorBody),
         (status = 409, description = "policy sonic forced, but the DAG's models cannot predict yet",
             body = ErrorBody),
-        (status = 422, description = "policy sonic forced, but no plan is possible",
+        (status = 422, description = "policy sonic forced, but no plan is possible; or no plan \
+            meets the job's percentile SLO (its or its DAG's) and it is not best effort",
             body = ErrorBody),
         (status = 413, description = "body over the size limit", body = ErrorBody),
         (status = 503, description = "this control plane runs no jobs (no object store)",

@@ -55,6 +55,8 @@ impl sonic_openlambda::DagRunner for DagCalls {
                 params: serde_json::Map::new(),
                 policy: None,
                 planned: false,
+                slo: None,
+                slo_best_effort: false,
             };
             let accepted = crate::admission::submit(&state.ctx, req)
                 .await

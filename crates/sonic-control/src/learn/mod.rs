@@ -915,6 +915,16 @@ pub enum PlanFailure {
         /// What rules every plan out.
         why: String,
     },
+    /// No plan meets the job's percentile objective (and it is not best effort).
+    #[error("dag {dag} has no plan at {input_bytes} input bytes: {why}")]
+    Slo {
+        /// The DAG.
+        dag: String,
+        /// The job's input size.
+        input_bytes: u64,
+        /// The objective and the best percentile latency reachable.
+        why: String,
+    },
     /// The planning budget ran out before any plan meeting the bounds was found.
     #[error("dag {dag} could not be planned at {input_bytes} input bytes: {why}")]
     Budget {
@@ -1138,8 +1148,23 @@ fn solve(
         input_bytes,
         why,
     };
-    let outcome = planner::plan_within(problem, policy, budget, started).map_err(|e| match e {
+    // A percentile objective (the job's or its DAG's): the functions' time distributions as
+    // the models learned them (means only: points) decide.
+    let planned = match dag.slo {
+        None => planner::plan_within(problem, policy, budget, started),
+        Some(slo) => {
+            let times = sonic_core::tails::stage_times(problem, params)
+                .map_err(|e| infeasible(format!("the functions' time distributions: {e}")))?;
+            planner::plan_for_slo(problem, policy, &times, slo, budget, started)
+        }
+    };
+    let outcome = planned.map_err(|e| match e {
         PlanError::Budget { .. } => PlanFailure::Budget {
+            dag: dag.name.clone(),
+            input_bytes,
+            why: e.to_string(),
+        },
+        PlanError::Slo { .. } => PlanFailure::Slo {
             dag: dag.name.clone(),
             input_bytes,
             why: e.to_string(),

@@ -208,6 +208,11 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (dag, key)
     ) STRICT;
     "#,
+    // 7: a job's percentile objective (its own or its DAG's, `sonic_core::slo::Slo` as JSON),
+    // which a resumed job is planned for again.
+    r#"
+    ALTER TABLE jobs ADD COLUMN slo TEXT;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -329,6 +334,8 @@ pub struct JobRecord {
     pub plan: Option<JobPlan>,
     /// Why it runs in its mode (the DAG's mode and why, or the forced policy).
     pub mode_reason: Option<String>,
+    /// The percentile objective it is planned for: its own (`SubmitJob::slo`) or its DAG's.
+    pub slo: Option<sonic_core::slo::Slo>,
 }
 
 /// What a job's current execution needs to go on after a control-plane restart, recorded when it
@@ -845,7 +852,7 @@ fn dag_row(row: &Row<'_>) -> rusqlite::Result<DagRecord> {
 }
 
 const JOB_COLUMNS: &str = "id, dag, status, policy, mode, input_bytes, params, summary, error, \
-                           created_ms, started_ms, finished_ms, updated_ms, plan, mode_reason";
+                           created_ms, started_ms, finished_ms, updated_ms, plan, mode_reason, slo";
 
 fn job_row(row: &Row<'_>) -> rusqlite::Result<JobRecord> {
     Ok(JobRecord {
@@ -868,6 +875,7 @@ fn job_row(row: &Row<'_>) -> rusqlite::Result<JobRecord> {
         updated_ms: row.get(12)?,
         plan: opt_json_col(row, 13)?,
         mode_reason: row.get(14)?,
+        slo: opt_json_col(row, 15)?,
     })
 }
 
@@ -1700,9 +1708,14 @@ impl Writer<'_> {
             .as_ref()
             .map(|p| to_json(p, "job plan"))
             .transpose()?;
+        let slo_text = job
+            .slo
+            .as_ref()
+            .map(|s| to_json(s, "job slo"))
+            .transpose()?;
         self.0
             .prepare_cached(
-                &format!("INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"))?
+                &format!("INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"))?
             .execute(params![
                     job.id,
                     job.dag,
@@ -1719,6 +1732,7 @@ impl Writer<'_> {
                     job.updated_ms,
                     plan_text,
                     job.mode_reason,
+                    slo_text,
                 ])
             .map_err(|e| conflict(e, || format!("job {}", job.id)))?;
         Ok(())
@@ -1950,6 +1964,7 @@ mod tests {
             updated_ms: created_ms,
             plan: None,
             mode_reason: None,
+            slo: None,
         }
     }
 
@@ -1979,6 +1994,7 @@ mod tests {
             failure: None,
             plan: None,
             mode_reason: None,
+            slo: None,
         }
     }
 
@@ -1986,7 +2002,14 @@ mod tests {
     fn fill(db: &Db) {
         db.put_dag("ml", "name: ml\n", &json!({"name": "ml"}), 10)
             .expect("dag");
-        db.insert_job(&job("j-1", "ml", 20)).expect("job");
+        let slo = sonic_core::slo::Slo::new(95.0, 20.0)
+            .expect("slo")
+            .best_effort(true);
+        db.insert_job(&JobRecord {
+            slo: Some(slo),
+            ..job("j-1", "ml", 20)
+        })
+        .expect("job");
         db.set_job_status("j-1", JobStatus::Running, 30)
             .expect("running");
         db.finish_job("j-1", JobStatus::Succeeded, Some(&summary("j-1")), None, 40)
@@ -2043,6 +2066,14 @@ mod tests {
         assert_eq!((j.started_ms, j.finished_ms), (Some(30), Some(40)));
         assert_eq!(j.params.get("trees"), Some(&json!(6)));
         assert_eq!(j.summary, Some(summary("j-1")));
+        assert_eq!(
+            j.slo,
+            Some(
+                sonic_core::slo::Slo::new(95.0, 20.0)
+                    .expect("slo")
+                    .best_effort(true)
+            )
+        );
         let samples = db.samples("ml").expect("samples");
         assert_eq!(samples.len(), 1);
         assert_eq!(samples[0].measured["functions"]["pca"]["memory_mb"], 3000);

@@ -458,6 +458,7 @@ async fn a_job_running_at_restart_is_failed() {
         updated_ms: 1,
         plan: None,
         mode_reason: None,
+        slo: None,
     };
     db.insert_job(&job).expect("insert");
     drop(db);
@@ -1895,4 +1896,160 @@ async fn each_parameter_setting_profiles_and_plans_on_its_own() {
         .await;
     assert_eq!(status, 400, "{v}");
     c.stop().await;
+}
+
+/// A job's percentile objective (interfaces.md §6) through the control plane: a profiling job
+/// is not planned for it; once the models converged, an objective out of reach refuses the job
+/// (422, naming the best reachable) unless best effort, which runs it and says the plan misses;
+/// one within reach is planned for and recorded in the summary; `sonic-mean` plans for it as a
+/// bound on the mean; a DAG's own `slo:` applies to jobs that give none; a malformed one is a
+/// 400 that changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_is_planned_for_its_percentile_slo_or_refused() {
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 4,
+        ..Convergence::default()
+    };
+    let c = cluster_with(rule).await;
+    c.apply(DAG).await;
+    let body = |n: usize, extra: Value| {
+        let mut b = json!({
+            "dag": "fan",
+            "input": { "name": "data.bin", "base64": base64(&sized_input(n)) },
+        });
+        for (k, v) in extra.as_object().expect("object") {
+            b[k] = v.clone();
+        }
+        b
+    };
+    // Malformed: refused, nothing stored.
+    for bad in [
+        json!({ "slo": { "percentile": 20, "latency_s": 1.0 } }),
+        json!({ "slo": { "percentile": 95, "latency_s": 0.0 } }),
+        json!({ "slo": { "percentile": 95 } }),
+    ] {
+        let r = c.post_job(body(1000, bad.clone())).await;
+        assert_eq!(r.status(), 400, "{bad}");
+    }
+    let (_, jobs) = c.get_json_status("/v1/jobs").await;
+    assert_eq!(jobs["jobs"].as_array().map(Vec::len), Some(0), "{jobs}");
+    // Profiling (the models cannot predict yet): not planned for the objective.
+    for (k, n) in [30_000usize, 90_000, 150_000, 210_000]
+        .into_iter()
+        .enumerate()
+    {
+        let extra = if k == 0 {
+            json!({ "slo": { "percentile": 95, "latency_s": 3600.0 } })
+        } else {
+            json!({})
+        };
+        let id = c.queue(body(n, extra)).await;
+        let (v, s) = c.ended(&id).await;
+        assert_eq!(
+            (s.status, s.mode),
+            (JobStatus::Succeeded, JobMode::Profiling),
+            "{v}"
+        );
+        assert!(v.get("slo").is_none(), "{v}");
+    }
+    // Out of reach: refused before it runs, naming the best p95 there is.
+    let tight = json!({ "slo": { "percentile": 95, "latency_s": 0.000_001 } });
+    let r = c.post_job(body(120_000, tight.clone())).await;
+    assert_eq!(r.status(), 422);
+    let err: Value = r.json().await.expect("json");
+    let msg = err["error"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("no plan meets the SLO p95") && msg.contains("lowest p95 latency reachable"),
+        "{err}"
+    );
+    let (_, jobs) = c.get_json_status("/v1/jobs").await;
+    assert_eq!(
+        jobs["jobs"].as_array().map(Vec::len),
+        Some(4),
+        "a refused job is not stored: {jobs}"
+    );
+    // Best effort: it runs, planned, and the report says the plan misses.
+    let mut effort = tight.clone();
+    effort["slo_best_effort"] = json!(true);
+    let id = c.queue(body(120_000, effort)).await;
+    let (v, s) = c.ended(&id).await;
+    assert_eq!(
+        (s.status, s.mode),
+        (JobStatus::Succeeded, JobMode::Planned),
+        "{v}"
+    );
+    assert_eq!(
+        v["slo"],
+        json!({ "percentile": 95.0, "latency_s": 0.000_001, "best_effort": true }),
+        "{v}"
+    );
+    let report = crate::support::report_json(s.plan.as_ref().expect("plan"));
+    assert_eq!(report["slo"]["met"], false, "{report}");
+    assert!(
+        report["slo"]["predicted_s"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0),
+        "{report}"
+    );
+    // Within reach: planned for it, met.
+    let id = c
+        .queue(body(
+            120_000,
+            json!({ "slo": { "percentile": 90, "latency_s": 3600.0 } }),
+        ))
+        .await;
+    let (v, s) = c.ended(&id).await;
+    assert_eq!(
+        (s.status, s.mode),
+        (JobStatus::Succeeded, JobMode::Planned),
+        "{v}"
+    );
+    assert_eq!(
+        v["slo"],
+        json!({ "percentile": 90.0, "latency_s": 3600.0 }),
+        "{v}"
+    );
+    let report = crate::support::report_json(s.plan.as_ref().expect("plan"));
+    let verdict = &report["slo"];
+    assert_eq!(verdict["met"], true, "{report}");
+    assert_eq!(verdict["percentile"], 90.0);
+    let p90 = verdict["predicted_s"].as_f64().expect("predicted_s");
+    assert!(p90 > 0.0 && p90 <= 3600.0, "{report}");
+    assert_eq!(
+        report["predicted"]["latency_quantiles_s"]["p90"].as_f64(),
+        Some(p90),
+        "{report}"
+    );
+    // The paper's planner, forced: the objective as a bound on the mean.
+    let id = c
+        .queue(body(
+            120_000,
+            json!({ "policy": "sonic-mean", "slo": { "percentile": 95, "latency_s": 3600.0 } }),
+        ))
+        .await;
+    let (v, s) = c.ended(&id).await;
+    assert_eq!(
+        (s.status, s.policy.as_str(), s.mode),
+        (JobStatus::Succeeded, "sonic-mean", JobMode::Planned),
+        "{v}"
+    );
+    let report = crate::support::report_json(s.plan.as_ref().expect("plan"));
+    assert_eq!(report["policy"], "sonic-mean", "{report}");
+    assert_eq!(report["slo"]["met"], true, "{report}");
+    // The DAG's own objective applies to a job that gives none.
+    c.apply(&format!("{DAG}slo: {{ percentile: 99, latency: 1h }}\n"))
+        .await;
+    let id = c.queue(body(120_000, json!({}))).await;
+    let (v, s) = c.ended(&id).await;
+    assert_eq!(
+        (s.status, s.mode),
+        (JobStatus::Succeeded, JobMode::Planned),
+        "{v}"
+    );
+    assert_eq!(
+        v["slo"],
+        json!({ "percentile": 99.0, "latency_s": 3600.0 }),
+        "{v}"
+    );
 }

@@ -578,8 +578,7 @@ mod tests {
             let target =
                 fastest.quantile_s + (cheapest_p95 - fastest.quantile_s) * f64::from(k) / 8.0;
             let slo = Slo::new(95.0, target).expect("slo");
-            let run =
-                |policy| plan_for_slo(&pb, policy, &times, slo, false, Budget::UNLIMITED, &Frozen);
+            let run = |policy| plan_for_slo(&pb, policy, &times, slo, Budget::UNLIMITED, &Frozen);
             let sonic = run(Policy::Sonic).expect("a plan meets it");
             let v = sonic.slo.expect("verdict");
             assert!(v.met && v.predicted_s <= target, "{v:?}");
@@ -614,15 +613,7 @@ mod tests {
         );
         // Below the fastest p95: refused with it named, or run best effort.
         let slo = Slo::new(95.0, fastest.quantile_s * 0.9).expect("slo");
-        match plan_for_slo(
-            &pb,
-            Policy::Sonic,
-            &times,
-            slo,
-            false,
-            Budget::UNLIMITED,
-            &Frozen,
-        ) {
+        match plan_for_slo(&pb, Policy::Sonic, &times, slo, Budget::UNLIMITED, &Frozen) {
             Err(PlanError::Slo { best_s, .. }) => {
                 assert!((best_s - fastest.quantile_s).abs() < 1e-9, "{best_s}")
             }
@@ -632,8 +623,7 @@ mod tests {
             &pb,
             Policy::Sonic,
             &times,
-            slo,
-            true,
+            slo.best_effort(true),
             Budget::UNLIMITED,
             &Frozen,
         )
@@ -642,16 +632,8 @@ mod tests {
         assert!(!v.met);
         assert!((v.predicted_s - fastest.quantile_s).abs() < 1e-9);
         // A baseline plans by its own rule and says where it stands.
-        let remote = plan_for_slo(
-            &pb,
-            Policy::Remote,
-            &times,
-            slo,
-            false,
-            Budget::UNLIMITED,
-            &Frozen,
-        )
-        .expect("remote");
+        let remote = plan_for_slo(&pb, Policy::Remote, &times, slo, Budget::UNLIMITED, &Frozen)
+            .expect("remote");
         assert!(remote.slo.is_some_and(|v| !v.met));
     }
 }

@@ -489,6 +489,7 @@ fn a_dags_slo_is_read_and_checked() {
         ("{ percentile: high, latency: 1s }", "slo.percentile"),
         ("{ percentile: 95 }", "latency"),
         ("{ latency: 1s, p: 9 }", "p"),
+        ("{ latency: 1s, best_effort: maybe }", "best_effort"),
         ("20s", "slo"),
     ] {
         let err = with(bad).expect_err(bad).to_string();

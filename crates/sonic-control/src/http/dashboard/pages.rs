@@ -649,6 +649,8 @@ pub async fn run(
                 params,
                 policy,
                 planned: false,
+                slo: None,
+                slo_best_effort: false,
             },
         )
         .await
