@@ -445,6 +445,16 @@ async fn the_pages_show_a_dag_a_job_started_from_the_form_and_the_agents() {
         "{page}"
     );
     assert!(page.contains("gen.cold_s"));
+    // The planned job held against its plan's prediction.
+    assert!(
+        page.contains("Planned jobs: predicted against measured")
+            && page.contains("Over the last 1 planned jobs that succeeded"),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!("<a href=\"/jobs/{planned}\">")),
+        "{page}"
+    );
 
     // The jobs list and its filters.
     let (_, page) = get("/jobs?status=succeeded&policy=sonic").await;

@@ -10,7 +10,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
-use sonic_api::control::{AgentInfo, InstanceLog, JobEvent, JobStatus, JobSummary, PlanUsed};
+use sonic_api::control::{
+    AgentInfo, InstanceLog, JobEvent, JobMode, JobStatus, JobSummary, PlanUsed,
+};
 use sonic_api::plan::Baseline;
 use sonic_core::dag::{Dag, Instances};
 use sonic_core::planner::{Policy, Predicted};
@@ -235,6 +237,142 @@ const JOB_HEADERS: [&str; 10] = [
     "Perf/$ ",
 ];
 
+/// The `q` quantile of sorted `values` by nearest rank (`None` for none).
+fn nearest_rank(sorted: &[f64], q: f64) -> Option<f64> {
+    let n = sorted.len();
+    if n == 0 {
+        return None;
+    }
+    let rank = (q * n as f64).ceil().clamp(1.0, n as f64) as usize;
+    Some(sorted[rank - 1])
+}
+
+/// The DAG page's "predicted against measured" section (issue 36): for its planned jobs that
+/// succeeded, newest first, what each plan predicted (the mean, and the p50 and p95 of its
+/// latency distribution where the models know one), what the job measured, whether it ended
+/// within its plan's p95, and its objective; above, the measured p50 and p95 over those jobs
+/// against the plans' own, and how many jobs met their objective.
+fn predicted_against_measured(jobs: &[JobRecord]) -> String {
+    struct Row {
+        id: String,
+        input_bytes: u64,
+        mean: f64,
+        q: Option<sonic_core::planner::Quantiles>,
+        slo: Option<sonic_core::planner::SloVerdict>,
+        measured: f64,
+    }
+    let rows: Vec<Row> = jobs
+        .iter()
+        .filter(|r| r.mode == JobMode::Planned && r.status == JobStatus::Succeeded)
+        .filter_map(|r| {
+            let s = r.summary.as_ref()?;
+            let report = s.plan.as_ref().or(r.plan.as_ref())?.report.as_ref()?;
+            Some(Row {
+                id: r.id.clone(),
+                input_bytes: r.input_bytes,
+                mean: report.predicted().latency_s,
+                q: report.predicted().latency_quantiles_s,
+                slo: report.plan.slo,
+                measured: s.latency_s,
+            })
+        })
+        .collect();
+    let mut out = String::from("<h2>Planned jobs: predicted against measured</h2>");
+    if rows.is_empty() {
+        out.push_str("<p>No planned job of this DAG has succeeded yet.</p>");
+        return out;
+    }
+    let mut measured: Vec<f64> = rows.iter().map(|r| r.measured).collect();
+    measured.sort_by(f64::total_cmp);
+    let with_q: Vec<&Row> = rows.iter().filter(|r| r.q.is_some()).collect();
+    let mean_of = |f: &dyn Fn(&sonic_core::planner::Quantiles) -> f64| {
+        with_q
+            .iter()
+            .filter_map(|r| r.q.as_ref().map(f))
+            .sum::<f64>()
+            / with_q.len() as f64
+    };
+    let _ = write!(
+        out,
+        "<p>Over the last {} planned jobs that succeeded: measured p50 {}, p95 {}{}.",
+        rows.len(),
+        nearest_rank(&measured, 0.5).map_or("-".into(), html::secs),
+        nearest_rank(&measured, 0.95).map_or("-".into(), html::secs),
+        if rows.len() < 20 {
+            " (a p95 of fewer than 20 jobs is their slowest or near it)"
+        } else {
+            ""
+        }
+    );
+    if !with_q.is_empty() {
+        let within = with_q
+            .iter()
+            .filter(|r| r.q.is_some_and(|q| r.measured <= q.p95))
+            .count();
+        let _ = write!(
+            out,
+            " Their plans predicted p50 {} and p95 {} on average; {} of {} ended within their plan's p95.",
+            html::secs(mean_of(&|q| q.p50)),
+            html::secs(mean_of(&|q| q.p95)),
+            within,
+            with_q.len()
+        );
+    }
+    let with_slo: Vec<&Row> = rows.iter().filter(|r| r.slo.is_some()).collect();
+    if !with_slo.is_empty() {
+        let met = with_slo
+            .iter()
+            .filter(|r| r.slo.is_some_and(|v| r.measured <= v.latency_s))
+            .count();
+        let _ = write!(
+            out,
+            " {} of {} jobs with a latency objective ended within it.",
+            met,
+            with_slo.len()
+        );
+    }
+    out.push_str("</p>");
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                format!("<a href=\"/jobs/{0}\">{0}</a>", esc(&r.id)),
+                html::bytes(r.input_bytes as f64),
+                html::secs(r.mean),
+                r.q.map_or("-".into(), |q| html::secs(q.p50)),
+                r.q.map_or("-".into(), |q| html::secs(q.p95)),
+                html::secs(r.measured),
+                r.q.map_or("-".into(), |q| {
+                    html::flag(r.measured <= q.p95, "within", "over")
+                }),
+                r.slo.map_or("-".into(), |v| {
+                    format!(
+                        "p{} &le; {}: {}",
+                        v.percentile,
+                        html::secs(v.latency_s),
+                        html::flag(r.measured <= v.latency_s, "met", "missed")
+                    )
+                }),
+            ]
+        })
+        .collect();
+    out.push_str(&html::table(
+        "Each planned job's prediction and what it measured",
+        &[
+            "Job",
+            "Input ",
+            "Predicted mean ",
+            "Predicted p50 ",
+            "Predicted p95 ",
+            "Measured ",
+            "Against p95",
+            "Objective",
+        ],
+        &cells,
+    ));
+    out
+}
+
 fn decode_dag(parsed: Value) -> Result<Dag, ApiError> {
     serde_json::from_value(parsed)
         .map_err(|e| ApiError::Internal(format!("stored dag does not decode: {e}")))
@@ -388,7 +526,8 @@ async fn dag_page(state: &Shared, name: &str, error: Option<&str>) -> Result<Str
             let Some(record) = db.get_dag(&lookup)? else {
                 return Ok(None);
             };
-            let jobs = db.list_jobs(Some(&lookup), 20)?;
+            // The newest 200 for the predicted-against-measured section; the 20 newest listed.
+            let jobs = db.list_jobs(Some(&lookup), 200)?;
             Ok(Some((record, jobs)))
         })
         .await?;
@@ -550,8 +689,11 @@ async fn dag_page(state: &Shared, name: &str, error: Option<&str>) -> Result<Str
         body.push_str("<p>Nothing learned yet: run a job.</p>");
     }
 
+    body.push_str(&predicted_against_measured(&jobs));
+
     body.push_str("<h2>Recent jobs</h2>");
-    body.push_str(&html::table("", &JOB_HEADERS, &job_rows(&jobs)));
+    let recent = &jobs[..jobs.len().min(20)];
+    body.push_str(&html::table("", &JOB_HEADERS, &job_rows(recent)));
     let _ = write!(
         body,
         "<p><a href=\"/jobs?dag={}\">Every job of {}</a></p>",
@@ -1415,5 +1557,78 @@ mod tests {
         assert_eq!(p["name"], "x");
         assert_eq!(p["flag"], true);
         assert!(parse_params("novalue").is_err());
+    }
+
+    fn job(id: &str, mode: JobMode, latency_s: f64, p95: f64, slo_s: Option<f64>) -> JobRecord {
+        let mut report = serde_json::json!({
+            "dag": "d", "policy": "sonic", "stages": [], "edges": [],
+            "predicted": {
+                "latency_s": 1.5, "cost_usd": 1e-5, "perf_per_dollar": 1.0,
+                "latency_quantiles_s": { "p50": 1.5, "p90": p95, "p95": p95, "p99": p95 }
+            },
+            "planning_time_us": 1, "input_bytes": 1000
+        });
+        if let Some(t) = slo_s {
+            report["slo"] = serde_json::json!({
+                "percentile": 95.0, "latency_s": t, "predicted_s": p95, "met": p95 <= t
+            });
+        }
+        let summary = serde_json::json!({
+            "job_id": id, "dag": "d", "status": "succeeded", "policy": "sonic",
+            "mode": mode.as_str(), "input_bytes": 1000, "latency_s": latency_s,
+            "cost_usd": 1e-5, "perf_per_dollar": 1.0,
+            "plan": { "used": "best", "notes": [], "report": report, "stages": [] }
+        });
+        JobRecord {
+            id: id.into(),
+            dag: "d".into(),
+            status: JobStatus::Succeeded,
+            policy: Policy::Sonic,
+            mode,
+            input_bytes: 1000,
+            params: serde_json::Map::new(),
+            summary: Some(serde_json::from_value(summary).expect("summary")),
+            error: None,
+            created_ms: 0,
+            started_ms: None,
+            finished_ms: None,
+            updated_ms: 0,
+            plan: None,
+            mode_reason: None,
+            slo: None,
+        }
+    }
+
+    /// The DAG page's section: measured quantiles over the planned jobs, how many ended within
+    /// their plan's p95 and their objective; profiling jobs left out.
+    #[test]
+    fn planned_jobs_are_held_against_their_predicted_distribution() {
+        assert_eq!(nearest_rank(&[], 0.5), None);
+        assert_eq!(nearest_rank(&[1.0, 2.0, 5.0], 0.5), Some(2.0));
+        assert_eq!(nearest_rank(&[1.0, 2.0, 5.0], 0.95), Some(5.0));
+        let jobs = [
+            job("j-1", JobMode::Planned, 1.0, 3.0, Some(4.0)),
+            job("j-2", JobMode::Planned, 2.0, 3.0, Some(4.0)),
+            job("j-3", JobMode::Planned, 5.0, 3.0, Some(4.0)),
+            job("j-4", JobMode::Profiling, 9.0, 3.0, None),
+        ];
+        let html = predicted_against_measured(&jobs);
+        assert!(html.contains("Over the last 3 planned jobs"), "{html}");
+        assert!(html.contains("measured p50 2.00 s, p95 5.00 s"), "{html}");
+        assert!(
+            html.contains("2 of 3 ended within their plan's p95"),
+            "{html}"
+        );
+        assert!(
+            html.contains("2 of 3 jobs with a latency objective ended within it"),
+            "{html}"
+        );
+        assert!(html.contains("j-3") && !html.contains("j-4"), "{html}");
+        assert!(html.contains("over") && html.contains("missed"), "{html}");
+        let none = predicted_against_measured(&jobs[3..]);
+        assert!(
+            none.contains("No planned job of this DAG has succeeded yet"),
+            "{none}"
+        );
     }
 }
