@@ -114,6 +114,32 @@ pub fn checks(
             &f.hot_s,
             s.hot_s,
         ));
+        // The tail: the job's slowest run against the slowest of as many runs drawn from the
+        // learned spread (its median), cold and hot; a sustained shift of the stage's tail
+        // (one straggler more, a skewed partition) drifts even when the mean moves less.
+        for (what, model, shape, mean, spread) in [
+            ("cold", &f.cold_s, &f.cold_shape, s.cold_s, &s.cold_spread),
+            ("hot", &f.hot_s, &f.hot_shape, s.hot_s, &s.hot_spread),
+        ] {
+            let (Some(mean), Some(spread)) = (mean.filter(|m| m.is_finite()), spread) else {
+                continue;
+            };
+            if !usable(model) || shape.len() < crate::regression::MIN_SHAPE || spread.len() < 2 {
+                continue;
+            }
+            let Some(predicted_mean) = model.predict(input_bytes) else {
+                continue;
+            };
+            let slowest = spread.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if let Some(ratio) = slowest_of(shape, spread.len()) {
+                out.push(Check::new(
+                    format!("{name}.slowest_{what}_s"),
+                    Quantity::Time,
+                    ratio * predicted_mean,
+                    slowest * mean,
+                ));
+            }
+        }
         let measured = s.instances.map(f64::from);
         match (known_fanouts.get(name), measured) {
             (Some(&k), Some(y)) => out.push(Check::new(
@@ -142,6 +168,22 @@ pub fn checks(
         }
     }
     out
+}
+
+/// The median of the slowest of `n` ratios drawn from `shape` (each instance's time over its
+/// job's mean): the empirical quantile of `shape` at `0.5^(1/n)` (the slowest of `n` is at most
+/// `x` with probability `F(x)^n`). `None` for an empty shape.
+fn slowest_of(shape: &[f64], n: usize) -> Option<f64> {
+    let mut sorted: Vec<f64> = shape.iter().copied().filter(|r| r.is_finite()).collect();
+    if sorted.is_empty() || n == 0 {
+        return None;
+    }
+    sorted.sort_by(f64::total_cmp);
+    let p = 0.5f64.powf(1.0 / n as f64);
+    let rank = (p * sorted.len() as f64)
+        .ceil()
+        .clamp(1.0, sorted.len() as f64) as usize;
+    Some(sorted[rank - 1])
 }
 
 /// A parameter off its prediction in consecutive planned jobs.
@@ -514,6 +556,78 @@ mod tests {
             .map(|c| c.parameter.as_str())
             .collect();
         assert_eq!(off, ["b.cold_s"], "{cs:?}");
+    }
+
+    /// A stage's tail shifts while its mean holds: one of its four instances now takes 2.2
+    /// times the job's mean where the spread was within 5%. The mean is not off; the slowest
+    /// run is, in every planned job, and the DAG drifts back to profiling naming it.
+    #[test]
+    fn a_sustained_shift_of_the_tail_drifts_though_the_mean_holds() {
+        assert_eq!(slowest_of(&[], 4), None);
+        // The median of the slowest of 4 of {1, 2, ..., 10}: the 0.84 quantile, 9.
+        let ten: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(slowest_of(&ten, 4), Some(9.0));
+        assert_eq!(slowest_of(&ten, 1), Some(5.0));
+        let mut dm = DagModels::for_names(&["b".into()], &[], rule(), 3);
+        let sample = |spread: [f64; 4]| {
+            let f = FunctionSample {
+                memory_mb: Some(100.0),
+                cold_s: Some(1.0),
+                instances: Some(4),
+                cold_spread: Some(spread.to_vec()),
+                ..FunctionSample::default()
+            };
+            BTreeMap::from([("b".to_owned(), f)])
+        };
+        for i in 1..=5 {
+            dm.add_sample(i as f64 * 1e7, &sample([0.95, 1.0, 1.0, 1.05]), &[])
+                .expect("sample");
+        }
+        assert!(dm.converged());
+        let none = BTreeMap::new();
+        // As learned: nothing off, and the tail is checked.
+        let cs = checks(&dm, 3e7, &sample([0.96, 0.99, 1.0, 1.05]), &[], &none);
+        let tail = cs
+            .iter()
+            .find(|c| c.parameter == "b.slowest_cold_s")
+            .expect("the tail is checked");
+        assert!((tail.predicted - 1.05).abs() < 1e-9, "{tail:?}");
+        assert!(cs.iter().all(|c| !c.off(&rule())), "{cs:?}");
+        // A straggler: the mean the same, the slowest 2.2 s.
+        let straggler = sample([0.6, 0.6, 0.6, 2.2]);
+        let cs = checks(&dm, 3e7, &straggler, &[], &none);
+        let off: Vec<&str> = cs
+            .iter()
+            .filter(|c| c.off(&rule()))
+            .map(|c| c.parameter.as_str())
+            .collect();
+        assert_eq!(off, ["b.slowest_cold_s"], "{cs:?}");
+        let mut mode = planned();
+        let mut why = None;
+        for j in 0..rule().drift_jobs {
+            assert!(why.is_none(), "drifted before {j} jobs");
+            why = mode.observe_planned(&format!("j-{j}"), &cs, &rule(), 10);
+        }
+        let why = why.expect("a drift");
+        assert!(
+            why.contains("b.slowest_cold_s measured 2.20 against 1.05"),
+            "{why}"
+        );
+        assert_eq!(mode.mode, Mode::Profiling);
+        // Fewer than two runs, or a shape too small to say: not checked.
+        let one = BTreeMap::from([(
+            "b".to_owned(),
+            FunctionSample {
+                cold_s: Some(1.0),
+                cold_spread: Some(vec![1.0]),
+                ..FunctionSample::default()
+            },
+        )]);
+        assert!(
+            checks(&dm, 3e7, &one, &[], &none)
+                .iter()
+                .all(|c| !c.parameter.starts_with("b.slowest"))
+        );
     }
 
     #[test]

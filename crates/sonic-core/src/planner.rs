@@ -570,10 +570,10 @@ pub fn plan_for_slo(
     let goal = slo::Goal::Cheapest {
         target_s: slo.latency_s,
     };
-    let found = match slo::search(pb, times, p, goal, &seeds, &meter).best {
+    let found = match slo::search(pb, times, p, goal, &seeds, &[], &meter).best {
         Some(f) => f,
         None => {
-            let fastest = slo::search(pb, times, p, slo::Goal::Fastest, &seeds, &meter);
+            let fastest = slo::search(pb, times, p, slo::Goal::Fastest, &seeds, &[], &meter);
             let cut = |limit| {
                 Solvers::new(pb, &meter).budget_error(limit, "finding a plan that meets the SLO")
             };
@@ -600,19 +600,49 @@ pub fn plan_for_slo(
     let pred = pb
         .evaluate(&a)
         .map_err(|e| internal("planned an infeasible plan", &e))?;
-    let stopped = meter.stopped();
+    let cut_best = meter.stopped();
     let d = latency(&a)?;
+    let met = d.job.quantile(p) <= slo.latency_s;
     let mut best = Plan::new(pb, &a, &pred);
     best.predicted.latency_quantiles_s = Some(Quantiles::of(&d.job));
-    Ok(PlanOutcome {
-        best,
-        second_best: None,
-        table: explain::table(pb, &a, &pred, None, stopped.is_some()),
-        exact: stopped.is_none(),
-        stopped: stopped.map(|limit| Stopped {
+    // The second best, which a resource manager that vetoes vm-storage runs: the same search
+    // without vm-storage on the edges where the best uses it (the fastest such plan where the
+    // best does not meet the objective either).
+    let banned: Vec<bool> = a.methods.iter().map(|m| *m == Method::VmStorage).collect();
+    let second_best = if banned.iter().any(|&b| b) {
+        let goal2 = if met { goal } else { slo::Goal::Fastest };
+        match slo::search(pb, times, p, goal2, &seeds, &banned, &meter).best {
+            Some(f) => {
+                let p2 = pb
+                    .evaluate(&f.assignment)
+                    .map_err(|e| internal("second-best infeasible", &e))?;
+                let d2 = latency(&f.assignment)?;
+                let mut second = Plan::new(pb, &f.assignment, &p2);
+                second.predicted.latency_quantiles_s = Some(Quantiles::of(&d2.job));
+                Some(second)
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
+    let stopped = match (cut_best, meter.stopped()) {
+        (Some(limit), _) => Some(Stopped {
             limit,
             search: StoppedSearch::Best,
         }),
+        (None, Some(limit)) => Some(Stopped {
+            limit,
+            search: StoppedSearch::SecondBest,
+        }),
+        (None, None) => None,
+    };
+    Ok(PlanOutcome {
+        best,
+        second_best,
+        table: explain::table(pb, &a, &pred, None, cut_best.is_some()),
+        exact: cut_best.is_none(),
+        stopped,
         slo: Some(verdict(d.job.quantile(p))),
     })
 }

@@ -71,15 +71,19 @@ struct Search<'a> {
     tail_s: Vec<f64>,
     runs: HashMap<(usize, Placement), Dist>,
     best: Option<Found>,
+    /// Per edge: vm-storage is not allowed on it (the second-best plan's search).
+    banned: &'a [bool],
 }
 
-/// Runs the search for `goal` at probability `p` (0.95 for a p95), seeded with `seeds`.
+/// Runs the search for `goal` at probability `p` (0.95 for a p95), seeded with `seeds`, never
+/// using vm-storage on an edge `banned` marks (empty: none).
 pub(crate) fn search(
     pb: &PlanProblem,
     times: &[StageTimes],
     p: f64,
     goal: Goal,
     seeds: &[Assignment],
+    banned: &[bool],
     meter: &Meter<'_>,
 ) -> Outcome {
     let n = pb.stages().len();
@@ -89,6 +93,7 @@ pub(crate) fn search(
         p,
         goal,
         meter,
+        banned,
         placements: Vec::with_capacity(n),
         cost_after: vec![0.0; n + 1],
         tail_s: vec![0.0; n],
@@ -210,8 +215,21 @@ impl<'a> Search<'a> {
         }
     }
 
+    /// Whether edge `e` may not pass data by vm-storage.
+    fn is_banned(&self, e: usize) -> bool {
+        self.banned.get(e).copied().unwrap_or(false)
+    }
+
     /// A whole plan priced at once (a seed).
     fn consider_whole(&mut self, a: &Assignment) {
+        let uses_banned = a
+            .methods
+            .iter()
+            .enumerate()
+            .any(|(e, m)| *m == Method::VmStorage && self.is_banned(e));
+        if uses_banned {
+            return;
+        }
         let Ok(pred) = self.pb.evaluate(a) else {
             return;
         };
@@ -251,6 +269,12 @@ impl<'a> Search<'a> {
                     _ => Method::Remote,
                 };
                 c /= 3;
+            }
+            if inputs
+                .iter()
+                .any(|&e| a.methods[e] == Method::VmStorage && self.is_banned(e))
+            {
+                continue;
             }
             // vm-storage runs the stage on its sender's VMs: one VM type and count.
             let fixed = walk.continued_placement(pb, a, r);
@@ -451,6 +475,7 @@ mod tests {
             shape in proptest::collection::vec((1u32..3, 0.2f64..3.0, 0.0f64..2.0), 1..4),
             links in proptest::collection::vec((0usize..3, 0usize..3), 0..3),
             tightness in 0.0f64..1.0,
+            ban in proptest::collection::vec(any::<bool>(), 3),
         ) {
             let n = shape.len();
             let mut edges: Vec<(usize, usize)> = links
@@ -462,7 +487,8 @@ mod tests {
             edges.dedup();
             let (pb, times) = problem(&shape, &edges);
             let p = 0.9;
-            let all: Vec<(f64, f64)> = every_plan(&pb)
+            let plans = every_plan(&pb);
+            let all: Vec<(f64, f64)> = plans
                 .iter()
                 .map(|a| {
                     let cost = pb.evaluate(a).expect("listed plans are feasible").cost_usd;
@@ -474,7 +500,7 @@ mod tests {
             let fastest = all.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
             let slowest = all.iter().map(|x| x.0).fold(0.0, f64::max);
             let meter = Meter::unlimited();
-            let found = search(&pb, &times, p, Goal::Fastest, &[], &meter);
+            let found = search(&pb, &times, p, Goal::Fastest, &[], &[], &meter);
             let best = found.best.expect("a fastest plan");
             prop_assert!((best.quantile_s - fastest).abs() <= 1e-9 * fastest.max(1.0),
                 "fastest p90 {} against brute force {}", best.quantile_s, fastest);
@@ -486,12 +512,34 @@ mod tests {
                 .map(|x| x.1)
                 .fold(f64::INFINITY, f64::min);
             let meter = Meter::unlimited();
-            let found = search(&pb, &times, p, Goal::Cheapest { target_s: target }, &[], &meter);
+            let found = search(&pb, &times, p, Goal::Cheapest { target_s: target }, &[], &[], &meter);
             let best = found.best.expect("a plan within the target");
             prop_assert!(best.quantile_s <= target);
             prop_assert!((best.cost_usd - cheapest).abs() <= 1e-12 + 1e-9 * cheapest,
                 "cheapest within {} s: {} against brute force {}", target, best.cost_usd, cheapest);
             prop_assert!(meter.stopped().is_none());
+
+            // Without vm-storage on the banned edges (the second best's search).
+            let banned: Vec<bool> = ban[..pb.edges().len()].to_vec();
+            let allowed = |a: &Assignment| {
+                !a.methods.iter().zip(&banned).any(|(m, b)| *b && *m == Method::VmStorage)
+            };
+            let cheapest_allowed = plans
+                .iter()
+                .zip(&all)
+                .filter(|(a, x)| allowed(a) && x.0 <= target)
+                .map(|(_, x)| x.1)
+                .fold(f64::INFINITY, f64::min);
+            let meter = Meter::unlimited();
+            let found = search(&pb, &times, p, Goal::Cheapest { target_s: target }, &[], &banned, &meter);
+            match found.best {
+                Some(b) => {
+                    prop_assert!(allowed(&b.assignment), "{:?} uses vm-storage on {:?}", b.assignment, banned);
+                    prop_assert!((b.cost_usd - cheapest_allowed).abs() <= 1e-12 + 1e-9 * cheapest_allowed,
+                        "banned {:?}: {} against brute force {}", banned, b.cost_usd, cheapest_allowed);
+                }
+                None => prop_assert!(cheapest_allowed.is_infinite(), "banned {:?}: none found, brute force {}", banned, cheapest_allowed),
+            }
         }
     }
 
@@ -499,7 +547,7 @@ mod tests {
     fn a_target_no_plan_meets_finds_nothing_and_a_stopped_search_says_so() {
         let (pb, times) = problem(&[(3, 1.0, 1.5), (2, 0.5, 0.0)], &[(0, 1)]);
         let meter = Meter::unlimited();
-        let fastest = search(&pb, &times, 0.95, Goal::Fastest, &[], &meter)
+        let fastest = search(&pb, &times, 0.95, Goal::Fastest, &[], &[], &meter)
             .best
             .expect("fastest");
         let meter = Meter::unlimited();
@@ -511,6 +559,7 @@ mod tests {
                 target_s: fastest.quantile_s * 0.99,
             },
             &[],
+            &[],
             &meter,
         );
         assert!(none.best.is_none());
@@ -520,7 +569,7 @@ mod tests {
             ..crate::planner::Budget::UNLIMITED
         };
         let meter = Meter::new(budget, &crate::planner::budget::Frozen);
-        let _ = search(&pb, &times, 0.95, Goal::Fastest, &[], &meter);
+        let _ = search(&pb, &times, 0.95, Goal::Fastest, &[], &[], &meter);
         assert!(matches!(
             meter.stopped(),
             Some(Limit::Expansions { max: 3 })
@@ -549,9 +598,17 @@ mod tests {
                 .job
                 .quantile(0.95)
         };
-        let fastest = search(&pb, &times, 0.95, Goal::Fastest, &[], &Meter::unlimited())
-            .best
-            .expect("fastest");
+        let fastest = search(
+            &pb,
+            &times,
+            0.95,
+            Goal::Fastest,
+            &[],
+            &[],
+            &Meter::unlimited(),
+        )
+        .best
+        .expect("fastest");
         // The cheapest plan of all: slower at the tail than the fastest.
         let cheapest = search(
             &pb,
@@ -560,6 +617,7 @@ mod tests {
             Goal::Cheapest {
                 target_s: f64::INFINITY,
             },
+            &[],
             &[],
             &Meter::unlimited(),
         )
@@ -574,6 +632,7 @@ mod tests {
         let perf = plan(&pb, Policy::Sonic).expect("Perf/$ plan");
         assert!(p95(&perf.best.assignment(&pb).expect("assignment")) > cheapest_p95);
         let mut mean_missed = 0;
+        let mut seconds = 0;
         for k in 0..=8 {
             let target =
                 fastest.quantile_s + (cheapest_p95 - fastest.quantile_s) * f64::from(k) / 8.0;
@@ -585,6 +644,23 @@ mod tests {
             assert!(sonic.exact);
             let a = sonic.best.assignment(&pb).expect("assignment");
             assert!((p95(&a) - v.predicted_s).abs() < 1e-9);
+            // Its second best passes no data by vm-storage where it does, and meets the
+            // objective too when it is there (it is the same search under that ban).
+            if let Some(second) = &sonic.second_best {
+                seconds += 1;
+                let a2 = second.assignment(&pb).expect("second assignment");
+                for (m, m2) in a.methods.iter().zip(&a2.methods) {
+                    assert!(
+                        !(*m == Method::VmStorage && *m2 == Method::VmStorage),
+                        "{a2:?}"
+                    );
+                }
+                assert!(
+                    p95(&a2) <= target,
+                    "second best p95 {} over {target}",
+                    p95(&a2)
+                );
+            }
             assert_eq!(
                 sonic.best.predicted.latency_quantiles_s.map(|q| q.p95),
                 Some(v.predicted_s)
@@ -611,6 +687,7 @@ mod tests {
             mean_missed > 0,
             "the mean planner met every p95 target: the case shows nothing"
         );
+        assert!(seconds > 0, "no target gave a second-best plan");
         // Below the fastest p95: refused with it named, or run best effort.
         let slo = Slo::new(95.0, fastest.quantile_s * 0.9).expect("slo");
         match plan_for_slo(&pb, Policy::Sonic, &times, slo, Budget::UNLIMITED, &Frozen) {
