@@ -94,6 +94,9 @@ struct Execution<'a> {
     profiling: bool,
     /// Per function, what its runs' warm containers are recorded under (none when profiling).
     warm_keys: Vec<String>,
+    /// Per (sender, receiver) function pair, how long after the sender starts the receiver is
+    /// prewarmed (a planned job's timed prewarm; absent: at once).
+    prewarm_delays: BTreeMap<(usize, usize), std::time::Duration>,
 }
 
 impl<'a> Execution<'a> {
@@ -158,6 +161,7 @@ impl<'a> Execution<'a> {
         let handlers = crate::exec::handlers::resolve(rt, &dag)
             .await
             .map_err(Failure::Job)?;
+        let mut prewarm_delays = BTreeMap::new();
         let alloc = match planned {
             Some(p) => {
                 let (alloc, p) = rt
@@ -198,7 +202,24 @@ impl<'a> Execution<'a> {
                     })
                     .await
                     .map_err(|e| format!("database: {e}"))?;
-                let plan = job_plan(&dag, &alloc, &agents, &p.report, &p.warm);
+                let mut plan = job_plan(&dag, &alloc, &agents, &p.report, &p.warm);
+                if rt.config.prewarm && rt.config.prewarm_timed {
+                    prewarm_delays =
+                        crate::exec::prewarm::timed_delays(&dag, &alloc.plan, &p.params);
+                    for (&(from, to), d) in &prewarm_delays {
+                        if d.is_zero() {
+                            continue;
+                        }
+                        let containers: usize = alloc.permits(to).values().sum();
+                        plan.notes.push(format!(
+                            "prewarm of {} sent {:.2} s after {} starts, when the plan needs its containers: {:.2} container-seconds not spent idle",
+                            dag.functions[to].name,
+                            d.as_secs_f64(),
+                            dag.functions[from].name,
+                            d.as_secs_f64() * containers as f64
+                        ));
+                    }
+                }
                 tracing::info!(job = %job.id, used = %plan.used, notes = ?plan.notes, "plan granted");
                 let (id, stored, now) = (job.id.clone(), plan.clone(), state.clock.now_ms());
                 state
@@ -358,6 +379,7 @@ impl<'a> Execution<'a> {
             produced,
             expiry,
             vcpu_permits,
+            prewarm_delays,
             job_permits,
             recorded,
             shape,
@@ -446,6 +468,7 @@ impl<'a> Execution<'a> {
             ref machine,
             ref mut opened,
             ref mut events,
+            ref prewarm_delays,
             ..
         } = *self;
         if let Some(a) = alloc
@@ -512,7 +535,7 @@ impl<'a> Execution<'a> {
         tracing::info!(job = %job.id, function = %dag.functions[i].name, instances = count, "stage starts");
         // A job that measures cold starts has nothing started ahead.
         if !profiling {
-            crate::exec::prewarm::next_stages(rt, &ctx, i, alloc.as_ref());
+            crate::exec::prewarm::next_stages(rt, &ctx, i, alloc.as_ref(), prewarm_delays);
         }
         events.push_back(Event::StageOpened {
             stage: i,

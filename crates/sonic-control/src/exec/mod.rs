@@ -106,6 +106,10 @@ pub struct JobsConfig {
     /// Whether the agents that will run the stages reading from a stage that starts are asked
     /// to start those stages' containers meanwhile (`prewarm`), so that they start hot.
     pub prewarm: bool,
+    /// With `prewarm`, a planned job's receivers are prewarmed when the plan predicts their
+    /// containers must start, not when their senders start (ORION's timed pre-warming:
+    /// `prewarm::timed_delays`); `false`: at once.
+    pub prewarm_timed: bool,
     /// The time dilation factor of the cluster (1: none); the catalog is already dilated by it
     /// ([`sonic_core::catalog::Catalog::dilated`]); reported by `GET /v1/health`.
     pub dilation: f64,
@@ -149,6 +153,7 @@ impl JobsConfig {
             job_attempts: 3,
             health_timeout: Duration::from_secs(3),
             prewarm: true,
+            prewarm_timed: true,
             dilation: 1.0,
         }
     }

@@ -9,6 +9,13 @@
 //! the limits its runs will have, since a warm container serves only runs with the same ones.
 //! Prewarming is best effort: a refusal or an unreachable agent only costs a cold start.
 //! Switched by `JobsConfig::prewarm`.
+//!
+//! **Timed** (ORION §6.4.4, `JobsConfig::prewarm_timed`): for a planned job the calls for a
+//! receiving stage are not sent when its sender starts but when the plan predicts its
+//! containers must start to be ready for it ([`timed_delays`]): the gap the plan predicts
+//! between the two stages' starts, less the receiver's cold start with a margin. Its containers
+//! then do not sit started and idle for the rest of the gap; the job's plan notes say how long
+//! each waits and the idle container-seconds that saves.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,6 +29,56 @@ use crate::resources::planned::Allocation;
 
 /// How long one prewarm call may take (containers start in the agent before it answers).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A timed prewarm is sent this many cold starts ahead of the receiver's predicted start
+/// ([`timed_delay`]): the cold start varies, and a late prewarm costs a cold start.
+pub const LEAD_COLD_STARTS: f64 = 2.0;
+
+/// And this much earlier again (the call's own round trip, the predictions' noise).
+pub const LEAD_SLACK_S: f64 = 0.25;
+
+/// How long after its sender starts a receiver's prewarm is sent: `gap_s` (the plan's
+/// predicted time from the sender's start to the receiver's), less [`LEAD_COLD_STARTS`] times
+/// the receiver's cold start `cold_start_s` and [`LEAD_SLACK_S`]; at once when that is not
+/// positive (or a figure is not a finite number).
+pub fn timed_delay(gap_s: f64, cold_start_s: f64) -> Duration {
+    let wait = gap_s - LEAD_COLD_STARTS * cold_start_s.max(0.0) - LEAD_SLACK_S;
+    if wait.is_finite() && wait > 0.0 {
+        Duration::from_secs_f64(wait)
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// Per (sender, receiver) stage pair of `dag` (function indices), how long after the sender
+/// starts the receiver's prewarm is sent ([`timed_delay`]), from `plan`'s predicted timing and
+/// each receiver's predicted cold start (`params`). Pairs the plan does not time are absent (sent
+/// at once).
+pub fn timed_delays(
+    dag: &sonic_core::dag::Dag,
+    plan: &sonic_core::planner::Plan,
+    params: &sonic_core::params::Params,
+) -> BTreeMap<(usize, usize), Duration> {
+    let start = |i: usize| {
+        let name = &dag.functions[i].name;
+        plan.timing
+            .iter()
+            .find(|t| &t.function == name)
+            .map(|t| t.start_s)
+    };
+    let mut out = BTreeMap::new();
+    for e in &dag.edges {
+        let (Some(from), Some(to)) = (start(e.from), start(e.to)) else {
+            continue;
+        };
+        let cold_start = params
+            .functions
+            .get(&dag.functions[e.to].name)
+            .map_or(0.0, |f| f.start_s);
+        out.insert((e.from, e.to), timed_delay(to - from, cold_start));
+    }
+    out
+}
 
 /// One prewarm call to make: to which of the job's agents (index into `StageContext::agents`),
 /// with what body.
@@ -142,9 +199,16 @@ pub fn targets(
     out
 }
 
-/// The hook of the executor (`scheduler::run`, where a stage starts): when prewarming is on,
-/// sends the prewarm calls for the stages reading from stage `i` in the background.
-pub fn next_stages(rt: &Runtime, ctx: &StageContext<'_>, i: usize, alloc: Option<&Allocation>) {
+/// The hook of the executor (where a stage starts): when prewarming is on, sends the prewarm
+/// calls for the stages reading from stage `i` in the background, each receiver's after its
+/// `delays` entry (timed prewarm; absent: at once).
+pub fn next_stages(
+    rt: &Runtime,
+    ctx: &StageContext<'_>,
+    i: usize,
+    alloc: Option<&Allocation>,
+    delays: &BTreeMap<(usize, usize), Duration>,
+) {
     if !rt.config.prewarm {
         return;
     }
@@ -152,23 +216,40 @@ pub fn next_stages(rt: &Runtime, ctx: &StageContext<'_>, i: usize, alloc: Option
         let slot = ctx.agents.get(agent)?;
         Some(rt.catalog.as_ref()?.vm_type(&slot.vm_type)?.vcpus)
     };
-    let calls: Vec<(String, String, PrewarmRequest)> = targets(ctx, i, alloc, vcpus)
+    let keys: BTreeMap<String, usize> = ctx
+        .dag
+        .outgoing(i)
+        .map(|e| (function_key(ctx.dag, e.to), e.to))
+        .collect();
+    let mut calls: Vec<(Duration, String, String, PrewarmRequest)> = targets(ctx, i, alloc, vcpus)
         .into_iter()
         .filter_map(|t| {
             let agent = ctx.agents.get(t.agent)?;
-            Some((agent.id.clone(), agent.url.clone(), t.request))
+            let delay = keys
+                .get(&t.request.function_key)
+                .and_then(|j| delays.get(&(i, *j)))
+                .copied()
+                .unwrap_or(Duration::ZERO);
+            Some((delay, agent.id.clone(), agent.url.clone(), t.request))
         })
         .collect();
     if calls.is_empty() {
         return;
     }
+    calls.sort_by_key(|c| c.0);
     let http = rt.http().clone();
     let token = rt.config.agent_token.clone();
     let job = ctx.job_id.to_owned();
     tokio::spawn(async move {
-        let sent = calls
-            .iter()
-            .map(|(agent, url, body)| send(&http, &token, &job, agent, url, body));
+        let sent = calls.iter().map(|(delay, agent, url, body)| {
+            let (http, token, job) = (&http, &token, &job);
+            async move {
+                if !delay.is_zero() {
+                    tokio::time::sleep(*delay).await;
+                }
+                send(http, token, job, agent, url, body).await
+            }
+        });
         futures::future::join_all(sent).await;
     });
 }
@@ -324,5 +405,67 @@ edges:
         let none = BTreeMap::new();
         ctx.handlers = &none;
         assert!(targets(&ctx, 0, None, |_| Some(2)).is_empty());
+    }
+
+    /// Timed prewarm: sent the predicted gap less two cold starts and a slack after the sender
+    /// starts, never before it; pairs come from the plan's timing and the receivers' cold starts.
+    #[test]
+    fn a_receivers_prewarm_waits_until_its_containers_must_start() {
+        assert_eq!(timed_delay(3.0, 0.5), Duration::from_secs_f64(1.75));
+        assert_eq!(timed_delay(1.0, 0.5), Duration::ZERO);
+        assert_eq!(timed_delay(f64::NAN, 0.5), Duration::ZERO);
+        assert_eq!(timed_delay(2.0, -1.0), Duration::from_secs_f64(1.75));
+        let setup = Setup::new(DAG, &["a-1"]);
+        let timing = |f: &str, start_s: f64| sonic_core::planner::StageTiming {
+            function: f.into(),
+            ready_s: 0.0,
+            start_s,
+            upload_s: 0.0,
+            wait_s: 0.0,
+            overhead_s: 0.0,
+            fetch_s: 0.0,
+            compute_s: 0.0,
+            end_s: 0.0,
+            batches: 1,
+        };
+        let plan = sonic_core::planner::Plan {
+            stages: Vec::new(),
+            edges: Vec::new(),
+            predicted: sonic_core::planner::Predicted {
+                latency_s: 10.0,
+                cost_usd: 1.0,
+                perf_per_dollar: 0.1,
+                requests_usd: 0.0,
+                latency_quantiles_s: None,
+            },
+            timing: vec![timing("gen", 0.0), timing("mid", 4.0), timing("sink", 4.5)],
+        };
+        let mut params = sonic_core::params::Params::default();
+        for (name, start_s) in [("gen", 0.3), ("mid", 1.0), ("sink", 0.2)] {
+            params.functions.insert(
+                name.into(),
+                sonic_core::params::FunctionParams {
+                    memory_mb: 100.0,
+                    cold_s: 1.0,
+                    hot_s: 0.5,
+                    instances: 1,
+                    overhead_s: 0.0,
+                    start_s,
+                    cold_dist: None,
+                    hot_dist: None,
+                },
+            );
+        }
+        let d = timed_delays(&setup.dag, &plan, &params);
+        // gen -> mid: 4 s predicted, mid starts its containers in 1 s: sent 1.75 s after gen.
+        assert_eq!(d.get(&(0, 1)), Some(&Duration::from_secs_f64(1.75)));
+        // mid -> sink: 0.5 s apart, sink's cold start 0.2 s: at once.
+        assert_eq!(d.get(&(1, 2)), Some(&Duration::ZERO));
+        // A plan without timing (recorded before it was kept): nothing timed.
+        let untimed = sonic_core::planner::Plan {
+            timing: Vec::new(),
+            ..plan
+        };
+        assert!(timed_delays(&setup.dag, &untimed, &params).is_empty());
     }
 }

@@ -2053,3 +2053,72 @@ async fn a_job_is_planned_for_its_percentile_slo_or_refused() {
         "{v}"
     );
 }
+
+/// Timed prewarm (issue 36, ORION §6.4.4): in a planned job whose first stage takes 1.5 s, the
+/// mids' containers are asked for when the plan needs them, not when gen starts; the job's plan
+/// notes say how long the prewarm waits and the idle container-seconds that saves, and the
+/// job's prewarm calls reach its agents (their prewarm counts grow, polled; which call started
+/// which container the counts do not tell).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_jobs_next_stage_is_prewarmed_when_the_plan_needs_it() {
+    let c = cluster_with(Convergence {
+        max_mape: 1000.0,
+        min_samples: 2,
+        ..Convergence::default()
+    })
+    .await;
+    c.apply(DAG).await;
+    let body = |n: usize| {
+        json!({
+            "dag": "fan",
+            "input": { "name": "data.bin", "base64": base64(&sized_input(n)) },
+            "params": { "gen.sleep_ms": 1500 },
+        })
+    };
+    let prewarmed = |c: &Cluster| -> u64 {
+        c.agents
+            .iter()
+            .filter_map(|a| a.state.sandbox.prewarm_stats())
+            .map(|s| s.started)
+            .sum()
+    };
+    let mut planned = None;
+    for n in [30_000, 90_000, 150_000, 210_000, 120_000] {
+        let before = prewarmed(&c);
+        let id = c.queue(body(n)).await;
+        let (v, s) = c.ended(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+        if s.mode == JobMode::Planned {
+            planned = Some((v, s, before));
+            break;
+        }
+    }
+    let (v, s, before) = planned.expect("the DAG plans within five jobs");
+    let notes = &s.plan.as_ref().expect("plan").notes;
+    let timed = notes
+        .iter()
+        .find(|n| n.starts_with("prewarm of mid sent "))
+        .unwrap_or_else(|| panic!("no timed prewarm of mid in the notes: {v}"));
+    assert!(
+        timed.contains("after gen starts, when the plan needs its containers")
+            && timed.contains("container-seconds not spent idle"),
+        "{timed}"
+    );
+    // The wait is the plan's gap less the lead: gen's predicted 1.5 s bounds it.
+    let waited: f64 = timed
+        .trim_start_matches("prewarm of mid sent ")
+        .split(' ')
+        .next()
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no wait in {timed}"));
+    assert!(waited > 0.0 && waited < 1.5 + 1.0, "{timed}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while prewarmed(&c) == before {
+        assert!(
+            Instant::now() < deadline,
+            "the timed prewarm never reached an agent"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.stop().await;
+}
