@@ -52,8 +52,10 @@ pub fn timed_delay(gap_s: f64, cold_start_s: f64) -> Duration {
 
 /// Per (sender, receiver) stage pair of `dag` (function indices), how long after the sender
 /// starts the receiver's prewarm is sent ([`timed_delay`]), from `plan`'s predicted timing and
-/// each receiver's predicted cold start (`params`). Pairs the plan does not time are absent (sent
-/// at once).
+/// what each receiver's containers take to become warm (`params`): its cold start, or its cold
+/// time less its hot time where that is longer (a handler's runtime imports its module when it
+/// is prewarmed, which its cold runs pay). Pairs the plan does not time are absent (sent at
+/// once).
 pub fn timed_delays(
     dag: &sonic_core::dag::Dag,
     plan: &sonic_core::planner::Plan,
@@ -74,7 +76,7 @@ pub fn timed_delays(
         let cold_start = params
             .functions
             .get(&dag.functions[e.to].name)
-            .map_or(0.0, |f| f.start_s);
+            .map_or(0.0, |f| f.start_s.max(f.cold_s - f.hot_s));
         out.insert((e.from, e.to), timed_delay(to - from, cold_start));
     }
     out
@@ -457,10 +459,22 @@ edges:
             );
         }
         let d = timed_delays(&setup.dag, &plan, &params);
-        // gen -> mid: 4 s predicted, mid starts its containers in 1 s: sent 1.75 s after gen.
+        // gen -> mid: 4 s predicted, mid starts its containers in 1 s (more than its cold
+        // time less its hot time, 0.5 s): sent 1.75 s after gen.
         assert_eq!(d.get(&(0, 1)), Some(&Duration::from_secs_f64(1.75)));
         // mid -> sink: 0.5 s apart, sink's cold start 0.2 s: at once.
         assert_eq!(d.get(&(1, 2)), Some(&Duration::ZERO));
+        // A sink whose cold runs pay 1.5 s more than its hot ones (an import), 4 s after mid:
+        // sent 4 - 2 x 1.5 - 0.25 = 0.75 s after mid.
+        let later = sonic_core::planner::Plan {
+            timing: vec![timing("gen", 0.0), timing("mid", 4.0), timing("sink", 8.0)],
+            ..plan.clone()
+        };
+        if let Some(f) = params.functions.get_mut("sink") {
+            f.cold_s = 2.0;
+        }
+        let d = timed_delays(&setup.dag, &later, &params);
+        assert_eq!(d.get(&(1, 2)), Some(&Duration::from_secs_f64(0.75)));
         // A plan without timing (recorded before it was kept): nothing timed.
         let untimed = sonic_core::planner::Plan {
             timing: Vec::new(),

@@ -102,6 +102,15 @@ async fn cluster_with(
     convergence: Convergence,
     output_quota_mb: u64,
 ) -> Cluster {
+    builder(sandbox, convergence, output_quota_mb).start().await
+}
+
+/// What [`cluster_with`] starts, before it starts (for a test that tunes it further).
+fn builder(
+    sandbox: SandboxChoice,
+    convergence: Convergence,
+    output_quota_mb: u64,
+) -> crate::support::Builder {
     Cluster::builder()
         .joined()
         .openlambda()
@@ -120,8 +129,6 @@ async fn cluster_with(
             jobs.planning.time = Some(Duration::from_secs(30));
         })
         .tune_agents(move |agent| agent.output_quota_mb = output_quota_mb)
-        .start()
-        .await
 }
 
 impl Cluster {
@@ -483,7 +490,19 @@ async fn a_handler_stage_runs_in_its_requirements_environment() {
 /// the runtime that then served the call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prewarmed_handler_stage_finds_its_runtime_started() {
-    let c = cluster(SandboxChoice::Process).await;
+    // Prewarmed at once when `first` starts (not timed to when the plan needs the runtime,
+    // which `jobs::a_planned_jobs_next_stage_is_prewarmed_when_the_plan_needs_it` covers): the
+    // import then happens well before the call, which is what this test tells apart from an
+    // import by the run.
+    let rule = Convergence {
+        max_mape: 1000.0,
+        min_samples: 3,
+        ..Convergence::default()
+    };
+    let c = builder(SandboxChoice::Process, rule, 2)
+        .tune(|jobs| jobs.prewarm_timed = false)
+        .start()
+        .await;
     c.upload(
         "py-slow",
         &[(
