@@ -128,11 +128,14 @@ impl<'a> Execution<'a> {
             state.db.run(|db| db.list_agents())
         );
         let agents = agents.map_err(|e| format!("database: {e}"))?;
-        let dag = parsed
+        let mut dag = parsed
             .map_err(|e| format!("database: {e}"))?
             .ok_or_else(|| format!("dag {} no longer exists", job.dag))?
             .dag
             .clone();
+        // Planned (and re-planned under the pool's limits) for the job's own objective, not
+        // only its DAG's.
+        dag.slo = job.slo;
         let mut agents: Vec<AgentSlot> = agents
             .into_iter()
             .filter(|a| a.alive(now, timeout) && !lost.contains(&a.id))
