@@ -337,6 +337,7 @@ pub async fn plan_dag(
     name: String,
     input_bytes: u64,
     policy: Policy,
+    objective: Objective,
 ) -> Result<Planned, AdmitError> {
     if policy == Policy::Oracle {
         return Err(AdmitError::Invalid(
@@ -355,7 +356,10 @@ pub async fn plan_dag(
             let Some(parsed) = db.load_dag(&lookup)? else {
                 return Ok(None);
             };
-            let dag = &parsed.dag;
+            let dag = &sonic_core::dag::Dag {
+                slo: objective.of(parsed.dag.slo),
+                ..parsed.dag.clone()
+            };
             // The code digest of each handler stage, read from the registry (nothing is
             // stored), so that their warm containers count as a job's would.
             if let Some(rt) = &warm.jobs {
@@ -385,6 +389,25 @@ pub async fn plan_dag(
         .await?
         .ok_or_else(|| AdmitError::NotFound(format!("no dag named {name}")))??;
     Ok(planned)
+}
+
+/// A request's percentile objective: its own (`slo`), else its DAG's; best effort if either
+/// says so.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Objective {
+    /// The request's own objective.
+    pub slo: Option<sonic_core::slo::Slo>,
+    /// Run (or plan) the lowest percentile latency where no plan meets the objective.
+    pub best_effort: bool,
+}
+
+impl Objective {
+    /// The objective that applies, given the DAG's own.
+    pub fn of(&self, dag: Option<sonic_core::slo::Slo>) -> Option<sonic_core::slo::Slo> {
+        self.slo
+            .or(dag)
+            .map(|s| s.best_effort(s.best_effort || self.best_effort))
+    }
 }
 
 fn plan_error(e: PlanFailure) -> AdmitError {
@@ -453,10 +476,11 @@ pub async fn submit_keyed(
     .await?
     .ok_or_else(|| AdmitError::NotFound(format!("no dag named {dag_name}")))?;
     // The job's percentile objective: its own, else its DAG's; best effort if either says so.
-    let slo = req
-        .slo
-        .or(parsed.dag.slo)
-        .map(|s| s.best_effort(s.best_effort || req.slo_best_effort));
+    let slo = Objective {
+        slo: req.slo,
+        best_effort: req.slo_best_effort,
+    }
+    .of(parsed.dag.slo);
     let with_slo;
     let dag = if slo == parsed.dag.slo {
         &parsed.dag

@@ -1136,6 +1136,12 @@ struct PlanQuery {
     /// The policy to plan with.
     #[param(schema_with = crate::http::openapi::plan_policies)]
     policy: Option<String>,
+    /// A percentile objective, `p<percentile>=<duration>` (e.g. `p95=20s`), overriding the DAG's
+    /// `slo:`: the plan a job submitted with it would get.
+    slo: Option<String>,
+    /// Where no plan meets the objective, the plan with the lowest percentile latency instead of
+    /// a 422.
+    slo_best_effort: Option<bool>,
 }
 
 /// The plan for a job of a given input size, from the fitted models and the measured bandwidths
@@ -1173,7 +1179,17 @@ async fn dag_plan(
         .unwrap_or("sonic")
         .parse()
         .map_err(ApiError::BadRequest)?;
-    let planned = admission::plan_dag(&state, name, input_bytes, policy).await?;
+    let slo = q
+        .slo
+        .as_deref()
+        .map(|s| s.parse::<sonic_core::slo::Slo>())
+        .transpose()
+        .map_err(|e| ApiError::BadRequest(format!("slo: {e}")))?;
+    let objective = admission::Objective {
+        slo,
+        best_effort: q.slo_best_effort.unwrap_or(false),
+    };
+    let planned = admission::plan_dag(&state, name, input_bytes, policy, objective).await?;
     Ok(Json(planned.report))
 }
 

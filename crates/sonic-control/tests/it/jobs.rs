@@ -1953,6 +1953,29 @@ async fn a_job_is_planned_for_its_percentile_slo_or_refused() {
         );
         assert!(v.get("slo").is_none(), "{v}");
     }
+    // The plan route answers what a job with an objective would get.
+    let plan = |q: &str| {
+        let path = format!("/v1/dags/fan/plan?input_bytes=120000&{q}");
+        let c = &c;
+        async move { c.get_json_status(&path).await }
+    };
+    let (status, answer) = plan("slo=p95%3D1ms").await;
+    assert_eq!(status, 422, "{answer}");
+    assert!(
+        answer.to_string().contains("no plan meets the SLO p95"),
+        "{answer}"
+    );
+    let (status, answer) = plan("slo=p95%3D1ms&slo_best_effort=true").await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["slo"]["met"], false, "{answer}");
+    let (status, answer) = plan("slo=p95%3D1h").await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["slo"]["met"], true, "{answer}");
+    assert_eq!(answer["slo"]["latency_s"], 3600.0, "{answer}");
+    let (status, answer) = plan("slo=p20%3D1s").await;
+    assert_eq!(status, 400, "{answer}");
+    let (status, answer) = plan("slo=soon").await;
+    assert_eq!(status, 400, "{answer}");
     // Out of reach: refused before it runs, naming the best p95 there is.
     let tight = json!({ "slo": { "percentile": 95, "latency_s": 0.000_001 } });
     let r = c.post_job(body(120_000, tight.clone())).await;
