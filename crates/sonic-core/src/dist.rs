@@ -283,6 +283,17 @@ impl Dist {
     }
 }
 
+/// The `q` quantile of `sorted` (ascending) values by nearest rank: the smallest value with at
+/// least a `q` share of the values at or below it. `None` for none.
+pub fn nearest_rank(sorted: &[f64], q: f64) -> Option<f64> {
+    let n = sorted.len();
+    if n == 0 {
+        return None;
+    }
+    let rank = (q * n as f64).ceil().clamp(1.0, n as f64) as usize;
+    Some(sorted[rank - 1])
+}
+
 /// [`ATOMS`] atoms from sorted values of equal weight: each the mean of its slice.
 fn recut(sorted: &[f64]) -> Vec<f64> {
     let w = 1.0 / sorted.len() as f64;

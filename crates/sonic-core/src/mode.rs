@@ -175,15 +175,11 @@ pub fn checks(
 /// `x` with probability `F(x)^n`). `None` for an empty shape.
 fn slowest_of(shape: &[f64], n: usize) -> Option<f64> {
     let mut sorted: Vec<f64> = shape.iter().copied().filter(|r| r.is_finite()).collect();
-    if sorted.is_empty() || n == 0 {
+    if n == 0 {
         return None;
     }
     sorted.sort_by(f64::total_cmp);
-    let p = 0.5f64.powf(1.0 / n as f64);
-    let rank = (p * sorted.len() as f64)
-        .ceil()
-        .clamp(1.0, sorted.len() as f64) as usize;
-    Some(sorted[rank - 1])
+    crate::dist::nearest_rank(&sorted, 0.5f64.powf(1.0 / n as f64))
 }
 
 /// A parameter off its prediction in consecutive planned jobs.

@@ -626,17 +626,7 @@ pub fn plan_for_slo(
     } else {
         None
     };
-    let stopped = match (cut_best, meter.stopped()) {
-        (Some(limit), _) => Some(Stopped {
-            limit,
-            search: StoppedSearch::Best,
-        }),
-        (None, Some(limit)) => Some(Stopped {
-            limit,
-            search: StoppedSearch::SecondBest,
-        }),
-        (None, None) => None,
-    };
+    let stopped = stopped_search(cut_best, meter.stopped());
     Ok(PlanOutcome {
         best,
         second_best,
@@ -841,17 +831,7 @@ fn plan_exact(pb: &PlanProblem, meter: &Meter<'_>) -> Result<PlanOutcome, PlanEr
     } else {
         None
     };
-    let stopped = match (cut_best, meter.stopped()) {
-        (Some(limit), _) => Some(Stopped {
-            limit,
-            search: StoppedSearch::Best,
-        }),
-        (None, Some(limit)) => Some(Stopped {
-            limit,
-            search: StoppedSearch::SecondBest,
-        }),
-        (None, None) => None,
-    };
+    let stopped = stopped_search(cut_best, meter.stopped());
     let table = explain::table(pb, &best, &pred, Some(&stats), cut_best.is_some());
     Ok(PlanOutcome {
         best: Plan::new(pb, &best, &pred),
@@ -861,6 +841,22 @@ fn plan_exact(pb: &PlanProblem, meter: &Meter<'_>) -> Result<PlanOutcome, PlanEr
         stopped,
         slo: None,
     })
+}
+
+/// Which search a limit stopped: the best plan's (`cut_best`, the limit passed when it ended),
+/// else the second best's (`now`, passed since).
+fn stopped_search(cut_best: Option<Limit>, now: Option<Limit>) -> Option<Stopped> {
+    match (cut_best, now) {
+        (Some(limit), _) => Some(Stopped {
+            limit,
+            search: StoppedSearch::Best,
+        }),
+        (None, Some(limit)) => Some(Stopped {
+            limit,
+            search: StoppedSearch::SecondBest,
+        }),
+        (None, None) => None,
+    }
 }
 
 fn meets(b: &Bounds, latency: f64, cost: f64) -> bool {

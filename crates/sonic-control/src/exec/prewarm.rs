@@ -86,6 +86,8 @@ pub fn timed_delays(
 /// with what body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Target {
+    /// The receiving stage (function index) it prewarms.
+    pub stage: usize,
     /// Index into the job's agents.
     pub agent: usize,
     /// What to ask that agent for.
@@ -183,6 +185,7 @@ pub fn targets(
                 continue;
             }
             out.push(Target {
+                stage: j,
                 agent,
                 request: PrewarmRequest {
                     function_key: function_key(ctx.dag, j),
@@ -218,20 +221,11 @@ pub fn next_stages(
         let slot = ctx.agents.get(agent)?;
         Some(rt.catalog.as_ref()?.vm_type(&slot.vm_type)?.vcpus)
     };
-    let keys: BTreeMap<String, usize> = ctx
-        .dag
-        .outgoing(i)
-        .map(|e| (function_key(ctx.dag, e.to), e.to))
-        .collect();
     let mut calls: Vec<(Duration, String, String, PrewarmRequest)> = targets(ctx, i, alloc, vcpus)
         .into_iter()
         .filter_map(|t| {
             let agent = ctx.agents.get(t.agent)?;
-            let delay = keys
-                .get(&t.request.function_key)
-                .and_then(|j| delays.get(&(i, *j)))
-                .copied()
-                .unwrap_or(Duration::ZERO);
+            let delay = delays.get(&(i, t.stage)).copied().unwrap_or(Duration::ZERO);
             Some((delay, agent.id.clone(), agent.url.clone(), t.request))
         })
         .collect();

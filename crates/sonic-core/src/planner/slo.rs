@@ -182,8 +182,7 @@ impl<'a> Search<'a> {
     /// Whether a plan of this p-latency, mean latency and cost would be better than the best
     /// so far (the problem's bounds on the means hold too).
     fn better(&self, q: f64, mean_s: f64, cost: f64) -> bool {
-        let b = self.pb.bounds();
-        if b.max_latency_s.is_some_and(|x| mean_s > x) || b.max_cost_usd.is_some_and(|x| cost > x) {
+        if !super::meets(&self.pb.bounds(), mean_s, cost) {
             return false;
         }
         match self.goal {
@@ -200,8 +199,7 @@ impl<'a> Search<'a> {
     /// Whether a prefix whose plans cost at least `cost`, whose p-latency is at least `q` and
     /// whose mean latency at least `mean_s` can still hold a better plan.
     fn promising(&self, q: f64, mean_s: f64, cost: f64) -> bool {
-        let b = self.pb.bounds();
-        if b.max_latency_s.is_some_and(|x| mean_s > x) || b.max_cost_usd.is_some_and(|x| cost > x) {
+        if !super::meets(&self.pb.bounds(), mean_s, cost) {
             return false;
         }
         match self.goal {

@@ -15,6 +15,7 @@ use sonic_api::control::{
 };
 use sonic_api::plan::Baseline;
 use sonic_core::dag::{Dag, Instances};
+use sonic_core::dist::nearest_rank;
 use sonic_core::planner::{Policy, Predicted};
 use sonic_core::regression::Model;
 
@@ -236,16 +237,6 @@ const JOB_HEADERS: [&str; 10] = [
     "Cost ",
     "Perf/$ ",
 ];
-
-/// The `q` quantile of sorted `values` by nearest rank (`None` for none).
-fn nearest_rank(sorted: &[f64], q: f64) -> Option<f64> {
-    let n = sorted.len();
-    if n == 0 {
-        return None;
-    }
-    let rank = (q * n as f64).ceil().clamp(1.0, n as f64) as usize;
-    Some(sorted[rank - 1])
-}
 
 /// The DAG page's "predicted against measured" section (issue 36): for its planned jobs that
 /// succeeded, newest first, what each plan predicted (the mean, and the p50 and p95 of its
