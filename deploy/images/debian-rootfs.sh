@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A minimal Debian root filesystem (bash, coreutils, findutils, python3, CA certificates) as a
+# A minimal Debian root filesystem (bash, coreutils, findutils, python3, CA certificates, iproute2) as a
 # tarball, made once with debootstrap and cached under .ci-data/images/ (gitignored). Prints the
 # tarball's path on stdout.
 #
@@ -13,7 +13,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SUITE="${SONIC_DEBIAN_SUITE:-bookworm}"
-INCLUDE="python3,ca-certificates"
+INCLUDE="python3,ca-certificates,iproute2"
 CACHE="$ROOT/.ci-data/images"
 TARBALL="$CACHE/debian-$SUITE-minbase-$(tr ',' '-' <<<"$INCLUDE").tar"
 FORCE=0

@@ -1079,6 +1079,195 @@ fn every_policy_across_agents_over_tls(c: &Cluster) {
     }
 }
 
+/// A tc rate as tc prints it (`107140Kbit`, `20Mbit`, `1Gbit`, `800bit`), in kilobits per second.
+fn tc_kbit(rate: &str) -> Option<f64> {
+    let unit_at = rate.find(|ch: char| ch.is_ascii_alphabetic())?;
+    let (num, unit) = rate.split_at(unit_at);
+    let n: f64 = num.parse().ok()?;
+    let k = match unit {
+        "bit" => 1e-3,
+        "Kbit" => 1.0,
+        "Mbit" => 1e3,
+        "Gbit" => 1e6,
+        _ => return None,
+    };
+    Some(n * k)
+}
+
+/// One htb class of `tc -s class show`: its id, its ceil (kbit/s) and the bytes it has sent.
+fn tc_classes(text: &str) -> Vec<(String, f64, u64)> {
+    let mut out = Vec::new();
+    for block in text.split("class htb ").skip(1) {
+        let words: Vec<&str> = block.split_whitespace().collect();
+        let after = |key: &str| {
+            words
+                .iter()
+                .position(|w| *w == key)
+                .and_then(|i| words.get(i + 1))
+        };
+        let ceil = after("ceil").and_then(|r| tc_kbit(r)).unwrap_or(f64::NAN);
+        let sent = after("Sent").and_then(|b| b.parse().ok()).unwrap_or(0);
+        out.push((words[0].to_owned(), ceil, sent));
+    }
+    out
+}
+
+/// Every agent's link is shaped by the kernel, not by the agent: `sonic-link` put an htb tree
+/// at its VM type's rate (the label cluster.sh gave it) on the container's egress and, through
+/// ifb0, on its ingress; a job's transfers went through those classes (their byte counters grew
+/// by at least the bytes the job moved between agents); the agent process itself cannot change
+/// them (no CAP_NET_ADMIN in its bounding set) and declares the rate without limiting its own
+/// streams. Then `deploy/measure-store.sh` measures the store through agent-3's link and writes a
+/// catalog whose remote_storage figures are the measured ones.
+fn links_are_shaped_by_the_kernel(c: &Cluster) {
+    c.restore();
+    let hosts = c.agent_hosts();
+    let sent = |name: &str, dev: &str| -> Vec<(String, f64, u64)> {
+        tc_classes(&docker_ok(&[
+            "exec", name, "tc", "-s", "class", "show", "dev", dev,
+        ]))
+    };
+    let total = |classes: &[(String, f64, u64)]| -> u64 {
+        classes
+            .iter()
+            .filter(|(id, _, _)| id == "1:1")
+            .map(|(_, _, b)| *b)
+            .sum()
+    };
+    let mut before = BTreeMap::new();
+    for h in &hosts {
+        let label = docker_ok(&[
+            "inspect",
+            "-f",
+            "{{index .Config.Labels \"sonic.network_mbps\"}}",
+            &h.name,
+        ]);
+        let mbps: f64 = label
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{}: label {label:?}", h.name));
+        for dev in ["eth0", "ifb0"] {
+            let classes = sent(&h.name, dev);
+            let root = classes.iter().find(|(id, _, _)| id == "1:1");
+            let Some((_, ceil, _)) = root else {
+                panic!("{} {dev}: no htb root class: {classes:?}", h.name)
+            };
+            assert!(
+                (ceil - mbps * 1000.0).abs() <= 1.0,
+                "{} {dev}: the root class is {ceil} kbit/s, the VM's link {mbps} Mbit/s",
+                h.name
+            );
+            assert!(
+                classes.iter().any(|(id, _, _)| id == "1:10")
+                    && classes.iter().any(|(id, _, _)| id == "1:20"),
+                "{} {dev}: the store's class and the rest's: {classes:?}",
+                h.name
+            );
+            before.insert((h.name.clone(), dev), total(&classes));
+        }
+        // The agent process: no CAP_NET_ADMIN (bit 12) in its bounding set.
+        let status = docker_ok(&[
+            "exec",
+            &h.name,
+            "sh",
+            "-c",
+            "for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = sonic-agent ] && grep CapBnd $p/status; done; true",
+        ]);
+        let bnd = status
+            .split_whitespace()
+            .nth(1)
+            .and_then(|x| u64::from_str_radix(x, 16).ok())
+            .unwrap_or_else(|| panic!("{}: no sonic-agent process: {status:?}", h.name));
+        assert_eq!(
+            bnd & (1 << 12),
+            0,
+            "{}: the agent could change its link (CapBnd {bnd:x})",
+            h.name
+        );
+        let env = docker_ok(&[
+            "inspect",
+            "-f",
+            "{{range .Config.Env}}{{println .}}{{end}}",
+            &h.name,
+        ]);
+        assert!(
+            env.lines().any(|l| l == "SONIC_AGENT_LIMIT_NETWORK=false"),
+            "{}: {env}",
+            h.name
+        );
+    }
+
+    // A direct job's bytes cross the shaped links: the counters of the sender's egress and of
+    // the receiver's ingress grow by at least what the job passed between agents.
+    let bytes = format!("output_bytes={}", 4_000_000);
+    let summary = c.run_ok("pipe", None, &[&bytes], "direct");
+    let from = agents_of(&summary, Some("a"));
+    let to = agents_of(&summary, Some("b"));
+    assert_eq!(edge(&summary, "a", "b")["method"], "direct", "{summary}");
+    let (from, to) = (from.first().unwrap().clone(), to.first().unwrap().clone());
+    assert_ne!(from, to, "{summary}");
+    for (name, dev) in [(from.as_str(), "eth0"), (to.as_str(), "ifb0")] {
+        let grew = total(&sent(name, dev)) - before[&(name.to_owned(), dev)];
+        assert!(
+            grew >= 4_000_000,
+            "{name} {dev}: {grew} bytes through the shaped class, less than the 4 MB the job passed"
+        );
+    }
+
+    // The store, measured through agent-3's link, into a catalog.
+    let out = c.tmp.join("catalog-measured.yaml");
+    let r = ran(Command::new("bash")
+        .arg(c.root.join("deploy/measure-store.sh"))
+        .args(["--agent", "sonic-agent-3", "--out"])
+        .arg(&out)
+        .args([
+            "--small-requests",
+            "5",
+            "--large-objects",
+            "1",
+            "--large-mb",
+            "2",
+        ])
+        .args(["--rate-requests", "50", "--rate-concurrency", "8"]));
+    assert_eq!(r.code, 0, "measure-store.sh failed: {}", r.stderr);
+    assert_eq!(r.stdout.trim(), out.display().to_string(), "{}", r.stderr);
+    let raw: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{}.json", out.display())).unwrap())
+            .unwrap();
+    let catalog = std::fs::read_to_string(&out).unwrap();
+    // The request rate is written only when the store, not the probe's concurrency, bounded
+    // it; otherwise the catalog keeps its own (3500).
+    let mut keys = vec!["request_latency_ms", "write_mbps", "read_mbps"];
+    if raw["measured"]["rate_bound_by_concurrency"] == false {
+        keys.push("requests_per_s");
+    } else {
+        assert!(raw["written"]["requests_per_s"].is_null(), "{raw}");
+        assert!(
+            catalog.lines().any(|l| l.trim() == "requests_per_s: 3500"),
+            "{catalog}"
+        );
+    }
+    for key in keys {
+        let v = raw["written"][key].as_f64().unwrap_or(f64::NAN);
+        assert!(v.is_finite() && v > 0.0, "{key}: {raw}");
+        let written = catalog
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix(&format!("{key}:")))
+            .filter_map(|x| x.trim().parse::<f64>().ok())
+            .collect::<Vec<_>>();
+        assert_eq!(written, [v], "{key}: {v} once in the catalog:\n{catalog}");
+    }
+    // Undilated: what was measured is what was written.
+    assert_eq!(raw["dilation"], 1.0, "{raw}");
+    assert_eq!(
+        raw["written"]["write_mbps"].as_f64().unwrap(),
+        (raw["measured"]["write_mbps"].as_f64().unwrap() * 10.0).round() / 10.0,
+        "{raw}"
+    );
+    // The measured catalog is one the control plane's catalog parser takes.
+    sonic_core::catalog::Catalog::from_yaml(&catalog).unwrap_or_else(|e| panic!("{e}: {catalog}"));
+}
+
 /// Every control-plane route that `GET /v1/openapi.json` says needs a token (its own `security`
 /// or the document's, not empty) answers 401 to a request with no token, with a wrong token and
 /// with the token in another scheme, on real path values (a DAG and a job that exist); the
@@ -1288,6 +1477,9 @@ fn an_agent_with_a_wrong_join_token_is_refused(c: &Cluster) {
         "sonic",
         "--label",
         "sonic.cluster=1",
+        // As cluster.sh starts agents: sonic-link shapes the link, then drops the capability.
+        "--cap-add",
+        "NET_ADMIN",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -1872,6 +2064,11 @@ const TESTS: &[Test] = &[
     (
         "every_policy_across_agents_over_tls",
         every_policy_across_agents_over_tls,
+    ),
+    // Before the fault tests: a network cut replaces an agent's interface, and its shaping.
+    (
+        "links_are_shaped_by_the_kernel",
+        links_are_shaped_by_the_kernel,
     ),
     (
         "control_plane_routes_refuse_without_the_token",

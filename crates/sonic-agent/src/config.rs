@@ -53,9 +53,14 @@ pub struct AgentConfig {
     pub vm_type: String,
     pub vcpus: u32,
     pub memory_mb: u64,
-    /// The VM type's network bandwidth in megabits per second; egress and ingress are limited to it.
-    /// `None` leaves the network unlimited.
+    /// The VM type's network bandwidth in megabits per second, declared to the control plane;
+    /// with `limit_network`, egress and ingress are limited to it. `None` leaves the network
+    /// unlimited.
     pub network_mbps: Option<f64>,
+    /// Whether the agent limits its own streams to `network_mbps` (default). `false`: it only
+    /// declares the rate, because something outside the agent limits the VM's network (a real
+    /// VM's NIC, or deploy/cluster.sh's links shaped by Linux traffic control).
+    pub limit_network: bool,
     /// The control plane to register with and send heartbeats to; `None` runs standalone.
     pub control_url: Option<String>,
     /// Bearer token the control plane presents on every call (and the agent on registration).
@@ -105,6 +110,7 @@ impl Default for AgentConfig {
             vcpus: 2,
             memory_mb: 8192,
             network_mbps: None,
+            limit_network: true,
             control_url: None,
             token: String::new(),
             file_key: String::new(),
@@ -149,6 +155,10 @@ pub struct AgentArgs {
     pub memory_mb: Option<u64>,
     #[arg(long, env = "SONIC_AGENT_NETWORK_MBPS")]
     pub network_mbps: Option<f64>,
+    /// false: declare network_mbps without limiting the agent's streams to it (the network is
+    /// limited outside the agent, e.g. by traffic control).
+    #[arg(long, env = "SONIC_AGENT_LIMIT_NETWORK")]
+    pub limit_network: Option<bool>,
     #[arg(long, env = "SONIC_CONTROL_URL")]
     pub control_url: Option<String>,
     #[arg(long, env = "SONIC_AGENT_TOKEN", hide_env_values = true)]
@@ -219,6 +229,7 @@ impl AgentConfig {
             .set("vcpus", a.vcpus)
             .set("memory_mb", a.memory_mb)
             .set("network_mbps", a.network_mbps)
+            .set("limit_network", a.limit_network)
             .set("control_url", a.control_url.as_ref())
             .set("token", a.token.as_ref())
             .set("file_key", a.file_key.as_ref())
@@ -344,6 +355,21 @@ mod tests {
             ..AgentArgs::default()
         };
         let cfg = AgentConfig::load(&args).expect("load");
+        assert!(
+            cfg.limit_network,
+            "an agent limits its own streams unless told not to"
+        );
+        let unlimited = AgentConfig::load(&AgentArgs {
+            limit_network: Some(false),
+            ..args.clone()
+        })
+        .expect("load");
+        assert!(!unlimited.limit_network);
+        assert_eq!(
+            unlimited.network_mbps,
+            Some(1250.0),
+            "the rate is still declared"
+        );
         assert_eq!(cfg.id, "a-7");
         assert_eq!(cfg.warm_idle_s, 300);
         assert_eq!(cfg.vm_type, "m5.2xlarge");

@@ -4,6 +4,7 @@ pub mod config;
 pub mod files;
 pub mod fileserver;
 pub mod metrics;
+pub mod probe;
 pub mod register;
 pub mod runner;
 pub mod sandbox;
@@ -103,7 +104,12 @@ pub async fn start_from_config(
     mut config: AgentConfig,
 ) -> Result<server::RunningAgent, StartError> {
     let sandbox = make_sandbox(&config).await?;
-    let throttle = throttle::AgentThrottle::from_mbps(config.network_mbps);
+    // The agent's own limiters stand for the VM's network unless something outside limits it.
+    let throttle = if config.limit_network {
+        throttle::AgentThrottle::from_mbps(config.network_mbps)
+    } else {
+        throttle::AgentThrottle::unlimited()
+    };
     let tls = server::load_tls(&config).await?;
     let listener = server::bind(&mut config).await?;
     if config.joins() {

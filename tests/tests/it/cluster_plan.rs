@@ -1,7 +1,9 @@
 //! `deploy/cluster.sh up --dry-run` (interfaces.md §4): the arguments it takes or refuses, and
 //! what each agent container would get, scaled or time-dilated (`--dilation D`: CPU quota vCPUs /
-//! D, network rate / D, memory unchanged, the store D times slower; `auto` leaves a core outside
-//! the agents' quotas), without Docker: no container starts. Needs bash and python3 (as cluster.sh does).
+//! D, network rate / D, memory unchanged, the store's share of the link D times slower and a delay
+//! line of the catalog's latency x D in front of it; `auto` leaves a core outside the agents'
+//! quotas), without Docker: no container starts; and the delay line itself. Needs bash and
+//! python3 (as cluster.sh does).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -91,10 +93,14 @@ fn dilation_divides_cpu_network_and_store_and_keeps_memory() {
         assert!(close(period, 10_000.0), "{a}");
         assert!(close(quota, a["cpus"].as_f64().unwrap() * 10_000.0), "{a}");
     }
-    // The catalog's store (25 ms, 600/400 Mbit/s) four times slower, for every agent.
+    // The catalog's store (600/400 Mbit/s for one VM) four times slower, for every agent, on
+    // links the kernel shapes; its latency is the store's own (nothing adds 25 ms x 4).
+    assert_eq!(p["links"], "kernel", "{p}");
     for a in p["agents"].as_array().unwrap() {
         let s = &a["store"];
-        assert!(close(&s["request_latency_ms"], 100.0), "{s}");
+        assert!(s["request_latency_ms"].is_null(), "{s}");
+        // The catalog's 25 ms, dilated, is a delay line's: a plain delay in front of the store.
+        assert!(close(&a["store_delay_ms"], 100.0), "{a}");
         assert!(
             close(&s["write_mbps"], 150.0) && close(&s["read_mbps"], 100.0),
             "{s}"
@@ -144,6 +150,15 @@ fn without_dilation_the_scale_is_as_before() {
     // Memory scales with --scale (not with --dilation); the store is left as it is.
     assert_eq!(got[0].2, 1024);
     assert!(p["agents"][0]["store"].is_null());
+    assert!(
+        close(&p["agents"][0]["store_delay_ms"], 0.0),
+        "no delay line: {p}"
+    );
+    let p = plan(&["--agents", "2", "--store-delay-ms", "10"]);
+    assert!(close(&p["agents"][1]["store_delay_ms"], 10.0), "{p}");
+    let (code, _, err) = dry_run(&["--store-delay-ms", "-3"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--store-delay-ms"), "{err}");
     assert!(p["agents"][0]["cpu_period_us"].is_null(), "{p}");
     let p = plan(&["--agents", "5", "--scale", "0.5"]);
     assert_eq!(agents(&p)[4].0, "m5.large");
@@ -238,4 +253,92 @@ fn the_breakdown_tells_dilated_parts_from_fixed_ones() {
             && stdout.contains(" emul=1.00"),
         "{stdout}"
     );
+}
+
+/// The testbed's delay line (`deploy/images/sonic-delay.py`, started by sonic-link in front of
+/// the store): bytes pass through it unchanged both ways, and a reply to what a client sent
+/// comes no sooner than the delay after it was sent (a lower bound, which cannot flake: the line
+/// holds every byte at least that long). Then it closes the client's side when the server closes.
+#[test]
+fn the_delay_line_holds_what_clients_send_and_passes_it_whole() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    // An echo server.
+    let server = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server_port = server.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = server.accept() {
+            let mut buf = [0u8; 65536];
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 || s.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut line = Command::new("python3")
+        .arg(root().join("deploy/images/sonic-delay.py"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--to", &format!("127.0.0.1:{server_port}")])
+        .args(["--delay-ms", "300"])
+        .spawn()
+        .expect("python3 runs sonic-delay.py");
+    let mut client = None;
+    for _ in 0..100 {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => {
+                client = Some(s);
+                break;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+    let mut client = client.expect("the delay line listens");
+    client
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let sent = Instant::now();
+    client.write_all(&data).unwrap();
+    client.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    let mut first = None;
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = client.read(&mut buf).expect("the echo comes back");
+        if n == 0 {
+            break;
+        }
+        first.get_or_insert_with(Instant::now);
+        back.extend_from_slice(&buf[..n]);
+    }
+    let _ = line.kill();
+    let _ = line.wait();
+    assert!(back == data, "{} bytes back of {}", back.len(), data.len());
+    let waited = first.unwrap().duration_since(sent);
+    assert!(
+        waited >= Duration::from_millis(300),
+        "the first byte came back {waited:?} after it was sent, before the 300 ms the line holds it"
+    );
+    // Bad arguments: a clear refusal, nothing started.
+    let out = Command::new("python3")
+        .arg(root().join("deploy/images/sonic-delay.py"))
+        .args([
+            "--listen",
+            "nowhere",
+            "--to",
+            "127.0.0.1:1",
+            "--delay-ms",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HOST:PORT"));
 }
