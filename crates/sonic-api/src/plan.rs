@@ -44,6 +44,12 @@ pub struct PlanReport {
     /// resource manager's pool (absent when it was not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm_limits: Option<BTreeMap<String, u32>>,
+    /// With `vm_limits`: the plan the policy asked for before the pool's limits, what a cluster
+    /// with enough VMs of each type would have run (its stages' `vms` against the agents the job
+    /// ran on show how far the plan was squeezed; docs/evaluation.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::schema::plan)]
+    pub unlimited: Option<Plan>,
     /// When the job ran its second-best plan (the top level), the best plan it was planned with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(schema_with = crate::schema::plan)]
@@ -61,8 +67,25 @@ impl PlanReport {
             warm_pool: BTreeMap::new(),
             baselines: None,
             vm_limits: None,
+            unlimited: None,
             best: None,
         }
+    }
+
+    /// The plan that runs (the top level), as a [`Plan`].
+    pub fn running(&self) -> Plan {
+        Plan {
+            stages: self.plan.stages.clone(),
+            edges: self.plan.edges.clone(),
+            predicted: self.plan.predicted,
+            timing: self.plan.timing.clone(),
+        }
+    }
+
+    /// The plan the policy asked for: [`PlanReport::unlimited`] when the pool's limits made it
+    /// plan again, else the plan that runs.
+    pub fn asked(&self) -> Plan {
+        self.unlimited.clone().unwrap_or_else(|| self.running())
     }
 
     /// What the plan that runs predicts.

@@ -154,6 +154,47 @@ pub struct Row {
     /// edge time and the predictions above are already the emulated ones (divided by it:
     /// [`harness::emulated`]).
     pub dilation: f64,
+    /// The most VMs one stage of the job's plan asked for, before the resource manager's pool
+    /// limited it (`PlanReport::asked`); `None` without a plan.
+    pub vms_planned: Option<u32>,
+    /// The distinct agents the job's instances ran on.
+    pub vms_run: u32,
+    /// The stages that ran on fewer distinct agents than their plan asked VMs for
+    /// (`map:30>4`, space-separated): a plan squeezed onto the cluster, a testbed error.
+    pub squeezed: String,
+}
+
+/// (`vms_planned`, `vms_run`, `squeezed`) of a job: what its plan asked for against what it ran on.
+pub fn vms_of(s: &JobSummary) -> (Option<u32>, u32, String) {
+    let asked = s
+        .plan
+        .as_ref()
+        .and_then(|p| p.report.as_ref())
+        .map(|r| r.asked());
+    let agents = |function: Option<&str>| {
+        s.functions
+            .iter()
+            .filter(|f| function.is_none_or(|n| f.name == n))
+            .map(|f| f.agent.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len() as u32
+    };
+    let vms_planned = asked
+        .as_ref()
+        .map(|p| p.stages.iter().map(|st| st.vms).max().unwrap_or(0));
+    let squeezed = asked
+        .map(|p| {
+            p.stages
+                .iter()
+                .filter_map(|st| {
+                    let ran = agents(Some(&st.function));
+                    (ran < st.vms).then(|| format!("{}:{}>{}", st.function, st.vms, ran))
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    (vms_planned, agents(None), squeezed)
 }
 
 impl Row {
@@ -167,6 +208,7 @@ impl Row {
         dilation: f64,
     ) -> Row {
         let e = harness::emulated(s, dilation);
+        let (vms_planned, vms_run, squeezed) = vms_of(s);
         Row {
             experiment: experiment.into(),
             app: s.dag.clone(),
@@ -221,6 +263,9 @@ impl Row {
             } else {
                 1.0
             },
+            vms_planned,
+            vms_run,
+            squeezed,
         }
     }
 }
@@ -356,12 +401,12 @@ fn measures(rows: &[&Row]) -> Vec<stats::Job> {
 /// The measured jobs as CSV (header first).
 pub fn csv(rows: &[Row]) -> String {
     let mut s = String::from(
-        "experiment,app,variant,policy,job_id,mode,input_bytes,latency_s,cost_usd,perf_per_dollar,edge_s,planning_us,methods,plan_used,placement,predicted_latency_s,predicted_cost_usd,dilation\n",
+        "experiment,app,variant,policy,job_id,mode,input_bytes,latency_s,cost_usd,perf_per_dollar,edge_s,planning_us,methods,plan_used,placement,predicted_latency_s,predicted_cost_usd,dilation,vms_planned,vms_run,squeezed\n",
     );
     let opt = |v: Option<f64>, digits: usize| v.map_or(String::new(), |x| format!("{x:.digits$}"));
     for r in rows {
         s.push_str(&format!(
-            "{},{},{},{},{},{},{},{:.4},{:.8},{:.2},{:.4},{:.0},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{:.4},{:.8},{:.2},{:.4},{:.0},{},{},{},{},{},{},{},{},{}\n",
             r.experiment,
             r.app,
             r.variant,
@@ -379,7 +424,10 @@ pub fn csv(rows: &[Row]) -> String {
             r.placement,
             opt(r.predicted_latency_s, 4),
             opt(r.predicted_cost_usd, 8),
-            r.dilation
+            r.dilation,
+            r.vms_planned.map_or(String::new(), |v| v.to_string()),
+            r.vms_run,
+            r.squeezed,
         ));
     }
     s
@@ -1470,7 +1518,88 @@ mod tests {
             predicted_latency_s: None,
             predicted_cost_usd: None,
             dilation: 1.0,
+            vms_planned: None,
+            vms_run: 1,
+            squeezed: String::new(),
         }
+    }
+
+    /// A job of `functions` (name, agent per instance), planned with `report` (JSON).
+    fn ran(functions: &[(&str, &[&str])], report: Option<serde_json::Value>) -> JobSummary {
+        use serde_json::json;
+        let mut s: JobSummary = serde_json::from_value(json!({
+            "job_id": "j-1", "dag": "d", "status": "succeeded", "policy": "remote",
+            "mode": "planned", "input_bytes": 1, "latency_s": 1.0, "cost_usd": 1.0,
+            "perf_per_dollar": 1.0, "edges": [], "functions": [], "outputs": []
+        }))
+        .expect("a summary");
+        for (name, agents) in functions {
+            for (i, a) in agents.iter().enumerate() {
+                s.functions.push(
+                    serde_json::from_value(json!({
+                        "name": name, "instance": i, "agent": a, "vm_type": "t2.large",
+                        "cold": true, "seconds": 1.0, "attempts": 1
+                    }))
+                    .expect("a function run"),
+                );
+            }
+        }
+        s.plan = report.map(|r| sonic_api::control::JobPlan {
+            used: sonic_api::control::PlanUsed::Best,
+            notes: Vec::new(),
+            report: Some(serde_json::from_value(r).expect("a plan report")),
+            stages: Vec::new(),
+            exact: None,
+        });
+        s
+    }
+
+    fn stage(function: &str, vms: u32) -> serde_json::Value {
+        serde_json::json!({ "function": function, "vm_type": "t2.large", "vms": vms,
+                            "per_vm": 1, "concurrent": 1 })
+    }
+
+    #[test]
+    fn vms_planned_against_vms_run_and_the_squeezed_stages() {
+        use serde_json::json;
+        let predicted = json!({ "latency_s": 1.0, "cost_usd": 1.0, "perf_per_dollar": 1.0 });
+        // remote asked one VM per lambda (split 1, map 4), the pool limited it to 2 agents: the
+        // plan that ran says 2, the plan asked for (`unlimited`) 4.
+        let squeezed = ran(
+            &[("split", &["a1"]), ("map", &["a1", "a2", "a1", "a2"])],
+            Some(json!({
+                "dag": "d", "policy": "remote", "stages": [stage("split", 1), stage("map", 2)],
+                "edges": [], "predicted": predicted,
+                "vm_limits": { "t2.large": 2 },
+                "unlimited": { "stages": [stage("split", 1), stage("map", 4)], "edges": [],
+                               "predicted": predicted }
+            })),
+        );
+        assert_eq!(vms_of(&squeezed), (Some(4), 2, "map:4>2".into()));
+        // A plan run as asked: its stages on as many agents as VMs.
+        let whole = ran(
+            &[("split", &["a1"]), ("map", &["a2", "a3"])],
+            Some(json!({
+                "dag": "d", "policy": "direct", "stages": [stage("split", 1), stage("map", 2)],
+                "edges": [], "predicted": predicted
+            })),
+        );
+        assert_eq!(vms_of(&whole), (Some(2), 3, String::new()));
+        // No plan (profiling): nothing planned, the agents counted.
+        let profiling = ran(&[("split", &["a1"]), ("map", &["a1", "a2"])], None);
+        assert_eq!(vms_of(&profiling), (None, 2, String::new()));
+        let row = Row::from_summary("fig7", "", "remote", &squeezed, 1.0);
+        let line = csv(std::slice::from_ref(&row));
+        assert!(
+            line.lines()
+                .next()
+                .unwrap()
+                .ends_with(",dilation,vms_planned,vms_run,squeezed")
+        );
+        assert!(
+            line.lines().nth(1).unwrap().ends_with(",1,4,2,map:4>2"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -390,6 +390,11 @@ fn report(opts: &BenchOptions, results: &Results, cells: &[Cell], seconds: f64) 
         s.push('\n');
     }
 
+    // ---- plans against the VMs they ran on ----
+    if results.rows.iter().any(|r| r.vms_planned.is_some()) {
+        s.push_str(&squeeze_section(&results.rows));
+    }
+
     // ---- the cluster ----
     for (what, info) in &results.clusters {
         let _ = writeln!(
@@ -683,6 +688,60 @@ Every case above where Sonic's interval is not wholly above 1 (in the simulator,
     }
 }
 
+/// Which cells ran plans on fewer agents than they asked VMs for (`jobs.csv`'s `vms_planned`,
+/// `vms_run` and `squeezed`): such a cell measures the testbed, not the policy.
+pub fn squeeze_section(rows: &[crate::Row]) -> String {
+    let mut s = String::from(
+        "## Plans against the VMs they ran on
+
+A plan squeezed onto fewer VMs than it asked for (a stage's instances on fewer distinct agents than the stage's VMs in the plan the policy asked for, before the resource manager's pool limited it) is a testbed error, not a result: [jobs.csv](jobs.csv) has `vms_planned` (the most VMs one stage asked for), `vms_run` (the distinct agents the job ran on) and `squeezed` per job.
+
+",
+    );
+    // Per (experiment, app, case, policy): planned jobs, squeezed ones, the first squeeze.
+    type Key<'a> = (&'a str, &'a str, &'a str, &'a str);
+    let mut cells: BTreeMap<Key, (usize, usize, &str)> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.vms_planned.is_some()) {
+        let e = cells
+            .entry((&r.experiment, &r.app, &r.variant, &r.policy))
+            .or_insert((0, 0, ""));
+        e.0 += 1;
+        if !r.squeezed.is_empty() {
+            e.1 += 1;
+            if e.2.is_empty() {
+                e.2 = &r.squeezed;
+            }
+        }
+    }
+    let bad: Vec<_> = cells.iter().filter(|(_, v)| v.1 > 0).collect();
+    if bad.is_empty() {
+        let _ = writeln!(
+            s,
+            "Every planned job ({} cells) ran each stage on as many agents as its plan asked VMs for.
+",
+            cells.len()
+        );
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "{} of {} cells ran squeezed plans: their figures are the testbed's, not the policy's.
+
+| experiment | app | case | policy | jobs squeezed | for example (stage: VMs asked > agents run on) |
+|---|---|---|---|---|---|",
+        bad.len(),
+        cells.len()
+    );
+    for ((exp, app, variant, policy), (jobs, squeezed, example)) in bad {
+        let _ = writeln!(
+            s,
+            "| {exp} | {app} | {variant} | {policy} | {squeezed} of {jobs} | {example} |"
+        );
+    }
+    s.push('\n');
+    s
+}
+
 fn cell_table(s: &mut String, cells: &[Cell], experiment: &str) {
     s.push_str("| app | case | policy | jobs | latency s (sd) | data passing s | cost $ | Perf/$ | / best static | 95% interval |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for c in cells.iter().filter(|c| c.experiment == experiment) {
@@ -809,6 +868,9 @@ mod tests {
             predicted_latency_s: None,
             predicted_cost_usd: None,
             dilation: 1.0,
+            vms_planned: None,
+            vms_run: 1,
+            squeezed: String::new(),
         }
     }
 
@@ -820,6 +882,34 @@ mod tests {
             perf_per_dollar: 1.0 / (lat * cost),
             ..row(variant, policy, lat)
         }
+    }
+
+    #[test]
+    fn squeezed_cells_are_named_and_clean_runs_say_so() {
+        let planned = |policy: &str, squeezed: &str| Row {
+            vms_planned: Some(30),
+            vms_run: if squeezed.is_empty() { 30 } else { 4 },
+            squeezed: squeezed.into(),
+            ..job("", policy, 1.0, 1.0)
+        };
+        let rows = vec![
+            planned("remote", "map:30>4"),
+            planned("remote", ""),
+            planned("sonic", ""),
+            row("", "remote", 1.0),
+        ];
+        let s = squeeze_section(&rows);
+        assert!(s.contains("1 of 2 cells ran squeezed plans"), "{s}");
+        assert!(
+            s.contains("| fig7 | app |  | remote | 1 of 2 | map:30>4 |"),
+            "{s}"
+        );
+        assert!(!s.contains("| sonic |"), "{s}");
+        let clean = squeeze_section(&rows[1..]);
+        assert!(
+            clean.contains("Every planned job (2 cells) ran each stage"),
+            "{clean}"
+        );
     }
 
     /// The verdict rule: a win or a loss only where the interval excludes 1; the goal only by

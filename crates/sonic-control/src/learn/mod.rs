@@ -1192,7 +1192,8 @@ fn solve(
 /// `planned` again, with at most `limits[type]` VMs of each VM type in a stage (what the
 /// resource manager's pool can give; a type not in the catalog's names keeps no limit), under
 /// the same parameters, `policy` and `budget`. The report keeps what the first one added
-/// (input size, bandwidths, convergence, baselines) and gains `vm_limits`.
+/// (input size, bandwidths, convergence, baselines) and gains `vm_limits` and, in `unlimited`,
+/// the plan asked for without them.
 pub fn replan(
     dag: &Dag,
     planned: &Planned,
@@ -1227,6 +1228,8 @@ pub fn replan(
     let report = PlanReport {
         plan: new.plan,
         vm_limits: Some(limits.clone()),
+        // What the policy asked for before the limits (kept across replans of a replan).
+        unlimited: Some(planned.report.asked()),
         ..planned.report.clone()
     };
     Ok(Planned {

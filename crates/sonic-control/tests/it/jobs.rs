@@ -1291,6 +1291,14 @@ async fn a_dag_learns_then_runs_planned_and_remembers_across_a_restart() {
         replanned.stages.iter().all(|st| st.vm_type == "m5.xlarge"),
         "{v}"
     );
+    // What the policy asked for before the pool's limits is kept: the m5.large plan.
+    let asked = &crate::support::report_json(&replanned)["unlimited"];
+    assert!(
+        asked["stages"]
+            .as_array()
+            .is_some_and(|st| st.iter().all(|x| x["vm_type"] == "m5.large")),
+        "the plan asked for, before the limits: {asked}"
+    );
     assert!(s.functions.iter().all(|f| f.vm_type == "m5.xlarge"), "{v}");
     assert_eq!(
         c.stored_results(&s).await,
