@@ -4,7 +4,8 @@
 #
 #   bash deploy/cluster.sh up [--agents N | --vms TYPE:N,...] [--scale F | --dilation D|auto]
 #                             [--sandbox process|docker] [--tls] [--lambdas DIR] [--release]
-#                             [--catalog FILE] [--store-delay-ms MS] [--no-build] [--dry-run]
+#                             [--catalog FILE] [--plan-catalog FILE] [--store-delay-ms MS]
+#                             [--no-build] [--dry-run]
 #   bash deploy/cluster.sh status [-o table|json]
 #   bash deploy/cluster.sh down
 #
@@ -60,7 +61,12 @@
 #                     ca.key); every URL is https://, the ofctl context names the CA (ca_file)
 #   --lambdas DIR     mounted read-only at the same path in every agent, searched first for commands
 #   --release         binaries from target/release (default target/debug)
-#   --catalog FILE    VM types (default deploy/catalog.yaml); mounted into the control plane
+#   --catalog FILE    VM types (default deploy/catalog.yaml): what the testbed emulates (each
+#                     agent's CPU, memory, link, its link to the store and the store's delay
+#                     line come from it); mounted into the control plane unless --plan-catalog
+#   --plan-catalog FILE  what the control plane plans with instead (same VM types), e.g. the
+#                     catalog deploy/measure-store.sh wrote: the store as measured through the
+#                     links, while the links stay those of --catalog
 #   --no-build        skip cargo build (use the binaries in target/)
 # Secrets (API token, join token) are kept in .ci-data/cluster/secrets.env (mode 0600) and reused.
 # SONIC_CLUSTER_CORES=N stands for this machine's cores (nproc) in the defaults above.
@@ -94,7 +100,7 @@ DILATED_CGROUP=sonic-dilated
 
 log() { echo "cluster: $*" >&2; }
 die() { echo "cluster: $*" >&2; exit 1; }
-usage() { sed -n '2,74p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+usage() { sed -n '2,80p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 
 need() {
     command -v docker >/dev/null || die "docker is not installed"
@@ -548,11 +554,11 @@ PY
 cmd_up() {
     local agents=4 sandbox=process scale="" lambdas="" profile=debug build=1
     local vms="" dilation="" dry_run=0 agents_given=0 store_delay=""
-    local catalog="$ROOT/deploy/catalog.yaml"
+    local catalog="$ROOT/deploy/catalog.yaml" plan_catalog=""
     TLS=0
     while [ "$#" -gt 0 ]; do
         case "$1" in
-            --agents | --sandbox | --scale | --lambdas | --catalog | --vms | --dilation | --store-delay-ms)
+            --agents | --sandbox | --scale | --lambdas | --catalog | --vms | --dilation | --store-delay-ms | --plan-catalog)
                 [ "$#" -ge 2 ] || { log "$1 needs a value"; exit 2; } ;;
         esac
         case "$1" in
@@ -568,6 +574,7 @@ cmd_up() {
             --release) profile=release; shift ;;
             --debug) profile=debug; shift ;;
             --catalog) catalog="${2:-}"; shift 2 ;;
+            --plan-catalog) plan_catalog="${2:-}"; shift 2 ;;
             --no-build) build=0; shift ;;
             -h | --help) usage 0 ;;
             *) log "up: unknown argument $1"; usage 2 ;;
@@ -590,6 +597,12 @@ cmd_up() {
     fi
     [ -f "$catalog" ] || die "no catalog at $catalog"
     catalog="$(cd "$(dirname "$catalog")" && pwd -P)/$(basename "$catalog")"
+    if [ -n "$plan_catalog" ]; then
+        [ -f "$plan_catalog" ] || die "no catalog at $plan_catalog (--plan-catalog)"
+        plan_catalog="$(cd "$(dirname "$plan_catalog")" && pwd -P)/$(basename "$plan_catalog")"
+    else
+        plan_catalog="$catalog"
+    fi
 
     # VM types and what each agent container gets (scale or dilation).
     local cores plan rc=0
@@ -703,7 +716,7 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
         --label sonic.role=control "${cg_args[@]}" \
         -p "127.0.0.1:$port:$CONTROL_PORT" \
         -v sonic-control-data:/var/lib/sonic-control \
-        -v "$catalog:/etc/sonic/catalog.yaml:ro" \
+        -v "$plan_catalog:/etc/sonic/catalog.yaml:ro" \
         -e "SONIC_CONTROL_LISTEN=0.0.0.0:$CONTROL_PORT" \
         -e SONIC_CONTROL_DATA_DIR=/var/lib/sonic-control \
         -e "SONIC_TOKEN=$API_TOKEN" \
@@ -805,13 +818,14 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
         fi
     done
 
-    python3 - "$STATE_FILE" "$port" "$SERVER" "$agents" "$sandbox" "$scale" "$TLS" "$profile" "$lambdas" "$catalog" "$dilation" "$vms" <<'PY'
+    python3 - "$STATE_FILE" "$port" "$SERVER" "$agents" "$sandbox" "$scale" "$TLS" "$profile" "$lambdas" "$catalog" "$dilation" "$vms" "$plan_catalog" <<'PY'
 import json, sys
-path, port, server, agents, sandbox, scale, tls, profile, lambdas, catalog, dilation, vms = sys.argv[1:]
+path, port, server, agents, sandbox, scale, tls, profile, lambdas, catalog, dilation, vms, plan_catalog = sys.argv[1:]
 json.dump({"port": int(port), "server": server, "agents": int(agents), "sandbox": sandbox,
            "scale": float(scale) if scale else None, "dilation": float(dilation) if dilation else None,
            "vms": vms or None, "tls": tls == "1", "profile": profile,
-           "lambdas": lambdas or None, "catalog": catalog}, open(path, "w"), indent=2)
+           "lambdas": lambdas or None, "catalog": catalog, "plan_catalog": plan_catalog},
+          open(path, "w"), indent=2)
 PY
 
     # Wait until every agent has joined.

@@ -17,8 +17,8 @@
 # own) with remote_storage's request_latency_ms, write_mbps, read_mbps and requests_per_s
 # replaced by the measured ones (requests_per_s only when the store, not the probe's own
 # concurrency at that latency, bounded the rate), and FILE.json beside it: the probe's raw output, the agent, its
-# link, D and the figures written. `deploy/cluster.sh up --catalog FILE` (same flags otherwise)
-# then plans with them. Prints FILE's path as its last line.
+# link, D and the figures written. `deploy/cluster.sh up --plan-catalog FILE` (same flags
+# otherwise, the testbed's --catalog unchanged) then plans with them. Prints FILE's path as its last line.
 #
 # Where the measured write or read rate is the link's own cap (within 10%), the store kept up with
 # the link and the catalog's figure was what bounded it; below that, the store is slower than the
