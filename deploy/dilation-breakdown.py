@@ -15,12 +15,14 @@ Parts of a job (stages in the order they started; times from the summary's start
   run       per stage, its span (first dispatch to last report) less that longest lambda time:
             fetching inputs, starting, uploading outputs, the run request and report, imbalance
   between   from one stage's last report to the next stage's first dispatch, summed (the
-            control plane between stages)
+            control plane between stages, and the next stage's fetches: `fetch`)
+  fetch     the stages' fetches (the summary's `fetches`: a receiving agent bringing a stage's
+            inputs before its first batch), their union
   after     the last report to the job's end (the control plane finishing the job)
   latency   the whole (= before + exec + run + between + after, stages not overlapping)
-  control   the time no instance of the job was out on an agent (sent, not yet reported): the
-            control plane's own work, which the bench counts undivided (ofctl's
-            bench::harness::control_plane_s; = before + between + after when stages do not overlap)
+  control   the time no instance of the job was out on an agent (sent, not yet reported) and no
+            stage fetch was under way: the control plane's own work, which the bench counts
+            undivided (ofctl's bench::harness::control_plane_s)
   agents    latency - control: the agents' part, which the bench divides by D
 """
 import csv
@@ -31,7 +33,7 @@ import statistics
 import sys
 
 EMUL = ["emul_all_divided", "emul"]
-PARTS = ["latency", "control", "agents", "before", "exec", "run", "between", "after", "edge_max"]
+PARTS = ["latency", "control", "agents", "before", "exec", "run", "between", "fetch", "after", "edge_max"]
 
 
 def parts(s):
@@ -46,15 +48,19 @@ def parts(s):
     if not stages:
         return None
     order = sorted(stages.values(), key=lambda x: x["start"])
-    # The union of the instances' [started_s, ended_s]: the rest of the latency is the control's.
-    iv = sorted((f["started_s"], f["ended_s"]) for f in s["functions"])
-    merged = []
-    for a, b in iv:
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    covered = sum(min(b, s["latency_s"]) - max(a, 0.0) for a, b in merged if b > a)
+    # The union of the instances' [started_s, ended_s] and the stages' fetches: the rest of the
+    # latency is the control's.
+    def union(iv):
+        merged = []
+        for a, b in sorted(iv):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        return sum(min(b, s["latency_s"]) - max(a, 0.0) for a, b in merged if b > a)
+
+    fetches = [(f["started_s"], f["ended_s"]) for f in s.get("fetches", [])]
+    covered = union([(f["started_s"], f["ended_s"]) for f in s["functions"]] + fetches)
     control = min(s["latency_s"], max(0.0, s["latency_s"] - covered))
     between = sum(max(0.0, b["start"] - a["end"]) for a, b in zip(order, order[1:]))
     return {
@@ -65,6 +71,7 @@ def parts(s):
         "exec": sum(x["exec"] for x in order),
         "run": sum(x["end"] - x["start"] - x["exec"] for x in order),
         "between": between,
+        "fetch": union(fetches),
         "after": s["latency_s"] - max(x["end"] for x in order),
         "edge_max": max((e["seconds"] for e in s.get("edges", [])), default=0.0),
     }

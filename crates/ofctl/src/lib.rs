@@ -217,6 +217,11 @@ pub enum Command {
         /// `ml-pipeline`.
         #[arg(long = "app", value_name = "NAME")]
         apps: Vec<String>,
+        /// Run Fig. 7's cells even where a policy's plan asks a stage for more VMs of a type
+        /// than the cluster has agents of it (the plan is squeezed onto fewer: a testbed error;
+        /// jobs.csv's `squeezed` and the report name it).
+        #[arg(long)]
+        allow_squeezed: bool,
     },
     /// Register or update a DAG.
     Apply {
@@ -377,6 +382,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             dilation,
             dilation_reps,
             apps,
+            allow_squeezed,
         } => {
             let known: Vec<&str> = bench::apps::apps().iter().map(|a| a.name).collect();
             if let Some(bad) = apps.iter().find(|a| !known.contains(&a.as_str())) {
@@ -407,6 +413,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 dilation,
                 dilation_reps: dilation_reps as usize,
                 apps,
+                allow_squeezed,
             };
             // Each cluster the bench starts gets its own data folder and a free port.
             let base = up.options(PathBuf::new(), SocketAddr::from(([127, 0, 0, 1], 0)));

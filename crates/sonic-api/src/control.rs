@@ -248,6 +248,20 @@ pub struct FunctionRun {
     pub ended_s: Option<f64>,
 }
 
+/// A stage's inputs fetched onto one agent before the stage's first batch there (the receiving
+/// VM's fetch of docs/model.md): agent work outside any instance's own run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct FetchRun {
+    /// The receiving stage.
+    pub function: String,
+    pub agent: String,
+    /// When the fetch started and ended, seconds since the job started.
+    pub started_s: f64,
+    pub ended_s: f64,
+    /// The bytes it brought.
+    pub bytes: u64,
+}
+
 /// The job summary of interfaces.md (`ofctl run --wait -o json`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct JobSummary {
@@ -277,6 +291,10 @@ pub struct JobSummary {
     pub edges: Vec<EdgeRun>,
     #[serde(default)]
     pub functions: Vec<FunctionRun>,
+    /// The stages' fetches, one per stage and agent that fetched (absent when none did, and in
+    /// summaries recorded before they were kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fetches: Vec<FetchRun>,
     #[serde(default)]
     pub outputs: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

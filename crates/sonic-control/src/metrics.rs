@@ -412,6 +412,7 @@ mod tests {
                 seconds: 0.25,
             }],
             functions: vec![run(true), run(false), run(false)],
+            fetches: vec![],
             outputs: Vec::new(),
             error: None,
             failure: None,

@@ -208,16 +208,25 @@ pub struct Emulated {
     pub control_s: f64,
 }
 
-/// The instances' `[started_s, ended_s]` intervals of a summary (dispatch to report), sorted and
-/// merged; `None` when an instance lacks them (a summary recorded before they were measured).
+/// When the agents worked for a summary's job: its instances' `[started_s, ended_s]` intervals
+/// (dispatch to report) and its stages' fetches (a receiving agent bringing a stage's inputs
+/// before its first batch: agent work, D times slower on a dilated cluster, outside any
+/// instance's interval), sorted and merged; `None` when an instance lacks them (a summary
+/// recorded before they were measured).
 fn busy(s: &JobSummary) -> Option<Vec<(f64, f64)>> {
-    let mut iv = Vec::with_capacity(s.functions.len());
+    let mut iv = Vec::with_capacity(s.functions.len() + s.fetches.len());
     for f in &s.functions {
         let (a, b) = (f.started_s?, f.ended_s?);
         if !(a.is_finite() && b.is_finite()) {
             return None;
         }
         iv.push((a.max(0.0), b.max(a.max(0.0))));
+    }
+    for f in &s.fetches {
+        let (a, b) = (f.started_s, f.ended_s);
+        if a.is_finite() && b.is_finite() {
+            iv.push((a.max(0.0), b.max(a.max(0.0))));
+        }
     }
     if iv.is_empty() {
         return None;
@@ -243,9 +252,9 @@ fn idle_within(busy: &[(f64, f64)], from: f64, to: f64) -> f64 {
 }
 
 /// The control plane's part of a job's latency, real seconds: the time from the job's start to
-/// its end when no instance of it was out on an agent (sent and not yet reported): queueing,
-/// planning and the first dispatch, the scheduling between stages, finishing the job. 0 when
-/// the summary does not say when its instances ran.
+/// its end when no instance of it was out on an agent (sent and not yet reported) and no stage
+/// fetch was under way: queueing, planning and the first dispatch, the scheduling between
+/// stages, finishing the job. 0 when the summary does not say when its instances ran.
 pub fn control_plane_s(s: &JobSummary) -> f64 {
     busy(s).map_or(0.0, |b| idle_within(&b, 0.0, s.latency_s.max(0.0)))
 }
@@ -289,12 +298,20 @@ pub fn emulated(s: &JobSummary, d: f64) -> Emulated {
     // of an agent's VMs an instance had), split the same way; the cost scales with the total.
     let mut spans: std::collections::BTreeMap<&str, (f64, f64)> = Default::default();
     if merged.is_some() {
-        for f in &s.functions {
-            if let (Some(a), Some(b)) = (f.started_s, f.ended_s) {
-                let e = spans.entry(f.agent.as_str()).or_insert((a, b));
-                e.0 = e.0.min(a);
-                e.1 = e.1.max(b);
-            }
+        // A stage's fetch holds its agent's VM from the fetch's start (as the job's cost counts it).
+        let intervals = s
+            .functions
+            .iter()
+            .filter_map(|f| Some((f.agent.as_str(), f.started_s?, f.ended_s?)))
+            .chain(
+                s.fetches
+                    .iter()
+                    .map(|f| (f.agent.as_str(), f.started_s, f.ended_s)),
+            );
+        for (agent, a, b) in intervals {
+            let e = spans.entry(agent).or_insert((a, b));
+            e.0 = e.0.min(a);
+            e.1 = e.1.max(b);
         }
     }
     let (held, emulated_held) = spans.values().fold((0.0, 0.0), |(h, e), &(a, b)| {
@@ -475,6 +492,19 @@ mod tests {
         // Not dilated: as measured.
         let e = emulated(&s, 1.0);
         assert!(close(e.latency_s, 10.0) && close(e.cost_usd, 0.008));
+        // A stage's fetch on a over [4, 5], before its second instance was sent: agent work,
+        // divided too (the control plane's part is now [0, 1] and [9, 10]).
+        s.fetches = vec![sonic_api::control::FetchRun {
+            function: "f".into(),
+            agent: "a".into(),
+            started_s: 4.0,
+            ended_s: 5.0,
+            bytes: 1,
+        }];
+        assert!(close(control_plane_s(&s), 2.0));
+        let e = emulated(&s, 4.0);
+        assert!(close(e.latency_s, 2.0 + 8.0 / 4.0), "{}", e.latency_s);
+        s.fetches.clear();
         // Instances without their times: all of it divided.
         s.functions[0].started_s = None;
         assert_eq!(control_plane_s(&s), 0.0);

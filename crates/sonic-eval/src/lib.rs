@@ -84,6 +84,8 @@ pub struct BenchOptions {
     pub dilation_reps: usize,
     /// Only these applications (by name; empty: all of [`apps::apps`]).
     pub apps: Vec<String>,
+    /// Run Fig. 7's cells even where a policy's plan does not fit the cluster ([`fits`]).
+    pub allow_squeezed: bool,
 }
 
 impl BenchOptions {
@@ -877,6 +879,18 @@ async fn measure_apps(
             let (input, bytes) = inputs.input(cluster, app, sizes.measured).await?;
             overhead_route(&client, app, results, bytes).await;
             let policies = gated(&FIG7_POLICIES, app.name, "fig7", results);
+            // Every policy on the VMs it asks for, or the cell is not run: a plan squeezed onto
+            // fewer VMs measures the testbed, not the policy.
+            if !opts.allow_squeezed {
+                let agents = agents_by_type(cluster.info());
+                if let Err(why) = fit_gate(&client, app.name, bytes, &policies, &agents).await {
+                    results.notes.push(format!(
+                        "fig7 {}: not run: {why}; a plan squeezed onto fewer VMs measures the testbed, not the policy (--allow-squeezed runs it anyway)",
+                        app.name
+                    ));
+                    continue;
+                }
+            }
             let total = reps * policies.len();
             let mut k = 0;
             let mut rng =
@@ -950,6 +964,61 @@ async fn measure_apps(
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// The agents of each VM type.
+pub fn agents_by_type(info: &sonic_cluster::cluster::ClusterInfo) -> BTreeMap<String, u32> {
+    let mut by = BTreeMap::new();
+    for a in &info.agents {
+        *by.entry(a.vm_type.clone()).or_insert(0) += 1;
+    }
+    by
+}
+
+/// Whether a plan's stages fit the cluster: each stage asks for at most as many VMs of its type
+/// as the cluster has agents of it. `Err` names the first stage that asks for more. Stages are
+/// held against the cluster one at a time: two branches that run at once on one type are not
+/// summed (the built-in applications are chains).
+pub fn fits(
+    stages: &[sonic_core::planner::PlanStage],
+    agents: &BTreeMap<String, u32>,
+) -> Result<(), String> {
+    for st in stages {
+        let have = agents.get(&st.vm_type).copied().unwrap_or(0);
+        if st.vms > have {
+            return Err(format!(
+                "{} asks for {} {} VMs, the cluster has {have}",
+                st.function, st.vms, st.vm_type
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Fig. 7's gate: the plan each of `policies` but `oracle` makes for `app` at `bytes` (the plan
+/// route: the policy's plan before any pool limits), held against the cluster's agents
+/// ([`fits`]).
+async fn fit_gate(
+    client: &Client,
+    app: &str,
+    bytes: u64,
+    policies: &[&str],
+    agents: &BTreeMap<String, u32>,
+) -> Result<(), String> {
+    // `oracle` plans from what jobs measured at this very size, which none has yet here; its
+    // jobs' `squeezed` column says whether its plans fit.
+    for policy in policies.iter().filter(|p| **p != "oracle") {
+        let path = format!(
+            "/v1/dags/{}/plan?input_bytes={bytes}&policy={policy}",
+            encode(app)
+        );
+        let report: sonic_api::plan::PlanReport = client
+            .get(&path)
+            .await
+            .map_err(|e| format!("{policy}'s plan could not be made: {e}"))?;
+        fits(&report.plan.stages, agents).map_err(|why| format!("{policy}'s plan: {why}"))?;
     }
     Ok(())
 }
@@ -1557,6 +1626,38 @@ mod tests {
     fn stage(function: &str, vms: u32) -> serde_json::Value {
         serde_json::json!({ "function": function, "vm_type": "t2.large", "vms": vms,
                             "per_vm": 1, "concurrent": 1 })
+    }
+
+    #[test]
+    fn a_plan_fits_when_every_stage_has_agents_of_its_type() {
+        let st = |function: &str, vm_type: &str, vms: u32| sonic_core::planner::PlanStage {
+            function: function.into(),
+            vm_type: vm_type.into(),
+            vms,
+            per_vm: 1,
+            concurrent: 1,
+            warm: false,
+            prewarmed: false,
+        };
+        let agents = BTreeMap::from([("t2.large".to_owned(), 4), ("m5.large".to_owned(), 1)]);
+        assert_eq!(
+            fits(
+                &[st("split", "m5.large", 1), st("map", "t2.large", 4)],
+                &agents
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            fits(
+                &[st("split", "m5.large", 1), st("map", "t2.large", 30)],
+                &agents
+            ),
+            Err("map asks for 30 t2.large VMs, the cluster has 4".into())
+        );
+        assert_eq!(
+            fits(&[st("reduce", "m5.2xlarge", 1)], &agents),
+            Err("reduce asks for 1 m5.2xlarge VMs, the cluster has 0".into())
+        );
     }
 
     #[test]

@@ -833,6 +833,7 @@ mod tests {
             dilation: None,
             dilation_reps: 3,
             apps: Vec::new(),
+            allow_squeezed: false,
         };
         let local = cluster_text(&opts, 1.0, &info);
         assert!(

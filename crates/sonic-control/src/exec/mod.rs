@@ -622,6 +622,8 @@ struct Progress {
     /// Agents earlier executions of the job lost: this one runs without them.
     lost: BTreeSet<String>,
     functions: Vec<FunctionRun>,
+    /// The stages' fetches (once per stage and agent).
+    fetches: Vec<sonic_api::control::FetchRun>,
     /// Per edge index: bytes and the slowest instance's staging seconds.
     edges: BTreeMap<usize, (u64, f64)>,
     /// Per edge index: bytes the sending stage wrote for it (the model's edge bytes).
@@ -1476,6 +1478,31 @@ fn record_fetch(f: &Finished, progress: &mut Progress) {
     let Some((fetched, files)) = fetch.record_once() else {
         return;
     };
+    if let Some(origin) = progress.origin {
+        let function = progress
+            .dag
+            .as_ref()
+            .and_then(|d| d.functions.get(f.function))
+            .map(|g| g.name.clone())
+            .unwrap_or_default();
+        progress.fetches.push(sonic_api::control::FetchRun {
+            function,
+            agent: progress
+                .agents
+                .get(f.agent)
+                .map(|a| a.id.clone())
+                .unwrap_or_default(),
+            started_s: fetched
+                .started
+                .saturating_duration_since(origin)
+                .as_secs_f64(),
+            ended_s: fetched
+                .ended
+                .saturating_duration_since(origin)
+                .as_secs_f64(),
+            bytes: fetched.report.files.iter().map(|x| x.bytes).sum(),
+        });
+    }
     let seconds = fetched.ended.saturating_duration_since(fetched.started);
     for (of, file) in files.iter().zip(&fetched.report.files) {
         let total = progress.edges.entry(of.edge).or_default();
@@ -2172,6 +2199,8 @@ fn summarize(
         .unwrap_or_default();
     let mut functions = p.functions.clone();
     functions.sort_by(|a, b| (&a.name, a.instance).cmp(&(&b.name, b.instance)));
+    let mut fetches = p.fetches.clone();
+    fetches.sort_by(|a, b| a.started_s.total_cmp(&b.started_s));
     JobSummary {
         job_id: job.id.clone(),
         dag: job.dag.clone(),
@@ -2190,6 +2219,7 @@ fn summarize(
         requests_usd,
         edges,
         functions,
+        fetches,
         outputs,
         error: error.cloned(),
         failure,

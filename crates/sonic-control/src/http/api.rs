@@ -814,6 +814,7 @@ pub fn job_view(r: JobRecord) -> JobSummary {
         perf_per_dollar: 0.0,
         edges: Vec::new(),
         functions: Vec::new(),
+        fetches: Vec::new(),
         outputs: Vec::new(),
         error: r.error,
         failure: None,

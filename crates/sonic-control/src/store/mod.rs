@@ -1989,6 +1989,7 @@ mod tests {
                 seconds: 2.1,
             }],
             functions: vec![],
+            fetches: vec![],
             outputs: vec!["s3://sonic/jobs/j-1/result/model.json".into()],
             error: None,
             failure: None,

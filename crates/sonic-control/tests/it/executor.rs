@@ -165,6 +165,27 @@ async fn each_agent_fetches_a_stages_inputs_once_before_its_runs() {
         }
         // mid on the agents its 3 instances run on, sink on its one.
         assert_eq!(fetched.len(), wanted.len(), "{policy}: {fetched:#?}");
+        // The summary has each fetch, on its agent, for its stage, before that stage's runs
+        // there were sent (a dilated cluster's accounting counts it as agent time).
+        let in_summary: std::collections::BTreeSet<(String, String)> = s
+            .fetches
+            .iter()
+            .map(|f| (f.agent.clone(), f.function.clone()))
+            .collect();
+        assert_eq!(in_summary, wanted, "{policy}: {v}");
+        for f in &s.fetches {
+            assert!(f.started_s <= f.ended_s, "{f:?}");
+            let first_sent = s
+                .functions
+                .iter()
+                .filter(|r| r.name == f.function && r.agent == f.agent)
+                .filter_map(|r| r.started_s)
+                .fold(f64::INFINITY, f64::min);
+            assert!(
+                f.ended_s <= first_sent + 1e-9,
+                "{policy}: {f:?} ended after a run was sent: {v}"
+            );
+        }
         assert!(wanted.len() >= 2, "{policy}: {wanted:?}");
         for (_, f) in &fetched {
             assert_eq!(f.job_id, s.job_id);
