@@ -1117,8 +1117,9 @@ fn tc_classes(text: &str) -> Vec<(String, f64, u64)> {
 /// ifb0, on its ingress; a job's transfers went through those classes (their byte counters grew
 /// by at least the bytes the job moved between agents); the agent process itself cannot change
 /// them (no CAP_NET_ADMIN in its bounding set) and declares the rate without limiting its own
-/// streams. Then `deploy/measure-store.sh` measures the store through agent-3's link and writes a
-/// catalog whose remote_storage figures are the measured ones.
+/// streams; an agent restarted with `docker restart` has its link shaped again. Then
+/// `deploy/measure-store.sh` measures the store through agent-3's link and writes a catalog
+/// whose remote_storage figures are the measured ones.
 fn links_are_shaped_by_the_kernel(c: &Cluster) {
     c.restore();
     let hosts = c.agent_hosts();
@@ -1195,6 +1196,21 @@ fn links_are_shaped_by_the_kernel(c: &Cluster) {
             "{}: {env}",
             h.name
         );
+    }
+
+    // A restarted agent has its link shaped again (sonic-link runs as the container starts,
+    // in the new network namespace).
+    let restarted = &hosts[1].name;
+    docker_ok(&["restart", restarted]);
+    c.restore();
+    for dev in ["eth0", "ifb0"] {
+        let classes = sent(restarted, dev);
+        assert!(
+            classes.iter().any(|(id, _, _)| id == "1:1")
+                && classes.iter().any(|(id, _, _)| id == "1:10"),
+            "{restarted} {dev} after a restart: {classes:?}"
+        );
+        before.insert((restarted.clone(), dev), total(&classes));
     }
 
     // A direct job's bytes cross the shaped links: the counters of the sender's egress and of

@@ -200,7 +200,8 @@ fn the_breakdown_tells_dilated_parts_from_fixed_ones() {
         let sums = dir.join(format!("D={d}")).join("summaries");
         std::fs::create_dir_all(&sums).unwrap();
         // A lambda of 0.2 s x D then one of 0.5 s x D, each with 0.1 s x D of staging; 0.5 s
-        // before the first dispatch and 0.3 s between the stages that do not dilate.
+        // before the first dispatch and 0.3 s between the stages that do not dilate, 0.2 s of
+        // them b's stage fetch (agents' work, no instance out: not the control plane's).
         let s = serde_json::json!({
             "job_id": "j", "policy": "remote", "status": "succeeded",
             "latency_s": 0.5 + 0.3 * d + 0.3 + 0.6 * d + 0.2,
@@ -211,6 +212,8 @@ fn the_breakdown_tells_dilated_parts_from_fixed_ones() {
                 {"name": "b", "instance": 0, "seconds": 0.5 * d, "started_s": 0.8 + 0.3 * d,
                  "ended_s": 0.8 + 0.9 * d},
             ],
+            "fetches": [{"function": "b", "agent": "x", "started_s": 0.5 + 0.3 * d,
+                         "ended_s": 0.7 + 0.3 * d, "bytes": 1}],
         });
         std::fs::write(sums.join("j.json"), s.to_string()).unwrap();
     }
@@ -231,26 +234,32 @@ fn the_breakdown_tells_dilated_parts_from_fixed_ones() {
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(
         lines[0],
-        "policy,dilation,jobs,latency_real_s,control_real_s,agents_real_s,before_real_s,exec_real_s,run_real_s,between_real_s,after_real_s,edge_max_real_s,emulated_all_divided_s,emulated_s"
+        "policy,dilation,jobs,latency_real_s,control_real_s,agents_real_s,before_real_s,exec_real_s,run_real_s,between_real_s,fetch_real_s,after_real_s,edge_max_real_s,emulated_all_divided_s,emulated_s"
     );
-    // D = 4: latency 0.5 + 1.2 + 0.3 + 2.4 + 0.2; no instance out for 0.5 + 0.3 + 0.2 s (the
-    // control plane's), the agents' 3.6 s; exec 0.8 + 2.0; run 0.4 + 0.4; emulated 4.6 / 4 with
-    // all of it divided, 1.0 + 3.6 / 4 with the control plane's part not.
+    // D = 4: latency 0.5 + 1.2 + 0.3 + 2.4 + 0.2; no instance out and no fetch for
+    // 0.5 + 0.1 + 0.2 s (the control plane's), the agents' 3.8 s; exec 0.8 + 2.0; run 0.4 + 0.4;
+    // the fetch 0.2; emulated 4.6 / 4 with all of it divided, 0.8 + 3.8 / 4 with the control
+    // plane's part not.
     assert_eq!(
         lines[1],
-        "remote,4,1,4.6000,1.0000,3.6000,0.5000,2.8000,0.8000,0.3000,0.2000,0.4000,1.1500,1.9000"
+        "remote,4,1,4.6000,0.8000,3.8000,0.5000,2.8000,0.8000,0.3000,0.2000,0.2000,0.4000,1.1500,1.7500"
     );
     assert!(
-        lines[2].starts_with("remote,8,1,8.2000,1.0000,7.2000,0.5000,5.6000,1.6000,0.3000,0.2000")
+        lines[2].starts_with(
+            "remote,8,1,8.2000,0.8000,7.4000,0.5000,5.6000,1.6000,0.3000,0.2000,0.2000"
+        ),
+        "{}",
+        lines[2]
     );
-    assert!(lines[2].ends_with(",1.0250,1.9000"), "{}", lines[2]);
+    assert!(lines[2].ends_with(",1.0250,1.7250"), "{}", lines[2]);
     assert!(
         stdout.contains("before=1.00")
             && stdout.contains("exec=2.00")
             && stdout.contains("between=1.00")
+            && stdout.contains("fetch=1.00")
             && stdout.contains("control=1.00")
-            && stdout.contains("agents=2.00")
-            && stdout.contains(" emul=1.00"),
+            && stdout.contains("agents=1.95")
+            && stdout.contains(" emul=0.99"),
         "{stdout}"
     );
 }
