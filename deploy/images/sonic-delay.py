@@ -24,6 +24,17 @@ def address(text):
     return host, int(port)
 
 
+async def forward(writer, data):
+    """Passes `data` on, or the end of the stream when it is empty; False at the end."""
+    if not data:
+        if writer.can_write_eof():
+            writer.write_eof()
+        return False
+    writer.write(data)
+    await writer.drain()
+    return True
+
+
 async def delayed(reader, writer, delay):
     """Copies reader to writer, every chunk sent `delay` seconds after it arrived."""
     queue = asyncio.Queue()
@@ -41,25 +52,15 @@ async def delayed(reader, writer, delay):
             wait = due - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-            if not data:
-                if writer.can_write_eof():
-                    writer.write_eof()
+            if not await forward(writer, data):
                 return
-            writer.write(data)
-            await writer.drain()
 
     await asyncio.gather(take(), give())
 
 
 async def plain(reader, writer):
-    while True:
-        data = await reader.read(65536)
-        if not data:
-            if writer.can_write_eof():
-                writer.write_eof()
-            return
-        writer.write(data)
-        await writer.drain()
+    while await forward(writer, await reader.read(65536)):
+        pass
 
 
 async def serve(args):

@@ -208,29 +208,36 @@ pub struct Emulated {
     pub control_s: f64,
 }
 
-/// When the agents worked for a summary's job: its instances' `[started_s, ended_s]` intervals
-/// (dispatch to report) and its stages' fetches (a receiving agent bringing a stage's inputs
-/// before its first batch: agent work, D times slower on a dilated cluster, outside any
-/// instance's interval), sorted and merged; `None` when an instance lacks them (a summary
-/// recorded before they were measured).
-fn busy(s: &JobSummary) -> Option<Vec<(f64, f64)>> {
+/// When the agents worked for a summary's job, per agent: its instances' `[started_s, ended_s]`
+/// intervals (dispatch to report) and its stages' fetches (a receiving agent bringing a stage's
+/// inputs before its first batch: agent work, D times slower on a dilated cluster, outside any
+/// instance's interval); `None` when an instance lacks its times (a summary recorded before
+/// they were measured) or there is none.
+fn worked(s: &JobSummary) -> Option<Vec<(&str, f64, f64)>> {
     let mut iv = Vec::with_capacity(s.functions.len() + s.fetches.len());
     for f in &s.functions {
         let (a, b) = (f.started_s?, f.ended_s?);
         if !(a.is_finite() && b.is_finite()) {
             return None;
         }
-        iv.push((a.max(0.0), b.max(a.max(0.0))));
+        iv.push((f.agent.as_str(), a.max(0.0), b.max(a.max(0.0))));
     }
     for f in &s.fetches {
         let (a, b) = (f.started_s, f.ended_s);
         if a.is_finite() && b.is_finite() {
-            iv.push((a.max(0.0), b.max(a.max(0.0))));
+            iv.push((f.agent.as_str(), a.max(0.0), b.max(a.max(0.0))));
         }
     }
-    if iv.is_empty() {
-        return None;
-    }
+    (!iv.is_empty()).then_some(iv)
+}
+
+/// The intervals of [`worked`], whatever the agent, sorted and merged.
+fn busy(s: &JobSummary) -> Option<Vec<(f64, f64)>> {
+    worked(s).map(|w| merged(&w))
+}
+
+fn merged(worked: &[(&str, f64, f64)]) -> Vec<(f64, f64)> {
+    let mut iv: Vec<(f64, f64)> = worked.iter().map(|&(_, a, b)| (a, b)).collect();
     iv.sort_by(|x, y| x.0.total_cmp(&y.0));
     let mut merged: Vec<(f64, f64)> = Vec::with_capacity(iv.len());
     for (a, b) in iv {
@@ -239,7 +246,7 @@ fn busy(s: &JobSummary) -> Option<Vec<(f64, f64)>> {
             _ => merged.push((a, b)),
         }
     }
-    Some(merged)
+    merged
 }
 
 /// Seconds of `[from, to]` that no interval of `busy` covers.
@@ -286,7 +293,8 @@ impl Clock {
 /// `s` in emulated time on a cluster dilated by `d` (>= 1; 1 leaves the figures as they are).
 pub fn emulated(s: &JobSummary, d: f64) -> Emulated {
     let d = if d.is_finite() && d >= 1.0 { d } else { 1.0 };
-    let merged = busy(s);
+    let worked = worked(s);
+    let merged = worked.as_deref().map(merged);
     let control_s = merged
         .as_ref()
         .map_or(0.0, |b| idle_within(b, 0.0, s.latency_s.max(0.0)))
@@ -296,23 +304,12 @@ pub fn emulated(s: &JobSummary, d: f64) -> Emulated {
     let latency_s = split(s.latency_s, control_s);
     // Each VM's time, as the instances on it span it (per agent: a summary does not say which
     // of an agent's VMs an instance had), split the same way; the cost scales with the total.
+    // A stage's fetch holds its agent's VM from the fetch's start (as the job's cost counts it).
     let mut spans: std::collections::BTreeMap<&str, (f64, f64)> = Default::default();
-    if merged.is_some() {
-        // A stage's fetch holds its agent's VM from the fetch's start (as the job's cost counts it).
-        let intervals = s
-            .functions
-            .iter()
-            .filter_map(|f| Some((f.agent.as_str(), f.started_s?, f.ended_s?)))
-            .chain(
-                s.fetches
-                    .iter()
-                    .map(|f| (f.agent.as_str(), f.started_s, f.ended_s)),
-            );
-        for (agent, a, b) in intervals {
-            let e = spans.entry(agent).or_insert((a, b));
-            e.0 = e.0.min(a);
-            e.1 = e.1.max(b);
-        }
+    for &(agent, a, b) in worked.iter().flatten() {
+        let e = spans.entry(agent).or_insert((a, b));
+        e.0 = e.0.min(a);
+        e.1 = e.1.max(b);
     }
     let (held, emulated_held) = spans.values().fold((0.0, 0.0), |(h, e), &(a, b)| {
         let c = merged.as_ref().map_or(0.0, |m| idle_within(m, a, b));

@@ -1623,14 +1623,9 @@ mod tests {
         s
     }
 
-    fn stage(function: &str, vms: u32) -> serde_json::Value {
-        serde_json::json!({ "function": function, "vm_type": "t2.large", "vms": vms,
-                            "per_vm": 1, "concurrent": 1 })
-    }
-
-    #[test]
-    fn a_plan_fits_when_every_stage_has_agents_of_its_type() {
-        let st = |function: &str, vm_type: &str, vms: u32| sonic_core::planner::PlanStage {
+    /// A plan's stage of `vms` VMs of `vm_type`, one lambda on each.
+    fn stage(function: &str, vm_type: &str, vms: u32) -> sonic_core::planner::PlanStage {
+        sonic_core::planner::PlanStage {
             function: function.into(),
             vm_type: vm_type.into(),
             vms,
@@ -1638,24 +1633,28 @@ mod tests {
             concurrent: 1,
             warm: false,
             prewarmed: false,
-        };
+        }
+    }
+
+    #[test]
+    fn a_plan_fits_when_every_stage_has_agents_of_its_type() {
         let agents = BTreeMap::from([("t2.large".to_owned(), 4), ("m5.large".to_owned(), 1)]);
         assert_eq!(
             fits(
-                &[st("split", "m5.large", 1), st("map", "t2.large", 4)],
+                &[stage("split", "m5.large", 1), stage("map", "t2.large", 4)],
                 &agents
             ),
             Ok(())
         );
         assert_eq!(
             fits(
-                &[st("split", "m5.large", 1), st("map", "t2.large", 30)],
+                &[stage("split", "m5.large", 1), stage("map", "t2.large", 30)],
                 &agents
             ),
             Err("map asks for 30 t2.large VMs, the cluster has 4".into())
         );
         assert_eq!(
-            fits(&[st("reduce", "m5.2xlarge", 1)], &agents),
+            fits(&[stage("reduce", "m5.2xlarge", 1)], &agents),
             Err("reduce asks for 1 m5.2xlarge VMs, the cluster has 0".into())
         );
     }
@@ -1669,10 +1668,10 @@ mod tests {
         let squeezed = ran(
             &[("split", &["a1"]), ("map", &["a1", "a2", "a1", "a2"])],
             Some(json!({
-                "dag": "d", "policy": "remote", "stages": [stage("split", 1), stage("map", 2)],
+                "dag": "d", "policy": "remote", "stages": [stage("split", "t2.large", 1), stage("map", "t2.large", 2)],
                 "edges": [], "predicted": predicted,
                 "vm_limits": { "t2.large": 2 },
-                "unlimited": { "stages": [stage("split", 1), stage("map", 4)], "edges": [],
+                "unlimited": { "stages": [stage("split", "t2.large", 1), stage("map", "t2.large", 4)], "edges": [],
                                "predicted": predicted }
             })),
         );
@@ -1681,7 +1680,7 @@ mod tests {
         let whole = ran(
             &[("split", &["a1"]), ("map", &["a2", "a3"])],
             Some(json!({
-                "dag": "d", "policy": "direct", "stages": [stage("split", 1), stage("map", 2)],
+                "dag": "d", "policy": "direct", "stages": [stage("split", "t2.large", 1), stage("map", "t2.large", 2)],
                 "edges": [], "predicted": predicted
             })),
         );
