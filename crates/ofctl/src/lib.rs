@@ -141,6 +141,10 @@ pub struct UpArgs {
     /// The bearer token the OpenLambda listener requires (needed off loopback).
     #[arg(long, env = "SONIC_OPENLAMBDA_TOKEN", hide_env_values = true)]
     pub openlambda_token: Option<String>,
+    /// An OpenLambda worker configuration (`config.json`) for the listener to follow: its
+    /// `registry` folder, `registry_cache_ms` and `limits` (docs/python.md).
+    #[arg(long, requires = "openlambda")]
+    pub openlambda_config: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -55,9 +55,11 @@ impl UpArgs {
             listen,
             lambdas: self.lambdas.clone(),
             emulate_store: false,
-            openlambda: self
-                .openlambda
-                .map(|a| (a, self.openlambda_token.clone().unwrap_or_default())),
+            openlambda: self.openlambda.map(|listen| OpenLambdaOptions {
+                listen,
+                token: self.openlambda_token.clone().unwrap_or_default(),
+                worker_config: self.openlambda_config.clone(),
+            }),
         }
     }
 }

@@ -93,8 +93,20 @@ pub struct ClusterOptions {
     /// Agents see the store with the catalog's `remote_storage` request latency and
     /// per-connection throughput (`ofctl bench`: the store here is local and fast).
     pub emulate_store: bool,
-    /// Serve OpenLambda's worker API here, with this token (empty: none, loopback only).
-    pub openlambda: Option<(SocketAddr, String)>,
+    /// Serve OpenLambda's worker API.
+    pub openlambda: Option<OpenLambdaOptions>,
+}
+
+/// How `up` serves OpenLambda's worker API.
+#[derive(Debug, Clone)]
+pub struct OpenLambdaOptions {
+    /// Where.
+    pub listen: SocketAddr,
+    /// The token it requires (empty: none, loopback only).
+    pub token: String,
+    /// An OpenLambda worker configuration (`config.json`) to follow: its registry folder,
+    /// cache interval and limits.
+    pub worker_config: Option<PathBuf>,
 }
 
 /// One agent as `up` reports it.
@@ -716,15 +728,13 @@ impl Cluster {
             // For the same reason the executions keep the API's priority: the lambdas run on
             // these cores too, and niced executions would wait behind them between stages.
             executor_nice: None,
-            openlambda: opts
-                .openlambda
-                .clone()
-                .map(|(listen, token)| OpenLambdaSettings {
-                    token,
-                    sandbox: ol_sandbox,
-                    image: PYTHON_IMAGE.into(),
-                    ..OpenLambdaSettings::on(listen)
-                }),
+            openlambda: opts.openlambda.clone().map(|ol| OpenLambdaSettings {
+                token: ol.token,
+                sandbox: ol_sandbox,
+                image: PYTHON_IMAGE.into(),
+                worker_config: ol.worker_config,
+                ..OpenLambdaSettings::on(ol.listen)
+            }),
             ..ControlConfig::default()
         };
         let control = match sonic_control::start(config, Arc::new(SystemClock)).await {

@@ -12,4 +12,4 @@ pub mod jobs;
 pub mod progress;
 
 pub use client::Client;
-pub use cluster::{Cluster, ClusterInfo, ClusterOptions, SandboxArg, StoreArg};
+pub use cluster::{Cluster, ClusterInfo, ClusterOptions, OpenLambdaOptions, SandboxArg, StoreArg};

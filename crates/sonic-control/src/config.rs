@@ -110,6 +110,27 @@ pub struct OpenLambdaSettings {
     /// The Python image of the `docker` sandbox (`deploy/build-python-image.sh`).
     #[serde(default = "default_python_image")]
     pub image: String,
+    /// The memory one warm `/run/` worker and the processes it forks may hold together (a
+    /// memory cgroup of its own in the process sandbox, Docker's `--memory` in the Docker
+    /// sandbox); 0: no bound.
+    #[serde(default = "default_worker_memory")]
+    pub worker_resident: ByteSize,
+    /// The processes and threads one warm `/run/` worker may have at once (a `pids` cgroup,
+    /// Docker's `--pids-limit`); 0: no bound.
+    #[serde(default = "default_worker_procs")]
+    pub worker_procs: u32,
+    /// OpenLambda's registry folder: lambdas kept there as `<name>.tar.gz`, `<name>.py` or
+    /// `<name>/` are installed when called, and uploads are written there.
+    #[serde(default)]
+    pub registry: Option<PathBuf>,
+    /// How long code from the registry folder is used before the folder is looked at again.
+    #[serde(default = "default_registry_cache")]
+    pub registry_cache: Seconds,
+    /// An OpenLambda worker configuration (`config.json`) to follow: its `registry`,
+    /// `registry_cache_ms` and `limits` (`procs`, `mem_mb`, `cpu_percent`, `runtime_sec`) take
+    /// the place of the keys above.
+    #[serde(default)]
+    pub worker_config: Option<PathBuf>,
 }
 
 /// Where the OpenLambda listener's `/run/` workers run (`openlambda.sandbox`).
@@ -125,6 +146,14 @@ pub enum OpenLambdaSandbox {
 
 fn default_worker_cpus() -> f64 {
     sonic_openlambda::DEFAULT_WORKER_CPUS
+}
+
+fn default_worker_procs() -> u32 {
+    sonic_openlambda::DEFAULT_WORKER_PROCS
+}
+
+fn default_registry_cache() -> Seconds {
+    Seconds(sonic_openlambda::DEFAULT_REGISTRY_CACHE.as_secs_f64())
 }
 
 fn default_python_image() -> String {
@@ -164,6 +193,11 @@ impl std::fmt::Debug for OpenLambdaSettings {
             .field("worker_cpus", &self.worker_cpus)
             .field("sandbox", &self.sandbox)
             .field("image", &self.image)
+            .field("worker_resident", &self.worker_resident)
+            .field("worker_procs", &self.worker_procs)
+            .field("registry", &self.registry)
+            .field("registry_cache", &self.registry_cache)
+            .field("worker_config", &self.worker_config)
             .finish()
     }
 }
@@ -182,11 +216,20 @@ impl OpenLambdaSettings {
             worker_cpus: default_worker_cpus(),
             sandbox: OpenLambdaSandbox::Process,
             image: default_python_image(),
+            worker_resident: default_worker_memory(),
+            worker_procs: default_worker_procs(),
+            registry: None,
+            registry_cache: default_registry_cache(),
+            worker_config: None,
         }
     }
 
-    /// The listener's configuration, its registry under `data_dir/openlambda`.
-    pub fn listener(&self, data_dir: &std::path::Path) -> sonic_openlambda::OpenLambdaConfig {
+    /// The listener's configuration, its registry under `data_dir/openlambda`, following the
+    /// OpenLambda worker configuration `worker_config` names (an error when it cannot be read).
+    pub fn listener(
+        &self,
+        data_dir: &std::path::Path,
+    ) -> Result<sonic_openlambda::OpenLambdaConfig, String> {
         let mut c =
             sonic_openlambda::OpenLambdaConfig::new(self.listen, data_dir.join("openlambda"));
         c.token = self.token.clone();
@@ -202,7 +245,16 @@ impl OpenLambdaSettings {
                 image: self.image.clone(),
             },
         };
-        c
+        c.worker_resident = self.worker_resident.0;
+        c.worker_procs = self.worker_procs;
+        c.registry_folder = self.registry.clone();
+        c.registry_cache = Duration::from_secs_f64(self.registry_cache.0);
+        if let Some(path) = &self.worker_config {
+            let file = sonic_openlambda::config::WorkerFile::load(path)
+                .map_err(|e| format!("openlambda.worker_config: {e}"))?;
+            c.follow(&file);
+        }
+        Ok(c)
     }
 }
 
@@ -339,6 +391,10 @@ pub struct ControlArgs {
     /// The bearer token the OpenLambda listener requires (needed off loopback).
     #[arg(long, env = "SONIC_OPENLAMBDA_TOKEN", hide_env_values = true)]
     pub openlambda_token: Option<String>,
+    /// An OpenLambda worker configuration (`config.json`) for the OpenLambda listener to
+    /// follow: its registry folder, cache interval and limits.
+    #[arg(long, env = "SONIC_OPENLAMBDA_CONFIG")]
+    pub openlambda_config: Option<PathBuf>,
     /// The cluster's time dilation factor (>= 1): plan with the catalog's links and store this
     /// many times slower (deploy/cluster.sh --dilation).
     #[arg(long, env = "SONIC_CONTROL_DILATION")]
@@ -396,6 +452,7 @@ impl ControlConfig {
             .set("plan_memory", a.plan_memory)
             .set("openlambda.listen", a.openlambda)
             .set("openlambda.token", a.openlambda_token.as_ref())
+            .set("openlambda.worker_config", a.openlambda_config.as_ref())
             .set("dilation", a.dilation)
             .set("executor_nice", a.executor_nice)
             .extract()?;
@@ -487,6 +544,18 @@ impl ControlConfig {
                     "openlambda.image `{}` is not an image name",
                     ol.image
                 )));
+            }
+            let t = ol.registry_cache.0;
+            if !(t.is_finite() && (0.0..=86_400.0).contains(&t)) {
+                return Err(ConfigError::Invalid(
+                    "openlambda.registry_cache must be between 0 and a day".into(),
+                ));
+            }
+            // The worker configuration is read here too, so that a bad one stops the start
+            // with what is wrong in it.
+            if let Some(path) = &ol.worker_config {
+                sonic_openlambda::config::WorkerFile::load(path)
+                    .map_err(|e| ConfigError::Invalid(format!("openlambda.worker_config: {e}")))?;
             }
             if ol.max_body.0 < 1024 || ol.max_body.0 > 1024 * 1024 * 1024 {
                 return Err(ConfigError::Invalid(
@@ -644,7 +713,7 @@ mod tests {
         assert_eq!(ol.listen.port(), 5000);
         assert_eq!(ol.python, "python3");
         assert!(ol.token.is_empty());
-        let listener = ol.listener(dir.path());
+        let listener = ol.listener(dir.path()).expect("listener");
         assert_eq!(listener.dir, dir.path().join("openlambda"));
         // Off loopback, a token is required; a short one is refused.
         let open = ControlArgs {
@@ -687,7 +756,7 @@ mod tests {
             .expect("parses")
             .openlambda
             .expect("configured");
-        let listener = ol.listener(std::path::Path::new("/d"));
+        let listener = ol.listener(std::path::Path::new("/d")).expect("listener");
         assert_eq!(listener.worker_cpus, 0.5);
         assert_eq!(
             listener.sandbox,
@@ -700,15 +769,88 @@ mod tests {
             "worker_cpus: .nan",
             "sandbox: vm",
             "image: ''",
+            "registry_cache: -1s",
+            "worker_config: /nonexistent/config.json",
         ] {
-            let yaml = format!("openlambda:\n  listen: 127.0.0.1:5001\n  {bad}\n");
+            // With the control plane's token set, so that what is refused is the bad key.
+            let yaml = format!(
+                "token: 0123456789abcdef0123\nopenlambda:\n  listen: 127.0.0.1:5001\n  {bad}\n"
+            );
+            let refused = ControlConfig::from_yaml("c.yaml", &yaml).and_then(|c| c.check());
+            let key = bad.split(':').next().unwrap_or(bad);
+            // A parse error names the line (the bad key's is line 4), a check the key.
             assert!(
-                ControlConfig::from_yaml("c.yaml", &yaml)
-                    .and_then(|c| c.check())
-                    .is_err(),
-                "{bad} accepted"
+                refused.as_ref().is_err_and(|e| {
+                    let e = e.to_string();
+                    e.contains(key) || e.contains("line 4")
+                }),
+                "{bad}: {refused:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_openlambda_listener_follows_an_openlambda_worker_configuration() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("config.json");
+        std::fs::write(
+            &file,
+            r#"{"registry": "file:///srv/reg", "registry_cache_ms": 3000, "limits": {"procs": 10, "mem_mb": 50, "runtime_sec": 9}, "sandbox": "sock"}"#,
+        )
+        .expect("write");
+        let yaml = format!(
+            "token: 0123456789abcdef0123\nopenlambda:\n  listen: 127.0.0.1:5001\n  registry: /elsewhere\n  worker_procs: 64\n  worker_config: {}\n",
+            file.display()
+        );
+        let cfg = ControlConfig::from_yaml("c.yaml", &yaml).expect("parses");
+        cfg.check().expect("valid");
+        let listener = cfg
+            .openlambda
+            .as_ref()
+            .expect("configured")
+            .listener(dir.path())
+            .expect("listener");
+        assert_eq!(
+            listener.registry_folder.as_deref(),
+            Some(std::path::Path::new("/srv/reg"))
+        );
+        assert_eq!(listener.registry_cache, Duration::from_secs(3));
+        assert_eq!(
+            (listener.worker_procs, listener.worker_resident),
+            (10, 50 << 20)
+        );
+        assert_eq!(listener.timeout, Duration::from_secs(9));
+        // Without it, the YAML's keys.
+        let yaml = "openlambda:\n  listen: 127.0.0.1:5001\n  registry: /elsewhere\n  registry_cache: 0s\n  worker_procs: 64\n  worker_resident: 100MiB\n";
+        let listener = ControlConfig::from_yaml("c.yaml", yaml)
+            .expect("parses")
+            .openlambda
+            .expect("configured")
+            .listener(dir.path())
+            .expect("listener");
+        assert_eq!(
+            listener.registry_folder.as_deref(),
+            Some(std::path::Path::new("/elsewhere"))
+        );
+        assert_eq!(listener.registry_cache, Duration::ZERO);
+        assert_eq!(
+            (listener.worker_procs, listener.worker_resident),
+            (64, 100 << 20)
+        );
+        // A file that is not an OpenLambda configuration stops the start, saying where.
+        std::fs::write(&file, r#"{"registry": "http://localhost:5000"}"#).expect("write");
+        let yaml = format!(
+            "token: 0123456789abcdef0123\nopenlambda:\n  listen: 127.0.0.1:5001\n  worker_config: {}\n",
+            file.display()
+        );
+        let err = ControlConfig::from_yaml("c.yaml", &yaml)
+            .and_then(|c| c.check())
+            .expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("http:// registry is not supported"),
+            "{err}"
+        );
     }
 
     #[test]

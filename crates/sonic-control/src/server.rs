@@ -240,7 +240,12 @@ pub async fn start_with_jobs(
     })?;
     let addr = listener.local_addr()?;
     let openlambda = match &config.openlambda {
-        Some(ol) => Some(sonic_openlambda::start(ol.listener(&config.data_dir)).await?),
+        Some(ol) => {
+            let cfg = ol
+                .listener(&config.data_dir)
+                .map_err(sonic_openlambda::StartError::Config)?;
+            Some(sonic_openlambda::start(cfg).await?)
+        }
         None => None,
     };
     if let (Some(rt), Some(ol)) = (&jobs, &openlambda) {

@@ -41,8 +41,132 @@ pub struct OpenLambdaConfig {
     /// v1 `cpu` or v2 `cpu.max`); 0: none. Where cgroups cannot be made (not root), workers
     /// run unbounded and the listener says so once.
     pub worker_cpus: f64,
+    /// The memory one warm worker and the processes it forks may hold together, without swap
+    /// (a memory cgroup of its own in the process sandbox, Docker's `--memory` in the Docker
+    /// sandbox); past it the kernel kills a process of the worker. 0: none.
+    pub worker_resident: u64,
+    /// The processes and threads one warm worker may have at once, itself included (a `pids`
+    /// cgroup; Docker's `--pids-limit`): a handler that forks without end gets an error from
+    /// `fork`. 0: none.
+    pub worker_procs: u32,
     /// Where `/run/` workers run: host processes of `python` or containers of a Python image.
     pub sandbox: WorkerSandbox,
+    /// OpenLambda's registry folder, when lambdas are kept there (`registry` of its worker
+    /// configuration): a call of `<name>` installs `<folder>/<name>.tar.gz`, `<name>.py` or
+    /// `<name>/` (in that order), and uploads are written there as `<name>.tar.gz`.
+    pub registry_folder: Option<PathBuf>,
+    /// How long code pulled from the registry folder is used before the folder is looked at
+    /// again for a newer version.
+    pub registry_cache: Duration,
+}
+
+/// The parts of OpenLambda's worker configuration (its `config.json`, as OpenLambda's
+/// `go/common/config.go` names them) that a Sonic listener follows: `registry`,
+/// `registry_cache_ms` and `limits` (`procs`, `mem_mb`, `cpu_percent`, `runtime_sec`). Keys it
+/// does not know are OpenLambda's own (its sandboxes, zygotes, tracing) and are left alone; a
+/// limit of 0 keeps the listener's setting, as OpenLambda fills zero limits from its defaults.
+#[derive(Debug, Default, Deserialize)]
+pub struct WorkerFile {
+    #[serde(default)]
+    registry: Option<String>,
+    #[serde(default)]
+    registry_cache_ms: Option<u64>,
+    #[serde(default)]
+    limits: Option<WorkerFileLimits>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct WorkerFileLimits {
+    #[serde(default)]
+    procs: Option<u32>,
+    #[serde(default)]
+    mem_mb: Option<u64>,
+    #[serde(default)]
+    cpu_percent: Option<u32>,
+    #[serde(default)]
+    runtime_sec: Option<u64>,
+}
+
+impl WorkerFile {
+    /// Reads an OpenLambda worker configuration file.
+    pub fn load(path: &Path) -> Result<WorkerFile, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        WorkerFile::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Parses one.
+    pub fn parse(text: &str) -> Result<WorkerFile, String> {
+        let file: WorkerFile = serde_json::from_str(text)
+            .map_err(|e| format!("not an OpenLambda worker configuration: {e}"))?;
+        if let Some(r) = &file.registry {
+            registry_folder(r)?;
+        }
+        if let Some(l) = &file.limits
+            && let Some(s) = l.runtime_sec
+            && s > 86_400
+        {
+            return Err(format!("limits.runtime_sec {s} is more than a day (86400)"));
+        }
+        if let Some(ms) = file.registry_cache_ms
+            && ms > 86_400_000
+        {
+            return Err(format!(
+                "registry_cache_ms {ms} is more than a day (86400000)"
+            ));
+        }
+        Ok(file)
+    }
+}
+
+/// The folder a `registry` names: a path, or a `file://` URL of one. OpenLambda's other
+/// registries (HTTP, S3, GCS) are refused, saying so.
+fn registry_folder(registry: &str) -> Result<Option<PathBuf>, String> {
+    let path = match registry.split_once("://") {
+        None => registry,
+        Some(("file", rest)) => rest,
+        Some((scheme, _)) => {
+            return Err(format!(
+                "registry {registry:?}: a {scheme}:// registry is not supported; give a folder (a path, or file:///path)"
+            ));
+        }
+    };
+    if path.is_empty() {
+        return Ok(None);
+    }
+    std::path::absolute(path)
+        .map(Some)
+        .map_err(|e| format!("registry {registry:?}: {e}"))
+}
+
+impl OpenLambdaConfig {
+    /// Follows an OpenLambda worker configuration: its registry folder and cache interval, and
+    /// its limits (`procs`, `mem_mb` as the resident bound, `cpu_percent`, `runtime_sec` as the
+    /// call timeout). What it leaves out keeps this configuration's value.
+    pub fn follow(&mut self, file: &WorkerFile) {
+        if let Some(r) = &file.registry
+            && let Ok(Some(folder)) = registry_folder(r)
+        {
+            self.registry_folder = Some(folder);
+        }
+        if let Some(ms) = file.registry_cache_ms {
+            self.registry_cache = Duration::from_millis(ms);
+        }
+        if let Some(l) = &file.limits {
+            if let Some(p) = l.procs.filter(|&p| p > 0) {
+                self.worker_procs = p;
+            }
+            if let Some(mb) = l.mem_mb.filter(|&m| m > 0) {
+                self.worker_resident = mb.saturating_mul(1 << 20);
+            }
+            if let Some(pct) = l.cpu_percent.filter(|&p| p > 0) {
+                self.worker_cpus = f64::from(pct) / 100.0;
+            }
+            if let Some(s) = l.runtime_sec.filter(|&s| s > 0) {
+                self.timeout = Duration::from_secs(s);
+            }
+        }
+    }
 }
 
 /// Where the listener's `/run/` workers run.
@@ -78,6 +202,10 @@ impl std::fmt::Debug for OpenLambdaConfig {
             .field("python", &self.python)
             .field("timeout", &self.timeout)
             .field("sandbox", &self.sandbox)
+            .field("worker_resident", &self.worker_resident)
+            .field("worker_procs", &self.worker_procs)
+            .field("registry_folder", &self.registry_folder)
+            .field("registry_cache", &self.registry_cache)
             .finish_non_exhaustive()
     }
 }
@@ -100,7 +228,11 @@ impl OpenLambdaConfig {
             pip_timeout: crate::venv::DEFAULT_PIP_TIMEOUT,
             worker_memory: crate::DEFAULT_WORKER_MEMORY,
             worker_cpus: crate::DEFAULT_WORKER_CPUS,
+            worker_resident: crate::DEFAULT_WORKER_MEMORY,
+            worker_procs: crate::DEFAULT_WORKER_PROCS,
             sandbox: WorkerSandbox::Process,
+            registry_folder: None,
+            registry_cache: crate::DEFAULT_REGISTRY_CACHE,
         }
     }
 }
@@ -294,5 +426,44 @@ mod tests {
         assert!(LambdaConfig::parse("").expect("defaults").allows("DELETE"));
         assert!(LambdaConfig::parse("environment:\n  'A=B': x\n").is_err());
         assert!(LambdaConfig::parse("triggers: [").is_err());
+    }
+
+    #[test]
+    fn an_openlambda_worker_configuration_sets_the_registry_folder_and_limits() {
+        let mut c = OpenLambdaConfig::new("127.0.0.1:5000".parse().expect("addr"), "/x".into());
+        let file = WorkerFile::parse(
+            r#"{"registry": "file:///srv/registry", "registry_cache_ms": 3000,
+                "limits": {"procs": 10, "mem_mb": 50, "cpu_percent": 50, "runtime_sec": 7, "swappiness": 0},
+                "features": {"import_cache": "tree"}, "sandbox": "sock"}"#,
+        )
+        .expect("parses");
+        c.follow(&file);
+        assert_eq!(
+            c.registry_folder.as_deref(),
+            Some(Path::new("/srv/registry"))
+        );
+        assert_eq!(c.registry_cache, Duration::from_secs(3));
+        assert_eq!((c.worker_procs, c.worker_resident), (10, 50 << 20));
+        assert_eq!((c.worker_cpus, c.timeout), (0.5, Duration::from_secs(7)));
+        // Zero limits and missing keys keep the listener's own settings.
+        let mut d = OpenLambdaConfig::new("127.0.0.1:5000".parse().expect("addr"), "/x".into());
+        d.follow(
+            &WorkerFile::parse(r#"{"registry": "/srv/r", "limits": {"procs": 0}}"#)
+                .expect("parses"),
+        );
+        assert_eq!(d.registry_folder.as_deref(), Some(Path::new("/srv/r")));
+        assert_eq!(d.worker_procs, crate::DEFAULT_WORKER_PROCS);
+        assert_eq!(d.registry_cache, crate::DEFAULT_REGISTRY_CACHE);
+        // Registries Sonic cannot read, and values of the wrong kind, are refused.
+        for bad in [
+            r#"{"registry": "http://localhost:5000"}"#,
+            r#"{"registry": "s3://bucket"}"#,
+            r#"{"limits": {"procs": -1}}"#,
+            r#"{"limits": {"runtime_sec": 100000}}"#,
+            r#"{"registry_cache_ms": "soon"}"#,
+            "not json",
+        ] {
+            assert!(WorkerFile::parse(bad).is_err(), "{bad}");
+        }
     }
 }

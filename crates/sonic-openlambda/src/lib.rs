@@ -10,6 +10,7 @@
 pub mod config;
 pub mod docker_venv;
 pub mod package;
+pub mod registry;
 pub mod tarball;
 pub mod venv;
 pub mod worker;
@@ -53,6 +54,9 @@ pub enum StartError {
     /// The registry folder or the listener.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// Its configuration (an OpenLambda worker configuration that cannot be read).
+    #[error("{0}")]
+    Config(String),
 }
 
 /// A future the [`DagRunner`] answers with.
@@ -81,10 +85,41 @@ struct Lambda {
     config: LambdaConfig,
     /// Its `requirements.txt` pins: its workers run in their environment.
     requirements: Option<venv::Requirements>,
+    /// What it was installed from ([`registry::Source::digest`]; empty when not known): the
+    /// registry folder's lambda is installed again when its digest differs.
+    source: String,
     version: u64,
     idle: Vec<Worker>,
     queued: usize,
     slots: Arc<tokio::sync::Semaphore>,
+}
+
+/// One pull or upload of a lambda at a time ([`Handlers::one_at_a_time`]); the lock is
+/// forgotten when no one else waits for it, so that names called once leave nothing behind.
+struct NameGuard<'a> {
+    h: &'a Handlers,
+    name: String,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for NameGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut locks = lock(&self.h.name_locks);
+        // The map's and this guard's: nobody else holds or waits for it.
+        if Arc::strong_count(&self.lock) <= 2 {
+            locks.remove(&self.name);
+        }
+    }
+}
+
+/// What an install found in a lambda's code, besides its folder.
+struct Installed {
+    package: Option<package::Package>,
+    config: LambdaConfig,
+    requirements: Option<venv::Requirements>,
+    source: String,
 }
 
 #[derive(Default)]
@@ -116,6 +151,10 @@ pub struct Handlers {
     cold_starts: AtomicUsize,
     /// Runs DAGs for `/run/<dag-name>`, once the control plane set it.
     dags: std::sync::OnceLock<Arc<dyn DagRunner>>,
+    /// Per lambda, when the registry folder was last looked at for it.
+    pulled: Mutex<HashMap<String, Instant>>,
+    /// Per lambda, one pull or upload at a time.
+    name_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Handlers {
@@ -143,8 +182,8 @@ impl Handlers {
         }
         // Workers of listeners that are gone (a process that exited without stopping its
         // listener, or was killed) leave their CPU groups and containers: removed here.
-        for group in worker::sweep_cpu_groups() {
-            tracing::info!(group = %group.display(), "removed a stale /run/ worker CPU group");
+        for group in worker::sweep_groups() {
+            tracing::info!(group = %group.display(), "removed a stale /run/ worker cgroup");
         }
         if let WorkerSandbox::Docker { image } = &cfg.sandbox {
             check_image(image).await?;
@@ -186,8 +225,13 @@ impl Handlers {
             stats: Mutex::new(BTreeMap::new()),
             cold_starts: AtomicUsize::new(0),
             dags: std::sync::OnceLock::new(),
+            pulled: Mutex::new(HashMap::new()),
+            name_locks: Mutex::new(HashMap::new()),
             cfg,
         };
+        if let Some(folder) = &handlers.cfg.registry_folder {
+            tokio::fs::create_dir_all(folder).await?;
+        }
         let mut rd = tokio::fs::read_dir(&root).await?;
         while let Some(e) = rd.next_entry().await? {
             let name = e.file_name().to_string_lossy().into_owned();
@@ -211,7 +255,16 @@ impl Handlers {
                         }),
                         Err(_) => None,
                     };
-                    handlers.put(&name, e.path(), package, config, requirements, 0)
+                    let source = package
+                        .as_ref()
+                        .map_or_else(String::new, |p| p.sha256.clone());
+                    let installed = Installed {
+                        package,
+                        config,
+                        requirements,
+                        source,
+                    };
+                    handlers.put(&name, e.path(), installed, 0)
                 }
                 Err(err) => {
                     tracing::warn!(lambda = %name, error = %err, "skipped an installed lambda")
@@ -221,21 +274,20 @@ impl Handlers {
         Ok(Arc::new(handlers))
     }
 
-    fn put(
-        &self,
-        name: &str,
-        dir: PathBuf,
-        package: Option<package::Package>,
-        config: LambdaConfig,
-        requirements: Option<venv::Requirements>,
-        queued: usize,
-    ) {
+    fn put(&self, name: &str, dir: PathBuf, installed: Installed, queued: usize) {
         let version = self.versions.fetch_add(1, Ordering::Relaxed);
+        let Installed {
+            package,
+            config,
+            requirements,
+            source,
+        } = installed;
         let lambda = Lambda {
             dir,
             package,
             config,
             requirements,
+            source,
             version,
             idle: Vec::new(),
             queued,
@@ -266,6 +318,22 @@ impl Handlers {
     /// through `runner` (the first call wins).
     pub fn set_dags(&self, runner: Arc<dyn DagRunner>) {
         let _ = self.dags.set(runner);
+    }
+
+    /// Waits until no other pull or upload of lambda `name` runs, and holds that until the
+    /// guard is dropped.
+    async fn one_at_a_time(&self, name: &str) -> NameGuard<'_> {
+        let lock = lock(&self.name_locks)
+            .entry(name.to_owned())
+            .or_default()
+            .clone();
+        let guard = lock.clone().lock_owned().await;
+        NameGuard {
+            h: self,
+            name: name.to_owned(),
+            lock,
+            guard: Some(guard),
+        }
     }
 
     /// Whether a lambda named `name` is registered.
@@ -495,6 +563,9 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, req: &Call, body: 
     if let Some(r) = invalid_name(name) {
         return r;
     }
+    if let Err(msg) = pull(h, name).await {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, msg);
+    }
     if !h.has(name)
         && let Some(dags) = h.dags.get()
         && sonic_dag_name(name)
@@ -544,6 +615,8 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, req: &Call, body: 
         max_output: h.cfg.max_output,
         memory: h.cfg.worker_memory,
         cpus: h.cfg.worker_cpus,
+        resident: h.cfg.worker_resident,
+        procs: h.cfg.worker_procs,
     };
     // A warm worker of the current code, or a cold start.
     let taken = {
@@ -747,7 +820,14 @@ fn call_error(name: &str, e: CallError) -> Response {
 
 async fn list(State(h): State<Arc<Handlers>>) -> Response {
     let mut names: Vec<String> = lock(&h.lambdas).keys().cloned().collect();
+    if let Some(folder) = h.cfg.registry_folder.clone() {
+        let found = tokio::task::spawn_blocking(move || registry::names(&folder))
+            .await
+            .unwrap_or_default();
+        names.extend(found.into_iter().filter(|n| invalid_name(n).is_none()));
+    }
     names.sort();
+    names.dedup();
     axum::Json(names).into_response()
 }
 
@@ -758,6 +838,9 @@ async fn not_implemented() -> Response {
 async fn show_config(State(h): State<Arc<Handlers>>, UrlPath(name): UrlPath<String>) -> Response {
     if let Some(r) = invalid_name(&name) {
         return r;
+    }
+    if let Err(msg) = pull(&h, &name).await {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, msg);
     }
     match lock(&h.lambdas).get(&name) {
         Some(l) => axum::Json(l.config.to_json()).into_response(),
@@ -778,36 +861,79 @@ async fn install(
         return r;
     }
     let t0 = Instant::now();
+    let _one = h.one_at_a_time(&name).await;
+    let source = registry::Source::Tarball(body.clone());
+    let digest = source.digest();
+    if let Err((status, msg)) = install_source(&h, &name, source, digest).await {
+        return text(status, msg);
+    }
+    // With a registry folder, the upload is kept there, as OpenLambda's worker keeps it.
+    if let Some(folder) = h.cfg.registry_folder.clone() {
+        let n = h.versions.fetch_add(1, Ordering::Relaxed);
+        let kept = {
+            let name = name.clone();
+            tokio::task::spawn_blocking(move || registry::keep(&folder, &name, &body, n)).await
+        };
+        match kept {
+            Ok(Ok(())) => {
+                lock(&h.pulled).insert(name.clone(), Instant::now());
+            }
+            Ok(Err(e)) => {
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("lambda `{name}` installed, but not kept in the registry folder: {e}"),
+                );
+            }
+            Err(e) => {
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("lambda `{name}` installed, but not kept in the registry folder: {e}"),
+                );
+            }
+        }
+    }
+    h.record("registry-upload", t0);
+    (StatusCode::CREATED, format!("lambda `{name}` installed\n")).into_response()
+}
+
+/// Installs lambda `name` from `source` (whose content `digest` names): unpacked beside, its
+/// `ol.yaml`, entry file and `requirements.txt` checked and its environment built, then put in
+/// place of the old version at once. On error nothing changed: the status and message say why.
+async fn install_source(
+    h: &Handlers,
+    name: &str,
+    source: registry::Source,
+    digest: String,
+) -> Result<(), (StatusCode, String)> {
     let n = h.versions.fetch_add(1, Ordering::Relaxed);
     let staging = h.root.join(format!(".new-{name}-{n}"));
     let max = h.cfg.max_unpacked;
     let st = staging.clone();
-    let tarball = body.clone();
-    type Unpacked = (LambdaConfig, Option<venv::Requirements>);
+    type Unpacked = (LambdaConfig, Option<venv::Requirements>, registry::Source);
     let unpacked = tokio::task::spawn_blocking(move || -> Result<Unpacked, String> {
         std::fs::create_dir(&st).map_err(|e| e.to_string())?;
-        tarball::unpack(&body, &st, max).map_err(|e| e.to_string())?;
+        source.unpack(&st, max)?;
         let config = LambdaConfig::load(&st).map_err(|e| e.to_string())?;
         let entry = config.entry_file()?;
         if !st.join(entry).is_file() {
             return Err(format!("the tarball has no {entry} at its top (pack the lambda's folder: tar -czf name.tar.gz -C dir .)"));
         }
         let reqs = venv::Requirements::load(&st).map_err(|e| e.to_string())?;
-        Ok((config, reqs))
+        Ok((config, reqs, source))
     })
     .await;
-    let (config, requirements) = match unpacked {
+    let (config, requirements, source) = match unpacked {
         Ok(Ok(c)) => c,
         Ok(Err(msg)) => {
             let _ = tokio::fs::remove_dir_all(&staging).await;
-            return text(StatusCode::BAD_REQUEST, msg);
+            return Err((StatusCode::BAD_REQUEST, msg));
         }
         Err(e) => {
             let _ = tokio::fs::remove_dir_all(&staging).await;
-            return text(
+            return Err((
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("unpacking failed: {e}"),
-            );
+            ));
         }
     };
     // Its environment is built before anything is replaced: a failed install keeps the previous
@@ -821,27 +947,39 @@ async fn install(
             venv::VenvError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        return text(status, format!("lambda `{name}` not installed: {e}"));
+        return Err((status, format!("lambda `{name}` not installed: {e}")));
     }
     let _one = h.installs.lock().await;
-    // The tarball is kept as sent (it unpacked safely), for DAG stages on other hosts.
-    let sha256 = package::sha256_hex(&tarball);
+    // A tarball is kept as sent (it unpacked safely), for DAG stages on other hosts.
     let package_path = h.packages.join(format!("{name}.tar.gz"));
-    let package_tmp = h.packages.join(format!(".new-{name}-{n}"));
-    let kept = async {
-        tokio::fs::write(&package_tmp, &tarball).await?;
-        tokio::fs::rename(&package_tmp, &package_path).await
-    }
-    .await;
-    if let Err(e) = kept {
-        let _ = tokio::fs::remove_dir_all(&staging).await;
-        let _ = tokio::fs::remove_file(&package_tmp).await;
-        return text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot keep the tarball: {e}"),
-        );
-    }
-    let dest = h.root.join(&name);
+    let package = match &source {
+        registry::Source::Tarball(tarball) => {
+            let package_tmp = h.packages.join(format!(".new-{name}-{n}"));
+            let kept = async {
+                tokio::fs::write(&package_tmp, tarball).await?;
+                tokio::fs::rename(&package_tmp, &package_path).await
+            }
+            .await;
+            if let Err(e) = kept {
+                let _ = tokio::fs::remove_dir_all(&staging).await;
+                let _ = tokio::fs::remove_file(&package_tmp).await;
+                return Err((
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("cannot keep the tarball: {e}"),
+                ));
+            }
+            Some(package::Package {
+                sha256: package::sha256_hex(tarball),
+                path: package_path,
+            })
+        }
+        // A script or folder of the registry folder has no tarball to ship to other hosts.
+        _ => {
+            let _ = tokio::fs::remove_file(&package_path).await;
+            None
+        }
+    };
+    let dest = h.root.join(name);
     let old = h.root.join(format!(".old-{name}-{n}"));
     let swapped = async {
         if tokio::fs::try_exists(&dest).await? {
@@ -852,34 +990,124 @@ async fn install(
     .await;
     if let Err(e) = swapped {
         let _ = tokio::fs::remove_dir_all(&staging).await;
-        return text(
+        return Err((
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("cannot install: {e}"),
-        );
+        ));
     }
     // The new version replaces the old one; its warm workers are dropped (killed) here or when
     // their call ends, so that the next call imports the new code.
     // Calls of the old code still hold their place in the queue (they give it back on drop).
-    let previous = lock(&h.lambdas).remove(&name);
+    let previous = lock(&h.lambdas).remove(name);
     let queued = previous.as_ref().map_or(0, |l| l.queued);
     drop(previous);
-    let package = package::Package {
-        sha256,
-        path: package_path,
+    let installed = Installed {
+        package,
+        config,
+        requirements,
+        source: digest,
     };
-    h.put(&name, dest, Some(package), config, requirements, queued);
+    h.put(name, dest, installed, queued);
     let _ = tokio::fs::remove_dir_all(&old).await;
-    h.record("registry-upload", t0);
     tracing::info!(lambda = %name, "lambda installed");
-    (StatusCode::CREATED, format!("lambda `{name}` installed\n")).into_response()
+    Ok(())
+}
+
+/// With a registry folder, brings lambda `name` up to date with it before a call: looked at
+/// when it was not within the cache interval; installed when its content changed; removed
+/// when the folder no longer has it. A version that cannot be installed leaves the one before
+/// serving (and is tried again after the interval); with none before, the call fails (500)
+/// with why.
+async fn pull(h: &Handlers, name: &str) -> Result<(), String> {
+    let Some(folder) = h.cfg.registry_folder.clone() else {
+        return Ok(());
+    };
+    let fresh = || {
+        lock(&h.pulled)
+            .get(name)
+            .is_some_and(|t| t.elapsed() < h.cfg.registry_cache)
+    };
+    if fresh() {
+        return Ok(());
+    }
+    let _one = h.one_at_a_time(name).await;
+    if fresh() {
+        return Ok(());
+    }
+    let t0 = Instant::now();
+    let found = {
+        let (name, max) = (name.to_owned(), h.cfg.max_unpacked);
+        tokio::task::spawn_blocking(move || registry::find(&folder, &name, max))
+            .await
+            .unwrap_or_else(|e| Err(format!("reading the registry folder failed: {e}")))
+    };
+    lock(&h.pulled).insert(name.to_owned(), Instant::now());
+    let failed = |msg: String| {
+        if h.has(name) {
+            tracing::warn!(lambda = %name, error = %msg, "the registry folder's new version cannot be installed; the one before serves");
+            Ok(())
+        } else {
+            Err(format!(
+                "lambda `{name}` in the registry folder cannot be installed: {msg}"
+            ))
+        }
+    };
+    match found {
+        Ok(None) => {
+            // Not (or no longer) in the folder: not in the registry. A name called that was
+            // never there leaves no entry.
+            lock(&h.pulled).remove(name);
+            let _install = h.installs.lock().await;
+            if lock(&h.lambdas).remove(name).is_some() {
+                let _ = tokio::fs::remove_dir_all(h.root.join(name)).await;
+                let _ = tokio::fs::remove_file(h.packages.join(format!("{name}.tar.gz"))).await;
+                tracing::info!(lambda = %name, "removed: the registry folder no longer has it");
+            }
+            Ok(())
+        }
+        Ok(Some(source)) => {
+            let digest = source.digest();
+            if lock(&h.lambdas)
+                .get(name)
+                .is_some_and(|l| l.source == digest)
+            {
+                return Ok(());
+            }
+            match install_source(h, name, source, digest).await {
+                Ok(()) => {
+                    h.record("pull-handler", t0);
+                    Ok(())
+                }
+                Err((_, msg)) => failed(msg),
+            }
+        }
+        Err(msg) => failed(msg),
+    }
 }
 
 async fn remove(State(h): State<Arc<Handlers>>, UrlPath(name): UrlPath<String>) -> Response {
     if let Some(r) = invalid_name(&name) {
         return r;
     }
+    let _name = h.one_at_a_time(&name).await;
     let _one = h.installs.lock().await;
-    if lock(&h.lambdas).remove(&name).is_none() {
+    // With a registry folder, the lambda goes from there too (every form of it).
+    let in_folder = match &h.cfg.registry_folder {
+        None => false,
+        Some(folder) => match registry::remove(folder, &name) {
+            Ok(found) => {
+                lock(&h.pulled).remove(&name);
+                found
+            }
+            Err(e) => {
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("cannot remove lambda `{name}` from the registry folder: {e}"),
+                );
+            }
+        },
+    };
+    if lock(&h.lambdas).remove(&name).is_none() && !in_folder {
         return text(
             StatusCode::NOT_FOUND,
             format!("lambda `{name}` is not in the registry"),
@@ -963,6 +1191,14 @@ pub const DEFAULT_WORKER_MEMORY: u64 = 2 << 30;
 
 /// The CPUs one warm `/run/` worker may use by default (`OpenLambdaConfig::worker_cpus`).
 pub const DEFAULT_WORKER_CPUS: f64 = 1.0;
+
+/// The processes and threads one `/run/` worker may have at once, itself included
+/// (`openlambda.worker_procs`).
+pub const DEFAULT_WORKER_PROCS: u32 = 128;
+
+/// How long code pulled from a registry folder is used before the folder is looked at again
+/// (`registry_cache_ms` of OpenLambda's worker configuration, whose default this is).
+pub const DEFAULT_REGISTRY_CACHE: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

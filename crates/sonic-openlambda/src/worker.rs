@@ -35,8 +35,9 @@ pub struct Worker {
     stdout: BufReader<ChildStdout>,
     /// The code version it imported.
     pub version: u64,
-    /// Its CPU bound, when it has one; after `child`, so that it is removed after the kill.
-    cpu: Option<CpuGroup>,
+    /// Its cgroups (process sandbox), when it has bounds; after `child`, so that they are
+    /// removed after the kill.
+    groups: Option<Groups>,
     /// Its container (Docker sandbox): `child` is the `docker run -i` attached to it.
     container: Option<String>,
     /// What the lambda's entry is, as the runtime found it.
@@ -137,12 +138,13 @@ fn pid_alive(pid: u32) -> bool {
     }
 }
 
-/// Removes the CPU groups of `/run/` workers whose listener process is gone
+/// Removes the cgroups of `/run/` workers whose listener process is gone
 /// (`sonic-openlambda-<pid>-<n>` of a pid that no longer runs: a listener that exited without
-/// stopping, or was killed). Returns the groups removed.
-pub fn sweep_cpu_groups() -> Vec<std::path::PathBuf> {
+/// stopping, or was killed), in each hierarchy workers' groups are made in. Returns the groups
+/// removed.
+pub fn sweep_groups() -> Vec<std::path::PathBuf> {
     let mut removed = Vec::new();
-    for root in [Path::new("/sys/fs/cgroup/cpu"), Path::new("/sys/fs/cgroup")] {
+    for root in [V1_CPU, V1_MEMORY, V1_PIDS, V2].map(Path::new) {
         let Ok(entries) = std::fs::read_dir(root) else {
             continue;
         };
@@ -163,7 +165,7 @@ pub fn sweep_cpu_groups() -> Vec<std::path::PathBuf> {
             match std::fs::remove_dir(e.path()) {
                 Ok(()) => removed.push(e.path()),
                 Err(err) => {
-                    tracing::warn!(group = %e.path().display(), error = %err, "cannot remove a stale worker CPU group")
+                    tracing::warn!(group = %e.path().display(), error = %err, "cannot remove a stale worker cgroup")
                 }
             }
         }
@@ -253,97 +255,184 @@ pub async fn sweep_containers() -> Vec<String> {
     removed
 }
 
-/// A worker's CPU bound: a cgroup of its own with a CFS quota (cgroup v1 `cpu` controller at
-/// `/sys/fs/cgroup/cpu`, else cgroup v2 `cpu.max`), removed when dropped.
-struct CpuGroup {
-    dir: std::path::PathBuf,
+/// A worker's bounds in the process sandbox: a cgroup of its own in each controller it needs
+/// (cgroup v1: `cpu` with a CFS quota, `memory` with `memory.limit_in_bytes` and, where swap is
+/// accounted, `memory.memsw.limit_in_bytes`, `pids` with `pids.max`; cgroup v2: one group with
+/// `cpu.max`, `memory.max`, `memory.swap.max` and `pids.max`), removed when dropped. The
+/// memory and process bounds cover the worker and every process it forks.
+struct Groups {
+    dirs: Vec<std::path::PathBuf>,
 }
 
 /// The CFS period of worker CPU groups (µs).
 const CPU_PERIOD_US: u64 = 100_000;
 
-impl CpuGroup {
-    /// Makes a group allowing `cpus` CPUs and moves `pid` into it.
-    fn create(cpus: f64, pid: u32) -> std::io::Result<CpuGroup> {
+/// The cgroup v1 hierarchies workers' groups are made in, and cgroup v2's root.
+const V1_CPU: &str = "/sys/fs/cgroup/cpu";
+const V1_MEMORY: &str = "/sys/fs/cgroup/memory";
+const V1_PIDS: &str = "/sys/fs/cgroup/pids";
+const V2: &str = "/sys/fs/cgroup";
+
+impl Groups {
+    /// Makes the groups `limits` asks for and moves `pid` into them; `None` when it asks for
+    /// no bound.
+    fn create(limits: &Limits, pid: u32) -> std::io::Result<Option<Groups>> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let cpus = (limits.cpus.is_finite() && limits.cpus > 0.0).then_some(limits.cpus);
+        let memory = (limits.resident > 0).then_some(limits.resident);
+        let procs = (limits.procs > 0).then_some(limits.procs);
+        if cpus.is_none() && memory.is_none() && procs.is_none() {
+            return Ok(None);
+        }
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("sonic-openlambda-{}-{n}", std::process::id());
-        let quota = ((cpus * CPU_PERIOD_US as f64) as u64).max(1_000);
-        let v1 = Path::new("/sys/fs/cgroup/cpu");
-        let v2 = Path::new("/sys/fs/cgroup");
-        let (dir, limits) = if v1.join("cpu.cfs_quota_us").is_file() {
-            (
-                v1.join(name),
-                vec![
-                    ("cpu.cfs_period_us", CPU_PERIOD_US.to_string()),
-                    ("cpu.cfs_quota_us", quota.to_string()),
-                ],
-            )
-        } else if v2.join("cgroup.controllers").is_file() {
-            (
-                v2.join(name),
-                vec![("cpu.max", format!("{quota} {CPU_PERIOD_US}"))],
-            )
-        } else {
-            return Err(std::io::Error::other("no cgroup cpu controller"));
-        };
-        std::fs::create_dir(&dir)?;
-        // From here on, a failure removes the group (drop).
-        let group = CpuGroup { dir };
-        for (file, value) in limits {
-            std::fs::write(group.dir.join(file), value)?;
-        }
-        std::fs::write(group.dir.join("cgroup.procs"), pid.to_string())?;
-        Ok(group)
-    }
-}
-
-impl CpuGroup {
-    /// Removes the group once its worker is gone (waited for): at most a few tries.
-    async fn remove(mut self) {
-        let dir = std::mem::take(&mut self.dir);
-        for _ in 0..500 {
-            if std::fs::remove_dir(&dir).is_ok() || !dir.exists() {
-                return;
+        let quota = cpus.map(|c| ((c * CPU_PERIOD_US as f64) as u64).max(1_000));
+        // Per group folder, the files to write, in order (the last is `cgroup.procs`).
+        let mut plan: Vec<(std::path::PathBuf, Vec<(&str, String)>)> = Vec::new();
+        if Path::new(V1_CPU).join("cpu.cfs_quota_us").is_file()
+            || Path::new(V1_MEMORY).join("memory.limit_in_bytes").is_file()
+            || Path::new(V1_PIDS).join("pids.max").is_file()
+        {
+            for (wanted, root, files) in [
+                (
+                    quota.is_some(),
+                    V1_CPU,
+                    quota.map_or_else(Vec::new, |q| {
+                        vec![
+                            ("cpu.cfs_period_us", CPU_PERIOD_US.to_string()),
+                            ("cpu.cfs_quota_us", q.to_string()),
+                        ]
+                    }),
+                ),
+                (
+                    memory.is_some(),
+                    V1_MEMORY,
+                    memory.map_or_else(Vec::new, |m| {
+                        let mut f = vec![("memory.limit_in_bytes", m.to_string())];
+                        if Path::new(V1_MEMORY)
+                            .join("memory.memsw.limit_in_bytes")
+                            .is_file()
+                        {
+                            f.push(("memory.memsw.limit_in_bytes", m.to_string()));
+                        }
+                        f.push(("memory.swappiness", "0".into()));
+                        f
+                    }),
+                ),
+                (
+                    procs.is_some(),
+                    V1_PIDS,
+                    procs.map_or_else(Vec::new, |p| vec![("pids.max", p.to_string())]),
+                ),
+            ] {
+                if !wanted {
+                    continue;
+                }
+                if !Path::new(root).is_dir() {
+                    return Err(std::io::Error::other(format!(
+                        "no cgroup hierarchy at {root}"
+                    )));
+                }
+                plan.push((Path::new(root).join(&name), files));
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        } else if Path::new(V2).join("cgroup.controllers").is_file() {
+            let mut files = Vec::new();
+            if let Some(q) = quota {
+                files.push(("cpu.max", format!("{q} {CPU_PERIOD_US}")));
+            }
+            if let Some(m) = memory {
+                files.push(("memory.max", m.to_string()));
+                files.push(("memory.swap.max", "0".into()));
+            }
+            if let Some(p) = procs {
+                files.push(("pids.max", p.to_string()));
+            }
+            plan.push((Path::new(V2).join(&name), files));
+        } else {
+            return Err(std::io::Error::other("no cgroup controllers"));
         }
-        tracing::warn!(group = %dir.display(), "cannot remove a worker's CPU group");
+        // From here on, a failure removes the groups made (drop).
+        let mut groups = Groups { dirs: Vec::new() };
+        for (dir, files) in plan {
+            std::fs::create_dir(&dir)?;
+            groups.dirs.push(dir.clone());
+            for (file, value) in files {
+                std::fs::write(dir.join(file), &value).map_err(|e| {
+                    std::io::Error::other(format!("{}: {e}", dir.join(file).display()))
+                })?;
+            }
+            std::fs::write(dir.join("cgroup.procs"), pid.to_string())?;
+        }
+        Ok(Some(groups))
+    }
+
+    /// How many times a process of the worker was killed for going over its memory bound
+    /// (cgroup v1 `memory.oom_control`'s or v2 `memory.events`' `oom_kill`).
+    fn oom_kills(&self) -> u64 {
+        self.dirs
+            .iter()
+            .filter_map(|d| {
+                std::fs::read_to_string(d.join("memory.oom_control"))
+                    .or_else(|_| std::fs::read_to_string(d.join("memory.events")))
+                    .ok()
+            })
+            .flat_map(|text| {
+                text.lines()
+                    .filter_map(|l| l.strip_prefix("oom_kill ")?.trim().parse::<u64>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    }
+
+    /// Removes the groups once their worker is gone (waited for): at most a few tries.
+    async fn remove(mut self) {
+        for dir in std::mem::take(&mut self.dirs) {
+            let mut removed = false;
+            for _ in 0..500 {
+                if std::fs::remove_dir(&dir).is_ok() || !dir.exists() {
+                    removed = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if !removed {
+                tracing::warn!(group = %dir.display(), "cannot remove a worker's cgroup");
+            }
+        }
     }
 }
 
-impl Drop for CpuGroup {
+impl Drop for Groups {
     fn drop(&mut self) {
-        let dir = std::mem::take(&mut self.dir);
-        if dir.as_os_str().is_empty() {
+        let dirs = std::mem::take(&mut self.dirs);
+        if dirs.is_empty() {
             return;
         }
         // The worker was killed just before: removal waits (briefly) for it to exit.
         std::thread::spawn(move || {
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while std::fs::remove_dir(&dir).is_err() && std::time::Instant::now() < deadline {
-                if !dir.exists() {
-                    return;
+            for dir in dirs {
+                while std::fs::remove_dir(&dir).is_err() && std::time::Instant::now() < deadline {
+                    if !dir.exists() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
                 }
-                std::thread::sleep(Duration::from_millis(10));
             }
         });
     }
 }
 
-/// Puts a new worker under its CPU bound; where no group can be made, says so once and lets it
+/// Puts a new worker under its bounds; where no group can be made, says so once and lets it
 /// run unbounded.
-fn bound_cpu(cpus: f64, pid: Option<u32>) -> Option<CpuGroup> {
+fn bound(limits: &Limits, pid: Option<u32>) -> Option<Groups> {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !(cpus.is_finite() && cpus > 0.0) {
-        return None;
-    }
     let pid = pid?;
-    match CpuGroup::create(cpus, pid) {
-        Ok(g) => Some(g),
+    match Groups::create(limits, pid) {
+        Ok(g) => g,
         Err(e) => {
             if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                tracing::warn!(error = %e, "cannot bound the CPU of /run/ workers (cgroups need root): they run unbounded");
+                tracing::warn!(error = %e, "cannot bound the CPU, memory and processes of /run/ workers (cgroups need root): they run unbounded");
             }
             None
         }
@@ -361,6 +450,12 @@ pub struct Limits {
     pub memory: u64,
     /// The CPUs the worker may use (its own cgroup's CFS quota); 0: no limit.
     pub cpus: f64,
+    /// The memory the worker and the processes it forks may hold (a memory cgroup of its own,
+    /// without swap; Docker's `--memory` in a container), bytes; 0: no limit.
+    pub resident: u64,
+    /// How many processes and threads the worker may have at once, itself included (a `pids`
+    /// cgroup; Docker's `--pids-limit`); 0: no limit.
+    pub procs: u32,
 }
 
 /// Where a worker runs.
@@ -440,8 +535,8 @@ impl Worker {
         tokio::spawn(drain(stderr, container.is_some().then(|| said.clone())));
         // Right after the start, while the runtime is still starting Python. A container has
         // Docker's CPU bound instead.
-        let cpu = match place {
-            Place::Host { .. } => bound_cpu(limits.cpus, child.id()),
+        let groups = match place {
+            Place::Host { .. } => bound(limits, child.id()),
             Place::Docker { .. } => None,
         };
         let mut w = Worker {
@@ -449,7 +544,7 @@ impl Worker {
             stdin,
             stdout: BufReader::new(stdout),
             version,
-            cpu,
+            groups,
             container,
             entry: Entry::Func,
         };
@@ -495,8 +590,8 @@ impl Worker {
         if let Some(name) = self.container.take() {
             docker_rm_force(&name).await;
         }
-        if let Some(cpu) = self.cpu.take() {
-            cpu.remove().await;
+        if let Some(groups) = self.groups.take() {
+            groups.remove().await;
         }
     }
 
@@ -587,9 +682,19 @@ impl Worker {
                 .map_err(|e| CallError::Worker(format!("cannot send the call: {e}")))?;
             self.read_line(limits.max_output).await
         };
-        tokio::time::timeout(limits.timeout, exchange)
-            .await
-            .map_err(|_| CallError::Timeout(limits.timeout))?
+        match tokio::time::timeout(limits.timeout, exchange).await {
+            Err(_) => Err(CallError::Timeout(limits.timeout)),
+            // A worker killed for its memory says so (its memory group counted the kill).
+            Ok(Err(CallError::Worker(msg)))
+                if self.groups.as_ref().is_some_and(|g| g.oom_kills() > 0) =>
+            {
+                Err(CallError::Worker(format!(
+                    "{msg}: killed for going over its memory bound of {} MiB",
+                    limits.resident >> 20
+                )))
+            }
+            Ok(r) => r,
+        }
     }
 
     async fn read_line(&mut self, max: usize) -> Result<serde_json::Value, CallError> {
@@ -709,10 +814,21 @@ fn docker_command(
     if let Some(v) = venv {
         cmd.args(["-v", &format!("{}:{venv_dir}:ro", v.display())]);
     }
+    // The container's memory (without swap) is the lower of the resident and address-space
+    // bounds that are set; the runtime sets the latter as its RLIMIT_AS either way.
+    let container_memory = match (limits.resident, limits.memory) {
+        (0, m) | (m, 0) => m,
+        (r, m) => r.min(m),
+    };
+    if container_memory > 0 {
+        let m = container_memory.to_string();
+        cmd.args(["--memory", &m, "--memory-swap", &m]);
+    }
     if limits.memory > 0 {
-        let m = limits.memory.to_string();
-        cmd.args(["--memory", &m, "--memory-swap", &m])
-            .args(["-e", &format!("SONIC_WORKER_MEMORY={m}")]);
+        cmd.args(["-e", &format!("SONIC_WORKER_MEMORY={}", limits.memory)]);
+    }
+    if limits.procs > 0 {
+        cmd.args(["--pids-limit", &limits.procs.to_string()]);
     }
     if limits.cpus.is_finite() && limits.cpus > 0.0 {
         cmd.args(["--cpus", &format!("{:.3}", limits.cpus)]);

@@ -1196,3 +1196,220 @@ async fn requirements_install_from_pypi_into_an_image_venv_in_docker() -> Res {
     assert!(builds.stdout.is_empty(), "build containers left");
     Ok(())
 }
+
+both!(
+    limits_in,
+    a_worker_and_its_children_stay_within_their_process_and_memory_bounds,
+    a_worker_and_its_children_stay_within_their_process_and_memory_bounds_in_docker
+);
+
+/// Forks a chain of `n` processes (each forks the next) and returns how many it made: `fork`
+/// fails once the worker's process bound is reached.
+const FORK_CHAIN: &str = r#"import os
+
+def chain(n):
+    if n == 0:
+        return 0
+    try:
+        pid = os.fork()
+    except OSError:
+        return 0
+    if pid:
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status)
+    os._exit(min(1 + chain(n - 1), 255))
+
+def f(event):
+    return chain(event["times"])
+"#;
+
+/// Tries ever larger allocations, each in a child of its own, and returns the largest that
+/// succeeded, in MiB (or, with `{"here": MB}`, allocates in the worker itself).
+const ALLOC_IN_CHILDREN: &str = r#"import os
+
+def attempt(mb):
+    pid = os.fork()
+    if pid == 0:
+        data = bytearray(mb << 20)
+        for i in range(0, len(data), 4096):
+            data[i] = 1
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return status == 0
+
+def f(event):
+    if "here" in event:
+        data = bytearray(event["here"] << 20)
+        for i in range(0, len(data), 4096):
+            data[i] = 1
+        return len(data) >> 20
+    for mb in range(1, 512):
+        if not attempt(mb):
+            return mb - 1
+    return 512
+"#;
+
+/// OpenLambda's `fork_bomb` and `max_mem_alloc` cases, written anew: with a process bound of 10
+/// a handler forks at most 10 processes, and with a memory bound of 50 MiB its children
+/// allocate between 34 and 50 MiB (the worker's own memory counts too), as OpenLambda's tests
+/// expect of its sandboxes. A worker that itself goes over the bound is killed, the call fails
+/// saying so (process sandbox: its memory group counted the kill), and the next call gets a new
+/// worker.
+async fn limits_in(sb: Sb) -> Res {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config_in(dir.path(), sb);
+    cfg.worker_procs = 10;
+    cfg.worker_resident = 50 << 20;
+    let ol = sonic_openlambda::start(cfg).await?;
+    for (name, code) in [("fbomb", FORK_CHAIN), ("mem", ALLOC_IN_CHILDREN)] {
+        let up = upload(&ol, name, tarball(&[("f.py", code)], "")?).await?;
+        assert_eq!(up.0, 201, "{up:?}");
+    }
+    let (status, body) = run(&ol, "fbomb", &serde_json::json!({"times": 20})).await?;
+    assert_eq!(status, 200, "{body}");
+    let forked: u32 = body.trim().parse()?;
+    assert!(
+        (1..=10).contains(&forked),
+        "forked {forked} with a bound of 10"
+    );
+    let (status, body) = run(&ol, "mem", &serde_json::json!({})).await?;
+    assert_eq!(status, 200, "{body}");
+    let mb: u32 = body.trim().parse()?;
+    assert!(
+        (34..=50).contains(&mb),
+        "allocated {mb} MiB with a bound of 50"
+    );
+    let (status, body) = run(&ol, "mem", &serde_json::json!({"here": 200})).await?;
+    assert_eq!(status, 500, "{body}");
+    if sb == Sb::Process {
+        assert!(body.contains("memory bound of 50 MiB"), "{body}");
+    }
+    assert_eq!(
+        run(&ol, "mem", &serde_json::json!({"here": 1})).await?,
+        (200, "1".into())
+    );
+    stop(ol, dir.path(), sb).await
+}
+
+both!(
+    registry_folder_in,
+    lambdas_are_pulled_from_a_registry_folder_within_its_cache_interval,
+    lambdas_are_pulled_from_a_registry_folder_within_its_cache_interval_in_docker
+);
+
+/// A lambda returning `n`, as a `.tar.gz` of its `f.py`.
+fn version(n: u32) -> Res<Vec<u8>> {
+    tarball(&[("f.py", &format!("def f(event):\n    return {n}\n"))], "")
+}
+
+/// OpenLambda's registry folder (its `update_code` and `call_each_once` cases, written anew):
+/// lambdas kept there as `<name>.tar.gz`, `<name>.py` or `<name>/` are installed when called;
+/// a new version is used once the cache interval has passed since the folder was last looked
+/// at, not before; uploads are kept there and deletes remove them; a version that cannot be
+/// installed leaves the one before serving. The interval is an hour or zero here, so that
+/// nothing depends on how fast the machine is.
+async fn registry_folder_in(sb: Sb) -> Res {
+    let dir = tempfile::tempdir()?;
+    let folder = dir.path().join("folder");
+    std::fs::create_dir(&folder)?;
+    std::fs::write(folder.join("version.tar.gz"), version(0)?)?;
+    let start = |cache: Duration, data: &str| {
+        let mut cfg = config_in(&dir.path().join(data), sb);
+        cfg.registry_folder = Some(folder.clone());
+        cfg.registry_cache = cache;
+        sonic_openlambda::start(cfg)
+    };
+    let hour = start(Duration::from_secs(3600), "a").await?;
+    assert_eq!(
+        run(&hour, "version", &serde_json::json!(null)).await?,
+        (200, "0".into())
+    );
+    std::fs::write(folder.join("version.tar.gz"), version(1)?)?;
+    assert_eq!(
+        run(&hour, "version", &serde_json::json!(null)).await?,
+        (200, "0".into()),
+        "within the cache interval the code pulled before is used"
+    );
+    stop(hour, &dir.path().join("a"), sb).await?;
+
+    let now = start(Duration::ZERO, "b").await?;
+    assert_eq!(
+        run(&now, "version", &serde_json::json!(null)).await?,
+        (200, "1".into())
+    );
+    std::fs::write(folder.join("version.tar.gz"), version(2)?)?;
+    assert_eq!(
+        run(&now, "version", &serde_json::json!(null)).await?,
+        (200, "2".into()),
+        "past the interval the new version is pulled"
+    );
+    // Ten lambdas, as `call_each_once` makes them.
+    for n in 0..10 {
+        std::fs::write(folder.join(format!("L{n}.tar.gz")), version(n)?)?;
+    }
+    for n in 0..10 {
+        assert_eq!(
+            run(&now, &format!("L{n}"), &serde_json::json!({"alloc_mb": 1})).await?,
+            (200, n.to_string())
+        );
+    }
+    // A lone script, and a folder.
+    std::fs::write(
+        folder.join("script.py"),
+        "def f(event):\n    return 'script'\n",
+    )?;
+    std::fs::create_dir(folder.join("tree"))?;
+    std::fs::write(
+        folder.join("tree/f.py"),
+        "import helper\ndef f(event):\n    return helper.NAME\n",
+    )?;
+    std::fs::write(folder.join("tree/helper.py"), "NAME = 'tree'\n")?;
+    assert_eq!(
+        run(&now, "script", &serde_json::json!(null)).await?,
+        (200, "\"script\"".into())
+    );
+    assert_eq!(
+        run(&now, "tree", &serde_json::json!(null)).await?,
+        (200, "\"tree\"".into())
+    );
+    // A version that cannot be installed: the one before serves; with none before, the call
+    // says why.
+    std::fs::write(folder.join("script.py"), "")?;
+    std::fs::write(folder.join("script.tar.gz"), b"not gzip")?;
+    assert_eq!(
+        run(&now, "script", &serde_json::json!(null)).await?,
+        (200, "\"script\"".into())
+    );
+    std::fs::write(folder.join("broken.tar.gz"), b"not gzip")?;
+    let (status, body) = run(&now, "broken", &serde_json::json!(null)).await?;
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("not a gzip file"), "{body}");
+    // Uploads are kept in the folder; deletes remove every form of the lambda.
+    assert_eq!(upload(&now, "uploaded", version(7)?).await?.0, 201);
+    assert!(folder.join("uploaded.tar.gz").is_file());
+    assert_eq!(
+        run(&now, "uploaded", &serde_json::json!(null)).await?,
+        (200, "7".into())
+    );
+    let listed: Vec<String> = reqwest::get(format!("{}/registry", now.url()))
+        .await?
+        .json()
+        .await?;
+    for name in ["L9", "broken", "script", "tree", "uploaded", "version"] {
+        assert!(listed.iter().any(|n| n == name), "{name} not in {listed:?}");
+    }
+    for name in ["uploaded", "script"] {
+        let r = reqwest::Client::new()
+            .delete(format!("{}/registry/{name}", now.url()))
+            .send()
+            .await?;
+        assert_eq!(r.status().as_u16(), 200);
+        assert_eq!(run(&now, name, &serde_json::json!(null)).await?.0, 404);
+    }
+    assert!(!folder.join("uploaded.tar.gz").exists());
+    assert!(!folder.join("script.py").exists() && !folder.join("script.tar.gz").exists());
+    // A lambda removed from the folder is gone.
+    std::fs::remove_file(folder.join("L0.tar.gz"))?;
+    assert_eq!(run(&now, "L0", &serde_json::json!(null)).await?.0, 404);
+    stop(now, &dir.path().join("b"), sb).await
+}
