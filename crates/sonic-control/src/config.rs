@@ -126,6 +126,13 @@ pub struct OpenLambdaSettings {
     /// How long code from the registry folder is used before the folder is looked at again.
     #[serde(default = "default_registry_cache")]
     pub registry_cache: Seconds,
+    /// How long a warm `/run/` worker may wait for a call before it is stopped.
+    #[serde(default = "default_keep_alive")]
+    pub keep_alive: Seconds,
+    /// How many warm `/run/` workers may wait for calls at once, across lambdas; past it the one
+    /// idle longest is stopped.
+    #[serde(default = "default_max_warm")]
+    pub max_warm: usize,
     /// An OpenLambda worker configuration (`config.json`) to follow: its `registry`,
     /// `registry_cache_ms` and `limits` (`procs`, `mem_mb`, `cpu_percent`, `runtime_sec`) take
     /// the place of the keys above.
@@ -150,6 +157,14 @@ fn default_worker_cpus() -> f64 {
 
 fn default_worker_procs() -> u32 {
     sonic_openlambda::DEFAULT_WORKER_PROCS
+}
+
+fn default_keep_alive() -> Seconds {
+    Seconds(sonic_openlambda::DEFAULT_KEEP_ALIVE.as_secs_f64())
+}
+
+fn default_max_warm() -> usize {
+    sonic_openlambda::DEFAULT_MAX_WARM
 }
 
 fn default_registry_cache() -> Seconds {
@@ -197,6 +212,8 @@ impl std::fmt::Debug for OpenLambdaSettings {
             .field("worker_procs", &self.worker_procs)
             .field("registry", &self.registry)
             .field("registry_cache", &self.registry_cache)
+            .field("keep_alive", &self.keep_alive)
+            .field("max_warm", &self.max_warm)
             .field("worker_config", &self.worker_config)
             .finish()
     }
@@ -220,6 +237,8 @@ impl OpenLambdaSettings {
             worker_procs: default_worker_procs(),
             registry: None,
             registry_cache: default_registry_cache(),
+            keep_alive: default_keep_alive(),
+            max_warm: default_max_warm(),
             worker_config: None,
         }
     }
@@ -249,6 +268,8 @@ impl OpenLambdaSettings {
         c.worker_procs = self.worker_procs;
         c.registry_folder = self.registry.clone();
         c.registry_cache = Duration::from_secs_f64(self.registry_cache.0);
+        c.keep_alive = Duration::from_secs_f64(self.keep_alive.0);
+        c.max_warm = self.max_warm;
         if let Some(path) = &self.worker_config {
             let file = sonic_openlambda::config::WorkerFile::load(path)
                 .map_err(|e| format!("openlambda.worker_config: {e}"))?;
@@ -551,6 +572,12 @@ impl ControlConfig {
                     "openlambda.registry_cache must be between 0 and a day".into(),
                 ));
             }
+            let t = ol.keep_alive.0;
+            if !(t.is_finite() && t > 0.0 && t <= 7.0 * 86_400.0) {
+                return Err(ConfigError::Invalid(
+                    "openlambda.keep_alive must be positive and at most a week".into(),
+                ));
+            }
             // The worker configuration is read here too, so that a bad one stops the start
             // with what is wrong in it.
             if let Some(path) = &ol.worker_config {
@@ -770,6 +797,7 @@ mod tests {
             "sandbox: vm",
             "image: ''",
             "registry_cache: -1s",
+            "keep_alive: 0s",
             "worker_config: /nonexistent/config.json",
         ] {
             // With the control plane's token set, so that what is refused is the bad key.
@@ -821,7 +849,7 @@ mod tests {
         );
         assert_eq!(listener.timeout, Duration::from_secs(9));
         // Without it, the YAML's keys.
-        let yaml = "openlambda:\n  listen: 127.0.0.1:5001\n  registry: /elsewhere\n  registry_cache: 0s\n  worker_procs: 64\n  worker_resident: 100MiB\n";
+        let yaml = "openlambda:\n  listen: 127.0.0.1:5001\n  registry: /elsewhere\n  registry_cache: 0s\n  worker_procs: 64\n  worker_resident: 100MiB\n  keep_alive: 2m\n  max_warm: 3\n";
         let listener = ControlConfig::from_yaml("c.yaml", yaml)
             .expect("parses")
             .openlambda
@@ -836,6 +864,10 @@ mod tests {
         assert_eq!(
             (listener.worker_procs, listener.worker_resident),
             (64, 100 << 20)
+        );
+        assert_eq!(
+            (listener.keep_alive, listener.max_warm),
+            (Duration::from_secs(120), 3)
         );
         // A file that is not an OpenLambda configuration stops the start, saying where.
         std::fs::write(&file, r#"{"registry": "http://localhost:5000"}"#).expect("write");

@@ -30,6 +30,11 @@ pub struct OpenLambdaConfig {
     pub workers_per_lambda: usize,
     /// Calls a lambda may have waiting or running; past it, 429.
     pub queue_per_lambda: usize,
+    /// How long a warm worker may wait for a call before it is stopped.
+    pub keep_alive: Duration,
+    /// How many warm workers may wait for calls at once, across lambdas; past it the one idle
+    /// longest is stopped.
+    pub max_warm: usize,
     /// The longest building a `requirements.txt` environment (venv and pip) may take.
     pub pip_timeout: Duration,
     /// The most address space one warm worker may map (`RLIMIT_AS`, set by the runtime before
@@ -225,6 +230,8 @@ impl OpenLambdaConfig {
             max_unpacked: 1 << 30,
             workers_per_lambda: cores.max(2),
             queue_per_lambda: 256,
+            keep_alive: crate::DEFAULT_KEEP_ALIVE,
+            max_warm: crate::DEFAULT_MAX_WARM,
             pip_timeout: crate::venv::DEFAULT_PIP_TIMEOUT,
             worker_memory: crate::DEFAULT_WORKER_MEMORY,
             worker_cpus: crate::DEFAULT_WORKER_CPUS,

@@ -17,7 +17,7 @@ pub mod worker;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -89,7 +89,8 @@ struct Lambda {
     /// registry folder's lambda is installed again when its digest differs.
     source: String,
     version: u64,
-    idle: Vec<Worker>,
+    /// Its warm workers waiting for a call, the most recently used last.
+    idle: Vec<Idle>,
     queued: usize,
     slots: Arc<tokio::sync::Semaphore>,
 }
@@ -112,6 +113,12 @@ impl Drop for NameGuard<'_> {
             locks.remove(&self.name);
         }
     }
+}
+
+/// A warm worker waiting for a call, and since when.
+struct Idle {
+    worker: Worker,
+    since: Instant,
 }
 
 /// What an install found in a lambda's code, besides its folder.
@@ -149,12 +156,18 @@ pub struct Handlers {
     versions: AtomicU64,
     stats: Mutex<BTreeMap<String, Timer>>,
     cold_starts: AtomicUsize,
+    evictions: AtomicUsize,
     /// Runs DAGs for `/run/<dag-name>`, once the control plane set it.
     dags: std::sync::OnceLock<Arc<dyn DagRunner>>,
     /// Per lambda, when the registry folder was last looked at for it.
     pulled: Mutex<HashMap<String, Instant>>,
     /// Per lambda, one pull or upload at a time.
     name_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Whether host workers get a `/tmp` of their own ([`worker::Scratch::PrivateTmp`]); else
+    /// each gets a folder of its own under `scratch`.
+    private_tmp: bool,
+    /// `<dir>/scratch/`: host workers' scratch folders, when they have no `/tmp` of their own.
+    scratch: PathBuf,
 }
 
 impl Handlers {
@@ -212,6 +225,15 @@ impl Handlers {
                 cfg.pip_timeout,
             )),
         };
+        // Host workers' scratch space: those of an earlier listener on this folder go.
+        let scratch = cfg.dir.join("scratch");
+        let _ = tokio::fs::remove_dir_all(&scratch).await;
+        tokio::fs::create_dir_all(&scratch).await?;
+        let private_tmp = match &cfg.sandbox {
+            WorkerSandbox::Process => private_tmp(&cfg.dir, Path::new(&exe)).await,
+            // A container's /tmp is a tmpfs of its own.
+            WorkerSandbox::Docker { .. } => false,
+        };
         let handlers = Handlers {
             root: root.clone(),
             docker_venvs,
@@ -224,9 +246,12 @@ impl Handlers {
             versions: AtomicU64::new(1),
             stats: Mutex::new(BTreeMap::new()),
             cold_starts: AtomicUsize::new(0),
+            evictions: AtomicUsize::new(0),
             dags: std::sync::OnceLock::new(),
             pulled: Mutex::new(HashMap::new()),
             name_locks: Mutex::new(HashMap::new()),
+            private_tmp,
+            scratch,
             cfg,
         };
         if let Some(folder) = &handlers.cfg.registry_folder {
@@ -351,6 +376,16 @@ impl Handlers {
     pub fn cold_starts(&self) -> usize {
         self.cold_starts.load(Ordering::Relaxed)
     }
+
+    /// How many warm workers wait for a call now.
+    pub fn warm(&self) -> usize {
+        lock(&self.lambdas).values().map(|l| l.idle.len()).sum()
+    }
+
+    /// How many warm workers were stopped for idling past `keep_alive` or for `max_warm`.
+    pub fn evictions(&self) -> usize {
+        self.evictions.load(Ordering::Relaxed)
+    }
 }
 
 impl std::fmt::Debug for Handlers {
@@ -358,6 +393,40 @@ impl std::fmt::Debug for Handlers {
         f.debug_struct("Handlers")
             .field("root", &self.root)
             .finish_non_exhaustive()
+    }
+}
+
+/// Whether host workers can have a `/tmp` of their own: the listener's folder (lambdas, their
+/// environments, the runtime) and the interpreter must lie outside `/tmp`, which the worker's
+/// tmpfs hides, and this process must be allowed to make mount namespaces (root). Says why not.
+async fn private_tmp(dir: &Path, python: &Path) -> bool {
+    let under_tmp = |p: &Path| std::fs::canonicalize(p).is_ok_and(|p| p.starts_with("/tmp"));
+    let why_not = if under_tmp(dir) {
+        Some(format!(
+            "the listener's folder {} is under /tmp",
+            dir.display()
+        ))
+    } else if under_tmp(python) {
+        Some(format!(
+            "the interpreter {} is under /tmp",
+            python.display()
+        ))
+    } else if !tokio::task::spawn_blocking(worker::private_tmp_works)
+        .await
+        .unwrap_or(false)
+    {
+        Some("mount namespaces cannot be made here (they need root)".to_owned())
+    } else {
+        None
+    };
+    match why_not {
+        None => true,
+        Some(why) => {
+            tracing::warn!(
+                "/run/ workers in the process sandbox get a scratch folder of their own as TMPDIR, not a /tmp of their own ({why}): a handler that names /tmp writes to the host's"
+            );
+            false
+        }
     }
 }
 
@@ -628,9 +697,11 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, req: &Call, body: 
             );
         };
         let current = l.version;
-        l.idle.retain_mut(|w| w.version == current && w.alive());
+        l.idle
+            .retain_mut(|i| i.worker.version == current && i.worker.alive());
         let reqs = l.requirements.clone();
-        (l.idle.pop(), l.dir.clone(), l.config.env(), reqs, current)
+        let warm = l.idle.pop().map(|i| i.worker);
+        (warm, l.dir.clone(), l.config.env(), reqs, current)
     };
     let (warm, dir, env, reqs, version) = taken;
     let mut w = match warm {
@@ -659,10 +730,32 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, req: &Call, body: 
             };
             h.cold_starts.fetch_add(1, Ordering::Relaxed);
             let t = Instant::now();
+            // A host worker's scratch space: a /tmp of its own, else a folder of its own.
+            let folder = match (&h.cfg.sandbox, h.private_tmp) {
+                (WorkerSandbox::Process, false) => {
+                    let n = h.versions.fetch_add(1, Ordering::Relaxed);
+                    let folder = h.scratch.join(n.to_string());
+                    if let Err(e) = tokio::fs::create_dir_all(&folder).await {
+                        return text(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            format!("cannot make a worker's scratch folder: {e}"),
+                        );
+                    }
+                    Some(folder)
+                }
+                _ => None,
+            };
+            let scratch = match &folder {
+                Some(f) => worker::Scratch::Folder(f),
+                None => worker::Scratch::PrivateTmp {
+                    bytes: worker::DOCKER_TMP_BYTES,
+                },
+            };
             let place = match &h.cfg.sandbox {
                 WorkerSandbox::Process => Place::Host {
                     python: &python,
                     runtime: &h.runtime,
+                    scratch,
                 },
                 WorkerSandbox::Docker { image } => Place::Docker {
                     image,
@@ -675,7 +768,12 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, req: &Call, body: 
             h.record("cold-start", t);
             match started {
                 Ok(w) => w,
-                Err(e) => return call_error(name, e),
+                Err(e) => {
+                    if let Some(f) = folder {
+                        let _ = tokio::fs::remove_dir_all(f).await;
+                    }
+                    return call_error(name, e);
+                }
             }
         }
     };
@@ -797,14 +895,54 @@ async fn run_dag(dags: &dyn DagRunner, name: &str, method: &Method, body: &[u8])
     }
 }
 
+/// Keeps a worker warm for its lambda's next call (when its code is still current and the lambda
+/// reuses sandboxes). Past `max_warm` warm workers in all, the one idle longest goes.
 fn give_back(h: &Handlers, name: &str, w: Worker) {
     let mut lambdas = lock(&h.lambdas);
     if let Some(l) = lambdas.get_mut(name)
         && l.version == w.version
         && l.config.reuse_sandbox
     {
-        l.idle.push(w);
+        l.idle.push(Idle {
+            worker: w,
+            since: Instant::now(),
+        });
     }
+    let mut warm: usize = lambdas.values().map(|l| l.idle.len()).sum();
+    while warm > h.cfg.max_warm {
+        let oldest = lambdas
+            .values_mut()
+            .filter_map(|l| Some((l.idle.first()?.since, l)))
+            .min_by_key(|(since, _)| *since)
+            .map(|(_, l)| l.idle.remove(0));
+        let Some(gone) = oldest else { break };
+        warm -= 1;
+        h.evictions.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(gone.worker.shutdown());
+    }
+}
+
+/// Stops the warm workers idle for `keep_alive` or longer; returns how many.
+async fn evict_idle(h: &Handlers) -> usize {
+    let keep_alive = h.cfg.keep_alive;
+    let expired: Vec<Worker> = {
+        let mut lambdas = lock(&h.lambdas);
+        let mut expired = Vec::new();
+        for l in lambdas.values_mut() {
+            // The oldest come first.
+            let n = l
+                .idle
+                .iter()
+                .take_while(|i| i.since.elapsed() >= keep_alive)
+                .count();
+            expired.extend(l.idle.drain(..n).map(|i| i.worker));
+        }
+        expired
+    };
+    let n = expired.len();
+    h.evictions.fetch_add(n, Ordering::Relaxed);
+    futures::future::join_all(expired.into_iter().map(Worker::shutdown)).await;
+    n
 }
 
 fn call_error(name: &str, e: CallError) -> Response {
@@ -1128,6 +1266,8 @@ pub struct Running {
     pub handlers: Arc<Handlers>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
+    /// Stops workers idle past the keep-alive.
+    evictor: tokio::task::JoinHandle<()>,
 }
 
 impl Running {
@@ -1143,9 +1283,11 @@ impl Running {
             let _ = s.send(());
         }
         let _ = (&mut self.task).await;
+        self.evictor.abort();
+        let _ = (&mut self.evictor).await;
         let workers: Vec<Worker> = lock(&self.handlers.lambdas)
             .drain()
-            .flat_map(|(_, l)| l.idle)
+            .flat_map(|(_, l)| l.idle.into_iter().map(|i| i.worker))
             .collect();
         futures::future::join_all(workers.into_iter().map(Worker::shutdown)).await;
         if let WorkerSandbox::Docker { .. } = &self.handlers.cfg.sandbox {
@@ -1175,14 +1317,33 @@ pub async fn start(cfg: OpenLambdaConfig) -> Result<Running, StartError> {
             tracing::error!(error = %e, "the OpenLambda listener stopped");
         }
     });
+    let evictor = {
+        let h = handlers.clone();
+        // Often enough that a worker goes within a tenth of its keep-alive after it.
+        let tick = (h.cfg.keep_alive / 10).clamp(Duration::from_millis(50), Duration::from_secs(5));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(tick).await;
+                evict_idle(&h).await;
+            }
+        })
+    };
     tracing::info!(%addr, "OpenLambda listener ready");
     Ok(Running {
         addr,
         handlers,
         stop: Some(tx),
         task,
+        evictor,
     })
 }
+
+/// How long a warm worker may wait for a call before it is stopped
+/// (`openlambda.keep_alive`).
+pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(600);
+
+/// How many warm workers may wait for calls at once, across lambdas (`openlambda.max_warm`).
+pub const DEFAULT_MAX_WARM: usize = 32;
 
 /// The default timeout of a call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

@@ -40,6 +40,8 @@ pub struct Worker {
     groups: Option<Groups>,
     /// Its container (Docker sandbox): `child` is the `docker run -i` attached to it.
     container: Option<String>,
+    /// Its scratch folder ([`Scratch::Folder`]), removed with it.
+    scratch: Option<std::path::PathBuf>,
     /// What the lambda's entry is, as the runtime found it.
     pub entry: Entry,
 }
@@ -86,6 +88,11 @@ pub struct HttpReply {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        if let Some(dir) = self.scratch.take() {
+            std::thread::spawn(move || {
+                let _ = std::fs::remove_dir_all(dir);
+            });
+        }
         if let Some(name) = self.container.take() {
             // Killing `docker run` does not stop its container: remove it (off the runtime).
             std::thread::spawn(move || {
@@ -461,12 +468,14 @@ pub struct Limits {
 /// Where a worker runs.
 #[derive(Debug, Clone, Copy)]
 pub enum Place<'a> {
-    /// A host process of `python` running `runtime`, in a CPU group of its own.
+    /// A host process of `python` running `runtime`, in cgroups of its own.
     Host {
         /// The interpreter (the lambda's environment's, when it has one).
         python: &'a Path,
         /// `sonic_ol_runtime.py`.
         runtime: &'a Path,
+        /// Where it writes its temporary files.
+        scratch: Scratch<'a>,
     },
     /// A container of `image` (`docker run -i`, the call protocol on its attached standard
     /// input and output): the lambda's folder bound read-only at [`HANDLER_DIR`], the runtime
@@ -482,6 +491,84 @@ pub enum Place<'a> {
         /// at [`crate::docker_venv::VENV_DIR`], whose Python then runs the runtime.
         venv: Option<&'a Path>,
     },
+}
+
+/// Where a host worker writes its temporary files.
+#[derive(Debug, Clone, Copy)]
+pub enum Scratch<'a> {
+    /// A `/tmp` of its own: the worker starts in a mount namespace of its own (private
+    /// propagation) with a tmpfs of this many bytes on `/tmp` (mode 1777), gone with the worker;
+    /// its pages count against the worker's memory bound. Needs root ([`private_tmp_works`]),
+    /// and the interpreter, runtime and lambda folders outside `/tmp` (the tmpfs hides them).
+    PrivateTmp {
+        /// The tmpfs's size.
+        bytes: u64,
+    },
+    /// A folder of its own as `TMPDIR` (a handler that names `/tmp` itself still writes to the
+    /// host's). The caller makes it; it is removed with the worker.
+    Folder(&'a Path),
+}
+
+/// Whether a host worker can have a `/tmp` of its own here: starts `true` as a worker would
+/// start with [`Scratch::PrivateTmp`] (a new mount namespace and a tmpfs on `/tmp`).
+pub fn private_tmp_works() -> bool {
+    let mut cmd = std::process::Command::new("true");
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    match private_tmp_before_exec(&mut cmd, 1 << 20) {
+        Ok(()) => cmd.status().is_ok_and(|s| s.success()),
+        Err(_) => false,
+    }
+}
+
+/// Makes `cmd` start in a mount namespace of its own whose `/tmp` is a new tmpfs of `bytes`.
+#[allow(unsafe_code)] // pre_exec, with system calls only (below)
+fn private_tmp_before_exec(
+    cmd: &mut impl std::os::unix::process::CommandExt,
+    bytes: u64,
+) -> std::io::Result<()> {
+    use std::ffi::CString;
+    let none = CString::new("none").map_err(std::io::Error::other)?;
+    let root = CString::new("/").map_err(std::io::Error::other)?;
+    let tmpfs = CString::new("tmpfs").map_err(std::io::Error::other)?;
+    let tmp = CString::new("/tmp").map_err(std::io::Error::other)?;
+    let options = CString::new(format!("size={bytes},mode=1777")).map_err(std::io::Error::other)?;
+    // SAFETY: the closure runs in the forked child before exec and only calls unshare(2) and
+    // mount(2), which are system calls that allocate nothing and take no lock in this process,
+    // on strings made before the fork and moved into the closure.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Nothing mounted here reaches the host's namespace.
+            let private = libc::MS_REC | libc::MS_PRIVATE;
+            if libc::mount(
+                none.as_ptr(),
+                root.as_ptr(),
+                std::ptr::null(),
+                private,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            let flags = libc::MS_NOSUID | libc::MS_NODEV;
+            if libc::mount(
+                tmpfs.as_ptr(),
+                tmp.as_ptr(),
+                tmpfs.as_ptr(),
+                flags,
+                options.as_ptr().cast(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
 }
 
 /// The label naming the registry folder of the listener a worker container belongs to.
@@ -504,9 +591,15 @@ impl Worker {
         limits: &Limits,
     ) -> Result<Worker, CallError> {
         let (mut cmd, container) = match place {
-            Place::Host { python, runtime } => {
-                (host_command(python, runtime, dir, env, limits), None)
-            }
+            Place::Host {
+                python,
+                runtime,
+                scratch,
+            } => (
+                host_command(python, runtime, dir, env, limits, scratch)
+                    .map_err(|e| CallError::Worker(format!("cannot start a worker: {e}")))?,
+                None,
+            ),
             Place::Docker {
                 image,
                 runtime,
@@ -546,6 +639,13 @@ impl Worker {
             version,
             groups,
             container,
+            scratch: match place {
+                Place::Host {
+                    scratch: Scratch::Folder(f),
+                    ..
+                } => Some(f.to_path_buf()),
+                _ => None,
+            },
             entry: Entry::Func,
         };
         let first = match tokio::time::timeout(limits.timeout, w.read_line(limits.max_output)).await
@@ -592,6 +692,9 @@ impl Worker {
         }
         if let Some(groups) = self.groups.take() {
             groups.remove().await;
+        }
+        if let Some(dir) = self.scratch.take() {
+            let _ = tokio::fs::remove_dir_all(dir).await;
         }
     }
 
@@ -733,14 +836,16 @@ impl Worker {
     }
 }
 
-/// The command of a host worker: `python runtime dir`, with a cleared environment.
+/// The command of a host worker: `python runtime dir`, with a cleared environment and its
+/// scratch space as `TMPDIR`.
 fn host_command(
     python: &Path,
     runtime: &Path,
     dir: &Path,
     env: &[(String, String)],
     limits: &Limits,
-) -> Command {
+    scratch: Scratch<'_>,
+) -> std::io::Result<Command> {
     let mut cmd = Command::new(python);
     cmd.arg(runtime)
         .arg(dir)
@@ -751,19 +856,28 @@ fn host_command(
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     // The daemon's own environment (tokens, keys) is not the handler's business.
-    for key in ["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"] {
+    for key in ["PATH", "HOME", "LANG", "LC_ALL"] {
         if let Ok(v) = std::env::var(key) {
             cmd.env(key, v);
         }
     }
     cmd.env("PYTHONDONTWRITEBYTECODE", "1");
+    match scratch {
+        Scratch::PrivateTmp { bytes } => {
+            private_tmp_before_exec(cmd.as_std_mut(), bytes)?;
+            cmd.env("TMPDIR", "/tmp");
+        }
+        Scratch::Folder(folder) => {
+            cmd.env("TMPDIR", folder);
+        }
+    }
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
     // Read (and removed from the handler's environment) by the runtime, which sets it as
     // its RLIMIT_AS before it imports f.py.
     if limits.memory > 0 {
         cmd.env("SONIC_WORKER_MEMORY", limits.memory.to_string());
     }
-    cmd
+    Ok(cmd)
 }
 
 /// The command of a Docker worker: `docker run -i` of a new container named

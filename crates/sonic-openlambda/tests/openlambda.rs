@@ -1413,3 +1413,137 @@ async fn registry_folder_in(sb: Sb) -> Res {
     assert_eq!(run(&now, "L0", &serde_json::json!(null)).await?.0, 404);
     stop(now, &dir.path().join("b"), sb).await
 }
+
+both!(
+    scratch_in,
+    a_worker_writes_to_a_tmp_of_its_own,
+    a_worker_writes_to_a_tmp_of_its_own_in_docker
+);
+
+/// Writes a file named by the event into `/tmp` and says whether one named by the event's
+/// `seen` is there.
+const TMP_WRITER: &str = r#"import os, tempfile
+
+def f(event):
+    if "write" in event:
+        with open("/tmp/" + event["write"], "w") as out:
+            out.write("x")
+    return {"seen": os.path.exists("/tmp/" + event.get("seen", "-")),
+            "tmpdir": tempfile.gettempdir()}
+"#;
+
+/// A handler's `/tmp` is its worker's own: a file it writes there is not on the host and not
+/// seen by another lambda's worker. The listener's folder is outside `/tmp` here (a worker's own
+/// `/tmp` hides the host's); in Docker, `/tmp` is the container's tmpfs.
+async fn scratch_in(sb: Sb) -> Res {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))?;
+    let ol = sonic_openlambda::start(config_in(dir.path(), sb)).await?;
+    for name in ["w1", "w2"] {
+        assert_eq!(
+            upload(&ol, name, tarball(&[("f.py", TMP_WRITER)], "")?)
+                .await?
+                .0,
+            201
+        );
+    }
+    let marker = format!(
+        "sonic-scratch-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos()
+    );
+    let event = serde_json::json!({ "write": marker, "seen": marker });
+    let (status, body) = run(&ol, "w1", &event).await?;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    assert_eq!(v["seen"], true, "the handler sees what it wrote: {v}");
+    assert_eq!(v["tmpdir"], "/tmp", "{v}");
+    assert!(
+        !Path::new("/tmp").join(&marker).exists(),
+        "the handler's file is on the host's /tmp"
+    );
+    let (status, body) = run(&ol, "w2", &serde_json::json!({ "seen": marker })).await?;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    assert_eq!(v["seen"], false, "another worker sees it: {v}");
+    stop(ol, dir.path(), sb).await
+}
+
+/// Where a worker cannot have a `/tmp` of its own (the listener's folder is under `/tmp`, as a
+/// test's temporary folder is), its `TMPDIR` is a folder of its own, removed when it stops.
+#[tokio::test]
+async fn a_worker_without_a_tmp_of_its_own_gets_a_scratch_folder() -> Res {
+    let dir = tempfile::tempdir()?;
+    let ol = sonic_openlambda::start(config(dir.path())).await?;
+    let code = "import os, tempfile\ndef f(event):\n    d = tempfile.gettempdir()\n    open(os.path.join(d, 'x'), 'w').write('x')\n    return d\n";
+    assert_eq!(
+        upload(&ol, "s", tarball(&[("f.py", code)], "")?).await?.0,
+        201
+    );
+    let (status, body) = run(&ol, "s", &serde_json::json!(null)).await?;
+    assert_eq!(status, 200, "{body}");
+    let scratch: String = serde_json::from_str(&body)?;
+    assert!(
+        Path::new(&scratch).starts_with(dir.path().join("scratch")),
+        "{scratch}"
+    );
+    assert!(Path::new(&scratch).join("x").is_file());
+    ol.stop().await;
+    assert!(!Path::new(&scratch).exists(), "{scratch} left behind");
+    Ok(())
+}
+
+/// Idle workers go: after `keep_alive` without a call, and past `max_warm` warm workers in all
+/// (the one idle longest first), so that a listener that served many lambdas does not keep a
+/// Python process for each.
+#[tokio::test]
+async fn idle_workers_are_stopped_after_their_keep_alive_and_past_the_warm_bound() -> Res {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(&dir.path().join("a"));
+    cfg.keep_alive = Duration::from_millis(300);
+    let ol = sonic_openlambda::start(cfg).await?;
+    assert_eq!(
+        upload(&ol, "a", tarball(&[("f.py", ECHO)], "")?).await?.0,
+        201
+    );
+    assert_eq!(
+        run(&ol, "a", &serde_json::json!(1)).await?,
+        (200, "1".into())
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ol.handlers.evictions() == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!((ol.handlers.evictions(), ol.handlers.warm()), (1, 0));
+    assert_eq!(
+        run(&ol, "a", &serde_json::json!(2)).await?,
+        (200, "2".into())
+    );
+    assert_eq!(
+        ol.handlers.cold_starts(),
+        2,
+        "the call after the keep-alive is cold"
+    );
+    ol.stop().await;
+
+    let mut cfg = config(&dir.path().join("b"));
+    cfg.max_warm = 2;
+    let ol = sonic_openlambda::start(cfg).await?;
+    for name in ["a", "b", "c"] {
+        assert_eq!(
+            upload(&ol, name, tarball(&[("f.py", ECHO)], "")?).await?.0,
+            201
+        );
+        assert_eq!(run(&ol, name, &serde_json::json!(0)).await?.0, 200);
+    }
+    assert_eq!((ol.handlers.warm(), ol.handlers.evictions()), (2, 1));
+    // `a` waited longest and went; `c` is still warm.
+    assert_eq!(run(&ol, "c", &serde_json::json!(0)).await?.0, 200);
+    assert_eq!(ol.handlers.cold_starts(), 3);
+    assert_eq!(run(&ol, "a", &serde_json::json!(0)).await?.0, 200);
+    assert_eq!(ol.handlers.cold_starts(), 4);
+    assert_eq!(ol.handlers.warm(), 2);
+    ol.stop().await;
+    Ok(())
+}
