@@ -12,6 +12,7 @@
 //! - [`routes`]: a daemon's route table (method, path, guard, handler), its router and its list.
 
 pub mod config;
+pub mod cron;
 pub mod logging;
 pub mod metrics;
 pub mod net;

@@ -282,6 +282,11 @@ struct HttpTrigger {
     method: String,
 }
 
+#[derive(Deserialize)]
+struct CronTrigger {
+    schedule: String,
+}
+
 /// A lambda's parsed `ol.yaml` (OpenLambda's defaults when it has none).
 #[derive(Debug, Clone)]
 pub struct LambdaConfig {
@@ -291,7 +296,9 @@ pub struct LambdaConfig {
     pub environment: BTreeMap<String, String>,
     /// Whether a worker serves more than one call.
     pub reuse_sandbox: bool,
-    cron: serde_json::Value,
+    /// Its cron triggers' schedules (`triggers.cron[].schedule`).
+    pub cron: Vec<sonic_daemon::cron::Schedule>,
+    cron_raw: serde_json::Value,
     kafka: serde_json::Value,
 }
 
@@ -346,11 +353,31 @@ impl LambdaConfig {
             }
             environment.insert(k, v);
         }
+        let cron = match &raw.triggers.cron {
+            serde_json::Value::Null => Vec::new(),
+            v => {
+                let triggers: Vec<CronTrigger> =
+                    serde_json::from_value(v.clone()).map_err(|e| {
+                        ConfigError::Invalid(format!(
+                            "triggers.cron must be a list of {{schedule: \"...\"}}: {e}"
+                        ))
+                    })?;
+                triggers
+                    .iter()
+                    .map(|t| {
+                        t.schedule
+                            .parse()
+                            .map_err(|e| ConfigError::Invalid(format!("triggers.cron: {e}")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+        };
         Ok(LambdaConfig {
             methods,
             environment,
             reuse_sandbox: raw.reuse_sandbox.unwrap_or(true),
-            cron: raw.triggers.cron,
+            cron,
+            cron_raw: raw.triggers.cron,
             kafka: raw.triggers.kafka,
         })
     }
@@ -408,7 +435,7 @@ impl LambdaConfig {
         serde_json::json!({
             "Triggers": {
                 "HTTP": self.methods.iter().map(|m| serde_json::json!({ "Method": m })).collect::<Vec<_>>(),
-                "Cron": null_if_empty(&self.cron),
+                "Cron": null_if_empty(&self.cron_raw),
                 "Kafka": null_if_empty(&self.kafka),
             },
             "Environment": self.environment,
@@ -433,6 +460,26 @@ mod tests {
         assert!(LambdaConfig::parse("").expect("defaults").allows("DELETE"));
         assert!(LambdaConfig::parse("environment:\n  'A=B': x\n").is_err());
         assert!(LambdaConfig::parse("triggers: [").is_err());
+    }
+
+    #[test]
+    fn cron_triggers_are_parsed_and_bad_ones_refused() {
+        let c = LambdaConfig::parse(
+            "triggers:\n  cron:\n    - schedule: \"*/5 * * * *\"\n    - schedule: \"@every 10s\"\n",
+        )
+        .expect("parses");
+        let schedules: Vec<String> = c.cron.iter().map(ToString::to_string).collect();
+        assert_eq!(schedules, ["*/5 * * * *", "@every 10s"]);
+        assert_eq!(c.to_json()["Triggers"]["Cron"][1]["schedule"], "@every 10s");
+        for bad in [
+            "triggers:\n  cron:\n    - schedule: \"\"\n",
+            "triggers:\n  cron:\n    - schedule: \"every day\"\n",
+            "triggers:\n  cron: 5\n",
+            "triggers:\n  cron:\n    - when: \"@daily\"\n",
+        ] {
+            let err = LambdaConfig::parse(bad).expect_err(bad);
+            assert!(err.to_string().contains("cron"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -168,6 +168,10 @@ pub struct Handlers {
     private_tmp: bool,
     /// `<dir>/scratch/`: host workers' scratch folders, when they have no `/tmp` of their own.
     scratch: PathBuf,
+    /// The lambdas' cron triggers (`ol.yaml` `triggers.cron`).
+    cron: sonic_daemon::cron::Scheduler<String>,
+    /// This listener's state as its cron firings reach it (set once it is shared).
+    me: std::sync::OnceLock<std::sync::Weak<Handlers>>,
 }
 
 impl Handlers {
@@ -252,6 +256,8 @@ impl Handlers {
             name_locks: Mutex::new(HashMap::new()),
             private_tmp,
             scratch,
+            cron: sonic_daemon::cron::Scheduler::new(),
+            me: std::sync::OnceLock::new(),
             cfg,
         };
         if let Some(folder) = &handlers.cfg.registry_folder {
@@ -296,7 +302,17 @@ impl Handlers {
                 }
             }
         }
-        Ok(Arc::new(handlers))
+        let handlers = Arc::new(handlers);
+        let _ = handlers.me.set(Arc::downgrade(&handlers));
+        // The cron triggers of the lambdas installed before.
+        let loaded: Vec<(String, LambdaConfig)> = lock(&handlers.lambdas)
+            .iter()
+            .map(|(n, l)| (n.clone(), l.config.clone()))
+            .collect();
+        for (name, config) in loaded {
+            handlers.schedule(&name, &config);
+        }
+        Ok(handlers)
     }
 
     fn put(&self, name: &str, dir: PathBuf, installed: Installed, queued: usize) {
@@ -307,6 +323,7 @@ impl Handlers {
             requirements,
             source,
         } = installed;
+        self.schedule(name, &config);
         let lambda = Lambda {
             dir,
             package,
@@ -345,6 +362,40 @@ impl Handlers {
         let _ = self.dags.set(runner);
     }
 
+    /// Schedules lambda `name`'s cron triggers (in place of those it had): each firing calls it
+    /// as OpenLambda's boss does, with the event `{}`, and logs what it answered. Until the
+    /// listener is shared (while it opens), nothing is scheduled.
+    fn schedule(&self, name: &str, config: &LambdaConfig) {
+        let Some(me) = self.me.get().cloned() else {
+            return;
+        };
+        let lambda = name.to_owned();
+        self.cron.set(name.to_owned(), config.cron.clone(), move || {
+            let (me, name) = (me.clone(), lambda.clone());
+            async move {
+                let Some(h) = me.upgrade() else { return };
+                let call = Call {
+                    path: "/".into(),
+                    query: String::new(),
+                    headers: HeaderMap::new(),
+                    cron: true,
+                };
+                let t0 = Instant::now();
+                let answer = run_inner(&h, &name, &Method::POST, &call, b"{}").await;
+                h.record("cron-run", t0);
+                let status = answer.status();
+                if status.is_success() {
+                    tracing::info!(lambda = %name, %status, "cron trigger ran the lambda");
+                } else {
+                    let body = axum::body::to_bytes(answer.into_body(), 4096)
+                        .await
+                        .unwrap_or_default();
+                    tracing::warn!(lambda = %name, %status, answer = %String::from_utf8_lossy(&body).trim(), "cron trigger: the lambda failed");
+                }
+            }
+        });
+    }
+
     /// Waits until no other pull or upload of lambda `name` runs, and holds that until the
     /// guard is dropped.
     async fn one_at_a_time(&self, name: &str) -> NameGuard<'_> {
@@ -375,6 +426,13 @@ impl Handlers {
     /// How many Python workers were started (cold starts), for tests and benches.
     pub fn cold_starts(&self) -> usize {
         self.cold_starts.load(Ordering::Relaxed)
+    }
+
+    /// The lambdas whose cron triggers are scheduled.
+    pub fn scheduled(&self) -> Vec<String> {
+        let mut names = self.cron.keys();
+        names.sort();
+        names
     }
 
     /// How many warm workers wait for a call now.
@@ -583,6 +641,8 @@ struct Call {
     /// The query string, without `?`.
     query: String,
     headers: HeaderMap,
+    /// A call of one of the lambda's cron triggers, not of HTTP: its HTTP methods do not apply.
+    cron: bool,
 }
 
 /// A place in a lambda's queue, given back on drop.
@@ -621,6 +681,7 @@ async fn run_at(
         path,
         query: uri.query().unwrap_or("").to_owned(),
         headers,
+        cron: false,
     };
     let t0 = Instant::now();
     let resp = run_inner(h, name, method, &req, body).await;
@@ -650,7 +711,7 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, req: &Call, body: 
                 format!("lambda `{name}` is not in the registry"),
             );
         };
-        if !l.config.allows(method.as_str()) {
+        if !req.cron && !l.config.allows(method.as_str()) {
             return text(
                 StatusCode::METHOD_NOT_ALLOWED,
                 format!(
@@ -1196,6 +1257,7 @@ async fn pull(h: &Handlers, name: &str) -> Result<(), String> {
             // never there leaves no entry.
             lock(&h.pulled).remove(name);
             let _install = h.installs.lock().await;
+            h.cron.remove(&name.to_owned());
             if lock(&h.lambdas).remove(name).is_some() {
                 let _ = tokio::fs::remove_dir_all(h.root.join(name)).await;
                 let _ = tokio::fs::remove_file(h.packages.join(format!("{name}.tar.gz"))).await;
@@ -1245,6 +1307,7 @@ async fn remove(State(h): State<Arc<Handlers>>, UrlPath(name): UrlPath<String>) 
             }
         },
     };
+    h.cron.remove(&name);
     if lock(&h.lambdas).remove(&name).is_none() && !in_folder {
         return text(
             StatusCode::NOT_FOUND,
@@ -1285,6 +1348,7 @@ impl Running {
         let _ = (&mut self.task).await;
         self.evictor.abort();
         let _ = (&mut self.evictor).await;
+        self.handlers.cron.clear();
         let workers: Vec<Worker> = lock(&self.handlers.lambdas)
             .drain()
             .flat_map(|(_, l)| l.idle.into_iter().map(|i| i.worker))

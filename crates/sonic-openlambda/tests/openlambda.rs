@@ -1547,3 +1547,82 @@ async fn idle_workers_are_stopped_after_their_keep_alive_and_past_the_warm_bound
     ol.stop().await;
     Ok(())
 }
+
+both!(
+    cron_in,
+    a_lambdas_cron_trigger_calls_it_on_schedule,
+    a_lambdas_cron_trigger_calls_it_on_schedule_in_docker
+);
+
+/// `/stats`' `cron-run.cnt`: how many times cron triggers called lambdas.
+async fn cron_runs(ol: &Running) -> Res<u64> {
+    let stats: serde_json::Value = reqwest::get(format!("{}/stats", ol.url()))
+        .await?
+        .json()
+        .await?;
+    Ok(stats["cron-run.cnt"].as_u64().unwrap_or(0))
+}
+
+/// An `ol.yaml` cron trigger calls the lambda with `{}` on its schedule (here every second, a
+/// pattern with seconds), as OpenLambda's boss does, whatever HTTP methods the lambda allows;
+/// the lambda's removal stops it; a schedule that is not one is refused at upload.
+async fn cron_in(sb: Sb) -> Res {
+    let dir = tempfile::tempdir()?;
+    // One worker, so that every call (the trigger's and the test's) counts on the same one.
+    let mut cfg = config_in(dir.path(), sb);
+    cfg.workers_per_lambda = 1;
+    let ol = sonic_openlambda::start(cfg).await?;
+    let code = "ticks = 0\ndef f(event):\n    global ticks\n    if event == {}:\n        ticks += 1\n    return ticks\n";
+    let yaml = "triggers:\n  http:\n    - method: GET\n  cron:\n    - schedule: \"* * * * * *\"\n";
+    let up = upload(
+        &ol,
+        "tick",
+        tarball(&[("f.py", code), ("ol.yaml", yaml)], "")?,
+    )
+    .await?;
+    assert_eq!(up.0, 201, "{up:?}");
+    assert_eq!(ol.handlers.scheduled(), ["tick"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cron_runs(&ol).await? < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        cron_runs(&ol).await? >= 3,
+        "the trigger did not fire three times"
+    );
+    // Over HTTP only GET is allowed; the trigger's calls counted.
+    let r = reqwest::Client::new()
+        .get(format!("{}/run/tick", ol.url()))
+        .body("{\"ask\": 1}")
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 200);
+    let ticks: u64 = r.text().await?.trim().parse()?;
+    assert!(ticks >= 3, "the handler counted {ticks} calls with {{}}");
+    assert_eq!(run(&ol, "tick", &serde_json::json!({})).await?.0, 405);
+    let r = reqwest::Client::new()
+        .delete(format!("{}/registry/tick", ol.url()))
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(ol.handlers.scheduled().is_empty());
+    let bad = "triggers:\n  cron:\n    - schedule: \"every morning\"\n";
+    let (status, body) = upload(
+        &ol,
+        "bad",
+        tarball(&[("f.py", ECHO), ("ol.yaml", bad)], "")?,
+    )
+    .await?;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("not a cron schedule"), "{body}");
+    assert_eq!(run(&ol, "bad", &serde_json::json!(null)).await?.0, 404);
+    // A warm worker for `stop`'s check that the listener's workers go with it.
+    assert_eq!(
+        upload(&ol, "echo", tarball(&[("f.py", ECHO)], "")?)
+            .await?
+            .0,
+        201
+    );
+    assert_eq!(run(&ol, "echo", &serde_json::json!(1)).await?.0, 200);
+    stop(ol, dir.path(), sb).await
+}
