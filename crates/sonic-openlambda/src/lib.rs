@@ -851,7 +851,10 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, req: &Call, body: 
                 .collect(),
             body: body.to_vec(),
         };
-        return match w.call_http(&call, &limits).await {
+        let t = Instant::now();
+        let answered = w.call_http(&call, &limits).await;
+        h.record("LambdaInstance-RoundTrip", t);
+        return match answered {
             Ok(reply) => {
                 give_back(h, name, w);
                 app_response(name, reply)
@@ -870,7 +873,10 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, req: &Call, body: 
             return text(StatusCode::BAD_REQUEST, msg);
         }
     };
-    match w.call(&event, &limits).await {
+    let t = Instant::now();
+    let answered = w.call(&event, &limits).await;
+    h.record("LambdaInstance-RoundTrip", t);
+    match answered {
         Ok(v) => {
             give_back(h, name, w);
             axum::Json(v).into_response()
@@ -979,6 +985,7 @@ fn give_back(h: &Handlers, name: &str, w: Worker) {
         let Some(gone) = oldest else { break };
         warm -= 1;
         h.evictions.fetch_add(1, Ordering::Relaxed);
+        h.record("evict", Instant::now());
         tokio::spawn(gone.worker.shutdown());
     }
 }
@@ -1002,7 +1009,11 @@ async fn evict_idle(h: &Handlers) -> usize {
     };
     let n = expired.len();
     h.evictions.fetch_add(n, Ordering::Relaxed);
+    let t = Instant::now();
     futures::future::join_all(expired.into_iter().map(Worker::shutdown)).await;
+    for _ in 0..n {
+        h.record("evict", t);
+    }
     n
 }
 
@@ -1275,7 +1286,7 @@ async fn pull(h: &Handlers, name: &str) -> Result<(), String> {
             }
             match install_source(h, name, source, digest).await {
                 Ok(()) => {
-                    h.record("pull-handler", t0);
+                    h.record("pull-lambda", t0);
                     Ok(())
                 }
                 Err((_, msg)) => failed(msg),

@@ -1337,6 +1337,11 @@ async fn registry_folder_in(sb: Sb) -> Res {
         run(&now, "version", &serde_json::json!(null)).await?,
         (200, "1".into())
     );
+    let stats: serde_json::Value = reqwest::get(format!("{}/stats", now.url()))
+        .await?
+        .json()
+        .await?;
+    assert_eq!(stats["pull-lambda.cnt"], 1, "{stats}");
     std::fs::write(folder.join("version.tar.gz"), version(2)?)?;
     assert_eq!(
         run(&now, "version", &serde_json::json!(null)).await?,
@@ -1516,6 +1521,12 @@ async fn idle_workers_are_stopped_after_their_keep_alive_and_past_the_warm_bound
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!((ol.handlers.evictions(), ol.handlers.warm()), (1, 0));
+    let stats: serde_json::Value = reqwest::get(format!("{}/stats", ol.url()))
+        .await?
+        .json()
+        .await?;
+    assert_eq!(stats["evict.cnt"], 1, "{stats}");
+    assert_eq!(stats["LambdaInstance-RoundTrip.cnt"], 1, "{stats}");
     assert_eq!(
         run(&ol, "a", &serde_json::json!(2)).await?,
         (200, "2".into())
@@ -1625,4 +1636,98 @@ async fn cron_in(sb: Sb) -> Res {
     );
     assert_eq!(run(&ol, "echo", &serde_json::json!(1)).await?.0, 200);
     stop(ol, dir.path(), sb).await
+}
+
+/// OpenLambda's Flask and FastAPI cases (`flask_test`, `wsgi_post_echo_test`,
+/// `flask_entry_test`, `fastapi_test`), written anew with the same requests and expectations:
+/// real Flask and FastAPI apps, their packages installed from PyPI by the lambdas'
+/// `requirements.txt`. The app sets its status, headers and body; a POST body reaches it as
+/// sent; an `OL_ENTRY_FILE` app answers its routes below `/run/<name>`.
+#[tokio::test]
+async fn flask_and_fastapi_apps_from_pypi_answer_as_openlambda_expects() -> Res {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(dir.path());
+    cfg.pip_timeout = Duration::from_secs(600);
+    let ol = sonic_openlambda::start(cfg).await?;
+    let flask_reqs = "flask==3.0.3\n";
+    let flask_app = "from flask import Flask, Response, request\napp = Flask('t')\n@app.route('/', methods=['GET', 'POST'])\ndef index():\n    if request.method == 'POST':\n        return request.get_data()\n    return Response('hi\\n', status=418, headers={'A': 'B'})\n@app.route('/info')\ndef info():\n    return {'entry_file': __file__.rsplit('/', 1)[-1], 'root': request.script_root}\n";
+    let up = upload(
+        &ol,
+        "flask-app",
+        tarball(&[("f.py", flask_app), ("requirements.txt", flask_reqs)], "")?,
+    )
+    .await?;
+    assert_eq!(up.0, 201, "{up:?}");
+    let client = reqwest::Client::new();
+    let r = client
+        .get(format!("{}/run/flask-app", ol.url()))
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 418);
+    assert_eq!(
+        r.headers().get("A").and_then(|v| v.to_str().ok()),
+        Some("B")
+    );
+    assert_eq!(r.text().await?, "hi\n");
+    for (body, kind) in [
+        ("hello world", "text/plain"),
+        ("{\"key\": \"value\"}", "application/json"),
+    ] {
+        let r = client
+            .post(format!("{}/run/flask-app", ol.url()))
+            .header("Content-Type", kind)
+            .body(body)
+            .send()
+            .await?;
+        assert_eq!(r.status().as_u16(), 200);
+        assert_eq!(r.text().await?, body);
+    }
+    // The same app from an entry file of another name, and a route below the lambda.
+    let up = upload(
+        &ol,
+        "flask-entry",
+        tarball(
+            &[
+                ("app.py", flask_app),
+                ("requirements.txt", flask_reqs),
+                ("ol.yaml", "environment:\n  OL_ENTRY_FILE: app.py\n"),
+            ],
+            "",
+        )?,
+    )
+    .await?;
+    assert_eq!(up.0, 201, "{up:?}");
+    let r = client
+        .get(format!("{}/run/flask-entry/info", ol.url()))
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 200);
+    let info: serde_json::Value = r.json().await?;
+    assert_eq!(info["entry_file"], "app.py", "{info}");
+    assert_eq!(info["root"], "/run/flask-entry", "{info}");
+    let fastapi_app = "from fastapi import FastAPI\napp = FastAPI()\n@app.get('/')\ndef hello():\n    return {'message': 'hello world'}\n";
+    let up = upload(
+        &ol,
+        "fastapi-app",
+        tarball(
+            &[
+                ("f.py", fastapi_app),
+                ("requirements.txt", "fastapi==0.115.0\n"),
+            ],
+            "",
+        )?,
+    )
+    .await?;
+    assert_eq!(up.0, 201, "{up:?}");
+    let r = client
+        .get(format!("{}/run/fastapi-app", ol.url()))
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.json::<serde_json::Value>().await?,
+        serde_json::json!({"message": "hello world"})
+    );
+    ol.stop().await;
+    Ok(())
 }
