@@ -88,6 +88,8 @@ impl RunningControl {
         if let Some(ol) = self.openlambda.take() {
             ol.stop().await;
         }
+        // No trigger starts a job once stopped.
+        self.state.ctx.triggers.clear();
         // Jobs in flight stop here and resume at the next start on the same database.
         if let Some(rt) = &self.state.jobs {
             rt.stop_jobs();
@@ -272,6 +274,14 @@ pub async fn start_with_jobs(
         // `POST /run/<dag-name>` runs the DAG's job.
         ol.handlers
             .set_dags(Arc::new(crate::http::openlambda::DagCalls::new(&state)));
+    }
+    // The applied DAGs' schedules start their jobs from now on.
+    if state.jobs.is_some() {
+        match crate::admission::triggers::schedule_all(&state.ctx).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(dags = n, "DAG triggers scheduled"),
+            Err(e) => tracing::error!(error = %e, "cannot read the DAGs: their triggers are not scheduled"),
+        }
     }
     // Jobs a previous process was running go on from what it recorded.
     if let Some(rt) = &state.jobs {

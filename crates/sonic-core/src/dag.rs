@@ -209,6 +209,18 @@ pub struct Dag {
     /// override it. `None`: plans maximize Perf/$.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo: Option<crate::slo::Slo>,
+    /// What starts its jobs besides submissions (`triggers:`, interfaces.md §7).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub triggers: Vec<Trigger>,
+}
+
+/// What starts a job of a DAG without a submission.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    /// `{ schedule: "*/30 * * * * *" }`: one job at each time the schedule names (its
+    /// parameters' defaults, no input).
+    Schedule(crate::schedule::Schedule),
 }
 
 /// The longest deadline a DAG may give its jobs: a week.
@@ -236,6 +248,17 @@ struct DagSpec {
     deadline: Option<Spanned<ScalarSpec>>,
     #[serde(default)]
     slo: Option<Spanned<SloSpec>>,
+    #[serde(default)]
+    triggers: Option<Vec<Spanned<TriggerSpec>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TriggerSpec {
+    #[serde(default)]
+    schedule: Option<Spanned<String>>,
+    #[serde(default)]
+    object_created: Option<Spanned<serde_json::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -1349,6 +1372,31 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         }
     };
 
+    let mut triggers = Vec::new();
+    for (i, t) in spec.triggers.iter().flatten().enumerate() {
+        let field = format!("triggers[{i}]");
+        match (&t.value.schedule, &t.value.object_created) {
+            (Some(s), None) => match s.value.parse::<crate::schedule::Schedule>() {
+                Ok(schedule) => triggers.push(Trigger::Schedule(schedule)),
+                Err(e) => return Err(errs.at(s, format!("{field}.schedule"), e)),
+            },
+            (None, Some(o)) => {
+                return Err(errs.at(
+                    o,
+                    format!("{field}.object_created"),
+                    "triggers on new objects are not supported yet; a schedule is",
+                ));
+            }
+            _ => {
+                return Err(errs.at(
+                    t,
+                    field,
+                    "a trigger is one of { schedule: \"<cron>\" } or { object_created: { prefix: ... } }",
+                ));
+            }
+        }
+    }
+
     let dag = Dag {
         name: spec.name.value.clone(),
         description: spec
@@ -1363,6 +1411,7 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         bounds,
         deadline_s,
         slo,
+        triggers,
     };
     // Edge kinds must agree with the fanouts under the default parameters.
     if let Err(msg) = dag.fanouts(&dag.params) {

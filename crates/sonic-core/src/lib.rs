@@ -11,6 +11,7 @@ pub mod model;
 pub mod params;
 pub mod planner;
 pub mod regression;
+pub mod schedule;
 pub mod setting;
 pub mod slo;
 pub mod tails;

@@ -297,7 +297,7 @@ pub struct LambdaConfig {
     /// Whether a worker serves more than one call.
     pub reuse_sandbox: bool,
     /// Its cron triggers' schedules (`triggers.cron[].schedule`).
-    pub cron: Vec<sonic_daemon::cron::Schedule>,
+    pub cron: Vec<sonic_core::schedule::Schedule>,
     cron_raw: serde_json::Value,
     kafka: serde_json::Value,
 }

@@ -369,8 +369,14 @@ impl Handlers {
         let Some(me) = self.me.get().cloned() else {
             return;
         };
+        if config.cron.is_empty() {
+            self.cron.remove(&name.to_owned());
+            return;
+        }
         let lambda = name.to_owned();
-        self.cron.set(name.to_owned(), config.cron.clone(), move || {
+        let schedules = config.cron.clone();
+        let next = move |after| sonic_core::schedule::next_of(&schedules, after);
+        self.cron.set(name.to_owned(), next, move |_at| {
             let (me, name) = (me.clone(), lambda.clone());
             async move {
                 let Some(h) = me.upgrade() else { return };

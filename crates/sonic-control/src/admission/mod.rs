@@ -5,6 +5,7 @@
 //! layer maps to statuses (`crate::http::error`).
 
 pub mod baselines;
+pub mod triggers;
 
 use std::sync::Arc;
 

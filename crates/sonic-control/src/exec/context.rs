@@ -31,6 +31,8 @@ pub struct Context {
     pub bandwidth: BandwidthBook,
     /// An agent that has not been heard from for this long is not alive.
     pub heartbeat_timeout: Duration,
+    /// The DAGs' triggers, per DAG name (`crate::admission::triggers`).
+    pub triggers: sonic_daemon::cron::Scheduler<String>,
 }
 
 impl Context {
@@ -48,6 +50,7 @@ impl Context {
             jobs,
             bandwidth: BandwidthBook::default(),
             heartbeat_timeout,
+            triggers: sonic_daemon::cron::Scheduler::new(),
         }
     }
 

@@ -563,10 +563,14 @@ async fn apply_dag(
                     what: "parsed dag",
                     source,
                 })?;
-            db.put_dag(&dag.name, &text, &parsed, now).map(Ok)
+            db.put_dag(&dag.name, &text, &parsed, now)
+                .map(|applied| Ok((applied, dag)))
         })
         .await?;
-    let (applied, record) = outcome.map_err(ApiError::InvalidDag)?;
+    let ((applied, record), dag) = outcome.map_err(ApiError::InvalidDag)?;
+    if applied != Applied::Unchanged {
+        crate::admission::triggers::schedule(&state.ctx, &dag);
+    }
     tracing::info!(dag = %record.name, revision = record.revision, ?applied, "dag applied");
     let status = if applied == Applied::Created {
         StatusCode::CREATED
@@ -642,6 +646,7 @@ async fn delete_dag(
     let name = checked_dag_name(path_param(name)?)?;
     let target = name.clone();
     if state.db.run(move |db| db.delete_dag(&target)).await? {
+        crate::admission::triggers::forget(&state.ctx, &name);
         tracing::info!(dag = %name, "dag deleted");
         Ok(StatusCode::NO_CONTENT)
     } else {

@@ -2153,3 +2153,47 @@ async fn a_planned_jobs_next_stage_is_prewarmed_when_the_plan_needs_it() {
     }
     c.stop().await;
 }
+
+/// A DAG's schedule (interfaces.md §7) starts its jobs: every second here, each job with the
+/// DAG's defaults and no input, each under the key of its time; deleting the DAG stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dags_schedule_starts_its_jobs_until_the_dag_is_deleted() {
+    let c = cluster().await;
+    c.apply(
+        "name: ticker\ntriggers:\n  - { schedule: \"* * * * * *\" }\nfunctions:\n  - { name: t, image: sonic-lambdas:latest, command: [synthetic, --output-bytes, \"16\", --to, result], timeout: 30s }\n",
+    )
+    .await;
+    assert_eq!(c.control().state.ctx.triggers.keys(), ["ticker"]);
+    let jobs = |v: &Value| -> Vec<String> {
+        v["jobs"]
+            .as_array()
+            .map(|js| {
+                js.iter()
+                    .filter_map(|j| j["job_id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut started = Vec::new();
+    while started.len() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        started = jobs(&c.get_json_status("/v1/jobs?dag=ticker").await.1);
+    }
+    assert!(started.len() >= 2, "the schedule started {started:?}");
+    // Deleted: its schedule goes with it.
+    let r = c
+        .http
+        .delete(c.url_for("/v1/dags/ticker"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(r.status(), 204);
+    assert!(c.control().state.ctx.triggers.keys().is_empty());
+    for id in started.iter().take(2) {
+        let s = c.wait(id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{id}: {:?}", s.error);
+        assert_eq!(s.outputs.len(), 1, "{id}");
+    }
+}

@@ -446,6 +446,52 @@ fn a_dags_deadline_is_read_and_checked() {
     }
 }
 
+/// A DAG's `triggers:` (interfaces.md §7): schedules (cron with or without seconds, nicknames,
+/// `@every`), kept in the stored form; absent, none and the stored form unchanged; a bad one
+/// refused at its place.
+#[test]
+fn a_dags_triggers_are_read_and_checked() {
+    let with = |t: &str| {
+        Dag::from_yaml(
+            "d.yaml",
+            &format!(
+                "name: d\ntriggers:\n{t}\nfunctions:\n  - {{ name: a, image: i, command: [x] }}\n"
+            ),
+        )
+    };
+    let dag = with("  - { schedule: \"*/30 * * * * *\" }\n  - schedule: \"@every 1h\"").expect("two");
+    let texts: Vec<String> = dag
+        .triggers
+        .iter()
+        .map(|t| match t {
+            sonic_core::dag::Trigger::Schedule(s) => s.to_string(),
+        })
+        .collect();
+    assert_eq!(texts, ["*/30 * * * * *", "@every 1h"]);
+    let json = serde_json::to_value(&dag).expect("json");
+    assert_eq!(json["triggers"][0]["schedule"], "*/30 * * * * *", "{json}");
+    let back: Dag = serde_json::from_value(json).expect("back");
+    assert_eq!(back, dag);
+    let none = Dag::from_yaml(
+        "d.yaml",
+        "name: d\nfunctions:\n  - { name: a, image: i, command: [x] }\n",
+    )
+    .expect("none");
+    assert!(none.triggers.is_empty());
+    let json = serde_json::to_value(&none).expect("json");
+    assert!(json.get("triggers").is_none(), "{json}");
+    for (bad, field) in [
+        ("  - { schedule: \"every morning\" }", "triggers[0].schedule"),
+        ("  - { schedule: \"@every 1h\" }\n  - { schedule: \"\" }", "triggers[1].schedule"),
+        ("  - { object_created: { prefix: in/ } }", "triggers[0].object_created"),
+        ("  - { at: noon }", "at"),
+        ("  - {}", "triggers[0]"),
+    ] {
+        let err = with(bad).expect_err(bad).to_string();
+        assert!(err.contains(field), "{bad}: {err}");
+    }
+}
+
 /// A DAG's `slo:` (interfaces.md §6): a latency at a percentile (95 unless given); absent, none
 /// and the stored form unchanged; a bad one refused naming its field.
 #[test]
