@@ -280,7 +280,9 @@ pub async fn start_with_jobs(
         match crate::admission::triggers::schedule_all(&state.ctx).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(dags = n, "DAG triggers scheduled"),
-            Err(e) => tracing::error!(error = %e, "cannot read the DAGs: their triggers are not scheduled"),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the DAGs: their triggers are not scheduled")
+            }
         }
     }
     // Jobs a previous process was running go on from what it recorded.

@@ -459,7 +459,8 @@ fn a_dags_triggers_are_read_and_checked() {
             ),
         )
     };
-    let dag = with("  - { schedule: \"*/30 * * * * *\" }\n  - schedule: \"@every 1h\"").expect("two");
+    let dag =
+        with("  - { schedule: \"*/30 * * * * *\" }\n  - schedule: \"@every 1h\"").expect("two");
     let texts: Vec<String> = dag
         .triggers
         .iter()
@@ -481,9 +482,18 @@ fn a_dags_triggers_are_read_and_checked() {
     let json = serde_json::to_value(&none).expect("json");
     assert!(json.get("triggers").is_none(), "{json}");
     for (bad, field) in [
-        ("  - { schedule: \"every morning\" }", "triggers[0].schedule"),
-        ("  - { schedule: \"@every 1h\" }\n  - { schedule: \"\" }", "triggers[1].schedule"),
-        ("  - { object_created: { prefix: in/ } }", "triggers[0].object_created"),
+        (
+            "  - { schedule: \"every morning\" }",
+            "triggers[0].schedule",
+        ),
+        (
+            "  - { schedule: \"@every 1h\" }\n  - { schedule: \"\" }",
+            "triggers[1].schedule",
+        ),
+        (
+            "  - { object_created: { prefix: in/ } }",
+            "triggers[0].object_created",
+        ),
         ("  - { at: noon }", "at"),
         ("  - {}", "triggers[0]"),
     ] {
