@@ -221,7 +221,16 @@ pub enum Trigger {
     /// `{ schedule: "*/30 * * * * *" }`: one job at each time the schedule names (its
     /// parameters' defaults, no input).
     Schedule(crate::schedule::Schedule),
+    /// `{ object_created: { prefix: "incoming/" } }`: one job per object that appears under
+    /// the prefix of the cluster's store (its parameters' defaults, the object as its input).
+    ObjectCreated {
+        /// The key prefix watched.
+        prefix: String,
+    },
 }
+
+/// The most characters of an `object_created` prefix.
+pub const MAX_TRIGGER_PREFIX_CHARS: usize = 512;
 
 /// The longest deadline a DAG may give its jobs: a week.
 pub const MAX_DEADLINE_S: f64 = 7.0 * 86_400.0;
@@ -258,7 +267,13 @@ struct TriggerSpec {
     #[serde(default)]
     schedule: Option<Spanned<String>>,
     #[serde(default)]
-    object_created: Option<Spanned<serde_json::Value>>,
+    object_created: Option<Spanned<ObjectCreatedSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ObjectCreatedSpec {
+    prefix: Spanned<String>,
 }
 
 #[derive(Deserialize)]
@@ -1381,11 +1396,25 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                 Err(e) => return Err(errs.at(s, format!("{field}.schedule"), e)),
             },
             (None, Some(o)) => {
-                return Err(errs.at(
-                    o,
-                    format!("{field}.object_created"),
-                    "triggers on new objects are not supported yet; a schedule is",
-                ));
+                let p = &o.value.prefix;
+                let prefix = p.value.as_str();
+                let problem = if prefix.is_empty() || prefix.len() > MAX_TRIGGER_PREFIX_CHARS {
+                    Some(format!(
+                        "a prefix has 1 to {MAX_TRIGGER_PREFIX_CHARS} characters"
+                    ))
+                } else if prefix.starts_with('/') || prefix.chars().any(char::is_control) {
+                    Some("a prefix is a store key's beginning: no leading `/`, no control characters".to_owned())
+                } else if prefix.starts_with("jobs/") || "jobs/".starts_with(prefix) {
+                    Some("`jobs/` holds Sonic's own job files: a trigger there would start jobs on every job's files".to_owned())
+                } else {
+                    None
+                };
+                if let Some(message) = problem {
+                    return Err(errs.at(p, format!("{field}.object_created.prefix"), message));
+                }
+                triggers.push(Trigger::ObjectCreated {
+                    prefix: prefix.to_owned(),
+                });
             }
             _ => {
                 return Err(errs.at(

@@ -110,6 +110,9 @@ pub struct JobsConfig {
     /// containers must start, not when their senders start (ORION's timed pre-warming:
     /// `prewarm::timed_delays`); `false`: at once.
     pub prewarm_timed: bool,
+    /// How often a DAG's `object_created` triggers list their prefix
+    /// (`crate::admission::triggers`).
+    pub trigger_poll: std::time::Duration,
     /// The time dilation factor of the cluster (1: none); the catalog is already dilated by it
     /// ([`sonic_core::catalog::Catalog::dilated`]); reported by `GET /v1/health`.
     pub dilation: f64,
@@ -154,6 +157,7 @@ impl JobsConfig {
             health_timeout: Duration::from_secs(3),
             prewarm: true,
             prewarm_timed: true,
+            trigger_poll: std::time::Duration::from_secs(5),
             dilation: 1.0,
         }
     }

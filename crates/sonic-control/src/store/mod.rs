@@ -213,6 +213,25 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE jobs ADD COLUMN slo TEXT;
     "#,
+    // 8: a DAG's object triggers: the objects under a trigger's prefix already seen (each
+    // starts at most one job, `job` when it did), and when the trigger first looked (the
+    // objects there then were not new).
+    r#"
+    CREATE TABLE trigger_objects (
+        dag         TEXT NOT NULL,
+        prefix      TEXT NOT NULL,
+        key         TEXT NOT NULL,
+        job         TEXT,
+        seen_ms     INTEGER NOT NULL,
+        PRIMARY KEY (dag, prefix, key)
+    ) STRICT;
+    CREATE TABLE trigger_baselines (
+        dag         TEXT NOT NULL,
+        prefix      TEXT NOT NULL,
+        created_ms  INTEGER NOT NULL,
+        PRIMARY KEY (dag, prefix)
+    ) STRICT;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -1270,6 +1289,77 @@ impl Db {
             .prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"))?
             .query_row(params![id], job_row)
             .optional()?)
+    }
+
+    /// Whether DAG `dag`'s object trigger on `prefix` has looked at its prefix before.
+    pub fn trigger_baseline(&self, dag: &str, prefix: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .reader()
+            .prepare_cached("SELECT 1 FROM trigger_baselines WHERE dag = ?1 AND prefix = ?2")?
+            .query_row(params![dag, prefix], |_| Ok(()))
+            .optional()?
+            .is_some())
+    }
+
+    /// Records the first look of DAG `dag`'s object trigger on `prefix`: the objects there now
+    /// are not new (seen, no job), in one transaction.
+    pub fn set_trigger_baseline(
+        &self,
+        dag: &str,
+        prefix: &str,
+        keys: &[String],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        {
+            let mut seen = tx.prepare_cached(
+                "INSERT OR IGNORE INTO trigger_objects (dag, prefix, key, job, seen_ms) \
+                 VALUES (?1, ?2, ?3, NULL, ?4)",
+            )?;
+            for key in keys {
+                seen.execute(params![dag, prefix, key, now_ms])?;
+            }
+        }
+        tx.execute(
+            "INSERT OR IGNORE INTO trigger_baselines (dag, prefix, created_ms) VALUES (?1, ?2, ?3)",
+            params![dag, prefix, now_ms],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The objects DAG `dag`'s trigger on `prefix` has seen.
+    pub fn trigger_objects_seen(
+        &self,
+        dag: &str,
+        prefix: &str,
+    ) -> Result<std::collections::HashSet<String>, StoreError> {
+        let conn = self.reader();
+        let mut stmt =
+            conn.prepare_cached("SELECT key FROM trigger_objects WHERE dag = ?1 AND prefix = ?2")?;
+        let keys = stmt
+            .query_map(params![dag, prefix], |r| r.get::<_, String>(0))?
+            .collect::<Result<_, _>>()?;
+        Ok(keys)
+    }
+
+    /// Records that DAG `dag`'s trigger on `prefix` saw object `key`, and the job it started
+    /// (none: the object could not start one).
+    pub fn trigger_object_seen(
+        &self,
+        dag: &str,
+        prefix: &str,
+        key: &str,
+        job: Option<&str>,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT OR REPLACE INTO trigger_objects (dag, prefix, key, job, seen_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![dag, prefix, key, job, now_ms],
+        )?;
+        Ok(())
     }
 
     /// The job `dag`'s submission key `key` made, if one did.

@@ -2197,3 +2197,93 @@ async fn a_dags_schedule_starts_its_jobs_until_the_dag_is_deleted() {
         assert_eq!(s.outputs.len(), 1, "{id}");
     }
 }
+
+/// A DAG's `object_created` trigger (interfaces.md §7): what is under the prefix when it first
+/// looks is not new; each object that appears after starts one job with it as the input, and
+/// only one, however many looks follow; deleting the DAG stops the watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_objects_under_a_dags_prefix_start_one_job_each() {
+    let c = Cluster::builder()
+        .agents(&[("a-1", "m5.large"), ("a-2", "m5.large")])
+        .tune_agents(|a| a.network_mbps = None)
+        .executor_threads(2)
+        .tune(|j| j.trigger_poll = Duration::from_millis(100))
+        .wait_deadline(Duration::from_secs(90))
+        .start()
+        .await;
+    let store = c.store().clone();
+    store
+        .put_bytes("incoming/before.bin", bytes::Bytes::from_static(b"old"))
+        .await
+        .expect("put");
+    c.apply(
+        "name: watcher\ntriggers:\n  - { object_created: { prefix: incoming/ } }\nfunctions:\n  - { name: w, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }\n",
+    )
+    .await;
+    let ctx = c.control().state.ctx.clone();
+    assert_eq!(ctx.triggers.keys(), ["watcher objects incoming/"]);
+    // Its first look takes what is there as not new.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let looked = ctx
+            .db
+            .run(|db| db.trigger_baseline("watcher", "incoming/"))
+            .await
+            .expect("db");
+        if looked || Instant::now() > deadline {
+            assert!(looked, "the trigger never looked at its prefix");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let jobs_of = |v: Value| -> Vec<String> {
+        v["jobs"]
+            .as_array()
+            .map(|js| {
+                js.iter()
+                    .filter_map(|j| j["job_id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut ran = Vec::new();
+    for (key, data) in [
+        ("incoming/a.bin", &b"first"[..]),
+        ("incoming/b c.bin", &b"second"[..]),
+    ] {
+        store
+            .put_bytes(key, bytes::Bytes::copy_from_slice(data))
+            .await
+            .expect("put");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let job = loop {
+            let jobs = jobs_of(c.get_json_status("/v1/jobs?dag=watcher").await.1);
+            if jobs.len() > ran.len() || Instant::now() > deadline {
+                assert_eq!(jobs.len(), ran.len() + 1, "{key}: {jobs:?}");
+                break jobs[0].clone();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let s = c.wait(&job).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{key}: {:?}", s.error);
+        let results = c.results(&s).await;
+        assert_eq!(results.len(), 1, "{results:?}");
+        assert_eq!(
+            results[0].1, data,
+            "{key}: the job's input was the new object"
+        );
+        ran.push(job);
+    }
+    // Many looks later, still one job per new object and none for the old one.
+    let jobs = jobs_of(c.get_json_status("/v1/jobs?dag=watcher").await.1);
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    let r = c
+        .http
+        .delete(c.url_for("/v1/dags/watcher"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(r.status(), 204);
+    assert!(ctx.triggers.keys().is_empty());
+}

@@ -459,18 +459,28 @@ fn a_dags_triggers_are_read_and_checked() {
             ),
         )
     };
-    let dag =
-        with("  - { schedule: \"*/30 * * * * *\" }\n  - schedule: \"@every 1h\"").expect("two");
+    let dag = with(
+        "  - { schedule: \"*/30 * * * * *\" }\n  - schedule: \"@every 1h\"\n  - { object_created: { prefix: incoming/ } }",
+    )
+    .expect("three");
     let texts: Vec<String> = dag
         .triggers
         .iter()
         .map(|t| match t {
             sonic_core::dag::Trigger::Schedule(s) => s.to_string(),
+            sonic_core::dag::Trigger::ObjectCreated { prefix } => format!("new under {prefix}"),
         })
         .collect();
-    assert_eq!(texts, ["*/30 * * * * *", "@every 1h"]);
+    assert_eq!(
+        texts,
+        ["*/30 * * * * *", "@every 1h", "new under incoming/"]
+    );
     let json = serde_json::to_value(&dag).expect("json");
     assert_eq!(json["triggers"][0]["schedule"], "*/30 * * * * *", "{json}");
+    assert_eq!(
+        json["triggers"][2]["object_created"]["prefix"], "incoming/",
+        "{json}"
+    );
     let back: Dag = serde_json::from_value(json).expect("back");
     assert_eq!(back, dag);
     let none = Dag::from_yaml(
@@ -491,9 +501,22 @@ fn a_dags_triggers_are_read_and_checked() {
             "triggers[1].schedule",
         ),
         (
-            "  - { object_created: { prefix: in/ } }",
-            "triggers[0].object_created",
+            "  - { object_created: { prefix: jobs/x } }",
+            "triggers[0].object_created.prefix",
         ),
+        (
+            "  - { object_created: { prefix: jo } }",
+            "triggers[0].object_created.prefix",
+        ),
+        (
+            "  - { object_created: { prefix: \"\" } }",
+            "triggers[0].object_created.prefix",
+        ),
+        (
+            "  - { object_created: { prefix: /in } }",
+            "triggers[0].object_created.prefix",
+        ),
+        ("  - { object_created: { suffix: .csv } }", "suffix"),
         ("  - { at: noon }", "at"),
         ("  - {}", "triggers[0]"),
     ] {
