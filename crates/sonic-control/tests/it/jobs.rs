@@ -2200,7 +2200,9 @@ async fn a_dags_schedule_starts_its_jobs_until_the_dag_is_deleted() {
 
 /// A DAG's `object_created` trigger (interfaces.md §7): what is under the prefix when it first
 /// looks is not new; each object that appears after starts one job with it as the input, and
-/// only one, however many looks follow; deleting the DAG stops the watch.
+/// only one, however many looks follow and across a restart of the control plane (an object
+/// that arrived while it was down starts its job when it is back); deleting the DAG stops the
+/// watch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_objects_under_a_dags_prefix_start_one_job_each() {
     let c = Cluster::builder()
@@ -2277,6 +2279,37 @@ async fn new_objects_under_a_dags_prefix_start_one_job_each() {
     // Many looks later, still one job per new object and none for the old one.
     let jobs = jobs_of(c.get_json_status("/v1/jobs?dag=watcher").await.1);
     assert_eq!(jobs.len(), 2, "{jobs:?}");
+    // An object that arrives while the control plane is down starts its job once it is back;
+    // those seen before do not start theirs again.
+    let c = c
+        .restart_with(|_| {
+            tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(
+                    store.put_bytes("incoming/down.bin", bytes::Bytes::from_static(b"down")),
+                )
+            })
+            .expect("put while down");
+        })
+        .await;
+    let ctx = c.control().state.ctx.clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let jobs = loop {
+        let jobs = jobs_of(c.get_json_status("/v1/jobs?dag=watcher").await.1);
+        if jobs.len() > 2 || Instant::now() > deadline {
+            break jobs;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(jobs.len(), 3, "{jobs:?}");
+    let s = c.wait(&jobs[0]).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{:?}", s.error);
+    assert_eq!(c.results(&s).await[0].1, b"down");
+    // Looks after that one start nothing more.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let jobs = jobs_of(c.get_json_status("/v1/jobs?dag=watcher").await.1);
+    assert_eq!(jobs.len(), 3, "{jobs:?}");
     let r = c
         .http
         .delete(c.url_for("/v1/dags/watcher"))
