@@ -106,7 +106,15 @@ pub struct Function {
     /// When its failed runs are tried again (`retries:`); `None`: the control plane's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retries: Option<Retries>,
+    /// Environment variables of its runs (`env:`), beside the lambda ABI's own `SONIC_*`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
 }
+
+/// The most variables a function's `env:` may set.
+pub const MAX_ENV_VARS: usize = 256;
+/// The most bytes a function's `env:` may hold (names and values).
+pub const MAX_ENV_BYTES: usize = 64 * 1024;
 
 /// The most retries a function may ask for.
 pub const MAX_RETRIES: u32 = 100;
@@ -302,6 +310,18 @@ struct FunctionSpec {
     instances: Option<Spanned<ScalarSpec>>,
     #[serde(default)]
     retries: Option<Spanned<RetriesSpec>>,
+    #[serde(default)]
+    env: Option<Spanned<BTreeMap<String, Spanned<EnvValue>>>>,
+}
+
+/// A value of `env:`: any YAML scalar, kept as its text.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum EnvValue {
+    Str(String),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
 }
 
 #[derive(Deserialize)]
@@ -1170,6 +1190,42 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
             None => None,
             Some(r) => Some(retries_of(errs, &r.value, &at)?),
         };
+        let mut env = BTreeMap::new();
+        if let Some(e) = &f.env {
+            let mut bytes = 0;
+            for (k, v) in &e.value {
+                let name_ok = k
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                    && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !name_ok || k.starts_with("SONIC_") {
+                    return Err(errs.at(
+                        e,
+                        at(&format!("env.{k}")),
+                        "a variable's name is letters, digits and `_`, not first a digit, and not `SONIC_...` (the lambda ABI's own)",
+                    ));
+                }
+                let value = match &v.value {
+                    EnvValue::Str(s) => s.clone(),
+                    EnvValue::Int(n) => n.to_string(),
+                    EnvValue::Float(x) => x.to_string(),
+                    EnvValue::Bool(b) => b.to_string(),
+                };
+                if value.contains('\0') {
+                    return Err(errs.at(v, at(&format!("env.{k}")), "a value cannot hold NUL"));
+                }
+                bytes += k.len() + value.len();
+                env.insert(k.clone(), value);
+            }
+            if env.len() > MAX_ENV_VARS || bytes > MAX_ENV_BYTES {
+                return Err(errs.at(
+                    e,
+                    at("env"),
+                    format!("at most {MAX_ENV_VARS} variables and {MAX_ENV_BYTES} bytes"),
+                ));
+            }
+        }
         functions.push(Function {
             name,
             image,
@@ -1178,6 +1234,7 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
             timeout_s,
             instances,
             retries,
+            env,
         });
     }
 

@@ -338,7 +338,7 @@ pub fn instance_runs(
                 function_key: Some(function_key(ctx.dag, i)),
                 image: f.image.clone(),
                 command: f.command.clone(),
-                env: BTreeMap::new(),
+                env: f.env.clone(),
                 params: ctx.params.clone(),
                 fanouts: fanout_env.clone(),
                 memory_limit_mb: DEFAULT_MEMORY_MB,

@@ -2320,3 +2320,18 @@ async fn new_objects_under_a_dags_prefix_start_one_job_each() {
     assert_eq!(r.status(), 204);
     assert!(ctx.triggers.keys().is_empty());
 }
+
+/// A function's `env:` (interfaces.md §7) reaches its runs: the lambda writes what it sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_functions_env_reaches_its_runs() {
+    let c = cluster().await;
+    c.apply(
+        "name: envy\nfunctions:\n  - name: e\n    image: sonic-lambdas:latest\n    command: [sh, -c, 'mkdir -p \"$SONIC_OUTPUT_DIR/result\" && printf \"%s %s\" \"$MODE\" \"$LEVEL\" > \"$SONIC_OUTPUT_DIR/result/env.txt\"']\n    env: { MODE: fast, LEVEL: 3 }\n    timeout: 30s\n",
+    )
+    .await;
+    let (_, s) = c.run(json!({ "dag": "envy" })).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{:?}", s.error);
+    let results = c.results(&s).await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].1, b"fast 3");
+}

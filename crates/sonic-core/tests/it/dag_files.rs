@@ -525,6 +525,46 @@ fn a_dags_triggers_are_read_and_checked() {
     }
 }
 
+/// A function's `env:` (interfaces.md §7): scalars kept as strings; names a shell takes, never
+/// the ABI's `SONIC_*`; absent, none and the stored form unchanged.
+#[test]
+fn a_functions_env_is_read_and_checked() {
+    let with = |env: &str| {
+        Dag::from_yaml(
+            "d.yaml",
+            &format!(
+                "name: d\nfunctions:\n  - {{ name: a, image: i, command: [x], env: {env} }}\n"
+            ),
+        )
+    };
+    let dag = with("{ MODE: fast, N: 3, ON: true, _x: \"a b\" }").expect("env");
+    let env: Vec<(&str, &str)> = dag.functions[0]
+        .env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        env,
+        [("MODE", "fast"), ("N", "3"), ("ON", "true"), ("_x", "a b")]
+    );
+    let none = Dag::from_yaml(
+        "d.yaml",
+        "name: d\nfunctions:\n  - { name: a, image: i, command: [x] }\n",
+    )
+    .expect("none");
+    let json = serde_json::to_value(&none).expect("json");
+    assert!(json["functions"][0].get("env").is_none(), "{json}");
+    for bad in [
+        "{ 1X: a }",
+        "{ SONIC_INPUT_DIR: a }",
+        "{ A-B: a }",
+        "{ A: [1] }",
+    ] {
+        let err = with(bad).expect_err(bad).to_string();
+        assert!(err.contains("functions[0].env"), "{bad}: {err}");
+    }
+}
+
 /// A DAG's `slo:` (interfaces.md §6): a latency at a percentile (95 unless given); absent, none
 /// and the stored form unchanged; a bad one refused naming its field.
 #[test]
