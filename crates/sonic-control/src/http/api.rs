@@ -645,7 +645,17 @@ async fn delete_dag(
 ) -> Result<StatusCode, ApiError> {
     let name = checked_dag_name(path_param(name)?)?;
     let target = name.clone();
-    if state.db.run(move |db| db.delete_dag(&target)).await? {
+    let deleted = state
+        .db
+        .run(move |db| {
+            let deleted = db.delete_dag(&target)?;
+            if deleted {
+                db.forget_trigger_objects(&target)?;
+            }
+            Ok(deleted)
+        })
+        .await?;
+    if deleted {
         crate::admission::triggers::forget(&state.ctx, &name);
         tracing::info!(dag = %name, "dag deleted");
         Ok(StatusCode::NO_CONTENT)

@@ -1291,6 +1291,17 @@ impl Db {
             .optional()?)
     }
 
+    /// Forgets what DAG `dag`'s object triggers saw (the DAG was deleted: one applied again
+    /// under its name looks afresh).
+    pub fn forget_trigger_objects(&self, dag: &str) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute("DELETE FROM trigger_objects WHERE dag = ?1", params![dag])?;
+        tx.execute("DELETE FROM trigger_baselines WHERE dag = ?1", params![dag])?;
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Whether DAG `dag`'s object trigger on `prefix` has looked at its prefix before.
     pub fn trigger_baseline(&self, dag: &str, prefix: &str) -> Result<bool, StoreError> {
         Ok(self

@@ -2154,6 +2154,18 @@ async fn a_planned_jobs_next_stage_is_prewarmed_when_the_plan_needs_it() {
     c.stop().await;
 }
 
+/// The job ids of a `GET /v1/jobs` answer, newest first.
+fn job_ids(v: &Value) -> Vec<String> {
+    v["jobs"]
+        .as_array()
+        .map(|js| {
+            js.iter()
+                .filter_map(|j| j["job_id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// A DAG's schedule (interfaces.md §7) starts its jobs: every second here, each job with the
 /// DAG's defaults and no input, each under the key of its time; deleting the DAG stops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2164,21 +2176,11 @@ async fn a_dags_schedule_starts_its_jobs_until_the_dag_is_deleted() {
     )
     .await;
     assert_eq!(c.control().state.ctx.triggers.keys(), ["ticker"]);
-    let jobs = |v: &Value| -> Vec<String> {
-        v["jobs"]
-            .as_array()
-            .map(|js| {
-                js.iter()
-                    .filter_map(|j| j["job_id"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut started = Vec::new();
     while started.len() < 2 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        started = jobs(&c.get_json_status("/v1/jobs?dag=ticker").await.1);
+        started = job_ids(&c.get_json_status("/v1/jobs?dag=ticker").await.1);
     }
     assert!(started.len() >= 2, "the schedule started {started:?}");
     // Deleted: its schedule goes with it.
@@ -2238,16 +2240,6 @@ async fn new_objects_under_a_dags_prefix_start_one_job_each() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let jobs_of = |v: Value| -> Vec<String> {
-        v["jobs"]
-            .as_array()
-            .map(|js| {
-                js.iter()
-                    .filter_map(|j| j["job_id"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     let mut ran = Vec::new();
     for (key, data) in [
         ("incoming/a.bin", &b"first"[..]),
@@ -2259,7 +2251,7 @@ async fn new_objects_under_a_dags_prefix_start_one_job_each() {
             .expect("put");
         let deadline = Instant::now() + Duration::from_secs(60);
         let job = loop {
-            let jobs = jobs_of(c.get_json_status("/v1/jobs?dag=watcher").await.1);
+            let jobs = job_ids(&c.get_json_status("/v1/jobs?dag=watcher").await.1);
             if jobs.len() > ran.len() || Instant::now() > deadline {
                 assert_eq!(jobs.len(), ran.len() + 1, "{key}: {jobs:?}");
                 break jobs[0].clone();
@@ -2277,7 +2269,7 @@ async fn new_objects_under_a_dags_prefix_start_one_job_each() {
         ran.push(job);
     }
     // Many looks later, still one job per new object and none for the old one.
-    let jobs = jobs_of(c.get_json_status("/v1/jobs?dag=watcher").await.1);
+    let jobs = job_ids(&c.get_json_status("/v1/jobs?dag=watcher").await.1);
     assert_eq!(jobs.len(), 2, "{jobs:?}");
     // An object that arrives while the control plane is down starts its job once it is back;
     // those seen before do not start theirs again.
@@ -2294,7 +2286,7 @@ async fn new_objects_under_a_dags_prefix_start_one_job_each() {
     let ctx = c.control().state.ctx.clone();
     let deadline = Instant::now() + Duration::from_secs(60);
     let jobs = loop {
-        let jobs = jobs_of(c.get_json_status("/v1/jobs?dag=watcher").await.1);
+        let jobs = job_ids(&c.get_json_status("/v1/jobs?dag=watcher").await.1);
         if jobs.len() > 2 || Instant::now() > deadline {
             break jobs;
         }
@@ -2308,7 +2300,7 @@ async fn new_objects_under_a_dags_prefix_start_one_job_each() {
     for _ in 0..5 {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let jobs = jobs_of(c.get_json_status("/v1/jobs?dag=watcher").await.1);
+    let jobs = job_ids(&c.get_json_status("/v1/jobs?dag=watcher").await.1);
     assert_eq!(jobs.len(), 3, "{jobs:?}");
     let r = c
         .http
@@ -2319,6 +2311,13 @@ async fn new_objects_under_a_dags_prefix_start_one_job_each() {
         .expect("delete");
     assert_eq!(r.status(), 204);
     assert!(ctx.triggers.keys().is_empty());
+    // What it saw goes with it: the DAG applied again looks afresh.
+    let looked = ctx
+        .db
+        .run(|db| db.trigger_baseline("watcher", "incoming/"))
+        .await
+        .expect("db");
+    assert!(!looked);
 }
 
 /// A function's `env:` (interfaces.md §7) reaches its runs: the lambda writes what it sees.
