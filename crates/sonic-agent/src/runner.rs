@@ -193,7 +193,7 @@ fn check_request(req: &RunRequest) -> Result<(JobId, Vec<CheckedInput>), RunErro
             || k.contains('=')
             || k.contains('\0')
             || v.contains('\0')
-            || k.starts_with("SONIC_")
+            || sonic_core::dag::reserved_env(k)
         {
             return Err(RunError::Invalid(format!(
                 "environment variable {k:?} is not allowed"

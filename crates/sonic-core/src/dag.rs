@@ -111,6 +111,15 @@ pub struct Function {
     pub env: BTreeMap<String, String>,
 }
 
+/// Whether a run's environment variable is the sandbox's to set, not a DAG's: the lambda ABI's
+/// `SONIC_*`, the sandbox's `PATH`, `HOME` and `TMPDIR`, and the dynamic loader's `LD_*` (which
+/// would load code of the author's choosing into the sandbox's own executables).
+pub fn reserved_env(name: &str) -> bool {
+    name.starts_with("SONIC_")
+        || name.starts_with("LD_")
+        || matches!(name, "PATH" | "HOME" | "TMPDIR")
+}
+
 /// The most variables a function's `env:` may set.
 pub const MAX_ENV_VARS: usize = 256;
 /// The most bytes a function's `env:` may hold (names and values).
@@ -1199,11 +1208,11 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                     .next()
                     .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                     && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-                if !name_ok || k.starts_with("SONIC_") {
+                if !name_ok || reserved_env(k) {
                     return Err(errs.at(
                         e,
                         at(&format!("env.{k}")),
-                        "a variable's name is letters, digits and `_`, not first a digit, and not `SONIC_...` (the lambda ABI's own)",
+                        "a variable's name is letters, digits and `_`, not first a digit; not `SONIC_...` (the lambda ABI's own), `PATH`, `HOME` or `TMPDIR` (the sandbox's), nor `LD_...` (the loader's)",
                     ));
                 }
                 let value = match &v.value {

@@ -559,6 +559,9 @@ fn a_functions_env_is_read_and_checked() {
         "{ SONIC_INPUT_DIR: a }",
         "{ A-B: a }",
         "{ A: [1] }",
+        "{ LD_PRELOAD: /tmp/x.so }",
+        "{ PATH: /tmp }",
+        "{ TMPDIR: /srv }",
     ] {
         let err = with(bad).expect_err(bad).to_string();
         assert!(err.contains("functions[0].env"), "{bad}: {err}");
