@@ -815,7 +815,7 @@ async fn run_inner(h: &Handlers, name: &str, method: &Method, req: &Call, body: 
             let scratch = match &folder {
                 Some(f) => worker::Scratch::Folder(f),
                 None => worker::Scratch::PrivateTmp {
-                    bytes: worker::DOCKER_TMP_BYTES,
+                    bytes: worker::WORKER_TMP_BYTES,
                 },
             };
             let place = match &h.cfg.sandbox {
@@ -1088,25 +1088,18 @@ async fn install(
         let n = h.versions.fetch_add(1, Ordering::Relaxed);
         let kept = {
             let name = name.clone();
-            tokio::task::spawn_blocking(move || registry::keep(&folder, &name, &body, n)).await
+            tokio::task::spawn_blocking(move || registry::keep(&folder, &name, &body, n))
+                .await
+                .map_err(std::io::Error::other)
+                .and_then(|r| r)
         };
-        match kept {
-            Ok(Ok(())) => {
-                lock(&h.pulled).insert(name.clone(), Instant::now());
-            }
-            Ok(Err(e)) => {
-                return text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("lambda `{name}` installed, but not kept in the registry folder: {e}"),
-                );
-            }
-            Err(e) => {
-                return text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("lambda `{name}` installed, but not kept in the registry folder: {e}"),
-                );
-            }
+        if let Err(e) = kept {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("lambda `{name}` installed, but not kept in the registry folder: {e}"),
+            );
         }
+        lock(&h.pulled).insert(name.clone(), Instant::now());
     }
     h.record("registry-upload", t0);
     (StatusCode::CREATED, format!("lambda `{name}` installed\n")).into_response()
@@ -1184,8 +1177,9 @@ async fn install_source(
                     format!("cannot keep the tarball: {e}"),
                 ));
             }
+            // A tarball's digest is its SHA-256 (`registry::Source::digest`).
             Some(package::Package {
-                sha256: package::sha256_hex(tarball),
+                sha256: digest.clone(),
                 path: package_path,
             })
         }
@@ -1274,10 +1268,7 @@ async fn pull(h: &Handlers, name: &str) -> Result<(), String> {
             // never there leaves no entry.
             lock(&h.pulled).remove(name);
             let _install = h.installs.lock().await;
-            h.cron.remove(&name.to_owned());
-            if lock(&h.lambdas).remove(name).is_some() {
-                let _ = tokio::fs::remove_dir_all(h.root.join(name)).await;
-                let _ = tokio::fs::remove_file(h.packages.join(format!("{name}.tar.gz"))).await;
+            if uninstall(h, name).await {
                 tracing::info!(lambda = %name, "removed: the registry folder no longer has it");
             }
             Ok(())
@@ -1324,18 +1315,27 @@ async fn remove(State(h): State<Arc<Handlers>>, UrlPath(name): UrlPath<String>) 
             }
         },
     };
-    h.cron.remove(&name);
-    if lock(&h.lambdas).remove(&name).is_none() && !in_folder {
+    if !uninstall(&h, &name).await && !in_folder {
         return text(
             StatusCode::NOT_FOUND,
             format!("lambda `{name}` is not in the registry"),
         );
     }
-    if let Err(e) = tokio::fs::remove_dir_all(h.root.join(&name)).await {
+    text(StatusCode::OK, format!("lambda `{name}` deleted"))
+}
+
+/// Takes lambda `name` out of the registry: its schedules, its entry (its warm workers go with
+/// it), its folder and its kept tarball. Whether it was installed. The caller holds `installs`.
+async fn uninstall(h: &Handlers, name: &str) -> bool {
+    h.cron.remove(&name.to_owned());
+    if lock(&h.lambdas).remove(name).is_none() {
+        return false;
+    }
+    if let Err(e) = tokio::fs::remove_dir_all(h.root.join(name)).await {
         tracing::warn!(lambda = %name, error = %e, "cannot remove the lambda's folder");
     }
     let _ = tokio::fs::remove_file(h.packages.join(format!("{name}.tar.gz"))).await;
-    text(StatusCode::OK, format!("lambda `{name}` deleted"))
+    true
 }
 
 /// A running OpenLambda listener.

@@ -300,9 +300,9 @@ impl Groups {
             || Path::new(V1_MEMORY).join("memory.limit_in_bytes").is_file()
             || Path::new(V1_PIDS).join("pids.max").is_file()
         {
-            for (wanted, root, files) in [
+            // A controller with nothing to write is not wanted.
+            for (root, files) in [
                 (
-                    quota.is_some(),
                     V1_CPU,
                     quota.map_or_else(Vec::new, |q| {
                         vec![
@@ -312,7 +312,6 @@ impl Groups {
                     }),
                 ),
                 (
-                    memory.is_some(),
                     V1_MEMORY,
                     memory.map_or_else(Vec::new, |m| {
                         let mut f = vec![("memory.limit_in_bytes", m.to_string())];
@@ -327,12 +326,11 @@ impl Groups {
                     }),
                 ),
                 (
-                    procs.is_some(),
                     V1_PIDS,
                     procs.map_or_else(Vec::new, |p| vec![("pids.max", p.to_string())]),
                 ),
             ] {
-                if !wanted {
+                if files.is_empty() {
                     continue;
                 }
                 if !Path::new(root).is_dir() {
@@ -578,8 +576,9 @@ pub const REGISTRY_LABEL: &str = "sonic.openlambda.registry";
 pub const HANDLER_DIR: &str = "/sonic/handler";
 /// Where a Docker worker sees `sonic_ol_runtime.py`.
 pub const RUNTIME_DIR: &str = "/sonic/runtime";
-/// The size of a Docker worker's `/tmp` (a tmpfs; its pages count against the memory bound).
-pub const DOCKER_TMP_BYTES: u64 = 256 << 20;
+/// The size of a worker's `/tmp`, a tmpfs of its own (a Docker worker's, or a host worker's
+/// [`Scratch::PrivateTmp`]); its pages count against the memory bound.
+pub const WORKER_TMP_BYTES: u64 = 256 << 20;
 
 impl Worker {
     /// Starts a worker for the lambda in `dir` at `place`, and waits until it imported `f.py`.
@@ -917,7 +916,7 @@ fn docker_command(
     ])
     .args(["--network", "none", "--read-only", "--log-driver", "none"])
     .args(["--cap-drop", "ALL", "--security-opt", "no-new-privileges"])
-    .args(["--tmpfs", &format!("/tmp:rw,size={DOCKER_TMP_BYTES}")])
+    .args(["--tmpfs", &format!("/tmp:rw,size={WORKER_TMP_BYTES}")])
     .args(["-v", &format!("{}:{HANDLER_DIR}:ro", dir.display())])
     .args([
         "-v",
