@@ -83,6 +83,10 @@ pub struct AgentConfig {
     pub warm_idle_s: u64,
     pub heartbeat_interval_ms: u64,
     pub store: Option<StoreChoice>,
+    /// The in-memory tier `memory` edges pass through (`redis://host:port`); with a join token
+    /// and none set, the control plane's comes back at joining. None: a `memory` upload goes
+    /// to the store.
+    pub memory_tier: Option<String>,
     /// Makes the store answer like a remote one (request latency, one connection's throughput):
     /// the evaluation's emulated cluster, where the store runs on the same machine. `None`: as is.
     pub store_profile: Option<sonic_storage::emulated::StoreProfile>,
@@ -121,6 +125,7 @@ impl Default for AgentConfig {
             warm_idle_s: sonic_core::warm::DEFAULT_KEEP_ALIVE_S,
             heartbeat_interval_ms: 2000,
             store: None,
+            memory_tier: None,
             store_profile: None,
             bin_dirs: Vec::new(),
             output_quota_mb: DEFAULT_OUTPUT_QUOTA_MB,
@@ -182,6 +187,9 @@ pub struct AgentArgs {
     /// A local directory standing in for the object store.
     #[arg(long, env = "SONIC_AGENT_STORE_DIR")]
     pub store_dir: Option<PathBuf>,
+    /// The in-memory tier for `memory` edges, `redis://host:port`.
+    #[arg(long, env = "SONIC_AGENT_MEMORY_TIER")]
+    pub memory_tier: Option<String>,
     /// A folder searched first for lambda executables by the process sandbox (repeatable).
     #[arg(long = "bin-dir")]
     pub bin_dirs: Vec<PathBuf>,
@@ -239,6 +247,7 @@ impl AgentConfig {
             .set("ca_file", a.ca_file.as_ref())
             .set("sandbox", a.sandbox.map(SandboxChoice::name))
             .set("store.local.root", a.store_dir.as_ref())
+            .set("memory_tier", a.memory_tier.as_ref())
             .set("output_quota_mb", a.output_quota_mb)
             .set("warm_idle_s", a.warm_idle_s)
             .set("python_image", a.python_image.as_ref())
@@ -297,6 +306,11 @@ impl AgentConfig {
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {
             return bad("advertise_url must start with http:// or https://");
+        }
+        if let Some(url) = &self.memory_tier
+            && !url.starts_with("redis://")
+        {
+            return bad("memory_tier must be a redis://host:port URL");
         }
         Ok(())
     }

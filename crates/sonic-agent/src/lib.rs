@@ -3,6 +3,7 @@
 pub mod config;
 pub mod files;
 pub mod fileserver;
+pub mod memory;
 pub mod metrics;
 pub mod probe;
 pub mod register;
@@ -127,6 +128,9 @@ pub async fn start_from_config(
         config.file_key = secrets.file_key;
         if config.store.is_none() {
             config.store = secrets.store.as_ref().map(StoreChoice::from_spec);
+        }
+        if config.memory_tier.is_none() {
+            config.memory_tier = secrets.memory_tier.clone();
         }
         tracing::info!(
             store = config

@@ -262,6 +262,8 @@ mod tests {
                 checksum: String::new(),
                 key: Some("jobs/j-1/result/x".into()),
                 upload_seconds: Some(0.125),
+                in_memory: false,
+                spilled: None,
             }],
             log: String::new(),
         };

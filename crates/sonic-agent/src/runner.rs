@@ -82,6 +82,8 @@ enum Source {
     },
     /// The object store's `key`, kept in the job's namespace at `path` (`remote/<key>`).
     Remote { key: String, path: FilePath },
+    /// The memory tier's `key`, kept at `path` (`memory/<key>`).
+    Memory { key: String, path: FilePath },
 }
 
 impl Source {
@@ -106,6 +108,14 @@ impl Source {
                 Source::Remote {
                     key: key.clone(),
                     path: FilePath::parse(&format!("remote/{key}"))
+                        .map_err(|e| RunError::Invalid(format!("input key: {e}")))?,
+                }
+            }
+            FileSource::Memory { key } => {
+                sonic_storage::validate_key(key).map_err(|e| RunError::Invalid(e.to_string()))?;
+                Source::Memory {
+                    key: key.clone(),
+                    path: FilePath::parse(&format!("memory/{key}"))
                         .map_err(|e| RunError::Invalid(format!("input key: {e}")))?,
                 }
             }
@@ -1060,7 +1070,7 @@ pub async fn fetch(state: &Arc<AgentState>, req: &FetchRequest) -> Result<FetchR
     for (r, f) in results.into_iter().zip(&req.files) {
         let what = match f {
             FileSource::Direct { file_path, .. } => file_path.as_str(),
-            FileSource::Remote { key } => key.as_str(),
+            FileSource::Remote { key } | FileSource::Memory { key } => key.as_str(),
             FileSource::VmStorage { file_path } => file_path.as_str(),
         };
         files.push(r.map_err(|message| RunError::Stage {
@@ -1163,6 +1173,40 @@ async fn land(
             let local = state.files.resolve(job, path).map_err(|e| e.to_string())?;
             (Method::Remote, local, size, fetched)
         }
+        Source::Memory { key, path } => {
+            let lock = state.fetch_locks.get(&format!("{job}/memory/{key}"));
+            let _guard = lock.lock().await;
+            let (size, fetched) = match state.files.meta(job, path).map_err(|e| e.to_string())? {
+                Some(meta) => (meta.size, false),
+                None => {
+                    let dest = state
+                        .files
+                        .prepare_write(job, path)
+                        .map_err(|e| e.to_string())?;
+                    // The tier writes `dest` atomically (a temporary name, then a rename).
+                    state
+                        .memory
+                        .get_file(key, &dest)
+                        .await
+                        .map_err(|e| format!("memory tier: {e}"))?;
+                    let hashing = dest.clone();
+                    let (bytes, checksum) = tokio::task::spawn_blocking(move || {
+                        crate::files::checksum_reader(std::fs::File::open(hashing)?)
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| format!("memory tier: {e}"))?;
+                    let size = state
+                        .files
+                        .register_verified(job, path, bytes, &checksum)
+                        .map_err(|e| e.to_string())?
+                        .size;
+                    (size, true)
+                }
+            };
+            let local = state.files.resolve(job, path).map_err(|e| e.to_string())?;
+            (Method::Memory, local, size, fetched)
+        }
     })
 }
 
@@ -1259,6 +1303,60 @@ async fn upload_one(
     Ok((i, t.elapsed().as_secs_f64()))
 }
 
+/// One output uploaded: where it went and how long it took.
+struct Uploaded {
+    index: usize,
+    seconds: f64,
+    in_memory: bool,
+    spilled: Option<String>,
+}
+
+/// Uploads output `i` to the memory tier when `memory` asks for it, else (or when the tier
+/// refuses it: full, too large, unreachable, none configured) to the object store.
+async fn upload_to_tier(
+    state: &Arc<AgentState>,
+    memory: bool,
+    i: usize,
+    key: String,
+    path: String,
+    dest: PathBuf,
+) -> Result<Uploaded, RunError> {
+    let mut spilled = None;
+    if memory {
+        let t = Instant::now();
+        match state.memory.put_file(&key, &dest).await {
+            Ok(_) => {
+                return Ok(Uploaded {
+                    index: i,
+                    seconds: t.elapsed().as_secs_f64(),
+                    in_memory: true,
+                    spilled: None,
+                });
+            }
+            Err(e) => {
+                tracing::warn!(key, error = %e, "the memory tier refused an output; it goes to the store");
+                spilled = Some(e.to_string());
+            }
+        }
+    }
+    let Some(store) = state.store.as_ref() else {
+        return Err(RunError::Output {
+            path,
+            message: format!(
+                "the memory tier refused it ({}) and this agent has no object store",
+                spilled.unwrap_or_default()
+            ),
+        });
+    };
+    let (_, seconds) = upload_one(store.as_ref(), i, key, path, dest).await?;
+    Ok(Uploaded {
+        index: i,
+        seconds,
+        in_memory: false,
+        spilled,
+    })
+}
+
 async fn route_outputs(
     state: &Arc<AgentState>,
     req: &RunRequest,
@@ -1275,7 +1373,7 @@ async fn route_outputs(
             })??
     };
     let mut outputs = Vec::with_capacity(files.len());
-    let mut uploads: Vec<(usize, PathBuf)> = Vec::new();
+    let mut uploads: Vec<(usize, PathBuf, bool)> = Vec::new();
     for rel in files {
         let rel_str = rel.to_string_lossy().to_string();
         let oerr = |m: String| RunError::Output {
@@ -1316,29 +1414,31 @@ async fn route_outputs(
             checksum: meta.checksum.clone(),
             key: None,
             upload_seconds: None,
+            in_memory: false,
+            spilled: None,
         };
         if let Some(prefix) = &route.upload_prefix {
-            if state.store.is_none() {
+            if state.store.is_none() && !(route.memory && state.memory.configured()) {
                 return Err(oerr("this agent has no object store".into()));
             }
             out.key = Some(format!("{}/{}", prefix.trim_end_matches('/'), name));
-            uploads.push((outputs.len(), dest));
+            uploads.push((outputs.len(), dest, route.memory));
         }
         outputs.push(out);
     }
     // The uploads, concurrently (as the inputs' fetches); each output's `upload_seconds` is its
     // share of their wall time.
-    if let Some(store) = state.store.as_ref() {
+    if !uploads.is_empty() {
         let started = Instant::now();
         let sends: Vec<_> = uploads
             .into_iter()
-            .map(|(i, dest)| {
+            .map(|(i, dest, memory)| {
                 let key = outputs[i].key.clone().unwrap_or_default();
                 let path = format!("{}/{}", outputs[i].to, outputs[i].name);
-                upload_one(store.as_ref(), i, key, path, dest)
+                upload_to_tier(state, memory, i, key, path, dest)
             })
             .collect();
-        let results: Vec<Result<(usize, f64), RunError>> = futures::stream::iter(sends)
+        let results: Vec<Result<Uploaded, RunError>> = futures::stream::iter(sends)
             .buffered(TRANSFER_CONCURRENCY)
             .collect()
             .await;
@@ -1347,11 +1447,14 @@ async fn route_outputs(
             return Err(e);
         }
         share_wall_time(
-            done.iter_mut().map(|(_, s)| s),
+            done.iter_mut().map(|u| &mut u.seconds),
             started.elapsed().as_secs_f64(),
         );
-        for (i, s) in done {
-            outputs[i].upload_seconds = Some(s);
+        for u in done {
+            let o = &mut outputs[u.index];
+            o.upload_seconds = Some(u.seconds);
+            o.in_memory = u.in_memory;
+            o.spilled = u.spilled;
         }
     }
     Ok(outputs)

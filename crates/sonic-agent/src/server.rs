@@ -30,6 +30,8 @@ pub struct AgentState {
     pub config: AgentConfig,
     pub sandbox: Arc<dyn Sandbox>,
     pub store: Option<Arc<dyn ObjectStore>>,
+    /// The in-memory tier of `memory` edges.
+    pub memory: crate::memory::MemoryTier,
     pub files: FileStore,
     pub throttle: sonic_storage::Throttle,
     pub meter: BandwidthMeter,
@@ -75,6 +77,7 @@ impl AgentState {
         };
         Ok(AgentState {
             files,
+            memory: crate::memory::MemoryTier::new(config.memory_tier.clone(), throttle.clone()),
             throttle,
             meter: BandwidthMeter::default(),
             http: crate::transfer::http_client(config.ca_file.as_deref())

@@ -65,6 +65,8 @@ pub enum FileSource {
     },
     /// `remote`: download from the object store.
     Remote { key: String },
+    /// `memory`: download from the in-memory tier (the agent's `memory_tier`).
+    Memory { key: String },
 }
 
 /// One input to stage before an instance starts.
@@ -88,6 +90,11 @@ pub struct OutputRoute {
     pub keep_local: bool,
     /// Also upload them under this object-store prefix (for `remote`, and for results).
     pub upload_prefix: Option<String>,
+    /// Upload them under `upload_prefix` to the in-memory tier instead of the object store
+    /// (`memory`); a file the tier refuses (full, too large, unreachable) goes to the store,
+    /// and its [`OutputFile`] says so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory: bool,
 }
 
 /// `POST /v1/runs`: run one function instance.
@@ -423,6 +430,12 @@ pub struct OutputFile {
     /// The object key when it was uploaded.
     pub key: Option<String>,
     pub upload_seconds: Option<f64>,
+    /// The upload went to the in-memory tier (`key` is the tier's), not the object store.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_memory: bool,
+    /// Asked for the in-memory tier, it went to the object store: why the tier refused it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spilled: Option<String>,
 }
 
 /// `GET /v1/runs/{run_id}`: the state or result of a run; also the body an agent pushes to

@@ -647,6 +647,9 @@ pub struct JoinSecrets {
     pub file_key: String,
     /// Where `remote` files go.
     pub store: Option<StoreSpec>,
+    /// Where `memory` files go: the in-memory tier's URL (`redis://host:port`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_tier: Option<String>,
 }
 
 impl fmt::Debug for JoinSecrets {
@@ -655,6 +658,14 @@ impl fmt::Debug for JoinSecrets {
             .field("agent_token", &"<redacted>")
             .field("file_key", &"<redacted>")
             .field("store", &self.store)
+            // Its host only: a URL may carry a password before `@`.
+            .field(
+                "memory_tier",
+                &self
+                    .memory_tier
+                    .as_deref()
+                    .map(|u| u.rsplit('@').next().unwrap_or(u)),
+            )
             .finish()
     }
 }

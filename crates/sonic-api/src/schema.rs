@@ -297,7 +297,7 @@ mod tests {
         let v = serde_json::to_value(method()).expect("json");
         assert_eq!(
             v["enum"],
-            serde_json::json!(["vm-storage", "direct", "remote"])
+            serde_json::json!(["vm-storage", "direct", "remote", "memory"])
         );
     }
 }

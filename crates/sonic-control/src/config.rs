@@ -46,6 +46,10 @@ pub struct ControlConfig {
     pub heartbeat_timeout: Seconds,
     /// The VM catalog file (interfaces.md); read by the planner once jobs run.
     pub catalog: Option<String>,
+    /// The in-memory tier of `memory` edges, `redis://host:port` (told to joining agents).
+    /// Without it no plan uses `memory`, whatever the catalog prices; with it and a catalog
+    /// that prices none, the built-in tier's prices ([`sonic_core::catalog::MemoryTier`]).
+    pub memory_tier: Option<String>,
     /// Request bodies larger than this are refused with 413 (`1MiB`, ...).
     pub max_body: ByteSize,
     /// How long planning one job (or one `GET /v1/dags/{name}/plan`) may take (`2s`, ...); past
@@ -294,6 +298,7 @@ impl Default for ControlConfig {
             ca_file: None,
             heartbeat_timeout: Seconds(10.0),
             catalog: None,
+            memory_tier: None,
             max_body: ByteSize(1024 * 1024),
             plan_budget: Seconds(crate::learn::PLAN_TIME.as_secs_f64()),
             plan_memory: ByteSize(crate::learn::PLAN_MEMORY),
@@ -323,6 +328,13 @@ impl std::fmt::Debug for ControlConfig {
             .field("ca_file", &self.ca_file)
             .field("heartbeat_timeout", &self.heartbeat_timeout)
             .field("catalog", &self.catalog)
+            .field(
+                "memory_tier",
+                &self
+                    .memory_tier
+                    .as_deref()
+                    .map(|u| u.rsplit('@').next().unwrap_or(u)),
+            )
             .field("max_body", &self.max_body)
             .field("plan_budget", &self.plan_budget)
             .field("plan_memory", &self.plan_memory)
@@ -396,6 +408,9 @@ pub struct ControlArgs {
     /// The VM catalog file.
     #[arg(long, env = "SONIC_CATALOG")]
     pub catalog: Option<String>,
+    /// The in-memory tier of `memory` edges, redis://host:port.
+    #[arg(long, env = "SONIC_MEMORY_TIER", hide_env_values = true)]
+    pub memory_tier: Option<String>,
     /// Largest request body, e.g. 1MiB.
     #[arg(long, env = "SONIC_MAX_BODY")]
     pub max_body: Option<ByteSize>,
@@ -468,6 +483,7 @@ impl ControlConfig {
             .set("ca_file", a.ca_file.as_ref())
             .set("heartbeat_timeout", a.heartbeat_timeout)
             .set("catalog", a.catalog.as_ref())
+            .set("memory_tier", a.memory_tier.as_ref())
             .set("max_body", a.max_body)
             .set("plan_budget", a.plan_budget)
             .set("plan_memory", a.plan_memory)
@@ -492,6 +508,13 @@ impl ControlConfig {
         }
         if let Some(k) = &self.file_key {
             sonic_daemon::secret::check("file_key", k)?;
+        }
+        if let Some(url) = &self.memory_tier
+            && !url.starts_with("redis://")
+        {
+            return Err(ConfigError::Invalid(
+                "memory_tier must be a redis://host:port URL".into(),
+            ));
         }
         let t = self.heartbeat_timeout.0;
         if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {

@@ -151,6 +151,19 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
         }
         None => Catalog::default(),
     };
+    // `memory` is planned only where there is a tier to run it on.
+    let mut catalog = catalog;
+    catalog.memory_tier = match (&config.memory_tier, catalog.memory_tier) {
+        (None, Some(_)) => {
+            tracing::warn!(
+                "the catalog prices a memory tier but none is configured (memory_tier, SONIC_MEMORY_TIER): no plan uses memory"
+            );
+            None
+        }
+        (None, None) => None,
+        (Some(_), Some(t)) => Some(t),
+        (Some(_), None) => Some(sonic_core::catalog::MemoryTier::default()),
+    };
     let catalog = catalog
         .dilated(config.dilation)
         .map_err(|e| ServeError::Catalog {
@@ -194,6 +207,7 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
     let mut jobs = JobsConfig::new(agent_token, file_key.into_bytes());
     jobs.bucket = choice.bucket().map(str::to_owned);
     jobs.agent_store = Some(choice.to_spec());
+    jobs.memory_tier = config.memory_tier.clone();
     jobs.planning = config.plan_budget();
     jobs.prewarm = config.prewarm;
     jobs.dilation = config.dilation;

@@ -53,6 +53,53 @@ pub struct RemoteStorage {
     pub aggregate_mbps: Option<f64>,
 }
 
+/// An in-memory tier (Redis, as ElastiCache rents it) used by `memory`: one node, rented by the
+/// hour, whose memory holds the edge's files while they pass. A job is charged its share of the
+/// node: the bytes it holds over the node's capacity, for as long as it holds them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryTier {
+    /// What the node costs per hour.
+    pub usd_per_hour: f64,
+    /// What it holds (MB, 1 GiB = 1024 MB, as VM memory).
+    pub capacity_mb: u64,
+    /// The node's network, megabits per second: every VM's transfers share it, and one VM's
+    /// connection is also bounded by its own NIC.
+    pub network_mbps: f64,
+    /// Time to first byte of one request.
+    pub request_latency_ms: f64,
+    /// Requests per second the node serves.
+    pub requests_per_s: f64,
+}
+
+impl Default for MemoryTier {
+    fn default() -> Self {
+        // ElastiCache cache.r6g.large, us-east-1 on-demand as listed in 2024-2025: $0.206/h,
+        // 13.07 GiB, "up to 10 Gbit/s" (its baseline taken as an m5.large's 750 Mbit/s).
+        // Latency and request rate: a Redis node in the same zone, sub-millisecond and about
+        // 100,000 simple commands per second; assumptions until measured, as the store's.
+        MemoryTier {
+            usd_per_hour: 0.206,
+            capacity_mb: 13_383,
+            network_mbps: 750.0,
+            request_latency_ms: 0.5,
+            requests_per_s: 100_000.0,
+        }
+    }
+}
+
+impl MemoryTier {
+    /// What it holds, in bytes.
+    pub fn capacity_bytes(&self) -> f64 {
+        self.capacity_mb as f64 * 1024.0 * 1024.0
+    }
+
+    /// Dollars per byte held per second: the node's price over its capacity.
+    pub fn usd_per_byte_second(&self) -> f64 {
+        self.usd_per_hour / 3600.0 / self.capacity_bytes()
+    }
+}
+
 /// A checked VM catalog.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,6 +112,9 @@ pub struct Catalog {
     pub local_storage: LocalStorage,
     #[serde(default)]
     pub remote_storage: RemoteStorage,
+    /// The in-memory tier `memory` passes files through; absent, no edge can use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_tier: Option<MemoryTier>,
 }
 
 fn default_reserve_mb() -> u64 {
@@ -111,6 +161,7 @@ impl Default for Catalog {
             ],
             local_storage: LocalStorage::default(),
             remote_storage: RemoteStorage::default(),
+            memory_tier: None,
         }
     }
 }
@@ -218,6 +269,15 @@ impl Catalog {
         if let Some(a) = r.aggregate_mbps {
             positive("remote_storage.aggregate_mbps", a)?;
         }
+        if let Some(m) = &self.memory_tier {
+            positive("memory_tier.usd_per_hour", m.usd_per_hour)?;
+            if m.capacity_mb == 0 {
+                return Err(bad("memory_tier.capacity_mb".into(), "must be at least 1"));
+            }
+            positive("memory_tier.network_mbps", m.network_mbps)?;
+            non_negative("memory_tier.request_latency_ms", m.request_latency_ms)?;
+            positive("memory_tier.requests_per_s", m.requests_per_s)?;
+        }
         Ok(())
     }
 
@@ -233,7 +293,7 @@ impl Catalog {
     /// The catalog as a cluster dilated in time by `d` sees it (DieCast: every resource runs `d`
     /// times slower, so `d` seconds of the cluster stand for one emulated second): VM network
     /// rates, the store's throughputs and request rate divided by `d`, its request latency
-    /// multiplied by `d`. Prices are per second of VM and per request, and stay: what a dilated
+    /// multiplied by `d` (the memory tier's alike). Prices are per second of VM and per request, and stay: what a dilated
     /// job is charged for its VMs is `d` times the emulated charge (the evaluation divides it),
     /// per-request charges are the same. vCPUs and memory stay the type's (each agent still
     /// stands for one whole VM; its CPU quota is what is dilated). `d` must be finite and >= 1
@@ -256,6 +316,11 @@ impl Catalog {
         r.requests_per_s /= d;
         if let Some(a) = &mut r.aggregate_mbps {
             *a /= d;
+        }
+        if let Some(m) = &mut c.memory_tier {
+            m.network_mbps /= d;
+            m.request_latency_ms *= d;
+            m.requests_per_s /= d;
         }
         c.check()?;
         Ok(c)
@@ -338,6 +403,43 @@ mod tests {
         );
         for bad in [0.5, 0.0, -2.0, f64::NAN, f64::INFINITY] {
             assert!(c.dilated(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_memory_tier_is_read_checked_dilated_and_priced_by_capacity() {
+        let yaml = "vm_types: [{name: a, vcpus: 2, memory_mb: 4096, network_mbps: 100, usd_per_hour: 0.1}]\n\
+                    memory_tier: {usd_per_hour: 0.36, capacity_mb: 1024, network_mbps: 800, request_latency_ms: 0.5, requests_per_s: 50000}\n";
+        let c = Catalog::from_yaml(yaml).unwrap();
+        let m = c.memory_tier.clone().unwrap();
+        assert_eq!(m.capacity_bytes(), 1024.0 * 1024.0 * 1024.0);
+        // $0.36/h over 1 GiB: 1e-4 $/s for the node, per byte that over 2^30.
+        assert!((m.usd_per_byte_second() * m.capacity_bytes() - 1e-4).abs() < 1e-15);
+        assert_eq!(Catalog::from_yaml(&c.to_yaml().unwrap()).unwrap(), c);
+        let d = c.dilated(4.0).unwrap().memory_tier.unwrap();
+        assert!((d.network_mbps * 4.0 - m.network_mbps).abs() < 1e-9);
+        assert!((d.request_latency_ms - 4.0 * m.request_latency_ms).abs() < 1e-9);
+        assert!((d.requests_per_s * 4.0 - m.requests_per_s).abs() < 1e-9);
+        assert_eq!(
+            (d.usd_per_hour, d.capacity_mb),
+            (m.usd_per_hour, m.capacity_mb)
+        );
+        // No tier unless the catalog names one; a bad one is refused by its field.
+        assert!(Catalog::default().memory_tier.is_none());
+        let tier = |usd: &str, cap: &str, net: &str| {
+            format!(
+                "vm_types: [{{name: a, vcpus: 2, memory_mb: 4096, network_mbps: 100, usd_per_hour: 0.1}}]\n\
+                 memory_tier: {{usd_per_hour: {usd}, capacity_mb: {cap}, network_mbps: {net}, request_latency_ms: 0.5, requests_per_s: 50000}}\n"
+            )
+        };
+        Catalog::from_yaml(&tier("0.36", "1024", "800")).unwrap();
+        for (field, text) in [
+            ("capacity_mb", tier("0.36", "0", "800")),
+            ("network_mbps", tier("0.36", "1024", "-1")),
+            ("usd_per_hour", tier(".nan", "1024", "800")),
+        ] {
+            let err = Catalog::from_yaml(&text).unwrap_err().to_string();
+            assert!(err.contains(&format!("memory_tier.{field}")), "{err}");
         }
     }
 

@@ -27,16 +27,25 @@ pub enum Method {
     Direct,
     /// Through the object store: upload, then download.
     Remote,
+    /// Through the in-memory tier (the catalog's `memory_tier`, Redis): upload, then download,
+    /// as `remote`, faster and priced by the bytes held per second instead of per request.
+    Memory,
 }
 
 impl Method {
-    pub const ALL: [Method; 3] = [Method::VmStorage, Method::Direct, Method::Remote];
+    pub const ALL: [Method; 4] = [
+        Method::VmStorage,
+        Method::Direct,
+        Method::Remote,
+        Method::Memory,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Method::VmStorage => "vm-storage",
             Method::Direct => "direct",
             Method::Remote => "remote",
+            Method::Memory => "memory",
         }
     }
 }
@@ -54,7 +63,7 @@ impl FromStr for Method {
             .into_iter()
             .find(|m| m.as_str() == s)
             .ok_or_else(|| {
-                format!("{s:?} is not a data-passing method (vm-storage, direct, remote)")
+                format!("{s:?} is not a data-passing method (vm-storage, direct, remote, memory)")
             })
     }
 }
@@ -231,6 +240,8 @@ pub struct PlanProblem {
     local_price: f64,
     /// Remote storage price per byte-second.
     remote_price: f64,
+    /// The memory tier's price per byte-second (0 without one: no edge may use it).
+    memory_price: f64,
 }
 
 /// What one edge moves, per VM and in total, once both placements are known.
@@ -324,12 +335,13 @@ pub(crate) struct StepOut {
     /// The per-instance overhead of its batches (after the compute).
     pub overhead: f64,
     pub end: f64,
-    /// Cost added by this step, all parts (the sum of the four below, in a fixed order).
+    /// Cost added by this step, all parts (the sum of the five below, in a fixed order).
     pub cost: f64,
     pub vm_usd: f64,
     pub local_usd: f64,
     pub remote_usd: f64,
     pub request_usd: f64,
+    pub memory_usd: f64,
 }
 
 /// The predicted timing of one stage.
@@ -367,6 +379,8 @@ pub struct CostBreakdown {
     pub local_storage_usd: f64,
     pub remote_storage_usd: f64,
     pub requests_usd: f64,
+    /// The memory tier's share: bytes held over its capacity, times its price, per second.
+    pub memory_tier_usd: f64,
 }
 
 /// What the model predicts for one assignment.
@@ -580,6 +594,10 @@ impl PlanProblem {
         }
         let local_price = catalog.local_storage.usd_per_gb_month / SECONDS_PER_MONTH / 1e9;
         let remote_price = catalog.remote_storage.usd_per_gb_month / SECONDS_PER_MONTH / 1e9;
+        let memory_price = catalog
+            .memory_tier
+            .as_ref()
+            .map_or(0.0, |m| m.usd_per_byte_second());
         let vm_limits = vec![None; catalog.vm_types.len()];
         let warm = vec![vec![Vec::new(); catalog.vm_types.len()]; n];
         let reach = Reach::new(n, edges.iter().map(|e| (e.from, e.to)));
@@ -597,6 +615,7 @@ impl PlanProblem {
             prewarm: false,
             local_price,
             remote_price,
+            memory_price,
         })
     }
 
@@ -896,6 +915,31 @@ impl PlanProblem {
         self.remote_price
     }
 
+    pub(crate) fn memory_price(&self) -> f64 {
+        self.memory_price
+    }
+
+    /// Whether edge `e` may pass through the memory tier: the catalog has one and the edge's
+    /// bytes fit in it (a file the tier refuses at run time goes to the store instead, which
+    /// the model does not price).
+    pub fn memory_fits(&self, e: usize) -> bool {
+        self.catalog.memory_tier.as_ref().is_some_and(|m| {
+            self.edges
+                .get(e)
+                .is_some_and(|e| e.bytes <= m.capacity_bytes())
+        })
+    }
+
+    /// The methods edge `e` may take when it does not run on its sender's VMs (vm-storage is
+    /// decided with the receiver's host): `direct`, `remote`, and `memory` where it fits.
+    pub(crate) fn moving_methods(&self, e: usize) -> &'static [Method] {
+        if self.memory_fits(e) {
+            &[Method::Direct, Method::Remote, Method::Memory]
+        } else {
+            &[Method::Direct, Method::Remote]
+        }
+    }
+
     /// What edge `e` moves given the sender's busiest-VM load and the receiver's placement.
     pub fn flow(
         &self,
@@ -999,6 +1043,31 @@ impl PlanProblem {
         t + flow.gets / r.requests_per_s
     }
 
+    /// Upload to the memory tier: as [`PlanProblem::upload_s`] with the tier's latency, its
+    /// network (shared by every VM: at least the edge's bytes over it) and request rate.
+    /// Infinite without a tier.
+    pub fn memory_upload_s(&self, e: usize, flow: &Flow, sender_vm: usize) -> f64 {
+        let Some(m) = &self.catalog.memory_tier else {
+            return f64::INFINITY;
+        };
+        let node = mbps_to_bytes_per_s(m.network_mbps);
+        let bw = self.vm_type(sender_vm).bandwidth_bps().min(node);
+        let t =
+            (m.request_latency_ms / 1e3 + flow.upload_per_vm / bw).max(self.edges[e].bytes / node);
+        t + flow.puts / m.requests_per_s
+    }
+
+    /// Download from the memory tier, as [`PlanProblem::memory_upload_s`].
+    pub fn memory_download_s(&self, flow: &Flow, receiver_vm: usize) -> f64 {
+        let Some(m) = &self.catalog.memory_tier else {
+            return f64::INFINITY;
+        };
+        let node = mbps_to_bytes_per_s(m.network_mbps);
+        let bw = self.vm_type(receiver_vm).bandwidth_bps().min(node);
+        let t = (m.request_latency_ms / 1e3 + flow.recv_per_vm / bw).max(flow.fetched / node);
+        t + flow.gets / m.requests_per_s
+    }
+
     /// Upload and fetch times of edge `e` under `method`.
     pub(crate) fn edge_times(
         &self,
@@ -1016,6 +1085,10 @@ impl PlanProblem {
             Method::Remote => EdgeTimes {
                 upload_s: self.upload_s(s.edge, &flow, s.vm),
                 fetch_s: self.download_s(&flow, receiver.vm),
+            },
+            Method::Memory => EdgeTimes {
+                upload_s: self.memory_upload_s(s.edge, &flow, s.vm),
+                fetch_s: self.memory_download_s(&flow, receiver.vm),
             },
         };
         (times, flow)
@@ -1055,6 +1128,7 @@ impl PlanProblem {
         let put = self.catalog.remote_storage.put_usd_per_1k / 1e3;
         let get = self.catalog.remote_storage.get_usd_per_1k / 1e3;
         let (mut vm_usd, mut local_usd, mut remote_usd, mut request_usd) = (0.0, 0.0, 0.0, 0.0);
+        let mut memory_usd = 0.0;
         for (s, (t, flow)) in senders.iter().zip(times.iter()) {
             let bytes = self.edges[s.edge].bytes;
             // Storage: a file is kept until the receiving stage ends (it may be retried).
@@ -1073,6 +1147,14 @@ impl PlanProblem {
                     local_usd += bytes * t.upload_s * lp + flow.fetched * (end - start) * lp;
                     remote_usd += bytes * (start + t.fetch_s - durable) * rp;
                     request_usd += flow.puts * put + flow.gets * get;
+                    Some(durable)
+                }
+                // As remote, the tier holding the bytes from durable to fetched; no requests
+                // are charged.
+                Method::Memory => {
+                    let durable = s.end + t.upload_s;
+                    local_usd += bytes * t.upload_s * lp + flow.fetched * (end - start) * lp;
+                    memory_usd += bytes * (start + t.fetch_s - durable) * self.memory_price;
                     Some(durable)
                 }
             };
@@ -1095,7 +1177,7 @@ impl PlanProblem {
                 groups.busy[g] = end;
             }
         }
-        let cost = vm_usd + local_usd + remote_usd + request_usd;
+        let cost = vm_usd + local_usd + remote_usd + request_usd + memory_usd;
         StepOut {
             start,
             fetch,
@@ -1107,6 +1189,7 @@ impl PlanProblem {
             local_usd,
             remote_usd,
             request_usd,
+            memory_usd,
         }
     }
 
@@ -1267,6 +1350,20 @@ impl PlanProblem {
             to: self.stages[r].name.clone(),
             message,
         };
+        for &e in &self.incoming[r] {
+            if methods[e] == Method::Memory && !self.memory_fits(e) {
+                return Err(edge_err(
+                    e,
+                    match &self.catalog.memory_tier {
+                        None => "memory: the catalog has no memory tier".into(),
+                        Some(m) => format!(
+                            "memory: its {:.0} bytes do not fit the memory tier's {} MB",
+                            self.edges[e].bytes, m.capacity_mb
+                        ),
+                    },
+                ));
+            }
+        }
         let mut group = None;
         for &e in &self.incoming[r] {
             if methods[e] != Method::VmStorage {
@@ -1449,6 +1546,7 @@ impl Walk {
         self.breakdown.local_storage_usd += out.local_usd;
         self.breakdown.remote_storage_usd += out.remote_usd;
         self.breakdown.requests_usd += out.request_usd;
+        self.breakdown.memory_tier_usd += out.memory_usd;
         for (s, (t, _)) in senders.iter().zip(&times) {
             self.edges[s.edge] = EdgePrediction {
                 method: s.method,
@@ -1533,6 +1631,7 @@ mod tests {
                 requests_per_s: 1e12,
                 aggregate_mbps: None,
             },
+            memory_tier: None,
         }
     }
 
@@ -1865,6 +1964,79 @@ mod tests {
         assert!(close(pr.edges[0].upload_s, 2.0));
         assert!(close(pr.edges[0].fetch_s, 4.0));
         assert!(close(pr.stages[1].start_s, 12.0));
+    }
+
+    #[test]
+    fn memory_passes_through_the_tier_priced_by_the_bytes_it_holds() {
+        let tier = |capacity_mb| crate::catalog::MemoryTier {
+            // $0.001/s for 1 GiB; a 2 GB/s node, no latency, no request limit.
+            usd_per_hour: 3.6,
+            capacity_mb,
+            network_mbps: 16_000.0,
+            request_latency_ms: 0.0,
+            requests_per_s: 1e12,
+        };
+        let with = |memory_tier| {
+            PlanProblem::new(
+                vec![
+                    stage("pca", 1000.0, 10.0, 9.0, 1),
+                    stage("train", 1000.0, 14.0, 12.0, 2),
+                    stage("combine", 500.0, 2.0, 1.0, 1),
+                ],
+                lightgbm_edges(2),
+                Catalog {
+                    memory_tier,
+                    ..catalog()
+                },
+                Bounds::default(),
+            )
+            .unwrap()
+        };
+        let one = |vm, vms| Placement {
+            vm,
+            vms,
+            concurrent: 1,
+        };
+        let a = Assignment {
+            placements: vec![one(0, 1), one(0, 2), one(0, 1)],
+            methods: vec![Method::Memory, Method::Memory],
+        };
+        let p = with(Some(tier(1024)));
+        let pr = p.evaluate(&a).unwrap();
+        // pca's 1 GB broadcast: uploaded at min(1 GB/s NIC, 2 GB/s node) = 1 s; each train VM
+        // reads it at 1 GB/s while the node serves both at 2 GB/s: 1 s.
+        assert!(close(pr.edges[0].upload_s, 1.0) && close(pr.edges[0].fetch_s, 1.0));
+        assert!(close(pr.stages[1].start_s, 11.0));
+        // train's 2 x 100 MB: 0.1 s up from each VM, combine reads 200 MB in 0.2 s.
+        assert!(close(pr.edges[1].upload_s, 0.1) && close(pr.edges[1].fetch_s, 0.2));
+        assert!(close(pr.stages[2].start_s, 26.1));
+        // The tier charges the bytes held from durable to fetched over its capacity: 1 GB for
+        // 1 s and 200 MB for 0.2 s at $0.001 per GiB-second; no requests, no store.
+        let price = 0.001 / (1024.0 * 1024.0 * 1024.0);
+        assert!(close(
+            pr.cost.memory_tier_usd,
+            price * (1e9 * 1.0 + 2e8 * 0.2)
+        ));
+        assert_eq!(
+            (pr.cost.remote_storage_usd, pr.cost.requests_usd),
+            (0.0, 0.0)
+        );
+        let parts = pr.cost.vm_usd
+            + pr.cost.local_storage_usd
+            + pr.cost.remote_storage_usd
+            + pr.cost.requests_usd
+            + pr.cost.memory_tier_usd;
+        assert!(close(parts, pr.cost_usd));
+        // A tier too small for the broadcast's 1 GB refuses that edge; no tier refuses both.
+        let err = with(Some(tier(512))).evaluate(&a).unwrap_err().to_string();
+        assert!(
+            err.contains("pca -> train") && err.contains("512 MB"),
+            "{err}"
+        );
+        let err = with(None).evaluate(&a).unwrap_err().to_string();
+        assert!(err.contains("no memory tier"), "{err}");
+        assert!(!with(None).memory_fits(0) && !with(Some(tier(512))).memory_fits(0));
+        assert!(with(Some(tier(512))).memory_fits(1));
     }
 
     /// The plan's per-stage timing splits each stage's time after its last sender into upload,

@@ -2,9 +2,9 @@
 //! simulated clock from one completion to the next.
 //!
 //! Execution rules (docs/simulator.md gives the reasons):
-//! - A stage becomes *ready* when every sender stage has ended and every `remote` input is
-//!   durable (atomic visibility), and, when it runs on the VMs of an earlier stage (vm-storage),
-//!   when those VMs have finished that stage.
+//! - A stage becomes *ready* when every sender stage has ended and every `remote` or `memory`
+//!   input is durable (atomic visibility), and, when it runs on the VMs of an earlier stage
+//!   (vm-storage), when those VMs have finished that stage.
 //! - The plan's `n` VMs of a stage are *slots*: slot `j` holds a contiguous block of instances
 //!   (the first `K mod n` slots one more), needs `min(c, size) * memory` MB on one VM of the
 //!   plan's type, and is granted by the resource manager (first fit in FIFO order with
@@ -12,15 +12,25 @@
 //!   container of the function, then the VM with the fewest holders, then a seeded order);
 //!   a slot also holds one vCPU slot per lambda it runs at once while its stage computes
 //!   (`SimConfig::vcpu_slots`), as the control plane's resource manager accounts them.
-//! - A granted slot fetches its inputs (direct: one flow per sender VM; remote: one download),
-//!   then runs its instances `c` at a time; an instance is hot when its VM holds an idle warm
-//!   container of the same function (DAG, function name and definition), else cold. The warm
-//!   rule is the system's (`sonic_core::warm`): a job whose DAG's cold-time models have not
-//!   converged when it arrives uses and leaves warm containers of its own only; later jobs
-//!   share them across jobs (`SimConfig::cold_samples`).
-//! - When a slot's instances are done it uploads its `remote` outputs. Its VM stays *held* by
-//!   the job while it computes, uploads, serves a `direct` edge not yet fetched, or keeps a file
-//!   for a vm-storage receiver (which also keeps its memory).
+//! - A granted slot fetches its inputs (direct: one flow per sender VM; remote or memory: one
+//!   download), then runs its instances `c` at a time; an instance is hot when its VM holds an
+//!   idle warm container of the same function (DAG, function name and definition), else cold.
+//!   The warm rule is the system's (`sonic_core::warm`): a job whose DAG's cold-time models
+//!   have not converged when it arrives uses and leaves warm containers of its own only; later
+//!   jobs share them across jobs (`SimConfig::cold_samples`).
+//! - When a slot's instances are done it uploads its `remote` and `memory` outputs. Its VM
+//!   stays *held* by the job while it computes, uploads, serves a `direct` edge not yet
+//!   fetched, or keeps a file for a vm-storage receiver (which also keeps its memory).
+//! - Transfers are flows over links (`crate::net`): each VM has an egress and an ingress link
+//!   (its NIC) and a write and a read connection to the object store; the store's aggregate
+//!   (`aggregate_mbps`, when the catalog gives one) is one more link every VM's store transfers
+//!   share. A direct copy crosses the sender's egress and the receiver's ingress; a `remote`
+//!   upload the sender's egress, its write connection and the aggregate, a download the
+//!   aggregate, the receiver's read connection and its ingress. The memory tier (the catalog's
+//!   `memory_tier`, one node) is one link of its network's rate, shared by every VM's `memory`
+//!   transfers: an upload crosses the sender's egress and the node, a download the node and
+//!   the receiver's ingress. A store or tier transfer starts after its requests' delay (the
+//!   latency of one, plus the requests over the rate the store or node serves).
 //! - A vm-storage receiver runs on its sender's VMs. If they lack the memory it needs, a job
 //!   with a second-best plan switches to it for every stage not yet started; a job without
 //!   one waits (its groups reserved up front the most memory their planned stages need, so
@@ -165,13 +175,43 @@ pub fn validate_plan(
     plan: &PlanShape,
     config: &SimConfig,
 ) -> Result<Validation, SimError> {
+    let a = given(cluster, job, plan, config)?;
+    alone(cluster, job, Some(a), config)
+}
+
+/// [`simulate`], with the plan of some jobs given (`plans[i]` for `jobs[i]`; `None`, or no
+/// entry: planned by the job's policy): jobs that run given plans together, as
+/// [`validate_plan`] runs one alone. Each plan must run on `cluster`'s catalog.
+pub fn simulate_given(
+    cluster: &Cluster,
+    jobs: &[JobSpec],
+    plans: &[Option<PlanShape>],
+    config: &SimConfig,
+) -> Result<SimReport, SimError> {
+    let forced = jobs
+        .iter()
+        .zip(plans)
+        .map(|(job, plan)| {
+            plan.as_ref()
+                .map(|p| given(cluster, job, p, config))
+                .transpose()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    simulate_plans(cluster, jobs, &forced, config)
+}
+
+/// A given plan in the indices of `job` on `cluster`'s catalog.
+fn given(
+    cluster: &Cluster,
+    job: &JobSpec,
+    plan: &PlanShape,
+    config: &SimConfig,
+) -> Result<Assignment, SimError> {
     let pb = PlanProblem::from_dag(&job.dag, &job.params, cluster.catalog().clone(), job.bounds)
         .map(|pb| pb.with_prewarm(config.prewarm))
         .map_err(|e| job_err(&job.name, e))?;
-    let a = plan
-        .assignment(&pb)
-        .map_err(|e| job_err(&job.name, format!("the given plan: {e}")))?;
-    alone(cluster, job, Some(a), config)
+    plan.assignment(&pb)
+        .map_err(|e| job_err(&job.name, format!("the given plan: {e}")))
 }
 
 fn alone(
@@ -494,12 +534,17 @@ struct Sim<'a> {
     /// Requests or free memory changed since the resource manager last looked.
     rm_dirty: bool,
     aggregate_link: Option<u32>,
+    /// The memory tier's node, when the catalog has one: one link every VM's `memory`
+    /// transfers share.
+    memory_link: Option<u32>,
     unfinished: usize,
     running_total: u64,
     peak_running: u64,
     instances: u64,
     local_price: f64,
     remote_price: f64,
+    /// The memory tier's price per byte-second (0 without one).
+    memory_price: f64,
 }
 
 fn overlap(a: (u32, u32), b: (u32, u32)) -> u32 {
@@ -513,6 +558,32 @@ fn job_err(job: &str, message: impl std::fmt::Display) -> SimError {
         job: job.to_owned(),
         message: message.to_string(),
     }
+}
+
+/// Whether the sender of an edge passed this way uploads its output when its slot is done
+/// (to the object store or to the memory tier), the receiver downloading it.
+fn uploads(m: Method) -> bool {
+    matches!(m, Method::Remote | Method::Memory)
+}
+
+/// Refuses a plan with a `memory` edge the memory tier cannot take: the catalog has none, or
+/// the edge's bytes do not fit it (as the model refuses it).
+fn check_memory(pb: &PlanProblem, a: &Assignment) -> Result<(), String> {
+    for (e, &m) in a.methods.iter().enumerate() {
+        if m != Method::Memory || pb.memory_fits(e) {
+            continue;
+        }
+        let edge = &pb.edges()[e];
+        let (from, to) = (&pb.stages()[edge.from].name, &pb.stages()[edge.to].name);
+        return Err(match &pb.catalog().memory_tier {
+            None => format!("edge {from} -> {to} is memory but the catalog has no memory tier"),
+            Some(t) => format!(
+                "edge {from} -> {to} is memory but its {:.0} bytes do not fit the memory tier's {} MB",
+                edge.bytes, t.capacity_mb
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// One plan a job may run: the planner's best on some of the cluster's VM types, with its
@@ -646,6 +717,10 @@ fn prepare(
                 .map(|q| q.assignment(&plan_pb))
                 .transpose()
                 .map_err(|e| job_err(name, e))?;
+            for a in std::iter::once(&first).chain(&second) {
+                check_memory(&plan_pb, a)
+                    .map_err(|e| job_err(name, format!("the plan does not run: {e}")))?;
+            }
             let pred = plan_pb
                 .evaluate(&first)
                 .map_err(|e| job_err(name, format!("the plan does not run: {e}")))?;
@@ -794,7 +869,7 @@ impl<'a> Sim<'a> {
             rank[v] = r;
         }
         let store = &catalog.remote_storage;
-        let mut caps = Vec::with_capacity(4 * n + 1);
+        let mut caps = Vec::with_capacity(4 * n + 2);
         let mut vms = Vec::with_capacity(n);
         let mut by_type = vec![Vec::new(); catalog.vm_types.len()];
         for (i, &t) in cluster.vms().iter().enumerate() {
@@ -823,6 +898,10 @@ impl<'a> Sim<'a> {
         }
         let aggregate_link = store.aggregate_mbps.map(|a| {
             caps.push(mbps_to_bytes_per_s(a));
+            (caps.len() - 1) as u32
+        });
+        let memory_link = catalog.memory_tier.as_ref().map(|m| {
+            caps.push(mbps_to_bytes_per_s(m.network_mbps));
             (caps.len() - 1) as u32
         });
         let mut fn_ids = BTreeMap::new();
@@ -865,11 +944,16 @@ impl<'a> Sim<'a> {
             model_error: None,
             rm_dirty: false,
             aggregate_link,
+            memory_link,
             running_total: 0,
             peak_running: 0,
             instances: 0,
             local_price: catalog.local_storage.usd_per_gb_month / SECONDS_PER_MONTH / 1e9,
             remote_price: store.usd_per_gb_month / SECONDS_PER_MONTH / 1e9,
+            memory_price: catalog
+                .memory_tier
+                .as_ref()
+                .map_or(0.0, |m| m.usd_per_byte_second()),
         };
         if let Some(n) = cfg.cold_samples {
             let mut models: BTreeMap<String, DagModels> = BTreeMap::new();
@@ -1212,7 +1296,7 @@ impl<'a> Sim<'a> {
             .iter()
             .map(|&e| {
                 let m = match job.edges[e].sender_method {
-                    Some(Method::Remote) => Method::Remote,
+                    Some(m @ (Method::Remote | Method::Memory)) => m,
                     Some(Method::VmStorage) if job.assign.methods[e] == Method::VmStorage => {
                         Method::VmStorage
                     }
@@ -1339,7 +1423,13 @@ impl<'a> Sim<'a> {
             }
         }
         for &e in job.pb.outgoing(r) {
-            job.edges[e].sender_method = Some(job.assign.methods[e]);
+            // The tier refuses an output larger than it (planned with predicted bytes that
+            // fit, the true ones do not): it goes to the store instead.
+            let m = match job.assign.methods[e] {
+                Method::Memory if !job.pb.memory_fits(e) => Method::Remote,
+                m => m,
+            };
+            job.edges[e].sender_method = Some(m);
         }
         let st = &mut job.stages[r];
         st.state = State::Running;
@@ -1725,6 +1815,22 @@ impl<'a> Sim<'a> {
         l
     }
 
+    /// The links of a transfer of `vm` through the object store (`Method::Remote`) or the
+    /// memory tier (`Method::Memory`): an upload (`up`) leaves by the VM's egress, a download
+    /// enters by its ingress.
+    fn store_links(&self, method: Method, vm: usize, up: bool) -> Vec<u32> {
+        let vm = 4 * vm as u32;
+        match (method, up) {
+            (Method::Memory, true) => [Some(vm), self.memory_link].into_iter().flatten().collect(),
+            (Method::Memory, false) => [self.memory_link, Some(vm + 1)]
+                .into_iter()
+                .flatten()
+                .collect(),
+            (_, true) => self.links_of([vm, vm + 2], true),
+            (_, false) => self.links_of([vm + 3, vm + 1], false),
+        }
+    }
+
     fn start_flow(&mut self, delay: f64, bytes: f64, links: Vec<u32>, tag: FlowTag) {
         if delay > 0.0 {
             let p = self.pending.len();
@@ -1769,9 +1875,20 @@ impl<'a> Sim<'a> {
         )
     }
 
-    fn request_delay(&self, requests: f64) -> f64 {
-        let st = &self.cluster.catalog().remote_storage;
-        st.request_latency_ms / 1e3 + requests / st.requests_per_s
+    /// How long `requests` to the object store (`Method::Remote`) or the memory tier
+    /// (`Method::Memory`) take before the bytes flow: one request's latency, plus the requests
+    /// over the rate it serves.
+    fn request_delay(&self, method: Method, requests: f64) -> f64 {
+        let catalog = self.cluster.catalog();
+        match (method, &catalog.memory_tier) {
+            (Method::Memory, Some(m)) => m.request_latency_ms / 1e3 + requests / m.requests_per_s,
+            // A memory edge without a tier never runs (`check_memory`).
+            (Method::Memory, None) => 0.0,
+            _ => {
+                let st = &catalog.remote_storage;
+                st.request_latency_ms / 1e3 + requests / st.requests_per_s
+            }
+        }
     }
 
     fn start_fetch(&mut self, j: usize, r: usize, rj: usize) {
@@ -1802,7 +1919,7 @@ impl<'a> Sim<'a> {
                         n += 1;
                     }
                 }
-                Method::Remote => {
+                Method::Remote | Method::Memory => {
                     let bytes: f64 = (0..self.jobs[j].stages[from].slots.len())
                         .map(|si| self.pair_bytes(j, e, si, rj))
                         .sum();
@@ -1812,8 +1929,8 @@ impl<'a> Sim<'a> {
                     } else {
                         bytes
                     };
-                    let delay = self.request_delay(self.edge_flow(j, e).gets);
-                    let links = self.links_of([4 * vm_r as u32 + 3, 4 * vm_r as u32 + 1], false);
+                    let delay = self.request_delay(method, self.edge_flow(j, e).gets);
+                    let links = self.store_links(method, vm_r, false);
                     let tag = FlowTag::Fetch {
                         job: j,
                         stage: r,
@@ -2022,9 +2139,9 @@ impl<'a> Sim<'a> {
         let vm = self.jobs[j].stages[r].slots[i].vm;
         let outgoing: Vec<usize> = self.jobs[j].pb.outgoing(r).to_vec();
         for e in outgoing {
-            if self.jobs[j].edges[e].sender_method != Some(Method::Remote) {
+            let Some(method) = self.jobs[j].edges[e].sender_method.filter(|&m| uploads(m)) else {
                 continue;
-            }
+            };
             let edge = self.jobs[j].pb.edges()[e];
             let s = &self.jobs[j].stages[r].slots[i];
             let ks = f64::from(self.jobs[j].pb.stages()[r].instances);
@@ -2041,8 +2158,8 @@ impl<'a> Sim<'a> {
                 EdgeKind::Scatter => f64::from(self.jobs[j].pb.stages()[edge.to].instances),
                 EdgeKind::Shuffle => ks * f64::from(self.jobs[j].pb.stages()[edge.to].instances),
             };
-            let delay = self.request_delay(puts);
-            let links = self.links_of([4 * vm as u32, 4 * vm as u32 + 2], true);
+            let delay = self.request_delay(method, puts);
+            let links = self.store_links(method, vm, true);
             self.jobs[j].edges[e].uploads_left += 1;
             self.jobs[j].groups[g].leases[i].uploads += 1;
             self.jobs[j].stages[r].slots[i].uploads += 1;
@@ -2087,7 +2204,7 @@ impl<'a> Sim<'a> {
         for &e in job.pb.outgoing(r) {
             let er = &mut job.edges[e];
             er.sender_end = now;
-            if er.sender_method != Some(Method::Remote) || er.uploads_left == 0 {
+            if !er.sender_method.is_some_and(uploads) || er.uploads_left == 0 {
                 er.durable = now;
             }
         }
@@ -2123,7 +2240,7 @@ impl<'a> Sim<'a> {
     /// Storage and requests of edge `e`, charged when its receiver ends (docs/model.md, Cost).
     fn account_storage(&mut self, j: usize, e: usize) {
         let flow = self.edge_flow(j, e);
-        let (lp, rp) = (self.local_price, self.remote_price);
+        let (lp, rp, mp) = (self.local_price, self.remote_price, self.memory_price);
         let store = &self.cluster.catalog().remote_storage;
         let (put, get) = (store.put_usd_per_1k / 1e3, store.get_usd_per_1k / 1e3);
         let job = &mut self.jobs[j];
@@ -2144,6 +2261,12 @@ impl<'a> Sim<'a> {
                     + flow.fetched * (r.end - r.ready) * lp;
                 c.remote_storage_usd += bytes * (fetched - er.durable) * rp;
                 c.requests_usd += flow.puts * put + flow.gets * get;
+            }
+            // As remote, the tier holding the bytes from durable to fetched; no requests.
+            Method::Memory => {
+                c.local_storage_usd += bytes * (er.durable - er.sender_end) * lp
+                    + flow.fetched * (r.end - r.ready) * lp;
+                c.memory_tier_usd += bytes * (fetched - er.durable) * mp;
             }
         }
     }
@@ -2175,7 +2298,8 @@ impl<'a> Sim<'a> {
                     .sum::<f64>()
                     + job.cost.local_storage_usd
                     + job.cost.remote_storage_usd
-                    + job.cost.requests_usd;
+                    + job.cost.requests_usd
+                    + job.cost.memory_tier_usd;
                 let stages = job
                     .pb
                     .stages()

@@ -3,10 +3,11 @@
 //! Every job is planned with [`sonic_core::planner::plan`] and then executed on a fixed set of
 //! VMs shared by all jobs: a resource manager grants each stage's VMs by free memory (queueing
 //! when the cluster is full, falling back to the planner's second-best plan when a vm-storage
-//! placement cannot be granted), NICs and the object store are shared fairly by concurrent
-//! transfers (max-min fair processor sharing), vCPUs are shared by the lambdas on a VM, and
-//! warm containers make later runs of a function hot. Costs follow the model's accounting
-//! (`docs/model.md`), with a VM's price split among the jobs that hold it at each instant.
+//! placement cannot be granted), NICs, the object store and the memory tier are shared fairly
+//! by concurrent transfers (max-min fair processor sharing), vCPUs are shared by the lambdas on
+//! a VM, and warm containers make later runs of a function hot. Costs follow the model's
+//! accounting (`docs/model.md`), with a VM's price split among the jobs that hold it at each
+//! instant.
 //!
 //! The simulator takes time and randomness as inputs (a seed) and does no I/O: the same inputs
 //! give the same report, bit for bit.
@@ -20,7 +21,8 @@ mod rng;
 pub mod scenario;
 
 pub use engine::{
-    EdgeShape, PlanShape, StageShape, Validation, simulate, validate_alone, validate_plan,
+    EdgeShape, PlanShape, StageShape, Validation, simulate, simulate_given, validate_alone,
+    validate_plan,
 };
 pub use input::{Cluster, JobSpec, SimConfig};
 pub use report::{

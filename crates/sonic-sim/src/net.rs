@@ -4,7 +4,8 @@
 //! from one completion to the next.
 
 /// Most links one flow crosses: NIC egress + store write connection + store aggregate, or the
-/// reverse for a download, or egress + ingress for a direct copy.
+/// reverse for a download, or egress + ingress for a direct copy, or egress + the memory tier's
+/// node (the reverse for a download).
 pub(crate) const MAX_HOPS: usize = 3;
 
 #[derive(Debug, Clone, Copy)]

@@ -20,20 +20,28 @@ pub struct JobCost {
     pub local_storage_usd: f64,
     pub remote_storage_usd: f64,
     pub requests_usd: f64,
+    /// The memory tier's share (`memory` edges): the bytes it held, from durable to fetched,
+    /// over its capacity, times the node's price.
+    pub memory_tier_usd: f64,
     /// What the control plane's job summary charges for the same run (`cost_usd`:
     /// `exec::spans_cost` plus the summary's `storage_usd` and `requests_usd`): each VM the
     /// job had (a lease of its plan) at its type's full price, from the grant of its first
-    /// instance's slot to its last instance's end (the `remote` uploads included, which the
-    /// system makes inside the sender's instance), no share of a VM with other jobs; plus the
-    /// storage and the requests as above (the summary keeps files to the job's end, the model
-    /// to their receiver's: a difference of millionths). Not part of [`JobCost::total`]: the
-    /// evaluation compares it with the measured jobs' cost.
+    /// instance's slot to its last instance's end (the `remote` and `memory` uploads included,
+    /// which the system makes inside the sender's instance), no share of a VM with other jobs;
+    /// plus the storage (the memory tier's share with it) and the requests as above (the
+    /// summary keeps files to the job's end, the model to their receiver's: a difference of
+    /// millionths). Not part of [`JobCost::total`]: the evaluation compares it with the
+    /// measured jobs' cost.
     pub summary_usd: f64,
 }
 
 impl JobCost {
     pub fn total(&self) -> f64 {
-        self.vm_usd + self.local_storage_usd + self.remote_storage_usd + self.requests_usd
+        self.vm_usd
+            + self.local_storage_usd
+            + self.remote_storage_usd
+            + self.requests_usd
+            + self.memory_tier_usd
     }
 }
 
@@ -72,9 +80,11 @@ pub struct EdgeReport {
     pub bytes: f64,
     /// What the first plan said.
     pub planned: Method,
-    /// What ran (differs after a fallback, or when vm-storage could not be honoured).
+    /// What ran (differs after a fallback, when vm-storage could not be honoured, or when the
+    /// memory tier could not hold the edge's true bytes: `remote` then).
     pub method: Method,
-    /// Upload to the store: from the sender stage's end until its output was durable.
+    /// Upload to the store or the memory tier: from the sender stage's end until its output
+    /// was durable.
     pub upload_s: f64,
     /// The longest fetch into one receiving VM (from that VM's grant to its last byte).
     pub fetch_s: f64,

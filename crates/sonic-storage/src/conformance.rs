@@ -1,5 +1,5 @@
 //! The behaviour every [`ObjectStore`] must show, as a suite any store (and any future one) runs:
-//! `tests/conformance.rs` runs it over the S3, local and memory stores.
+//! `tests/conformance.rs` runs it over the S3, local, memory and Redis stores.
 //!
 //! Each check writes under its own `conf/<check>/` prefix and returns the first violation as a
 //! [`Failure`]; [`run_all`] runs them all and panics with that description, for use in tests.

@@ -1,5 +1,5 @@
-//! Object stores for the `remote` data-passing method: S3-compatible, a local directory, and memory,
-//! behind one trait and one conformance suite.
+//! Object stores for the `remote` data-passing method: S3-compatible, a local directory, memory,
+//! and a Redis memory tier, behind one trait and one conformance suite.
 //!
 //! The trait below is the contract the agent and control plane code against; keep its names stable.
 //!
@@ -8,11 +8,16 @@
 //!   parallel ranged downloads for large files; optional bandwidth [`Throttle`].
 //! - [`local::LocalStore`]: objects as files under a root directory, written atomically.
 //! - [`memory::MemoryStore`]: a map in memory, for unit tests of other crates.
+//! - [`redis::RedisStore`]: the memory tier, objects as values on a Redis server under
+//!   `<namespace>:<key>` (one `SET` each), with bounded waits; a full server (`maxmemory`) or a
+//!   value too large for it gives [`StoreError::Full`], so the caller can put the object in the
+//!   object store instead.
 //! - [`emulated::Emulated`]: any store made to answer with a remote store's request latency and
 //!   per-connection throughput (the evaluation's emulated cluster).
 //!
 //! Every store checks keys with [`validate_key`] (and prefixes with [`validate_prefix`]) and passes
-//! the same [`conformance`] suite (`tests/conformance.rs` runs it over all three).
+//! the same [`conformance`] suite (`tests/conformance.rs` runs it over all of them, the Redis one on
+//! a `redis-server` of its own).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), sonic_storage::StoreError> {
@@ -33,6 +38,7 @@ mod fsutil;
 pub mod local;
 pub mod memory;
 pub mod patient;
+pub mod redis;
 pub mod s3;
 
 use std::path::Path;
@@ -60,6 +66,10 @@ pub enum StoreError {
     /// The store could not be reached or answered with an error; retrying may help.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The store has no room for the object (a memory tier at its memory limit, or an object larger
+    /// than it takes). Not retryable: put the object in another store.
+    #[error("no room: {0}")]
+    Full(String),
     #[error("store error: {0}")]
     Other(String),
 }
@@ -245,5 +255,6 @@ mod tests {
         assert!(StoreError::Unavailable("x".into()).is_retryable());
         assert!(!StoreError::NotFound("x".into()).is_retryable());
         assert!(!StoreError::Other("x".into()).is_retryable());
+        assert!(!StoreError::Full("x".into()).is_retryable());
     }
 }

@@ -1,9 +1,14 @@
-//! The conformance suite over all three stores, a byte-exactness property test, and the S3 store's
-//! own behaviour (multipart, throttling) against a real SeaweedFS.
+//! The conformance suite over every store, a byte-exactness property test, the S3 store's own
+//! behaviour (multipart, throttling) against a real SeaweedFS, and the Redis memory tier's (literal
+//! prefixes, a full server, outages) against a real `redis-server`.
 //!
 //! The S3 tests need SeaweedFS and fail, not skip, without it:
 //! `bash deploy/seaweedfs.sh install && bash deploy/seaweedfs.sh start` and
 //! `export SONIC_S3_ENDPOINT=http://127.0.0.1:8333`.
+//!
+//! The Redis tests start `redis-server`s of their own (no persistence, on free ports of 127.0.0.1,
+//! killed at the end) and fail, not skip, when it is not on `PATH`: install Debian's
+//! `redis-server` package.
 
 #![allow(clippy::unwrap_used)] // a panic in a test is its failure report
 
@@ -15,8 +20,10 @@ use proptest::prelude::*;
 use sonic_storage::conformance::{self, pattern};
 use sonic_storage::local::LocalStore;
 use sonic_storage::memory::MemoryStore;
+use sonic_storage::redis::RedisStore;
 use sonic_storage::s3::{MIN_PART_SIZE, S3Config, S3Store};
-use sonic_storage::{ObjectStore, Throttle};
+use sonic_storage::{ObjectStore, StoreError, Throttle};
+use sonic_testkit::redis::RedisServer;
 
 const NEED_SEAWEEDFS: &str = "S3 tests need SeaweedFS: run `bash deploy/seaweedfs.sh install && bash deploy/seaweedfs.sh start` and export SONIC_S3_ENDPOINT=http://127.0.0.1:8333";
 
@@ -371,4 +378,340 @@ fn s3_store_roundtrips_random_files() {
     // Few cases: up to 2.5 parts each, so some take the multipart and ranged paths.
     roundtrip_cases_on(&runtime, &store, 6, 5 * MIN_PART_SIZE as usize / 2);
     runtime.block_on(store.delete_bucket()).unwrap();
+}
+
+/// A plain connection to `server`, to look at what the store wrote.
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// Every Redis key of the server, sorted.
+async fn redis_keys(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(conn).await.unwrap();
+    keys.sort();
+    keys
+}
+
+fn object_keys(objects: &[sonic_storage::ObjectInfo]) -> Vec<&str> {
+    objects.iter().map(|o| o.key.as_str()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_conforms() {
+    let server = RedisServer::start(&[]);
+    let scratch = tempfile::tempdir().unwrap();
+    let store = RedisStore::connect(&server.url(), "sonic").await.unwrap();
+    conformance::run_all(&store, scratch.path()).await;
+    assert!(store.list("").await.unwrap().is_empty());
+    assert!(redis_keys(&mut raw(&server).await).await.is_empty());
+}
+
+#[test]
+fn redis_store_roundtrips_random_files() {
+    let runtime = runtime();
+    let server = RedisServer::start(&[]);
+    let store = runtime
+        .block_on(RedisStore::connect(&server.url(), "sonic"))
+        .unwrap();
+    roundtrip_cases_on(&runtime, &store, 32, 256 * 1024);
+}
+
+/// Objects live under `<namespace>:<key>`, and namespaces do not see each other's objects, not
+/// even one whose name is another's with glob characters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_namespaces_are_separate() {
+    let server = RedisServer::start(&[]);
+    let url = server.url();
+    let a = RedisStore::connect(&url, "sonic").await.unwrap();
+    let b = RedisStore::connect(&url, "sonic2").await.unwrap();
+    let glob = RedisStore::connect(&url, "t*").await.unwrap();
+    let t = RedisStore::connect(&url, "tx").await.unwrap();
+    for store in [&a, &b, &glob, &t] {
+        store
+            .put_bytes("j/k", bytes::Bytes::from(store.namespace().to_owned()))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        redis_keys(&mut raw(&server).await).await,
+        ["sonic2:j/k", "sonic:j/k", "t*:j/k", "tx:j/k"]
+    );
+    for store in [&a, &b, &glob, &t] {
+        let listed = store.list("").await.unwrap();
+        assert_eq!(object_keys(&listed), ["j/k"], "{store:?}");
+        assert_eq!(listed[0].size, store.namespace().len() as u64);
+        assert_eq!(
+            store.get_bytes("j/k").await.unwrap(),
+            store.namespace().as_bytes()
+        );
+    }
+    assert_eq!(glob.delete_prefix("").await.unwrap(), 1);
+    assert_eq!(t.head("j/k").await.unwrap(), Some(2));
+    assert_eq!(a.delete_prefix("j/").await.unwrap(), 1);
+    assert_eq!(
+        redis_keys(&mut raw(&server).await).await,
+        ["sonic2:j/k", "tx:j/k"]
+    );
+}
+
+/// A prefix with glob characters (`*`, `?`, `[`, `]`) lists and deletes only its literal matches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_glob_characters_in_prefixes_match_literally() {
+    let server = RedisServer::start(&[]);
+    let store = RedisStore::connect(&server.url(), "sonic").await.unwrap();
+    let all = [
+        "g/a*b/1", "g/a*b/2", "g/axb/1", "g/a?b", "g/aXb", "g/[ab]/1", "g/a/1", "g/b/1", "g/a]",
+    ];
+    for key in all {
+        store
+            .put_bytes(key, bytes::Bytes::from_static(b"v"))
+            .await
+            .unwrap();
+    }
+    let cases: [(&str, &[&str]); 7] = [
+        ("g/a*b/", &["g/a*b/1", "g/a*b/2"]),
+        ("g/a*", &["g/a*b/1", "g/a*b/2"]),
+        ("g/a?", &["g/a?b"]),
+        ("g/[ab]/", &["g/[ab]/1"]),
+        ("g/[", &["g/[ab]/1"]),
+        ("g/a]", &["g/a]"]),
+        ("g/*", &[]),
+    ];
+    for (prefix, want) in cases {
+        let listed = store.list(prefix).await.unwrap();
+        assert_eq!(object_keys(&listed), want, "list {prefix:?}");
+    }
+    assert_eq!(store.delete_prefix("g/a*b/").await.unwrap(), 2);
+    assert_eq!(store.delete_prefix("g/[ab]/").await.unwrap(), 1);
+    assert_eq!(store.delete_prefix("g/*").await.unwrap(), 0);
+    let left = store.list("g/").await.unwrap();
+    assert_eq!(
+        object_keys(&left),
+        ["g/a/1", "g/a?b", "g/aXb", "g/a]", "g/axb/1", "g/b/1"]
+    );
+}
+
+/// A server at its memory limit refuses a large object with `Full` (not `Unavailable`: retrying
+/// would not help) and stores nothing under its key; the connection stays usable, and small
+/// objects fit again once the server has freed the refused value's buffer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_full_server_refuses_with_full() {
+    let server = RedisServer::start(&["--maxmemory", "1mb", "--maxmemory-policy", "noeviction"]);
+    let store = RedisStore::connect(&server.url(), "sonic").await.unwrap();
+    let size = 4 * 1024 * 1024;
+    let err = store
+        .put_bytes("big", bytes::Bytes::from(pattern(size, 5)))
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Full(_)), "{err:?}");
+    assert!(!err.is_retryable());
+    assert!(
+        msg.contains("full") && msg.contains(&size.to_string()),
+        "{msg}"
+    );
+    assert!(msg.contains(&server.url()), "{msg}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("big");
+    std::fs::write(&src, pattern(size, 6)).unwrap();
+    let err = store.put_file("big", &src).await.unwrap_err();
+    assert!(matches!(err, StoreError::Full(_)), "{err:?}");
+
+    assert_eq!(store.head("big").await.unwrap(), None);
+    assert!(store.list("").await.unwrap().is_empty());
+    assert!(redis_keys(&mut raw(&server).await).await.is_empty());
+
+    // The server keeps the refused value's query buffer for a while (it shrinks idle clients'
+    // buffers after about 2 s), and refuses even small writes until then, with `Full` too.
+    let started = Instant::now();
+    loop {
+        match store
+            .put_bytes("small", bytes::Bytes::from_static(b"fits"))
+            .await
+        {
+            Ok(()) => break,
+            Err(StoreError::Full(_)) if started.elapsed() < Duration::from_secs(15) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("after {:?}: {e:?}", started.elapsed()),
+        }
+    }
+    eprintln!("a small object fits again after {:?}", started.elapsed());
+    assert_eq!(store.head("small").await.unwrap(), Some(4));
+}
+
+/// A value over the server's `proto-max-bulk-len` is refused as too large before it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_too_large_object_is_refused_with_full() {
+    let server = RedisServer::start(&["--proto-max-bulk-len", "1mb"]);
+    let store = RedisStore::connect(&server.url(), "sonic").await.unwrap();
+    assert_eq!(store.max_value_size(), 1024 * 1024);
+    let size = 2 * 1024 * 1024;
+    let err = store
+        .put_bytes("big", bytes::Bytes::from(pattern(size, 7)))
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Full(_)), "{err:?}");
+    assert!(
+        msg.contains("too large") && msg.contains(&size.to_string()),
+        "{msg}"
+    );
+    assert_eq!(store.head("big").await.unwrap(), None);
+    let exact = bytes::Bytes::from(pattern(1024 * 1024, 8));
+    store.put_bytes("exact", exact.clone()).await.unwrap();
+    assert_eq!(store.get_bytes("exact").await.unwrap(), exact);
+}
+
+/// A limit lowered after the store connected: the server drops the connection on the long value,
+/// and the store, asking the limit again, reports `Full` rather than an outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_limit_lowered_after_connecting_is_full() {
+    let server = RedisServer::start(&[]);
+    let store = RedisStore::connect(&server.url(), "sonic").await.unwrap();
+    assert_eq!(store.max_value_size(), 512 * 1024 * 1024);
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("proto-max-bulk-len")
+        .arg("1mb")
+        .query_async(&mut raw(&server).await)
+        .await
+        .unwrap();
+    let size = 2 * 1024 * 1024;
+    let err = store
+        .put_bytes("big", bytes::Bytes::from(pattern(size, 9)))
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Full(_)), "{err:?}");
+    assert!(
+        msg.contains("too large") && msg.contains(&size.to_string()),
+        "{msg}"
+    );
+    assert_eq!(store.max_value_size(), 1024 * 1024);
+    // Now refused before sending; the reconnected store works.
+    let err = store
+        .put_bytes("big", bytes::Bytes::from(pattern(size, 9)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Full(_)), "{err:?}");
+    assert_eq!(store.head("big").await.unwrap(), None);
+    store
+        .put_bytes("small", bytes::Bytes::from_static(b"s"))
+        .await
+        .unwrap();
+}
+
+/// A killed server makes calls fail with `Unavailable`, naming the URL, within the timeouts; once
+/// it is back on the same port, the same store works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_is_unavailable_then_recovers() {
+    let mut server = RedisServer::start(&[]);
+    let url = server.url();
+    let (connect, response) = (Duration::from_secs(1), Duration::from_secs(2));
+    let store = RedisStore::connect(&url, "sonic")
+        .await
+        .unwrap()
+        .with_timeouts(connect, response)
+        .await
+        .unwrap();
+    store
+        .put_bytes("k", bytes::Bytes::from_static(b"before"))
+        .await
+        .unwrap();
+
+    server.kill();
+    for i in 0..3 {
+        let started = Instant::now();
+        let err = store.head("k").await.unwrap_err();
+        let took = started.elapsed();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, StoreError::Unavailable(_)),
+            "call {i}: {err:?}"
+        );
+        assert!(
+            msg.contains(&format!("memory tier {url}")),
+            "call {i}: {msg}"
+        );
+        assert!(took <= connect + response, "call {i} took {took:?}");
+        eprintln!("call {i} while the server is down: {took:?}: {msg}");
+    }
+
+    server.restart();
+    // The manager reconnects in the background; the first call may still report the failed
+    // reconnection of the outage (and starts a new one). Within a few calls, the store works.
+    let started = Instant::now();
+    let mut failures = Vec::new();
+    loop {
+        match store
+            .put_bytes("k", bytes::Bytes::from_static(b"after"))
+            .await
+        {
+            Ok(()) => break,
+            Err(e) => {
+                assert!(matches!(e, StoreError::Unavailable(_)), "{e:?}");
+                failures.push(e.to_string());
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "no recovery within 10 s: {failures:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    eprintln!(
+        "recovered after {:?}, {} failed calls: {failures:?}",
+        started.elapsed(),
+        failures.len()
+    );
+    assert!(failures.len() <= 1, "{failures:?}");
+    assert_eq!(store.get_bytes("k").await.unwrap(), "after");
+    assert_eq!(store.head("k").await.unwrap(), Some(5));
+    assert_eq!(object_keys(&store.list("").await.unwrap()), ["k"]);
+}
+
+/// A stopped server (SIGSTOP: connections accepted, nothing answered) makes calls fail with
+/// `Unavailable` after the response timeout instead of hanging; once it continues, calls work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_server_times_out_then_recovers() {
+    let server = RedisServer::start(&[]);
+    let url = server.url();
+    let (connect, response) = (Duration::from_secs(1), Duration::from_secs(1));
+    let store = RedisStore::connect(&url, "sonic")
+        .await
+        .unwrap()
+        .with_timeouts(connect, response)
+        .await
+        .unwrap();
+    store
+        .put_bytes("k", bytes::Bytes::from_static(b"v"))
+        .await
+        .unwrap();
+
+    server.signal("-STOP");
+    let started = Instant::now();
+    let err = store.get_bytes("k").await.unwrap_err();
+    let took = started.elapsed();
+    server.signal("-CONT");
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(msg.contains(&format!("memory tier {url}")), "{msg}");
+    assert!(
+        took >= response / 2 && took <= connect + response + Duration::from_millis(500),
+        "took {took:?}"
+    );
+    eprintln!("call to the stopped server: {took:?}: {msg}");
+
+    assert_eq!(store.get_bytes("k").await.unwrap(), "v");
+    store
+        .put_bytes("k", bytes::Bytes::from_static(b"w"))
+        .await
+        .unwrap();
+    assert_eq!(store.get_bytes("k").await.unwrap(), "w");
 }

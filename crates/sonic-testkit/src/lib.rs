@@ -2,6 +2,8 @@
 //! binary (one `cargo build -p sonic-lambdas --bins`, a no-op when they are fresh), and whether
 //! this run is CI's, where a test whose dependency is missing fails instead of skipping.
 
+pub mod redis;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 

@@ -288,6 +288,7 @@ fn request(job: &str, command: &[&str]) -> RunRequest {
             to: "result".into(),
             keep_local: true,
             upload_prefix: None,
+            memory: false,
         }],
         output_quota_mb: None,
         report_url: None,

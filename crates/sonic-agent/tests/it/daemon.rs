@@ -29,8 +29,18 @@ struct Cluster {
 }
 
 async fn agent(id: &str, root: &Path, store: Arc<dyn ObjectStore>) -> RunningAgent {
+    agent_with_tier(id, root, store, None).await
+}
+
+async fn agent_with_tier(
+    id: &str,
+    root: &Path,
+    store: Arc<dyn ObjectStore>,
+    memory_tier: Option<String>,
+) -> RunningAgent {
     let mut cfg: AgentConfig = local_config(id, &root.join(id), TOKEN, FILE_KEY);
     cfg.bin_dirs = vec![lambda_dir().to_path_buf()];
+    cfg.memory_tier = memory_tier;
     let sandbox = ProcessSandbox::new(ProcessConfig {
         work_dir: root.join(id).join("processes"),
         path: cfg.bin_dirs.clone(),
@@ -48,10 +58,15 @@ async fn agent(id: &str, root: &Path, store: Arc<dyn ObjectStore>) -> RunningAge
 }
 
 async fn cluster() -> Cluster {
+    cluster_with_tier(None).await
+}
+
+/// Two agents sharing a store and, if given, a memory tier.
+async fn cluster_with_tier(memory_tier: Option<String>) -> Cluster {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Arc::new(LocalStore::new(dir.path().join("store")).expect("store"));
-    let a = agent("a-1", dir.path(), store.clone()).await;
-    let b = agent("a-2", dir.path(), store.clone()).await;
+    let a = agent_with_tier("a-1", dir.path(), store.clone(), memory_tier.clone()).await;
+    let b = agent_with_tier("a-2", dir.path(), store.clone(), memory_tier).await;
     Cluster {
         a,
         b,
@@ -162,6 +177,7 @@ async fn a_file_moves_by_every_method_byte_exact() {
         to: "recv".into(),
         keep_local: true,
         upload_prefix: Some(format!("jobs/{job}/send/0/recv")),
+        memory: false,
     }];
     let sent = c.run(&c.a, &send).await;
     assert_eq!(sent.status, RunStatus::Succeeded, "{sent:?}");
@@ -204,6 +220,7 @@ async fn a_file_moves_by_every_method_byte_exact() {
             to: "result".into(),
             keep_local: true,
             upload_prefix: None,
+            memory: false,
         }];
         let got = c.run(agent, &recv).await;
         assert_eq!(got.status, RunStatus::Succeeded, "{method}: {got:?}");
@@ -233,6 +250,94 @@ async fn a_file_moves_by_every_method_byte_exact() {
             .expect("list")
             .is_empty()
     );
+    c.a.stop().await;
+    c.b.stop().await;
+}
+
+/// `memory`: a sender's output goes to the memory tier (not the store) and a receiver on another
+/// agent reads it from there, byte-exact; with the tier stopped, an output asked for the tier goes
+/// to the store (its report says why) and a receiver reads it from there, while a file that was
+/// in the tier is gone with it and the run that needs it fails naming the tier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_passes_through_the_memory_tier_or_the_store_when_the_tier_is_gone() {
+    let mut server = sonic_testkit::redis::RedisServer::start(&[]);
+    let c = cluster_with_tier(Some(server.url())).await;
+    let job = "j-daemon-memory";
+    let send = |name: &str, attempt: u32| {
+        let mut send = request(
+            job,
+            "send",
+            &["--output-bytes", "3145728", "--to", "recv", "--name", name],
+        );
+        send.attempt = attempt;
+        send.outputs = vec![OutputRoute {
+            to: "recv".into(),
+            keep_local: false,
+            upload_prefix: Some(format!("jobs/{job}/send/0/recv")),
+            memory: true,
+        }];
+        send
+    };
+    let recv = |source: FileSource, attempt: u32| {
+        let mut recv = request(job, "recv", &["--mode", "copy", "--to", "result"]);
+        recv.attempt = attempt;
+        recv.inputs = vec![InputSpec {
+            dest: "send/0/data.bin".into(),
+            source,
+            expected_size: Some(3_145_728),
+        }];
+        recv.outputs = vec![OutputRoute {
+            to: "result".into(),
+            keep_local: true,
+            upload_prefix: None,
+            memory: false,
+        }];
+        recv
+    };
+
+    let sent = c.run(&c.a, &send("data.bin", 1)).await;
+    assert_eq!(sent.status, RunStatus::Succeeded, "{sent:?}");
+    let out = &sent.outputs[0];
+    let key = out.key.clone().expect("uploaded");
+    assert!(out.in_memory && out.spilled.is_none(), "{out:?}");
+    assert_eq!(
+        c.store.head(&key).await.expect("head"),
+        None,
+        "not in the store"
+    );
+    let got = c
+        .run(&c.b, &recv(FileSource::Memory { key: key.clone() }, 1))
+        .await;
+    assert_eq!(got.status, RunStatus::Succeeded, "{got:?}");
+    assert_eq!(got.staged[0].method.as_str(), "memory");
+    assert!(got.staged[0].fetched);
+    assert_eq!(got.outputs[0].checksum, out.checksum, "bytes differ");
+
+    // The tier goes (and what it held with it).
+    server.kill();
+    let spilled = c.run(&c.a, &send("late.bin", 2)).await;
+    assert_eq!(spilled.status, RunStatus::Succeeded, "{spilled:?}");
+    let late = &spilled.outputs[0];
+    let why = late
+        .spilled
+        .as_deref()
+        .expect("the report says it went to the store");
+    assert!(!late.in_memory && why.contains("memory tier"), "{late:?}");
+    let late_key = late.key.clone().expect("uploaded");
+    assert_eq!(
+        c.store.head(&late_key).await.expect("head"),
+        Some(3_145_728)
+    );
+    let got = c
+        .run(&c.b, &recv(FileSource::Remote { key: late_key }, 2))
+        .await;
+    assert_eq!(got.status, RunStatus::Succeeded, "{got:?}");
+    assert_eq!(got.outputs[0].checksum, late.checksum, "bytes differ");
+
+    let lost = c.run(&c.a, &recv(FileSource::Memory { key }, 3)).await;
+    assert_ne!(lost.status, RunStatus::Succeeded, "{lost:?}");
+    let error = lost.error.unwrap_or_default();
+    assert!(error.contains("memory tier"), "{error}");
     c.a.stop().await;
     c.b.stop().await;
 }
@@ -333,6 +438,7 @@ async fn an_instance_moves_its_files_concurrently() {
             to: r.clone(),
             keep_local: false,
             upload_prefix: Some(format!("jobs/{job}/send/0/{r}")),
+            memory: false,
         })
         .collect();
     let sent = c.run(&c.a, &send).await;
@@ -368,6 +474,7 @@ async fn an_instance_moves_its_files_concurrently() {
         to: "result".into(),
         keep_local: true,
         upload_prefix: None,
+        memory: false,
     }];
     let started = Instant::now();
     let got = c.run(&c.b, &recv).await;
@@ -484,6 +591,7 @@ async fn failures_are_reported_not_crashes() {
         to: "result".into(),
         keep_local: true,
         upload_prefix: None,
+        memory: false,
     }];
     assert_eq!(c.run(&c.b, &sneaky).await.status, RunStatus::Error);
     c.a.stop().await;

@@ -38,6 +38,8 @@ pub(crate) struct FileOf {
     pub edge: usize,
     /// For a `direct` file, the sending instance (function, instance) whose VM serves it.
     pub sender: Option<(usize, u32)>,
+    /// It comes from the object store (a fetch of it is a GET the job pays for).
+    pub from_store: bool,
 }
 
 /// A fetch that succeeded.
@@ -72,6 +74,7 @@ impl StageFetch {
                         ..
                     } => format!("direct {peer_url} {file_path}"),
                     FileSource::Remote { key } => format!("remote {key}"),
+                    FileSource::Memory { key } => format!("memory {key}"),
                 };
                 let Some(of) = file_of(dag, i, &input.dest, &input.source) else {
                     continue;
@@ -181,5 +184,9 @@ fn file_of(dag: &Dag, i: usize, dest: &str, source: &FileSource) -> Option<FileO
         }
         _ => None,
     };
-    Some(FileOf { edge, sender })
+    Some(FileOf {
+        edge,
+        sender,
+        from_store: matches!(source, FileSource::Remote { .. }),
+    })
 }

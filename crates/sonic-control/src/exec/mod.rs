@@ -68,6 +68,10 @@ pub struct JobsConfig {
     pub bucket: Option<String>,
     /// The store joining agents are told to use (`None`: they must have their own).
     pub agent_store: Option<sonic_api::control::StoreSpec>,
+    /// The in-memory tier of `memory` edges (`redis://host:port`), told to joining agents; the
+    /// control plane plans `memory` only with one (its catalog prices it), and clears a job's
+    /// files from it when the job ends.
+    pub memory_tier: Option<String>,
     /// Attempts per instance, the first included.
     pub max_attempts: u32,
     /// The wait before the second attempt; it doubles for each further one.
@@ -143,6 +147,7 @@ impl JobsConfig {
             file_key: file_key.into(),
             bucket: None,
             agent_store: None,
+            memory_tier: None,
             max_attempts: 3,
             backoff: Duration::from_millis(200),
             poll_interval: Duration::from_millis(25),
@@ -199,6 +204,9 @@ pub struct Runtime {
     packages: Mutex<BTreeSet<String>>,
     /// Where executions run ([`Runtime::with_executor`]); `None`: on the caller's runtime.
     executor: Option<crate::exec::threads::Executor>,
+    /// The memory tier (`JobsConfig::memory_tier`), connected on first use: a job's files are
+    /// cleared from it when the job ends.
+    memory: tokio::sync::OnceCell<Arc<sonic_storage::redis::RedisStore>>,
 }
 
 /// The tasks executing jobs. Finished ones are dropped once the list doubled since the last
@@ -253,7 +261,25 @@ impl Runtime {
             warm: crate::learn::warm::WarmLedger::default(),
             packages: Mutex::new(BTreeSet::new()),
             executor: None,
+            memory: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// The memory tier, when the control plane has one (connected on first use, and again
+    /// after a failed connection).
+    async fn memory_tier(
+        &self,
+    ) -> Option<Result<&Arc<sonic_storage::redis::RedisStore>, sonic_storage::StoreError>> {
+        let url = self.config.memory_tier.as_deref()?;
+        Some(
+            self.memory
+                .get_or_try_init(|| async {
+                    sonic_storage::redis::RedisStore::connect(url, sonic_storage::redis::NAMESPACE)
+                        .await
+                        .map(Arc::new)
+                })
+                .await,
+        )
     }
 
     /// Runs job executions on `executor`'s threads (a lower priority than the API's) instead
@@ -378,6 +404,7 @@ impl Runtime {
             agent_token: self.config.agent_token.clone(),
             file_key: String::from_utf8_lossy(&self.config.file_key).into_owned(),
             store: self.config.agent_store.clone(),
+            memory_tier: self.config.memory_tier.clone(),
         }
     }
 
@@ -670,8 +697,19 @@ struct StoreUse {
     puts: u64,
     /// Remote inputs an agent fetched (not those another instance on it had fetched).
     gets: u64,
-    /// (bytes, written at, in the object store (else on an agent's disk)).
-    kept: Vec<(u64, Instant, bool)>,
+    /// (bytes, written at, where it is kept).
+    kept: Vec<(u64, Instant, Kept)>,
+}
+
+/// Where a file of a job is kept while it passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    /// On an agent's disk.
+    Local,
+    /// In the object store.
+    Store,
+    /// In the in-memory tier.
+    Memory,
 }
 
 impl StoreUse {
@@ -688,8 +726,15 @@ impl StoreUse {
         let storage = self
             .kept
             .iter()
-            .map(|&(bytes, since, in_store)| {
-                let price = if in_store { remote } else { local };
+            .map(|&(bytes, since, kept)| {
+                let price = match kept {
+                    Kept::Local => local,
+                    Kept::Store => remote,
+                    Kept::Memory => c
+                        .memory_tier
+                        .as_ref()
+                        .map_or(0.0, |m| m.usd_per_byte_second()),
+                };
                 bytes as f64 * end.saturating_duration_since(since).as_secs_f64() * price
             })
             .sum();
@@ -1519,7 +1564,7 @@ fn record_fetch(f: &Finished, progress: &mut Progress) {
                     span.1 = span.1.max(fetched.ended);
                 }
             }
-            None if file.fetched => progress.store.gets += 1,
+            None if file.fetched && of.from_store => progress.store.gets += 1,
             None => {}
         }
     }
@@ -1633,18 +1678,25 @@ fn record_instance(
         {
             *progress.written.entry(edge).or_default() += o.size;
             if o.key.is_some() {
-                progress.store.puts += 1;
-                progress.store.kept.push((o.size, f.ended, true));
+                if o.in_memory {
+                    progress.store.kept.push((o.size, f.ended, Kept::Memory));
+                } else {
+                    progress.store.puts += 1;
+                    progress.store.kept.push((o.size, f.ended, Kept::Store));
+                }
             }
         }
         let keep_local = o.to != "result"
             && dag.edges.iter().enumerate().any(|(i, e)| {
                 e.from == f.function
                     && dag.functions[e.to].name == o.to
-                    && progress.methods.get(i) != Some(&Method::Remote)
+                    && !matches!(
+                        progress.methods.get(i),
+                        Some(&Method::Remote | &Method::Memory)
+                    )
             });
         if keep_local {
-            progress.store.kept.push((o.size, f.ended, false));
+            progress.store.kept.push((o.size, f.ended, Kept::Local));
         }
         let instance = instance_from_path(&o.file_path).unwrap_or(f.instance);
         produced[f.function].push(Produced {
@@ -1654,6 +1706,7 @@ fn record_instance(
             file_path: o.file_path.clone(),
             agent: f.agent,
             key: o.key.clone(),
+            in_memory: o.in_memory,
             size: o.size,
         });
         if keep_local || o.key.is_some() {
@@ -2096,6 +2149,18 @@ async fn clear(
         }
         Err(e) => tracing::warn!(job, error = %e, "cannot list the job's objects"),
     }
+    // The memory tier holds only intermediates: all of them go.
+    match rt.memory_tier().await {
+        Some(Ok(tier)) => {
+            if let Err(e) = tier.delete_prefix(&prefix).await {
+                tracing::warn!(job, error = %e, "cannot clear the job's files from the memory tier");
+            }
+        }
+        Some(Err(e)) => {
+            tracing::warn!(job, error = %e, "cannot clear the job's files from the memory tier");
+        }
+        None => {}
+    }
     let id = job.to_owned();
     if let Err(e) = state.db.commit(move |w| w.delete_files(&id)).await {
         tracing::warn!(job, error = %e, "cannot forget the job's files");
@@ -2359,7 +2424,7 @@ fn unix_now() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{Outside, StoreUse, stage_overhead_s, uncontended};
+    use super::{Kept, Outside, StoreUse, stage_overhead_s, uncontended};
     use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
     use sonic_core::dag::Dag;
     use std::time::{Duration, Instant};
@@ -2834,6 +2899,7 @@ mod tests {
                         .map(|k| FileOf {
                             edge: 0,
                             sender: Some((0, k)),
+                            from_store: false,
                         })
                         .collect(),
                     Fetched {
@@ -2920,8 +2986,8 @@ mod tests {
             gets: 29,
             // 1 GB in the store for 10 s, 2 GB on a disk for 5 s.
             kept: vec![
-                (1_000_000_000, t0, true),
-                (2_000_000_000, t0 + Duration::from_secs(5), false),
+                (1_000_000_000, t0, Kept::Store),
+                (2_000_000_000, t0 + Duration::from_secs(5), Kept::Local),
             ],
         };
         let (storage, requests) = use_.cost(Some(&c), end);

@@ -43,6 +43,8 @@ pub struct Produced {
     pub agent: usize,
     /// The object key when it was uploaded.
     pub key: Option<String>,
+    /// The upload went to the in-memory tier (else, with a key, the object store).
+    pub in_memory: bool,
     /// Its size, bytes.
     pub size: u64,
 }
@@ -192,12 +194,18 @@ fn source(ctx: &StageContext<'_>, method: Method, f: &Produced) -> Result<FileSo
                 ctx.token_expiry,
             ),
         },
-        Method::Remote => FileSource::Remote {
-            key: f
+        Method::Remote | Method::Memory => {
+            let key = f
                 .key
                 .clone()
-                .ok_or_else(|| format!("{} was not uploaded", f.file_path))?,
-        },
+                .ok_or_else(|| format!("{} was not uploaded", f.file_path))?;
+            // A `memory` file the tier refused went to the store: read it from there.
+            if f.in_memory {
+                FileSource::Memory { key }
+            } else {
+                FileSource::Remote { key }
+            }
+        }
     })
 }
 
@@ -314,17 +322,19 @@ pub fn instance_runs(
             }
             let to = &ctx.dag.functions[e.to].name;
             let method = ctx.methods.get(edge).copied().unwrap_or(Method::Remote);
+            let uploaded = matches!(method, Method::Remote | Method::Memory);
             outputs.push(OutputRoute {
                 to: to.clone(),
-                keep_local: method != Method::Remote,
-                upload_prefix: (method == Method::Remote)
-                    .then(|| format!("jobs/{}/{}/{k}/{to}", ctx.job_id, f.name)),
+                keep_local: !uploaded,
+                upload_prefix: uploaded.then(|| format!("jobs/{}/{}/{k}/{to}", ctx.job_id, f.name)),
+                memory: method == Method::Memory,
             });
         }
         outputs.push(OutputRoute {
             to: "result".into(),
             keep_local: false,
             upload_prefix: Some(result_prefix(ctx.job_id, ctx.dag, i, k, n)),
+            memory: false,
         });
         out.push(Placement {
             agent: place(ctx.policy, ctx.agents.len(), i, k),
@@ -412,6 +422,7 @@ edges:
                 file_path: format!("f/{k}/{to}/out"),
                 agent: agents[k as usize],
                 key: keyed.then(|| format!("jobs/j-1/f/{k}/{to}/out")),
+                in_memory: false,
                 size: 10,
             })
             .collect()
@@ -543,6 +554,7 @@ edges:
                 to: "result".into(),
                 keep_local: false,
                 upload_prefix: Some("jobs/j-1/result".into()),
+                memory: false,
             }]
         );
         let unkeyed = vec![Vec::new(), made("sink", 2, &[1, 0], false)];
@@ -586,6 +598,7 @@ edges:
             file_path: format!("x/{instance}/{to}/{name}"),
             agent: 0,
             key: Some(format!("k/{instance}/{to}/{name}")),
+            in_memory: false,
             size: 1,
         };
         let split = vec![

@@ -48,6 +48,8 @@ fn wrote(req: &RunRequest) -> RunReport {
             checksum: String::new(),
             key: o.upload_prefix.as_ref().map(|p| format!("{p}/out")),
             upload_seconds: None,
+            in_memory: o.memory,
+            spilled: None,
         })
         .collect();
     r

@@ -53,6 +53,9 @@ struct Link {
     remote_per_s: f64,
     gets: Vec<f64>,
     puts: f64,
+    /// `memory`, when the edge fits the memory tier: upload per sender placement, download per
+    /// receiver placement, and the tier's cost of the edge's bytes per second of download.
+    memory: Option<MemoryLink>,
     /// Receiver side: VM count (broadcast sends one copy per receiving VM).
     nr: Vec<f64>,
     /// Sender placement -> receiver placement under vm-storage, when feasible.
@@ -65,6 +68,13 @@ struct Link {
     by_z: Vec<u32>,
     by_b: Vec<u32>,
     rank_b: Vec<u32>,
+}
+
+/// The `memory` terms of one edge (separable as `remote`'s).
+struct MemoryLink {
+    up: Vec<f64>,
+    down: Vec<f64>,
+    per_s: f64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -277,6 +287,17 @@ impl<'a> Chain<'a> {
                     None
                 });
             }
+            let memory = pb.memory_fits(e).then(|| MemoryLink {
+                up: src
+                    .iter()
+                    .map(|o| pb.memory_upload_s(e, &pb.flow(e, o.per_vm, 1, 1), o.vm))
+                    .collect(),
+                down: dst
+                    .iter()
+                    .map(|o| pb.memory_download_s(&pb.flow(e, 1, o.vms, o.per_vm), o.vm))
+                    .collect(),
+                per_s: t * pb.memory_price(),
+            });
             let mut z = Vec::with_capacity(dst.len());
             let mut down = Vec::with_capacity(dst.len());
             let mut b = Vec::with_capacity(dst.len());
@@ -318,6 +339,7 @@ impl<'a> Chain<'a> {
                 remote_per_s: t * rp,
                 gets,
                 puts,
+                memory,
                 nr,
                 vm_to,
                 vm_store: t * lp,
@@ -358,6 +380,16 @@ impl<'a> Chain<'a> {
                         + l.gets[r],
                 )
             }
+            Method::Memory => match &l.memory {
+                Some(m) => {
+                    let (up, down) = (m.up[s], m.down[r]);
+                    (
+                        up + down + comp,
+                        up * l.a[s] + down * m.per_s + (down + comp) * l.b[r],
+                    )
+                }
+                None => (f64::INFINITY, f64::INFINITY),
+            },
         }
     }
 
@@ -434,6 +466,30 @@ impl<'a> Chain<'a> {
                         + wc * (down * l.remote_per_s + (down + comp[r]) * b + l.gets[r]);
                     if v < slot.0 {
                         *slot = (v, s as u32, Method::Remote);
+                    }
+                }
+            }
+            // memory: separable as remote.
+            if let Some(m) = &l.memory {
+                let mut ms: Option<(f64, usize)> = None;
+                for (s, cell) in prev.iter().enumerate() {
+                    if !cell.v.is_finite() {
+                        continue;
+                    }
+                    let v = cell.v + wl * m.up[s] + wc * (m.up[s] * l.a[s]);
+                    if ms.is_none_or(|(b, _)| v < b) {
+                        ms = Some((v, s));
+                    }
+                }
+                if let Some((vs, s)) = ms {
+                    for (r, slot) in best.iter_mut().enumerate() {
+                        let (down, b) = (m.down[r], l.b[r]);
+                        let v = vs
+                            + wl * (down + comp[r])
+                            + wc * (down * m.per_s + (down + comp[r]) * b);
+                        if v < slot.0 {
+                            *slot = (v, s as u32, Method::Memory);
+                        }
                     }
                 }
             }
@@ -772,7 +828,7 @@ fn lowest_vertex(cuts: &[((f64, f64), f64)]) -> Option<(f64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{Catalog, LocalStorage, RemoteStorage, VmType};
+    use crate::catalog::{Catalog, LocalStorage, MemoryTier, RemoteStorage, VmType};
     use crate::dag::{Bounds, EdgeKind};
     use crate::model::{EdgeSpec, PlanProblem, Stage};
 
@@ -805,6 +861,14 @@ mod tests {
                 aggregate_mbps: Some(20_000.0),
                 ..RemoteStorage::default()
             },
+            // Half the chains have a memory tier, at times too small for some edges.
+            memory_tier: (u() < 0.5).then(|| MemoryTier {
+                usd_per_hour: 0.01 + 2.0 * u(),
+                capacity_mb: if u() < 0.5 { 64 } else { 16_384 },
+                network_mbps: 300.0 + 5000.0 * u(),
+                request_latency_ms: 2.0 * u(),
+                requests_per_s: 100_000.0,
+            }),
         };
         let kinds = [EdgeKind::One, EdgeKind::Shuffle];
         let stages = (0..n)

@@ -227,6 +227,7 @@ pub(crate) fn encode(m: Method) -> u64 {
         Method::VmStorage => 0,
         Method::Direct => 1,
         Method::Remote => 2,
+        Method::Memory => 3,
     }
 }
 
@@ -234,7 +235,8 @@ pub(crate) fn decode(bits: u64, k: usize) -> Method {
     match (bits >> (2 * k)) & 3 {
         0 => Method::VmStorage,
         1 => Method::Direct,
-        _ => Method::Remote,
+        2 => Method::Remote,
+        _ => Method::Memory,
     }
 }
 
@@ -494,7 +496,7 @@ impl<'a> Search<'a> {
                         pb.placement_from_per_vm(s, vm, c, c)
                     })
                     .collect();
-                for m in [Method::Direct, Method::Remote] {
+                for m in [Method::Direct, Method::Remote, Method::Memory] {
                     candidates.push(Assignment {
                         placements: placements.clone(),
                         methods: vec![m; pb.edges().len()],
@@ -720,16 +722,22 @@ impl<'a> Search<'a> {
                             vms: o.vms,
                             concurrent: c,
                         };
-                        for combo in 0..(1u64 << free.len()) {
+                        // Every combination of the free edges' methods, counted in mixed radix
+                        // (direct, remote, and memory where the edge fits the tier).
+                        let choices: Vec<&[Method]> = free
+                            .iter()
+                            .map(|&k| pb.moving_methods(incoming[k]))
+                            .collect();
+                        let combos: u64 = choices.iter().map(|c| c.len() as u64).product();
+                        for combo in 0..combos {
                             let mut bits = 0u64;
+                            let mut rest = combo;
                             for (k, m) in methods.iter_mut().enumerate() {
                                 *m = Method::VmStorage;
                                 if let Some(f) = free.iter().position(|&x| x == k) {
-                                    *m = if combo >> f & 1 == 0 {
-                                        Method::Direct
-                                    } else {
-                                        Method::Remote
-                                    };
+                                    let c = choices[f];
+                                    *m = c[(rest % c.len() as u64) as usize];
+                                    rest /= c.len() as u64;
                                 }
                                 bits |= encode(*m) << (2 * k);
                             }

@@ -150,6 +150,10 @@ pub(crate) fn table(
         for &e in pb.incoming(s) {
             let from = pb.stages()[pb.edges()[e].from].name.clone();
             for m in Method::ALL {
+                // Without a memory tier, `memory` is no alternative at all.
+                if m == Method::Memory && pb.catalog().memory_tier.is_none() {
+                    continue;
+                }
                 if m == best.methods[e] {
                     methods.push(MethodAlternative {
                         from: from.clone(),

@@ -381,12 +381,13 @@ mod tests {
         let mut out = Vec::new();
         let mut idx = vec![0usize; n];
         loop {
-            for combo in 0..3usize.pow(m as u32) {
+            let k = Method::ALL.len();
+            for combo in 0..k.pow(m as u32) {
                 let mut c = combo;
                 let methods = (0..m)
                     .map(|_| {
-                        let x = [Method::VmStorage, Method::Direct, Method::Remote][c % 3];
-                        c /= 3;
+                        let x = Method::ALL[c % k];
+                        c /= k;
                         x
                     })
                     .collect();

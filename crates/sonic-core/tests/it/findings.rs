@@ -288,3 +288,77 @@ fn a_function_too_big_for_every_vm_is_named() {
     .to_string();
     assert!(err.contains("train") && err.contains("900000"), "{err}");
 }
+
+/// The memory tier (the default one: an ElastiCache-like node of 13 GiB at 750 Mbit/s) on a
+/// DAG with a small and a large intermediate into one join: `memory` for the small one, which
+/// waits for the long branch (under `direct` its sender's VMs would be held meanwhile, under
+/// `remote` every file pays a request); `direct` for the large gather, which the tier would carry
+/// twice (up, then down) at its node's rate.
+#[test]
+fn the_memory_tier_carries_the_small_intermediate_not_the_large() {
+    use sonic_core::catalog::MemoryTier;
+    use sonic_core::dag::{Bounds, EdgeKind};
+    use sonic_core::model::{EdgeSpec, Stage};
+    let stage = |name: &str, cold: f64, k: u32| Stage {
+        name: name.into(),
+        memory_mb: 1500.0,
+        cold_s: cold,
+        hot_s: cold * 0.8,
+        instances: k,
+        overhead_s: 0.0,
+        start_s: 0.0,
+    };
+    let edge = |from: &str, to: &str, kind, bytes: f64| EdgeSpec {
+        from: from.into(),
+        to: to.into(),
+        kind,
+        bytes,
+    };
+    let problem = |memory_tier| {
+        PlanProblem::new(
+            vec![
+                stage("split", 1.0, 1),
+                stage("train", 30.0, 16),
+                stage("stats", 1.0, 16),
+                stage("merge", 0.5, 1),
+            ],
+            vec![
+                edge("split", "train", EdgeKind::Scatter, 16e6),
+                edge("split", "stats", EdgeKind::Scatter, 16e6),
+                edge("train", "merge", EdgeKind::Gather, 2e9),
+                edge("stats", "merge", EdgeKind::Gather, 16e6),
+            ],
+            Catalog {
+                memory_tier,
+                ..Catalog::default()
+            },
+            Bounds::default(),
+        )
+        .expect("problem")
+    };
+    let with = plan(&problem(Some(MemoryTier::default())), Policy::Sonic).expect("plan");
+    let methods: Vec<_> = [
+        ("split", "train"),
+        ("split", "stats"),
+        ("train", "merge"),
+        ("stats", "merge"),
+    ]
+    .iter()
+    .map(|&(a, b)| method(&with.best, a, b))
+    .collect();
+    assert_eq!(methods[3], Method::Memory, "{methods:?}");
+    assert!(
+        matches!(methods[2], Method::Direct | Method::Remote),
+        "{methods:?}"
+    );
+    // Without a tier the same DAG is planned without it, and no better.
+    let without = plan(&problem(None), Policy::Sonic).expect("plan");
+    assert!(
+        without
+            .best
+            .edges
+            .iter()
+            .all(|e| e.method != Method::Memory)
+    );
+    assert!(without.best.predicted.perf_per_dollar <= with.best.predicted.perf_per_dollar);
+}

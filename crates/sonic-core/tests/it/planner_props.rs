@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use sonic_core::catalog::{Catalog, LocalStorage, RemoteStorage, VmType};
+use sonic_core::catalog::{Catalog, LocalStorage, MemoryTier, RemoteStorage, VmType};
 use sonic_core::dag::{Bounds, EdgeKind};
 use sonic_core::model::{Assignment, EdgeSpec, Method, Placement, PlanProblem, Stage};
 use sonic_core::planner::{PlanError, Policy, plan};
@@ -25,6 +25,8 @@ struct Case {
     local_usd: f64,
     remote: (f64, f64, f64, f64, Option<f64>, f64),
     bounds: (u8, f64, f64),
+    /// A memory tier: $/h, capacity MB (small ones refuse the larger edges), Mbit/s, latency ms.
+    memory: Option<(f64, u64, f64, f64)>,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -64,6 +66,12 @@ fn case() -> impl Strategy<Value = Case> {
             ),
             (0u8..4, 0.7f64..1.6, 0.7f64..1.6),
         ),
+        prop::option::of((
+            prop_oneof![Just(0.206f64), 0.01f64..50.0],
+            prop_oneof![Just(64u64), Just(13_383)],
+            300.0f64..10_000.0,
+            0.0f64..5.0,
+        )),
     )
         .prop_map(
             |(
@@ -71,6 +79,7 @@ fn case() -> impl Strategy<Value = Case> {
                 (stages, bytes),
                 (types, reserve, local_usd),
                 (remote, bounds),
+                memory,
             )| Case {
                 shape,
                 n,
@@ -83,6 +92,7 @@ fn case() -> impl Strategy<Value = Case> {
                 local_usd,
                 remote,
                 bounds,
+                memory,
             },
         )
 }
@@ -127,6 +137,13 @@ fn catalog(c: &Case) -> Catalog {
             requests_per_s: rate,
             aggregate_mbps: agg,
         },
+        memory_tier: c.memory.map(|(usd, cap, mbps, lat)| MemoryTier {
+            usd_per_hour: usd,
+            capacity_mb: cap,
+            network_mbps: mbps,
+            request_latency_ms: lat,
+            requests_per_s: 100_000.0,
+        }),
     }
 }
 
@@ -231,14 +248,21 @@ fn enumerate(pb: &PlanProblem, banned: &[bool], f: &mut dyn FnMut(f64, f64, &Ass
             return;
         }
         let inc = pb.incoming(r).to_vec();
-        let combos = 3usize.pow(inc.len() as u32);
+        // Every method, memory too when the catalog has a tier (for an edge it cannot hold,
+        // `evaluate` refuses it).
+        let methods: Vec<Method> = Method::ALL
+            .into_iter()
+            .filter(|&m| m != Method::Memory || pb.catalog().memory_tier.is_some())
+            .collect();
+        let k = methods.len();
+        let combos = k.pow(inc.len() as u32);
         for combo in 0..combos {
             let mut x = combo;
             let mut vm_sender = None;
             let mut skip = false;
             for &e in &inc {
-                let m = Method::ALL[x % 3];
-                x /= 3;
+                let m = methods[x % k];
+                x /= k;
                 if m == Method::VmStorage {
                     if banned[e] {
                         skip = true;
@@ -268,11 +292,16 @@ fn enumerate(pb: &PlanProblem, banned: &[bool], f: &mut dyn FnMut(f64, f64, &Ass
 
 /// An upper bound on how many plans `enumerate` visits.
 fn size(pb: &PlanProblem) -> f64 {
+    let moving = if pb.catalog().memory_tier.is_some() {
+        3.0
+    } else {
+        2.0
+    };
     (0..pb.stages().len())
         .map(|s| {
             let k = pb.incoming(s).len() as i32;
             let ps = placements(pb, s).len() as f64;
-            2f64.powi(k) * ps + (3f64.powi(k) - 2f64.powi(k)) * 6.0
+            f64::powi(moving, k) * ps + (f64::powi(moving + 1.0, k) - f64::powi(moving, k)) * 6.0
         })
         .product()
 }
@@ -490,6 +519,7 @@ fn vm_limits_bound_every_stage() {
         local_usd: 0.08,
         remote: (600.0, 400.0, 25.0, 3500.0, None, 0.023),
         bounds: (0, 1.0, 1.0),
+        memory: None,
     };
     let pb = problem(&c, Bounds::default());
     let unlimited = plan(&pb, Policy::Remote).expect("plan");
@@ -542,6 +572,7 @@ fn enumeration_counts_every_plan() {
         local_usd: 0.08,
         remote: (600.0, 400.0, 25.0, 3500.0, None, 0.023),
         bounds: (0, 1.0, 1.0),
+        memory: None,
     };
     let pb = problem(&c, Bounds::default());
     assert_eq!(placements(&pb, 0).len(), 3);
@@ -551,6 +582,19 @@ fn enumeration_counts_every_plan() {
     let visited = enumerate(&pb, &[false], &mut |_, _, _| feasible += 1);
     assert_eq!(visited, 3 * 3 * 2 + 1 + 2 + 2);
     assert_eq!(feasible, visited);
+    // With a memory tier, memory is a third moving method; with one too small for the edge's
+    // 100 MB, those plans are visited and refused.
+    for (cap, fits) in [(13_383, true), (64, false)] {
+        let with = Case {
+            memory: Some((0.206, cap, 750.0, 0.5)),
+            ..c.clone()
+        };
+        let pb = problem(&with, Bounds::default());
+        let mut feasible = 0;
+        let visited = enumerate(&pb, &[false], &mut |_, _, _| feasible += 1);
+        assert_eq!(visited, 3 * 3 * 3 + 1 + 2 + 2);
+        assert_eq!(feasible, if fits { visited } else { visited - 9 });
+    }
 }
 
 /// A `direct` sender's VMs are held until its receiver has fetched, so under VM limits (the
@@ -573,6 +617,7 @@ fn direct_ends_never_share_a_vm_under_vm_limits() {
         local_usd: 0.08,
         remote: (600.0, 400.0, 25.0, 3500.0, None, 0.023),
         bounds: (0, 1.0, 1.0),
+        memory: None,
     };
     let pb = problem(&c, Bounds::default());
     let one_each = BTreeMap::from([("t0".to_owned(), 1), ("t1".to_owned(), 1)]);
@@ -644,6 +689,7 @@ fn branches_that_run_at_once_never_share_the_pools_vms() {
         local_usd: 0.08,
         remote: (600.0, 400.0, 25.0, 3500.0, None, 0.023),
         bounds: (0, 1.0, 1.0),
+        memory: None,
     };
     let pb = problem(&c, Bounds::default());
     let two = pb

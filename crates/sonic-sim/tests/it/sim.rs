@@ -1,17 +1,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The simulator against the model and against itself: conservation, a lone job equals the
-//! model's prediction, contention slows jobs down, sonic is the optimum alone, determinism, and
-//! the fallback to the second-best plan.
+//! model's prediction, contention slows jobs down, sonic is the optimum alone, determinism, the
+//! fallback to the second-best plan, and the memory tier.
 
 use std::sync::Arc;
 
-use sonic_core::catalog::{Catalog, LocalStorage, RemoteStorage, VmType};
+use sonic_core::catalog::{Catalog, LocalStorage, MemoryTier, RemoteStorage, VmType};
 use sonic_core::dag::{Bounds, Dag};
 use sonic_core::model::Method;
 use sonic_core::params::Params;
 use sonic_core::planner::Policy;
 use sonic_sim::scenario::{self, App, PAPER_CLUSTER, Workload};
-use sonic_sim::{Cluster, JobSpec, SimConfig, SimReport, SplitMix64, simulate, validate_alone};
+use sonic_sim::{
+    Cluster, EdgeShape, JobReport, JobSpec, PlanShape, SimConfig, SimReport, SplitMix64,
+    StageShape, simulate, simulate_given, validate_alone, validate_plan,
+};
 
 /// Every default VM type, 40 of each: enough that no plan runs short of VMs of its type.
 const AMPLE: &str = "m5.large=40,m5.xlarge=40,m5.2xlarge=40,t2.large=40";
@@ -264,7 +267,11 @@ fn sonic_is_not_beaten_by_a_static_policy_alone() {
 
 /// One VM type with a slow NIC and many vCPUs, a store as fast as the NIC, no storage prices.
 fn slow_nic_cluster(vms: u32) -> Cluster {
-    let catalog = Catalog {
+    Cluster::from_spec(&slow_nic_catalog(), &format!("box={vms}")).unwrap()
+}
+
+fn slow_nic_catalog() -> Catalog {
+    Catalog {
         reserve_mb: 0,
         vm_types: vec![VmType {
             name: "box".into(),
@@ -286,8 +293,8 @@ fn slow_nic_cluster(vms: u32) -> Cluster {
             requests_per_s: 1e9,
             aggregate_mbps: None,
         },
-    };
-    Cluster::from_spec(&catalog, &format!("box={vms}")).unwrap()
+        memory_tier: None,
+    }
 }
 
 const PAIR_DAG: &str = "name: pair\nfunctions:\n  - { name: a, image: x, command: [x] }\n  - { name: b, image: x, command: [x] }\nedges:\n  - { from: a, to: b, kind: one }\n";
@@ -763,53 +770,45 @@ fn the_summary_cost_charges_whole_vms_with_the_storage_and_the_requests() {
     }
 }
 
-#[test]
-fn a_given_plan_runs_as_given() {
-    use sonic_sim::{EdgeShape, PlanShape, StageShape};
-    let c = cluster(AMPLE);
-    let a = scenario::builtin_apps()
+/// The ml-pipeline on m5.large, 3 m5.xlarge (2 lambdas each), m5.large, both edges `method`.
+fn ml_shape(method: Method) -> PlanShape {
+    let stage = |function: &str, vm_type: &str, vms, concurrent| StageShape {
+        function: function.into(),
+        vm_type: vm_type.into(),
+        vms,
+        concurrent,
+    };
+    let edge = |from: &str, to: &str| EdgeShape {
+        from: from.into(),
+        to: to.into(),
+        method,
+    };
+    PlanShape {
+        stages: vec![
+            stage("pca", "m5.large", 1, 1),
+            stage("train", "m5.xlarge", 3, 2),
+            stage("combine", "m5.large", 1, 1),
+        ],
+        edges: vec![edge("pca", "train"), edge("train", "combine")],
+    }
+}
+
+fn ml_pipeline() -> App {
+    scenario::builtin_apps()
         .unwrap()
         .into_iter()
         .find(|a| a.dag.name == "ml-pipeline")
-        .unwrap();
-    let shape = |method: Method| PlanShape {
-        stages: vec![
-            StageShape {
-                function: "pca".into(),
-                vm_type: "m5.large".into(),
-                vms: 1,
-                concurrent: 1,
-            },
-            StageShape {
-                function: "train".into(),
-                vm_type: "m5.xlarge".into(),
-                vms: 3,
-                concurrent: 2,
-            },
-            StageShape {
-                function: "combine".into(),
-                vm_type: "m5.large".into(),
-                vms: 1,
-                concurrent: 1,
-            },
-        ],
-        edges: vec![
-            EdgeShape {
-                from: "pca".into(),
-                to: "train".into(),
-                method,
-            },
-            EdgeShape {
-                from: "train".into(),
-                to: "combine".into(),
-                method,
-            },
-        ],
-    };
+        .unwrap()
+}
+
+#[test]
+fn a_given_plan_runs_as_given() {
+    let c = cluster(AMPLE);
+    let a = ml_pipeline();
     let config = SimConfig::default();
     let j = job("given", &a, Policy::Sonic, 0.0);
-    let remote = sonic_sim::validate_plan(&c, &j, &shape(Method::Remote), &config).unwrap();
-    let direct = sonic_sim::validate_plan(&c, &j, &shape(Method::Direct), &config).unwrap();
+    let remote = validate_plan(&c, &j, &ml_shape(Method::Remote), &config).unwrap();
+    let direct = validate_plan(&c, &j, &ml_shape(Method::Direct), &config).unwrap();
     for (v, m) in [(&remote, Method::Remote), (&direct, Method::Direct)] {
         assert!(
             v.job.edges.iter().all(|e| e.method == m),
@@ -843,8 +842,303 @@ fn a_given_plan_runs_as_given() {
     }
     assert!(remote.job.latency_s != direct.job.latency_s);
     // A plan that does not fit the DAG is refused, naming what is missing.
-    let mut bad = shape(Method::Remote);
+    let mut bad = ml_shape(Method::Remote);
     bad.stages.pop();
-    let e = sonic_sim::validate_plan(&c, &j, &bad, &config).unwrap_err();
+    let e = validate_plan(&c, &j, &bad, &config).unwrap_err();
     assert!(e.to_string().contains("combine"), "{e}");
+}
+
+// ---- the memory tier ----
+
+/// `catalog` with the default memory tier (ElastiCache's prices, sub-millisecond requests) on
+/// a node of `network_mbps`.
+fn with_tier(catalog: Catalog, network_mbps: f64) -> Catalog {
+    Catalog {
+        memory_tier: Some(MemoryTier {
+            network_mbps,
+            ..MemoryTier::default()
+        }),
+        ..catalog
+    }
+}
+
+/// Every default VM type, 40 of each, and a memory node faster than any VMs a stage of these
+/// jobs has together (100 Gbit/s): the node never limits a lone job.
+fn ample_with_tier() -> Cluster {
+    Cluster::from_spec(&with_tier(Catalog::default(), 100_000.0), AMPLE).unwrap()
+}
+
+/// The plan a job ran, every edge `method`.
+fn shape_of(j: &JobReport, method: Method) -> PlanShape {
+    PlanShape {
+        stages: j
+            .stages
+            .iter()
+            .map(|s| StageShape {
+                function: s.function.clone(),
+                vm_type: s.vm_type.clone(),
+                vms: s.vms,
+                concurrent: s.concurrent,
+            })
+            .collect(),
+        edges: j
+            .edges
+            .iter()
+            .map(|e| EdgeShape {
+                from: e.from.clone(),
+                to: e.to.clone(),
+                method,
+            })
+            .collect(),
+    }
+}
+
+/// The parts of a job's cost add up to its total, which is what it reports.
+fn check_cost_parts(j: &JobReport) {
+    let c = &j.cost;
+    let parts =
+        c.vm_usd + c.local_storage_usd + c.remote_storage_usd + c.requests_usd + c.memory_tier_usd;
+    assert!((c.total() - parts).abs() <= 1e-12 * parts, "{c:?}");
+    assert!((j.cost_usd - c.total()).abs() <= 1e-12 * parts, "{c:?}");
+}
+
+#[test]
+fn a_memory_plan_runs_as_the_model_predicts() {
+    let c = ample_with_tier();
+    let config = SimConfig::default();
+    let j = job("given", &ml_pipeline(), Policy::Sonic, 0.0);
+    let memory = validate_plan(&c, &j, &ml_shape(Method::Memory), &config).unwrap();
+    let remote = validate_plan(&c, &j, &ml_shape(Method::Remote), &config).unwrap();
+    for v in [&memory, &remote] {
+        assert!(
+            v.latency_rel_error < 1e-6 && v.cost_rel_error < 1e-6,
+            "simulated {} s ${}, model {} s ${}",
+            v.job.latency_s,
+            v.job.cost_usd,
+            v.model_latency_s,
+            v.model_cost_usd
+        );
+        check_cost_parts(&v.job);
+    }
+    assert!(
+        memory
+            .job
+            .edges
+            .iter()
+            .all(|e| e.method == Method::Memory && e.planned == Method::Memory),
+        "{:?}",
+        memory.job.edges
+    );
+    // Through the tier: uploaded then read, faster than through the store (25 ms a request
+    // and 600/400 Mbit/s connections against 0.5 ms and the VMs' NICs).
+    for (m, r) in memory.job.edges.iter().zip(&remote.job.edges) {
+        assert!(m.upload_s > 0.0 && m.fetch_s > 0.0, "{m:?}");
+        assert!(
+            m.upload_s < r.upload_s && m.fetch_s < r.fetch_s,
+            "{m:?} {r:?}"
+        );
+    }
+    assert!(memory.job.latency_s < remote.job.latency_s);
+    // The tier's share is charged, the store and its requests are not.
+    let cost = &memory.job.cost;
+    assert!(cost.memory_tier_usd > 0.0, "{cost:?}");
+    assert_eq!((cost.remote_storage_usd, cost.requests_usd), (0.0, 0.0));
+    assert!(cost.total() > cost.vm_usd + cost.local_storage_usd);
+    // The job summary counts the tier with the storage.
+    assert!(cost.summary_usd > cost.local_storage_usd + cost.memory_tier_usd);
+    assert_eq!(remote.job.cost.memory_tier_usd, 0.0);
+}
+
+#[test]
+fn random_lone_chains_through_memory_match_the_model() {
+    let c = ample_with_tier();
+    let config = SimConfig::default();
+    let mut rng = SplitMix64::new(4);
+    let mut chose_memory = 0;
+    for case in 0..30 {
+        let a = random_chain(&mut rng);
+        let spec = job("c", &a, Policy::Sonic, 0.0);
+        let sonic = validate_alone(&c, &spec, &config).unwrap();
+        chose_memory += sonic
+            .job
+            .edges
+            .iter()
+            .filter(|e| e.method == Method::Memory)
+            .count();
+        let forced = validate_plan(&c, &spec, &shape_of(&sonic.job, Method::Memory), &config)
+            .unwrap_or_else(|e| panic!("case {case}: {e}"));
+        assert!(forced.job.edges.iter().all(|e| e.method == Method::Memory));
+        for (what, v) in [("sonic", &sonic), ("memory", &forced)] {
+            // As for the store (random_lone_chains_match_the_model): exact with an even spread,
+            // never faster than the model and within 5% with an uneven one.
+            let even = v.job.stages.iter().all(|s| {
+                a.params.functions[&s.function]
+                    .instances
+                    .is_multiple_of(s.vms)
+            });
+            let ok = if even {
+                v.latency_rel_error < 1e-6 && v.cost_rel_error < 1e-6
+            } else {
+                v.job.latency_s >= v.model_latency_s * (1.0 - 1e-9)
+                    && v.latency_rel_error < 0.05
+                    && v.cost_rel_error < 0.05
+            };
+            assert!(
+                ok,
+                "case {case} {what}: simulated {} s ${}, model {} s ${}\nparams {:?}\nedges {:?}",
+                v.job.latency_s,
+                v.job.cost_usd,
+                v.model_latency_s,
+                v.model_cost_usd,
+                a.params,
+                v.job.edges
+            );
+            check_cost_parts(&v.job);
+        }
+        assert!(forced.job.cost.memory_tier_usd > 0.0);
+    }
+    // The planner takes the tier where it pays: some edges of these chains.
+    assert!(chose_memory > 0);
+}
+
+/// Two `box` VMs (100 MB/s NICs) and a memory node as fast as one NIC, its price $0.001/s for
+/// 1 GiB, no request time; no other storage price.
+fn slow_tier_cluster() -> Cluster {
+    let catalog = Catalog {
+        memory_tier: Some(MemoryTier {
+            usd_per_hour: 3.6,
+            capacity_mb: 1024,
+            network_mbps: 800.0,
+            request_latency_ms: 0.0,
+            requests_per_s: 1e9,
+        }),
+        ..slow_nic_catalog()
+    };
+    Cluster::from_spec(&catalog, "box=2").unwrap()
+}
+
+/// The pair on one VM each, its edge `method`.
+fn pair_shape(method: Method) -> PlanShape {
+    let stage = |function: &str| StageShape {
+        function: function.into(),
+        vm_type: "box".into(),
+        vms: 1,
+        concurrent: 1,
+    };
+    PlanShape {
+        stages: vec![stage("a"), stage("b")],
+        edges: vec![EdgeShape {
+            from: "a".into(),
+            to: "b".into(),
+            method,
+        }],
+    }
+}
+
+#[test]
+fn jobs_sharing_the_memory_node_slow_each_other_down() {
+    let c = slow_tier_cluster();
+    let a = app(PAIR_DAG, PAIR_PARAMS);
+    let config = SimConfig {
+        cpu_sharing: false,
+        ..SimConfig::default()
+    };
+    // Alone: 1 s + 10 s up + 10 s down + 1 s, as the model says; the tier holds the 1 GB for
+    // the 10 s of the download.
+    let alone = validate_plan(
+        &c,
+        &job("alone", &a, Policy::Sonic, 0.0),
+        &pair_shape(Method::Memory),
+        &config,
+    )
+    .unwrap();
+    let lat1 = alone.job.latency_s;
+    assert!((lat1 - 22.0).abs() < 1e-6, "{lat1}");
+    assert!(
+        alone.latency_rel_error < 1e-6 && alone.cost_rel_error < 1e-6,
+        "{alone:?}"
+    );
+    let gib_s = 0.001 / (1024.0 * 1024.0 * 1024.0);
+    let held = alone.job.cost.memory_tier_usd;
+    assert!((held - 1e9 * 10.0 * gib_s).abs() < 1e-12, "{held}");
+    check_cost_parts(&alone.job);
+    // Together on two VMs: each has its own NIC, but the node is one; each transfer gets half
+    // of it. Through the store (no aggregate limit) they would not meet at all.
+    let both = [
+        job("x", &a, Policy::Sonic, 0.0),
+        job("y", &a, Policy::Sonic, 0.0),
+    ];
+    let given = |m| [Some(pair_shape(m)), Some(pair_shape(m))];
+    let r = simulate_given(&c, &both, &given(Method::Memory), &config).unwrap();
+    check_conservation(&r, &both);
+    assert_ne!(r.jobs[0].stages[0].on_vms, r.jobs[1].stages[0].on_vms);
+    for j in &r.jobs {
+        assert!(
+            j.latency_s > lat1 * 1.5,
+            "{} took {} s",
+            j.name,
+            j.latency_s
+        );
+        assert!(j.edges[0].upload_s > 1.9 * alone.job.edges[0].upload_s);
+        assert!(j.edges[0].fetch_s > 1.9 * alone.job.edges[0].fetch_s);
+        // Held twice as long, charged twice as much.
+        assert!(j.cost.memory_tier_usd > 1.9 * held, "{:?}", j.cost);
+        check_cost_parts(j);
+    }
+    let r = simulate_given(&c, &both, &given(Method::Remote), &config).unwrap();
+    for j in &r.jobs {
+        assert!(
+            (j.latency_s - lat1).abs() < 1e-6,
+            "{} took {} s",
+            j.name,
+            j.latency_s
+        );
+    }
+}
+
+#[test]
+fn a_memory_edge_needs_a_tier_that_holds_it() {
+    let a = app(PAIR_DAG, PAIR_PARAMS);
+    let config = SimConfig::default();
+    let spec = job("mem", &a, Policy::Sonic, 0.0);
+    // No tier: the plan is refused, naming the job and the tier; so is it among others.
+    let c = slow_nic_cluster(2);
+    let err = validate_plan(&c, &spec, &pair_shape(Method::Memory), &config)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("mem") && err.contains("memory tier"), "{err}");
+    let err = simulate_given(
+        &c,
+        &[job("ok", &a, Policy::Sonic, 0.0), spec.clone()],
+        &[None, Some(pair_shape(Method::Memory))],
+        &config,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("\"mem\"") && err.contains("memory tier"),
+        "{err}"
+    );
+    // A tier too small for the edge's 1 GB refuses it too.
+    let mut small = slow_tier_cluster().catalog().clone();
+    if let Some(t) = &mut small.memory_tier {
+        t.capacity_mb = 512;
+    }
+    let c = Cluster::from_spec(&small, "box=2").unwrap();
+    let err = validate_plan(&c, &spec, &pair_shape(Method::Memory), &config)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("mem") && err.contains("512 MB"), "{err}");
+    // Planned with bytes that fit, the true 1 GB does not: the tier refuses the file at run
+    // time and it goes through the store.
+    let mut told = a.params.clone();
+    told.edges[0].bytes.0 = 100_000_000;
+    let spec = JobSpec {
+        predicted: Some(told),
+        ..spec
+    };
+    let r = simulate_given(&c, &[spec], &[Some(pair_shape(Method::Memory))], &config).unwrap();
+    let e = &r.jobs[0].edges[0];
+    assert_eq!((e.planned, e.method), (Method::Memory, Method::Remote));
+    assert_eq!(r.jobs[0].cost.memory_tier_usd, 0.0);
 }
