@@ -45,20 +45,52 @@ impl MemoryTier {
 
     /// Puts the file at `local` as `key`; its size.
     pub async fn put_file(&self, key: &str, local: &Path) -> Result<u64, StoreError> {
-        let store = self.store().await?;
-        let bytes = store.put_file(key, local).await?;
+        let bytes = self
+            .again(|store| async move { store.put_file(key, local).await })
+            .await?;
         charge(&self.throttle.egress, bytes).await;
         Ok(bytes)
     }
 
     /// Gets `key` into `dest` (atomically); its size.
     pub async fn get_file(&self, key: &str, dest: &Path) -> Result<u64, StoreError> {
-        let store = self.store().await?;
-        let bytes = store.get_file(key, dest).await?;
+        let bytes = self
+            .again(|store| async move { store.get_file(key, dest).await })
+            .await?;
         charge(&self.throttle.ingress, bytes).await;
         Ok(bytes)
     }
+
+    /// Runs `op`, again up to [`ATTEMPTS`] times while the tier is unavailable: the call that
+    /// finds a connection broken (a tier restarted since) fails while the connection is made
+    /// again, and the next one goes through. A tier that stays down fails within about
+    /// [`ATTEMPTS`] × [`PAUSE`] beyond its own timeouts.
+    async fn again<'a, T, F, Fut>(&'a self, op: F) -> Result<T, StoreError>
+    where
+        F: Fn(&'a RedisStore) -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let mut attempt = 1;
+        loop {
+            let result = match self.store().await {
+                Ok(store) => op(store).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(StoreError::Unavailable(_)) if attempt < ATTEMPTS && self.configured() => {
+                    attempt += 1;
+                    tokio::time::sleep(PAUSE).await;
+                }
+                other => return other,
+            }
+        }
+    }
 }
+
+/// Tries of one transfer while the tier is unavailable.
+const ATTEMPTS: u32 = 3;
+/// The pause between them.
+const PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Charges `bytes` to one direction of the emulated NIC (nothing when it is not limited).
 async fn charge(limiter: &async_speed_limit::Limiter, bytes: u64) {

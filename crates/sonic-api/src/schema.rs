@@ -292,7 +292,15 @@ mod tests {
         let v = serde_json::to_value(policy()).expect("json");
         assert_eq!(
             v["enum"],
-            serde_json::json!(["sonic", "sonic-mean", "remote", "local", "direct", "oracle"])
+            serde_json::json!([
+                "sonic",
+                "sonic-mean",
+                "remote",
+                "local",
+                "direct",
+                "memory",
+                "oracle"
+            ])
         );
         let v = serde_json::to_value(method()).expect("json");
         assert_eq!(

@@ -151,19 +151,12 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
         }
         None => Catalog::default(),
     };
-    // `memory` is planned only where there is a tier to run it on.
+    // A tier without prices in the catalog is priced as the built-in one (dilated with the rest;
+    // `Runtime::new` drops a priced tier that is not configured).
     let mut catalog = catalog;
-    catalog.memory_tier = match (&config.memory_tier, catalog.memory_tier) {
-        (None, Some(_)) => {
-            tracing::warn!(
-                "the catalog prices a memory tier but none is configured (memory_tier, SONIC_MEMORY_TIER): no plan uses memory"
-            );
-            None
-        }
-        (None, None) => None,
-        (Some(_), Some(t)) => Some(t),
-        (Some(_), None) => Some(sonic_core::catalog::MemoryTier::default()),
-    };
+    if config.memory_tier.is_some() && catalog.memory_tier.is_none() {
+        catalog.memory_tier = Some(sonic_core::catalog::MemoryTier::default());
+    }
     let catalog = catalog
         .dilated(config.dilation)
         .map_err(|e| ServeError::Catalog {

@@ -42,19 +42,32 @@ pub enum Policy {
     Local,
     /// Every edge direct, one smallest-fitting VM per lambda.
     Direct,
+    /// Every edge through the memory tier where it holds the edge (the store otherwise), one
+    /// smallest-fitting VM per lambda (OpenLambda + Pocket, or AWS Lambda + ElastiCache, the
+    /// SONIC paper's baselines). Without a tier in the catalog, every edge goes to the store.
+    Memory,
     /// The planner fed with measured rather than predicted parameters (evaluation only): the
     /// same search as `sonic`; the caller supplies the measured parameters.
     Oracle,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 6] = [
+    pub const ALL: [Policy; 7] = [
         Policy::Sonic,
         Policy::SonicMean,
         Policy::Remote,
         Policy::Local,
         Policy::Direct,
+        Policy::Memory,
         Policy::Oracle,
+    ];
+
+    /// The policies that place a job by a fixed rule (the baselines).
+    pub const BASELINES: [Policy; 4] = [
+        Policy::Remote,
+        Policy::Direct,
+        Policy::Local,
+        Policy::Memory,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,6 +77,7 @@ impl Policy {
             Policy::Remote => "remote",
             Policy::Local => "local",
             Policy::Direct => "direct",
+            Policy::Memory => "memory",
             Policy::Oracle => "oracle",
         }
     }
@@ -82,7 +96,9 @@ impl FromStr for Policy {
             .into_iter()
             .find(|p| p.as_str() == s)
             .ok_or_else(|| {
-                format!("unknown policy {s:?} (sonic, sonic-mean, remote, local, direct, oracle)")
+                format!(
+                    "unknown policy {s:?} (sonic, sonic-mean, remote, local, direct, memory, oracle)"
+                )
             })
     }
 }
@@ -484,7 +500,7 @@ pub fn plan_within(
         Policy::Sonic | Policy::SonicMean | Policy::Oracle => {
             plan_exact(pb, &Meter::new(budget, clock))
         }
-        Policy::Remote | Policy::Direct | Policy::Local => {
+        Policy::Remote | Policy::Direct | Policy::Local | Policy::Memory => {
             let a = baseline(pb, policy);
             let pred = pb.evaluate(&a).map_err(|e| PlanError::Baseline {
                 policy,
@@ -537,7 +553,7 @@ pub fn plan_for_slo(
     };
     match policy {
         Policy::Sonic | Policy::Oracle => {}
-        Policy::SonicMean | Policy::Remote | Policy::Direct | Policy::Local => {
+        Policy::SonicMean | Policy::Remote | Policy::Direct | Policy::Local | Policy::Memory => {
             let problem = if policy == Policy::SonicMean {
                 let b = pb.bounds();
                 let bound = b
@@ -557,7 +573,7 @@ pub fn plan_for_slo(
         }
     }
     // Seeds: the baselines and the mean planner's plan, when its search fits the budget.
-    let mut seeds: Vec<Assignment> = [Policy::Remote, Policy::Direct, Policy::Local]
+    let mut seeds: Vec<Assignment> = Policy::BASELINES
         .into_iter()
         .map(|b| baseline(pb, b))
         .collect();
@@ -906,7 +922,12 @@ pub fn baseline(pb: &PlanProblem, policy: Policy) -> Assignment {
             // Every stage fits the largest type by construction; this is unreachable but kept total.
             baseline(pb, Policy::Remote)
         }),
-        Policy::Direct | Policy::Remote | Policy::Sonic | Policy::SonicMean | Policy::Oracle => {
+        Policy::Direct
+        | Policy::Remote
+        | Policy::Memory
+        | Policy::Sonic
+        | Policy::SonicMean
+        | Policy::Oracle => {
             let method = if policy == Policy::Direct {
                 Method::Direct
             } else {
@@ -931,7 +952,15 @@ pub fn baseline(pb: &PlanProblem, policy: Policy) -> Assignment {
                 pb,
                 Assignment {
                     placements,
-                    methods: vec![method; pb.edges().len()],
+                    methods: (0..pb.edges().len())
+                        .map(|e| {
+                            if policy == Policy::Memory && pb.memory_fits(e) {
+                                Method::Memory
+                            } else {
+                                method
+                            }
+                        })
+                        .collect(),
                 },
             )
         }

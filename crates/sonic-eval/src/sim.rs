@@ -67,6 +67,7 @@ pub fn policy(name: &str) -> Option<Policy> {
         "remote" => Policy::Remote,
         "local" => Policy::Local,
         "direct" => Policy::Direct,
+        "memory" => Policy::Memory,
         "oracle" => Policy::Oracle,
         _ => return None,
     })

@@ -1,5 +1,5 @@
 //! Why a plan was chosen: what the paper's static policies (`remote`: OpenLambda + S3,
-//! `direct`, `local`: SAND) would predict at the same DAG parameters, recorded with a planned
+//! `direct`, `local`: SAND, and with a memory tier `memory`: OpenLambda + Pocket) would predict at the same DAG parameters, recorded with a planned
 //! job's plan (`report.baselines`) so its page can compare them with the plan that ran.
 
 use std::collections::BTreeMap;
@@ -14,7 +14,11 @@ use sonic_core::planner::{self, Policy};
 /// Per baseline policy, its predicted latency, cost and Perf/$ (or why it has no plan).
 /// Baselines ignore the DAG's bounds, as the planner's baselines do.
 pub fn baselines(dag: &Dag, params: &Params, catalog: Catalog) -> BTreeMap<Policy, Baseline> {
-    let policies = [Policy::Remote, Policy::Direct, Policy::Local];
+    // `memory` only where the cluster has a tier (without one it is `remote`).
+    let policies: Vec<Policy> = Policy::BASELINES
+        .into_iter()
+        .filter(|&p| p != Policy::Memory || catalog.memory_tier.is_some())
+        .collect();
     let problem = match PlanProblem::from_dag(dag, params, catalog, dag.bounds) {
         Ok(p) => p,
         Err(e) => {

@@ -134,10 +134,17 @@ async fn choose(
         plan,
         reason,
     };
-    let baseline = match forced {
-        Some(p @ (Policy::Remote | Policy::Direct | Policy::Local)) => Some(p),
-        _ => None,
-    };
+    let baseline = forced.filter(|p| Policy::BASELINES.contains(p));
+    if forced == Some(Policy::Memory)
+        && ctx
+            .jobs
+            .as_ref()
+            .is_none_or(|rt| rt.config.memory_tier.is_none())
+    {
+        return Err(AdmitError::Invalid(
+            "policy memory passes every edge through the memory tier, and this control plane has none: start it with --memory-tier redis://HOST:PORT (SONIC_MEMORY_TIER)".into(),
+        ));
+    }
     if let (Some(p), Some(base)) = (forced, baseline) {
         if !planned_baseline {
             return Ok(profiling(
@@ -303,7 +310,7 @@ pub async fn plan_again(ctx: &Context, job: &JobRecord) -> Result<Planned, Strin
     let fanouts = dag.fanouts(&dag.job_params(&overrides))?;
     let setting = crate::learn::job_setting(dag, &job.params);
     let policy = job.policy;
-    let baseline = matches!(policy, Policy::Remote | Policy::Direct | Policy::Local);
+    let baseline = Policy::BASELINES.contains(&policy);
     // The execution resolves the handlers again (and fails if one is gone); here an unresolved
     // one only counts as keeping nothing warm.
     let digests = match &ctx.jobs {

@@ -229,11 +229,28 @@ impl JobTasks {
 
 impl Runtime {
     /// A runtime whose jobs are admitted by the built-in [`Pool`] over the registered agents.
+    /// `memory` is planned only where there is a tier to run it on: without
+    /// `config.memory_tier` the catalog's tier is dropped; with one and a catalog that prices
+    /// none, the built-in tier's prices are taken.
     pub fn new(
         store: Arc<dyn ObjectStore>,
         catalog: Option<Catalog>,
         config: JobsConfig,
     ) -> Runtime {
+        let catalog = catalog.map(|mut c| {
+            c.memory_tier = match (&config.memory_tier, c.memory_tier.take()) {
+                (None, Some(_)) => {
+                    tracing::warn!(
+                        "the catalog prices a memory tier but none is configured (memory_tier, SONIC_MEMORY_TIER): no plan uses memory"
+                    );
+                    None
+                }
+                (None, None) => None,
+                (Some(_), Some(t)) => Some(t),
+                (Some(_), None) => Some(sonic_core::catalog::MemoryTier::default()),
+            };
+            c
+        });
         let resources: Arc<dyn ResourceManager> =
             Arc::new(Pool::new(catalog.as_ref(), DEFAULT_MAX_QUEUED));
         let http = reqwest::Client::new();

@@ -24,6 +24,7 @@ pub fn edge_methods(dag: &Dag, policy: Policy) -> Vec<Method> {
         Policy::Remote | Policy::Sonic | Policy::SonicMean | Policy::Oracle => Method::Remote,
         Policy::Direct => Method::Direct,
         Policy::Local => Method::VmStorage,
+        Policy::Memory => Method::Memory,
     };
     vec![m; dag.edges.len()]
 }

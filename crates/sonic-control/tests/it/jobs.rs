@@ -2334,3 +2334,140 @@ async fn a_functions_env_reaches_its_runs() {
     assert_eq!(results.len(), 1, "{results:?}");
     assert_eq!(results[0].1, b"fast 3");
 }
+
+/// gen's file goes to slow and, directly, to join, which waits for slow: under `memory` the
+/// gen -> join file waits in the tier while slow runs.
+const WAITING: &str = r#"
+name: waiting
+functions:
+  - { name: gen, image: sonic-lambdas:latest, command: [synthetic, copy, --to, "slow,join"], timeout: 30s }
+  - { name: slow, image: sonic-lambdas:latest, command: [synthetic, copy, --to, join, --sleep-ms, "3000"], timeout: 30s }
+  - { name: join, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }
+edges:
+  - { from: gen, to: slow, kind: one }
+  - { from: gen, to: join, kind: one }
+  - { from: slow, to: join, kind: one }
+"#;
+
+/// The job's result files, by name with the job's id taken out, and their bytes.
+async fn results_of(c: &Cluster, id: &str, s: &JobSummary) -> Vec<(String, Vec<u8>)> {
+    let mut files = Vec::new();
+    for out in &s.outputs {
+        let key = out.strip_prefix("store://").expect("store url");
+        let data = c.store().get_bytes(key).await.expect("result");
+        files.push((key.replace(id, "JOB"), data.to_vec()));
+    }
+    files.sort();
+    files
+}
+
+/// `memory` through a real Redis: the job's intermediates pass through the tier (no store
+/// request, nothing left in the tier or the store after), with the results `remote` gives; with
+/// the tier gone before the job, every file goes to the store and the job completes; with the
+/// tier gone while a file waits in it, the job fails naming the tier, and once it is back the
+/// next job runs through it again. A control plane without a tier refuses `memory`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dag_runs_through_the_memory_tier_with_the_results_of_the_store() {
+    use sonic_storage::ObjectStore as _;
+    let mut redis = sonic_testkit::redis::RedisServer::start(&[]);
+    let url = redis.url();
+    let (jobs_url, agents_url) = (url.clone(), url.clone());
+    let c = Cluster::builder()
+        .agents(&[("a-1", "m5.large"), ("a-2", "m5.large")])
+        .tune_agents(move |a| {
+            a.network_mbps = None;
+            a.memory_tier = Some(agents_url.clone());
+        })
+        .tune(move |j| j.memory_tier = Some(jobs_url.clone()))
+        .executor_threads(2)
+        .wait_deadline(Duration::from_secs(90))
+        .start()
+        .await;
+    let tier = sonic_storage::redis::RedisStore::connect(&url, sonic_storage::redis::NAMESPACE)
+        .await
+        .expect("the tier");
+    c.apply(WAITING).await;
+    let input = sized_input(200_000);
+    let submit = |policy: &'static str| {
+        json!({
+            "dag": "waiting",
+            "policy": policy,
+            "input": { "name": "data.bin", "base64": base64(&input) },
+        })
+    };
+
+    let id = c.queue(submit("remote")).await;
+    let (v, s) = c.ended(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    let want = results_of(&c, &id, &s).await;
+    assert_eq!(want.len(), 2, "{v}");
+    assert!(want.iter().all(|(_, data)| data == &input));
+
+    let id = c.queue(submit("memory")).await;
+    let (v, s) = c.ended(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert!(s.edges.iter().all(|e| e.method.as_str() == "memory"), "{v}");
+    assert_eq!(
+        results_of(&c, &id, &s).await,
+        want,
+        "memory's results differ"
+    );
+    // No store request: every intermediate went through the tier, whose files cost something.
+    assert_eq!(s.requests_usd, 0.0, "{v}");
+    assert!(s.storage_usd > 0.0, "{v}");
+    let prefix = format!("jobs/{id}/");
+    assert!(
+        tier.list(&prefix).await.expect("list").is_empty(),
+        "left in the tier"
+    );
+    let left = c.store().list(&prefix).await.expect("list");
+    assert_eq!(
+        left.len(),
+        2,
+        "only the results stay in the store: {left:?}"
+    );
+
+    // The tier gone before the job: its files go to the store, and it completes.
+    redis.kill();
+    let id = c.queue(submit("memory")).await;
+    let (v, s) = c.ended(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        results_of(&c, &id, &s).await,
+        want,
+        "results through the store differ"
+    );
+
+    // The tier gone while gen's file for join waits in it (slow sleeps 3 s): join cannot
+    // have it, and the job fails saying why.
+    redis.restart();
+    let id = c.queue(submit("memory")).await;
+    let waiting = format!("jobs/{id}/gen/0/join/");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tier.list(&waiting).await.map_or(true, |l| l.is_empty()) {
+        assert!(
+            Instant::now() < deadline,
+            "gen's file never reached the tier"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    redis.kill();
+    let (v, s) = c.ended(&id).await;
+    assert_eq!(s.status, JobStatus::Failed, "{v}");
+    let error = v["error"].as_str().unwrap_or_default();
+    assert!(error.contains("memory tier"), "{v}");
+    // Nothing of the job's input was lost: with the tier back, the job runs again.
+    redis.restart();
+    let id = c.queue(submit("memory")).await;
+    let (v, s) = c.ended(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(results_of(&c, &id, &s).await, want);
+
+    // A control plane without a tier refuses the policy, saying what to configure.
+    let plain = cluster().await;
+    plain.apply(WAITING).await;
+    let r = plain.post_job(submit("memory")).await;
+    assert_eq!(r.status(), 400);
+    let body = r.text().await.unwrap_or_default();
+    assert!(body.contains("--memory-tier"), "{body}");
+}

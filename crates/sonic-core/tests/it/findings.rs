@@ -235,6 +235,33 @@ fn baselines_are_what_they_say_and_never_beat_sonic() {
         );
         let remote = plan(&pb, Policy::Remote).unwrap().best;
         assert!(remote.stages.iter().all(|s| s.per_vm == 1));
+        // `memory` without a tier is `remote`; with one, every edge it holds goes through it,
+        // on remote's VMs, and it never beats sonic either.
+        let memory = plan(&pb, Policy::Memory).unwrap().best;
+        assert_eq!(memory.edges, remote.edges);
+        let with = PlanProblem::from_dag(
+            &Dag::from_yaml("lightgbm.dag.yaml", &read("lightgbm.dag.yaml")).unwrap(),
+            &Params::from_yaml(&read(params)).unwrap(),
+            Catalog {
+                memory_tier: Some(sonic_core::catalog::MemoryTier::default()),
+                ..Catalog::from_yaml(&read("catalog-750.yaml")).unwrap()
+            },
+            Default::default(),
+        )
+        .unwrap();
+        let memory = plan(&with, Policy::Memory).unwrap().best;
+        assert!(
+            memory.edges.iter().all(|e| e.method == Method::Memory),
+            "{:?}",
+            memory.edges
+        );
+        assert_eq!(memory.stages, remote.stages);
+        let best = plan(&with, Policy::Sonic)
+            .unwrap()
+            .best
+            .predicted
+            .perf_per_dollar;
+        assert!(memory.predicted.perf_per_dollar <= best * (1.0 + 1e-12));
     }
 }
 

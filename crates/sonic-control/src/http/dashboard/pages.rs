@@ -1149,6 +1149,9 @@ fn job_body(v: &JobView) -> String {
                         Policy::Remote => "remote: every edge through the store (OpenLambda + S3)",
                         Policy::Direct => "direct: every edge VM to VM",
                         Policy::Local => "local: one VM, vm-storage (SAND)",
+                        Policy::Memory => {
+                            "memory: every edge through the memory tier (OpenLambda + Pocket)"
+                        }
                         other => other.as_str(),
                     };
                     rows.push(row(format!("baseline {}", esc(what)), Some(p.clone())));
