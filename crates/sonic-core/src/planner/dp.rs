@@ -323,7 +323,11 @@ impl<'a> Search<'a> {
                 tail_c[i] = tail_c[s] + if min.is_finite() { min } else { 0.0 };
             }
         }
-        let price = pb.local_price().max(pb.remote_price());
+        // The dearest place a file can wait in: a disk, the store, or the memory tier.
+        let price = pb
+            .local_price()
+            .max(pb.remote_price())
+            .max(pb.memory_price());
         let w_e = (0..n)
             .map(|i| {
                 open[i]
