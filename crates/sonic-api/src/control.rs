@@ -277,9 +277,10 @@ pub struct JobSummary {
     /// discard), plus `storage_usd` and `requests_usd`.
     pub cost_usd: f64,
     pub perf_per_dollar: f64,
-    /// Of `cost_usd`: keeping the job's intermediate files, on the agents' disks and in the
-    /// object store, from when each was written to the job's end (GB-seconds at the catalog's
-    /// prices). 0 from older control planes.
+    /// Of `cost_usd`: keeping the job's intermediate files, on the agents' disks, in the
+    /// object store and in the memory tier, from when each was written to the job's end
+    /// (GB-seconds at the catalog's prices; the tier's per byte-second is its node's price over
+    /// its capacity). 0 from older control planes.
     #[serde(default)]
     pub storage_usd: f64,
     /// Of `cost_usd`: the object store's requests on the DAG's edges, PUTs of the files sent
