@@ -67,7 +67,14 @@ pub fn dags(list: &DagList, out: &mut dyn Write) -> io::Result<()> {
     if list.dags.is_empty() {
         return writeln!(out, "no DAGs: apply one with `ofctl apply -f FILE`");
     }
-    let mut t = Table::new(&["NAME", "REVISION", "FUNCTIONS", "EDGES", "DESCRIPTION"]);
+    let mut t = Table::new(&[
+        "NAME",
+        "REVISION",
+        "FUNCTIONS",
+        "EDGES",
+        "TRIGGERS",
+        "DESCRIPTION",
+    ]);
     for d in &list.dags {
         let description: String = d.description.chars().take(60).collect();
         t.row(vec![
@@ -75,6 +82,11 @@ pub fn dags(list: &DagList, out: &mut dyn Write) -> io::Result<()> {
             d.revision.to_string(),
             d.functions.join(","),
             d.edges.to_string(),
+            if d.triggers.is_empty() {
+                "-".into()
+            } else {
+                d.triggers.join("; ")
+            },
             description,
         ]);
     }
@@ -452,6 +464,41 @@ pub fn plan(p: &serde_json::Value, indent: &str, out: &mut dyn Write) -> io::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dags_show_their_triggers() {
+        use sonic_api::control::DagSummary;
+        let dag = |name: &str, triggers: &[&str]| DagSummary {
+            name: name.into(),
+            description: String::new(),
+            functions: vec!["f".into()],
+            edges: 0,
+            revision: 1,
+            triggers: triggers.iter().map(|t| (*t).to_owned()).collect(),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        };
+        let list = DagList {
+            dags: vec![
+                dag("plain", &[]),
+                dag(
+                    "watched",
+                    &["schedule @every 5m", "object_created incoming/"],
+                ),
+            ],
+        };
+        let mut out = Vec::new();
+        dags(&list, &mut out).expect("render");
+        let text = String::from_utf8(out).expect("utf-8");
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains("TRIGGERS"), "{text}");
+        let plain: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(plain, ["plain", "1", "f", "0", "-"], "{text}");
+        assert!(
+            lines[2].contains("schedule @every 5m; object_created incoming/"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn sizes() {

@@ -45,6 +45,10 @@ pub struct DagSummary {
     pub edges: usize,
     /// 1 when first applied; grows by one each time a different file is applied under this name.
     pub revision: u64,
+    /// What starts its jobs besides submissions (`triggers:`), one line each:
+    /// `schedule <cron>` or `object_created <prefix>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub triggers: Vec<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
 }

@@ -351,12 +351,29 @@ pub(crate) fn dag_summary(r: &DagRecord) -> DagSummary {
                 .collect()
         })
         .unwrap_or_default();
+    let triggers = r.parsed["triggers"]
+        .as_array()
+        .map(|ts| {
+            ts.iter()
+                .filter_map(|t| {
+                    if let Some(s) = t["schedule"].as_str() {
+                        Some(format!("schedule {s}"))
+                    } else {
+                        t["object_created"]["prefix"]
+                            .as_str()
+                            .map(|p| format!("object_created {p}"))
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     DagSummary {
         name: r.name.clone(),
         description: r.parsed["description"].as_str().unwrap_or("").to_owned(),
         functions,
         edges: r.parsed["edges"].as_array().map_or(0, Vec::len),
         revision: r.revision,
+        triggers,
         created_at_ms: r.created_ms,
         updated_at_ms: r.updated_ms,
     }

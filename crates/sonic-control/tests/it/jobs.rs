@@ -2176,6 +2176,13 @@ async fn a_dags_schedule_starts_its_jobs_until_the_dag_is_deleted() {
     )
     .await;
     assert_eq!(c.control().state.ctx.triggers.keys(), ["ticker"]);
+    // The DAG's list shows what starts its jobs (`ofctl get dags`' TRIGGERS).
+    let (_, list) = c.get_json_status("/v1/dags").await;
+    assert_eq!(
+        list["dags"][0]["triggers"],
+        json!(["schedule * * * * * *"]),
+        "{list}"
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut started = Vec::new();
     while started.len() < 2 && Instant::now() < deadline {
