@@ -17,7 +17,7 @@ use crate::client::{Client, encode};
 use crate::commands::{self, JobInput, JobRequest, print_json};
 use crate::progress::Progress;
 use crate::render::{self, Table};
-use crate::up::{Cluster, ClusterInfo, wait_for_signal, write_info};
+use crate::up::{Cluster, ClusterInfo, MemoryTierInfo, wait_for_signal, write_info};
 use crate::{Output, UpArgs};
 use sonic_core::planner::Policy;
 use sonic_eval::apps::sort_records;
@@ -140,7 +140,7 @@ pub async fn run(
     note("starting a cluster on this machine");
     let cluster = Cluster::start(args.options(data_dir.clone(), listen), &mut note).await?;
     let mut info = Vec::new();
-    write_info(&cluster.info, &mut info)?;
+    write_info(&cluster.info, &cluster.memory, &mut info)?;
     eprint!("{}", String::from_utf8_lossy(&info));
     eprintln!("server   {}", cluster.info.server);
     let prefix = format!("demo/{}/", std::process::id());
@@ -152,6 +152,7 @@ pub async fn run(
         eprintln!("ofctl: cannot delete the demo inputs: {e}");
     }
     let info = cluster.info.clone();
+    let memory = cluster.memory.clone();
     eprintln!("stopping the cluster");
     cluster.stop().await;
     let reports = outcome?;
@@ -162,17 +163,19 @@ pub async fn run(
                 .iter()
                 .flat_map(|r| r.planned_jobs.iter().cloned())
                 .collect();
+            let mut cluster = serde_json::to_value(&info)?;
+            memory.add_to(&mut cluster);
             print_json(
                 out,
                 &json!({
-                    "cluster": info,
+                    "cluster": cluster,
                     "seconds": seconds,
                     "dags": reports,
                     "planned_jobs": planned,
                 }),
             )?;
         }
-        Output::Table => write_report(&info, &reports, seconds, out)?,
+        Output::Table => write_report(&info, &memory, &reports, seconds, out)?,
     }
     let failed: Vec<String> = reports
         .iter()
@@ -422,16 +425,21 @@ async fn run_job(
 
 fn write_report(
     info: &ClusterInfo,
+    memory: &MemoryTierInfo,
     reports: &[DagReport],
     seconds: f64,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     writeln!(
         out,
-        "Sonic demo: {} agents ({} sandbox, {} store)",
+        "Sonic demo: {} agents ({} sandbox, {} store, {})",
         info.agents.len(),
         info.sandbox,
-        info.store
+        info.store,
+        match &memory.url {
+            Some(url) => format!("memory tier {url}"),
+            None => "no memory tier".into(),
+        }
     )?;
     for r in reports {
         writeln!(out, "\n=== {} ===", r.dag)?;

@@ -122,6 +122,10 @@ pub struct UpArgs {
     pub sandbox: SandboxArg,
     #[arg(long, value_enum, default_value_t = StoreArg::Auto)]
     pub store: StoreArg,
+    /// Start no memory tier: by default a private redis-server (when installed) holds the files
+    /// of `memory` edges; without one no plan uses `memory`. `bench` never starts one.
+    #[arg(long)]
+    pub no_memory_tier: bool,
     /// Where the database, agent files and local store live (default: ~/.local/share/sonic for
     /// `up`, a temporary directory for `demo`).
     #[arg(long)]
@@ -243,8 +247,9 @@ pub enum Command {
         /// A parameter override, `key=value` (repeatable; values are JSON when they parse).
         #[arg(long = "param", value_parser = parse_param)]
         params: Vec<(String, serde_json::Value)>,
-        /// remote, direct, local, sonic (the default: planned once the models converged) or
-        /// oracle (planned with the parameters measured at this input size; evaluation).
+        /// remote, direct, local, memory (the cluster's memory tier, where it has one), sonic
+        /// (the default: planned once the models converged) or oracle (planned with the
+        /// parameters measured at this input size; evaluation).
         #[arg(long)]
         policy: Option<String>,
         /// With --policy remote, direct or local: place the job the way the planner places that
@@ -419,8 +424,13 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 apps,
                 allow_squeezed,
             };
-            // Each cluster the bench starts gets its own data folder and a free port.
-            let base = up.options(PathBuf::new(), SocketAddr::from(([127, 0, 0, 1], 0)));
+            // Each cluster the bench starts gets its own data folder and a free port. No memory
+            // tier: the agents see the store as the catalog prices it (emulated), and a local
+            // redis-server would not be; the experiments compare the paper's methods.
+            let base = sonic_cluster::ClusterOptions {
+                memory: sonic_cluster::MemoryArg::Off,
+                ..up.options(PathBuf::new(), SocketAddr::from(([127, 0, 0, 1], 0)))
+            };
             runtime()?.block_on(bench::run(base, opts, out))
         }
         command => {

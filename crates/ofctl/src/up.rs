@@ -12,13 +12,18 @@ use crate::render::Table;
 use crate::{Output, UpArgs};
 
 /// The cluster's choices as a table.
-pub fn write_info(info: &ClusterInfo, out: &mut dyn Write) -> std::io::Result<()> {
+pub fn write_info(
+    info: &ClusterInfo,
+    memory: &MemoryTierInfo,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     writeln!(out, "sandbox  {}: {}", info.sandbox, info.sandbox_reason)?;
     writeln!(
         out,
         "store    {} {}: {}",
         info.store, info.store_location, info.store_reason
     )?;
+    writeln!(out, "memory   {}", memory.describe())?;
     if let Some(l) = &info.lambdas {
         writeln!(out, "lambdas  {}", l.display())?;
     }
@@ -51,6 +56,11 @@ impl UpArgs {
             catalog: self.catalog.clone(),
             sandbox: self.sandbox,
             store: self.store,
+            memory: if self.no_memory_tier {
+                MemoryArg::Off
+            } else {
+                MemoryArg::Auto
+            },
             data_dir,
             listen,
             lambdas: self.lambdas.clone(),
@@ -91,11 +101,12 @@ pub async fn run(args: UpArgs, output: Output, out: &mut dyn Write) -> anyhow::R
     let printed = match output {
         Output::Json => {
             let mut v = serde_json::to_value(&cluster.info)?;
+            cluster.memory.add_to(&mut v);
             v["config_file"] = serde_json::json!(path);
             crate::commands::print_json(out, &v)
         }
         Output::Table => (|| {
-            write_info(&cluster.info, out)?;
+            write_info(&cluster.info, &cluster.memory, out)?;
             writeln!(
                 out,
                 "server   {}  (saved with its token in {})",

@@ -3,7 +3,8 @@
 //! (what `ofctl up`, `ofctl demo` and the evaluation start). On first use it builds what it lacks:
 //! the lambda image (`deploy/build-images.sh`) when Docker answers without it, and SeaweedFS
 //! (`deploy/seaweedfs.sh install`, then `start`) when no S3 server answers; processes and a local
-//! folder are the fallbacks, and say why.
+//! folder are the fallbacks, and say why. When Debian's `redis-server` is installed it also starts
+//! a private one as the memory tier of `memory` edges (no tier when it is not, said so).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -63,6 +64,16 @@ pub enum StoreArg {
     Local,
 }
 
+/// Whether the cluster has a memory tier (`ofctl up --no-memory-tier`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemoryArg {
+    /// A private `redis-server` when one is installed; none (said so) when not.
+    #[default]
+    Auto,
+    /// None: no plan uses `memory`.
+    Off,
+}
+
 /// The image the Docker sandbox runs lambdas in.
 pub const LAMBDA_IMAGE: &str = "sonic-lambdas:latest";
 /// The lambda every sample DAG needs; its presence marks a folder of lambda executables.
@@ -84,6 +95,8 @@ pub struct ClusterOptions {
     pub sandbox: SandboxArg,
     /// The object store.
     pub store: StoreArg,
+    /// The memory tier of `memory` edges.
+    pub memory: MemoryArg,
     /// The database, the agents' files and the local store live here.
     pub data_dir: PathBuf,
     /// The control plane's API address (port 0: any free port).
@@ -120,7 +133,9 @@ pub struct AgentView {
     pub url: String,
 }
 
-/// What `up` chose and started (its `-o json` document).
+/// What `up` chose and started (its `-o json` document, with the memory tier's fields that
+/// [`MemoryTierInfo::add_to`] puts in: the tier is [`Cluster::memory`], beside this, so that the
+/// documents built elsewhere, e.g. the evaluation's of a cluster of containers, stay as they are).
 #[derive(Debug, Clone, Serialize)]
 pub struct ClusterInfo {
     pub server: String,
@@ -140,10 +155,46 @@ pub struct ClusterInfo {
     pub agents: Vec<AgentView>,
 }
 
+/// The cluster's memory tier, or why it has none (beside [`ClusterInfo`], whose `-o json`
+/// document gets it through [`MemoryTierInfo::add_to`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MemoryTierInfo {
+    /// `redis://127.0.0.1:PORT`; `None`: no tier, and no plan uses `memory`.
+    pub url: Option<String>,
+    /// Why (what it started, or why there is none and what to install).
+    pub reason: String,
+    /// The log of the `redis-server` this cluster started (also when it did not answer).
+    pub log: Option<PathBuf>,
+}
+
+impl MemoryTierInfo {
+    /// Puts the tier into a [`ClusterInfo`]'s JSON document, as the store is there: `memory`
+    /// (the URL or null), `memory_reason` and `memory_log`.
+    pub fn add_to(&self, info: &mut serde_json::Value) {
+        if let Some(doc) = info.as_object_mut() {
+            doc.insert("memory".into(), serde_json::json!(self.url));
+            doc.insert("memory_reason".into(), serde_json::json!(self.reason));
+            doc.insert("memory_log".into(), serde_json::json!(self.log));
+        }
+    }
+
+    /// The tier as `ofctl up` describes it: `redis://127.0.0.1:PORT: <reason>`, or the reason
+    /// there is none.
+    pub fn describe(&self) -> String {
+        match &self.url {
+            Some(url) => format!("{url}: {}", self.reason),
+            None => self.reason.clone(),
+        }
+    }
+}
+
 /// A running cluster.
 #[derive(Debug)]
 pub struct Cluster {
     pub info: ClusterInfo,
+    /// The memory tier the control plane and the agents were given, or why there is none
+    /// (boxed: a `Cluster` is held by value in enums beside smaller variants).
+    pub memory: Box<MemoryTierInfo>,
     pub token: String,
     /// The store the control plane uses (the demo puts its inputs there).
     pub store: Arc<dyn ObjectStore>,
@@ -151,6 +202,8 @@ pub struct Cluster {
     agents: Vec<RunningAgent>,
     /// The workspace whose `deploy/seaweedfs.sh` started SeaweedFS for this cluster.
     seaweed_started: Option<PathBuf>,
+    /// The `redis-server` this cluster started (killed when the cluster stops or is dropped).
+    memory_server: Option<MemoryTierServer>,
 }
 
 /// The Sonic checkout this `ofctl` runs from, if any: the current folder or one above it, else
@@ -657,6 +710,295 @@ async fn choose_store(
     }
 }
 
+/// The `redis-server` the memory tier runs: Debian's package.
+const REDIS_SERVER: &str = "redis-server";
+/// What the cluster's tier may hold: past it the tier refuses writes (`noeviction`), and the
+/// agents send a refused file through the store instead.
+pub const MEMORY_TIER_MAXMEMORY: &str = "256mb";
+/// How long the tier's `redis-server` has to answer PING.
+const MEMORY_TIER_WAIT: Duration = Duration::from_secs(10);
+/// How many free ports to try (another process may take one between the probe and the bind).
+const MEMORY_TIER_TRIES: u32 = 3;
+
+/// What the memory tier choice knows so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryFacts {
+    /// Where `redis-server` is on `PATH`, when it is.
+    pub installed: Option<PathBuf>,
+    /// The log the cluster's `redis-server` writes (`<data-dir>/memory-tier/redis.log`).
+    pub log: PathBuf,
+    /// The private `redis-server`, once started: its URL when it answers PING, else why not.
+    pub start: Option<Result<String, String>>,
+}
+
+/// What to do next about the memory tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemoryStep {
+    /// Start a private `redis-server` (127.0.0.1, a free port, no persistence), then decide again.
+    Start,
+    /// The tier at this URL, for this reason.
+    Tier { url: String, reason: String },
+    /// No tier (no plan uses `memory`), for this reason.
+    None(String),
+}
+
+/// The memory tier decision, without doing anything: a private `redis-server` when one is
+/// installed and it answers; else no tier, saying why and what to install. Never a failure: a
+/// cluster without a tier still runs every other method.
+pub fn memory_step(arg: MemoryArg, facts: &MemoryFacts) -> MemoryStep {
+    const NEVER: &str = "plans never use memory";
+    if arg == MemoryArg::Off {
+        return MemoryStep::None(format!(
+            "no memory tier: turned off (--no-memory-tier); {NEVER}"
+        ));
+    }
+    let log = facts.log.display();
+    match (&facts.installed, &facts.start) {
+        (None, _) => MemoryStep::None(format!(
+            "no memory tier: {REDIS_SERVER} is not installed (apt-get install redis-server); {NEVER}"
+        )),
+        (Some(_), None) => MemoryStep::Start,
+        (Some(exe), Some(Ok(url))) => MemoryStep::Tier {
+            url: url.clone(),
+            reason: format!(
+                "started {REDIS_SERVER} ({}; 127.0.0.1 only, maxmemory {MEMORY_TIER_MAXMEMORY} noeviction: a file past it goes to the store; no persistence; log {log})",
+                exe.display()
+            ),
+        },
+        (Some(_), Some(Err(why))) => MemoryStep::None(format!(
+            "no memory tier: {REDIS_SERVER} did not start: {why} (its log: {log}); {NEVER}"
+        )),
+    }
+}
+
+/// The executable `name` in a folder of `PATH`, if any.
+fn on_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// The `redis-server` a cluster started for its memory tier. It is killed and reaped when the
+/// cluster stops or this is dropped (an error return, a panic); if this process dies without
+/// either (SIGKILL), the kernel kills it too (`PR_SET_PDEATHSIG`), so no tier outlives the
+/// cluster.
+#[derive(Debug)]
+struct MemoryTierServer {
+    child: std::process::Child,
+}
+
+impl MemoryTierServer {
+    fn stop(&mut self) {
+        // SIGKILL: the tier keeps nothing, and its files in flight are the jobs' (stopped).
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for MemoryTierServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Makes `cmd`'s child receive SIGKILL when the thread that spawns it, or this process, ends
+/// (Linux's `PR_SET_PDEATHSIG`). The clusters start the tier from the thread that runs them (the
+/// runtime's, which lives as long as the cluster).
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)] // pre_exec, with system calls only (below)
+fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2) and
+    // getppid(2), which are async-signal-safe, on values copied into it; it allocates nothing
+    // (its error is a raw OS error) and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before the request took effect.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_cmd: &mut std::process::Command) {}
+
+/// Whether a Redis server on 127.0.0.1:`port` answers PING (within a second).
+async fn redis_answers(port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ping = async {
+        let mut sock = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        sock.write_all(b"PING\r\n").await.ok()?;
+        let mut buf = [0u8; 16];
+        let n = sock.read(&mut buf).await.ok()?;
+        Some(buf[..n].starts_with(b"+PONG"))
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), ping).await,
+        Ok(Some(true))
+    )
+}
+
+/// The last non-empty line of the file at `path` (a log), if any.
+fn last_line(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_owned())
+}
+
+/// Starts `exe` as a private Redis server in `dir` (its log `log`) on a free port of 127.0.0.1,
+/// without persistence, holding at most [`MEMORY_TIER_MAXMEMORY`] and refusing writes past it,
+/// and waits until it answers PING (at most [`MEMORY_TIER_WAIT`]).
+async fn start_memory_tier(
+    exe: &Path,
+    dir: &Path,
+    log: &Path,
+) -> Result<(MemoryTierServer, String), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let mut why = String::new();
+    for _ in 0..MEMORY_TIER_TRIES {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free port on 127.0.0.1: {e}"))?
+            .port();
+        // The log holds this start only; what redis-server says before it opens the log (a
+        // refused argument) goes there too.
+        let out = std::fs::File::create(log)
+            .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
+        let mut cmd = std::process::Command::new(exe);
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--maxmemory", MEMORY_TIER_MAXMEMORY])
+            .args(["--maxmemory-policy", "noeviction"])
+            .arg("--dir")
+            .arg(dir)
+            .arg("--logfile")
+            .arg(log)
+            .current_dir(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        // Its own process group: a Ctrl-C at the terminal reaches ofctl, which stops the
+        // cluster, and not the tier under the running jobs.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        die_with_parent(&mut cmd);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+        let mut server = MemoryTierServer { child };
+        let deadline = Instant::now() + MEMORY_TIER_WAIT;
+        loop {
+            match server.child.try_wait() {
+                Ok(Some(status)) => {
+                    why = format!(
+                        "it exited ({status}){}",
+                        last_line(log).map_or_else(String::new, |l| format!(": {l}"))
+                    );
+                    break;
+                }
+                Ok(None) => {}
+                Err(e) => return Err(format!("cannot wait for it: {e}")),
+            }
+            if redis_answers(port).await {
+                return Ok((server, format!("redis://127.0.0.1:{port}")));
+            }
+            if Instant::now() > deadline {
+                server.stop();
+                return Err(format!(
+                    "it did not answer PING on 127.0.0.1:{port} within {} s",
+                    MEMORY_TIER_WAIT.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Another process took the port: try another; any other exit is final.
+        if !std::fs::read_to_string(log).is_ok_and(|l| l.contains("Address already in use")) {
+            return Err(why);
+        }
+    }
+    Err(why)
+}
+
+struct MemoryPick {
+    info: MemoryTierInfo,
+    server: Option<MemoryTierServer>,
+}
+
+/// A private `redis-server` as the memory tier when one is installed (the decision:
+/// `memory_step`), its files under `<data_dir>/memory-tier`; else none, said so.
+async fn choose_memory_tier(
+    arg: MemoryArg,
+    data_dir: &Path,
+    note: &mut dyn FnMut(&str),
+) -> MemoryPick {
+    let dir = data_dir.join("memory-tier");
+    let log = dir.join("redis.log");
+    let mut facts = MemoryFacts {
+        installed: on_path(REDIS_SERVER),
+        log: log.clone(),
+        start: None,
+    };
+    let mut server = None;
+    loop {
+        match memory_step(arg, &facts) {
+            MemoryStep::Start => {
+                let exe = facts.installed.clone().unwrap_or_default();
+                note(&format!(
+                    "starting the memory tier: {} on 127.0.0.1 (maxmemory {MEMORY_TIER_MAXMEMORY}, log {})",
+                    exe.display(),
+                    log.display()
+                ));
+                facts.start = Some(match start_memory_tier(&exe, &dir, &log).await {
+                    Ok((started, url)) => {
+                        server = Some(started);
+                        Ok(url)
+                    }
+                    Err(why) => Err(why),
+                });
+            }
+            MemoryStep::Tier { url, reason } => {
+                return MemoryPick {
+                    info: MemoryTierInfo {
+                        url: Some(url),
+                        reason,
+                        log: Some(log),
+                    },
+                    server,
+                };
+            }
+            MemoryStep::None(reason) => {
+                let tried = facts.start.is_some();
+                return MemoryPick {
+                    info: MemoryTierInfo {
+                        url: None,
+                        reason,
+                        log: tried.then_some(log),
+                    },
+                    server: None,
+                };
+            }
+        }
+    }
+}
+
 impl Cluster {
     /// Starts the store, the control plane and the agents, and waits until every agent is
     /// registered and alive. `note` hears what it does (for stderr).
@@ -693,6 +1035,9 @@ impl Cluster {
             _ => None,
         };
         let store = choose_store(opts.store, &data_dir, note).await?;
+        // Its server, if it starts one, is killed when `memory` is dropped, until the cluster
+        // holds it.
+        let memory = choose_memory_tier(opts.memory, &data_dir, note).await;
         // The OpenLambda listener's /run/ workers run where the agents run lambdas: in
         // containers of the Python image with the Docker sandbox, when that image is built.
         let ol_sandbox = match (&opts.openlambda, sandbox) {
@@ -717,6 +1062,9 @@ impl Cluster {
             token: token.clone(),
             join_token: join_token.clone(),
             store: Some(store.choice.clone()),
+            // Priced with the catalog's `memory_tier`, else the built-in tier's prices; told to
+            // the agents when they join (each is also given it below).
+            memory_tier: memory.info.url.clone(),
             heartbeat_timeout: Seconds(10.0),
             catalog: catalog_path,
             // Job inputs come inline (base64) from `ofctl run --input`.
@@ -769,11 +1117,13 @@ impl Cluster {
                 openlambda: control.openlambda.as_ref().map(|ol| ol.url()),
                 agents: Vec::new(),
             },
+            memory: Box::new(memory.info),
             token: token.clone(),
             store: control_store,
             control,
             agents: Vec::new(),
             seaweed_started: store.seaweed_started.clone(),
+            memory_server: memory.server,
         };
         let started = async {
             for i in 0..opts.agents as usize {
@@ -787,6 +1137,7 @@ impl Cluster {
                 cfg.network_mbps = Some(vm.network_mbps);
                 cfg.control_url = Some(cluster.control.url());
                 cfg.sandbox = sandbox;
+                cfg.memory_tier = cluster.memory.url.clone();
                 if opts.emulate_store {
                     let r = &catalog.remote_storage;
                     cfg.store_profile = Some(sonic_storage::emulated::StoreProfile {
@@ -855,12 +1206,16 @@ impl Cluster {
         wait_alive(&self.client()?, &ids, limit).await
     }
 
-    /// Stops the agents, the control plane, and SeaweedFS when this cluster started it.
+    /// Stops the agents, the control plane, the memory tier's `redis-server` and SeaweedFS
+    /// when this cluster started them.
     pub async fn stop(self) {
         for a in self.agents {
             a.stop().await;
         }
         self.control.stop().await;
+        if let Some(mut redis) = self.memory_server {
+            redis.stop();
+        }
         if let Some(root) = &self.seaweed_started
             && let Err(e) = run_seaweed_script(root, "stop").await
         {
@@ -901,4 +1256,217 @@ pub async fn wait_for_signal() -> anyhow::Result<()> {
         _ = term.recv() => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn facts(installed: bool, start: Option<Result<&str, &str>>) -> MemoryFacts {
+        MemoryFacts {
+            installed: installed.then(|| PathBuf::from("/usr/bin/redis-server")),
+            log: PathBuf::from("/data/memory-tier/redis.log"),
+            start: start.map(|r| r.map(str::to_owned).map_err(str::to_owned)),
+        }
+    }
+
+    #[test]
+    fn memory_tier_decisions() {
+        const URL: &str = "redis://127.0.0.1:6390";
+        // Installed, not started yet: start it (and only then).
+        assert_eq!(
+            memory_step(MemoryArg::Auto, &facts(true, None)),
+            MemoryStep::Start
+        );
+        // Started and answering: the tier, saying what runs, its limit and its log.
+        match memory_step(MemoryArg::Auto, &facts(true, Some(Ok(URL)))) {
+            MemoryStep::Tier { url, reason } => {
+                assert_eq!(url, URL);
+                for words in [
+                    "started redis-server (/usr/bin/redis-server",
+                    "maxmemory 256mb noeviction",
+                    "no persistence",
+                    "/data/memory-tier/redis.log",
+                ] {
+                    assert!(reason.contains(words), "{words:?} not in {reason}");
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+        // Not installed: none, saying exactly that and what to install (started or not).
+        for start in [None, Some(Ok(URL))] {
+            assert_eq!(
+                memory_step(MemoryArg::Auto, &facts(false, start)),
+                MemoryStep::None(
+                    "no memory tier: redis-server is not installed (apt-get install redis-server); plans never use memory"
+                        .into()
+                )
+            );
+        }
+        // Started but not answering: none, with the reason and the log's path.
+        let step = memory_step(
+            MemoryArg::Auto,
+            &facts(
+                true,
+                Some(Err("it did not answer PING on 127.0.0.1:6390 within 10 s")),
+            ),
+        );
+        assert_eq!(
+            step,
+            MemoryStep::None(
+                "no memory tier: redis-server did not start: it did not answer PING on 127.0.0.1:6390 within 10 s (its log: /data/memory-tier/redis.log); plans never use memory"
+                    .into()
+            )
+        );
+        // Turned off: never started, whatever is installed.
+        for f in [facts(true, None), facts(false, None)] {
+            match memory_step(MemoryArg::Off, &f) {
+                MemoryStep::None(reason) => {
+                    assert!(reason.starts_with("no memory tier: turned off (--no-memory-tier)"));
+                    assert!(reason.ends_with("plans never use memory"));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_tier_is_described_and_serialized_beside_the_cluster() {
+        let tier = MemoryTierInfo {
+            url: Some("redis://127.0.0.1:6390".into()),
+            reason: "started redis-server (...)".into(),
+            log: Some("/d/memory-tier/redis.log".into()),
+        };
+        assert_eq!(
+            tier.describe(),
+            "redis://127.0.0.1:6390: started redis-server (...)"
+        );
+        let mut doc = serde_json::json!({ "store": "local" });
+        tier.add_to(&mut doc);
+        assert_eq!(
+            doc,
+            serde_json::json!({
+                "store": "local",
+                "memory": "redis://127.0.0.1:6390",
+                "memory_reason": "started redis-server (...)",
+                "memory_log": "/d/memory-tier/redis.log",
+            })
+        );
+        let none = MemoryTierInfo {
+            url: None,
+            reason: "no memory tier: turned off".into(),
+            log: None,
+        };
+        assert_eq!(none.describe(), "no memory tier: turned off");
+        let mut doc = serde_json::json!({});
+        none.add_to(&mut doc);
+        assert_eq!(doc["memory"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn finds_executables_on_path() {
+        assert!(on_path("sh").is_some_and(|p| p.is_absolute()));
+        assert_eq!(on_path("no-such-sonic-command"), None);
+    }
+
+    /// The real start, its tier answering PING, and its stop: nothing outlives it. Needs
+    /// Debian's redis-server (never skipped: CI installs it).
+    #[tokio::test]
+    async fn starts_and_stops_a_private_redis_server() {
+        let exe = on_path(REDIS_SERVER).unwrap_or_else(|| {
+            panic!("redis-server is not on PATH: install Debian's redis-server package (apt-get install redis-server)")
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let mut notes = Vec::new();
+        let pick = choose_memory_tier(MemoryArg::Auto, dir.path(), &mut |l: &str| {
+            notes.push(l.to_owned())
+        })
+        .await;
+        let url = pick
+            .info
+            .url
+            .clone()
+            .unwrap_or_else(|| panic!("{pick_info:?}", pick_info = pick.info));
+        assert!(
+            pick.info.reason.contains(&exe.display().to_string()),
+            "{:?}",
+            pick.info
+        );
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.starts_with("starting the memory tier")),
+            "{notes:?}"
+        );
+        let port: u16 = url
+            .trim_start_matches("redis://127.0.0.1:")
+            .parse()
+            .unwrap();
+        assert!(redis_answers(port).await);
+        assert!(dir.path().join("memory-tier/redis.log").is_file());
+        let mut server = pick.server.unwrap();
+        let pid = server.child.id();
+        server.stop();
+        assert!(!redis_answers(port).await);
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "redis-server {pid} still runs"
+        );
+
+        // Dropped (an error return, a panic): killed too.
+        let pick = choose_memory_tier(MemoryArg::Auto, dir.path(), &mut |_: &str| {}).await;
+        let server = pick.server.unwrap();
+        let pid = server.child.id();
+        drop(server);
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "redis-server {pid} still runs"
+        );
+
+        // Turned off: nothing started.
+        let pick = choose_memory_tier(MemoryArg::Off, dir.path(), &mut |_: &str| {}).await;
+        assert!(pick.server.is_none() && pick.info.url.is_none() && pick.info.log.is_none());
+    }
+
+    /// A redis-server that exits at once (a refused argument): no tier, with its words and its
+    /// log's path.
+    #[tokio::test]
+    async fn a_server_that_does_not_start_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("redis-server");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\necho 'FATAL CONFIG FILE ERROR: Bad directive' >&2\nexit 1\n",
+        )
+        .unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let log = dir.path().join("memory-tier/redis.log");
+        let why = match start_memory_tier(&fake, &dir.path().join("memory-tier"), &log).await {
+            Ok(_) => panic!("a server that exits started"),
+            Err(why) => why,
+        };
+        assert!(
+            why.contains("exited") && why.contains("Bad directive"),
+            "{why}"
+        );
+        let step = memory_step(
+            MemoryArg::Auto,
+            &MemoryFacts {
+                installed: Some(fake),
+                log: log.clone(),
+                start: Some(Err(why)),
+            },
+        );
+        match step {
+            MemoryStep::None(reason) => {
+                assert!(reason.contains("Bad directive"), "{reason}");
+                assert!(reason.contains(&log.display().to_string()), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -465,6 +465,7 @@ fn commands_without_a_cluster() {
 
 #[test]
 fn demo_learns_plans_and_prints_one_json_document() {
+    crate::memory::need_redis();
     let home = tempfile::tempdir().expect("tempdir");
     let out = Command::new(ofctl_exe())
         .args([
@@ -524,6 +525,14 @@ fn demo_learns_plans_and_prints_one_json_document() {
     }
     assert_eq!(doc["cluster"]["sandbox"], "process");
     assert_eq!(doc["cluster"]["agents"].as_array().map(Vec::len), Some(2));
+    // Its memory tier (redis-server is installed: tests/it/memory.rs), stopped with it.
+    let tier = str_of(&doc["cluster"], "memory");
+    assert!(
+        str_of(&doc["cluster"], "memory_reason").starts_with("started redis-server"),
+        "{}",
+        doc["cluster"]
+    );
+    crate::memory::assert_gone(crate::memory::port_of(tier), "ofctl demo");
     // It stopped everything: the cluster's port no longer answers.
     let server = str_of(&doc["cluster"], "server")
         .trim_start_matches("http://")

@@ -3,4 +3,5 @@
 mod apps;
 mod cluster;
 mod firstrun;
+mod memory;
 mod plan;
