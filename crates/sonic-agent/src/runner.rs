@@ -1150,64 +1150,70 @@ async fn land(
                 .store
                 .as_ref()
                 .ok_or_else(|| "this agent has no object store".to_owned())?;
-            let lock = state.fetch_locks.get(&format!("{job}/remote/{key}"));
-            let _guard = lock.lock().await;
-            let (size, fetched) = match state.files.meta(job, path).map_err(|e| e.to_string())? {
-                Some(meta) => (meta.size, false),
-                None => {
-                    let dest = state
-                        .files
-                        .prepare_write(job, path)
-                        .map_err(|e| e.to_string())?;
-                    let stats = crate::transfer::download_remote(store.as_ref(), key, &dest)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    let size = state
-                        .files
-                        .register_verified(job, path, stats.bytes, &stats.checksum)
-                        .map_err(|e| e.to_string())?
-                        .size;
-                    (size, true)
-                }
-            };
+            let (size, fetched) = land_object(state, job, path, "remote", key, |dest| async move {
+                let stats = crate::transfer::download_remote(store.as_ref(), key, &dest)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok((stats.bytes, stats.checksum))
+            })
+            .await?;
             let local = state.files.resolve(job, path).map_err(|e| e.to_string())?;
             (Method::Remote, local, size, fetched)
         }
         Source::Memory { key, path } => {
-            let lock = state.fetch_locks.get(&format!("{job}/memory/{key}"));
-            let _guard = lock.lock().await;
-            let (size, fetched) = match state.files.meta(job, path).map_err(|e| e.to_string())? {
-                Some(meta) => (meta.size, false),
-                None => {
-                    let dest = state
-                        .files
-                        .prepare_write(job, path)
-                        .map_err(|e| e.to_string())?;
-                    // The tier writes `dest` atomically (a temporary name, then a rename).
-                    state
-                        .memory
-                        .get_file(key, &dest)
-                        .await
-                        .map_err(|e| format!("memory tier: {e}"))?;
-                    let hashing = dest.clone();
-                    let (bytes, checksum) = tokio::task::spawn_blocking(move || {
-                        crate::files::checksum_reader(std::fs::File::open(hashing)?)
-                    })
+            let (size, fetched) = land_object(state, job, path, "memory", key, |dest| async move {
+                // The tier writes `dest` atomically (a temporary name, then a rename).
+                state
+                    .memory
+                    .get_file(key, &dest)
                     .await
-                    .map_err(|e| e.to_string())?
                     .map_err(|e| format!("memory tier: {e}"))?;
-                    let size = state
-                        .files
-                        .register_verified(job, path, bytes, &checksum)
-                        .map_err(|e| e.to_string())?
-                        .size;
-                    (size, true)
-                }
-            };
+                tokio::task::spawn_blocking(move || {
+                    crate::files::checksum_reader(std::fs::File::open(dest)?)
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("memory tier: {e}"))
+            })
+            .await?;
             let local = state.files.resolve(job, path).map_err(|e| e.to_string())?;
             (Method::Memory, local, size, fetched)
         }
     })
+}
+
+/// Lands object `key` of a store (`tier`: `remote` or `memory`) at `path` in `job`'s namespace,
+/// once per agent: `download` writes it to the path it is given and returns its size and
+/// checksum, which are verified as it is registered. Its size, and whether this call fetched it
+/// (false when another instance on this agent had).
+async fn land_object<F, Fut>(
+    state: &Arc<AgentState>,
+    job: &JobId,
+    path: &FilePath,
+    tier: &str,
+    key: &str,
+    download: F,
+) -> Result<(u64, bool), String>
+where
+    F: FnOnce(PathBuf) -> Fut,
+    Fut: std::future::Future<Output = Result<(u64, String), String>>,
+{
+    let lock = state.fetch_locks.get(&format!("{job}/{tier}/{key}"));
+    let _guard = lock.lock().await;
+    if let Some(meta) = state.files.meta(job, path).map_err(|e| e.to_string())? {
+        return Ok((meta.size, false));
+    }
+    let dest = state
+        .files
+        .prepare_write(job, path)
+        .map_err(|e| e.to_string())?;
+    let (bytes, checksum) = download(dest).await?;
+    let size = state
+        .files
+        .register_verified(job, path, bytes, &checksum)
+        .map_err(|e| e.to_string())?
+        .size;
+    Ok((size, true))
 }
 
 /// Every regular file under `dir`, as paths relative to it, in name order. Symlinks and other

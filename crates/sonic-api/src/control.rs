@@ -663,13 +663,10 @@ impl fmt::Debug for JoinSecrets {
             .field("agent_token", &"<redacted>")
             .field("file_key", &"<redacted>")
             .field("store", &self.store)
-            // Its host only: a URL may carry a password before `@`.
+            // A URL may carry a password.
             .field(
                 "memory_tier",
-                &self
-                    .memory_tier
-                    .as_deref()
-                    .map(|u| u.rsplit('@').next().unwrap_or(u)),
+                &self.memory_tier.as_ref().map(|_| "<redacted>"),
             )
             .finish()
     }

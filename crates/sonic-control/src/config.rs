@@ -333,7 +333,7 @@ impl std::fmt::Debug for ControlConfig {
                 &self
                     .memory_tier
                     .as_deref()
-                    .map(|u| u.rsplit('@').next().unwrap_or(u)),
+                    .map(sonic_storage::redis::without_credentials),
             )
             .field("max_body", &self.max_body)
             .field("plan_budget", &self.plan_budget)

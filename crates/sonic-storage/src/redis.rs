@@ -435,8 +435,9 @@ fn glob_escape(s: &str) -> String {
     out
 }
 
-/// `url` without a `user:password@` part or a query (which may hold a password too).
-fn without_credentials(url: &str) -> String {
+/// `url` without a `user:password@` part or a query (which may hold a password too): what a log
+/// or a message may show of a memory tier's URL.
+pub fn without_credentials(url: &str) -> String {
     let url = url.split_once('?').map_or(url, |(url, _)| url);
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
     let (authority, path) = match rest.find('/') {
