@@ -37,6 +37,8 @@ pub const MAX_FILE_BYTES: usize = crate::yaml::MAX_YAML_BYTES;
 pub const MAX_FUNCTIONS: usize = 1_000;
 /// The most edges one DAG may have.
 pub const MAX_EDGES: usize = 10_000;
+/// Most edges into one function: the planner tries every combination of their methods.
+pub const MAX_INPUTS: usize = 16;
 /// The most parameters one DAG may declare.
 pub const MAX_PARAMS: usize = 256;
 /// The most words (executable and arguments) a function's command may have.
@@ -1247,7 +1249,9 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         });
     }
 
-    let mut edges = Vec::with_capacity(spec_edges.len());
+    let mut edges: Vec<(usize, Edge)> = Vec::with_capacity(spec_edges.len());
+    // Per function, the edges into it so far.
+    let mut inputs = vec![0usize; functions.len()];
     let mut seen = BTreeSet::new();
     for (i, es) in spec_edges.iter().enumerate() {
         let e = &es.value;
@@ -1288,6 +1292,17 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                 es,
                 format!("edges[{i}]"),
                 format!("duplicate edge {} -> {}", e.from.value, e.to.value),
+            ));
+        }
+        inputs[to] += 1;
+        if inputs[to] > MAX_INPUTS {
+            return Err(errs.at(
+                es,
+                format!("edges[{i}]"),
+                format!(
+                    "function {:?} reads from more than {MAX_INPUTS} functions (the planner tries every combination of its inputs' methods); gather them through a function in between",
+                    e.to.value
+                ),
             ));
         }
         edges.push((i, Edge { from, to, kind }));

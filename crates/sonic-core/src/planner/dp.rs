@@ -22,8 +22,9 @@ use crate::model::{Assignment, Groups, Host, Method, Placement, PlanProblem, Sen
 use crate::planner::budget::{Limit, Meter};
 use crate::planner::{PlanError, Policy, baseline, local_on};
 
-/// More incoming edges than this make the method enumeration (2^edges) unreasonable.
-pub(crate) const MAX_INPUTS: usize = 16;
+/// More incoming edges than this make the method enumeration (up to 3^edges) unreasonable; a
+/// DAG file is refused with more ([`crate::dag::MAX_INPUTS`]), a problem built otherwise here.
+pub(crate) const MAX_INPUTS: usize = crate::dag::MAX_INPUTS;
 
 /// A placement class of a stage: VM type and count; the concurrency varies within it.
 #[derive(Debug, Clone, Copy)]
