@@ -24,9 +24,11 @@
 //! re-established in the background after it breaks. Each command waits at most the connect timeout
 //! plus the response timeout ([`RedisStore::with_timeouts`]; [`DEFAULT_CONNECT_TIMEOUT`] and
 //! [`DEFAULT_RESPONSE_TIMEOUT`] otherwise), so a dead or stopped server makes calls fail instead of
-//! hang. The call that finds the connection broken fails, and so may the first one after the server
-//! is back (it reports the last failed reconnection while starting a new one); later calls go
-//! through. Wrap the store in [`crate::patient::Patient`] to ride out outages.
+//! hang. A command that finds its connection broken (the server restarted, or went away) is sent
+//! once more on the connection the manager makes again: after a restart nobody saw, the next call
+//! goes through; while the server is down, that second try fails too, and so may the first call
+//! after it is back (it reports the last failed reconnection while starting a new one); later
+//! calls go through. Wrap the store in [`crate::patient::Patient`] to ride out outages.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -272,14 +274,22 @@ impl RedisStore {
         })
     }
 
-    /// Runs `cmd`, leaving its error (not a timeout's) unmapped.
+    /// Runs `cmd`, leaving its error (not a timeout's) unmapped. A command that finds its
+    /// connection broken (the server restarted since) is sent once more, on the connection the
+    /// manager makes again.
     async fn query_raw<T: FromRedisValue>(
         &self,
         cmd: &Cmd,
         op: &Op<'_>,
     ) -> Result<Result<T, RedisError>, StoreError> {
         let mut conn = self.conn.clone();
-        self.bounded(op, cmd.query_async(&mut conn)).await
+        match self.bounded(op, cmd.query_async(&mut conn)).await? {
+            Err(e) if broken(&e) => {
+                let mut conn = self.conn.clone();
+                self.bounded(op, cmd.query_async(&mut conn)).await
+            }
+            other => Ok(other),
+        }
     }
 
     async fn query<T: FromRedisValue>(&self, cmd: &Cmd, op: &Op<'_>) -> Result<T, StoreError> {
@@ -294,9 +304,14 @@ impl RedisStore {
         op: &Op<'_>,
     ) -> Result<T, StoreError> {
         let mut conn = self.conn.clone();
-        self.bounded(op, pipe.query_async(&mut conn))
-            .await?
-            .map_err(|e| map_err(&self.url, e, op))
+        let answer = match self.bounded(op, pipe.query_async(&mut conn)).await? {
+            Err(e) if broken(&e) => {
+                let mut conn = self.conn.clone();
+                self.bounded(op, pipe.query_async(&mut conn)).await?
+            }
+            other => other,
+        };
+        answer.map_err(|e| map_err(&self.url, e, op))
     }
 
     /// Stores `data` under the (checked) `redis_key` of `key`, or refuses it as too large.
@@ -433,6 +448,11 @@ fn glob_escape(s: &str) -> String {
         out.push(c);
     }
     out
+}
+
+/// Whether `e` says the connection broke under the command (not that the server refused it).
+fn broken(e: &RedisError) -> bool {
+    e.is_connection_dropped() || e.is_io_error()
 }
 
 /// `url` without a `user:password@` part or a query (which may hold a password too): what a log

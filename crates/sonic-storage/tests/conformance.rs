@@ -609,6 +609,34 @@ async fn redis_limit_lowered_after_connecting_is_full() {
 
 /// A killed server makes calls fail with `Unavailable`, naming the URL, within the timeouts; once
 /// it is back on the same port, the same store works again.
+/// A server restarted between two calls (a tier restarted while nothing used it): the first call
+/// finds its connection broken, and is sent again on a new one rather than failing (a control
+/// plane cleaning a job's files after it makes one call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_between_calls_answers_the_next_call() {
+    let mut server = RedisServer::start(&[]);
+    let store = RedisStore::connect(&server.url(), "sonic").await.unwrap();
+    for round in 0..3 {
+        store
+            .put_bytes("jobs/j/a", bytes::Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        server.restart();
+        // Nothing persists: the restarted server is empty, and the first call goes through.
+        assert_eq!(store.head("jobs/j/a").await.unwrap(), None, "round {round}");
+        store
+            .put_bytes("jobs/j/b", bytes::Bytes::from_static(b"y"))
+            .await
+            .unwrap();
+        server.restart();
+        assert_eq!(
+            store.delete_prefix("jobs/j/").await.unwrap(),
+            0,
+            "round {round}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_outage_is_unavailable_then_recovers() {
     let mut server = RedisServer::start(&[]);
