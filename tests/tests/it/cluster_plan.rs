@@ -2,8 +2,9 @@
 //! what each agent container would get, scaled or time-dilated (`--dilation D`: CPU quota vCPUs /
 //! D, network rate / D, memory unchanged, the store's share of the link D times slower and a delay
 //! line of the catalog's latency x D in front of it; `auto` leaves a core outside the agents'
-//! quotas), without Docker: no container starts; and the delay line itself. Needs bash and
-//! python3 (as cluster.sh does).
+//! quotas), without Docker: no container starts; the memory tier's container (sonic-redis: its
+//! link at the tier's network_mbps / D, its --maxmemory, the delay line of its latency x D in
+//! every agent); and the delay line itself. Needs bash and python3 (as cluster.sh does).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -183,6 +184,115 @@ fn refuses_bad_arguments_with_exit_2() {
         &["--scale", "0.5", "--dilation", "2"],
         &["--dilation"],
         &["--agents", "0"],
+    ] {
+        let (code, out, err) = dry_run(args);
+        assert_eq!(code, 2, "{args:?} was not refused: {out}{err}");
+        assert!(err.contains("cluster:"), "{args:?}: no reason given: {err}");
+        assert!(out.is_empty(), "{args:?}: printed a plan: {out}");
+    }
+}
+
+/// The memory tier's container: on by default, at the built-in tier's figures (those of
+/// `MemoryTier::default()`, which the control plane prices when the catalog has none) or the
+/// catalog's `memory_tier`; its link at network_mbps / D whatever `--scale` (the control plane
+/// plans with the tier's own figure, dilated only); `--maxmemory` the catalog's capacity, else
+/// 512 MB, else `--memory-tier-mb`; a delay line of its latency x D in every agent on a dilated
+/// cluster (`--memory-delay-ms` x D otherwise, none by default); none with `--no-memory-tier`.
+#[test]
+fn the_memory_tier_is_a_host_with_the_catalogs_link() {
+    let builtin = sonic_core::catalog::MemoryTier::default();
+    let tier_of = |p: &Value| -> Value {
+        assert!(p["memory_tier"].is_object(), "{p}");
+        assert_eq!(p["memory_tier"]["name"], "sonic-redis", "{p}");
+        assert_eq!(p["memory_tier"]["url"], "redis://sonic-redis:6379", "{p}");
+        p["memory_tier"].clone()
+    };
+    let delays = |p: &Value| -> Vec<f64> {
+        p["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["memory_delay_ms"].as_f64().unwrap())
+            .collect()
+    };
+
+    // Plain (scaled to the 2 cores): the built-in tier, not scaled, no delay, 512 MB.
+    let p = plan(&["--agents", "2"]);
+    let m = tier_of(&p);
+    assert_eq!(m["catalog"], "built-in", "{m}");
+    assert!(close(&m["network_mbps"], builtin.network_mbps), "{m}");
+    assert_eq!(m["capacity_mb"], builtin.capacity_mb, "{m}");
+    assert_eq!(
+        (m["maxmemory_mb"].as_u64(), m["maxmemory_from"].as_str()),
+        (Some(512), Some("default")),
+        "{m}"
+    );
+    assert!(close(&m["delay_ms"], 0.0), "{m}");
+    assert_eq!(delays(&p), [0.0, 0.0], "{p}");
+
+    // Dilated: network / D, a delay line of the latency x D in every agent.
+    let p = plan(&["--vms", "m5.large:2", "--dilation", "16"]);
+    let m = tier_of(&p);
+    assert!(
+        close(&m["network_mbps"], builtin.network_mbps / 16.0),
+        "{m}"
+    );
+    let delay = builtin.request_latency_ms * 16.0;
+    assert!(close(&m["delay_ms"], delay), "{m}");
+    assert_eq!(delays(&p), [delay, delay], "{p}");
+
+    // A catalog that prices a tier: its figures, its capacity as --maxmemory.
+    let dir = std::env::temp_dir().join(format!("sonic-cluster-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let catalog = dir.join("catalog.yaml");
+    let mut text = std::fs::read_to_string(root().join("deploy/catalog.yaml")).unwrap();
+    text.push_str(
+        "\nmemory_tier:\n  usd_per_hour: 0.1\n  capacity_mb: 2048\n  network_mbps: 500\n  request_latency_ms: 1.5\n  requests_per_s: 50000\n",
+    );
+    std::fs::write(&catalog, &text).unwrap();
+    // The control plane takes that catalog.
+    sonic_core::catalog::Catalog::from_yaml(&text).unwrap();
+    let path = catalog.to_str().unwrap();
+    let p = plan(&["--agents", "2", "--dilation", "4", "--catalog", path]);
+    let m = tier_of(&p);
+    assert_eq!(m["catalog"], "catalog", "{m}");
+    assert!(close(&m["network_mbps"], 125.0), "{m}");
+    assert_eq!(
+        (m["maxmemory_mb"].as_u64(), m["maxmemory_from"].as_str()),
+        (Some(2048), Some("catalog")),
+        "{m}"
+    );
+    assert!(close(&m["delay_ms"], 6.0), "{m}");
+    // Given: --memory-tier-mb and --memory-delay-ms (emulated: x D).
+    let p = plan(&[
+        "--agents",
+        "2",
+        "--dilation",
+        "4",
+        "--catalog",
+        path,
+        "--memory-tier-mb",
+        "64",
+        "--memory-delay-ms",
+        "2",
+    ]);
+    let m = tier_of(&p);
+    assert_eq!(m["maxmemory_mb"], 64, "{m}");
+    assert!(close(&m["delay_ms"], 8.0), "{m}");
+    assert_eq!(delays(&p), [8.0, 8.0], "{p}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // None.
+    let p = plan(&["--agents", "2", "--dilation", "4", "--no-memory-tier"]);
+    assert!(p["memory_tier"].is_null(), "{p}");
+    assert_eq!(delays(&p), [0.0, 0.0], "{p}");
+    for args in [
+        &["--memory-tier-mb", "0"][..],
+        &["--memory-tier-mb", "1.5"],
+        &["--memory-delay-ms", "-1"],
+        &["--memory-delay-ms", "x"],
+        &["--no-memory-tier", "--memory-tier-mb", "64"],
+        &["--memory-tier-mb"],
     ] {
         let (code, out, err) = dry_run(args);
         assert_eq!(code, 2, "{args:?} was not refused: {out}{err}");
