@@ -78,6 +78,11 @@ pub struct AgentConfig {
     /// system's roots.
     pub ca_file: Option<PathBuf>,
     pub sandbox: SandboxChoice,
+    /// With `sandbox: auto`, whether lambdas may run as unconfined host processes (under the
+    /// agent's user) when Docker or its lambda image is missing (default true, said with a
+    /// warning); false refuses to start instead (`--process-fallback false`,
+    /// `SONIC_AGENT_PROCESS_FALLBACK=false`).
+    pub process_fallback: bool,
     /// How long a warm container (process environment) is kept after its last run, seconds
     /// (flag `--warm-idle-s`, `SONIC_AGENT_WARM_IDLE_S`; docs/agent.md, warm starts).
     pub warm_idle_s: u64,
@@ -122,6 +127,7 @@ impl Default for AgentConfig {
             tls: None,
             ca_file: None,
             sandbox: SandboxChoice::Auto,
+            process_fallback: true,
             warm_idle_s: sonic_core::warm::DEFAULT_KEEP_ALIVE_S,
             heartbeat_interval_ms: 2000,
             store: None,
@@ -164,6 +170,10 @@ pub struct AgentArgs {
     /// limited outside the agent, e.g. by traffic control).
     #[arg(long, env = "SONIC_AGENT_LIMIT_NETWORK")]
     pub limit_network: Option<bool>,
+    /// false: with the auto sandbox, refuse to start rather than run lambdas as unconfined host
+    /// processes when Docker or its lambda image is missing.
+    #[arg(long, env = "SONIC_AGENT_PROCESS_FALLBACK")]
+    pub process_fallback: Option<bool>,
     #[arg(long, env = "SONIC_CONTROL_URL")]
     pub control_url: Option<String>,
     #[arg(long, env = "SONIC_AGENT_TOKEN", hide_env_values = true)]
@@ -238,6 +248,7 @@ impl AgentConfig {
             .set("memory_mb", a.memory_mb)
             .set("network_mbps", a.network_mbps)
             .set("limit_network", a.limit_network)
+            .set("process_fallback", a.process_fallback)
             .set("control_url", a.control_url.as_ref())
             .set("token", a.token.as_ref())
             .set("file_key", a.file_key.as_ref())
@@ -379,6 +390,16 @@ mod tests {
         })
         .expect("load");
         assert!(!unlimited.limit_network);
+        assert!(
+            cfg.process_fallback,
+            "auto may fall back to processes unless told not to"
+        );
+        let strict = AgentConfig::load(&AgentArgs {
+            process_fallback: Some(false),
+            ..args.clone()
+        })
+        .expect("load");
+        assert!(!strict.process_fallback);
         assert_eq!(
             unlimited.network_mbps,
             Some(1250.0),

@@ -54,28 +54,38 @@ pub async fn make_sandbox(config: &AgentConfig) -> Result<Arc<dyn Sandbox>, Sand
     Ok(match config.sandbox {
         SandboxChoice::Docker => Arc::new(DockerSandbox::connect_with(docker()).await?),
         SandboxChoice::Process => Arc::new(process()?),
-        SandboxChoice::Auto => match DockerSandbox::connect_with(docker()).await {
-            Ok(d) => match d.image_exists(LAMBDA_IMAGE).await {
-                Ok(true) => Arc::new(d),
-                Ok(false) => {
-                    tracing::info!(
-                        image = LAMBDA_IMAGE,
-                        "Docker answers but the lambda image is missing (bash deploy/build-images.sh): \
-                         running lambdas as processes"
-                    );
-                    Arc::new(process()?)
-                }
-                Err(e) => {
-                    tracing::info!(reason = %e, "Docker image lookup failed: running lambdas as processes");
-                    Arc::new(process()?)
-                }
-            },
-            Err(e) => {
-                tracing::info!(reason = %e, "no Docker engine: running lambdas as processes");
-                Arc::new(process()?)
-            }
-        },
+        SandboxChoice::Auto => {
+            let why = match DockerSandbox::connect_with(docker()).await {
+                Ok(d) => match d.image_exists(LAMBDA_IMAGE).await {
+                    Ok(true) => return Ok(Arc::new(d)),
+                    Ok(false) => format!(
+                        "Docker answers but the lambda image {LAMBDA_IMAGE} is missing (bash deploy/build-images.sh)"
+                    ),
+                    Err(e) => format!("Docker's image lookup failed: {e}"),
+                },
+                Err(e) => format!("no Docker engine: {e}"),
+            };
+            process_fallback(config.process_fallback, &why)?;
+            Arc::new(process()?)
+        }
     })
+}
+
+/// The `auto` sandbox without Docker: lambdas would run as unconfined host processes under the
+/// agent's own user (its token, its store keys in reach). Said loudly when allowed; refused,
+/// with what to do, when `process_fallback` is false.
+fn process_fallback(allowed: bool, why: &str) -> Result<(), SandboxError> {
+    if !allowed {
+        return Err(SandboxError::Unavailable(format!(
+            "{why}, and process_fallback is false: start Docker with the lambda image, or choose the process sandbox explicitly (sandbox: process)"
+        )));
+    }
+    tracing::warn!(
+        reason = why,
+        "RUNNING LAMBDAS AS UNCONFINED HOST PROCESSES under the agent's user (sandbox auto without Docker): \
+         set process_fallback: false (SONIC_AGENT_PROCESS_FALLBACK=false) to refuse, or sandbox: process to choose it"
+    );
+    Ok(())
 }
 
 /// Makes the object store the configuration names, throttled by the agent's bandwidth.
@@ -142,4 +152,23 @@ pub async fn start_from_config(
     }
     let store = make_store(&config, throttle.storage_throttle()).await?;
     Ok(server::start_on(listener, tls, config, sandbox, store, &throttle).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fallback_to_host_processes_is_refused_when_forbidden() {
+        process_fallback(true, "no Docker engine: x").expect("allowed by default");
+        let err = process_fallback(false, "no Docker engine: x")
+            .expect_err("forbidden")
+            .to_string();
+        assert!(
+            err.contains("no Docker engine: x")
+                && err.contains("process_fallback is false")
+                && err.contains("sandbox: process"),
+            "{err}"
+        );
+    }
 }
