@@ -39,6 +39,9 @@ pub const MAX_FUNCTIONS: usize = 1_000;
 pub const MAX_EDGES: usize = 10_000;
 /// Most edges into one function: the planner tries every combination of their methods.
 pub const MAX_INPUTS: usize = 16;
+/// Most files one `shuffle` edge may pass (`K_s x K_r`): each is a file, a transfer and, under
+/// `remote`, two requests, and the receivers' inputs are listed per pair.
+pub const MAX_SHUFFLE_FILES: u64 = 1_000_000;
 /// The most parameters one DAG may declare.
 pub const MAX_PARAMS: usize = 256;
 /// The most words (executable and arguments) a function's command may have.
@@ -851,6 +854,19 @@ impl Dag {
                 }
             };
             out.push(fanout);
+        }
+        for e in &self.edges {
+            if let (EdgeKind::Shuffle, Fanout::Known(ks), Fanout::Known(kr)) =
+                (e.kind, out[e.from], out[e.to])
+                && u64::from(ks) * u64::from(kr) > MAX_SHUFFLE_FILES
+            {
+                return Err(format!(
+                    "edge {} -> {}: a shuffle of {ks} x {kr} instances passes {} files; at most {MAX_SHUFFLE_FILES}",
+                    self.functions[e.from].name,
+                    self.functions[e.to].name,
+                    u64::from(ks) * u64::from(kr)
+                ));
+            }
         }
         Ok(out)
     }

@@ -618,3 +618,35 @@ fn a_dags_slo_is_read_and_checked() {
         assert!(err.contains(field), "{bad}: {err}");
     }
 }
+
+/// A shuffle's files are K_s x K_r: past `MAX_SHUFFLE_FILES` the job's parameters are refused,
+/// naming the edge, before anything runs.
+#[test]
+fn a_shuffle_of_too_many_files_is_refused() {
+    let dag = Dag::from_yaml(
+        "sort.yaml",
+        "name: sort\nparams: { mappers: 4, reducers: 4 }\nfunctions:\n  - { name: map, image: img, command: [run], instances: \"{{ params.mappers }}\" }\n  - { name: reduce, image: img, command: [run], instances: \"{{ params.reducers }}\" }\nedges:\n  - { from: map, to: reduce, kind: shuffle }\n",
+    )
+    .expect("valid");
+    let with = |m: u32, r: u32| {
+        dag.fanouts(
+            &dag.job_params(
+                &[
+                    ("mappers".to_owned(), serde_json::json!(m)),
+                    ("reducers".to_owned(), serde_json::json!(r)),
+                ]
+                .into(),
+            ),
+        )
+    };
+    assert!(with(1000, 1000).is_ok(), "exactly the limit");
+    let err = with(1000, 1001).expect_err("over");
+    assert!(
+        err.contains("map -> reduce") && err.contains("1001000 files") && err.contains("1000000"),
+        "{err}"
+    );
+    assert!(
+        with(100_000, 1).is_ok(),
+        "a gather-like shuffle of one receiver"
+    );
+}
