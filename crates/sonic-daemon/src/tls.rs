@@ -95,6 +95,9 @@ pub async fn serve(
                     tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
                 }
             });
+            // The peer's address reaches the handlers (`ConnectInfo<SocketAddr>`): the
+            // dashboard counts failed logins per address.
+            let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
             let server = axum::serve(listener, app).with_graceful_shutdown(async move {
                 shutdown.await;
                 let _ = stopping_tx.send(());
@@ -129,7 +132,7 @@ pub async fn serve(
             axum_server::from_tcp(listener.into_std()?)?
                 .acceptor(acceptor)
                 .handle(handle)
-                .serve(app.into_make_service())
+                .serve(app.into_make_service_with_connect_info::<std::net::SocketAddr>())
                 .await
         }
     }

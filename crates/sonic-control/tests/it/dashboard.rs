@@ -540,3 +540,78 @@ async fn what_users_wrote_is_shown_as_text_never_as_markup() {
     .await;
     assert!(!a.body.contains("\"><script>"), "{}", a.body);
 }
+
+/// Over the network: the cookie holds a session's id, never the token; logging out ends the
+/// session on the server (the same cookie no longer opens a page); failed logins from one
+/// address are cut off with 429 and `Retry-After`, the right token too until the window ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_end_at_logout_and_failed_logins_are_limited() {
+    use sonic_control::http::dashboard::LOGIN_FAILURES;
+    let c = Cluster::builder().agents(&[]).start().await;
+    let cookie = log_in(&c).await;
+    let value = cookie.split_once('=').expect("name=value").1;
+    assert!(
+        !value.contains(&hex(TOKEN)) && !value.contains(TOKEN),
+        "{cookie}"
+    );
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let agents = async |cookie: &str| {
+        http.get(format!("{}/agents", c.url()))
+            .header(header::COOKIE, cookie)
+            .send()
+            .await
+            .expect("get")
+            .status()
+            .as_u16()
+    };
+    assert_eq!(agents(&cookie).await, 200);
+    let r = http
+        .post(format!("{}/logout", c.url()))
+        .header(header::COOKIE, cookie.as_str())
+        .send()
+        .await
+        .expect("logout");
+    assert_eq!(r.status(), 303);
+    assert_eq!(
+        agents(&cookie).await,
+        401,
+        "the session ended on the server"
+    );
+
+    let login = async |token: &str| {
+        http.post(format!("{}/login", c.url()))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(form(&[("token", token), ("next", "/")]))
+            .send()
+            .await
+            .expect("login")
+    };
+    for _ in 0..LOGIN_FAILURES {
+        assert_eq!(login("wrong-token-0123456789").await.status(), 401);
+    }
+    let r = login(TOKEN).await;
+    assert_eq!(r.status(), 429, "locked out, even with the token");
+    let wait: u64 = r.headers()[header::RETRY_AFTER]
+        .to_str()
+        .expect("retry-after")
+        .parse()
+        .expect("seconds");
+    assert!((1..=300).contains(&wait), "{wait}");
+    assert!(
+        r.text()
+            .await
+            .expect("body")
+            .contains("Too many failed logins")
+    );
+    // The API's bearer token is not the login form: it still opens everything.
+    let r = http
+        .get(format!("{}/agents", c.url()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), 200);
+}

@@ -1,9 +1,11 @@
 //! The web dashboard, served by the control plane at `/` on its own port: server-rendered HTML
 //! (readable without JavaScript; one small script makes a job's page follow the job live).
 //!
-//! Access is the API's token: the login page takes it and keeps it in a cookie (`HttpOnly`,
-//! `SameSite=Strict`, `Path=/`, `Secure` over TLS); `Authorization: Bearer <token>` opens every
-//! page too (scripts). A page asked for without either redirects a browser (`Accept: text/html`)
+//! Access is the API's token: the login page takes it and opens a session, whose random id (not
+//! the token) the browser keeps in a cookie (`HttpOnly`, `SameSite=Strict`, `Path=/`, `Secure`
+//! over TLS; [`Sessions`]: 12 hours, forgotten at logout and when the control plane restarts);
+//! `Authorization: Bearer <token>` opens every page too (scripts). Failed logins are limited per
+//! client address ([`LOGIN_FAILURES`] in [`LOGIN_WINDOW`], then 429 until the window ends). A page asked for without either redirects a browser (`Accept: text/html`)
 //! to the login page and answers anything else 401. The pages are their own route table
 //! ([`pages`]), beside the API's: the access tests walk it; the OpenAPI document describes the
 //! JSON API only.
@@ -12,8 +14,11 @@ mod html;
 mod pages;
 mod svg;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -28,20 +33,93 @@ use crate::http::error::ApiError;
 
 type Shared = Arc<ControlState>;
 
-/// The cookie that holds the token (hex-encoded, so that any token is a valid cookie value).
-pub const COOKIE: &str = "sonic_token";
+/// The cookie that holds a session's id.
+pub const COOKIE: &str = "sonic_session";
+/// How long a session lasts after its login.
+pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// The most sessions kept at once: past it the oldest goes.
+pub const MAX_SESSIONS: usize = 10_000;
+/// Failed logins allowed from one address within [`LOGIN_WINDOW`].
+pub const LOGIN_FAILURES: u32 = 10;
+/// The window failed logins are counted in.
+pub const LOGIN_WINDOW: Duration = Duration::from_secs(300);
 
 /// What the dashboard keeps besides the control plane's state.
 #[derive(Debug, Default)]
 pub struct DashboardState {
     /// The control plane serves HTTPS: cookies get `Secure`.
     tls: AtomicBool,
+    sessions: Sessions,
+    failures: Mutex<HashMap<Option<IpAddr>, (Instant, u32)>>,
 }
 
 impl DashboardState {
     /// Whether the dashboard is served over HTTPS (its cookies are then `Secure`).
     pub fn set_tls(&self, on: bool) {
         self.tls.store(on, Ordering::Relaxed);
+    }
+
+    /// How long `client` must wait before it may try to log in again (`None`: it may now).
+    fn locked_out(&self, client: Option<IpAddr>, now: Instant) -> Option<Duration> {
+        let failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let &(since, n) = failures.get(&client)?;
+        let left = (since + LOGIN_WINDOW).saturating_duration_since(now);
+        (n >= LOGIN_FAILURES && !left.is_zero()).then_some(left)
+    }
+
+    /// Counts a failed login of `client`.
+    fn failed(&self, client: Option<IpAddr>, now: Instant) {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        // Forget what is past its window, so the map stays as small as the attack.
+        failures.retain(|_, (since, _)| now.saturating_duration_since(*since) < LOGIN_WINDOW);
+        let entry = failures.entry(client).or_insert((now, 0));
+        entry.1 = entry.1.saturating_add(1);
+    }
+
+    /// Forgets `client`'s failures (it logged in).
+    fn succeeded(&self, client: Option<IpAddr>) {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        failures.remove(&client);
+    }
+}
+
+/// The dashboard's sessions, by the SHA-256 of their id (the id itself is only in the
+/// browser's cookie), with when each ends.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    open: Mutex<HashMap<[u8; 32], Instant>>,
+}
+
+impl Sessions {
+    fn digest(id: &str) -> [u8; 32] {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(id.as_bytes()).into()
+    }
+
+    /// Opens a session at `now`; its id (32 random bytes, hex).
+    fn open(&self, now: Instant) -> std::io::Result<String> {
+        let id = sonic_daemon::secret::random_hex(32)?;
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|_, ends| *ends > now);
+        if open.len() >= MAX_SESSIONS
+            && let Some(oldest) = open.iter().min_by_key(|(_, ends)| **ends).map(|(k, _)| *k)
+        {
+            open.remove(&oldest);
+        }
+        open.insert(Self::digest(&id), now + SESSION_TTL);
+        Ok(id)
+    }
+
+    /// Whether `id` is a session open at `now`.
+    fn valid(&self, id: &str, now: Instant) -> bool {
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.get(&Self::digest(id)).is_some_and(|ends| *ends > now)
+    }
+
+    /// Ends session `id`.
+    fn close(&self, id: &str) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.remove(&Self::digest(id));
     }
 }
 
@@ -101,21 +179,6 @@ pub fn router(state: Shared) -> Router<Shared> {
         .route_layer(middleware::from_fn(headers))
 }
 
-/// The token as the cookie keeps it.
-fn hex(s: &str) -> String {
-    s.bytes().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 /// The value of the cookie `name` in the request's `Cookie` headers.
 fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
@@ -128,20 +191,11 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.trim())
 }
 
-/// Whether the request carries the token in the dashboard's cookie.
-fn cookie_ok(headers: &HeaderMap, expected: &str) -> bool {
-    let Some(value) = cookie(headers, COOKIE) else {
-        return false;
-    };
-    let Some(token) = unhex(value) else {
-        return false;
-    };
-    sonic_daemon::secret::matches(&token, expected.as_bytes())
-}
-
-/// Whether the request may see the dashboard: the bearer token, or the cookie.
-pub fn signed_in(headers: &HeaderMap, expected: &str) -> bool {
-    authorized(headers, expected) || cookie_ok(headers, expected)
+/// Whether the request may see the dashboard: the bearer token, or an open session's cookie.
+pub fn signed_in(state: &ControlState, headers: &HeaderMap) -> bool {
+    authorized(headers, &state.settings.token)
+        || cookie(headers, COOKIE)
+            .is_some_and(|id| state.dashboard.sessions.valid(id, Instant::now()))
 }
 
 /// A browser asking for a page (it can be sent to the login page).
@@ -167,7 +221,7 @@ fn see_other(to: &str) -> Response {
 }
 
 async fn require_session(State(state): State<Shared>, req: Request, next: Next) -> Response {
-    if signed_in(req.headers(), &state.settings.token) {
+    if signed_in(&state, req.headers()) {
         return next.run(req).await;
     }
     if wants_html(req.headers()) {
@@ -241,13 +295,13 @@ async fn headers(req: Request, next: Next) -> Response {
     r
 }
 
-/// The `Set-Cookie` value that keeps the token (or, with `None`, forgets it).
-fn session_cookie(token: Option<&str>, secure: bool) -> String {
+/// The `Set-Cookie` value that keeps a session's id (or, with `None`, forgets it).
+fn session_cookie(id: Option<&str>, secure: bool) -> String {
     let secure = if secure { "; Secure" } else { "" };
-    match token {
-        Some(t) => format!(
-            "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/{secure}",
-            hex(t)
+    match id {
+        Some(id) => format!(
+            "{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{secure}",
+            SESSION_TTL.as_secs()
         ),
         None => format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0{secure}"),
     }
@@ -267,34 +321,80 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cookies_round_trip_any_token() {
-        let token = "a+b/c=d;e \"f\"";
-        let c = session_cookie(Some(token), true);
+    fn a_session_cookie_holds_an_id_with_its_flags() {
+        let c = session_cookie(Some("abc123"), true);
+        assert!(c.starts_with(&format!("{COOKIE}=abc123;")), "{c}");
         assert!(c.contains("HttpOnly") && c.contains("SameSite=Strict") && c.contains("Path=/"));
+        assert!(
+            c.contains(&format!("Max-Age={}", SESSION_TTL.as_secs())),
+            "{c}"
+        );
         assert!(c.ends_with("; Secure"));
-        assert!(!session_cookie(Some(token), false).contains("Secure"));
-        let value = c
-            .split(';')
-            .next()
-            .and_then(|kv| kv.split_once('='))
-            .map(|(_, v)| v.to_owned())
-            .expect("value");
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::COOKIE,
-            format!("other=1; {COOKIE}={value}")
-                .parse()
-                .expect("header"),
-        );
-        assert!(signed_in(&h, token));
-        assert!(!signed_in(&h, "another-token-0123"));
-        h.insert(
-            header::COOKIE,
-            format!("{COOKIE}=zz").parse().expect("header"),
-        );
-        assert!(!signed_in(&h, token));
-        assert!(!signed_in(&HeaderMap::new(), token));
+        assert!(!session_cookie(Some("abc123"), false).contains("Secure"));
         assert!(session_cookie(None, false).contains("Max-Age=0"));
+    }
+
+    #[test]
+    fn sessions_open_end_at_logout_or_in_time_and_are_not_their_ids() {
+        let s = Sessions::default();
+        let t0 = Instant::now();
+        let id = s.open(t0).expect("random");
+        assert_eq!(id.len(), 64);
+        assert!(s.valid(&id, t0));
+        assert!(!s.valid("not-a-session", t0));
+        let other = s.open(t0).expect("random");
+        assert_ne!(id, other);
+        // Kept by digest, not by id.
+        let open = s.open.lock().expect("lock");
+        assert!(!open.keys().any(|k| k.as_slice() == id.as_bytes()));
+        drop(open);
+        assert!(s.valid(&id, t0 + SESSION_TTL - Duration::from_secs(1)));
+        assert!(!s.valid(&id, t0 + SESSION_TTL), "expired");
+        s.close(&id);
+        assert!(!s.valid(&id, t0));
+        assert!(s.valid(&other, t0));
+    }
+
+    #[test]
+    fn sessions_past_the_cap_drop_the_oldest() {
+        let s = Sessions::default();
+        let t0 = Instant::now();
+        let first = s.open(t0).expect("random");
+        for k in 1..MAX_SESSIONS {
+            s.open(t0 + Duration::from_millis(k as u64))
+                .expect("random");
+        }
+        assert!(s.valid(&first, t0 + Duration::from_secs(60)));
+        let last = s.open(t0 + Duration::from_secs(61)).expect("random");
+        assert!(
+            !s.valid(&first, t0 + Duration::from_secs(61)),
+            "the oldest went"
+        );
+        assert!(s.valid(&last, t0 + Duration::from_secs(61)));
+        assert_eq!(s.open.lock().expect("lock").len(), MAX_SESSIONS);
+    }
+
+    #[test]
+    fn failed_logins_lock_an_address_out_for_the_rest_of_the_window() {
+        let d = DashboardState::default();
+        let t0 = Instant::now();
+        let a: Option<IpAddr> = Some([10, 0, 0, 1].into());
+        let b: Option<IpAddr> = Some([10, 0, 0, 2].into());
+        for _ in 0..LOGIN_FAILURES - 1 {
+            d.failed(a, t0);
+        }
+        assert_eq!(d.locked_out(a, t0), None, "one failure left");
+        d.failed(a, t0);
+        let wait = d
+            .locked_out(a, t0 + Duration::from_secs(10))
+            .expect("locked");
+        assert_eq!(wait, LOGIN_WINDOW - Duration::from_secs(10));
+        assert_eq!(d.locked_out(b, t0), None, "another address is not");
+        assert_eq!(d.locked_out(a, t0 + LOGIN_WINDOW), None, "the window ended");
+        // A success forgets the failures.
+        d.failed(b, t0);
+        d.succeeded(b);
+        assert!(d.failures.lock().expect("lock").get(&b).is_none());
     }
 
     #[test]

@@ -127,7 +127,7 @@ pub async fn login_form(
         .and_then(|Query(q)| q.next)
         .and_then(|n| local_path(&n).map(str::to_owned))
         .unwrap_or_else(|| "/".to_owned());
-    if signed_in(&headers, &state.settings.token) {
+    if signed_in(&state, &headers) {
         return see_other(&next);
     }
     Html(login_page(&next, None)).into_response()
@@ -135,9 +135,32 @@ pub async fn login_form(
 
 pub async fn login(
     State(state): State<Shared>,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
     headers: HeaderMap,
     form: Result<Form<LoginForm>, FormRejection>,
 ) -> Response {
+    // Failed logins are counted per client address (one count for all when the server does not
+    // know it: an in-process test).
+    let client = peer.map(|axum::Extension(axum::extract::ConnectInfo(a))| a.ip());
+    let now = std::time::Instant::now();
+    if let Some(wait) = state.dashboard.locked_out(client, now) {
+        tracing::warn!(client = ?client, "dashboard login refused: too many failed logins");
+        let mut r = (
+            StatusCode::TOO_MANY_REQUESTS,
+            Html(login_page(
+                "/",
+                Some(&format!(
+                    "Too many failed logins from this address: try again in {} s.",
+                    wait.as_secs().max(1)
+                )),
+            )),
+        )
+            .into_response();
+        if let Ok(v) = header::HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return r;
+    }
     let Ok(Form(f)) = form else {
         return (
             StatusCode::BAD_REQUEST,
@@ -149,7 +172,8 @@ pub async fn login(
     let expected = &state.settings.token;
     let token = f.token.trim();
     if !sonic_daemon::secret::matches(token.as_bytes(), expected.as_bytes()) {
-        tracing::warn!("dashboard login refused: wrong token");
+        state.dashboard.failed(client, now);
+        tracing::warn!(client = ?client, "dashboard login refused: wrong token");
         return (
             StatusCode::UNAUTHORIZED,
             Html(login_page(
@@ -159,7 +183,22 @@ pub async fn login(
         )
             .into_response();
     }
-    let cookie = session_cookie(Some(token), over_tls(&state, &headers));
+    state.dashboard.succeeded(client);
+    let session = match state.dashboard.sessions.open(now) {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot make a session id");
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Html(login_page(
+                    &next,
+                    Some("The control plane could not open a session."),
+                )),
+            )
+                .into_response();
+        }
+    };
+    let cookie = session_cookie(Some(&session), over_tls(&state, &headers));
     (
         StatusCode::SEE_OTHER,
         [(header::LOCATION, next), (header::SET_COOKIE, cookie)],
@@ -168,6 +207,9 @@ pub async fn login(
 }
 
 pub async fn logout(State(state): State<Shared>, headers: HeaderMap) -> Response {
+    if let Some(id) = super::cookie(&headers, super::COOKIE) {
+        state.dashboard.sessions.close(id);
+    }
     let cookie = session_cookie(None, over_tls(&state, &headers));
     (
         StatusCode::SEE_OTHER,
