@@ -5,3 +5,4 @@ mod cluster;
 mod firstrun;
 mod memory;
 mod plan;
+mod python_client;
