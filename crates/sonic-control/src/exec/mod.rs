@@ -678,6 +678,9 @@ struct Progress {
     written: BTreeMap<usize, u64>,
     /// Per edge index: the methods the agents reported staging its files with.
     observed: BTreeMap<usize, BTreeSet<Method>>,
+    /// Per edge index: where its senders uploaded its files (the store, or the memory tier), so
+    /// that an edge nobody staged (its receiver never ran) says where they went.
+    uploaded_to: BTreeMap<usize, BTreeSet<Method>>,
     /// Per function index: each instance's time outside the data passing the model counts on
     /// the DAG's edges, its lambda's own time, and whether it ran cold ([`stage_overhead_s`]).
     outside_edges: BTreeMap<usize, Vec<Outside>>,
@@ -1695,6 +1698,15 @@ fn record_instance(
         {
             *progress.written.entry(edge).or_default() += o.size;
             if o.key.is_some() {
+                progress
+                    .uploaded_to
+                    .entry(edge)
+                    .or_default()
+                    .insert(if o.in_memory {
+                        Method::Memory
+                    } else {
+                        Method::Remote
+                    });
                 if o.in_memory {
                     progress.store.kept.push((o.size, f.ended, Kept::Memory));
                 } else {
@@ -2219,12 +2231,23 @@ async fn result_outputs(state: &Arc<Context>, rt: &Runtime, job: &str) -> Vec<St
     keys.iter().map(|k| rt.output_url(k)).collect()
 }
 
-/// The method the agents reported for an edge when they agree, else the one the job chose.
+/// The method the agents reported for an edge when they agree; when no receiver staged its
+/// files, where its senders uploaded them when they agree (a `memory` edge's files all sent to
+/// the store say `remote`); else the one the job chose.
 fn edge_method(p: &Progress, edge: usize) -> Method {
-    match p.observed.get(&edge) {
-        Some(seen) if seen.len() == 1 => seen.iter().next().copied().unwrap_or(Method::Remote),
-        _ => p.methods.get(edge).copied().unwrap_or(Method::Remote),
-    }
+    let agreed = |seen: Option<&BTreeSet<Method>>| match seen {
+        Some(seen) if seen.len() == 1 => seen.iter().next().copied(),
+        _ => None,
+    };
+    agreed(p.observed.get(&edge))
+        .or_else(|| {
+            p.observed
+                .get(&edge)
+                .is_none_or(BTreeSet::is_empty)
+                .then(|| agreed(p.uploaded_to.get(&edge)))
+                .flatten()
+        })
+        .unwrap_or_else(|| p.methods.get(edge).copied().unwrap_or(Method::Remote))
 }
 
 fn price_per_second(catalog: Option<&Catalog>, vm_type: &str) -> f64 {
@@ -2441,7 +2464,7 @@ fn unix_now() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{Kept, Outside, StoreUse, stage_overhead_s, uncontended};
+    use super::{Kept, Outside, StoreUse, edge_method, stage_overhead_s, uncontended};
     use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
     use sonic_core::dag::Dag;
     use std::time::{Duration, Instant};
@@ -2991,6 +3014,40 @@ mod tests {
         let (a, b, _) = run(false);
         assert!(near(a, (0.0, 6.0)), "a without the fetch: {a:?}");
         assert!(near(b, (2.0, 8.0)), "b without the fetch: {b:?}");
+    }
+
+    /// What a job's summary says an edge used: what its receivers staged, else (no receiver
+    /// staged anything: it never ran) where its senders' files went, else the plan's method.
+    #[test]
+    fn an_edge_nobody_staged_says_where_its_files_went() {
+        use sonic_core::model::Method;
+        let mut p = super::Progress {
+            methods: vec![Method::Memory],
+            ..super::Progress::default()
+        };
+        assert_eq!(
+            edge_method(&p, 0),
+            Method::Memory,
+            "nothing known: the plan's"
+        );
+        p.uploaded_to.entry(0).or_default().insert(Method::Remote);
+        assert_eq!(
+            edge_method(&p, 0),
+            Method::Remote,
+            "every file went to the store"
+        );
+        p.uploaded_to.entry(0).or_default().insert(Method::Memory);
+        assert_eq!(
+            edge_method(&p, 0),
+            Method::Memory,
+            "some in each: the plan's"
+        );
+        p.observed.entry(0).or_default().insert(Method::Remote);
+        assert_eq!(
+            edge_method(&p, 0),
+            Method::Remote,
+            "what the receivers staged wins"
+        );
     }
 
     #[test]
