@@ -288,6 +288,12 @@ async fn process_sandbox_keeps_the_imported_module_on_warm_instances() {
         let idle = Duration::from_secs(2);
         let sandbox = ProcessSandbox::new(ProcessConfig {
             work_dir: env.dir.path().join("work"),
+            // `sonic-time` among the lambda folders, as an agent has it: without it the
+            // sandbox forks this test binary to start the runtime, and without cgroups the
+            // runtime's peak starts from the binary's size at that moment (the module docs of
+            // `sandbox::process`): other tests of this binary made it 448 MB once, over the
+            // 256 MB limit, and the run was taken as out of memory.
+            path: vec![sonic_testkit::lambda_dir().to_path_buf()],
             idle_timeout: idle,
             cgroups,
             ..ProcessConfig::default()

@@ -372,7 +372,7 @@ mod tests {
             .expect("policy");
         assert_eq!(
             policy["schema"]["enum"],
-            serde_json::json!(["sonic", "sonic-mean", "remote", "local", "direct"])
+            serde_json::json!(["sonic", "sonic-mean", "remote", "local", "direct", "memory"])
         );
     }
 }
