@@ -62,19 +62,28 @@ impl Ran {
     }
 }
 
-/// A running `ofctl up` and the configuration home its commands share.
-struct Up {
-    child: Child,
+/// A running `ofctl up` (local store, processes) and the configuration home its commands
+/// share; `memory.rs` uses it too.
+pub(crate) struct Up {
+    pub(crate) child: Child,
     home: tempfile::TempDir,
     server: String,
+    /// What it printed of itself, up to the server line.
+    pub(crate) lines: Vec<String>,
 }
 
 impl Up {
     fn start(agents: u32) -> Up {
+        Up::start_with(agents, &[])
+    }
+
+    /// With `agents` agents and `extra` arguments to `up`.
+    pub(crate) fn start_with(agents: u32, extra: &[&str]) -> Up {
         let home = tempfile::tempdir().expect("tempdir");
         let mut child = Command::new(ofctl_exe())
             .args(["up", "--store", "local", "--sandbox", "process"])
             .args(["--listen", "127.0.0.1:0", "--agents", &agents.to_string()])
+            .args(extra)
             .arg("--data-dir")
             .arg(home.path().join("data"))
             .arg("--lambdas")
@@ -88,26 +97,30 @@ impl Up {
             .expect("spawn ofctl up");
         // `up` prints the server line once every agent is registered.
         let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
+        let mut reader = BufReader::new(stdout).lines();
         let mut server = None;
-        for line in lines.by_ref() {
+        let mut lines = Vec::new();
+        for line in reader.by_ref() {
             let line = line.expect("read ofctl up");
-            if let Some(rest) = line.strip_prefix("server") {
+            let rest = line.strip_prefix("server").map(str::to_owned);
+            lines.push(line);
+            if let Some(rest) = rest {
                 server = rest.split_whitespace().next().map(str::to_owned);
                 break;
             }
         }
         // Keep reading what follows, so that `up` never writes into a closed pipe.
-        std::thread::spawn(move || lines.for_each(drop));
+        std::thread::spawn(move || reader.for_each(drop));
         let server = server.unwrap_or_else(|| {
             let _ = child.kill();
-            panic!("ofctl up exited without printing its server")
+            panic!("ofctl up exited without printing its server: {lines:?}")
         });
         assert!(server.starts_with("http://127.0.0.1:"), "{server}");
         Up {
             child,
             home,
             server,
+            lines,
         }
     }
 

@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -15,6 +14,7 @@ use serde_json::{Value, json};
 use sonic_testkit::lambda_dir;
 use sonic_testkit::redis::{NEED_REDIS, redis_answers};
 
+use crate::cluster::Up;
 use ofctl::up::{Cluster, ClusterOptions, MemoryArg, write_info};
 use ofctl::{SandboxArg, StoreArg};
 
@@ -225,55 +225,8 @@ async fn a_memory_job_on_the_clusters_own_tier() {
     cluster.stop().await;
 }
 
-/// A running `ofctl up` (local store, processes), its description read up to the server line.
-struct Up {
-    child: std::process::Child,
-    _home: tempfile::TempDir,
-    /// The lines of its description.
-    lines: Vec<String>,
-}
-
+/// What `memory.rs` reads of a running `ofctl up` (`cluster::Up`).
 impl Up {
-    fn start(extra: &[&str]) -> Up {
-        let home = tempfile::tempdir().expect("tempdir");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ofctl"))
-            .args(["up", "--store", "local", "--sandbox", "process"])
-            .args(["--listen", "127.0.0.1:0", "--agents", "1"])
-            .args(extra)
-            .arg("--data-dir")
-            .arg(home.path().join("data"))
-            .arg("--lambdas")
-            .arg(lambda_dir())
-            .env("XDG_CONFIG_HOME", home.path().join("config"))
-            .env_remove("SONIC_SERVER")
-            .env_remove("SONIC_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn ofctl up");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut reader = BufReader::new(stdout).lines();
-        let mut lines = Vec::new();
-        for line in reader.by_ref() {
-            let line = line.expect("read ofctl up");
-            let done = line.starts_with("server");
-            lines.push(line);
-            if done {
-                break;
-            }
-        }
-        std::thread::spawn(move || reader.for_each(drop));
-        if !lines.iter().any(|l| l.starts_with("server")) {
-            let _ = child.kill();
-            panic!("ofctl up exited without printing its server: {lines:?}");
-        }
-        Up {
-            child,
-            _home: home,
-            lines,
-        }
-    }
-
     fn memory_line(&self) -> &str {
         self.lines
             .iter()
@@ -311,20 +264,11 @@ impl Up {
     }
 }
 
-impl Drop for Up {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
 #[test]
 fn no_redis_server_outlives_ofctl_up() {
     need_redis();
     // SIGTERM (as Ctrl-C): up stops the cluster, the tier with it.
-    let mut up = Up::start(&[]);
+    let mut up = Up::start_with(1, &[]);
     let port = up.tier_port();
     assert!(redis_answers(port));
     up.signal("-TERM");
@@ -337,14 +281,14 @@ fn no_redis_server_outlives_ofctl_up() {
     assert_gone(port, "ofctl up's SIGTERM");
 
     // SIGKILL: up cannot stop anything; the kernel ends the tier with it.
-    let mut up = Up::start(&[]);
+    let mut up = Up::start_with(1, &[]);
     let port = up.tier_port();
     assert!(redis_answers(port));
     up.signal("-KILL");
     assert_gone(port, "ofctl up's SIGKILL");
 
     // --no-memory-tier: none, said so.
-    let mut up = Up::start(&["--no-memory-tier"]);
+    let mut up = Up::start_with(1, &["--no-memory-tier"]);
     assert_eq!(
         up.memory_line(),
         "memory   no memory tier: turned off (--no-memory-tier); plans never use memory"
