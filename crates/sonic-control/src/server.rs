@@ -151,12 +151,8 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
         }
         None => Catalog::default(),
     };
-    // A tier without prices in the catalog is priced as the built-in one (dilated with the rest;
-    // `Runtime::new` drops a priced tier that is not configured).
-    let mut catalog = catalog;
-    if config.memory_tier.is_some() && catalog.memory_tier.is_none() {
-        catalog.memory_tier = Some(sonic_core::catalog::MemoryTier::default());
-    }
+    // The tier as configured before the catalog is dilated: a built-in tier is dilated too.
+    let catalog = crate::exec::with_tier_as_configured(catalog, config.memory_tier.is_some());
     let catalog = catalog
         .dilated(config.dilation)
         .map_err(|e| ServeError::Catalog {

@@ -227,6 +227,25 @@ impl JobTasks {
     }
 }
 
+/// `catalog` with the memory tier the control plane has: without one configured its priced
+/// tier is dropped (said so: no plan may use `memory`); with one and a catalog that prices none,
+/// the built-in tier's prices. What `Runtime::new` plans with, and what the daemon applies
+/// before it dilates the catalog (so that a built-in tier is dilated too).
+pub(crate) fn with_tier_as_configured(mut catalog: Catalog, configured: bool) -> Catalog {
+    catalog.memory_tier = match (configured, catalog.memory_tier.take()) {
+        (false, Some(_)) => {
+            tracing::warn!(
+                "the catalog prices a memory tier but none is configured (memory_tier, SONIC_MEMORY_TIER): no plan uses memory"
+            );
+            None
+        }
+        (false, None) => None,
+        (true, Some(t)) => Some(t),
+        (true, None) => Some(sonic_core::catalog::MemoryTier::default()),
+    };
+    catalog
+}
+
 impl Runtime {
     /// A runtime whose jobs are admitted by the built-in [`Pool`] over the registered agents.
     /// `memory` is planned only where there is a tier to run it on: without
@@ -237,20 +256,7 @@ impl Runtime {
         catalog: Option<Catalog>,
         config: JobsConfig,
     ) -> Runtime {
-        let catalog = catalog.map(|mut c| {
-            c.memory_tier = match (&config.memory_tier, c.memory_tier.take()) {
-                (None, Some(_)) => {
-                    tracing::warn!(
-                        "the catalog prices a memory tier but none is configured (memory_tier, SONIC_MEMORY_TIER): no plan uses memory"
-                    );
-                    None
-                }
-                (None, None) => None,
-                (Some(_), Some(t)) => Some(t),
-                (Some(_), None) => Some(sonic_core::catalog::MemoryTier::default()),
-            };
-            c
-        });
+        let catalog = catalog.map(|c| with_tier_as_configured(c, config.memory_tier.is_some()));
         let resources: Arc<dyn ResourceManager> =
             Arc::new(Pool::new(catalog.as_ref(), DEFAULT_MAX_QUEUED));
         let http = reqwest::Client::new();
@@ -3014,6 +3020,27 @@ mod tests {
         let (a, b, _) = run(false);
         assert!(near(a, (0.0, 6.0)), "a without the fetch: {a:?}");
         assert!(near(b, (2.0, 8.0)), "b without the fetch: {b:?}");
+    }
+
+    #[test]
+    fn the_catalog_prices_the_tier_the_control_plane_has() {
+        use sonic_core::catalog::{Catalog, MemoryTier};
+        let priced = MemoryTier {
+            capacity_mb: 64,
+            ..MemoryTier::default()
+        };
+        let with = |tier: Option<MemoryTier>| Catalog {
+            memory_tier: tier,
+            ..Catalog::default()
+        };
+        let f = super::with_tier_as_configured;
+        assert_eq!(f(with(Some(priced.clone())), false).memory_tier, None);
+        assert_eq!(f(with(None), false).memory_tier, None);
+        assert_eq!(
+            f(with(Some(priced.clone())), true).memory_tier,
+            Some(priced)
+        );
+        assert_eq!(f(with(None), true).memory_tier, Some(MemoryTier::default()));
     }
 
     /// What a job's summary says an edge used: what its receivers staged, else (no receiver
