@@ -318,10 +318,8 @@ impl AgentConfig {
         {
             return bad("advertise_url must start with http:// or https://");
         }
-        if let Some(url) = &self.memory_tier
-            && !url.starts_with("redis://")
-        {
-            return bad("memory_tier must be a redis://host:port URL");
+        if let Some(url) = &self.memory_tier {
+            sonic_storage::redis::check_url(url).map_err(ConfigError::Invalid)?;
         }
         Ok(())
     }

@@ -509,12 +509,8 @@ impl ControlConfig {
         if let Some(k) = &self.file_key {
             sonic_daemon::secret::check("file_key", k)?;
         }
-        if let Some(url) = &self.memory_tier
-            && !url.starts_with("redis://")
-        {
-            return Err(ConfigError::Invalid(
-                "memory_tier must be a redis://host:port URL".into(),
-            ));
+        if let Some(url) = &self.memory_tier {
+            sonic_storage::redis::check_url(url).map_err(ConfigError::Invalid)?;
         }
         let t = self.heartbeat_timeout.0;
         if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {

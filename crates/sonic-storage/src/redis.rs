@@ -450,6 +450,16 @@ fn glob_escape(s: &str) -> String {
     out
 }
 
+/// Checks a memory tier's URL as a daemon's setting (`memory_tier`) takes it: a `redis://` URL
+/// (no TLS, no cluster). The one rule of the agent's and the control plane's configurations.
+pub fn check_url(url: &str) -> Result<(), String> {
+    if url.starts_with("redis://") {
+        Ok(())
+    } else {
+        Err("memory_tier must be a redis://host:port URL".into())
+    }
+}
+
 /// Whether `e` says the connection broke under the command (not that the server refused it).
 fn broken(e: &RedisError) -> bool {
     e.is_connection_dropped() || e.is_io_error()
@@ -643,6 +653,15 @@ mod tests {
     fn glob_characters_are_escaped() {
         assert_eq!(glob_escape("jobs/j-1/"), "jobs/j-1/");
         assert_eq!(glob_escape(r"a*b?c[d]e\f"), r"a\*b\?c\[d\]e\\f");
+    }
+
+    #[test]
+    fn a_setting_takes_only_redis_urls() {
+        assert!(check_url("redis://sonic-redis:6379").is_ok());
+        for bad in ["http://h:6379", "rediss://h:6379", "sonic-redis:6379", ""] {
+            let err = check_url(bad).expect_err(bad);
+            assert!(err.contains("redis://host:port"), "{err}");
+        }
     }
 
     #[test]
