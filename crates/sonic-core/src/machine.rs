@@ -20,6 +20,13 @@
 //!   lambdas), and a planned job's stages open when their senders ended, as the model prices
 //!   them ([`Shape::planned`]); an unplanned job's instances go round the agents, shifted by the
 //!   stage, or all to the first agent under `local`;
+//! - warm containers ([`Warmth`]): a job whose runs share the agents' warm containers with other
+//!   jobs (`crate::warm`) claims, at its start, those its plan priced its stages' first batches
+//!   on ([`Action::ClaimWarm`]); each run's report is the agent's word on what it keeps and ends
+//!   the job's claim there ([`Action::WarmReported`]); the stages reading from a stage are
+//!   prewarmed once, when the first of their senders opens, each after the plan's delay for that
+//!   pair ([`Action::Prewarm`]). A job whose runs share containers only among themselves (it
+//!   measures cold starts) claims and prewarms nothing;
 //! - events that do not match the machine's state (a run it did not start, a repeated end, anything
 //!   after the job finished) change nothing.
 
@@ -370,9 +377,58 @@ impl RetryPolicy {
     }
 }
 
+/// How a job's runs use the warm containers the agents keep (`crate::warm`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Warmth {
+    /// Its runs share containers only among themselves (a job that measures cold starts):
+    /// nothing is claimed, reported to the pool or prewarmed.
+    #[default]
+    Own,
+    /// Its runs share the agents' containers with every job of their functions.
+    Shared {
+        /// Its plan priced its stages' first batches with the containers the pool keeps: it
+        /// claims them at its start ([`Action::ClaimWarm`]).
+        claims: bool,
+        /// Prewarming: `None` is off; else the stages reading from an opened stage are
+        /// prewarmed, each after its (sender, receiver) delay here (absent: at once).
+        prewarm: Option<BTreeMap<(usize, usize), Duration>>,
+    },
+}
+
+impl Warmth {
+    /// Whether the job's runs share containers with other jobs.
+    pub fn shared(&self) -> bool {
+        matches!(self, Warmth::Shared { .. })
+    }
+}
+
 /// What the executor is to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
+    /// Take, from the pool's account of warm containers, those the plan priced stage `stage`'s
+    /// first batch on, on each of its VMs (the plan's instances at once there), so that other
+    /// jobs' plans no longer count them; they are given back as its runs report
+    /// ([`Action::WarmReported`]) or when the job ends.
+    ClaimWarm {
+        /// The stage.
+        stage: usize,
+    },
+    /// The run of `instance` of `stage` ended well: its report's word on what its agent keeps
+    /// warm for the function goes to the pool's account, and the job's claim on that agent ends.
+    WarmReported {
+        /// The stage.
+        stage: usize,
+        /// The instance.
+        instance: u32,
+    },
+    /// Start stage `stage`'s containers on the VMs it will run on, after `delay`: it reads from a
+    /// stage that just opened.
+    Prewarm {
+        /// The receiving stage.
+        stage: usize,
+        /// How long to wait before asking.
+        delay: Duration,
+    },
     /// Build the stage's requests and answer with [`Event::StageOpened`].
     OpenStage {
         /// The stage.
@@ -468,6 +524,9 @@ pub struct JobMachine {
     /// Per stage: when its failed runs are tried again.
     policies: Vec<RetryPolicy>,
     recorded: BTreeMap<(usize, u32), Recorded>,
+    warmth: Warmth,
+    /// Per stage: whether it was prewarmed.
+    prewarmed: Vec<bool>,
     finished: bool,
 }
 
@@ -475,15 +534,32 @@ impl JobMachine {
     /// A machine for a job of `shape` whose failed runs are tried again up to `max_attempts`
     /// attempts in all, waiting `backoff`, twice that, and so on between them.
     pub fn new(shape: Shape, max_attempts: u32, backoff: Duration) -> JobMachine {
-        let stages = vec![Stage::Closed; shape.stages()];
-        let policies = vec![RetryPolicy::new(max_attempts, backoff); shape.stages()];
+        let n = shape.stages();
         JobMachine {
             shape,
-            stages,
-            policies,
+            stages: vec![Stage::Closed; n],
+            policies: vec![RetryPolicy::new(max_attempts, backoff); n],
             recorded: BTreeMap::new(),
+            warmth: Warmth::Own,
+            prewarmed: vec![false; n],
             finished: false,
         }
+    }
+
+    /// How the job's runs use warm containers (by default [`Warmth::Own`]).
+    pub fn with_warmth(mut self, warmth: Warmth) -> JobMachine {
+        self.set_warmth(warmth);
+        self
+    }
+
+    /// As [`JobMachine::with_warmth`], before [`Event::Begin`].
+    pub fn set_warmth(&mut self, warmth: Warmth) {
+        self.warmth = warmth;
+    }
+
+    /// How the job's runs use warm containers.
+    pub fn warmth(&self) -> &Warmth {
+        &self.warmth
     }
 
     /// Stage `i`'s failed runs are tried again by `policies[i]` (a function's `retries:` over
@@ -559,7 +635,11 @@ impl JobMachine {
         }
         let mut out = Vec::new();
         match event {
-            Event::Begin => {}
+            Event::Begin => {
+                if let Warmth::Shared { claims: true, .. } = self.warmth {
+                    out.extend((0..self.stages.len()).map(|stage| Action::ClaimWarm { stage }));
+                }
+            }
             Event::StageOpened { stage, instances } => {
                 if self.stages.get(stage) != Some(&Stage::Opening) {
                     return out;
@@ -567,6 +647,7 @@ impl JobMachine {
                 self.stages[stage] = if instances == 0 {
                     Stage::Ended
                 } else {
+                    self.prewarm_after(stage, &mut out);
                     Stage::Open(vec![Instance::Pending; instances as usize])
                 };
             }
@@ -579,6 +660,9 @@ impl JobMachine {
                     return out;
                 };
                 *slot = Instance::Done;
+                if self.warmth.shared() {
+                    out.push(Action::WarmReported { stage, instance });
+                }
                 if let Stage::Open(insts) = &self.stages[stage]
                     && insts.iter().all(|s| *s == Instance::Done)
                 {
@@ -630,6 +714,31 @@ impl JobMachine {
         }
         self.advance(&mut out);
         out
+    }
+
+    /// Prewarms the stages reading from `sender`, which opens now, that no earlier sender
+    /// prewarmed and that did not open: once each, after the delay for the pair.
+    fn prewarm_after(&mut self, sender: usize, out: &mut Vec<Action>) {
+        let Warmth::Shared {
+            prewarm: Some(delays),
+            ..
+        } = &self.warmth
+        else {
+            return;
+        };
+        for j in 0..self.stages.len() {
+            if self.prewarmed[j]
+                || self.stages[j] != Stage::Closed
+                || !self.shape.senders(j).contains(&sender)
+            {
+                continue;
+            }
+            self.prewarmed[j] = true;
+            out.push(Action::Prewarm {
+                stage: j,
+                delay: delays.get(&(sender, j)).copied().unwrap_or(Duration::ZERO),
+            });
+        }
     }
 
     /// The attempt limit of an instance: the machine's, or more when an earlier control plane
@@ -951,6 +1060,102 @@ mod tests {
                 (opened(1, 1), vec![start(1, 0, 1)]),
                 (ended(1, 0, 1), vec![Action::Finish(Outcome::Succeeded)]),
                 (Event::Cancel, vec![]),
+            ],
+        );
+    }
+
+    /// Warm containers: a job sharing them claims its stages' at its start, reports each run's
+    /// word, and prewarms a stage once, when its first sender opens, after the pair's delay; a
+    /// stage that opened is not prewarmed, nor are any under `Own` or with prewarming off.
+    #[test]
+    fn a_sharing_job_claims_reports_and_prewarms_each_receiver_once() {
+        // 0 -> 1, 0 -> 2, 1 -> 3, 2 -> 3 (a diamond).
+        let diamond = || Shape::new(vec![vec![], vec![0], vec![0], vec![1, 2]], vec![None; 4]);
+        let delays = BTreeMap::from([((0, 2), Duration::from_millis(700))]);
+        let mut m = JobMachine::new(diamond(), 3, B).with_warmth(Warmth::Shared {
+            claims: true,
+            prewarm: Some(delays.clone()),
+        });
+        let pre = |stage, ms| Action::Prewarm {
+            stage,
+            delay: Duration::from_millis(ms),
+        };
+        let reported = |stage, instance| Action::WarmReported { stage, instance };
+        check(
+            &mut m,
+            &[
+                (
+                    Event::Begin,
+                    vec![
+                        Action::ClaimWarm { stage: 0 },
+                        Action::ClaimWarm { stage: 1 },
+                        Action::ClaimWarm { stage: 2 },
+                        Action::ClaimWarm { stage: 3 },
+                        Action::OpenStage { stage: 0 },
+                    ],
+                ),
+                (opened(0, 1), vec![pre(1, 0), pre(2, 700), start(0, 0, 1)]),
+                (
+                    ended(0, 0, 1),
+                    vec![
+                        reported(0, 0),
+                        Action::OpenStage { stage: 1 },
+                        Action::OpenStage { stage: 2 },
+                    ],
+                ),
+                // Stage 3 is prewarmed when the first of its senders opens, once.
+                (opened(2, 1), vec![pre(3, 0), start(2, 0, 1)]),
+                (opened(1, 1), vec![start(1, 0, 1)]),
+                // A retried run reports only once it ends well.
+                (
+                    failed(1, 0, 1, true),
+                    vec![Action::StartRun {
+                        stage: 1,
+                        instance: 0,
+                        attempt: 2,
+                        delay: B,
+                        vm: 0,
+                    }],
+                ),
+                (ended(1, 0, 2), vec![reported(1, 0)]),
+                (
+                    ended(2, 0, 1),
+                    vec![reported(2, 0), Action::OpenStage { stage: 3 }],
+                ),
+                (opened(3, 1), vec![start(3, 0, 1)]),
+                (
+                    ended(3, 0, 1),
+                    vec![reported(3, 0), Action::Finish(Outcome::Succeeded)],
+                ),
+            ],
+        );
+
+        // Shared without claims (an unplanned job) and with prewarming off: only the reports.
+        let mut m = JobMachine::new(chain(), 3, B).with_warmth(Warmth::Shared {
+            claims: false,
+            prewarm: None,
+        });
+        check(
+            &mut m,
+            &[
+                (Event::Begin, vec![Action::OpenStage { stage: 0 }]),
+                (opened(0, 1), vec![start(0, 0, 1)]),
+                (
+                    ended(0, 0, 1),
+                    vec![reported(0, 0), Action::OpenStage { stage: 1 }],
+                ),
+            ],
+        );
+
+        // Its own containers (a profiling job): none of it.
+        let mut m = JobMachine::new(chain(), 3, B);
+        assert_eq!(m.warmth(), &Warmth::Own);
+        check(
+            &mut m,
+            &[
+                (Event::Begin, vec![Action::OpenStage { stage: 0 }]),
+                (opened(0, 1), vec![start(0, 0, 1)]),
+                (ended(0, 0, 1), vec![Action::OpenStage { stage: 1 }]),
             ],
         );
     }
@@ -1426,14 +1631,28 @@ mod tests {
     proptest! {
         /// Against random event orders: no instance starts before its inputs are complete, no
         /// attempt starts twice, every job ends, and a job that succeeds ran every instance.
+        /// A sharing job claims every stage once, at its start; prewarms a stage at most once,
+        /// before it opens and after one of its senders opened; and reports each instance that
+        /// ended well once, after it did.
         #[test]
         fn the_machine_keeps_its_invariants(
             (shape, counts) in shapes(),
             choices in choices(),
             cancel_at in proptest::option::of(0usize..400),
             max_attempts in 1u32..4,
+            shared in any::<bool>(),
         ) {
-            let mut m = JobMachine::new(shape.clone(), max_attempts, B);
+            let warmth = if shared {
+                Warmth::Shared { claims: true, prewarm: Some(BTreeMap::new()) }
+            } else {
+                Warmth::Own
+            };
+            let mut m = JobMachine::new(shape.clone(), max_attempts, B).with_warmth(warmth);
+            let mut claimed: BTreeSet<usize> = BTreeSet::new();
+            let mut prewarmed: BTreeSet<usize> = BTreeSet::new();
+            let mut reported: BTreeSet<(usize, u32)> = BTreeSet::new();
+            let mut ever_opened: BTreeSet<usize> = BTreeSet::new();
+            let mut began = false;
             // Outstanding: stages to open, runs going (stage, instance, attempt).
             let mut opening: Vec<usize> = Vec::new();
             let mut running: Vec<(usize, u32, u32)> = Vec::new();
@@ -1445,12 +1664,32 @@ mod tests {
             let mut choices = choices.into_iter();
             loop {
                 for event in std::mem::take(&mut pending) {
+                    let beginning = event == Event::Begin;
                     for action in m.handle(event) {
                         prop_assert!(outcome.is_none(), "an action after the end: {action:?}");
                         match action {
+                            Action::ClaimWarm { stage } => {
+                                prop_assert!(shared && beginning && !began, "a claim after the start");
+                                prop_assert!(claimed.insert(stage), "{stage} claimed twice");
+                            }
+                            Action::WarmReported { stage, instance } => {
+                                prop_assert!(shared);
+                                prop_assert!(succeeded.contains(&(stage, instance)),
+                                    "{stage}/{instance} reported before it ended well");
+                                prop_assert!(reported.insert((stage, instance)),
+                                    "{stage}/{instance} reported twice");
+                            }
+                            Action::Prewarm { stage, .. } => {
+                                prop_assert!(shared);
+                                prop_assert!(!ever_opened.contains(&stage), "{stage} prewarmed once open");
+                                prop_assert!(shape.senders(stage).iter().any(|s| ever_opened.contains(s)),
+                                    "{stage} prewarmed before a sender opened");
+                                prop_assert!(prewarmed.insert(stage), "{stage} prewarmed twice");
+                            }
                             Action::OpenStage { stage } => {
                                 prop_assert!(!opening.contains(&stage));
                                 opening.push(stage);
+                                ever_opened.insert(stage);
                             }
                             Action::StartRun { stage, instance, attempt, .. } => {
                                 prop_assert!(
@@ -1472,6 +1711,7 @@ mod tests {
                         }
                     }
                 }
+                began = true;
                 if outcome.is_some() {
                     break;
                 }
@@ -1504,8 +1744,10 @@ mod tests {
                 for (i, &n) in counts.iter().enumerate() {
                     for k in 0..n {
                         prop_assert!(succeeded.contains(&(i, k)), "{i}/{k} never ran");
+                        prop_assert!(!shared || reported.contains(&(i, k)), "{i}/{k} not reported");
                     }
                 }
+                prop_assert!(!shared || claimed.len() == counts.len(), "stages left unclaimed");
             }
             prop_assert!(outcome != Some(Outcome::Stuck), "an acyclic DAG got stuck");
         }

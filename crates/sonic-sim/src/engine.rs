@@ -42,7 +42,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use serde::Serialize;
 use sonic_core::catalog::{SECONDS_PER_MONTH, mbps_to_bytes_per_s};
 use sonic_core::dag::EdgeKind;
-use sonic_core::machine::{self, Action, Event, JobMachine, Shape, Spread};
+use sonic_core::machine::{self, Action, Event, JobMachine, Shape, Spread, Warmth};
 use sonic_core::model::{Assignment, Method, Placement, PlanProblem, perf_per_dollar};
 use sonic_core::planner::{Policy, Predicted, plan};
 use sonic_core::regression::{Convergence, DagModels, FunctionSample};
@@ -391,6 +391,8 @@ struct StageRun {
     group: usize,
     ready: f64,
     first_grant: f64,
+    /// When the job machine had its containers started (`Action::Prewarm`), if it did.
+    prewarmed: f64,
     end: f64,
     slots: Vec<Slot>,
     slots_done: usize,
@@ -776,6 +778,7 @@ fn prepare(
             group: NONE,
             ready: 0.0,
             first_grant: f64::INFINITY,
+            prewarmed: f64::INFINITY,
             end: 0.0,
             slots: Vec::new(),
             slots_done: 0,
@@ -1088,6 +1091,17 @@ impl<'a> Sim<'a> {
                 .is_none_or(sonic_core::warm::shares_across_jobs),
         };
         self.admit(j);
+        // As the executor: a job sharing warm containers prewarms its stages (no pool ledger
+        // here, so no claims); one measuring cold starts does not.
+        let warmth = if self.jobs[j].shares_warm {
+            Warmth::Shared {
+                claims: false,
+                prewarm: self.cfg.prewarm.then(BTreeMap::new),
+            }
+        } else {
+            Warmth::Own
+        };
+        self.jobs[j].machine.set_warmth(warmth);
         self.machine(j, Event::Begin);
     }
 
@@ -1114,9 +1128,18 @@ impl<'a> Sim<'a> {
                         }
                         placed[instance as usize] = vm;
                     }
+                    // Its containers start now, after the delay.
+                    Action::Prewarm { stage, delay } => {
+                        let st = &mut self.jobs[j].stages[stage];
+                        st.prewarmed = st.prewarmed.min(self.now + delay.as_secs_f64());
+                    }
                     // Nothing is recorded before, nothing fails or is cancelled: the job ends
-                    // when its last stage does (`stage_done`).
-                    Action::Restore { .. } | Action::StopRuns | Action::Finish(_) => {}
+                    // when its last stage does (`stage_done`); no pool ledger is kept.
+                    Action::Restore { .. }
+                    | Action::StopRuns
+                    | Action::Finish(_)
+                    | Action::ClaimWarm { .. }
+                    | Action::WarmReported { .. } => {}
                 }
             }
         }
@@ -2037,16 +2060,13 @@ impl<'a> Sim<'a> {
             };
             let stage = &self.jobs[j].pb.stages()[r];
             let mut work = if hot { stage.hot_s } else { stage.cold_s };
-            // Prewarmed: the container started once the first sender started; the start not
-            // yet over by now is all this cold run still pays of it.
-            let senders = self.jobs[j].pb.incoming(r);
-            if !hot && self.cfg.prewarm && !senders.is_empty() {
-                let first_sender = senders
-                    .iter()
-                    .map(|&e| self.jobs[j].stages[self.jobs[j].pb.edges()[e].from].first_grant)
-                    .fold(f64::INFINITY, f64::min);
+            // Prewarmed: the container started when the job machine said (once the first
+            // sender started); the start not yet over by now is all this cold run still pays
+            // of it.
+            let prewarmed = self.jobs[j].stages[r].prewarmed;
+            if !hot && prewarmed.is_finite() {
                 let start = stage.start_s.clamp(0.0, stage.cold_s);
-                let left = (first_sender + start - now).clamp(0.0, start);
+                let left = (prewarmed + start - now).clamp(0.0, start);
                 work = stage.cold_s - start + left;
             }
             let st = &mut self.jobs[j].stages[r];

@@ -94,9 +94,9 @@ struct Execution<'a> {
     profiling: bool,
     /// Per function, what its runs' warm containers are recorded under (none when profiling).
     warm_keys: Vec<String>,
-    /// Per (sender, receiver) function pair, how long after the sender starts the receiver is
-    /// prewarmed (a planned job's timed prewarm; absent: at once).
-    prewarm_delays: BTreeMap<(usize, usize), std::time::Duration>,
+    /// Per instance that ended well and is not yet reported to the warm ledger
+    /// ([`Action::WarmReported`]): its agent and what the agent said it keeps warm.
+    warm_words: HashMap<(usize, u32), (usize, Option<sonic_api::agent::WarmIdle>)>,
 }
 
 impl<'a> Execution<'a> {
@@ -352,17 +352,16 @@ impl<'a> Execution<'a> {
                 })
                 .collect()
         };
-        // The warm containers this job's first batches will take on the agents it was granted:
-        // the next jobs' plans no longer count them (released as its runs report, or at its end).
-        if let Some(a) = &alloc {
-            let now = state.clock.now_ms();
-            for (i, key) in warm_keys.iter().enumerate() {
-                for (agent, k) in a.permits(i) {
-                    let want = u32::try_from(k).unwrap_or(u32::MAX);
-                    rt.warm.claim(&job.id, &agents[agent].id, key, want, now);
-                }
+        // The machine claims, reports and prewarms by how the job shares warm containers.
+        let warmth = if profiling {
+            Warmth::Own
+        } else {
+            Warmth::Shared {
+                claims: alloc.is_some(),
+                prewarm: rt.config.prewarm.then_some(prewarm_delays),
             }
-        }
+        };
+        let machine = machine.with_warmth(warmth);
         Ok(Execution {
             state,
             rt,
@@ -382,7 +381,6 @@ impl<'a> Execution<'a> {
             produced,
             expiry,
             vcpu_permits,
-            prewarm_delays,
             job_permits,
             recorded,
             shape,
@@ -395,6 +393,7 @@ impl<'a> Execution<'a> {
             events,
             profiling,
             warm_keys,
+            warm_words: HashMap::new(),
         })
     }
 
@@ -418,6 +417,11 @@ impl<'a> Execution<'a> {
                             attempt,
                             vm,
                         } => self.restore(stage, instance, attempt, vm).await?,
+                        Action::ClaimWarm { stage } => self.claim_warm(stage),
+                        Action::WarmReported { stage, instance } => {
+                            self.warm_reported(stage, instance)
+                        }
+                        Action::Prewarm { stage, delay } => self.prewarm(stage, delay),
                         Action::StopRuns => self.set.abort_all(),
                         Action::Finish(outcome) => return Ok(outcome),
                     }
@@ -461,7 +465,6 @@ impl<'a> Execution<'a> {
         let state = self.state;
         let rt = self.rt;
         let job = self.job;
-        let profiling = self.profiling;
         let Execution {
             ref mut progress,
             ref dag,
@@ -471,7 +474,6 @@ impl<'a> Execution<'a> {
             ref machine,
             ref mut opened,
             ref mut events,
-            ref prewarm_delays,
             ..
         } = *self;
         if let Some(a) = alloc
@@ -536,10 +538,6 @@ impl<'a> Execution<'a> {
             e.message = None;
         });
         tracing::info!(job = %job.id, function = %dag.functions[i].name, instances = count, "stage starts");
-        // A job that measures cold starts has nothing started ahead.
-        if !profiling {
-            crate::exec::prewarm::next_stages(rt, &ctx, i, alloc.as_ref(), prewarm_delays);
-        }
         events.push_back(Event::StageOpened {
             stage: i,
             instances: count,
@@ -703,6 +701,46 @@ impl<'a> Execution<'a> {
         Ok(())
     }
 
+    /// Claims, in the warm ledger, the containers stage `i`'s first batch takes on each agent
+    /// it was granted (as many as the plan runs there at once): the next jobs' plans no longer
+    /// count them (released as its runs report, or at the job's end).
+    fn claim_warm(&mut self, i: usize) {
+        let (Some(a), Some(key)) = (&self.alloc, self.warm_keys.get(i)) else {
+            return;
+        };
+        let now = self.state.clock.now_ms();
+        for (agent, k) in a.permits(i) {
+            let want = u32::try_from(k).unwrap_or(u32::MAX);
+            self.rt
+                .warm
+                .claim(&self.job.id, &self.agents[agent].id, key, want, now);
+        }
+    }
+
+    /// Tells the warm ledger what the agent of instance `k` of stage `i` said it keeps warm
+    /// for the function once the run ended, for the next jobs' plans; the job's claim there ends.
+    fn warm_reported(&mut self, i: usize, k: u32) {
+        // An instance restored from an earlier control plane's record has no word here.
+        let (Some((agent, word)), Some(key)) =
+            (self.warm_words.remove(&(i, k)), self.warm_keys.get(i))
+        else {
+            return;
+        };
+        let agent = &self.agents[agent].id;
+        self.rt.warm.started(&self.job.id, agent, key);
+        if let Some(w) = word {
+            self.rt
+                .warm
+                .observe(agent, key.clone(), w, self.state.clock.now_ms());
+        }
+    }
+
+    /// Prewarms stage `i` (where its instances will run) after `delay`, in the background.
+    fn prewarm(&mut self, i: usize, delay: Duration) {
+        let ctx = stage_context!(self);
+        crate::exec::prewarm::stage(self.rt, &ctx, i, self.alloc.as_ref(), delay);
+    }
+
     /// An attempt ended: records its instance if it succeeded, and tells the machine.
     async fn attempted(&mut self, a: Attempted) -> Result<(), Failure> {
         let state = self.state;
@@ -718,21 +756,14 @@ impl<'a> Execution<'a> {
             ref mut first_sent,
             ref mut failures,
             ref mut events,
-            ref warm_keys,
+            ref mut warm_words,
             ..
         } = *self;
         let (i, k) = (a.function, a.instance);
         let first = *first_sent.entry((i, k)).or_insert((a.started, a.sent_ms));
         match a.outcome {
             Ok((report, ended)) => {
-                // What the agent keeps warm for the function now, for the next jobs' plans.
-                if let Some(key) = warm_keys.get(i) {
-                    rt.warm.started(&job.id, &agents[a.agent].id, key);
-                    if let Some(w) = report.warm {
-                        rt.warm
-                            .observe(&agents[a.agent].id, key.clone(), w, state.clock.now_ms());
-                    }
-                }
+                warm_words.insert((i, k), (a.agent, report.warm));
                 let f = Finished {
                     function: i,
                     instance: k,

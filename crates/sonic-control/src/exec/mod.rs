@@ -51,7 +51,7 @@ use crate::store::{
 pub use context::Context;
 use sonic_core::machine::{
     self, Action, Event, ExecutionEnd, Executions, Failure as RunFailure, JobMachine, Next,
-    Outcome, RetryPolicy, Shape,
+    Outcome, RetryPolicy, Shape, Warmth,
 };
 
 /// The reason a job that was running when the control plane stopped is failed with.

@@ -94,158 +94,146 @@ pub struct Target {
     pub request: PrewarmRequest,
 }
 
-/// The prewarm calls for the stages that read from stage `i`, which starts now: per receiving
-/// stage and agent, the containers its instances will need there at once.
+/// The prewarm calls for stage `j` (a stage reading from one that starts now): per agent, the
+/// containers its instances will need there at once.
 pub fn targets(
     ctx: &StageContext<'_>,
-    i: usize,
+    j: usize,
     alloc: Option<&Allocation>,
     vcpus: impl Fn(usize) -> Option<u32>,
 ) -> Vec<Target> {
-    let mut next: Vec<usize> = ctx.dag.outgoing(i).map(|e| e.to).collect();
-    next.sort_unstable();
-    next.dedup();
-    let mut out = Vec::new();
-    for j in next {
-        let f = &ctx.dag.functions[j];
-        // A handler stage: the agent starts its instances' Python runtimes (imports `f.py`).
-        let handler = match f.handler {
-            Some(_) => match ctx.handlers.get(&j) {
-                Some(h) => Some(h.clone()),
-                None => continue,
-            },
-            None => None,
-        };
-        let instances = match ctx.fanouts.get(j) {
-            Some(Fanout::Known(n)) => Some(*n),
-            // One per file the sender writes: not known before it ran.
-            _ => None,
-        };
-        // Per agent: how many at once, and the memory limit of the runs.
-        let (per_agent, memory_limit_mb): (BTreeMap<usize, u32>, u64) = match alloc {
-            Some(a) => {
-                let Some(hosts) = a.hosts.get(j).filter(|h| !h.is_empty()) else {
-                    continue;
-                };
-                let mut placed: BTreeMap<usize, u32> = BTreeMap::new();
-                match instances {
-                    Some(n) => {
-                        for k in 0..n {
-                            *placed.entry(a.host(j, k, n)).or_insert(0) += 1;
-                        }
-                    }
-                    None => {
-                        for &h in hosts {
-                            placed.entry(h).or_insert(0);
-                        }
+    let f = &ctx.dag.functions[j];
+    // A handler stage: the agent starts its instances' Python runtimes (imports `f.py`).
+    let handler = match f.handler {
+        Some(_) => match ctx.handlers.get(&j) {
+            Some(h) => Some(h.clone()),
+            None => return Vec::new(),
+        },
+        None => None,
+    };
+    let instances = match ctx.fanouts.get(j) {
+        Some(Fanout::Known(n)) => Some(*n),
+        // One per file the sender writes: not known before it ran.
+        _ => None,
+    };
+    // Per agent: how many at once, and the memory limit of the runs.
+    let (per_agent, memory_limit_mb): (BTreeMap<usize, u32>, u64) = match alloc {
+        Some(a) => {
+            let Some(hosts) = a.hosts.get(j).filter(|h| !h.is_empty()) else {
+                return Vec::new();
+            };
+            let mut placed: BTreeMap<usize, u32> = BTreeMap::new();
+            match instances {
+                Some(n) => {
+                    for k in 0..n {
+                        *placed.entry(a.host(j, k, n)).or_insert(0) += 1;
                     }
                 }
-                let at_once = a.permits(j);
-                let per_agent = placed
-                    .into_iter()
-                    .map(|(agent, n)| {
-                        let most = at_once.get(&agent).copied().unwrap_or(1) as u32;
-                        (
-                            agent,
-                            if instances.is_some() {
-                                n.min(most)
-                            } else {
-                                most
-                            },
-                        )
-                    })
-                    .collect();
-                let memory = a
-                    .memory_limit_mb
-                    .get(j)
-                    .copied()
-                    .unwrap_or(DEFAULT_MEMORY_MB);
-                (per_agent, memory)
-            }
-            None => {
-                let Some(n) = instances else { continue };
-                if ctx.agents.is_empty() {
-                    continue;
+                None => {
+                    for &h in hosts {
+                        placed.entry(h).or_insert(0);
+                    }
                 }
-                let mut placed: BTreeMap<usize, u32> = BTreeMap::new();
-                for k in 0..n {
-                    *placed
-                        .entry(place(ctx.policy, ctx.agents.len(), j, k))
-                        .or_insert(0) += 1;
-                }
-                let per_agent = placed
-                    .into_iter()
-                    .map(|(agent, n)| (agent, n.min(vcpus(agent).unwrap_or(1).max(1))))
-                    .collect();
-                (per_agent, DEFAULT_MEMORY_MB)
             }
-        };
-        for (agent, count) in per_agent {
-            if count == 0 {
-                continue;
-            }
-            out.push(Target {
-                stage: j,
-                agent,
-                request: PrewarmRequest {
-                    function_key: function_key(ctx.dag, j),
-                    image: f.image.clone(),
-                    command: f.command.clone(),
-                    count: count.min(MAX_PREWARM),
-                    memory_limit_mb,
-                    // As `jobs::instance_runs` asks for every run.
-                    cpus: 1.0,
-                    output_quota_mb: None,
-                    handler: handler.clone(),
-                },
-            });
+            let at_once = a.permits(j);
+            let per_agent = placed
+                .into_iter()
+                .map(|(agent, n)| {
+                    let most = at_once.get(&agent).copied().unwrap_or(1) as u32;
+                    (
+                        agent,
+                        if instances.is_some() {
+                            n.min(most)
+                        } else {
+                            most
+                        },
+                    )
+                })
+                .collect();
+            let memory = a
+                .memory_limit_mb
+                .get(j)
+                .copied()
+                .unwrap_or(DEFAULT_MEMORY_MB);
+            (per_agent, memory)
         }
+        None => {
+            let Some(n) = instances else {
+                return Vec::new();
+            };
+            if ctx.agents.is_empty() {
+                return Vec::new();
+            }
+            let mut placed: BTreeMap<usize, u32> = BTreeMap::new();
+            for k in 0..n {
+                *placed
+                    .entry(place(ctx.policy, ctx.agents.len(), j, k))
+                    .or_insert(0) += 1;
+            }
+            let per_agent = placed
+                .into_iter()
+                .map(|(agent, n)| (agent, n.min(vcpus(agent).unwrap_or(1).max(1))))
+                .collect();
+            (per_agent, DEFAULT_MEMORY_MB)
+        }
+    };
+    let mut out = Vec::new();
+    for (agent, count) in per_agent {
+        if count == 0 {
+            continue;
+        }
+        out.push(Target {
+            stage: j,
+            agent,
+            request: PrewarmRequest {
+                function_key: function_key(ctx.dag, j),
+                image: f.image.clone(),
+                command: f.command.clone(),
+                count: count.min(MAX_PREWARM),
+                memory_limit_mb,
+                // As `jobs::instance_runs` asks for every run.
+                cpus: 1.0,
+                output_quota_mb: None,
+                handler: handler.clone(),
+            },
+        });
     }
     out
 }
 
-/// The hook of the executor (where a stage starts): when prewarming is on, sends the prewarm
-/// calls for the stages reading from stage `i` in the background, each receiver's after its
-/// `delays` entry (timed prewarm; absent: at once).
-pub fn next_stages(
+/// Sends, in the background and after `delay`, the prewarm calls for stage `j`
+/// ([`targets`]): the job machine's [`sonic_core::machine::Action::Prewarm`].
+pub fn stage(
     rt: &Runtime,
     ctx: &StageContext<'_>,
-    i: usize,
+    j: usize,
     alloc: Option<&Allocation>,
-    delays: &BTreeMap<(usize, usize), Duration>,
+    delay: Duration,
 ) {
-    if !rt.config.prewarm {
-        return;
-    }
     let vcpus = |agent: usize| {
         let slot = ctx.agents.get(agent)?;
         Some(rt.catalog.as_ref()?.vm_type(&slot.vm_type)?.vcpus)
     };
-    let mut calls: Vec<(Duration, String, String, PrewarmRequest)> = targets(ctx, i, alloc, vcpus)
+    let calls: Vec<(String, String, PrewarmRequest)> = targets(ctx, j, alloc, vcpus)
         .into_iter()
         .filter_map(|t| {
             let agent = ctx.agents.get(t.agent)?;
-            let delay = delays.get(&(i, t.stage)).copied().unwrap_or(Duration::ZERO);
-            Some((delay, agent.id.clone(), agent.url.clone(), t.request))
+            Some((agent.id.clone(), agent.url.clone(), t.request))
         })
         .collect();
     if calls.is_empty() {
         return;
     }
-    calls.sort_by_key(|c| c.0);
     let http = rt.http().clone();
     let token = rt.config.agent_token.clone();
     let job = ctx.job_id.to_owned();
     tokio::spawn(async move {
-        let sent = calls.iter().map(|(delay, agent, url, body)| {
-            let (http, token, job) = (&http, &token, &job);
-            async move {
-                if !delay.is_zero() {
-                    tokio::time::sleep(*delay).await;
-                }
-                send(http, token, job, agent, url, body).await
-            }
-        });
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let sent = calls
+            .iter()
+            .map(|(agent, url, body)| send(&http, &token, &job, agent, url, body));
         futures::future::join_all(sent).await;
     });
 }
@@ -358,9 +346,9 @@ edges:
         let handlers = BTreeMap::new();
         let ctx = setup.ctx(&handlers);
         let dag = &setup.dag;
-        // gen starts: the 3 mids go to agents 1, 0, 1 (`jobs::place`), at most 1 at once on
-        // agent 1 here (1 vCPU), 1 on agent 0.
-        let got = targets(&ctx, 0, None, |a| Some(if a == 0 { 4 } else { 1 }));
+        // mid (read from gen): the 3 mids go to agents 1, 0, 1 (`jobs::place`), at most 1 at
+        // once on agent 1 here (1 vCPU), 1 on agent 0.
+        let got = targets(&ctx, 1, None, |a| Some(if a == 0 { 4 } else { 1 }));
         let counts: Vec<(usize, u32)> = got.iter().map(|t| (t.agent, t.request.count)).collect();
         assert_eq!(counts, vec![(0, 1), (1, 1)]);
         let r = &got[0].request;
@@ -370,11 +358,11 @@ edges:
         // The same warm key as the runs the executor will send.
         let runs = crate::exec::requests::instance_runs(&ctx, 1, 3, [0]).expect("runs");
         assert_eq!(r.warm_key(), runs[0].request.warm_key());
-        // mid starts: the sink, once; the sink starts: nothing reads from it.
-        let got = targets(&ctx, 1, None, |_| Some(2));
+        // The sink (read from mid), once. Which stages are prewarmed when (none reads from the
+        // sink) is the job machine's decision (`machine::Action::Prewarm`), tested there.
+        let got = targets(&ctx, 2, None, |_| Some(2));
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].request.count, 1);
-        assert!(targets(&ctx, 2, None, |_| Some(2)).is_empty());
     }
 
     /// A handler stage's prewarm names its handler (the agent starts the runtimes) and serves
@@ -391,7 +379,7 @@ edges:
         };
         let handlers = BTreeMap::from([(1, handler.clone())]);
         let mut ctx = setup.ctx(&handlers);
-        let got = targets(&ctx, 0, None, |_| Some(2));
+        let got = targets(&ctx, 1, None, |_| Some(2));
         assert_eq!(got.len(), 1);
         let r = &got[0].request;
         assert_eq!(r.handler.as_ref(), Some(&handler));
@@ -400,7 +388,7 @@ edges:
         assert_eq!(r.warm_key(), runs[0].request.warm_key());
         let none = BTreeMap::new();
         ctx.handlers = &none;
-        assert!(targets(&ctx, 0, None, |_| Some(2)).is_empty());
+        assert!(targets(&ctx, 1, None, |_| Some(2)).is_empty());
     }
 
     /// Timed prewarm: sent the predicted gap less two cold starts and a slack after the sender
