@@ -1,6 +1,10 @@
 //! The executor without a network: the control plane (HTTP API, SQLite, a local-directory store)
 //! runs jobs on in-memory agents ([`MemoryAgents`]), which end every run at once with the report a
 //! test scripts. What is checked is what the executor sends where, and in which order.
+//!
+//! Every party runs in the test's runtime, so it runs on a paused clock: the backoffs, polls
+//! and deadlines are waited out at once and in order. The harness's own limit on waiting for a
+//! job is on the real clock (`Cluster::ended`), so a job that never ends still fails the test.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,7 +109,7 @@ fn span(sent: &[(String, RunRequest)], function: &str) -> (usize, usize) {
     (at[0], at[at.len() - 1])
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_job_runs_on_in_memory_agents_retrying_a_failed_attempt() {
     let p = plane(|_, req| {
         if req.function == "mid" && req.instance == 1 && req.attempt == 1 {
@@ -140,7 +144,7 @@ async fn a_job_runs_on_in_memory_agents_retrying_a_failed_attempt() {
 /// Each agent fetches a stage's `direct` and `remote` inputs once, in one request, before the
 /// stage's runs there read them (the model's fetch at the stage's start): one fetch per agent
 /// and stage, each file once, every input a run reads on the agent among them.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn each_agent_fetches_a_stages_inputs_once_before_its_runs() {
     use sonic_api::agent::FileSource;
     for policy in ["remote", "direct"] {
@@ -206,7 +210,7 @@ async fn each_agent_fetches_a_stages_inputs_once_before_its_runs() {
 /// A function's `retries:` in its DAG file overrides the control plane's policy (3 attempts):
 /// `patient` retries its exits 4 times and succeeds at its 5th attempt; `picky` retries only
 /// timeouts, so its exit fails the job at its first attempt, saying so.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_functions_retries_decide_what_is_tried_again() {
     let p = plane(|_, req| match (req.function.as_str(), req.attempt) {
         ("patient", 1..=4) | ("picky", _) => failed(req, "flaky"),
@@ -237,7 +241,7 @@ async fn a_functions_retries_decide_what_is_tried_again() {
     assert_eq!(attempts("picky"), vec![1]);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_instance_failing_every_attempt_fails_the_job_and_starts_nothing_after_it() {
     let p = plane(|_, req| {
         if req.function == "mid" && req.instance == 2 {
@@ -268,7 +272,7 @@ async fn an_instance_failing_every_attempt_fails_the_job_and_starts_nothing_afte
     assert_eq!(attempts, vec![1, 2, 3]);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_lost_agent_makes_the_job_run_again_without_it() {
     let p = plane(|_, req| wrote(req)).await;
     p.memory().set_down("m-2", true);
@@ -310,7 +314,7 @@ async fn a_lost_agent_makes_the_job_run_again_without_it() {
 /// `Idempotency-Key` answers 200 with the first job, whatever its state, and starts nothing;
 /// submissions racing with one key make one job; another key or another DAG makes a new one;
 /// a bad key is a 400 that stores nothing.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_repeated_submission_with_its_key_returns_the_first_job() {
     let p = plane(|_, req| wrote(req)).await;
     p.apply("name: other\nfunctions:\n  - { name: only, image: i, command: [x], timeout: 30s }\n")
@@ -399,7 +403,8 @@ async fn a_repeated_submission_with_its_key_returns_the_first_job() {
 /// A DAG's `deadline:` (interfaces.md §7): a job still running past it, counted from its
 /// submission, is stopped and fails with a reason naming the deadline. Here `slow`'s run never
 /// ends (its agent answers "running" whenever asked), so only the deadline ends the job; `fast`
-/// before it ran.
+/// before it ran. On the real clock: the deadline's time is what is tested, and a paused clock
+/// would reach it while `fast` is still being sent.
 #[tokio::test]
 async fn a_job_past_its_deadline_fails_naming_it() {
     let p = plane(|_, req| {
@@ -424,7 +429,7 @@ async fn a_job_past_its_deadline_fails_naming_it() {
 
 /// A lambda that cannot start (its command not found: the agent says `unrunnable`) is not tried
 /// again: the job fails at its first attempt with the failure kind `unrunnable`.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_lambda_that_cannot_start_is_not_retried() {
     let p = plane(|_, req| {
         if req.function == "mid" {
@@ -454,7 +459,7 @@ async fn a_lambda_that_cannot_start_is_not_retried() {
 
 /// `GET /v1/jobs` filters by DAG and status (what `ofctl get jobs --dag --status --limit`
 /// sends); an unknown status is a 400.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn jobs_are_listed_by_dag_and_status() {
     let p = plane(|_, req| {
         if req.function == "bad" {

@@ -503,14 +503,14 @@ async fn a_prewarmed_handler_stage_finds_its_runtime_started() {
         .tune(|jobs| jobs.prewarm_timed = false)
         .start()
         .await;
-    c.upload(
-        "py-slow",
-        &[(
-            "f.py",
-            "import time\ndef f(event):\n    time.sleep(3)\n    return {'slept': 3}\n",
-        )],
-    )
-    .await;
+    // `first` sleeps 3 s only in the job that tells the import's time apart (the last); the
+    // jobs that learn the cold times need not wait.
+    let slow = |secs: u32| {
+        format!(
+            "import time\ndef f(event):\n    time.sleep({secs})\n    return {{'slept': {secs}}}\n"
+        )
+    };
+    c.upload("py-slow", &[("f.py", slow(0).as_str())]).await;
     let imports = |version: u32| {
         format!(
             "import os, time\nIMPORTED = time.time()\ntime.sleep(0.5)  # an import that takes a while\ncalls = 0\nVERSION = {version}\n\ndef f(event):\n    global calls\n    calls += 1\n    return {{'since_import_s': time.time() - IMPORTED, 'calls': calls, 'version': VERSION}}\n"
@@ -531,6 +531,7 @@ async fn a_prewarmed_handler_stage_finds_its_runtime_started() {
     // digest, a new warm key), so its run is hot only if it was prewarmed.
     c.upload("py-imports", &[("f.py", imports(2).as_str())])
         .await;
+    c.upload("py-slow", &[("f.py", slow(3).as_str())]).await;
     let (v, s) = c.run(json!({ "dag": "warmup" })).await;
     assert_eq!(s.status, JobStatus::Succeeded, "{v}");
     let second = s
