@@ -32,6 +32,7 @@ fn stage(i: usize, k: u32) -> Stage {
         hot_s: 4.0 + 0.5 * i as f64,
         instances: k,
         overhead_s: 0.0,
+        overhead_hot_s: None,
         start_s: 0.0,
     }
 }

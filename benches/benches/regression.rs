@@ -26,6 +26,7 @@ fn params(x: f64) -> Params {
         hot_s: 0.9 * t,
         instances: k,
         overhead_s: 0.0,
+        overhead_hot_s: None,
         start_s: 0.0,
         cold_dist: None,
         hot_dist: None,

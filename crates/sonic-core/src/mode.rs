@@ -503,6 +503,7 @@ mod tests {
                 hot_s: None,
                 instances: Some(2),
                 overhead_s: None,
+                overhead_hot_s: None,
                 start_s: None,
                 cold_spread: None,
                 hot_spread: None,

@@ -84,6 +84,10 @@ pub struct Stage {
     /// function like the times): a VM's batches take `B * overhead_s` more.
     #[serde(default)]
     pub overhead_s: f64,
+    /// The per-batch overhead of a batch that runs hot, where it differs from `overhead_s`
+    /// (then the cold first batch's): see [`PlanProblem::overhead_s`]. `None`: `overhead_s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_hot_s: Option<f64>,
     /// Of `cold_s`, the cold start (creating the container); what prewarming takes off a
     /// stage's first batch ([`PlanProblem::with_prewarm`]).
     #[serde(default)]
@@ -446,6 +450,11 @@ impl PlanProblem {
                     s.cold_s, s.hot_s
                 )));
             }
+            if let Some(h) = s.overhead_hot_s
+                && !(h.is_finite() && h >= 0.0)
+            {
+                return Err(bad(format!("hot overhead {h} s must be a number >= 0")));
+            }
             if !(s.overhead_s.is_finite() && s.overhead_s >= 0.0) {
                 return Err(bad(format!(
                     "overhead {} s must be a number >= 0",
@@ -642,6 +651,7 @@ impl PlanProblem {
                 hot_s: p.hot_s,
                 instances: p.instances,
                 overhead_s: p.overhead_s,
+                overhead_hot_s: p.overhead_hot_s,
                 start_s: p.start_s,
             });
         }
@@ -886,10 +896,40 @@ impl PlanProblem {
         }
     }
 
-    /// Per-instance overhead of the fullest VM: every batch pays it once
-    /// (`batches * overhead_s`).
+    /// Per-instance overhead of the fullest VM: every batch pays it once, as compute is
+    /// charged: the first batch the cold one's (`overhead_s`), the later ones the hot one's
+    /// (`overhead_hot_s`, else `overhead_s`); every batch the hot one's where the stage starts
+    /// warm ([`PlanProblem::warm_start`]).
     pub fn overhead_s(&self, s: usize, pl: Placement) -> f64 {
-        f64::from(self.batches(s, pl)) * self.stages[s].overhead_s
+        let st = &self.stages[s];
+        let b = f64::from(self.batches(s, pl));
+        let hot = st.overhead_hot_s.unwrap_or(st.overhead_s);
+        if self.warm_start(s, pl) {
+            b * hot
+        } else {
+            st.overhead_s + (b - 1.0) * hot
+        }
+    }
+
+    /// The least time the fullest VM can be busy with stage `s` under any placement: one
+    /// batch, warm where the pool may hold its containers, prewarmed where prewarming is on.
+    /// A lower bound for the planner's searches.
+    pub fn least_busy_s(&self, s: usize) -> f64 {
+        let st = &self.stages[s];
+        let first = if self.prewarm && !self.incoming[s].is_empty() {
+            st.cold_s - st.start_s
+        } else {
+            st.cold_s
+        };
+        let cold = first + st.overhead_s;
+        let may_start_warm = self.warm[s]
+            .iter()
+            .any(|per_vm| per_vm.iter().any(|&n| n > 0));
+        if may_start_warm {
+            cold.min(st.hot_s + st.overhead_hot_s.unwrap_or(st.overhead_s))
+        } else {
+            cold
+        }
     }
 
     /// How long the fullest VM is busy with the stage once its inputs are fetched: compute and
@@ -1643,6 +1683,7 @@ mod tests {
             hot_s: hot,
             instances: k,
             overhead_s: 0.0,
+            overhead_hot_s: None,
             start_s: 0.0,
         }
     }
@@ -1730,6 +1771,55 @@ mod tests {
         ));
         stages[1].overhead_s = f64::INFINITY;
         assert!(PlanProblem::new(stages, edges, catalog(), Bounds::default()).is_err());
+    }
+
+    /// A hot batch pays the hot-batch overhead where one was learned: the cold first batch
+    /// `overhead_s`, the two hot ones `overhead_hot_s`; a stage starting warm pays it for
+    /// every batch. The least busy time bounds every placement's from below.
+    #[test]
+    fn hot_batches_pay_their_own_overhead() {
+        let mut stages = vec![
+            stage("pca", 1000.0, 10.0, 9.0, 1),
+            stage("train", 1000.0, 14.0, 12.0, 6),
+        ];
+        stages[1].overhead_s = 0.5;
+        stages[1].overhead_hot_s = Some(0.125);
+        let edges = vec![edge("pca", "train", EdgeKind::Broadcast, 1e9)];
+        let pb =
+            PlanProblem::new(stages.clone(), edges.clone(), catalog(), Bounds::default()).unwrap();
+        let one = |c| Placement {
+            vm: 0,
+            vms: 1,
+            concurrent: c,
+        };
+        assert!(close(pb.overhead_s(1, one(2)), 0.5 + 2.0 * 0.125));
+        assert!(close(pb.overhead_s(1, one(6)), 0.5));
+        assert!(close(pb.least_busy_s(1), 14.0 + 0.5));
+        // Warm containers for the first batch on the VM: every batch hot.
+        let warm = BTreeMap::from([(
+            "train".to_owned(),
+            BTreeMap::from([("a".to_owned(), vec![6])]),
+        )]);
+        let warm_pb = pb.clone().with_warm(&warm);
+        assert!(warm_pb.warm_start(1, one(2)));
+        assert!(close(warm_pb.overhead_s(1, one(2)), 3.0 * 0.125));
+        assert!(close(warm_pb.least_busy_s(1), 12.0 + 0.125));
+        // Prewarmed: the first batch's compute less the cold start.
+        stages[1].start_s = 3.0;
+        let pre = PlanProblem::new(stages.clone(), edges.clone(), catalog(), Bounds::default())
+            .unwrap()
+            .with_prewarm(true);
+        assert!(close(pre.least_busy_s(1), 11.0 + 0.5));
+        for c in 1..=6 {
+            assert!(pre.busy_s(1, one(c)) >= pre.least_busy_s(1) - 1e-12);
+            assert!(warm_pb.busy_s(1, one(c)) >= warm_pb.least_busy_s(1) - 1e-12);
+        }
+        // A negative hot overhead is refused.
+        stages[1].overhead_hot_s = Some(-0.1);
+        assert!(matches!(
+            PlanProblem::new(stages, edges, catalog(), Bounds::default()),
+            Err(ProblemError::BadStage { .. })
+        ));
     }
 
     #[test]

@@ -32,6 +32,11 @@ pub struct FunctionParams {
     /// 0 when not given.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub overhead_s: f64,
+    /// The same of a batch that runs hot (in warm containers: a VM's later batches, or every
+    /// batch of a stage that starts warm), where it differs from `overhead_s` (which is then
+    /// the cold batch's): a hot batch pays no spread of cold starts, and what its instances
+    /// move may share the VM with each other. `None`: `overhead_s` for every batch.
+    pub overhead_hot_s: Option<f64>,
     /// Of `cold_s`, the cold start: creating the instance's container (process environment)
     /// before its lambda runs. A stage whose containers are started while its senders run
     /// (prewarming) pays `cold_s - start_s` for its first batch; 0 when not given.
@@ -108,6 +113,8 @@ struct RawFunction {
     instances: u32,
     #[serde(default, skip_serializing_if = "is_zero")]
     overhead_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    overhead_hot_s: Option<f64>,
     #[serde(default, skip_serializing_if = "is_zero")]
     start_s: f64,
 }
@@ -132,6 +139,7 @@ impl TryFrom<RawFunction> for FunctionParams {
             hot_s,
             instances: r.instances,
             overhead_s: r.overhead_s,
+            overhead_hot_s: r.overhead_hot_s,
             start_s: r.start_s,
             cold_dist,
             hot_dist,
@@ -147,6 +155,7 @@ impl From<FunctionParams> for RawFunction {
             hot_s: f.hot_dist.unwrap_or(TimeValue::Seconds(f.hot_s)),
             instances: f.instances,
             overhead_s: f.overhead_s,
+            overhead_hot_s: f.overhead_hot_s,
             start_s: f.start_s,
         }
     }

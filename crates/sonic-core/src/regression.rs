@@ -389,6 +389,11 @@ pub struct FunctionModels {
     /// it was learned.
     #[serde(default = "overhead_model")]
     pub overhead_s: Model,
+    /// The per-batch overhead of its hot batches (`FunctionParams::overhead_hot_s`), learned
+    /// apart from the cold batches': a cold batch pays the spread of its cold starts. Never
+    /// holds back convergence; absent from models stored before it was learned.
+    #[serde(default = "overhead_hot_model")]
+    pub overhead_hot_s: Model,
     /// A cold start: from creating an instance's container (process environment) to its
     /// lambda running (what agents report as `start_latency_s`). A cold run's time less it is
     /// the hot time's guess until `hot_s` has samples. Never holds back convergence. Absent
@@ -417,6 +422,31 @@ impl FunctionModels {
     }
 }
 
+/// A time from a few samples of `m` (fewer than its regression needs): their time per input
+/// byte times `x`, or their mean where `x` or every sample's size is 0 (a DAG without an input
+/// size). `None` without a sample.
+fn few_samples(m: &Model, x: f64) -> Option<f64> {
+    let ok: Vec<(f64, f64)> = m
+        .samples
+        .iter()
+        .copied()
+        .filter(|(xi, y)| xi.is_finite() && y.is_finite() && *y >= 0.0)
+        .collect();
+    if ok.is_empty() {
+        return None;
+    }
+    let sized: Vec<f64> = ok
+        .iter()
+        .filter(|(xi, _)| *xi > 0.0)
+        .map(|(xi, y)| y / xi)
+        .collect();
+    if x > 0.0 && !sized.is_empty() {
+        Some(x * sized.iter().sum::<f64>() / sized.len() as f64)
+    } else {
+        Some(ok.iter().map(|(_, y)| y).sum::<f64>() / ok.len() as f64)
+    }
+}
+
 /// An empty cold-start model (for models stored before cold starts were learned).
 fn start_model() -> Model {
     Model::new(Quantity::Time, 0x057A_2750)
@@ -425,6 +455,11 @@ fn start_model() -> Model {
 /// An empty overhead model (for models stored before overheads were learned).
 fn overhead_model() -> Model {
     Model::new(Quantity::Time, 0x0BE7_4EAD)
+}
+
+/// An empty hot-batch overhead model (for models stored before it was learned).
+fn overhead_hot_model() -> Model {
+    Model::new(Quantity::Time, 0x0BE7_4407)
 }
 
 /// The bytes model of one edge.
@@ -443,9 +478,13 @@ pub struct FunctionSample {
     pub cold_s: Option<f64>,
     pub hot_s: Option<f64>,
     pub instances: Option<u32>,
-    /// Mean per-instance overhead (`FunctionParams::overhead_s`).
+    /// The per-batch overhead of its cold batch (`FunctionParams::overhead_s`); in samples
+    /// taken before hot batches were told apart, the mean over its batches.
     #[serde(default)]
     pub overhead_s: Option<f64>,
+    /// The per-batch overhead of its hot batches (`FunctionParams::overhead_hot_s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_hot_s: Option<f64>,
     /// Mean cold start of its cold runs (`FunctionModels::start_s`).
     #[serde(default)]
     pub start_s: Option<f64>,
@@ -560,6 +599,10 @@ impl DagModels {
                             Quantity::Time,
                             seed ^ overhead_model().seed.wrapping_mul(0x9E37_79B9),
                         ),
+                        overhead_hot_s: Model::new(
+                            Quantity::Time,
+                            seed ^ overhead_hot_model().seed.wrapping_mul(0x9E37_79B9),
+                        ),
                         start_s: Model::new(
                             Quantity::Time,
                             seed ^ start_model().seed.wrapping_mul(0x9E37_79B9),
@@ -622,6 +665,7 @@ impl DagModels {
                 (&mut m.hot_s, s.hot_s),
                 (&mut m.instances, s.instances.map(f64::from)),
                 (&mut m.overhead_s, s.overhead_s),
+                (&mut m.overhead_hot_s, s.overhead_hot_s),
                 (&mut m.start_s, s.start_s),
             ];
             for (model, y) in pairs {
@@ -664,6 +708,7 @@ impl DagModels {
                         hot_s: Some(f.hot_s),
                         instances: Some(f.instances),
                         overhead_s: Some(f.overhead_s),
+                        overhead_hot_s: f.overhead_hot_s,
                         start_s: None,
                         cold_spread: None,
                         hot_spread: None,
@@ -727,30 +772,18 @@ impl DagModels {
             // never above the cold time. With fewer (profiling never ran a function hot), the
             // cold time less the cold start, once cold starts were measured; the cold time
             // before. In between (a few hot runs, e.g. planned jobs' later batches), the hot
-            // runs' own ratio to the cold time predicted at their sizes, times the cold time:
-            // a lambda's first run in a container pays more than its start (loading its code
-            // and data into a fresh process), so the cold time less the start overstates the
-            // hot time (the demo's mappers: 0.10 s guessed, 0.045 s measured).
-            let hot_ratio = || -> Option<f64> {
-                let ratios: Vec<f64> = f
-                    .hot_s
-                    .samples
-                    .iter()
-                    .filter_map(|&(x, hot)| {
-                        let cold = f.cold_s.predict(x)?;
-                        (cold > 0.0 && hot.is_finite() && hot >= 0.0).then(|| hot / cold)
-                    })
-                    .collect();
-                (!ratios.is_empty()).then(|| ratios.iter().sum::<f64>() / ratios.len() as f64)
-            };
+            // runs' time per input byte times the input ([`few_samples`]): a hot run pays no
+            // start, so its time grows with what it reads. (Its ratio to the cold time, used
+            // before, kept the cold time's fixed start in the growth: the demo's 20 MB sort's
+            // hot lambdas came out 20 to 45% short from 10 MB samples, docs/model.md.)
             let hot_s = if f.hot_s.converged(&self.convergence) {
                 need(&f.hot_s, format!("{name}.hot_s"))?
             } else if f.hot_s.samples.len() >= self.convergence.min_samples {
                 f.hot_s
                     .predict(input_bytes)
                     .map_or(cold_s, |h| h.min(cold_s))
-            } else if let Some(ratio) = hot_ratio() {
-                (ratio * cold_s).min(cold_s)
+            } else if let Some(hot) = few_samples(&f.hot_s, input_bytes) {
+                hot.min(cold_s)
             } else {
                 f.start_s
                     .predict(input_bytes)
@@ -775,6 +808,16 @@ impl DagModels {
                     // What the system pays per instance beyond compute and the modeled data
                     // passing: from its first sample on (0 before: nothing measured yet).
                     overhead_s: f.overhead_s.predict(input_bytes).unwrap_or(0.0),
+                    // Its hot batches' own, as the hot time is guessed: the regression once
+                    // it has enough samples, the per-byte rule with a few (only planned jobs'
+                    // later batches and warm starts measure it), the cold batch's without any.
+                    overhead_hot_s: if f.overhead_hot_s.samples.len()
+                        >= self.convergence.min_samples
+                    {
+                        f.overhead_hot_s.predict(input_bytes)
+                    } else {
+                        few_samples(&f.overhead_hot_s, input_bytes)
+                    },
                 },
             );
         }
@@ -808,6 +851,7 @@ impl DagModels {
             out.push(one(format!("{name}.hot_s"), &f.hot_s));
             out.push(one(format!("{name}.instances"), &f.instances));
             out.push(one(format!("{name}.overhead_s"), &f.overhead_s));
+            out.push(one(format!("{name}.overhead_hot_s"), &f.overhead_hot_s));
             out.push(one(format!("{name}.start_s"), &f.start_s));
         }
         for e in &self.edges {
@@ -857,6 +901,7 @@ mod tests {
                 hot_s: Some(0.5 + x / 1e9),
                 instances: Some(4),
                 overhead_s: None,
+                overhead_hot_s: None,
                 start_s: None,
                 // Three fast instances and a straggler at twice the others.
                 cold_spread: Some(vec![0.8, 0.8, 0.8, 1.6]),
@@ -1092,6 +1137,51 @@ mod tests {
         assert_eq!(equation(&[0.012345]), "0.0123");
     }
 
+    /// A hot batch's overhead is learned apart from the cold batch's: none measured, none
+    /// predicted (the model charges the cold one's); a few, their time per input byte; enough
+    /// for the rule, the regression.
+    #[test]
+    fn a_hot_batch_overhead_is_learned_apart() {
+        let mut dm = DagModels::for_names(&["f".into()], &[], Convergence::default(), 7);
+        let sample = |cold: f64, hot: Option<f64>| {
+            BTreeMap::from([(
+                "f".to_owned(),
+                FunctionSample {
+                    memory_mb: Some(100.0),
+                    cold_s: Some(1.0),
+                    instances: Some(2),
+                    overhead_s: Some(cold),
+                    overhead_hot_s: hot,
+                    ..FunctionSample::default()
+                },
+            )])
+        };
+        for x in sizes(5) {
+            dm.add_sample(x, &sample(0.3, None), &[]).unwrap();
+        }
+        let p = dm.params_for(1e8).unwrap();
+        assert_eq!(p.functions["f"].overhead_hot_s, None);
+        assert!((p.functions["f"].overhead_s - 0.3).abs() < 1e-9);
+        // One hot batch at 37 MB: 0.037 s, 1 ns per byte.
+        dm.add_sample(37e6, &sample(0.3, Some(0.037)), &[]).unwrap();
+        let p = dm.params_for(1e8).unwrap();
+        let h = p.functions["f"].overhead_hot_s.expect("learned");
+        assert!((h - 0.1).abs() < 1e-9, "{h}");
+        assert!(
+            (p.functions["f"].overhead_s - 0.3).abs() < 1e-9,
+            "the cold one stays"
+        );
+        // Enough for the rule: the regression (1 ns per byte plus 10 ms).
+        for x in sizes(5) {
+            dm.add_sample(x, &sample(0.3, Some(0.01 + 1e-9 * x)), &[])
+                .unwrap();
+        }
+        let h = dm.params_for(1e8).unwrap().functions["f"]
+            .overhead_hot_s
+            .expect("learned");
+        assert!((h - 0.11).abs() < 0.01, "{h}");
+    }
+
     #[test]
     fn dag_models_learn_and_predict() {
         let mut dm = DagModels::for_names(
@@ -1112,6 +1202,7 @@ mod tests {
                     hot_s: None,
                     instances: Some(1),
                     overhead_s: Some(0.2 + 1e-9 * x),
+                    overhead_hot_s: None,
                     start_s: None,
                     cold_spread: None,
                     hot_spread: None,
@@ -1125,6 +1216,7 @@ mod tests {
                     hot_s: None,
                     instances: Some(6),
                     overhead_s: None,
+                    overhead_hot_s: None,
                     start_s: None,
                     cold_spread: None,
                     hot_spread: None,
@@ -1166,14 +1258,28 @@ mod tests {
         assert!(!f.hot_s.converged(&noisy.convergence));
         let hot = noisy.params_for(1e9).unwrap().functions["train"].hot_s;
         assert!(hot < 0.5, "{hot}");
-        // Fewer samples than the rule's minimum: the hot runs' mean ratio to the cold time
-        // predicted at their sizes (3 s at every size), times the cold time.
+        // Fewer samples than the rule's minimum: the hot runs' mean time per input byte times
+        // the input (37, 74, 111 and 148 MB), never above the cold time. (Until 2026-12-02 it
+        // was their mean ratio to the cold time, 0.05 s here: see `params_for`.)
         let f = noisy.functions.get_mut("train").unwrap();
         f.hot_s.samples.truncate(4);
         f.hot_s.fit().unwrap();
-        let hot = noisy.params_for(1e9).unwrap().functions["train"].hot_s;
-        let ratio = (0.01 + 0.09 + 0.02 + 0.08) / 4.0 / 3.0;
-        assert!((hot - ratio * 3.0).abs() < 1e-9, "{hot}");
+        let hot = noisy.params_for(1e8).unwrap().functions["train"].hot_s;
+        let per_byte = (0.01 / 37e6 + 0.09 / 74e6 + 0.02 / 111e6 + 0.08 / 148e6) / 4.0;
+        assert!((hot - per_byte * 1e8).abs() < 1e-9, "{hot}");
+        let hot = noisy.params_for(1e11).unwrap().functions["train"].hot_s;
+        assert!((hot - 3.0).abs() < 1e-9, "never above the cold time: {hot}");
+        // A DAG without an input size: their mean.
+        let f = noisy.functions.get_mut("train").unwrap();
+        let kept = std::mem::take(&mut f.hot_s.samples);
+        for h in [0.01, 0.03] {
+            f.hot_s.add_sample(0.0, h).unwrap();
+        }
+        let hot = noisy.params_for(0.0).unwrap().functions["train"].hot_s;
+        assert!((hot - 0.02).abs() < 1e-9, "{hot}");
+        let f = noisy.functions.get_mut("train").unwrap();
+        f.hot_s.samples = kept;
+        f.hot_s.fit().unwrap();
         // None: the cold time.
         let f = noisy.functions.get_mut("train").unwrap();
         f.hot_s.samples.clear();
@@ -1201,7 +1307,9 @@ mod tests {
         let hot = noisy.params_for(1e9).unwrap().functions["train"].hot_s;
         assert!((0.0..=3.0).contains(&hot), "{hot}");
         let summary = dm.summary();
-        assert_eq!(summary.len(), 13);
+        // Per function: memory, cold, hot, instances, overhead, hot overhead, cold start; and
+        // the edge's bytes.
+        assert_eq!(summary.len(), 15);
         assert!(
             summary
                 .iter()

@@ -314,6 +314,7 @@ mod tests {
                 hot_s: hot,
                 instances,
                 overhead_s: 0.05,
+                overhead_hot_s: None,
                 start_s: 0.1,
             })
             .collect();

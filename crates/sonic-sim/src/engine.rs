@@ -351,6 +351,8 @@ struct Task {
     job: usize,
     stage: usize,
     slot: usize,
+    /// It runs in a warm container: it pays the stage's hot-batch overhead.
+    hot: bool,
 }
 
 // ---- jobs ----
@@ -2087,6 +2089,7 @@ impl<'a> Sim<'a> {
                 job: j,
                 stage: r,
                 slot: i,
+                hot,
             }));
             self.active_tasks.push(self.tasks.len() - 1);
         }
@@ -2099,7 +2102,13 @@ impl<'a> Sim<'a> {
     fn task_done(&mut self, t: Task) {
         self.vms[t.vm].running -= 1;
         self.running_total -= 1;
-        let overhead = self.jobs[t.job].pb.stages()[t.stage].overhead_s;
+        // As the model charges batches: a hot run its stage's hot-batch overhead.
+        let stage = &self.jobs[t.job].pb.stages()[t.stage];
+        let overhead = if t.hot {
+            stage.overhead_hot_s.unwrap_or(stage.overhead_s)
+        } else {
+            stage.overhead_s
+        };
         if overhead > 0.0 {
             let at = self.now + overhead;
             self.push(at, EvKind::Overhead(t));

@@ -688,7 +688,7 @@ struct Progress {
     /// that an edge nobody staged (its receiver never ran) says where they went.
     uploaded_to: BTreeMap<usize, BTreeSet<Method>>,
     /// Per function index: each instance's time outside the data passing the model counts on
-    /// the DAG's edges, its lambda's own time, and whether it ran cold ([`stage_overhead_s`]).
+    /// the DAG's edges, its lambda's own time, and whether it ran cold ([`batch_overhead_s`]).
     outside_edges: BTreeMap<usize, Vec<Outside>>,
     /// Per (agent index, the plan's VM on it): when the job first and last held it. Several
     /// VMs of a plan can share one agent (a small cluster); each is charged as the VM it is.
@@ -1761,7 +1761,7 @@ fn record_instance(
     }
 }
 
-/// One instance's times, for its stage's overhead ([`stage_overhead_s`]).
+/// One instance's times, for its stage's overheads ([`batch_overhead_s`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Outside {
     /// From sending the instance (after its permits) to taking its report, less its staging of
@@ -1776,35 +1776,32 @@ pub(crate) struct Outside {
     pub cold: bool,
 }
 
-/// A stage's *overhead* in one job, the per-batch term of the model
-/// (`FunctionParams::overhead_s`, charged once per batch), from its instances' times
-/// ([`Outside`]). A batch ends with its slowest instance while the model's compute is the mean
-/// lambda's, so a batch's overhead is its slowest instance's time outside the edges less its
-/// mean lambda time: what the system pays per instance (the request and the report, loading the
-/// job's input in first stages, moving and registering outputs, uploading results in last
-/// stages, the records kept around it) and the batch's spread. The batches are told apart by
-/// how they ran: the cold instances are the first batch, the hot ones the later (a cold
-/// instance's lambda time is not the hot ones', so one slowest-minus-mean over both would count
-/// their difference as overhead). The stage's overhead is the mean over its batches. Never
-/// negative; `None` without an instance.
-pub(crate) fn stage_overhead_s(instances: &[Outside]) -> Option<f64> {
-    let batch = |cold: bool| -> Option<f64> {
-        let runs: Vec<&Outside> = instances
-            .iter()
-            .filter(|x| x.cold == cold && x.outside_s.is_finite() && x.lambda_s.is_finite())
-            .collect();
-        if runs.is_empty() {
-            return None;
-        }
-        let slowest = runs
-            .iter()
-            .map(|x| x.outside_s)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let mean_lambda = runs.iter().map(|x| x.lambda_s).sum::<f64>() / runs.len() as f64;
-        Some((slowest - mean_lambda).max(0.0))
-    };
-    let batches: Vec<f64> = [true, false].into_iter().filter_map(batch).collect();
-    (!batches.is_empty()).then(|| batches.iter().sum::<f64>() / batches.len() as f64)
+/// A stage's *overhead* in one job for its cold batch (`cold`: the model's
+/// `FunctionParams::overhead_s`) or its hot batches (`FunctionParams::overhead_hot_s`), the
+/// per-batch term of the model, from its instances' times ([`Outside`]). A batch ends with its
+/// slowest instance while the model's compute is the mean lambda's, so a batch's overhead is
+/// its slowest instance's time outside the edges less its mean lambda time: what the system
+/// pays per instance (the request and the report, loading the job's input in first stages,
+/// moving and registering outputs, uploading results in last stages, the records kept around
+/// it) and the batch's spread. The batches are told apart by how they ran: the cold instances
+/// are the first batch, the hot ones the later (a cold instance's lambda time is not the hot
+/// ones', so one slowest-minus-mean over both would count their difference as overhead; and a
+/// cold batch pays the spread of its starts, which a hot one does not). Never negative; `None`
+/// without an instance of the kind.
+pub(crate) fn batch_overhead_s(instances: &[Outside], cold: bool) -> Option<f64> {
+    let runs: Vec<&Outside> = instances
+        .iter()
+        .filter(|x| x.cold == cold && x.outside_s.is_finite() && x.lambda_s.is_finite())
+        .collect();
+    if runs.is_empty() {
+        return None;
+    }
+    let slowest = runs
+        .iter()
+        .map(|x| x.outside_s)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let mean_lambda = runs.iter().map(|x| x.lambda_s).sum::<f64>() / runs.len() as f64;
+    Some((slowest - mean_lambda).max(0.0))
 }
 
 /// `<function>/<instance>/<to>/<name>` -> instance.
@@ -2396,7 +2393,11 @@ fn sample(job: &JobRecord, p: &Progress, state: &Context) -> SampleRecord {
             };
             // A cold run's time and start as if its container had started alone on a core.
             let seconds = |r: &FunctionRun| Some(uncontended(r).0);
-            let overhead = p.outside_edges.get(&i).and_then(|o| stage_overhead_s(o));
+            let outside = p.outside_edges.get(&i).map_or(&[][..], Vec::as_slice);
+            let (overhead, overhead_hot) = (
+                batch_overhead_s(outside, true),
+                batch_overhead_s(outside, false),
+            );
             // The cold start of its cold runs: the hot time's guess until hot runs teach it.
             let start = mean(true, |r| uncontended(r).1);
             let memory = runs
@@ -2423,6 +2424,7 @@ fn sample(job: &JobRecord, p: &Progress, state: &Context) -> SampleRecord {
                     "cold_spread": spread(true),
                     "hot_spread": spread(false),
                     "overhead_s": overhead,
+                    "overhead_hot_s": overhead_hot,
                     "start_s": start,
                     "instances": p.instances.get(&i).copied().unwrap_or(0),
                 }),
@@ -2470,7 +2472,7 @@ fn unix_now() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{Kept, Outside, StoreUse, edge_method, stage_overhead_s, uncontended};
+    use super::{Kept, Outside, StoreUse, batch_overhead_s, edge_method, uncontended};
     use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
     use sonic_core::dag::Dag;
     use std::time::{Duration, Instant};
@@ -2724,6 +2726,7 @@ mod tests {
                     hot_s: compute[i],
                     instances: 1,
                     overhead_s: 0.0,
+                    overhead_hot_s: None,
                     start_s: 0.0,
                 })
                 .collect();
@@ -3118,21 +3121,26 @@ mod tests {
     fn a_stage_overhead_is_what_its_slowest_instance_adds_to_the_mean_lambda() {
         // One instance: sent to reported 1.0 s less 0.2 s staging from senders and 0.1 s
         // uploading for receivers is 0.7 s outside the edges, of which 0.5 s lambda.
-        let o = stage_overhead_s(&cold(&[(0.7, 0.5)])).expect("one");
+        let o = cold_batch(&cold(&[(0.7, 0.5)])).expect("one");
         assert!((o - 0.2).abs() < 1e-12, "{o}");
         // Two: the slowest (0.9 s outside the edges) against the mean lambda (0.4 s).
-        let o = stage_overhead_s(&cold(&[(0.6, 0.5), (0.9, 0.3)])).expect("two");
+        let o = cold_batch(&cold(&[(0.6, 0.5), (0.9, 0.3)])).expect("two");
         assert!((o - 0.5).abs() < 1e-12, "{o}");
         // Never negative, NaNs left out, nothing without instances.
-        assert_eq!(stage_overhead_s(&cold(&[(0.5, 0.6)])), Some(0.0));
-        let o = stage_overhead_s(&cold(&[(f64::NAN, 0.1), (0.3, 0.1)])).expect("one finite");
+        assert_eq!(cold_batch(&cold(&[(0.5, 0.6)])), Some(0.0));
+        let o = cold_batch(&cold(&[(f64::NAN, 0.1), (0.3, 0.1)])).expect("one finite");
         assert!((o - 0.2).abs() < 1e-12, "{o}");
-        assert_eq!(stage_overhead_s(&[]), None);
+        assert_eq!(cold_batch(&[]), None);
+    }
+
+    fn cold_batch(instances: &[Outside]) -> Option<f64> {
+        batch_overhead_s(instances, true)
     }
 
     /// The demo's planned sort (committed run 1, docs/results/demo-predictions): four mappers on
     /// one VM, two at a time, so a cold batch then a hot one. Each batch's overhead is its
-    /// slowest instance's time outside the edges less its own mean lambda: about 13 ms, where
+    /// slowest instance's time outside the edges less its own mean lambda: 11.5 and 15.5 ms
+    /// (learned apart: the cold one as `overhead_s`, the hot one as `overhead_hot_s`), where
     /// one slowest-minus-mean over all four counted the cold lambdas' lead over the hot ones
     /// (157 ms).
     #[test]
@@ -3148,11 +3156,15 @@ mod tests {
             lambda_s,
             cold,
         });
-        let o = stage_overhead_s(&runs).expect("two batches");
-        // Cold: 0.346 - 0.3345 = 0.0115; hot: 0.060 - 0.0445 = 0.0155; their mean.
-        assert!((o - 0.0135).abs() < 1e-9, "{o}");
+        // Cold: 0.346 - 0.3345 = 0.0115; hot: 0.060 - 0.0445 = 0.0155 (their mean, 0.0135, was
+        // the one overhead learned before they were told apart).
+        let c = batch_overhead_s(&runs, true).expect("a cold batch");
+        let h = batch_overhead_s(&runs, false).expect("a hot batch");
+        assert!((c - 0.0115).abs() < 1e-9, "{c}");
+        assert!((h - 0.0155).abs() < 1e-9, "{h}");
+        assert!(((c + h) / 2.0 - 0.0135).abs() < 1e-9);
         // Over all four as one: what the overhead was learned as before.
-        let one = stage_overhead_s(&cold(&runs.map(|r| (r.outside_s, r.lambda_s)))).expect("one");
+        let one = cold_batch(&cold(&runs.map(|r| (r.outside_s, r.lambda_s)))).expect("one");
         assert!((one - 0.1565).abs() < 1e-9, "{one}");
     }
 

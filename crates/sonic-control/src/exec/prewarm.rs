@@ -434,6 +434,7 @@ edges:
                     hot_s: 0.5,
                     instances: 1,
                     overhead_s: 0.0,
+                    overhead_hot_s: None,
                     start_s,
                     cold_dist: None,
                     hot_dist: None,

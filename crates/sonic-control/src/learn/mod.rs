@@ -143,6 +143,7 @@ pub fn sample_parts(s: &SampleRecord) -> (BTreeMap<String, FunctionSample>, Vec<
                     cold_s: num("cold_s"),
                     hot_s: num("hot_s"),
                     overhead_s: num("overhead_s"),
+                    overhead_hot_s: num("overhead_hot_s"),
                     start_s: num("start_s"),
                     // A stage that ran no instance measured no fanout.
                     instances: m["instances"]
@@ -218,6 +219,7 @@ pub fn fit_all<'a>(
                 (&mut m.hot_s, f.hot_s),
                 (&mut m.instances, f.instances.map(f64::from)),
                 (&mut m.overhead_s, f.overhead_s),
+                (&mut m.overhead_hot_s, f.overhead_hot_s),
                 (&mut m.start_s, f.start_s),
             ];
             for (model, y) in pairs {
@@ -247,6 +249,7 @@ pub fn fit_all<'a>(
             &mut f.hot_s,
             &mut f.instances,
             &mut f.overhead_s,
+            &mut f.overhead_hot_s,
             &mut f.start_s,
         ]);
     }
@@ -1026,6 +1029,7 @@ pub fn measured_params(
         let cold = mean(&pick(&|s| s.cold_s));
         let hot = mean(&pick(&|s| s.hot_s));
         let overhead = mean(&pick(&|s| s.overhead_s));
+        let overhead_hot = mean(&pick(&|s| s.overhead_hot_s));
         let start = mean(&pick(&|s| s.start_s));
         let instances = pick(&|s| s.instances.map(f64::from))
             .into_iter()
@@ -1047,6 +1051,7 @@ pub fn measured_params(
                 hot_s: hot.unwrap_or(cold_s - start_s),
                 instances: (instances.round() as u32).max(1),
                 overhead_s: overhead.unwrap_or(0.0),
+                overhead_hot_s: overhead_hot,
                 start_s,
                 cold_dist: None,
                 hot_dist: None,

@@ -387,6 +387,7 @@ edges:
             hot_s: 1.0,
             instances: 1,
             overhead_s: 0.0,
+            overhead_hot_s: None,
             start_s: 0.0,
             cold_dist: None,
             hot_dist: None,

@@ -365,6 +365,7 @@ fn runs_as_simulated(s: &JobSummary) {
                         hot_s: t,
                         instances: instances(&f.name),
                         overhead_s: 0.0,
+                        overhead_hot_s: None,
                         start_s: 0.0,
                         cold_dist: None,
                         hot_dist: None,

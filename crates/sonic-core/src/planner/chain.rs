@@ -879,6 +879,7 @@ mod tests {
                 hot_s: 0.5 + 8.0 * u(),
                 instances: k,
                 overhead_s: 0.5 * u(),
+                overhead_hot_s: None,
                 start_s: 0.0,
             })
             .collect();

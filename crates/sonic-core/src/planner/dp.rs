@@ -143,7 +143,8 @@ pub(crate) struct Search<'a> {
     /// `in_pos[r][k]`: the position in layer `r - 1` of the sender of `r`'s k-th incoming edge.
     in_pos: Vec<Vec<usize>>,
     has_children: Vec<bool>,
-    /// Longest path of cold times from a stage (excluded) to a sink.
+    /// Longest path of least busy times ([`PlanProblem::least_busy_s`]) from a stage
+    /// (excluded) to a sink.
     tail_t: Vec<f64>,
     /// A lower bound on the cost of the stages after `i` (chains only; 0 otherwise).
     tail_c: Vec<f64>,
@@ -294,7 +295,7 @@ impl<'a> Search<'a> {
                 .iter()
                 .map(|&e| {
                     let c = pb.edges()[e].to;
-                    pb.stages()[c].cold_s + pb.stages()[c].overhead_s + tail_t[c]
+                    pb.least_busy_s(c) + tail_t[c]
                 })
                 .fold(0.0, f64::max);
         }

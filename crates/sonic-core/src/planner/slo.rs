@@ -435,6 +435,7 @@ mod tests {
                 hot_s: mean,
                 instances,
                 overhead_s: 0.02,
+                overhead_hot_s: None,
                 start_s: 0.1,
             })
             .collect();

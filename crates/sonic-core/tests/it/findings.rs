@@ -333,6 +333,7 @@ fn the_memory_tier_carries_the_small_intermediate_not_the_large() {
         hot_s: cold * 0.8,
         instances: k,
         overhead_s: 0.0,
+        overhead_hot_s: None,
         start_s: 0.0,
     };
     let edge = |from: &str, to: &str, kind, bytes: f64| EdgeSpec {

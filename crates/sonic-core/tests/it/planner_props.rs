@@ -164,8 +164,15 @@ fn problem(c: &Case, bounds: Bounds) -> PlanProblem {
                 hot_s: cold * hotf,
                 instances: c.fanouts[i],
                 // Every other stage pays a per-instance overhead (per batch), so that the
-                // searches are proven exact with the term too.
+                // searches are proven exact with the term too; every fourth a hot batch's own
+                // (smaller than the cold batch's, as measured), and the stage after it a
+                // larger one.
                 overhead_s: if i % 2 == 1 { 0.25 * cold * hotf } else { 0.0 },
+                overhead_hot_s: match i % 4 {
+                    1 => Some(0.1 * cold * hotf),
+                    2 => Some(0.05 * cold),
+                    _ => None,
+                },
                 start_s: 0.0,
             }
         })
