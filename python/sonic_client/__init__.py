@@ -1,7 +1,7 @@
 """Sonic's Python client: build DAGs, run jobs on a Sonic control plane, follow them, fetch
 their results. Standard library only.
 
->>> import sonic
+>>> import sonic_client as sonic
 >>> client = sonic.Client()   # doctest: +SKIP
 >>> img = "sonic-lambdas:latest"
 >>> dag = (sonic.Dag("copy")
@@ -9,9 +9,12 @@ their results. Standard library only.
 ...        .function("sink", image=img, command=["synthetic", "copy", "--to", "result"])
 ...        .edge("gen", "sink", "one"))
 >>> client.apply(dag)                                         # doctest: +SKIP
->>> job = client.run(dag, input=b"hello", key="copy-1")       # doctest: +SKIP
->>> summary = job.wait(progress=print)                        # doctest: +SKIP
->>> job.fetch("out/")                                         # doctest: +SKIP
+>>> summary = client.run(dag, input=b"hello", key="copy-1")   # doctest: +SKIP
+>>> summary["status"]                                         # doctest: +SKIP
+'succeeded'
+>>> client.fetch(summary["job_id"], "out/")                   # doctest: +SKIP
+>>> job = client.submit(dag, input=b"hello")                  # doctest: +SKIP
+>>> job.wait(progress=print).latency_s                        # doctest: +SKIP
 
 The manual is docs/python-client.md in Sonic's repository.
 """

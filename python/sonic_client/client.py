@@ -49,7 +49,7 @@ Input = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview]
 #: A file's path.
 PathArg = Union[str, "os.PathLike[str]"]
 
-#: A progress callback: called with each :class:`~sonic.JobEvent` while a job is followed.
+#: A progress callback: called with each :class:`~sonic_client.JobEvent` while a job is followed.
 Progress = Callable[[JobEvent], None]
 
 # The event stream sends a keep-alive comment every 15 s: a longer silence is a broken stream.
@@ -135,7 +135,7 @@ class Client:
     ``$SONIC_CA_FILE``, else the saved one, else the system's roots. ``timeout`` bounds each
     request's connect and reads, in seconds.
 
-    Every refusal raises :class:`~sonic.SonicError` with the HTTP status and the server's
+    Every refusal raises :class:`~sonic_client.SonicError` with the HTTP status and the server's
     message.
     """
 
@@ -293,11 +293,11 @@ class Client:
     ) -> DagInfo:
         """Registers a DAG under its name (``PUT /v1/dags``) and returns its summary.
 
-        ``dag`` is a :class:`~sonic.Dag`, a path (a :class:`pathlib.Path`, or a string naming an
+        ``dag`` is a :class:`~sonic_client.Dag`, a path (a :class:`pathlib.Path`, or a string naming an
         existing file with no newline in it), or the YAML text itself. ``file`` names it in the
         server's error messages (default: the DAG's name plus ``.yaml``, or the path).
         ``created`` on the answer says whether it was new; applying a changed file raises its
-        ``revision``. A file the server refuses raises :class:`~sonic.SonicError` (400) saying
+        ``revision``. A file the server refuses raises :class:`~sonic_client.SonicError` (400) saying
         where and why (``e.line``, ``e.field``).
         """
         if isinstance(dag, Dag):
@@ -358,6 +358,34 @@ class Client:
     # ---- jobs ----
 
     def run(
+        self,
+        dag: Union[Dag, str],
+        input: Optional[Input] = None,
+        params: Optional[Mapping[str, Any]] = None,
+        policy: Optional[str] = None,
+        key: Optional[str] = None,
+        wait: bool = True,
+        **options: Any,
+    ) -> Dict[str, Any]:
+        """Runs a job of an applied DAG and returns its summary as the server gives it, a dict
+        (``GET /v1/jobs/{id}``: ``job_id``, ``status``, ``latency_s``, ``functions``, ...; the
+        contract of interfaces.md). With ``wait=False`` it returns once the job is accepted, with
+        the submission's answer (``job_id``, ``status``). ``input``, ``params``, ``policy`` and
+        ``key`` are :meth:`submit`'s, as are the other ``options`` (``input_name``,
+        ``input_key``, ``planned``, ``slo``, ``slo_best_effort``, ``progress``, ``timeout``).
+        :meth:`submit` returns a :class:`Job` handle instead.
+        """
+        job = self.submit(
+            dag, input, params=params, policy=policy, key=key, wait=wait, **options
+        )
+        if not wait:
+            return {"job_id": job.id, "status": job.status, "existed": job.existed}
+        doc = self._get(f"/v1/jobs/{_quote(job.id)}")
+        if not isinstance(doc, dict):
+            raise SonicError(None, f"unexpected answer to GET /v1/jobs/{job.id}: {doc!r}")
+        return doc
+
+    def submit(
         self,
         dag: Union[Dag, str],
         input: Optional[Input] = None,
@@ -569,20 +597,20 @@ class Client:
 
     def results(self, job_id: str) -> List["Result"]:
         """The results of a succeeded job, one per output (nothing is downloaded yet). A job
-        that did not succeed raises :class:`~sonic.SonicError` with its status and error."""
+        that did not succeed raises :class:`~sonic_client.SonicError` with its status and error."""
         s = self.get_job(job_id)
         if not s.succeeded:
             why = f": {s.error}" if s.error else ""
             raise SonicError(None, f"job {job_id} is {s.status}, it has no results to fetch{why}")
         return [Result(self, job_id, _result_key(job_id, o), o) for o in s.outputs]
 
-    def fetch(self, job_id: str, folder: PathArg) -> List[FetchedFile]:
-        """Downloads every result of a succeeded job into ``folder``, keeping each one's path
-        under the job's ``result/`` (``folder/sink/0/out``), streamed to disk; as ``ofctl
+    def fetch(self, job_id: str, to: PathArg) -> List[FetchedFile]:
+        """Downloads every result of a succeeded job into the folder ``to``, keeping each one's
+        path under the job's ``result/`` (``to/sink/0/out``), streamed to disk; as ``ofctl
         fetch``. Returns the files written."""
         out: List[FetchedFile] = []
         for r in self.results(job_id):
-            dest = Path(folder, *r.key.split("/"))
+            dest = Path(to, *r.key.split("/"))
             n = r.save(dest)
             out.append(FetchedFile(output=r.output, key=r.key, path=str(dest), bytes=n))
         return out
@@ -673,7 +701,7 @@ class Job:
         """Follows the job until it ends (``succeeded`` or ``failed``) and returns its summary.
 
         It reads the job's event stream, calling ``progress`` (when given) with each
-        :class:`~sonic.JobEvent` (status, running stage, instances done of total, why it
+        :class:`~sonic_client.JobEvent` (status, running stage, instances done of total, why it
         waits), and polls every ``poll_interval`` s where the stream is not served. Past
         ``timeout`` seconds it raises :class:`TimeoutError` (the job goes on). A failed job is
         returned, not raised: check ``summary.succeeded`` and ``summary.error``.

@@ -2,10 +2,10 @@
 
 A :class:`Dag` holds what a DAG file holds (docs/dag-format.md) and writes the same YAML
 ``ofctl apply`` sends, so that ``client.apply(dag)`` and ``ofctl apply -f`` register the same
-thing. The control plane checks it: a mistake comes back as a :class:`~sonic.SonicError` (400)
+thing. The control plane checks it: a mistake comes back as a :class:`~sonic_client.SonicError` (400)
 naming the line and the field of :meth:`Dag.to_yaml`'s text.
 
->>> from sonic import Dag
+>>> from sonic_client import Dag
 >>> img = "sonic-lambdas:latest"
 >>> dag = (
 ...     Dag("copy-twice", description="gen copies its input to mid, mid to result/")

@@ -38,6 +38,11 @@ def _of(doc: Dict[str, Any], k: str) -> Optional[float]:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def _oi(doc: Dict[str, Any], k: str) -> Optional[int]:
+    v = doc.get(k)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
 def _list(doc: Dict[str, Any], k: str) -> List[Any]:
     v = doc.get(k)
     return v if isinstance(v, list) else []
@@ -136,6 +141,11 @@ class JobSummary:
     mode_reason: Optional[str] = None
     plan: Optional[Dict[str, Any]] = None
     slo: Optional[Dict[str, Any]] = None
+    #: When it was submitted, started and ended: milliseconds since the Unix epoch (absent
+    #: until it did).
+    submitted_ms: Optional[int] = None
+    started_ms: Optional[int] = None
+    ended_ms: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -177,6 +187,9 @@ class JobSummary:
             mode_reason=_os(doc, "mode_reason"),
             plan=plan if isinstance(plan, dict) else None,
             slo=slo if isinstance(slo, dict) else None,
+            submitted_ms=_oi(doc, "submitted_ms"),
+            started_ms=_oi(doc, "started_ms"),
+            ended_ms=_oi(doc, "ended_ms"),
             raw=doc,
         )
 

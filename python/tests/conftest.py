@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-import sonic
+import sonic_client as sonic
 
 #: Makes this run's DAG names and idempotency keys its own, on a control plane used before.
 RUN = uuid.uuid4().hex[:8]

@@ -11,7 +11,7 @@ from typing import List
 import pytest
 from conftest import RUN, name
 
-import sonic
+import sonic_client as sonic
 
 IMAGE = "sonic-lambdas:latest"
 METHODS = {"vm-storage", "direct", "remote", "memory"}
@@ -53,7 +53,7 @@ def payload(n: int = 100_000) -> bytes:
 
 
 def test_the_package_is_typed() -> None:
-    assert (importlib.resources.files("sonic") / "py.typed").is_file()
+    assert (importlib.resources.files("sonic_client") / "py.typed").is_file()
     assert sonic.__version__
 
 
@@ -84,6 +84,29 @@ def test_a_dag_built_in_python_is_applied_as_written(client: sonic.Client) -> No
     assert changed.revision == info.revision + 1
 
 
+def test_run_is_the_contracts_one_call(client: sonic.Client, tmp_path: Path) -> None:
+    """interfaces.md: ``Client.run(dag, input=None, params=None, policy=None, key=None,
+    wait=True)`` returns the job summary as a dict; ``Client.fetch(job_id, to)``."""
+    dag = chain(name("contract"))
+    client.apply(dag)
+    data = payload()
+    summary = client.run(dag.name, data, None, "remote", f"py-{RUN}-contract")
+    assert isinstance(summary, dict), summary
+    assert summary["status"] == "succeeded", summary
+    assert summary["dag"] == dag.name and summary["policy"] == "remote", summary
+    assert summary["input_bytes"] == len(data)
+    assert {f["name"] for f in summary["functions"]} == {"gen", "mid", "sink"}, summary
+    # The same key again: the same job, not a second one.
+    again = client.run(dag, input=data, key=f"py-{RUN}-contract")
+    assert again["job_id"] == summary["job_id"], again
+    fetched = client.fetch(job_id=summary["job_id"], to=tmp_path / "out")
+    assert [Path(f.path).read_bytes() for f in fetched] == [data]
+    # Without waiting: the submission's answer.
+    accepted = client.run(dag, input=b"x", wait=False)
+    assert accepted["job_id"].startswith("j-") and accepted["existed"] is False, accepted
+    assert client.wait(accepted["job_id"], timeout=180).job_id == accepted["job_id"]
+
+
 def test_run_wait_and_fetch_the_results(client: sonic.Client, tmp_path: Path) -> None:
     dag = chain(name("chain"))
     client.apply(dag)
@@ -91,7 +114,7 @@ def test_run_wait_and_fetch_the_results(client: sonic.Client, tmp_path: Path) ->
     src = tmp_path / "my data.bin"
     src.write_bytes(data)
 
-    job = client.run(dag, input=src)
+    job = client.submit(dag, input=src)
     assert job.id.startswith("j-"), job
     assert job.existed is False
     events: List[sonic.JobEvent] = []
@@ -111,6 +134,9 @@ def test_run_wait_and_fetch_the_results(client: sonic.Client, tmp_path: Path) ->
     assert sorted(f.name for f in summary.functions) == ["gen", "mid", "sink"]
     assert all(f.attempts >= 1 and f.seconds > 0 for f in summary.functions)
     assert summary.raw["job_id"] == job.id
+    assert summary.submitted_ms is not None and summary.started_ms is not None
+    assert summary.ended_ms is not None
+    assert summary.submitted_ms <= summary.started_ms <= summary.ended_ms, summary
     assert len(summary.outputs) == 1, summary.outputs
     assert job.summary is summary
 
@@ -147,7 +173,7 @@ def test_params_a_forced_policy_and_bytes_input(client: sonic.Client, tmp_path: 
     dag = fan(name("fan-run"))
     client.apply(dag)
     data = payload(30_000)
-    job = client.run(
+    job = client.submit(
         dag.name,
         input=data,
         input_name="data.bin",
@@ -173,8 +199,8 @@ def test_params_a_forced_policy_and_bytes_input(client: sonic.Client, tmp_path: 
 def test_list_jobs(client: sonic.Client) -> None:
     dag = chain(name("listed"))
     client.apply(dag)
-    first = client.run(dag, input=b"one", wait=True, timeout=180)
-    second = client.run(dag, input=b"two", wait=True, timeout=180)
+    first = client.submit(dag, input=b"one", wait=True, timeout=180)
+    second = client.submit(dag, input=b"two", wait=True, timeout=180)
     jobs = client.jobs(dag=dag.name)
     assert [j.job_id for j in jobs] == [second.id, first.id], jobs
     assert all(j.dag == dag.name and j.succeeded for j in jobs)
@@ -192,17 +218,17 @@ def test_a_resubmission_with_the_same_key_is_the_same_job(client: sonic.Client) 
     dag = chain(name("keyed"))
     client.apply(dag)
     key = f"py-{RUN}-once"
-    first = client.run(dag, input=b"x" * 1000, key=key)
-    again = client.run(dag, input=b"x" * 1000, key=key)
+    first = client.submit(dag, input=b"x" * 1000, key=key)
+    again = client.submit(dag, input=b"x" * 1000, key=key)
     assert again.id == first.id
     assert first.existed is False and again.existed is True
     first.wait(timeout=180)
-    third = client.run(dag, input=b"x" * 1000, key=key)
+    third = client.submit(dag, input=b"x" * 1000, key=key)
     assert third.id == first.id and third.status == "succeeded"
     assert len(client.jobs(dag=dag.name)) == 1
     with pytest.raises(ValueError):
-        client.run(dag, input=b"x", key="has a space")
-    other = client.run(dag, input=b"y", key=f"py-{RUN}-twice")
+        client.submit(dag, input=b"x", key="has a space")
+    other = client.submit(dag, input=b"y", key=f"py-{RUN}-twice")
     assert other.id != first.id
     other.wait(timeout=180)
 
@@ -252,7 +278,7 @@ def test_unknown_jobs_and_dags_are_404(client: sonic.Client) -> None:
         client.get_job(unknown)
     assert e.value.status == 404
     with pytest.raises(sonic.SonicError) as e:
-        client.run(name("never-applied"), input=b"x")
+        client.submit(name("never-applied"), input=b"x")
     assert e.value.status == 404 and "no dag named" in e.value.message
 
 
@@ -261,7 +287,7 @@ def test_cancel_a_running_job(client: sonic.Client) -> None:
         "nap", image=IMAGE, command=["synthetic", "run", "--sleep-ms", "60000"], timeout=120
     )
     client.apply(dag)
-    job = client.run(dag)
+    job = client.submit(dag)
     cancelled = job.cancel()
     assert cancelled.job_id == job.id
     s = job.wait(timeout=60)
@@ -277,7 +303,7 @@ def test_wait_times_out_while_the_job_goes_on(client: sonic.Client) -> None:
         "slow", image=IMAGE, command=["synthetic", "run", "--sleep-ms", "60000"], timeout=120
     )
     client.apply(dag)
-    job = client.run(dag)
+    job = client.submit(dag)
     try:
         with pytest.raises(TimeoutError):
             job.wait(timeout=1.0)

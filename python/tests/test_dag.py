@@ -8,7 +8,7 @@ import doctest
 import pytest
 from conftest import name
 
-import sonic
+import sonic_client as sonic
 
 IMAGE = "sonic-lambdas:latest"
 
@@ -77,7 +77,7 @@ def test_the_builders_own_checks() -> None:
 
 
 def test_the_modules_examples_hold() -> None:
-    import sonic.dag
+    import sonic_client.dag
 
-    assert doctest.testmod(sonic.dag).failed == 0
+    assert doctest.testmod(sonic_client.dag).failed == 0
     assert doctest.testmod(sonic).failed == 0
