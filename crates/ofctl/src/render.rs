@@ -93,12 +93,29 @@ pub fn dags(list: &DagList, out: &mut dyn Write) -> io::Result<()> {
     t.write("", out)
 }
 
+/// Unix milliseconds as a UTC time to the second (`2026-12-02 13:05:01`).
+fn utc(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).map_or_else(
+        || format!("{ms} ms"),
+        |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
+    )
+}
+
 pub fn jobs(jobs: &[JobSummary], out: &mut dyn Write) -> io::Result<()> {
     if jobs.is_empty() {
         return writeln!(out, "no jobs: submit one with `ofctl run DAG`");
     }
     let mut t = Table::new(&[
-        "JOB", "DAG", "STATUS", "MODE", "POLICY", "INPUT", "LATENCY", "COST", "PERF/$",
+        "JOB",
+        "DAG",
+        "STATUS",
+        "SUBMITTED (UTC)",
+        "MODE",
+        "POLICY",
+        "INPUT",
+        "LATENCY",
+        "COST",
+        "PERF/$",
     ]);
     for j in jobs {
         let ended = j.status.is_terminal();
@@ -106,6 +123,7 @@ pub fn jobs(jobs: &[JobSummary], out: &mut dyn Write) -> io::Result<()> {
             j.job_id.clone(),
             j.dag.clone(),
             j.status.to_string(),
+            j.submitted_ms.map_or_else(|| "-".into(), utc),
             j.mode.to_string(),
             j.policy.to_string(),
             bytes(j.input_bytes),
@@ -167,6 +185,17 @@ pub fn job(j: &JobSummary, out: &mut dyn Write) -> io::Result<()> {
         writeln!(out, "why      {why}")?;
     }
     writeln!(out, "input    {}", bytes(j.input_bytes))?;
+    let times: Vec<String> = [
+        ("submitted", j.submitted_ms),
+        ("started", j.started_ms),
+        ("ended", j.ended_ms),
+    ]
+    .into_iter()
+    .filter_map(|(what, ms)| Some(format!("{what} {}", utc(ms?))))
+    .collect();
+    if !times.is_empty() {
+        writeln!(out, "times    {} (UTC)", times.join("   "))?;
+    }
     if j.status.is_terminal() {
         writeln!(
             out,

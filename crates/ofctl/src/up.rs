@@ -103,6 +103,8 @@ pub async fn run(args: UpArgs, output: Output, out: &mut dyn Write) -> anyhow::R
             let mut v = serde_json::to_value(&cluster.info)?;
             cluster.memory.add_to(&mut v);
             v["config_file"] = serde_json::json!(path);
+            v["dashboard"] =
+                serde_json::json!(crate::commands::dashboard_url(&cluster.info.server));
             crate::commands::print_json(out, &v)
         }
         Output::Table => (|| {
@@ -111,6 +113,12 @@ pub async fn run(args: UpArgs, output: Output, out: &mut dyn Write) -> anyhow::R
                 out,
                 "server   {}  (saved with its token in {})",
                 cluster.info.server,
+                path.display()
+            )?;
+            writeln!(
+                out,
+                "dashboard {}  (log in with the \"token\" saved in {})",
+                crate::commands::dashboard_url(&cluster.info.server),
                 path.display()
             )?;
             writeln!(out, "ready: Ctrl-C stops the cluster")?;

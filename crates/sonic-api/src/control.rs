@@ -324,6 +324,15 @@ pub struct JobSummary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(schema_with = crate::schema::slo)]
     pub slo: Option<sonic_core::slo::Slo>,
+    /// When the job was submitted, started running and ended, in milliseconds since the Unix
+    /// epoch (the control plane's clock); absent until it did, and in summaries of older
+    /// control planes. `latency_s` counts from its start (a resumed job's first start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<i64>,
 }
 
 /// Which of the planner's plans a job ran (`best`, `second_best`, `none` on the wire).

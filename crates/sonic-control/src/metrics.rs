@@ -431,6 +431,9 @@ mod tests {
             }),
             mode_reason: None,
             slo: None,
+            submitted_ms: None,
+            started_ms: None,
+            ended_ms: None,
         };
         m.job_ended(&summary);
         let r = m.registry();

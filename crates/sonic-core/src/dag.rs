@@ -762,6 +762,35 @@ impl Dag {
             .collect()
     }
 
+    /// Checks a job's parameter overrides for typos. A key the DAG does not declare is the
+    /// lambdas' (they read any key of the job's parameters, `<function>.<key>` for one
+    /// function: the `synthetic` lambda's `compute_ms`), unless it is a letter or two from a
+    /// declared parameter (`mapers` for `mappers`, at most a third of its length): that one is
+    /// refused, naming the parameter meant and all of them, since it would run with the default
+    /// and start a setting of its own that nothing was learned for.
+    pub fn check_overrides(
+        &self,
+        overrides: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<(), String> {
+        for unknown in overrides.keys().filter(|k| !self.params.contains_key(*k)) {
+            let meant = self
+                .params
+                .keys()
+                .map(|k| (strsim::damerau_levenshtein(unknown, k), k))
+                .filter(|(d, k)| *d <= 2 && d * 3 <= k.len())
+                .min();
+            if let Some((_, meant)) = meant {
+                let declared: Vec<&str> = self.params.keys().map(String::as_str).collect();
+                return Err(format!(
+                    "parameter {unknown:?} is not one of DAG {}'s (did you mean {meant:?}?): it declares {}",
+                    self.name,
+                    declared.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The job parameters: the DAG's defaults overridden by `overrides`.
     pub fn job_params(
         &self,

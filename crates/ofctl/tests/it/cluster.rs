@@ -100,12 +100,15 @@ impl Up {
         let mut reader = BufReader::new(stdout).lines();
         let mut server = None;
         let mut lines = Vec::new();
+        // It prints the server, then the dashboard, then that it is ready.
         for line in reader.by_ref() {
             let line = line.expect("read ofctl up");
-            let rest = line.strip_prefix("server").map(str::to_owned);
-            lines.push(line);
-            if let Some(rest) = rest {
+            if let Some(rest) = line.strip_prefix("server") {
                 server = rest.split_whitespace().next().map(str::to_owned);
+            }
+            let ready = line.starts_with("ready:");
+            lines.push(line);
+            if ready {
                 break;
             }
         }
@@ -207,6 +210,18 @@ fn a_user_session_against_ofctl_up() {
             .mode();
         assert_eq!(mode & 0o077, 0, "config readable by others: {mode:o}");
     }
+
+    // It says where the dashboard is and where the token to log in with is.
+    let dashboard = format!(
+        "dashboard {}/  (log in with the \"token\" saved in {})",
+        up.server,
+        config.display()
+    );
+    assert!(up.lines.contains(&dashboard), "{:?}", up.lines);
+    // Its logs carry no colours into a pipe (or a file).
+    let r = up.ofctl_env(&["get", "agents"], &[("RUST_LOG", "debug")]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(!r.stderr.is_empty() && !r.stderr.contains('\x1b'), "{r:?}");
 
     // apply: created, then applied again with the same revision.
     let dag = up.file("fan.yaml", FAN);

@@ -500,6 +500,8 @@ pub async fn submit_keyed(
         &with_slo
     };
     let overrides = req.params.clone().into_iter().collect();
+    dag.check_overrides(&overrides)
+        .map_err(|e| AdmitError::Invalid(format!("params: {e}")))?;
     let fanouts = dag
         .fanouts(&dag.job_params(&overrides))
         .map_err(|e| AdmitError::Invalid(format!("params: {e}")))?;

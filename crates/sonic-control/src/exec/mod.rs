@@ -2309,8 +2309,17 @@ fn summarize(
                 .collect()
         })
         .unwrap_or_default();
+    // In the DAG's (topological) order, not the names', each function's instances in order.
     let mut functions = p.functions.clone();
-    functions.sort_by(|a, b| (&a.name, a.instance).cmp(&(&b.name, b.instance)));
+    let position = |name: &str| {
+        p.dag
+            .as_ref()
+            .and_then(|d| d.functions.iter().position(|f| f.name == name))
+            .unwrap_or(usize::MAX)
+    };
+    functions.sort_by(|a, b| {
+        (position(&a.name), &a.name, a.instance).cmp(&(position(&b.name), &b.name, b.instance))
+    });
     let mut fetches = p.fetches.clone();
     fetches.sort_by(|a, b| a.started_s.total_cmp(&b.started_s));
     JobSummary {
@@ -2340,6 +2349,9 @@ fn summarize(
         slo: job
             .slo
             .filter(|_| job.mode == sonic_api::control::JobMode::Planned),
+        submitted_ms: None,
+        started_ms: None,
+        ended_ms: None,
     }
 }
 

@@ -816,6 +816,19 @@ struct JobsQuery {
 
 /// A job as the API shows it: the recorded summary once it ended, its state before.
 pub fn job_view(r: JobRecord) -> JobSummary {
+    // The record's times are the job's, whatever the summary stored with it says.
+    let times = (
+        Some(r.created_ms),
+        r.started_ms,
+        r.finished_ms.filter(|_| r.status.is_terminal()),
+    );
+    let mut s = summary_of(r);
+    (s.submitted_ms, s.started_ms, s.ended_ms) = times;
+    s
+}
+
+/// The record's summary with what the record knows beside it, or one made from the record.
+fn summary_of(r: JobRecord) -> JobSummary {
     if let Some(mut s) = r.summary {
         s.status = r.status;
         if s.error.is_none() {
@@ -856,6 +869,9 @@ pub fn job_view(r: JobRecord) -> JobSummary {
         slo: r
             .slo
             .filter(|_| r.mode == sonic_api::control::JobMode::Planned),
+        submitted_ms: None,
+        started_ms: None,
+        ended_ms: None,
     }
 }
 
@@ -1396,13 +1412,25 @@ async fn job_logs(
             let Some(job) = db.get_job(&lookup)? else {
                 return Ok(None);
             };
-            let logs = db.logs(&lookup, function.as_deref())?;
+            let mut logs = db.logs(&lookup, function.as_deref())?;
+            let dag = db.load_dag(&job.dag)?;
             let unknown = match &function {
-                Some(f) if logs.is_empty() => db
-                    .load_dag(&job.dag)?
+                Some(f) if logs.is_empty() => dag
+                    .as_ref()
                     .is_some_and(|p| !p.dag.functions.iter().any(|g| &g.name == f)),
                 _ => false,
             };
+            // In the DAG's order (the store keeps them by name), then instance and attempt.
+            if let Some(p) = &dag {
+                let position = |name: &str| {
+                    p.dag
+                        .functions
+                        .iter()
+                        .position(|g| g.name == name)
+                        .unwrap_or(usize::MAX)
+                };
+                logs.sort_by_key(|l| position(&l.function));
+            }
             Ok(Some((logs, unknown, job.dag)))
         })
         .await?

@@ -2097,6 +2097,9 @@ mod tests {
             plan: None,
             mode_reason: None,
             slo: None,
+            submitted_ms: None,
+            started_ms: None,
+            ended_ms: None,
         }
     }
 

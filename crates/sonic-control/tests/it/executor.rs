@@ -510,3 +510,46 @@ async fn jobs_are_listed_by_dag_and_status() {
     assert_eq!(list("?limit=1").await, (200, vec![bad.job_id.clone()]));
     assert_eq!(list("?status=done").await.0, 400);
 }
+
+/// A job's functions and logs come in the DAG's (topological) order, not the names', each
+/// function's instances in order; a job says when it was submitted, started and ended.
+#[tokio::test(start_paused = true)]
+async fn a_jobs_functions_and_logs_are_in_the_dags_order_and_it_has_its_times() {
+    let p = plane(|_, req| wrote(req)).await;
+    p.apply("name: zyx\nfunctions:\n  - { name: zeta, image: i, command: [x], timeout: 30s }\n  - { name: mu, image: i, command: [x], instances: 2, timeout: 30s }\n  - { name: alpha, image: i, command: [x], timeout: 30s }\nedges:\n  - { from: zeta, to: mu, kind: broadcast }\n  - { from: mu, to: alpha, kind: gather }\n")
+        .await;
+    let (v, s) = p.run(json!({"dag": "zyx", "policy": "remote"})).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    let order: Vec<(&str, u32)> = s
+        .functions
+        .iter()
+        .map(|f| (f.name.as_str(), f.instance))
+        .collect();
+    assert_eq!(
+        order,
+        [("zeta", 0), ("mu", 0), ("mu", 1), ("alpha", 0)],
+        "{v}"
+    );
+    let logs = p.get_json(&format!("/v1/jobs/{}/logs", s.job_id)).await;
+    let logged: Vec<(&str, u64)> = logs["logs"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|l| Some((l["function"].as_str()?, l["instance"].as_u64()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        logged,
+        [("zeta", 0), ("mu", 0), ("mu", 1), ("alpha", 0)],
+        "{logs}"
+    );
+    let (Some(submitted), Some(started), Some(ended)) = (s.submitted_ms, s.started_ms, s.ended_ms)
+    else {
+        panic!("a job without its times: {v}");
+    };
+    assert!(submitted <= started && started <= ended, "{v}");
+    for k in ["submitted_ms", "started_ms", "ended_ms"] {
+        assert!(v[k].is_i64(), "{k} in {v}");
+    }
+}

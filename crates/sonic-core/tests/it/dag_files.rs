@@ -650,3 +650,29 @@ fn a_shuffle_of_too_many_files_is_refused() {
         "a gather-like shuffle of one receiver"
     );
 }
+
+/// A job's parameter override a letter or two from a declared parameter is taken for a typo
+/// and refused, naming it and the list; other undeclared keys are the lambdas' knobs.
+#[test]
+fn a_jobs_mistyped_parameter_is_refused_naming_the_one_meant() {
+    let sort = Dag::from_yaml(
+        "s.yaml",
+        "name: sort\nparams: { mappers: 4, reducers: 4, n: 1 }\nfunctions:\n  - { name: a, image: i, command: [x] }\n",
+    )
+    .expect("sort");
+    let with = |k: &str| -> std::collections::BTreeMap<String, serde_json::Value> {
+        [(k.to_owned(), serde_json::json!(3))].into()
+    };
+    assert_eq!(sort.check_overrides(&with("mappers")), Ok(()));
+    assert_eq!(sort.check_overrides(&Default::default()), Ok(()));
+    let err = sort.check_overrides(&with("mapers")).expect_err("a typo");
+    assert_eq!(
+        err,
+        "parameter \"mapers\" is not one of DAG sort's (did you mean \"mappers\"?): it declares mappers, n, reducers"
+    );
+    assert!(sort.check_overrides(&with("reducer")).is_err());
+    // The lambdas' own knobs, and a short name near a shorter one: accepted.
+    for knob in ["compute_ms", "a.sleep_ms", "m", "colour"] {
+        assert_eq!(sort.check_overrides(&with(knob)), Ok(()), "{knob}");
+    }
+}
