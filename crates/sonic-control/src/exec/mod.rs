@@ -2314,7 +2314,7 @@ fn summarize(
     let position = |name: &str| {
         p.dag
             .as_ref()
-            .and_then(|d| d.functions.iter().position(|f| f.name == name))
+            .and_then(|d| d.function_index(name))
             .unwrap_or(usize::MAX)
     };
     functions.sort_by(|a, b| {

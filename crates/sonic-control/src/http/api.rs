@@ -1417,19 +1417,12 @@ async fn job_logs(
             let unknown = match &function {
                 Some(f) if logs.is_empty() => dag
                     .as_ref()
-                    .is_some_and(|p| !p.dag.functions.iter().any(|g| &g.name == f)),
+                    .is_some_and(|p| p.dag.function_index(f).is_none()),
                 _ => false,
             };
             // In the DAG's order (the store keeps them by name), then instance and attempt.
             if let Some(p) = &dag {
-                let position = |name: &str| {
-                    p.dag
-                        .functions
-                        .iter()
-                        .position(|g| g.name == name)
-                        .unwrap_or(usize::MAX)
-                };
-                logs.sort_by_key(|l| position(&l.function));
+                logs.sort_by_key(|l| p.dag.function_index(&l.function).unwrap_or(usize::MAX));
             }
             Ok(Some((logs, unknown, job.dag)))
         })
