@@ -94,6 +94,13 @@ pub struct Stage {
     pub start_s: f64,
 }
 
+impl Stage {
+    /// What a batch that runs hot pays beyond its compute: `overhead_hot_s`, else `overhead_s`.
+    pub fn hot_overhead_s(&self) -> f64 {
+        self.overhead_hot_s.unwrap_or(self.overhead_s)
+    }
+}
+
 /// An edge as given to [`PlanProblem::new`], by function name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EdgeSpec {
@@ -903,7 +910,7 @@ impl PlanProblem {
     pub fn overhead_s(&self, s: usize, pl: Placement) -> f64 {
         let st = &self.stages[s];
         let b = f64::from(self.batches(s, pl));
-        let hot = st.overhead_hot_s.unwrap_or(st.overhead_s);
+        let hot = st.hot_overhead_s();
         if self.warm_start(s, pl) {
             b * hot
         } else {
@@ -926,7 +933,7 @@ impl PlanProblem {
             .iter()
             .any(|per_vm| per_vm.iter().any(|&n| n > 0));
         if may_start_warm {
-            cold.min(st.hot_s + st.overhead_hot_s.unwrap_or(st.overhead_s))
+            cold.min(st.hot_s + st.hot_overhead_s())
         } else {
             cold
         }

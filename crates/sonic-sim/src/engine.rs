@@ -2105,7 +2105,7 @@ impl<'a> Sim<'a> {
         // As the model charges batches: a hot run its stage's hot-batch overhead.
         let stage = &self.jobs[t.job].pb.stages()[t.stage];
         let overhead = if t.hot {
-            stage.overhead_hot_s.unwrap_or(stage.overhead_s)
+            stage.hot_overhead_s()
         } else {
             stage.overhead_s
         };
