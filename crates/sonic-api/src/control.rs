@@ -242,6 +242,10 @@ pub struct FunctionRun {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_contention: Option<crate::agent::StartContention>,
     pub peak_memory_mb: Option<f64>,
+    /// The CPUs it was given (its plan's `cores`; absent in summaries recorded before
+    /// instances were sized).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
     pub attempts: u32,
     /// When the control plane sent the instance's first attempt, in seconds since the job
     /// started (absent in summaries recorded before it was measured).

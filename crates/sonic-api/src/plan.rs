@@ -183,7 +183,7 @@ mod tests {
         let json = serde_json::json!({
             "dag": "d",
             "policy": "sonic",
-            "stages": [{ "function": "f", "vm_type": "m5.large", "vms": 1, "per_vm": 1, "concurrent": 1 }],
+            "stages": [{ "function": "f", "vm_type": "m5.large", "vms": 1, "per_vm": 1, "concurrent": 1, "cores": 1.0 }],
             "edges": [],
             "predicted": { "latency_s": 1.5, "cost_usd": 0.001, "perf_per_dollar": 666.0, "requests_usd": 0.0 },
             "timing": [],

@@ -108,7 +108,7 @@ fn plan_properties(builder: ObjectBuilder) -> ObjectBuilder {
     builder
         .property(
             "stages",
-            objects("where each stage runs: function, vm_type, vms, per_vm, concurrent, warm, prewarmed"),
+            objects("where each stage runs: function, vm_type, vms, per_vm, concurrent, cores (the CPUs each instance is given), warm, prewarmed"),
         )
         .property(
             "edges",
@@ -223,7 +223,7 @@ mod tests {
             }),
         };
         let plan = Plan {
-            stages: vec![PlanStage {
+            stages: vec![PlanStage { cores: 1.0,
                 function: "f".into(),
                 vm_type: "m5.large".into(),
                 vms: 1,

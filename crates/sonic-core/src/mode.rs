@@ -102,17 +102,22 @@ pub fn checks(
             &f.memory_mb,
             s.memory_mb,
         ));
+        // The models hold times on one core; the job's were measured on the cores its
+        // instances were given (right-sizing), and are held to the models as such.
+        let start = s.start_s.filter(|t| t.is_finite()).unwrap_or(0.0);
+        let cold_one = |y: f64| f.cold_on_one_core(y, start, s.cores);
+        let hot_one = |y: f64| f.hot_on_one_core(y, s.cores);
         out.extend(one(
             format!("{name}.cold_s"),
             Quantity::Time,
             &f.cold_s,
-            s.cold_s,
+            s.cold_s.map(cold_one),
         ));
         out.extend(one(
             format!("{name}.hot_s"),
             Quantity::Time,
             &f.hot_s,
-            s.hot_s,
+            s.hot_s.map(hot_one),
         ));
         // The tail: the job's slowest run against the slowest of as many runs drawn from the
         // learned spread (its median), cold and hot; a sustained shift of the stage's tail
@@ -131,12 +136,17 @@ pub fn checks(
                 continue;
             };
             let slowest = spread.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let measured = if what == "cold" {
+                cold_one(slowest * mean)
+            } else {
+                hot_one(slowest * mean)
+            };
             if let Some(ratio) = slowest_of(shape, spread.len()) {
                 out.push(Check::new(
                     format!("{name}.slowest_{what}_s"),
                     Quantity::Time,
                     ratio * predicted_mean,
-                    slowest * mean,
+                    measured,
                 ));
             }
         }
@@ -498,6 +508,7 @@ mod tests {
         );
         let sample = |x: f64, cold: f64| {
             let f = FunctionSample {
+                cores: None,
                 memory_mb: Some(100.0 + x / 1e6),
                 cold_s: Some(cold),
                 hot_s: None,

@@ -92,12 +92,43 @@ pub struct Stage {
     /// stage's first batch ([`PlanProblem::with_prewarm`]).
     #[serde(default)]
     pub start_s: f64,
+    /// The share of its compute that spreads over an instance's cores (Amdahl's law;
+    /// `FunctionParams::parallel`): `cold_s` (less `start_s`) and `hot_s` are times on one
+    /// core, and on `k` cores take [`Stage::on_cores`] of them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub parallel: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl Stage {
     /// What a batch that runs hot pays beyond its compute: `overhead_hot_s`, else `overhead_s`.
     pub fn hot_overhead_s(&self) -> f64 {
         self.overhead_hot_s.unwrap_or(self.overhead_s)
+    }
+
+    /// The factor its compute takes on `cores` cores against one (Amdahl's law):
+    /// `1 - parallel + parallel / cores`; 1 for a single-threaded function, `1 / cores` for a
+    /// perfectly parallel one. `cores` below 1 count as 1 (an instance has at least a core).
+    pub fn on_cores(&self, cores: f64) -> f64 {
+        let k = if cores.is_finite() {
+            cores.max(1.0)
+        } else {
+            1.0
+        };
+        1.0 - self.parallel + self.parallel / k
+    }
+
+    /// A cold run's time where its lambda takes `g` of its one-core time
+    /// ([`Stage::on_cores`]): the cold start as it is, the rest scaled (`cold_s` itself at 1).
+    pub fn cold_on(&self, g: f64) -> f64 {
+        if g == 1.0 {
+            self.cold_s
+        } else {
+            self.start_s + (self.cold_s - self.start_s) * g
+        }
     }
 }
 
@@ -477,6 +508,12 @@ impl PlanProblem {
             if s.instances == 0 {
                 return Err(bad("needs at least one instance".into()));
             }
+            if !(s.parallel.is_finite() && (0.0..=1.0).contains(&s.parallel)) {
+                return Err(bad(format!(
+                    "parallel share {} must be from 0 to 1",
+                    s.parallel
+                )));
+            }
         }
         let index = |name: &str| stages.iter().position(|s| s.name == name);
         let mut raw = Vec::with_capacity(edges.len());
@@ -660,6 +697,7 @@ impl PlanProblem {
                 overhead_s: p.overhead_s,
                 overhead_hot_s: p.overhead_hot_s,
                 start_s: p.start_s,
+                parallel: p.parallel,
             });
         }
         if let Some(extra) = params
@@ -887,19 +925,31 @@ impl PlanProblem {
         ceil_div(self.per_vm(s, pl.vms), pl.concurrent)
     }
 
+    /// The cores each instance of stage `s` is given under `pl`: its VM type's vCPUs shared
+    /// by the lambdas that run at once (`vcpus / concurrent`, at least 1: `concurrent` never
+    /// exceeds the vCPUs). The executor gives each instance this CPU limit.
+    pub fn cores(&self, pl: Placement) -> f64 {
+        let vcpus = self.catalog.vm_types[pl.vm].vcpus.max(1);
+        (f64::from(vcpus) / f64::from(pl.concurrent.max(1))).max(1.0)
+    }
+
     /// Compute time of the fullest VM: the first batch cold, the others hot (warm containers);
     /// every batch hot where the pool's warm environments cover the first one
-    /// ([`PlanProblem::warm_start`]).
+    /// ([`PlanProblem::warm_start`]). Each lambda's time is its time on one core times
+    /// [`Stage::on_cores`] of the cores it is given ([`PlanProblem::cores`]); a cold start is not.
     pub fn compute_s(&self, s: usize, pl: Placement) -> f64 {
         let st = &self.stages[s];
         let b = f64::from(self.batches(s, pl));
+        let g = st.on_cores(self.cores(pl));
+        let hot = st.hot_s * g;
+        let cold_work = (st.cold_s - st.start_s) * g;
         if self.warm_start(s, pl) {
-            b * st.hot_s
+            b * hot
         } else if self.prewarm && !self.incoming[s].is_empty() {
             // Prewarmed ([`PlanProblem::prewarmed`], without asking `warm_start` again).
-            (st.cold_s - st.start_s) + (b - 1.0) * st.hot_s
+            cold_work + (b - 1.0) * hot
         } else {
-            st.cold_s + (b - 1.0) * st.hot_s
+            st.cold_on(g) + (b - 1.0) * hot
         }
     }
 
@@ -923,17 +973,23 @@ impl PlanProblem {
     /// A lower bound for the planner's searches.
     pub fn least_busy_s(&self, s: usize) -> f64 {
         let st = &self.stages[s];
+        // The most cores an instance can be given: one lambda at a time on the largest VM
+        // type that holds it.
+        let g = (0..self.catalog.vm_types.len())
+            .filter(|&v| self.cmax[s][v] > 0)
+            .map(|v| st.on_cores(f64::from(self.catalog.vm_types[v].vcpus)))
+            .fold(1.0, f64::min);
         let first = if self.prewarm && !self.incoming[s].is_empty() {
-            st.cold_s - st.start_s
+            (st.cold_s - st.start_s) * g
         } else {
-            st.cold_s
+            st.cold_on(g)
         };
         let cold = first + st.overhead_s;
         let may_start_warm = self.warm[s]
             .iter()
             .any(|per_vm| per_vm.iter().any(|&n| n > 0));
         if may_start_warm {
-            cold.min(st.hot_s + st.hot_overhead_s())
+            cold.min(st.hot_s * g + st.hot_overhead_s())
         } else {
             cold
         }
@@ -943,6 +999,44 @@ impl PlanProblem {
     /// the per-instance overhead of every batch.
     pub fn busy_s(&self, s: usize, pl: Placement) -> f64 {
         self.compute_s(s, pl) + self.overhead_s(s, pl)
+    }
+
+    /// The concurrency that keeps stage `s` on `vms` VMs of type `vm` busy the least (0 where
+    /// the type does not fit it). Nothing else in a plan depends on it, so on a chain it
+    /// dominates every other (docs/model.md, "Chains"). A single-threaded function: the most
+    /// at once (fewest batches). One that uses several cores: for each number of batches `B`,
+    /// the fewest at once that make `B` batches (`ceil(p / B)`, each instance given the most
+    /// cores), the least busy of them, the larger on a tie.
+    pub fn best_concurrent(&self, s: usize, vm: usize, vms: u32) -> u32 {
+        let p = self.per_vm(s, vms);
+        let cmax = self.cmax[s][vm].min(p);
+        if cmax == 0 || self.stages[s].parallel == 0.0 {
+            return cmax;
+        }
+        let busy = |c: u32| {
+            self.busy_s(
+                s,
+                Placement {
+                    vm,
+                    vms,
+                    concurrent: c,
+                },
+            )
+        };
+        let mut best = (cmax, busy(cmax));
+        let mut last = cmax;
+        for b in 1..=p {
+            let c = ceil_div(p, b);
+            if c >= last {
+                continue;
+            }
+            last = c;
+            let t = busy(c);
+            if t < best.1 * (1.0 - 1e-12) {
+                best = (c, t);
+            }
+        }
+        best.0
     }
 
     pub(crate) fn vm_type(&self, vm: usize) -> &VmType {
@@ -1684,6 +1778,7 @@ mod tests {
 
     fn stage(name: &str, mem: f64, cold: f64, hot: f64, k: u32) -> Stage {
         Stage {
+            parallel: 0.0,
             name: name.into(),
             memory_mb: mem,
             cold_s: cold,
@@ -1727,6 +1822,52 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+    }
+
+    #[test]
+    fn a_function_that_uses_several_cores_runs_faster_with_more_of_them() {
+        // train: 4 instances, 10 s cold (1 s of it the container's start), 8 s hot, on one core.
+        let mut st = stage("train", 1000.0, 10.0, 8.0, 4);
+        st.start_s = 1.0;
+        let serial =
+            PlanProblem::new(vec![st.clone()], vec![], catalog(), Bounds::default()).unwrap();
+        st.parallel = 0.75;
+        let par = PlanProblem::new(vec![st], vec![], catalog(), Bounds::default()).unwrap();
+        // Type a has 4 vCPUs: shared by the lambdas that run at once.
+        let packed = Placement { vm: 0, vms: 1, concurrent: 4 };
+        let half = Placement { vm: 0, vms: 1, concurrent: 2 };
+        let alone = Placement { vm: 0, vms: 4, concurrent: 1 };
+        assert_eq!(
+            [par.cores(packed), par.cores(half), par.cores(alone)],
+            [1.0, 2.0, 4.0]
+        );
+        // A single-threaded function takes its time whatever it is given.
+        assert!(close(serial.compute_s(0, packed), 10.0));
+        assert!(close(serial.compute_s(0, alone), 10.0));
+        assert!(close(serial.compute_s(0, half), 18.0));
+        // 3/4 of it parallel: 0.625 of the lambda on 2 cores, 0.4375 on 4; the start as it is.
+        assert!(close(par.compute_s(0, packed), 10.0));
+        assert!(close(par.compute_s(0, half), 1.0 + 9.0 * 0.625 + 8.0 * 0.625));
+        assert!(close(par.compute_s(0, alone), 1.0 + 9.0 * 0.4375));
+        // The searches' lower bound holds for every placement (4 cores at most here).
+        for pl in [packed, half, alone] {
+            assert!(par.least_busy_s(0) <= par.compute_s(0, pl) + par.overhead_s(0, pl) + 1e-12);
+        }
+        assert!(close(par.least_busy_s(0), 1.0 + 9.0 * 0.4375));
+        // Perf/$: a single-threaded function gets a core per lambda (more would be paid for
+        // and idle); a parallel one more cores, each VM paid for a shorter time.
+        let best = |pb: &PlanProblem| {
+            crate::planner::plan(pb, crate::planner::Policy::Sonic)
+                .unwrap()
+                .best
+                .stages[0]
+                .cores
+        };
+        assert_eq!(best(&serial), 1.0);
+        let mut all = stage("train", 1000.0, 10.0, 8.0, 4);
+        all.parallel = 1.0;
+        let all = PlanProblem::new(vec![all], vec![], catalog(), Bounds::default()).unwrap();
+        assert!(best(&all) > 1.0, "{}", best(&all));
     }
 
     #[test]

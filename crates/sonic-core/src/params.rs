@@ -42,6 +42,13 @@ pub struct FunctionParams {
     /// (prewarming) pays `cold_s - start_s` for its first batch; 0 when not given.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub start_s: f64,
+    /// The share of its compute that spreads over the cores an instance is given (Amdahl's
+    /// law, right-sizing): 0 a single-threaded function (a bigger VM does not run it faster),
+    /// 1 one that uses every core. `cold_s` and `hot_s` are then times on one core: on `k`
+    /// cores, `(1 - parallel + parallel / k)` of them (the cold start excepted). 0 when not
+    /// given.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub parallel: f64,
     /// The distribution of `cold_s`, when the file gave one.
     pub cold_dist: Option<TimeValue>,
     /// The distribution of `hot_s`, when the file gave one.
@@ -117,6 +124,8 @@ struct RawFunction {
     overhead_hot_s: Option<f64>,
     #[serde(default, skip_serializing_if = "is_zero")]
     start_s: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    parallel: f64,
 }
 
 impl TryFrom<RawFunction> for FunctionParams {
@@ -141,6 +150,7 @@ impl TryFrom<RawFunction> for FunctionParams {
             overhead_s: r.overhead_s,
             overhead_hot_s: r.overhead_hot_s,
             start_s: r.start_s,
+            parallel: r.parallel,
             cold_dist,
             hot_dist,
         })
@@ -157,6 +167,7 @@ impl From<FunctionParams> for RawFunction {
             overhead_s: f.overhead_s,
             overhead_hot_s: f.overhead_hot_s,
             start_s: f.start_s,
+            parallel: f.parallel,
         }
     }
 }
@@ -271,6 +282,15 @@ impl Params {
             if f.instances == 0 {
                 return Err(bad(at("instances"), "must be at least 1".into()));
             }
+            if !(f.parallel.is_finite() && (0.0..=1.0).contains(&f.parallel)) {
+                return Err(bad(
+                    at("parallel"),
+                    format!(
+                        "{} is not a share from 0 (single-threaded) to 1 (every core)",
+                        f.parallel
+                    ),
+                ));
+            }
         }
         let mut seen = BTreeSet::new();
         for (i, e) in self.edges.iter().enumerate() {
@@ -380,6 +400,10 @@ functions:
         check(
             "functions:\n  a: { memory_mb: 10, cold_s: -1, hot_s: 1, instances: 1 }\n",
             &["functions.a.cold_s"],
+        );
+        check(
+            "functions:\n  a: { memory_mb: 10, cold_s: 1, hot_s: 1, instances: 1, parallel: 1.5 }\n",
+            &["functions.a.parallel", "single-threaded"],
         );
         check(
             "functions:\n  a: { memory_mb: 10, cold_s: 1, hot_s: 1, instances: 0 }\n",

@@ -104,7 +104,7 @@ impl FromStr for Policy {
 }
 
 /// Where one stage runs, as `ofctl plan -o json` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlanStage {
     pub function: String,
     pub vm_type: String,
@@ -113,6 +113,11 @@ pub struct PlanStage {
     pub per_vm: u32,
     /// Lambdas that run at once on one VM.
     pub concurrent: u32,
+    /// The CPUs each instance is given: its VM type's vCPUs over `concurrent`
+    /// ([`PlanProblem::cores`]); a function that uses several cores runs faster with more
+    /// (`parallel` in its parameters). 1 in plans made before instances were sized.
+    #[serde(default = "one_core")]
+    pub cores: f64,
     /// Its first batch starts in warm environments the pool holds (priced hot, not cold).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warm: bool,
@@ -120,6 +125,10 @@ pub struct PlanStage {
     /// without the cold start.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub prewarmed: bool,
+}
+
+fn one_core() -> f64 {
+    1.0
 }
 
 /// How one edge's data moves.
@@ -406,6 +415,7 @@ impl Plan {
                     vms: pl.vms,
                     per_vm: pb.per_vm(s, pl.vms),
                     concurrent: pl.concurrent,
+                    cores: pb.cores(pl),
                     warm: pb.warm_start(s, pl),
                     prewarmed: pb.prewarmed(s, pl),
                 }

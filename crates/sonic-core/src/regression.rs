@@ -408,9 +408,186 @@ pub struct FunctionModels {
     /// The same of its hot runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hot_shape: Vec<f64>,
+    /// Right-sizing: its times as measured, with the cores each run had, and the parallel
+    /// share they give; `cold_s` and `hot_s` hold them as times on one core. Empty in models
+    /// stored before (their samples were all measured on one core).
+    #[serde(default, skip_serializing_if = "Cores::is_empty")]
+    pub cores: Cores,
+}
+
+/// A function's times as measured, with the cores its instances were given, and the share of
+/// its compute that runs in parallel that explains them best (Amdahl's law; docs/model.md,
+/// "Right-sizing").
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Cores {
+    /// Cold runs: `[input size, mean cold time, mean cold start, cores]`, the newest
+    /// [`MAX_SAMPLES`].
+    #[serde(default)]
+    pub cold: Vec<[f64; 4]>,
+    /// Hot runs: `[input size, mean hot time, cores]`.
+    #[serde(default)]
+    pub hot: Vec<[f64; 3]>,
+    /// `FunctionParams::parallel`: 0 until runs on two numbers of cores tell it.
+    #[serde(default)]
+    pub parallel: f64,
+}
+
+/// The parallel shares [`Cores::fit`] tries, in steps of 1/20.
+const PARALLEL_STEPS: u32 = 20;
+
+/// `1 - p + p / k` (`model::Stage::on_cores`).
+fn on_cores(parallel: f64, cores: f64) -> f64 {
+    1.0 - parallel + parallel / cores.max(1.0)
+}
+
+impl Cores {
+    pub fn is_empty(&self) -> bool {
+        self.cold.is_empty() && self.hot.is_empty()
+    }
+
+    /// A cold time measured on `cores` as a time on one core under share `parallel`: the cold
+    /// start as it is, the rest scaled.
+    fn cold_one(parallel: f64, y: f64, start: f64, cores: f64) -> f64 {
+        let start = start.clamp(0.0, y.max(0.0));
+        start + (y - start) / on_cores(parallel, cores)
+    }
+
+    /// The cold and hot models' samples on one core under share `parallel`.
+    fn one_core(&self, parallel: f64) -> (Vec<(f64, f64)>, Vec<(f64, f64)>) {
+        let cold = self
+            .cold
+            .iter()
+            .map(|&[x, y, start, k]| (x, Cores::cold_one(parallel, y, start, k)))
+            .collect();
+        let hot = self
+            .hot
+            .iter()
+            .map(|&[x, y, k]| (x, y / on_cores(parallel, k)))
+            .collect();
+        (cold, hot)
+    }
+
+    /// The share that explains the runs best: for each share tried, the cold and hot models
+    /// fitted on the runs as times on one core, and their predictions taken back to each
+    /// run's cores; the least sum of squared relative errors wins, the smaller share on a tie.
+    /// 0 where every run had the same cores (nothing tells the share apart).
+    fn fit(&self, cold: &Model, hot: &Model) -> f64 {
+        let mut ks: Vec<f64> = self
+            .cold
+            .iter()
+            .map(|r| r[3])
+            .chain(self.hot.iter().map(|r| r[2]))
+            .collect();
+        ks.sort_by(f64::total_cmp);
+        ks.dedup();
+        if ks.len() < 2 {
+            return 0.0;
+        }
+        let floor = crate::mode::floor(Quantity::Time).max(1e-9);
+        let mut best = (0.0, f64::INFINITY);
+        for step in 0..=PARALLEL_STEPS {
+            let p = f64::from(step) / f64::from(PARALLEL_STEPS);
+            let (c, h) = self.one_core(p);
+            let mut cm = Model {
+                samples: c,
+                fit: None,
+                ..cold.clone()
+            };
+            let mut hm = Model {
+                samples: h,
+                fit: None,
+                ..hot.clone()
+            };
+            let mut err = 0.0;
+            if !cm.samples.is_empty() && cm.fit().is_ok() {
+                for &[x, y, start, k] in &self.cold {
+                    let one = cm.predict(x).unwrap_or(0.0);
+                    let start = start.clamp(0.0, one);
+                    let at = start + (one - start) * on_cores(p, k);
+                    err += ((at - y) / y.abs().max(floor)).powi(2);
+                }
+            }
+            if !hm.samples.is_empty() && hm.fit().is_ok() {
+                for &[x, y, k] in &self.hot {
+                    let at = hm.predict(x).unwrap_or(0.0) * on_cores(p, k);
+                    err += ((at - y) / y.abs().max(floor)).powi(2);
+                }
+            }
+            if err < best.1 * (1.0 - 1e-9) - 1e-12 {
+                best = (p, err);
+            }
+        }
+        best.0
+    }
 }
 
 impl FunctionModels {
+    /// Records one job's cold and hot times measured on `cores` (the right-sizing runs),
+    /// refits the parallel share, and rebuilds and refits the cold and hot models from every
+    /// run as times on one core.
+    fn add_runs(&mut self, x: f64, s: &FunctionSample) -> Result<(), RegressionError> {
+        self.push_runs(x, s)?;
+        self.settle_cores();
+        if !self.cold_s.samples.is_empty() {
+            self.cold_s.fit()?;
+        }
+        if !self.hot_s.samples.is_empty() {
+            self.hot_s.fit()?;
+        }
+        Ok(())
+    }
+
+    /// Records one job's cold and hot times with the cores they were measured on, without
+    /// refitting ([`FunctionModels::settle_cores`] does, for a batch of them). Models stored
+    /// before keep their samples as runs on one core.
+    pub fn push_runs(&mut self, x: f64, s: &FunctionSample) -> Result<(), RegressionError> {
+        let k = s
+            .cores
+            .filter(|k| k.is_finite() && *k >= 1.0)
+            .unwrap_or(1.0);
+        if self.cores.is_empty() {
+            self.cores.cold = self.cold_s.samples.iter().map(|&(x, y)| [x, y, 0.0, 1.0]).collect();
+            self.cores.hot = self.hot_s.samples.iter().map(|&(x, y)| [x, y, 1.0]).collect();
+        }
+        if let Some(y) = s.cold_s {
+            if !(x.is_finite() && y.is_finite()) {
+                return Err(RegressionError::NotFinite { x, y });
+            }
+            let start = s.start_s.filter(|t| t.is_finite()).unwrap_or(0.0);
+            self.cores.cold.push([x, y, start, k]);
+            let excess = self.cores.cold.len().saturating_sub(MAX_SAMPLES);
+            self.cores.cold.drain(..excess);
+        }
+        if let Some(y) = s.hot_s {
+            if !(x.is_finite() && y.is_finite()) {
+                return Err(RegressionError::NotFinite { x, y });
+            }
+            self.cores.hot.push([x, y, k]);
+            let excess = self.cores.hot.len().saturating_sub(MAX_SAMPLES);
+            self.cores.hot.drain(..excess);
+        }
+        Ok(())
+    }
+
+    /// Fits the parallel share to the runs recorded and sets the cold and hot models' samples
+    /// to the runs as times on one core (their fits are the caller's to redo).
+    pub fn settle_cores(&mut self) {
+        self.cores.parallel = self.cores.fit(&self.cold_s, &self.hot_s);
+        let (cold, hot) = self.cores.one_core(self.cores.parallel);
+        self.cold_s.samples = cold;
+        self.hot_s.samples = hot;
+    }
+
+    /// A cold time measured on `cores` as the one-core time the cold model predicts.
+    pub fn cold_on_one_core(&self, y: f64, start: f64, cores: Option<f64>) -> f64 {
+        Cores::cold_one(self.cores.parallel, y, start, cores.unwrap_or(1.0))
+    }
+
+    /// A hot time measured on `cores` as the one-core time the hot model predicts.
+    pub fn hot_on_one_core(&self, y: f64, cores: Option<f64>) -> f64 {
+        y / on_cores(self.cores.parallel, cores.unwrap_or(1.0))
+    }
+
     /// Adds how a job's instances spread around its means to the function's shapes.
     pub fn add_spreads(&mut self, s: &FunctionSample) {
         if let Some(r) = &s.cold_spread {
@@ -495,6 +672,10 @@ pub struct FunctionSample {
     /// Each hot run's time over the job's mean hot time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hot_spread: Option<Vec<f64>>,
+    /// The CPUs each of its instances was given (the plan's `cores`): what its times were
+    /// measured on. `None`: one (samples from before instances were sized, parameters files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cores: Option<f64>,
 }
 
 /// How many of a function's newest instance ratios its shape keeps.
@@ -609,6 +790,7 @@ impl DagModels {
                         ),
                         cold_shape: Vec::new(),
                         hot_shape: Vec::new(),
+                        cores: Cores::default(),
                     },
                 )
             })
@@ -659,10 +841,9 @@ impl DagModels {
             let Some(m) = self.functions.get_mut(name) else {
                 continue;
             };
+            m.add_runs(input_bytes, s)?;
             let pairs = [
                 (&mut m.memory_mb, s.memory_mb),
-                (&mut m.cold_s, s.cold_s),
-                (&mut m.hot_s, s.hot_s),
                 (&mut m.instances, s.instances.map(f64::from)),
                 (&mut m.overhead_s, s.overhead_s),
                 (&mut m.overhead_hot_s, s.overhead_hot_s),
@@ -712,6 +893,7 @@ impl DagModels {
                         start_s: None,
                         cold_spread: None,
                         hot_spread: None,
+                        cores: None,
                     },
                 )
             })
@@ -798,6 +980,8 @@ impl DagModels {
                 name.clone(),
                 FunctionParams {
                     start_s,
+                    // From runs on two numbers of cores on; 0 (no gain from more) before.
+                    parallel: f.cores.parallel,
                     // How instances spread around the means, once enough were measured.
                     cold_dist: spread_of(&f.cold_shape, cold_s),
                     hot_dist: spread_of(&f.hot_shape, hot_s),
@@ -853,6 +1037,24 @@ impl DagModels {
             out.push(one(format!("{name}.overhead_s"), &f.overhead_s));
             out.push(one(format!("{name}.overhead_hot_s"), &f.overhead_hot_s));
             out.push(one(format!("{name}.start_s"), &f.start_s));
+            // Right-sizing: the parallel share, once runs on two numbers of cores tell it.
+            let mut ks: Vec<f64> = f
+                .cores
+                .cold
+                .iter()
+                .map(|r| r[3])
+                .chain(f.cores.hot.iter().map(|r| r[2]))
+                .collect();
+            ks.sort_by(f64::total_cmp);
+            ks.dedup();
+            out.push(ModelSummary {
+                parameter: format!("{name}.parallel"),
+                equation: Some(format!("{}", f.cores.parallel)),
+                degree: None,
+                cv_mape: None,
+                samples: f.cores.cold.len() + f.cores.hot.len(),
+                converged: ks.len() >= 2,
+            });
         }
         for e in &self.edges {
             out.push(one(format!("{}->{}.bytes", e.from, e.to), &e.bytes));
@@ -896,6 +1098,7 @@ mod tests {
         let mut m = DagModels::for_names(&["f".into()], &[], Convergence::default(), 3);
         let sample = |x: f64| {
             let f = FunctionSample {
+                cores: None,
                 memory_mb: Some(100.0),
                 cold_s: Some(1.0 + x / 1e9),
                 hot_s: Some(0.5 + x / 1e9),
@@ -1183,6 +1386,73 @@ mod tests {
     }
 
     #[test]
+    fn the_parallel_share_is_learned_from_runs_on_different_cores() {
+        // f: on one core 0.5 s of container start plus 2 s + 10 ns per byte of lambda, of
+        // which 80% spreads over the cores; hot runs the lambda alone.
+        let truth = 0.8;
+        let lambda = |x: f64, k: f64| (2.0 + 1e-8 * x) * (1.0 - truth + truth / k);
+        let sample = |x: f64, k: Option<f64>| {
+            let on = k.unwrap_or(1.0);
+            BTreeMap::from([(
+                "f".to_owned(),
+                FunctionSample {
+                    memory_mb: Some(100.0),
+                    cold_s: Some(0.5 + lambda(x, on)),
+                    hot_s: Some(lambda(x, on)),
+                    start_s: Some(0.5),
+                    instances: Some(2),
+                    cores: k,
+                    ..FunctionSample::default()
+                },
+            )])
+        };
+        let mut dm = DagModels::for_names(&["f".into()], &[], Convergence::default(), 3);
+        // Runs on 2 cores only: nothing tells the share; the times are taken as they are.
+        for x in sizes(4) {
+            dm.add_sample(x, &sample(x, Some(2.0)), &[]).unwrap();
+        }
+        let p = &dm.params_for(1e8).unwrap().functions["f"];
+        assert_eq!(p.parallel, 0.0);
+        assert!((p.cold_s - 0.5 - lambda(1e8, 2.0)).abs() < 1e-6, "{}", p.cold_s);
+        // Profiling on one core too: the share, and the times on one core.
+        for x in sizes(4) {
+            dm.add_sample(x, &sample(x, None), &[]).unwrap();
+        }
+        let p = &dm.params_for(1e8).unwrap().functions["f"];
+        assert!((p.parallel - truth).abs() < 1e-9, "{}", p.parallel);
+        assert!((p.hot_s - lambda(1e8, 1.0)).abs() < 1e-6, "{}", p.hot_s);
+        assert!((p.cold_s - 0.5 - lambda(1e8, 1.0)).abs() < 1e-6, "{}", p.cold_s);
+        let summary = dm.summary();
+        let row = summary.iter().find(|r| r.parameter == "f.parallel").unwrap();
+        assert_eq!((row.equation.as_deref(), row.converged), (Some("0.8"), true));
+        // A planned job on 4 cores that runs as learned is no drift; one twice as slow is.
+        let planned = sample(3e8, Some(4.0));
+        let checks = crate::mode::checks(&dm, 3e8, &planned, &[], &BTreeMap::new());
+        assert!(
+            checks.iter().all(|c| !c.off(&dm.convergence)),
+            "{checks:?}"
+        );
+        let mut slow = planned.clone();
+        let f = slow.get_mut("f").unwrap();
+        f.hot_s = f.hot_s.map(|h| 2.0 * h);
+        let checks = crate::mode::checks(&dm, 3e8, &slow, &[], &BTreeMap::new());
+        assert!(
+            checks
+                .iter()
+                .any(|c| c.parameter == "f.hot_s" && c.off(&dm.convergence)),
+            "{checks:?}"
+        );
+        // Stored models read back with their runs; models stored before read with none.
+        let back: DagModels = serde_json::from_str(&serde_json::to_string(&dm).unwrap()).unwrap();
+        assert_eq!(back.functions["f"].cores.parallel, 0.8);
+        assert_eq!(back.functions["f"].cores.cold.len(), 8);
+        let mut old = serde_json::to_value(&dm).unwrap();
+        old["functions"]["f"].as_object_mut().unwrap().remove("cores");
+        let old: DagModels = serde_json::from_value(old).unwrap();
+        assert_eq!(old.functions["f"].cores, Cores::default());
+    }
+
+    #[test]
     fn dag_models_learn_and_predict() {
         let mut dm = DagModels::for_names(
             &["pca".into(), "train".into()],
@@ -1197,6 +1467,7 @@ mod tests {
             f.insert(
                 "pca".to_owned(),
                 FunctionSample {
+                    cores: None,
                     memory_mb: Some(500.0 + 1e-5 * x),
                     cold_s: Some(1.0 + 4e-8 * x),
                     hot_s: None,
@@ -1211,6 +1482,7 @@ mod tests {
             f.insert(
                 "train".to_owned(),
                 FunctionSample {
+                    cores: None,
                     memory_mb: Some(900.0),
                     cold_s: Some(3.0),
                     hot_s: None,
@@ -1307,9 +1579,9 @@ mod tests {
         let hot = noisy.params_for(1e9).unwrap().functions["train"].hot_s;
         assert!((0.0..=3.0).contains(&hot), "{hot}");
         let summary = dm.summary();
-        // Per function: memory, cold, hot, instances, overhead, hot overhead, cold start; and
-        // the edge's bytes.
-        assert_eq!(summary.len(), 15);
+        // Per function: memory, cold, hot, instances, overhead, hot overhead, cold start, the
+        // parallel share; and the edge's bytes.
+        assert_eq!(summary.len(), 17);
         assert!(
             summary
                 .iter()

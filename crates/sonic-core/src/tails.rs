@@ -249,12 +249,22 @@ pub(crate) fn compute(
     t: &StageTimes,
 ) -> Dist {
     let st = &pb.stages()[s];
-    let first = if pb.warm_start(s, pl) {
-        t.hot.clone()
-    } else if pb.prewarmed(s, pl) {
-        t.cold.shifted(-st.start_s)
+    // On the cores each instance is given: the lambda's time scaled, the cold start not.
+    let g = st.on_cores(pb.cores(pl));
+    let (cold, hot) = if g == 1.0 {
+        (t.cold.clone(), t.hot.clone())
     } else {
-        t.cold.clone()
+        (
+            t.cold.shifted(-st.start_s).scaled(g).shifted(st.start_s),
+            t.hot.scaled(g),
+        )
+    };
+    let first = if pb.warm_start(s, pl) {
+        hot.clone()
+    } else if pb.prewarmed(s, pl) {
+        cold.shifted(-st.start_s)
+    } else {
+        cold
     };
     let slowest = |d: &Dist, k: u32| {
         if t.together {
@@ -270,7 +280,7 @@ pub(crate) fn compute(
         let mut total = slowest(&first, k.min(conc));
         for b in 1..batches {
             let size = (k - b * conc).min(conc);
-            total = total.then(&slowest(&t.hot, size));
+            total = total.then(&slowest(&hot, size));
         }
         total
     };
@@ -308,6 +318,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, &(instances, cold, hot))| Stage {
+                parallel: if i % 2 == 1 { 0.6 } else { 0.0 },
                 name: format!("s{i}"),
                 memory_mb: 100.0,
                 cold_s: cold,

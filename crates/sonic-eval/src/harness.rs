@@ -449,7 +449,7 @@ mod tests {
     }
 
     fn run(agent: &str, started: f64, ended: f64) -> FunctionRun {
-        FunctionRun {
+        FunctionRun { cpus: None,
             name: "f".into(),
             instance: 0,
             agent: agent.into(),

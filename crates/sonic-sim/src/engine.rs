@@ -2061,7 +2061,14 @@ impl<'a> Sim<'a> {
                 None => false,
             };
             let stage = &self.jobs[j].pb.stages()[r];
-            let mut work = if hot { stage.hot_s } else { stage.cold_s };
+            // On the cores the plan gives each instance, as the executor does (right-sizing):
+            // the lambda's time scaled, a cold start not.
+            let g = stage.on_cores(self.jobs[j].pb.cores(self.jobs[j].assign.placements[r]));
+            let mut work = if hot {
+                stage.hot_s * g
+            } else {
+                stage.cold_on(g)
+            };
             // Prewarmed: the container started when the job machine said (once the first
             // sender started); the start not yet over by now is all this cold run still pays
             // of it.
@@ -2069,7 +2076,7 @@ impl<'a> Sim<'a> {
             if !hot && prewarmed.is_finite() {
                 let start = stage.start_s.clamp(0.0, stage.cold_s);
                 let left = (prewarmed + start - now).clamp(0.0, start);
-                work = stage.cold_s - start + left;
+                work = (stage.cold_s - start) * g + left;
             }
             let st = &mut self.jobs[j].stages[r];
             if hot {

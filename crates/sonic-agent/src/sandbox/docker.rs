@@ -20,8 +20,9 @@
 //!   once they hold more than the quota (`OutputQuotaExceeded`); a run that ends over it is
 //!   refused too. After each run, anything in `out` or `ctl` that is not the run's own (a write
 //!   through `../`) fails the run as a `Violation` and the container is removed, never reused.
-//! - Warm containers are kept for `idle_timeout` after a run, keyed by warm key, image and
-//!   limits; a run that finds one is hot (`cold: false`). Warm keys name a function across jobs
+//! - Warm containers are kept for `idle_timeout` after a run, keyed by warm key, image, memory
+//!   limit and output quota (not CPUs: a warm container given other CPUs has its limit changed
+//!   in place, `docker update`); a run that finds one is hot (`cold: false`). Warm keys name a function across jobs
 //!   (docs/agent.md): each run has its own environment (handed to the launcher), its own `in/<run>`
 //!   and `out/<run>` folders, removed after it; `/tmp` is the container's and stays, as in a
 //!   warm AWS Lambda container. `prewarm` starts containers ahead of the runs. A container that timed out, was
@@ -107,13 +108,14 @@ impl Default for DockerConfig {
     }
 }
 
-/// What a warm container must match to be reused.
+/// What a warm container must match to be reused. Not its CPUs: a plan may give a function's
+/// instances more or fewer (right-sizing), and a warm container's limit is changed in place
+/// (`docker update`) rather than its warmth lost.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct PoolKey {
     warm_key: String,
     image: String,
     memory: u64,
-    nano_cpus: i64,
     /// Fixed at creation (`/tmp`'s size, `RLIMIT_FSIZE`).
     output_quota: u64,
     /// Bound at creation.
@@ -126,7 +128,6 @@ impl PoolKey {
             warm_key: spec.warm_key.clone(),
             image: spec.image.clone(),
             memory: spec.memory_limit_bytes,
-            nano_cpus: (spec.cpus * 1e9).round() as i64,
             output_quota: spec.output_quota_bytes,
             mounts: spec.mounts.clone(),
         }
@@ -172,10 +173,20 @@ struct Container {
     requests: fs::File,
     cgroup: Option<MemoryCgroup>,
     key: PoolKey,
+    /// Its CPU limit now ([`nano_cpus`]).
+    nano_cpus: i64,
     last_used: Instant,
     runs: u64,
     /// Started by `prewarm` and not used by a run yet.
     prewarmed: bool,
+}
+
+/// The CPU limit of a run's container: the spec's CPUs, at most the engine's cores (Docker
+/// refuses more than the host has; an agent standing for a VM type larger than its host gives
+/// what there is), at least a hundredth of one.
+fn nano_cpus(cpus: f64, engine_cores: u32) -> i64 {
+    let cpus = if cpus.is_finite() { cpus } else { 1.0 };
+    (cpus.min(f64::from(engine_cores.max(1))).max(0.01) * 1e9).round() as i64
 }
 
 #[derive(Debug)]
@@ -382,6 +393,29 @@ impl Sandbox for DockerSandbox {
             self.inner.remove(c.id, c.dir).await;
         }
         let mut start_contention = None;
+        let want = nano_cpus(spec.cpus, self.inner.engine_cores);
+        // A warm container given other CPUs before: its limit changed in place; one Docker
+        // will not change is removed, and the run starts cold.
+        let taken = match taken {
+            Some(mut c) if c.nano_cpus != want => {
+                let body = bollard::models::ContainerUpdateBody {
+                    nano_cpus: Some(want),
+                    ..Default::default()
+                };
+                match self.inner.docker.update_container(&c.id, body).await {
+                    Ok(()) => {
+                        c.nano_cpus = want;
+                        Some(c)
+                    }
+                    Err(e) => {
+                        tracing::warn!(container = %c.name, error = %e, "cannot change a warm container's CPUs: a new one starts");
+                        self.inner.remove(c.id, c.dir).await;
+                        None
+                    }
+                }
+            }
+            other => other,
+        };
         let (container, cold) = match taken {
             Some(mut c) => {
                 let prewarmed = std::mem::take(&mut c.prewarmed);
@@ -540,6 +574,7 @@ impl Inner {
     }
 
     async fn create(&self, spec: &RunSpec, key: PoolKey) -> Result<Container, SandboxError> {
+        let cpus = nano_cpus(spec.cpus, self.engine_cores);
         let n = super::next_id();
         let name = format!(
             "sonic-{}-{n}-{}",
@@ -589,7 +624,7 @@ impl Inner {
                 binds: Some(binds),
                 memory: Some(memory),
                 memory_swap: Some(memory),
-                nano_cpus: Some(key.nano_cpus),
+                nano_cpus: Some(cpus),
                 // docker-init as PID 1: reaps orphans of lambdas, ends the launcher on SIGTERM.
                 init: Some(true),
                 network_mode: self.config.network_mode.clone(),
@@ -647,6 +682,7 @@ impl Inner {
             requests,
             cgroup,
             key,
+            nano_cpus: cpus,
             last_used: Instant::now(),
             runs: 0,
             prewarmed: false,
@@ -1146,7 +1182,13 @@ mod tests {
             mounts: vec![],
         };
         let a = PoolKey::of(&spec);
-        assert_eq!(a.nano_cpus, 500_000_000);
+        assert_eq!(nano_cpus(spec.cpus, 4), 500_000_000);
+        // More than the engine has: what it has.
+        assert_eq!(nano_cpus(8.0, 2), 2_000_000_000);
+        // Other CPUs: the same warm containers (their limit is changed in place).
+        let mut more = spec.clone();
+        more.cpus = 2.0;
+        assert_eq!(a, PoolKey::of(&more));
         let mut other = spec.clone();
         other.memory_limit_bytes = 2;
         assert_ne!(a, PoolKey::of(&other));

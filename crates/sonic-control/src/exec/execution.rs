@@ -97,6 +97,8 @@ struct Execution<'a> {
     /// Per instance that ended well and is not yet reported to the warm ledger
     /// ([`Action::WarmReported`]): its agent and what the agent said it keeps warm.
     warm_words: HashMap<(usize, u32), (usize, Option<sonic_api::agent::WarmIdle>)>,
+    /// Unplanned: the CPUs each instance is given (a planned job's are its plan's).
+    unplanned_cpus: f64,
 }
 
 impl<'a> Execution<'a> {
@@ -333,8 +335,26 @@ impl<'a> Execution<'a> {
         // next stages are prewarmed. A planned job always shares: its plan priced its stages with
         // the warm containers the pool keeps (`warm`), and a cold-time model that stopped converging
         // for a sample does not make it a profiling job (its DAG's mode has hysteresis).
-        let profiling = job.mode != sonic_api::control::JobMode::Planned
-            && !cold_times_learned(state, rt, &dag, &job.params).await;
+        let (learned, jobs_learned) = cold_times_learned(state, rt, &dag, &job.params).await;
+        let profiling = job.mode != sonic_api::control::JobMode::Planned && !learned;
+        // Right-sizing is learned from runs on different numbers of cores: every other
+        // profiling job of a setting gives each instance two CPUs (and runs half as many at
+        // once on an agent), the others one; where an agent's VM type has a single vCPU, one.
+        let vcpus_of = |a: &AgentSlot| {
+            rt.catalog
+                .as_ref()
+                .and_then(|c| c.vm_type(&a.vm_type))
+                .map(|t| t.vcpus)
+        };
+        let unplanned_cpus = if profiling
+            && jobs_learned % 2 == 1
+            && !agents.is_empty()
+            && agents.iter().all(|a| vcpus_of(a).is_some_and(|v| v >= 2))
+        {
+            2.0
+        } else {
+            1.0
+        };
         // What the agents' reports of this execution's runs are recorded under in the warm ledger,
         // per function: the identity, code and memory limit its runs carry (none for a profiling
         // job, whose containers serve only itself).
@@ -394,6 +414,7 @@ impl<'a> Execution<'a> {
             profiling,
             warm_keys,
             warm_words: HashMap::new(),
+            unplanned_cpus,
         })
     }
 
@@ -560,7 +581,9 @@ impl<'a> Execution<'a> {
         let cancel = self.cancel;
         let execution = self.execution;
         let profiling = self.profiling;
+        let unplanned_cpus = self.unplanned_cpus;
         let Execution {
+            ref mut progress,
             ref dag,
             ref agents,
             ref alloc,
@@ -619,6 +642,18 @@ impl<'a> Execution<'a> {
             p.agent = *a;
             sent_ms = Some(r.started_ms);
         }
+        // The CPUs it is given: the plan's (right-sizing), or the unplanned job's; never more
+        // than its agent's VM type has.
+        let slot = agents.get(p.agent);
+        let vcpus = rt
+            .catalog
+            .as_ref()
+            .and_then(|c| c.vm_type(&slot?.vm_type))
+            .map_or(f64::INFINITY, |t| f64::from(t.vcpus.max(1)))
+            .min(slot.and_then(|a| a.vcpus).map_or(f64::INFINITY, |v| f64::from(v.max(1))));
+        let cpus = stage_cpus(alloc.as_ref(), i, unplanned_cpus).min(vcpus);
+        p.request.cpus = cpus;
+        progress.cpus.insert(i, cpus);
         let permit = match alloc {
             Some(_) => stage.permits.get(&p.agent).cloned(),
             None => rt
@@ -627,9 +662,11 @@ impl<'a> Execution<'a> {
                 .and_then(|c| c.vm_type(&agents.get(p.agent)?.vm_type))
                 .filter(|t| t.vcpus > 0)
                 .map(|t| {
+                    // As many at once as have the CPUs each is given.
+                    let slots = ((f64::from(t.vcpus) / unplanned_cpus).floor() as usize).max(1);
                     vcpu_permits
                         .entry(p.agent)
-                        .or_insert_with(|| Arc::new(Semaphore::new(t.vcpus as usize)))
+                        .or_insert_with(|| Arc::new(Semaphore::new(slots)))
                         .clone()
                 }),
         };
@@ -662,6 +699,7 @@ impl<'a> Execution<'a> {
 
     /// Records, from what was recorded, an instance an earlier control plane saw succeed.
     async fn restore(&mut self, i: usize, k: u32, attempt: u32, vm: u32) -> Result<(), Failure> {
+        let self_unplanned_cpus = self.unplanned_cpus;
         let state = self.state;
         let rt = self.rt;
         let job = self.job;
@@ -682,6 +720,10 @@ impl<'a> Execution<'a> {
         let Some(report) = r.report.clone() else {
             return Ok(());
         };
+        progress.cpus.insert(
+            i,
+            stage_cpus(alloc.as_ref(), i, self_unplanned_cpus),
+        );
         let f = Finished {
             function: i,
             instance: k,
@@ -889,4 +931,13 @@ impl<'a> Execution<'a> {
             unreachable,
         })
     }
+}
+
+/// The CPUs each instance of stage `i` is given: its plan's `cores` for a planned job, else the
+/// unplanned job's.
+fn stage_cpus(alloc: Option<&Allocation>, i: usize, unplanned: f64) -> f64 {
+    alloc
+        .and_then(|a| a.cpus.get(i).copied())
+        .unwrap_or(unplanned)
+        .max(1.0)
 }

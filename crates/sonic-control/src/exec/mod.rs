@@ -675,6 +675,8 @@ struct Finished {
 struct Progress {
     /// Agents earlier executions of the job lost: this one runs without them.
     lost: BTreeSet<String>,
+    /// Per function index: the CPUs its instances were given (right-sizing).
+    cpus: BTreeMap<usize, f64>,
     functions: Vec<FunctionRun>,
     /// The stages' fetches (once per stage and agent).
     fetches: Vec<sonic_api::control::FetchRun>,
@@ -1382,13 +1384,14 @@ async fn succeed(
 
 /// Whether the DAG's jobs share warm containers across jobs: once the models of the job's
 /// parameter setting learned every function's cold time under the rule in force
-/// (`sonic_core::warm`, the rule the simulator follows too).
+/// (`sonic_core::warm`, the rule the simulator follows too); and how many jobs the setting's
+/// models learned from.
 async fn cold_times_learned(
     state: &Context,
     rt: &Runtime,
     dag: &Dag,
     params: &serde_json::Map<String, serde_json::Value>,
-) -> bool {
+) -> (bool, usize) {
     let (d, rule) = (dag.clone(), rt.config.convergence);
     let setting = crate::learn::job_setting(dag, params);
     match state
@@ -1396,10 +1399,10 @@ async fn cold_times_learned(
         .run(move |db| crate::learn::current(db, &d, &setting, rule))
         .await
     {
-        Ok(m) => sonic_core::warm::shares_across_jobs(&m),
+        Ok(m) => (sonic_core::warm::shares_across_jobs(&m), m.jobs),
         Err(e) => {
             tracing::warn!(dag = %dag.name, error = %e, "cannot read the models");
-            false
+            (false, 0)
         }
     }
 }
@@ -1619,6 +1622,7 @@ fn record_instance(
         start_latency_s: r.start_latency_s,
         start_contention: r.start_contention,
         peak_memory_mb: r.peak_memory_mb,
+        cpus: progress.cpus.get(&f.function).copied(),
         attempts: f.attempts,
         started_s: progress
             .origin
@@ -2438,6 +2442,8 @@ fn sample(job: &JobRecord, p: &Progress, state: &Context) -> SampleRecord {
                     "overhead_s": overhead,
                     "overhead_hot_s": overhead_hot,
                     "start_s": start,
+                    // The CPUs each instance was given: the times were measured on them.
+                    "cores": p.cpus.get(&i).copied(),
                     "instances": p.instances.get(&i).copied().unwrap_or(0),
                 }),
             );
@@ -2550,7 +2556,7 @@ mod tests {
             let type_of = |xl: bool| if xl { "m5.xlarge" } else { "m5.large" };
             let plan = Plan {
                 stages: (0..n)
-                    .map(|i| PlanStage {
+                    .map(|i| PlanStage { cores: 1.0,
                         function: format!("s{i}"),
                         vm_type: type_of(stages[i].0).into(),
                         vms: stages[i].1,
@@ -2731,7 +2737,7 @@ mod tests {
                 catalog.vm_types.iter().position(|t| t.name == name).expect("type")
             };
             let stages: Vec<Stage> = (0..n)
-                .map(|i| Stage {
+                .map(|i| Stage { parallel: 0.0,
                     name: format!("s{i}"),
                     memory_mb: 100.0,
                     cold_s: compute[i],
@@ -2772,7 +2778,7 @@ mod tests {
             );
             let dag = sonic_core::dag::Dag::from_yaml("chain.yaml", &yaml).expect("dag");
             let agents: Vec<AgentSlot> = (0..n)
-                .map(|i| AgentSlot {
+                .map(|i| AgentSlot { vcpus: None,
                     id: format!("a-{i}"),
                     url: String::new(),
                     vm_type: catalog.vm_types[vm_of(i)].name.clone(),
@@ -2839,7 +2845,7 @@ mod tests {
         )
         .expect("dag");
         let agents: Vec<AgentSlot> = (0..3)
-            .map(|i| AgentSlot {
+            .map(|i| AgentSlot { vcpus: None,
                 id: format!("a-{i}"),
                 url: String::new(),
                 vm_type: "m5.large".into(),
@@ -2931,7 +2937,7 @@ mod tests {
         )
         .expect("dag");
         let agents: Vec<AgentSlot> = (0..2)
-            .map(|i| AgentSlot {
+            .map(|i| AgentSlot { vcpus: None,
                 id: format!("a-{i}"),
                 url: String::new(),
                 vm_type: "m5.large".into(),
@@ -3187,7 +3193,7 @@ mod tests {
     fn a_cold_start_is_learned_as_if_it_had_a_core_to_itself() {
         use sonic_api::agent::StartContention;
         use sonic_api::control::FunctionRun;
-        let run = |cold, starts, cores| FunctionRun {
+        let run = |cold, starts, cores| FunctionRun { cpus: None,
             name: "map".into(),
             instance: 0,
             agent: "a-1".into(),

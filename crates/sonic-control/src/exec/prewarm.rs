@@ -117,7 +117,7 @@ pub fn targets(
         _ => None,
     };
     // Per agent: how many at once, and the memory limit of the runs.
-    let (per_agent, memory_limit_mb): (BTreeMap<usize, u32>, u64) = match alloc {
+    let (per_agent, memory_limit_mb, cpus): (BTreeMap<usize, u32>, u64, f64) = match alloc {
         Some(a) => {
             let Some(hosts) = a.hosts.get(j).filter(|h| !h.is_empty()) else {
                 return Vec::new();
@@ -155,7 +155,7 @@ pub fn targets(
                 .get(j)
                 .copied()
                 .unwrap_or(DEFAULT_MEMORY_MB);
-            (per_agent, memory)
+            (per_agent, memory, a.cpus.get(j).copied().unwrap_or(1.0))
         }
         None => {
             let Some(n) = instances else {
@@ -174,7 +174,7 @@ pub fn targets(
                 .into_iter()
                 .map(|(agent, n)| (agent, n.min(vcpus(agent).unwrap_or(1).max(1))))
                 .collect();
-            (per_agent, DEFAULT_MEMORY_MB)
+            (per_agent, DEFAULT_MEMORY_MB, 1.0)
         }
     };
     let mut out = Vec::new();
@@ -191,8 +191,10 @@ pub fn targets(
                 command: f.command.clone(),
                 count: count.min(MAX_PREWARM),
                 memory_limit_mb,
-                // As `jobs::instance_runs` asks for every run.
-                cpus: 1.0,
+                // As the executor gives every run: the plan's, at most the agent's vCPUs.
+                cpus: cpus
+                    .min(vcpus(agent).map_or(f64::INFINITY, f64::from))
+                    .max(1.0),
                 output_quota_mb: None,
                 handler: handler.clone(),
             },
@@ -212,7 +214,8 @@ pub fn stage(
 ) {
     let vcpus = |agent: usize| {
         let slot = ctx.agents.get(agent)?;
-        Some(rt.catalog.as_ref()?.vm_type(&slot.vm_type)?.vcpus)
+        let typed = rt.catalog.as_ref()?.vm_type(&slot.vm_type)?.vcpus;
+        Some(slot.vcpus.map_or(typed, |v| typed.min(v)))
     };
     let calls: Vec<(String, String, PrewarmRequest)> = targets(ctx, j, alloc, vcpus)
         .into_iter()
@@ -307,7 +310,7 @@ edges:
             let fanouts = dag.fanouts(&params).expect("fanouts");
             let agents = agent_ids
                 .iter()
-                .map(|id| AgentSlot {
+                .map(|id| AgentSlot { vcpus: None,
                     id: (*id).into(),
                     url: format!("http://{id}"),
                     vm_type: "m5.large".into(),
@@ -428,7 +431,7 @@ edges:
         for (name, start_s) in [("gen", 0.3), ("mid", 1.0), ("sink", 0.2)] {
             params.functions.insert(
                 name.into(),
-                sonic_core::params::FunctionParams {
+                sonic_core::params::FunctionParams { parallel: 0.0,
                     memory_mb: 100.0,
                     cold_s: 1.0,
                     hot_s: 0.5,

@@ -152,6 +152,8 @@ pub fn sample_parts(s: &SampleRecord) -> (BTreeMap<String, FunctionSample>, Vec<
                         .and_then(|n| u32::try_from(n).ok()),
                     cold_spread: spread("cold_spread"),
                     hot_spread: spread("hot_spread"),
+                    // The CPUs its instances were given (absent from older samples: one).
+                    cores: num("cores").filter(|k| *k >= 1.0),
                 },
             );
         }
@@ -213,10 +215,11 @@ pub fn fit_all<'a>(
             let Some(m) = models.functions.get_mut(name) else {
                 continue;
             };
+            // Cold and hot times with the cores they were measured on (right-sizing), as
+            // `DagModels::add_sample` records them; settled once below.
+            let _ = m.push_runs(x, f);
             let pairs = [
                 (&mut m.memory_mb, f.memory_mb),
-                (&mut m.cold_s, f.cold_s),
-                (&mut m.hot_s, f.hot_s),
                 (&mut m.instances, f.instances.map(f64::from)),
                 (&mut m.overhead_s, f.overhead_s),
                 (&mut m.overhead_hot_s, f.overhead_hot_s),
@@ -243,6 +246,7 @@ pub fn fit_all<'a>(
     }
     let mut all: Vec<&mut Model> = Vec::new();
     for f in models.functions.values_mut() {
+        f.settle_cores();
         all.extend([
             &mut f.memory_mb,
             &mut f.cold_s,
@@ -1017,6 +1021,13 @@ pub fn measured_params(
     }
     let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
     let parts: Vec<_> = at.iter().map(|s| sample_parts(s)).collect();
+    // How much of each function's time spreads over the cores it is given, as every sample
+    // tells it (the oracle knows this input's times, measured on the cores their plans gave).
+    let mut shares = DagModels::new(dag, Convergence::default(), 0);
+    for s in samples {
+        let (fs, es) = sample_parts(s);
+        let _ = shares.add_sample(s.input_bytes as f64, &fs, &es);
+    }
     let mut params = Params::default();
     for f in &dag.functions {
         let pick = |get: &dyn Fn(&FunctionSample) -> Option<f64>| -> Vec<f64> {
@@ -1025,9 +1036,19 @@ pub fn measured_params(
                 .filter_map(|(fs, _)| fs.get(&f.name).and_then(get))
                 .collect()
         };
+        let share = shares.functions.get(&f.name);
+        let parallel = share.map_or(0.0, |m| m.cores.parallel);
         let memory = mean(&pick(&|s| s.memory_mb));
-        let cold = mean(&pick(&|s| s.cold_s));
-        let hot = mean(&pick(&|s| s.hot_s));
+        // Times on one core, as the model takes them.
+        let cold = mean(&pick(&|s| {
+            let start = s.start_s.unwrap_or(0.0);
+            s.cold_s
+                .map(|y| share.map_or(y, |m| m.cold_on_one_core(y, start, s.cores)))
+        }));
+        let hot = mean(&pick(&|s| {
+            s.hot_s
+                .map(|y| share.map_or(y, |m| m.hot_on_one_core(y, s.cores)))
+        }));
         let overhead = mean(&pick(&|s| s.overhead_s));
         let overhead_hot = mean(&pick(&|s| s.overhead_hot_s));
         let start = mean(&pick(&|s| s.start_s));
@@ -1053,6 +1074,7 @@ pub fn measured_params(
                 overhead_s: overhead.unwrap_or(0.0),
                 overhead_hot_s: overhead_hot,
                 start_s,
+                parallel,
                 cold_dist: None,
                 hot_dist: None,
             },

@@ -1189,7 +1189,7 @@ edges:
         types
             .iter()
             .enumerate()
-            .map(|(i, t)| AgentSlot {
+            .map(|(i, t)| AgentSlot { vcpus: None,
                 id: format!("a-{i}"),
                 url: format!("http://127.0.0.1:{}", 7000 + i),
                 vm_type: (*t).into(),
@@ -1212,7 +1212,7 @@ edges:
             stages: names
                 .iter()
                 .zip(stages)
-                .map(|(f, (t, vms, c))| PlanStage {
+                .map(|(f, (t, vms, c))| PlanStage { cores: 1.0,
                     function: (*f).into(),
                     vm_type: t.into(),
                     vms,
@@ -1368,7 +1368,7 @@ edges:
     #[test]
     fn a_diamonds_branches_are_granted_different_agents() {
         let dag = Arc::new(Dag::from_yaml("diamond.yaml", DIAMOND).expect("dag"));
-        let stage = |f: &str| PlanStage {
+        let stage = |f: &str| PlanStage { cores: 1.0,
             function: f.into(),
             vm_type: "m5.large".into(),
             vms: 1,
@@ -1742,7 +1742,7 @@ edges:
   - { from: a, to: e, kind: one }
   - { from: h, to: e, kind: one }
 "#;
-        let stage = |f: &str| PlanStage {
+        let stage = |f: &str| PlanStage { cores: 1.0,
             function: f.into(),
             vm_type: "m5.large".into(),
             vms: 1,

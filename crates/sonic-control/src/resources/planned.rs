@@ -38,6 +38,9 @@ pub struct Allocation {
     pub concurrent: Vec<u32>,
     /// Per DAG function index.
     pub memory_limit_mb: Vec<u64>,
+    /// Per DAG function index: the CPUs each instance is given (the plan's `cores`: its VM
+    /// type's vCPUs over the lambdas it runs at once).
+    pub cpus: Vec<f64>,
     /// Per DAG edge index.
     pub methods: Vec<Method>,
 }
@@ -123,6 +126,7 @@ fn from_grant(
     }
     let mut hosts = Vec::with_capacity(dag.functions.len());
     let mut concurrent = Vec::with_capacity(dag.functions.len());
+    let mut cpus = Vec::with_capacity(dag.functions.len());
     for (i, f) in dag.functions.iter().enumerate() {
         let ps = plan
             .stages
@@ -130,6 +134,11 @@ fn from_grant(
             .find(|s| s.function == f.name)
             .ok_or_else(|| format!("the plan has no placement for {}", f.name))?;
         concurrent.push(ps.concurrent.max(1));
+        cpus.push(if ps.cores.is_finite() {
+            ps.cores.max(1.0)
+        } else {
+            1.0
+        });
         let ids = grant
             .hosts
             .get(i)
@@ -153,6 +162,7 @@ fn from_grant(
         hosts,
         concurrent,
         memory_limit_mb,
+        cpus,
         methods,
     })
 }
@@ -313,7 +323,7 @@ edges:
     }
 
     fn stage(function: &str, vm_type: &str, vms: u32, concurrent: u32) -> PlanStage {
-        PlanStage {
+        PlanStage { cores: 1.0,
             function: function.into(),
             vm_type: vm_type.into(),
             vms,
@@ -381,7 +391,7 @@ edges:
     }
 
     fn params(memory_mb: f64) -> Params {
-        let p = |m| sonic_core::params::FunctionParams {
+        let p = |m| sonic_core::params::FunctionParams { parallel: 0.0,
             memory_mb: m,
             cold_s: 1.0,
             hot_s: 1.0,

@@ -2012,6 +2012,8 @@ pub struct AgentSlot {
     pub url: String,
     /// The catalog's VM type it stands for.
     pub vm_type: String,
+    /// The vCPUs it registered (it refuses a run given more CPUs); `None`: the type's.
+    pub vcpus: Option<u32>,
 }
 
 impl From<AgentRecord> for AgentSlot {
@@ -2020,6 +2022,7 @@ impl From<AgentRecord> for AgentSlot {
         AgentSlot {
             id: a.id,
             url: a.url,
+            vcpus: Some(a.capacity.vcpus),
             vm_type: a.vm_type,
         }
     }

@@ -319,7 +319,7 @@ edges:
 "#,
     )
     .expect("dag");
-    let stage = |function: &str| PlanStage {
+    let stage = |function: &str| PlanStage { cores: 1.0,
         function: function.into(),
         vm_type: vm_type.into(),
         vms,
@@ -330,7 +330,7 @@ edges:
     };
     let agents = platform::machines()
         .into_iter()
-        .map(|m| sonic_control::store::AgentSlot {
+        .map(|m| sonic_control::store::AgentSlot { vcpus: None,
             id: m.id,
             url: String::new(),
             vm_type: m.vm_type,

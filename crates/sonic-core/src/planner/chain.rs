@@ -247,7 +247,7 @@ impl<'a> Chain<'a> {
                             Placement {
                                 vm: o.vm,
                                 vms: o.vms,
-                                concurrent: o.cmax,
+                                concurrent: o.best_c,
                             },
                         )
                     })
@@ -598,7 +598,7 @@ impl<'a> Chain<'a> {
             placements[i] = Placement {
                 vm: opt.vm,
                 vms: opt.vms,
-                concurrent: opt.cmax,
+                concurrent: opt.best_c,
             };
             if i > 0 {
                 methods[self.links[i - 1].edge] = cells[i][o].method;
@@ -784,7 +784,7 @@ impl<'a> Chain<'a> {
                         pl: Placement {
                             vm: opt.vm,
                             vms: opt.vms,
-                            concurrent: opt.cmax,
+                            concurrent: opt.best_c,
                         },
                         methods,
                         labels,
@@ -873,6 +873,7 @@ mod tests {
         let kinds = [EdgeKind::One, EdgeKind::Shuffle];
         let stages = (0..n)
             .map(|i| Stage {
+                parallel: if i % 2 == 1 { u() } else { 0.0 },
                 name: format!("s{i}"),
                 memory_mb: 300.0 + 2500.0 * u(),
                 cold_s: 1.0 + 10.0 * u(),

@@ -34,6 +34,9 @@ pub(crate) struct Opt {
     pub per_vm: u32,
     /// Most lambdas at once on one VM (memory, vCPUs, and the VM's load).
     pub cmax: u32,
+    /// The concurrency that keeps the stage busy the least ([`PlanProblem::best_concurrent`]):
+    /// `cmax` for a single-threaded function.
+    pub best_c: u32,
     pub rate: f64,
 }
 
@@ -87,6 +90,7 @@ pub(crate) fn options(pb: &PlanProblem) -> (Vec<Vec<Opt>>, Vec<OptIndex>) {
                     vms,
                     per_vm,
                     cmax: cm.min(per_vm),
+                    best_c: pb.best_concurrent(s, vm, vms),
                     rate: pb.rate(vm, vms),
                 });
             }
@@ -153,7 +157,7 @@ pub(crate) struct Search<'a> {
     w_e: Vec<Vec<f64>>,
     /// Whether a stage after `i` has no sender (starts at time 0: no translation invariance).
     roots_ahead: Vec<bool>,
-    /// Enumerate every concurrency; on a chain the largest one dominates (docs/model.md).
+    /// Enumerate every concurrency; on a chain the least busy one dominates (docs/model.md).
     all_c: bool,
 }
 
@@ -317,7 +321,7 @@ impl<'a> Search<'a> {
                                 Placement {
                                     vm: o.vm,
                                     vms: o.vms,
-                                    concurrent: o.cmax,
+                                    concurrent: o.best_c,
                                 },
                             )
                     })
@@ -368,7 +372,7 @@ impl<'a> Search<'a> {
         if self.all_c {
             1..=o.cmax
         } else {
-            o.cmax..=o.cmax
+            o.best_c..=o.best_c
         }
     }
 

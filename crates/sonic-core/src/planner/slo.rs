@@ -160,14 +160,24 @@ pub(crate) fn search(
 /// building the distribution): its first batch at its quickest, each later batch at the hot
 /// time's quickest.
 fn run_floor(pb: &PlanProblem, r: usize, pl: Placement, t: &StageTimes) -> f64 {
-    let first = if pb.warm_start(r, pl) {
-        t.hot.lowest()
-    } else if pb.prewarmed(r, pl) {
-        (t.cold.lowest() - pb.stages()[r].start_s).max(0.0)
-    } else {
+    let st = &pb.stages()[r];
+    // On the cores each instance is given ([`crate::tails`]'s `compute`): the lambda scaled,
+    // the cold start not.
+    let g = st.on_cores(pb.cores(pl));
+    let hot = t.hot.lowest() * g;
+    let cold = if g == 1.0 {
         t.cold.lowest()
+    } else {
+        (t.cold.lowest() - st.start_s).max(0.0) * g + st.start_s
     };
-    first + f64::from(pb.batches(r, pl).saturating_sub(1)) * t.hot.lowest()
+    let first = if pb.warm_start(r, pl) {
+        hot
+    } else if pb.prewarmed(r, pl) {
+        (cold - st.start_s).max(0.0)
+    } else {
+        cold
+    };
+    first + f64::from(pb.batches(r, pl).saturating_sub(1)) * hot
 }
 
 impl<'a> Search<'a> {
@@ -429,6 +439,8 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, &(instances, mean, _))| Stage {
+                // Every other stage uses several cores (right-sizing).
+                parallel: if i % 2 == 1 { 0.8 } else { 0.0 },
                 name: format!("s{i}"),
                 memory_mb: 1024.0,
                 cold_s: mean * 1.2,

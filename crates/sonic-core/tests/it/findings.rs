@@ -327,6 +327,7 @@ fn the_memory_tier_carries_the_small_intermediate_not_the_large() {
     use sonic_core::dag::{Bounds, EdgeKind};
     use sonic_core::model::{EdgeSpec, Stage};
     let stage = |name: &str, cold: f64, k: u32| Stage {
+        parallel: 0.0,
         name: name.into(),
         memory_mb: 1500.0,
         cold_s: cold,

@@ -16,6 +16,7 @@ use sonic_core::planner::{
 
 fn stage(i: usize, k: u32) -> Stage {
     Stage {
+        parallel: 0.0,
         name: format!("s{i}"),
         memory_mb: 1500.0 + 300.0 * (i % 8) as f64,
         cold_s: 5.0 + (i % 8) as f64,

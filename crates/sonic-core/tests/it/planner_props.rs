@@ -18,7 +18,8 @@ struct Case {
     n: usize,
     fanouts: Vec<u32>,
     kinds: Vec<u8>,
-    stages: Vec<(f64, f64, f64)>,
+    /// Per stage: memory, cold time, hot over cold, parallel share (right-sizing).
+    stages: Vec<(f64, f64, f64, f64)>,
     bytes: Vec<f64>,
     types: Vec<(u32, u64, f64, f64)>,
     reserve: u64,
@@ -38,7 +39,15 @@ fn case() -> impl Strategy<Value = Case> {
             prop::collection::vec(0u8..4, 4),
         ),
         (
-            prop::collection::vec((300.0f64..3500.0, 0.5f64..20.0, 0.0f64..1.3), 4),
+            prop::collection::vec(
+                (
+                    300.0f64..3500.0,
+                    0.5f64..20.0,
+                    0.0f64..1.3,
+                    prop_oneof![Just(0.0f64), 0.0f64..=1.0],
+                ),
+                4,
+            ),
             prop::collection::vec(prop_oneof![Just(0.0f64), 1e6f64..3e9], 4),
         ),
         (
@@ -156,8 +165,11 @@ fn problem(c: &Case, bounds: Bounds) -> PlanProblem {
         .fold(0.0, f64::max);
     let stages: Vec<Stage> = (0..c.n)
         .map(|i| {
-            let (mem, cold, hotf) = c.stages[i];
+            let (mem, cold, hotf, parallel) = c.stages[i];
             Stage {
+                // Half the stages use several cores: a bigger VM runs them faster, so the
+                // searches are proven exact with compute depending on the placement.
+                parallel,
                 name: format!("s{i}"),
                 memory_mb: mem.min(usable),
                 cold_s: cold,
@@ -519,7 +531,7 @@ fn vm_limits_bound_every_stage() {
         n: 2,
         fanouts: vec![6, 6, 1, 1],
         kinds: vec![1, 0, 0, 0],
-        stages: vec![(1000.0, 5.0, 0.5); 4],
+        stages: vec![(1000.0, 5.0, 0.5, 0.0); 4],
         bytes: vec![1e6; 4],
         types: vec![(2, 8192, 750.0, 0.1), (4, 8192, 750.0, 0.1)],
         reserve: 512,
@@ -572,7 +584,7 @@ fn enumeration_counts_every_plan() {
         n: 2,
         fanouts: vec![2, 2, 1, 1],
         kinds: vec![1, 0, 0, 0],
-        stages: vec![(1000.0, 5.0, 0.5); 4],
+        stages: vec![(1000.0, 5.0, 0.5, 0.0); 4],
         bytes: vec![1e8; 4],
         types: vec![(2, 8192, 750.0, 0.1)],
         reserve: 512,
@@ -616,7 +628,7 @@ fn direct_ends_never_share_a_vm_under_vm_limits() {
         n: 3,
         fanouts: vec![1, 1, 1, 1],
         kinds: vec![0, 0, 0, 0],
-        stages: vec![(1000.0, 5.0, 0.5); 4],
+        stages: vec![(1000.0, 5.0, 0.5, 0.0); 4],
         bytes: vec![1e8; 4],
         // t0 the smallest (the direct baseline's first choice), t1 the next.
         types: vec![(2, 4096, 750.0, 0.1), (2, 8192, 750.0, 0.2)],
@@ -689,7 +701,7 @@ fn branches_that_run_at_once_never_share_the_pools_vms() {
         n: 4,
         fanouts: vec![1, 2, 2, 1],
         kinds: vec![0, 0, 0, 0],
-        stages: vec![(1000.0, 5.0, 0.5); 4],
+        stages: vec![(1000.0, 5.0, 0.5, 0.0); 4],
         bytes: vec![1e7; 4],
         types: vec![(2, 4096, 750.0, 0.1)],
         reserve: 512,
