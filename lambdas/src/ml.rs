@@ -635,10 +635,13 @@ impl Model {
     }
 }
 
-/// What one `train` instance sends to `combine`.
+/// What one `train` instance sends to `combine`, per tree it fits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainedTree {
     pub instance: u32,
+    /// Which of the instance's trees (`trees_per_instance`); 0 in files of one tree each.
+    #[serde(default)]
+    pub index: u32,
     pub train_rows: usize,
     pub validation_rows: usize,
     pub validation_accuracy: f64,
@@ -760,38 +763,87 @@ fn find_input(ctx: &Context, name: &'static str) -> Result<PathBuf, MlError> {
         .ok_or(MlError::MissingInput(name))
 }
 
-/// `train`: fits a tree of at most `max_depth` on a random `sample_fraction` of the training
-/// rows (seeded by `seed` and the instance index), validates it on the rest, and sends it to `to`.
-/// Instance 0 also forwards the test set and the projection.
-pub fn train_stage(ctx: &Context, to: &str) -> Result<TrainedTree, MlError> {
+/// `train`: fits `trees_per_instance` trees (default 1) of at most `max_depth`, each on a random
+/// `sample_fraction` of the training rows (seeded by `seed`, the instance index and the tree's),
+/// validates each on the rest, and sends them to `to` (`tree.json`, then `tree-1.json`, ...).
+/// The trees are fitted in parallel on as many threads as the cores it is given (the CPU limit
+/// its sandbox sets, as `available_parallelism` reads it): a function that uses several cores,
+/// and runs faster with more (docs/model.md, "Right-sizing"). Each tree depends only on its
+/// seeds, so the output is the same bytes whatever the threads. Instance 0 also forwards the
+/// test set and the projection.
+pub fn train_stage(ctx: &Context, to: &str) -> Result<Vec<TrainedTree>, MlError> {
     let seed: u64 = ctx.param_or("seed", DEFAULT_SEED)?;
     let max_depth: usize = ctx.param_or("max_depth", DEFAULT_MAX_DEPTH)?;
     let sample = param_fraction(ctx, "sample_fraction", DEFAULT_SAMPLE_FRACTION)?;
+    let per_instance: u32 = ctx.param_or("trees_per_instance", 1)?;
+    if !(1..=MAX_TREES_PER_INSTANCE).contains(&per_instance) {
+        return Err(MlError::Data(format!(
+            "trees_per_instance must be from 1 to {MAX_TREES_PER_INSTANCE}, not {per_instance}"
+        )));
+    }
     let train_path = find_input(ctx, TRAIN_FILE)?;
     let table = read_table(&train_path)?;
-    let n = table.rows();
-    let mut idx: Vec<usize> = (0..n).collect();
-    Rng::derive(seed, 1_000 + u64::from(ctx.instance)).shuffle(&mut idx);
-    let n_fit = ((n as f64 * sample).round() as usize).clamp(1, n);
-    let (fit_idx, val_idx) = idx.split_at(n_fit);
-    let fit = table.select(fit_idx);
-    let tree = fit_tree(&fit, max_depth.max(1))?;
-    let validation_accuracy = if val_idx.is_empty() {
-        0.0
-    } else {
-        let val = table.select(val_idx);
-        accuracy(&tree.predict(&val.x), &val.y)
+    let instance = ctx.instance;
+    let one = |index: u32| -> Result<TrainedTree, MlError> {
+        let n = table.rows();
+        let mut idx: Vec<usize> = (0..n).collect();
+        // The first tree keeps the seeds of one tree per instance.
+        let stream = (1_000 + u64::from(instance)) | (u64::from(index) << 32);
+        Rng::derive(seed, stream).shuffle(&mut idx);
+        let n_fit = ((n as f64 * sample).round() as usize).clamp(1, n);
+        let (fit_idx, val_idx) = idx.split_at(n_fit);
+        let fit = table.select(fit_idx);
+        let tree = fit_tree(&fit, max_depth.max(1))?;
+        let validation_accuracy = if val_idx.is_empty() {
+            0.0
+        } else {
+            let val = table.select(val_idx);
+            accuracy(&tree.predict(&val.x), &val.y)
+        };
+        Ok(TrainedTree {
+            instance,
+            index,
+            train_rows: fit_idx.len(),
+            validation_rows: val_idx.len(),
+            validation_accuracy,
+            depth_limit: max_depth,
+            tree,
+        })
     };
-    let trained = TrainedTree {
-        instance: ctx.instance,
-        train_rows: fit_idx.len(),
-        validation_rows: val_idx.len(),
-        validation_accuracy,
-        depth_limit: max_depth,
-        tree,
-    };
-    let json = serde_json::to_vec(&trained).map_err(|e| MlError::Data(e.to_string()))?;
-    ctx.write_output(to, TREE_FILE, &json)?;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(per_instance as usize)
+        .max(1);
+    let next = std::sync::atomic::AtomicU32::new(0);
+    let mut fitted: Vec<TrainedTree> = Vec::with_capacity(per_instance as usize);
+    std::thread::scope(|scope| -> Result<(), MlError> {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| -> Result<Vec<TrainedTree>, MlError> {
+                    let mut mine = Vec::new();
+                    loop {
+                        let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if index >= per_instance {
+                            return Ok(mine);
+                        }
+                        mine.push(one(index)?);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            let trees = w
+                .join()
+                .map_err(|_| MlError::Data("a training thread panicked".into()))??;
+            fitted.extend(trees);
+        }
+        Ok(())
+    })?;
+    fitted.sort_by_key(|t| t.index);
+    for t in &fitted {
+        let json = serde_json::to_vec(t).map_err(|e| MlError::Data(e.to_string()))?;
+        ctx.write_output(to, &tree_file(t.index), &json)?;
+    }
     if ctx.instance == 0 {
         for name in [TEST_FILE, PROJECTION_FILE] {
             let src = find_input(ctx, name)?;
@@ -803,12 +855,33 @@ pub fn train_stage(ctx: &Context, to: &str) -> Result<TrainedTree, MlError> {
     }
     info!(
         instance = ctx.instance,
-        rows = fit_idx.len(),
-        nodes = trained.tree.nodes.len(),
-        validation_accuracy,
+        trees = fitted.len(),
+        threads,
+        rows = fitted.first().map_or(0, |t| t.train_rows),
         "train done"
     );
-    Ok(trained)
+    Ok(fitted)
+}
+
+/// Most trees one `train` instance fits.
+pub const MAX_TREES_PER_INSTANCE: u32 = 64;
+
+/// The file tree `index` of an instance goes to: `tree.json`, `tree-1.json`, ...
+pub fn tree_file(index: u32) -> String {
+    if index == 0 {
+        TREE_FILE.to_owned()
+    } else {
+        format!("tree-{index}.json")
+    }
+}
+
+/// Whether `name` is one of [`tree_file`]'s names.
+fn is_tree_file(name: &str) -> bool {
+    name == TREE_FILE
+        || name
+            .strip_prefix("tree-")
+            .and_then(|r| r.strip_suffix(".json"))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// `combine`: votes with every tree it received on the test set, and writes `result/model.json`
@@ -816,7 +889,7 @@ pub fn train_stage(ctx: &Context, to: &str) -> Result<TrainedTree, MlError> {
 pub fn combine_stage(ctx: &Context) -> Result<AccuracyReport, MlError> {
     let files = crate::input_files(ctx)?;
     let mut trained: Vec<TrainedTree> = Vec::new();
-    for f in files.iter().filter(|f| f.name == TREE_FILE) {
+    for f in files.iter().filter(|f| is_tree_file(&f.name)) {
         let bytes = fs::read(&f.path).map_err(io_err(&f.path))?;
         let t: TrainedTree = serde_json::from_slice(&bytes).map_err(|e| MlError::Format {
             path: f.path.clone(),
@@ -827,7 +900,7 @@ pub fn combine_stage(ctx: &Context) -> Result<AccuracyReport, MlError> {
     if trained.is_empty() {
         return Err(MlError::MissingInput(TREE_FILE));
     }
-    trained.sort_by_key(|t| t.instance);
+    trained.sort_by_key(|t| (t.instance, t.index));
     let test = read_table(&find_input(ctx, TEST_FILE)?)?;
     let projection_path = find_input(ctx, PROJECTION_FILE)?;
     let projection: Projection =

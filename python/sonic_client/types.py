@@ -89,6 +89,8 @@ class FunctionRun:
     #: job started.
     started_s: Optional[float] = None
     ended_s: Optional[float] = None
+    #: The CPUs the instance was given (its plan's ``cores``).
+    cpus: Optional[float] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -105,6 +107,7 @@ class FunctionRun:
             start_latency_s=_of(doc, "start_latency_s"),
             started_s=_of(doc, "started_s"),
             ended_s=_of(doc, "ended_s"),
+            cpus=_of(doc, "cpus"),
             raw=doc,
         )
 

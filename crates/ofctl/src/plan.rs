@@ -115,18 +115,23 @@ fn write_plan(title: &str, plan: &Plan, out: &mut dyn Write) -> std::io::Result<
     writeln!(out, "{title}")?;
     writeln!(
         out,
-        "  {:<16} {:<12} {:>4} {:>7} {:>10} {:>9}",
-        "FUNCTION", "VM TYPE", "VMS", "PER VM", "CONCURRENT", "START"
+        "  {:<16} {:<12} {:>4} {:>7} {:>10} {:>5} {:>9}",
+        "FUNCTION", "VM TYPE", "VMS", "PER VM", "CONCURRENT", "CPUS", "START"
     )?;
     for s in &plan.stages {
         writeln!(
             out,
-            "  {:<16} {:<12} {:>4} {:>7} {:>10} {:>9}",
+            "  {:<16} {:<12} {:>4} {:>7} {:>10} {:>5} {:>9}",
             s.function,
             s.vm_type,
             s.vms,
             s.per_vm,
             s.concurrent,
+            // The CPUs each instance is given (right-sizing): "2", "2.667".
+            format!("{:.3}", s.cores)
+                .trim_end_matches('0')
+                .trim_end_matches('.')
+                .to_owned(),
             if s.warm {
                 "warm"
             } else if s.prewarmed {

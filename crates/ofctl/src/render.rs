@@ -423,6 +423,7 @@ pub fn plan(p: &serde_json::Value, indent: &str, out: &mut dyn Write) -> io::Res
         "VMS",
         "PER VM",
         "CONCURRENT",
+        "CPUS",
         "START",
     ]);
     let s = |v: &serde_json::Value| match v {
@@ -437,6 +438,16 @@ pub fn plan(p: &serde_json::Value, indent: &str, out: &mut dyn Write) -> io::Res
             s(&st["vms"]),
             s(&st["per_vm"]),
             s(&st["concurrent"]),
+            // The CPUs each instance is given (right-sizing).
+            st["cores"].as_f64().map_or_else(
+                || "-".into(),
+                |c| {
+                    format!("{c:.3}")
+                        .trim_end_matches('0')
+                        .trim_end_matches('.')
+                        .to_owned()
+                },
+            ),
             // Priced starting hot: the pool kept the function's containers warm.
             // or its containers started while its senders run.
             if st["warm"] == serde_json::Value::Bool(true) {

@@ -223,7 +223,8 @@ mod tests {
             }),
         };
         let plan = Plan {
-            stages: vec![PlanStage { cores: 1.0,
+            stages: vec![PlanStage {
+                cores: 1.0,
                 function: "f".into(),
                 vm_type: "m5.large".into(),
                 vms: 1,

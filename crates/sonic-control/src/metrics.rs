@@ -378,7 +378,8 @@ mod tests {
             assert_eq!(m.registry().value(&INSTANCES_QUEUED, &[]), 1.0);
         }
         assert_eq!(m.registry().value(&INSTANCES_QUEUED, &[]), 0.0);
-        let run = |cold| FunctionRun { cpus: None,
+        let run = |cold| FunctionRun {
+            cpus: None,
             name: "gen".into(),
             instance: 0,
             agent: "a-1".into(),

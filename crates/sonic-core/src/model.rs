@@ -1834,9 +1834,21 @@ mod tests {
         st.parallel = 0.75;
         let par = PlanProblem::new(vec![st], vec![], catalog(), Bounds::default()).unwrap();
         // Type a has 4 vCPUs: shared by the lambdas that run at once.
-        let packed = Placement { vm: 0, vms: 1, concurrent: 4 };
-        let half = Placement { vm: 0, vms: 1, concurrent: 2 };
-        let alone = Placement { vm: 0, vms: 4, concurrent: 1 };
+        let packed = Placement {
+            vm: 0,
+            vms: 1,
+            concurrent: 4,
+        };
+        let half = Placement {
+            vm: 0,
+            vms: 1,
+            concurrent: 2,
+        };
+        let alone = Placement {
+            vm: 0,
+            vms: 4,
+            concurrent: 1,
+        };
         assert_eq!(
             [par.cores(packed), par.cores(half), par.cores(alone)],
             [1.0, 2.0, 4.0]
@@ -1847,7 +1859,10 @@ mod tests {
         assert!(close(serial.compute_s(0, half), 18.0));
         // 3/4 of it parallel: 0.625 of the lambda on 2 cores, 0.4375 on 4; the start as it is.
         assert!(close(par.compute_s(0, packed), 10.0));
-        assert!(close(par.compute_s(0, half), 1.0 + 9.0 * 0.625 + 8.0 * 0.625));
+        assert!(close(
+            par.compute_s(0, half),
+            1.0 + 9.0 * 0.625 + 8.0 * 0.625
+        ));
         assert!(close(par.compute_s(0, alone), 1.0 + 9.0 * 0.4375));
         // The searches' lower bound holds for every placement (4 cores at most here).
         for pl in [packed, half, alone] {

@@ -546,8 +546,18 @@ impl FunctionModels {
             .filter(|k| k.is_finite() && *k >= 1.0)
             .unwrap_or(1.0);
         if self.cores.is_empty() {
-            self.cores.cold = self.cold_s.samples.iter().map(|&(x, y)| [x, y, 0.0, 1.0]).collect();
-            self.cores.hot = self.hot_s.samples.iter().map(|&(x, y)| [x, y, 1.0]).collect();
+            self.cores.cold = self
+                .cold_s
+                .samples
+                .iter()
+                .map(|&(x, y)| [x, y, 0.0, 1.0])
+                .collect();
+            self.cores.hot = self
+                .hot_s
+                .samples
+                .iter()
+                .map(|&(x, y)| [x, y, 1.0])
+                .collect();
         }
         if let Some(y) = s.cold_s {
             if !(x.is_finite() && y.is_finite()) {
@@ -1049,7 +1059,7 @@ impl DagModels {
             ks.dedup();
             out.push(ModelSummary {
                 parameter: format!("{name}.parallel"),
-                equation: Some(format!("{}", f.cores.parallel)),
+                equation: (!f.cores.is_empty()).then(|| format!("{}", f.cores.parallel)),
                 degree: None,
                 cv_mape: None,
                 samples: f.cores.cold.len() + f.cores.hot.len(),
@@ -1413,7 +1423,11 @@ mod tests {
         }
         let p = &dm.params_for(1e8).unwrap().functions["f"];
         assert_eq!(p.parallel, 0.0);
-        assert!((p.cold_s - 0.5 - lambda(1e8, 2.0)).abs() < 1e-6, "{}", p.cold_s);
+        assert!(
+            (p.cold_s - 0.5 - lambda(1e8, 2.0)).abs() < 1e-6,
+            "{}",
+            p.cold_s
+        );
         // Profiling on one core too: the share, and the times on one core.
         for x in sizes(4) {
             dm.add_sample(x, &sample(x, None), &[]).unwrap();
@@ -1421,17 +1435,24 @@ mod tests {
         let p = &dm.params_for(1e8).unwrap().functions["f"];
         assert!((p.parallel - truth).abs() < 1e-9, "{}", p.parallel);
         assert!((p.hot_s - lambda(1e8, 1.0)).abs() < 1e-6, "{}", p.hot_s);
-        assert!((p.cold_s - 0.5 - lambda(1e8, 1.0)).abs() < 1e-6, "{}", p.cold_s);
+        assert!(
+            (p.cold_s - 0.5 - lambda(1e8, 1.0)).abs() < 1e-6,
+            "{}",
+            p.cold_s
+        );
         let summary = dm.summary();
-        let row = summary.iter().find(|r| r.parameter == "f.parallel").unwrap();
-        assert_eq!((row.equation.as_deref(), row.converged), (Some("0.8"), true));
+        let row = summary
+            .iter()
+            .find(|r| r.parameter == "f.parallel")
+            .unwrap();
+        assert_eq!(
+            (row.equation.as_deref(), row.converged),
+            (Some("0.8"), true)
+        );
         // A planned job on 4 cores that runs as learned is no drift; one twice as slow is.
         let planned = sample(3e8, Some(4.0));
         let checks = crate::mode::checks(&dm, 3e8, &planned, &[], &BTreeMap::new());
-        assert!(
-            checks.iter().all(|c| !c.off(&dm.convergence)),
-            "{checks:?}"
-        );
+        assert!(checks.iter().all(|c| !c.off(&dm.convergence)), "{checks:?}");
         let mut slow = planned.clone();
         let f = slow.get_mut("f").unwrap();
         f.hot_s = f.hot_s.map(|h| 2.0 * h);
@@ -1447,7 +1468,10 @@ mod tests {
         assert_eq!(back.functions["f"].cores.parallel, 0.8);
         assert_eq!(back.functions["f"].cores.cold.len(), 8);
         let mut old = serde_json::to_value(&dm).unwrap();
-        old["functions"]["f"].as_object_mut().unwrap().remove("cores");
+        old["functions"]["f"]
+            .as_object_mut()
+            .unwrap()
+            .remove("cores");
         let old: DagModels = serde_json::from_value(old).unwrap();
         assert_eq!(old.functions["f"].cores, Cores::default());
     }

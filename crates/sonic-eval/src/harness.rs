@@ -449,7 +449,8 @@ mod tests {
     }
 
     fn run(agent: &str, started: f64, ended: f64) -> FunctionRun {
-        FunctionRun { cpus: None,
+        FunctionRun {
+            cpus: None,
             name: "f".into(),
             instance: 0,
             agent: agent.into(),

@@ -1625,7 +1625,8 @@ mod tests {
 
     /// A plan's stage of `vms` VMs of `vm_type`, one lambda on each.
     fn stage(function: &str, vm_type: &str, vms: u32) -> sonic_core::planner::PlanStage {
-        sonic_core::planner::PlanStage { cores: 1.0,
+        sonic_core::planner::PlanStage {
+            cores: 1.0,
             function: function.into(),
             vm_type: vm_type.into(),
             vms,

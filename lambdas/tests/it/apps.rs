@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::json;
+use sonic_lambdas::local::JobRun;
 use sonic_lambdas::{ml, sort, video};
 
 fn sort_input(dir: &Path, bytes: u64, seed: u64) -> PathBuf {
@@ -167,6 +168,74 @@ fn ml_pipeline_forest_is_far_above_chance() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["rows"], 4_000);
     assert!(v["accuracy"].as_f64().unwrap() > 0.8, "{v}");
+}
+
+#[test]
+fn ml_pipeline_trains_several_trees_per_instance_on_its_cores() {
+    let dir = tempfile::tempdir().unwrap();
+    let dag = support::dag("ml-pipeline");
+    let iris = |per: u32, job: &str| {
+        support::run(
+            &dag,
+            &dir.path().join(job),
+            &[
+                ("trees", json!(2)),
+                ("dataset", json!("iris")),
+                ("trees_per_instance", json!(per)),
+            ],
+            &[],
+        )
+    };
+    let trees_of = |run: &JobRun, instance: u32| -> Vec<ml::TrainedTree> {
+        let i = run
+            .instances
+            .iter()
+            .find(|i| i.function == "train" && i.instance == instance)
+            .unwrap();
+        let out = i.log.parent().unwrap().join("out/combine");
+        let names: Vec<String> = fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("tree"))
+            .collect();
+        let mut trees: Vec<ml::TrainedTree> = names
+            .iter()
+            .map(|n| serde_json::from_slice(&fs::read(out.join(n)).unwrap()).unwrap())
+            .collect();
+        trees.sort_by_key(|t| t.index);
+        // Each in the file its index names.
+        for t in &trees {
+            assert!(names.contains(&ml::tree_file(t.index)), "{names:?}");
+        }
+        trees
+    };
+    let three = iris(3, "three");
+    let acc = accuracy_report(&three);
+    assert_eq!(acc.trees, 6, "{acc:?}");
+    assert!(acc.accuracy > 0.8, "{acc:?}");
+    let mine = trees_of(&three, 1);
+    assert_eq!(
+        mine.iter()
+            .map(|t| (t.instance, t.index))
+            .collect::<Vec<_>>(),
+        [(1, 0), (1, 1), (1, 2)]
+    );
+    // Each tree on its own sample.
+    assert_ne!(mine[0].tree, mine[1].tree);
+    assert_ne!(mine[1].tree, mine[2].tree);
+    // The first tree is the one an instance of one tree fits: the seeds did not move.
+    let one = iris(1, "one");
+    assert_eq!(trees_of(&one, 1), mine[..1]);
+    // Out of range: a clear error, no output.
+    let dag_dir = dir.path().join("bad");
+    let bad = support::try_run(
+        &dag,
+        &dag_dir,
+        &[("dataset", json!("iris")), ("trees_per_instance", json!(0))],
+        &[],
+    );
+    let err = format!("{}", bad.expect_err("refused"));
+    assert!(err.contains("trees_per_instance"), "{err}");
 }
 
 #[test]

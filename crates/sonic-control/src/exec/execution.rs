@@ -97,8 +97,9 @@ struct Execution<'a> {
     /// Per instance that ended well and is not yet reported to the warm ledger
     /// ([`Action::WarmReported`]): its agent and what the agent said it keeps warm.
     warm_words: HashMap<(usize, u32), (usize, Option<sonic_api::agent::WarmIdle>)>,
-    /// Unplanned: the CPUs each instance is given (a planned job's are its plan's).
-    unplanned_cpus: f64,
+    /// Unplanned, per function index: the CPUs each instance is given (a planned job's are its
+    /// plan's).
+    unplanned_cpus: Vec<f64>,
 }
 
 impl<'a> Execution<'a> {
@@ -338,23 +339,38 @@ impl<'a> Execution<'a> {
         let (learned, jobs_learned) = cold_times_learned(state, rt, &dag, &job.params).await;
         let profiling = job.mode != sonic_api::control::JobMode::Planned && !learned;
         // Right-sizing is learned from runs on different numbers of cores: every other
-        // profiling job of a setting gives each instance two CPUs (and runs half as many at
-        // once on an agent), the others one; where an agent's VM type has a single vCPU, one.
-        let vcpus_of = |a: &AgentSlot| {
-            rt.catalog
-                .as_ref()
-                .and_then(|c| c.vm_type(&a.vm_type))
-                .map(|t| t.vcpus)
+        // profiling job of a setting gives each instance of a stage two CPUs where that takes
+        // nothing from the stage's concurrency (every agent it lands on has at least two vCPUs
+        // per instance of it there), the others one. Forced baselines keep one: what they
+        // measure is the baseline.
+        let vcpus_of = |a: usize| {
+            let slot = agents.get(a)?;
+            let typed = rt.catalog.as_ref()?.vm_type(&slot.vm_type)?.vcpus;
+            Some(slot.vcpus.map_or(typed, |v| typed.min(v)))
         };
-        let unplanned_cpus = if profiling
-            && jobs_learned % 2 == 1
-            && !agents.is_empty()
-            && agents.iter().all(|a| vcpus_of(a).is_some_and(|v| v >= 2))
-        {
-            2.0
-        } else {
-            1.0
-        };
+        let unforced =
+            job.mode_reason.as_deref() != Some(&crate::admission::forced_unplanned(policy));
+        let unplanned_cpus: Vec<f64> = fanouts
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let (Fanout::Known(n), true) = (f, profiling && unforced && jobs_learned % 2 == 1)
+                else {
+                    return 1.0;
+                };
+                let mut per_agent: BTreeMap<usize, u32> = BTreeMap::new();
+                for k in 0..*n {
+                    *per_agent
+                        .entry(crate::exec::requests::place(policy, agents.len(), i, k))
+                        .or_insert(0) += 1;
+                }
+                let roomy = !per_agent.is_empty()
+                    && per_agent
+                        .iter()
+                        .all(|(&a, &m)| vcpus_of(a).is_some_and(|v| v >= 2 * m));
+                if roomy { 2.0 } else { 1.0 }
+            })
+            .collect();
         // What the agents' reports of this execution's runs are recorded under in the warm ledger,
         // per function: the identity, code and memory limit its runs carry (none for a profiling
         // job, whose containers serve only itself).
@@ -581,7 +597,7 @@ impl<'a> Execution<'a> {
         let cancel = self.cancel;
         let execution = self.execution;
         let profiling = self.profiling;
-        let unplanned_cpus = self.unplanned_cpus;
+        let unplanned_cpus = self.unplanned_cpus.get(i).copied().unwrap_or(1.0);
         let Execution {
             ref mut progress,
             ref dag,
@@ -650,7 +666,10 @@ impl<'a> Execution<'a> {
             .as_ref()
             .and_then(|c| c.vm_type(&slot?.vm_type))
             .map_or(f64::INFINITY, |t| f64::from(t.vcpus.max(1)))
-            .min(slot.and_then(|a| a.vcpus).map_or(f64::INFINITY, |v| f64::from(v.max(1))));
+            .min(
+                slot.and_then(|a| a.vcpus)
+                    .map_or(f64::INFINITY, |v| f64::from(v.max(1))),
+            );
         let cpus = stage_cpus(alloc.as_ref(), i, unplanned_cpus).min(vcpus);
         p.request.cpus = cpus;
         progress.cpus.insert(i, cpus);
@@ -662,11 +681,9 @@ impl<'a> Execution<'a> {
                 .and_then(|c| c.vm_type(&agents.get(p.agent)?.vm_type))
                 .filter(|t| t.vcpus > 0)
                 .map(|t| {
-                    // As many at once as have the CPUs each is given.
-                    let slots = ((f64::from(t.vcpus) / unplanned_cpus).floor() as usize).max(1);
                     vcpu_permits
                         .entry(p.agent)
-                        .or_insert_with(|| Arc::new(Semaphore::new(slots)))
+                        .or_insert_with(|| Arc::new(Semaphore::new(t.vcpus as usize)))
                         .clone()
                 }),
         };
@@ -699,7 +716,7 @@ impl<'a> Execution<'a> {
 
     /// Records, from what was recorded, an instance an earlier control plane saw succeed.
     async fn restore(&mut self, i: usize, k: u32, attempt: u32, vm: u32) -> Result<(), Failure> {
-        let self_unplanned_cpus = self.unplanned_cpus;
+        let self_unplanned_cpus = self.unplanned_cpus.get(i).copied().unwrap_or(1.0);
         let state = self.state;
         let rt = self.rt;
         let job = self.job;
@@ -720,10 +737,9 @@ impl<'a> Execution<'a> {
         let Some(report) = r.report.clone() else {
             return Ok(());
         };
-        progress.cpus.insert(
-            i,
-            stage_cpus(alloc.as_ref(), i, self_unplanned_cpus),
-        );
+        progress
+            .cpus
+            .insert(i, stage_cpus(alloc.as_ref(), i, self_unplanned_cpus));
         let f = Finished {
             function: i,
             instance: k,

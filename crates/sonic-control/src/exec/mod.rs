@@ -2845,7 +2845,8 @@ mod tests {
         )
         .expect("dag");
         let agents: Vec<AgentSlot> = (0..3)
-            .map(|i| AgentSlot { vcpus: None,
+            .map(|i| AgentSlot {
+                vcpus: None,
                 id: format!("a-{i}"),
                 url: String::new(),
                 vm_type: "m5.large".into(),
@@ -2937,7 +2938,8 @@ mod tests {
         )
         .expect("dag");
         let agents: Vec<AgentSlot> = (0..2)
-            .map(|i| AgentSlot { vcpus: None,
+            .map(|i| AgentSlot {
+                vcpus: None,
                 id: format!("a-{i}"),
                 url: String::new(),
                 vm_type: "m5.large".into(),
@@ -3193,7 +3195,8 @@ mod tests {
     fn a_cold_start_is_learned_as_if_it_had_a_core_to_itself() {
         use sonic_api::agent::StartContention;
         use sonic_api::control::FunctionRun;
-        let run = |cold, starts, cores| FunctionRun { cpus: None,
+        let run = |cold, starts, cores| FunctionRun {
+            cpus: None,
             name: "map".into(),
             instance: 0,
             agent: "a-1".into(),

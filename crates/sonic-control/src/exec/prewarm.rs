@@ -310,7 +310,8 @@ edges:
             let fanouts = dag.fanouts(&params).expect("fanouts");
             let agents = agent_ids
                 .iter()
-                .map(|id| AgentSlot { vcpus: None,
+                .map(|id| AgentSlot {
+                    vcpus: None,
                     id: (*id).into(),
                     url: format!("http://{id}"),
                     vm_type: "m5.large".into(),
@@ -431,7 +432,8 @@ edges:
         for (name, start_s) in [("gen", 0.3), ("mid", 1.0), ("sink", 0.2)] {
             params.functions.insert(
                 name.into(),
-                sonic_core::params::FunctionParams { parallel: 0.0,
+                sonic_core::params::FunctionParams {
+                    parallel: 0.0,
                     memory_mb: 100.0,
                     cold_s: 1.0,
                     hot_s: 0.5,

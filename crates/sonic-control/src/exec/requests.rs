@@ -406,7 +406,8 @@ edges:
 
     fn agents() -> Vec<AgentSlot> {
         (1..=2)
-            .map(|i| AgentSlot { vcpus: None,
+            .map(|i| AgentSlot {
+                vcpus: None,
                 id: format!("a-{i}"),
                 url: format!("http://127.0.0.1:{i}"),
                 vm_type: "m5.large".into(),

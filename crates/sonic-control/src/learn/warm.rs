@@ -361,7 +361,8 @@ mod tests {
     const DAG: &str = "name: d\nfunctions:\n  - { name: a, image: i, command: [x] }\n  - { name: b, image: i, command: [y] }\nedges:\n  - { from: a, to: b, kind: one }\n";
 
     fn slot(id: &str, vm_type: &str) -> AgentSlot {
-        AgentSlot { vcpus: None,
+        AgentSlot {
+            vcpus: None,
             id: id.into(),
             url: format!("http://{id}"),
             vm_type: vm_type.into(),

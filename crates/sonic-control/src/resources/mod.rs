@@ -1189,7 +1189,8 @@ edges:
         types
             .iter()
             .enumerate()
-            .map(|(i, t)| AgentSlot { vcpus: None,
+            .map(|(i, t)| AgentSlot {
+                vcpus: None,
                 id: format!("a-{i}"),
                 url: format!("http://127.0.0.1:{}", 7000 + i),
                 vm_type: (*t).into(),
@@ -1212,7 +1213,8 @@ edges:
             stages: names
                 .iter()
                 .zip(stages)
-                .map(|(f, (t, vms, c))| PlanStage { cores: 1.0,
+                .map(|(f, (t, vms, c))| PlanStage {
+                    cores: 1.0,
                     function: (*f).into(),
                     vm_type: t.into(),
                     vms,
@@ -1368,7 +1370,8 @@ edges:
     #[test]
     fn a_diamonds_branches_are_granted_different_agents() {
         let dag = Arc::new(Dag::from_yaml("diamond.yaml", DIAMOND).expect("dag"));
-        let stage = |f: &str| PlanStage { cores: 1.0,
+        let stage = |f: &str| PlanStage {
+            cores: 1.0,
             function: f.into(),
             vm_type: "m5.large".into(),
             vms: 1,
@@ -1742,7 +1745,8 @@ edges:
   - { from: a, to: e, kind: one }
   - { from: h, to: e, kind: one }
 "#;
-        let stage = |f: &str| PlanStage { cores: 1.0,
+        let stage = |f: &str| PlanStage {
+            cores: 1.0,
             function: f.into(),
             vm_type: "m5.large".into(),
             vms: 1,

@@ -323,7 +323,8 @@ edges:
     }
 
     fn stage(function: &str, vm_type: &str, vms: u32, concurrent: u32) -> PlanStage {
-        PlanStage { cores: 1.0,
+        PlanStage {
+            cores: 1.0,
             function: function.into(),
             vm_type: vm_type.into(),
             vms,
@@ -391,7 +392,8 @@ edges:
     }
 
     fn params(memory_mb: f64) -> Params {
-        let p = |m| sonic_core::params::FunctionParams { parallel: 0.0,
+        let p = |m| sonic_core::params::FunctionParams {
+            parallel: 0.0,
             memory_mb: m,
             cold_s: 1.0,
             hot_s: 1.0,

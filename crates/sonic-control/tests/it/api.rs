@@ -829,8 +829,9 @@ async fn models_plans_logs_and_events_before_any_job() {
     );
     assert_eq!(m.max_mape, 0.15, "the default rule without a job runtime");
     // Per function memory, cold, hot, fanout, per-instance overhead (of its cold and of its
-    // hot batches) and cold start; per edge bytes.
-    assert_eq!(m.models.len(), 3 * 7 + 2, "{m:?}");
+    // hot batches), cold start and parallel share; per edge bytes.
+    assert_eq!(m.models.len(), 3 * 8 + 2, "{m:?}");
+    assert!(m.models.iter().any(|x| x.parameter == "train.parallel"));
     assert!(m.models.iter().any(|x| x.parameter == "pca.overhead_hot_s"));
     assert!(
         m.models

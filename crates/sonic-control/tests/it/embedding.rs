@@ -319,7 +319,8 @@ edges:
 "#,
     )
     .expect("dag");
-    let stage = |function: &str| PlanStage { cores: 1.0,
+    let stage = |function: &str| PlanStage {
+        cores: 1.0,
         function: function.into(),
         vm_type: vm_type.into(),
         vms,
@@ -330,7 +331,8 @@ edges:
     };
     let agents = platform::machines()
         .into_iter()
-        .map(|m| sonic_control::store::AgentSlot { vcpus: None,
+        .map(|m| sonic_control::store::AgentSlot {
+            vcpus: None,
             id: m.id,
             url: String::new(),
             vm_type: m.vm_type,

@@ -553,3 +553,81 @@ async fn a_jobs_functions_and_logs_are_in_the_dags_order_and_it_has_its_times() 
         assert!(v[k].is_i64(), "{k} in {v}");
     }
 }
+
+/// Right-sizing is learned from runs on different numbers of cores: every other profiling job
+/// gives a stage's instances two CPUs where each agent has two vCPUs per instance of it there
+/// (`gen` and `sink`, one instance each, on m5.large agents of two vCPUs; not `mid`, two of
+/// whose three land on one agent), the others one; a forced baseline keeps one. What each run
+/// was given is in the summary and the sample the models learn from.
+#[tokio::test(start_paused = true)]
+async fn profiling_gives_every_other_job_two_cpus_where_the_agents_have_them() {
+    let p = plane(|_, req| RunReport {
+        peak_memory_mb: Some(64.0),
+        ..wrote(req)
+    })
+    .await;
+    let cpus = |s: &JobSummary, f: &str| -> Vec<Option<f64>> {
+        s.functions
+            .iter()
+            .filter(|r| r.name == f)
+            .map(|r| r.cpus)
+            .collect()
+    };
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let (v, s) = p.run(json!({"dag": "fan"})).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+        assert_eq!(s.mode, sonic_api::control::JobMode::Profiling, "{v}");
+        seen.push((cpus(&s, "gen"), cpus(&s, "mid"), cpus(&s, "sink")));
+    }
+    let one = |n: usize| vec![Some(1.0); n];
+    let two = |n: usize| vec![Some(2.0); n];
+    assert_eq!(
+        seen,
+        [
+            (one(1), one(3), one(1)),
+            (two(1), one(3), two(1)),
+            (one(1), one(3), one(1)),
+        ]
+    );
+    // What the agents were asked for.
+    let sent = p.memory().sent();
+    let gens: Vec<f64> = sent
+        .iter()
+        .filter(|(_, r)| r.function == "gen")
+        .map(|(_, r)| r.cpus)
+        .collect();
+    assert_eq!(gens, [1.0, 2.0, 1.0]);
+    // The samples say it: the models learn the times on the cores they were measured on.
+    let samples = p.get_json("/v1/dags/fan/models").await["samples"].clone();
+    let cores: Vec<Value> = samples
+        .as_array()
+        .expect("samples")
+        .iter()
+        .map(|s| s["measured"]["functions"]["gen"]["cores"].clone())
+        .collect();
+    assert_eq!(cores, [json!(1.0), json!(2.0), json!(1.0)], "{samples}");
+    // A forced baseline measures the baseline: one CPU each, whatever the parity.
+    let (v, s) = p.run_remote().await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(cpus(&s, "gen"), one(1), "{v}");
+    // A planned job gives what its plan says. `remote` planned puts each lambda on a VM of
+    // its own (two vCPUs each); the pool's two agents re-plan `mid`, three lambdas, onto two
+    // VMs running two at once (one vCPU each).
+    let (v, s) = p
+        .run(json!({"dag": "fan", "policy": "remote", "planned": true}))
+        .await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    let stages = v["plan"]["report"]["stages"].as_array().expect("stages");
+    for st in stages {
+        let f = st["function"].as_str().expect("function");
+        let n = cpus(&s, f).len();
+        assert_eq!(cpus(&s, f), vec![st["cores"].as_f64(); n], "{f}: {v}");
+    }
+    assert_eq!(
+        (cpus(&s, "gen"), cpus(&s, "mid"), cpus(&s, "sink")),
+        (two(1), one(3), two(1)),
+        "{v}"
+    );
+    p.stop().await;
+}

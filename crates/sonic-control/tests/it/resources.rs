@@ -98,7 +98,8 @@ async fn two_jobs_whose_plans_exceed_the_pool_are_queued_not_oversubscribed() {
     );
     // Nothing is held once both ended.
     let rt = c.control().state.jobs.clone().expect("runtime");
-    let probe = sonic_control::store::AgentSlot { vcpus: None,
+    let probe = sonic_control::store::AgentSlot {
+        vcpus: None,
         id: "a-2".into(),
         url: String::new(),
         vm_type: "m5.xlarge".into(),
@@ -359,7 +360,8 @@ fn runs_as_simulated(s: &JobSummary) {
                 };
                 (
                     f.name.clone(),
-                    FunctionParams { parallel: 0.0,
+                    FunctionParams {
+                        parallel: 0.0,
                         memory_mb: 128.0,
                         cold_s: t + 0.1,
                         hot_s: t,

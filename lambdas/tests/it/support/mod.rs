@@ -41,6 +41,16 @@ pub fn run(
     params: &[(&str, serde_json::Value)],
     inputs: &[PathBuf],
 ) -> JobRun {
+    try_run(dag, work, params, inputs).unwrap_or_else(|e| panic!("{}: {e}", dag.name))
+}
+
+/// [`run`], its error returned.
+pub fn try_run(
+    dag: &Dag,
+    work: &Path,
+    params: &[(&str, serde_json::Value)],
+    inputs: &[PathBuf],
+) -> Result<JobRun, local::LocalError> {
     let mut config = RunConfig::new(work);
     config.job_id = format!("test-{}", dag.name);
     config.programs = programs();
@@ -49,7 +59,7 @@ pub fn run(
         .iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
         .collect();
-    local::run_dag(dag, &config).unwrap_or_else(|e| panic!("{}: {e}", dag.name))
+    local::run_dag(dag, &config)
 }
 
 /// Checks every function of `runs` (small to large): CPU time and peak RSS non-decreasing up to
