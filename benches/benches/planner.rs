@@ -26,6 +26,7 @@ use sonic_core::planner::{Budget, Policy, baseline, plan, plan_within};
 
 fn stage(i: usize, k: u32) -> Stage {
     Stage {
+        parallel: 0.0,
         name: format!("s{i}"),
         memory_mb: 1500.0 + 300.0 * i as f64,
         cold_s: 5.0 + i as f64,

@@ -21,6 +21,7 @@ fn sample(i: usize) -> (f64, f64) {
 
 fn params(x: f64) -> Params {
     let f = |mem: f64, t: f64, k: u32| FunctionParams {
+        parallel: 0.0,
         memory_mb: mem,
         cold_s: t,
         hot_s: 0.9 * t,

@@ -432,6 +432,9 @@ pub struct Cores {
     pub parallel: f64,
 }
 
+/// A model's samples: `(input size, value)`.
+type Points = Vec<(f64, f64)>;
+
 /// The parallel shares [`Cores::fit`] tries, in steps of 1/20.
 const PARALLEL_STEPS: u32 = 20;
 
@@ -453,7 +456,7 @@ impl Cores {
     }
 
     /// The cold and hot models' samples on one core under share `parallel`.
-    fn one_core(&self, parallel: f64) -> (Vec<(f64, f64)>, Vec<(f64, f64)>) {
+    fn one_core(&self, parallel: f64) -> (Points, Points) {
         let cold = self
             .cold
             .iter()

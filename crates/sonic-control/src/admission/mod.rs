@@ -111,12 +111,6 @@ fn warm_inputs(ctx: &Context, digests: std::collections::BTreeMap<usize, String>
     }
 }
 
-/// The reason of a job whose policy was forced and not planned: the executor tells such a
-/// baseline from a profiling job by it.
-pub(crate) fn forced_unplanned(policy: Policy) -> String {
-    format!("policy {policy} forced: instances spread over the agents")
-}
-
 /// The policy of a job: a forced one wins; otherwise `sonic`, planned for this input size, once
 /// the models of the job's parameter setting converged, and `remote` (profiling) before. A
 /// forced `sonic` plans with whatever the setting's models predict, and is refused when they
@@ -153,7 +147,7 @@ async fn choose(
     }
     if let (Some(p), Some(base)) = (forced, baseline) {
         if !planned_baseline {
-            return Ok(profiling(p, None, forced_unplanned(p)));
+            return Ok(profiling(p, None, crate::learn::forced_unplanned(p)));
         }
         let rule = ctx.convergence();
         let (catalog, bandwidth) = ctx.planning_catalog();

@@ -348,8 +348,7 @@ impl<'a> Execution<'a> {
             let typed = rt.catalog.as_ref()?.vm_type(&slot.vm_type)?.vcpus;
             Some(slot.vcpus.map_or(typed, |v| typed.min(v)))
         };
-        let unforced =
-            job.mode_reason.as_deref() != Some(&crate::admission::forced_unplanned(policy));
+        let unforced = job.mode_reason.as_deref() != Some(&crate::learn::forced_unplanned(policy));
         let unplanned_cpus: Vec<f64> = fanouts
             .iter()
             .enumerate()

@@ -998,6 +998,12 @@ pub fn plan_for(
     Ok(planned)
 }
 
+/// The reason of a job whose policy was forced and not planned (admission gives it): the
+/// executor tells such a baseline from a profiling job by it.
+pub fn forced_unplanned(policy: Policy) -> String {
+    format!("policy {policy} forced: instances spread over the agents")
+}
+
 /// The oracle's parameters: what earlier jobs of `dag` *measured* at exactly `input_bytes`
 /// (means over those samples), instead of what the regression predicts. An evaluation
 /// baseline (the paper's Oracle-SONIC): it knows the parameters of this very input.
