@@ -898,6 +898,7 @@ async fn run_inner(
         seq: outcome.warm_seq,
     });
     report.start_contention = outcome.start_contention;
+    report.cpus = outcome.cpus;
     let mut peak = outcome.peak_memory_bytes;
     if req.handler.is_some() {
         let usage = handler_usage(&output_dir);

@@ -452,6 +452,11 @@ pub struct RunReport {
     /// process sandbox (a process spawns in a millisecond) and older agents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_contention: Option<StartContention>,
+    /// The CPUs the run had, where its sandbox limits them: the request's `cpus`, at most what
+    /// the host has (a Docker engine refuses more than its cores). Absent from the process
+    /// sandbox (unlimited) and older agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
     /// A handler stage: the seconds the agent spent preparing its code before the sandbox
     /// started (fetching and unpacking the lambda's tarball, building its `requirements.txt`
     /// environment: once per version, or per requirements set, on an agent; about nothing
@@ -478,7 +483,7 @@ pub struct RunReport {
 impl RunReport {
     /// A report of run `run_id` in `status` with nothing else said yet.
     pub fn new(run_id: String, status: RunStatus) -> RunReport {
-        RunReport {
+        RunReport { cpus: None,
             run_id,
             status,
             cold: None,

@@ -435,6 +435,9 @@ pub struct Cores {
 /// A model's samples: `(input size, value)`.
 type Points = Vec<(f64, f64)>;
 
+/// How much less error (a fraction) a parallel share above 0 must give than none.
+const PARALLEL_GAIN: f64 = 0.25;
+
 /// The parallel shares [`Cores::fit`] tries, in steps of 1/20.
 const PARALLEL_STEPS: u32 = 20;
 
@@ -473,7 +476,11 @@ impl Cores {
     /// The share that explains the runs best: for each share tried, the cold and hot models
     /// fitted on the runs as times on one core, and their predictions taken back to each
     /// run's cores; the least sum of squared relative errors wins, the smaller share on a tie.
-    /// 0 where every run had the same cores (nothing tells the share apart).
+    /// A share above 0 must earn its place, as a higher degree must: at least
+    /// [`PARALLEL_GAIN`] less error than none, and some run's prediction moved by more than
+    /// the time floor (`mode::floor`; the ML pipeline's `combine`, a lambda of a few tens of
+    /// milliseconds run on 1 and 2 cores, got 0.65 from its noise before this rule). 0 where
+    /// every run had the same cores (nothing tells the share apart).
     fn fit(&self, cold: &Model, hot: &Model) -> f64 {
         let mut ks: Vec<f64> = self
             .cold
@@ -487,7 +494,9 @@ impl Cores {
             return 0.0;
         }
         let floor = crate::mode::floor(Quantity::Time).max(1e-9);
-        let mut best = (0.0, f64::INFINITY);
+        // Per share tried: its error and its predictions of every run (cold ones, then hot).
+        let mut best: (f64, f64, Vec<f64>) = (0.0, f64::INFINITY, Vec::new());
+        let mut none: (f64, Vec<f64>) = (f64::INFINITY, Vec::new());
         for step in 0..=PARALLEL_STEPS {
             let p = f64::from(step) / f64::from(PARALLEL_STEPS);
             let (c, h) = self.one_core(p);
@@ -502,25 +511,44 @@ impl Cores {
                 ..hot.clone()
             };
             let mut err = 0.0;
+            let mut preds = Vec::with_capacity(self.cold.len() + self.hot.len());
             if !cm.samples.is_empty() && cm.fit().is_ok() {
                 for &[x, y, start, k] in &self.cold {
                     let one = cm.predict(x).unwrap_or(0.0);
                     let start = start.clamp(0.0, one);
                     let at = start + (one - start) * on_cores(p, k);
                     err += ((at - y) / y.abs().max(floor)).powi(2);
+                    preds.push(at);
                 }
             }
             if !hm.samples.is_empty() && hm.fit().is_ok() {
                 for &[x, y, k] in &self.hot {
                     let at = hm.predict(x).unwrap_or(0.0) * on_cores(p, k);
                     err += ((at - y) / y.abs().max(floor)).powi(2);
+                    preds.push(at);
                 }
             }
+            if step == 0 {
+                none = (err, preds.clone());
+            }
             if err < best.1 * (1.0 - 1e-9) - 1e-12 {
-                best = (p, err);
+                best = (p, err, preds);
             }
         }
-        best.0
+        // It must also matter: change some run's prediction by more than the time floor (what
+        // the drift rule counts as an error at all), or the function's lambdas are too short
+        // for their cores to change a plan.
+        let moves = best.2.len() == none.1.len()
+            && best
+                .2
+                .iter()
+                .zip(&none.1)
+                .any(|(a, b)| (a - b).abs() > floor);
+        if best.1 < (1.0 - PARALLEL_GAIN) * none.0 - 1e-12 && moves {
+            best.0
+        } else {
+            0.0
+        }
     }
 }
 
@@ -1452,6 +1480,47 @@ mod tests {
             (row.equation.as_deref(), row.converged),
             (Some("0.8"), true)
         );
+        // A single-threaded function whose runs differ by their noise alone (up to ±5%, the
+        // runs on 2 cores 2% quicker on average by chance) gets no share: without the rule
+        // that a share must earn its place, this noise made one of 0.25.
+        let mut serial = DagModels::for_names(&["g".into()], &[], Convergence::default(), 3);
+        for (i, x) in sizes(8).into_iter().enumerate() {
+            let k = if i % 2 == 0 { None } else { Some(2.0) };
+            let noise = [1.05, 0.95, 0.99, 1.01][i % 4];
+            let g = BTreeMap::from([(
+                "g".to_owned(),
+                FunctionSample {
+                    memory_mb: Some(100.0),
+                    cold_s: Some((0.2 + 0.01 * (1.0 + 1e-8 * x)) * noise),
+                    hot_s: Some(0.01 * (1.0 + 1e-8 * x) * noise),
+                    start_s: Some(0.2),
+                    instances: Some(1),
+                    cores: k,
+                    ..FunctionSample::default()
+                },
+            )]);
+            serial.add_sample(x, &g, &[]).unwrap();
+        }
+        assert_eq!(serial.functions["g"].cores.parallel, 0.0);
+        // One that does use both cores, but whose lambda is 20 ms: no plan changes for it.
+        let mut tiny = DagModels::for_names(&["h".into()], &[], Convergence::default(), 3);
+        for (i, x) in sizes(8).into_iter().enumerate() {
+            let k = if i % 2 == 0 { 1.0 } else { 2.0 };
+            let h = BTreeMap::from([(
+                "h".to_owned(),
+                FunctionSample {
+                    memory_mb: Some(100.0),
+                    cold_s: Some(0.2 + 0.02 / k),
+                    hot_s: Some(0.02 / k),
+                    start_s: Some(0.2),
+                    instances: Some(1),
+                    cores: Some(k),
+                    ..FunctionSample::default()
+                },
+            )]);
+            tiny.add_sample(x, &h, &[]).unwrap();
+        }
+        assert_eq!(tiny.functions["h"].cores.parallel, 0.0);
         // A planned job on 4 cores that runs as learned is no drift; one twice as slow is.
         let planned = sample(3e8, Some(4.0));
         let checks = crate::mode::checks(&dm, 3e8, &planned, &[], &BTreeMap::new());

@@ -11,15 +11,18 @@ mkdir -p "$out"
 data="$(mktemp -d)"
 export XDG_CONFIG_HOME="$data/config"
 ofctl=target/debug/ofctl
+# Two agents of two vCPUs each (catalog.yaml: m5.large and t2.large only): a plan's cores are
+# then at most 2, which this 2-core host can give one instance at a time (an agent standing for
+# a larger type would be given 2 by Docker and priced for more: xlarge-on-2-cores/).
 $ofctl up --agents 2 --sandbox docker --data-dir "$data/sonic" --listen 127.0.0.1:7100 \
-    --no-memory-tier > "$out/up.txt" 2>&1 &
+    --catalog "$(dirname "$0")/catalog.yaml" --no-memory-tier > "$out/up.txt" 2>&1 &
 up=$!
 trap 'kill $up 2>/dev/null; wait $up 2>/dev/null; rm -rf "$data"' EXIT
 for _ in $(seq 1 120); do
     grep -q "^server" "$out/up.txt" 2>/dev/null && break
     sleep 1
 done
-$ofctl apply dags/ml-pipeline.yaml > /dev/null
+$ofctl apply -f dags/ml-pipeline.yaml > /dev/null
 : > "$out/jobs.jsonl"
 uptime > "$out/load.txt"
 run() {
@@ -30,7 +33,7 @@ run() {
     echo >> "$out/jobs.jsonl"
 }
 # Profiling, then planned: sizes in turn.
-for rows in 8000 16000 24000 32000 12000 20000 28000 36000 10000 30000 18000 26000; do
+for rows in 8000 16000 24000 32000 12000 20000 28000 36000 10000 30000 18000 26000 14000 34000 22000 40000; do
     run "$rows"
 done
 uptime >> "$out/load.txt"

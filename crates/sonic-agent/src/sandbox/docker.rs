@@ -928,6 +928,7 @@ impl Inner {
                 warm_idle: None,
                 warm_seq: 0,
                 start_contention: None,
+                cpus: Some(c.nano_cpus as f64 / 1e9),
             },
             reusable,
         ))

@@ -180,6 +180,9 @@ pub struct RunOutcome {
     /// ([`StartTicket::overlapping`]), and the cores they shared; `None` for a hot run, a
     /// prewarmed container and the process sandbox.
     pub start_contention: Option<sonic_api::agent::StartContention>,
+    /// The CPUs the run was given, where the sandbox limits them (Docker: the spec's, at most
+    /// the engine's cores); `None` where it does not (processes).
+    pub cpus: Option<f64>,
 }
 
 impl RunOutcome {

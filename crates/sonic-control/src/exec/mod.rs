@@ -1622,7 +1622,9 @@ fn record_instance(
         start_latency_s: r.start_latency_s,
         start_contention: r.start_contention,
         peak_memory_mb: r.peak_memory_mb,
-        cpus: progress.cpus.get(&f.function).copied(),
+        // What the agent's sandbox gave it (a host smaller than the VM type gives fewer
+        // than asked), else what it was sent with.
+        cpus: r.cpus.or_else(|| progress.cpus.get(&f.function).copied()),
         attempts: f.attempts,
         started_s: progress
             .origin
@@ -2382,6 +2384,16 @@ pub(crate) fn uncontended(r: &FunctionRun) -> (f64, Option<f64>) {
     }
 }
 
+/// The mean CPUs a function's runs had, where they say.
+fn mean_cpus(runs: &[&FunctionRun]) -> Option<f64> {
+    let c: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.cpus)
+        .filter(|c| c.is_finite() && *c > 0.0)
+        .collect();
+    (!c.is_empty()).then(|| c.iter().sum::<f64>() / c.len() as f64)
+}
+
 /// The DAG parameters this job measured, in the `--params` file's shape.
 fn sample(job: &JobRecord, p: &Progress, state: &Context) -> SampleRecord {
     let overrides: std::collections::BTreeMap<String, serde_json::Value> = job
@@ -2442,8 +2454,9 @@ fn sample(job: &JobRecord, p: &Progress, state: &Context) -> SampleRecord {
                     "overhead_s": overhead,
                     "overhead_hot_s": overhead_hot,
                     "start_s": start,
-                    // The CPUs each instance was given: the times were measured on them.
-                    "cores": p.cpus.get(&i).copied(),
+                    // The CPUs its instances had (the agents' word, else what they were
+                    // sent with): the times were measured on them.
+                    "cores": mean_cpus(&runs).or_else(|| p.cpus.get(&i).copied()),
                     "instances": p.instances.get(&i).copied().unwrap_or(0),
                 }),
             );
