@@ -235,7 +235,8 @@ mod tests {
     #[test]
     fn a_report_moves_its_series() {
         let m = AgentMetrics::default();
-        let report = RunReport { cpus: None,
+        let report = RunReport {
+            cpus: None,
             run_id: "j-1.f.0.1".into(),
             status: RunStatus::Succeeded,
             cold: Some(true),

@@ -483,7 +483,8 @@ pub struct RunReport {
 impl RunReport {
     /// A report of run `run_id` in `status` with nothing else said yet.
     pub fn new(run_id: String, status: RunStatus) -> RunReport {
-        RunReport { cpus: None,
+        RunReport {
+            cpus: None,
             run_id,
             status,
             cold: None,

@@ -432,3 +432,66 @@ fn a_percentile_slo_gets_the_cheapest_plan_meeting_it_or_a_refusal_naming_the_be
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("p<percentile>=<duration>"), "{stderr}");
 }
+
+/// Right-sizing: the same trainers, single-threaded or 90% parallel (`parallel` in the
+/// parameters file): the first share a VM's vCPUs, the second get several each, and run faster
+/// for it.
+#[test]
+fn a_parallel_function_is_given_more_cores() {
+    let train = |plan: &serde_json::Value| {
+        plan["stages"]
+            .as_array()
+            .expect("stages")
+            .iter()
+            .find(|s| s["function"] == "train")
+            .cloned()
+            .expect("train")
+    };
+    let serial = plan_json(
+        "lightgbm.dag.yaml",
+        "lightgbm-k3-small.params.yaml",
+        None,
+        "sonic",
+    );
+    let parallel = plan_json(
+        "lightgbm.dag.yaml",
+        "lightgbm-k3-parallel.params.yaml",
+        None,
+        "sonic",
+    );
+    let cores = |p: &serde_json::Value| train(p)["cores"].as_f64().expect("cores");
+    // Single-threaded, the trainers share one VM (3 at once: its vCPUs over 3); parallel,
+    // each has at least two.
+    assert!(cores(&serial) < 2.0, "{serial}");
+    assert!(cores(&parallel) >= 2.0, "{parallel}");
+    let latency = |p: &serde_json::Value| p["predicted"]["latency_s"].as_f64().expect("latency");
+    assert!(latency(&parallel) < latency(&serial), "{parallel} {serial}");
+    // The table says it.
+    let f = fixtures();
+    let (code, out, err) = ofctl(&[
+        "plan",
+        "--dag",
+        f.join("lightgbm.dag.yaml").to_str().unwrap(),
+        "--params",
+        f.join("lightgbm-k3-parallel.params.yaml").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("CPUS"), "{out}");
+    // A share outside 0..1 is refused, naming the field.
+    let bad = std::env::temp_dir().join(format!("sonic-bad-parallel-{}.yaml", std::process::id()));
+    std::fs::write(
+        &bad,
+        "functions:\n  pca: { memory_mb: 3000, cold_s: 10, hot_s: 9, instances: 1, parallel: 2 }\n",
+    )
+    .unwrap();
+    let (code, _, err) = ofctl(&[
+        "plan",
+        "--dag",
+        f.join("lightgbm.dag.yaml").to_str().unwrap(),
+        "--params",
+        bad.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(&bad).ok();
+    assert_ne!(code, 0);
+    assert!(err.contains("parallel"), "{err}");
+}

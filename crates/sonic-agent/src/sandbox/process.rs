@@ -339,7 +339,8 @@ impl ProcessSandbox {
                 self.supervise(spec, started, cold, t0, cgroup.0.as_ref())
                     .await
             }
-            Ok(Spawned::NotStarted { code, message }) => Ok(RunOutcome { cpus: None,
+            Ok(Spawned::NotStarted { code, message }) => Ok(RunOutcome {
+                cpus: None,
                 termination: Termination::Exited(code),
                 cold,
                 duration: t0.elapsed(),
@@ -488,7 +489,8 @@ impl ProcessSandbox {
             max_rss_bytes = reaped.max_rss_bytes,
             "process run ended"
         );
-        Ok(RunOutcome { cpus: None,
+        Ok(RunOutcome {
+            cpus: None,
             termination,
             cold,
             duration,

@@ -281,7 +281,8 @@ fn variant(
         a.placements[r] = Placement {
             vm: sp.vm,
             vms: sp.vms,
-            concurrent: cmax.min(pb.per_vm(r, sp.vms)),
+            // As the searches place it: the least busy concurrency (right-sizing).
+            concurrent: pb.best_concurrent(r, sp.vm, sp.vms),
         };
     }
     let fallback = if m == Method::VmStorage {

@@ -1220,6 +1220,13 @@ fn job_body(v: &JobView) -> String {
                     vms.map_or_else(|| st.agents.len().to_string(), |x| x.vms.to_string()),
                     vms.map_or("-".into(), |x| x.per_vm.to_string()),
                     st.concurrent.to_string(),
+                    // The CPUs each instance was given (right-sizing).
+                    vms.map_or("-".into(), |x| {
+                        format!("{:.2}", x.cores)
+                            .trim_end_matches('0')
+                            .trim_end_matches('.')
+                            .to_owned()
+                    }),
                     format!("{} MB", st.memory_limit_mb),
                     // How the plan priced its first batch: in containers its agents kept warm,
                     // in containers started while its senders ran, or cold.
@@ -1243,6 +1250,7 @@ fn job_body(v: &JobView) -> String {
                     "VMs ",
                     "Per VM ",
                     "Concurrent ",
+                    "CPUs ",
                     "Memory limit ",
                     "Start",
                     "Agents",
