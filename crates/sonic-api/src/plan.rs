@@ -54,12 +54,17 @@ pub struct PlanReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(schema_with = crate::schema::plan)]
     pub best: Option<Plan>,
+    /// What makes the prediction less sure than usual, in words: an input outside the sizes the
+    /// models learned from (they extrapolate).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl PlanReport {
     /// The document for `plan`, made for an input of `input_bytes`.
     pub fn new(plan: planner::PlanReport, input_bytes: u64) -> PlanReport {
         PlanReport {
+            warnings: Vec::new(),
             plan,
             input_bytes,
             models_converged: None,

@@ -1058,6 +1058,19 @@ impl DagModels {
         Ok(Params { functions, edges })
     }
 
+    /// The smallest and largest input sizes the models learned times from (their cold-time
+    /// samples, every function's); `None` before any.
+    pub fn learned_inputs(&self) -> Option<(f64, f64)> {
+        self.functions
+            .values()
+            .flat_map(|f| f.cold_s.samples.iter().map(|s| s.0))
+            .filter(|x| x.is_finite())
+            .fold(None, |r, x| match r {
+                None => Some((x, x)),
+                Some((lo, hi)) => Some((f64::min(lo, x), f64::max(hi, x))),
+            })
+    }
+
     /// Every model, for display.
     pub fn summary(&self) -> Vec<ModelSummary> {
         let rule = &self.convergence;

@@ -209,6 +209,8 @@ impl<'a> Execution<'a> {
                     .await
                     .map_err(|e| format!("database: {e}"))?;
                 let mut plan = job_plan(&dag, &alloc, &agents, &p.report, &p.warm);
+                // What makes the prediction less sure (an input outside the learned sizes).
+                plan.notes.extend(p.report.warnings.iter().cloned());
                 if rt.config.prewarm && rt.config.prewarm_timed {
                     prewarm_delays =
                         crate::exec::prewarm::timed_delays(&dag, &alloc.plan, &p.params);

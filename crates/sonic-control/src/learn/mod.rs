@@ -995,7 +995,40 @@ pub fn plan_for(
         warm,
     )?;
     planned.report.models_converged = Some(models.converged());
+    planned
+        .report
+        .warnings
+        .extend(extrapolation(models, input_bytes));
     Ok(planned)
+}
+
+/// How far out of the learned range an input may be before the plan warns: a tenth.
+const EXTRAPOLATION_SLACK: f64 = 1.1;
+
+/// A warning when `input_bytes` lies outside the input sizes `models` learned from (by more
+/// than a tenth): the regression extrapolates, and a polynomial fitted on small inputs can be
+/// far off on a large one (a job at 5 times the largest profiled input ran 74% over its
+/// prediction, with nothing said). `None` inside the range, or before any sample.
+pub fn extrapolation(models: &DagModels, input_bytes: u64) -> Option<String> {
+    let (lo, hi) = models.learned_inputs()?;
+    let x = input_bytes as f64;
+    let mb = |b: f64| b / 1e6;
+    if hi > 0.0 && x > hi * EXTRAPOLATION_SLACK {
+        Some(format!(
+            "input {:.1} MB is {:.1}x the largest the models learned from ({:.1} MB): they extrapolate, and the prediction may be far off; a job or two at this size (profiling, or planned) teaches them",
+            mb(x),
+            x / hi,
+            mb(hi)
+        ))
+    } else if x * EXTRAPOLATION_SLACK < lo {
+        Some(format!(
+            "input {:.1} MB is below the smallest the models learned from ({:.1} MB): they extrapolate, and the prediction may be far off",
+            mb(x),
+            mb(lo)
+        ))
+    } else {
+        None
+    }
 }
 
 /// The reason of a job whose policy was forced and not planned (admission gives it): the
@@ -2168,5 +2201,40 @@ edges:
         assert_eq!(r["stopped"]["limit"], "expansions");
         assert_eq!(r["stopped"]["search"], "best");
         assert_eq!(r["stages"].as_array().map(Vec::len), Some(3));
+    }
+
+    #[test]
+    fn a_plan_warns_when_the_input_lies_outside_what_the_models_learned_from() {
+        let mut m = DagModels::for_names(&["f".into()], &[], Convergence::default(), 1);
+        assert_eq!(
+            extrapolation(&m, 5_000_000),
+            None,
+            "nothing learned: nothing to say"
+        );
+        for mb in [10u64, 14, 20] {
+            let f = BTreeMap::from([(
+                "f".to_owned(),
+                FunctionSample {
+                    cold_s: Some(1.0),
+                    ..FunctionSample::default()
+                },
+            )]);
+            m.add_sample((mb * 1_000_000) as f64, &f, &[])
+                .expect("sample");
+        }
+        assert_eq!(m.learned_inputs(), Some((10e6, 20e6)));
+        for inside in [10_000_000, 15_000_000, 21_000_000, 9_500_000] {
+            assert_eq!(extrapolation(&m, inside), None, "{inside}");
+        }
+        let above = extrapolation(&m, 100_000_000).expect("above");
+        assert!(
+            above.contains("100.0 MB is 5.0x the largest") && above.contains("20.0 MB"),
+            "{above}"
+        );
+        let below = extrapolation(&m, 2_000_000).expect("below");
+        assert!(
+            below.contains("below the smallest") && below.contains("10.0 MB"),
+            "{below}"
+        );
     }
 }
