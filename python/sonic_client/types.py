@@ -149,6 +149,8 @@ class JobSummary:
     submitted_ms: Optional[int] = None
     started_ms: Optional[int] = None
     ended_ms: Optional[int] = None
+    #: The DAG's bounds the job missed, in words (it succeeded, but not within them).
+    bounds_missed: List[str] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -193,6 +195,7 @@ class JobSummary:
             submitted_ms=_oi(doc, "submitted_ms"),
             started_ms=_oi(doc, "started_ms"),
             ended_ms=_oi(doc, "ended_ms"),
+            bounds_missed=[b for b in _list(doc, "bounds_missed") if isinstance(b, str)],
             raw=doc,
         )
 

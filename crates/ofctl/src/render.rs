@@ -122,7 +122,11 @@ pub fn jobs(jobs: &[JobSummary], out: &mut dyn Write) -> io::Result<()> {
         t.row(vec![
             j.job_id.clone(),
             j.dag.clone(),
-            j.status.to_string(),
+            if j.bounds_missed.is_empty() {
+                j.status.to_string()
+            } else {
+                format!("{} (bounds missed)", j.status)
+            },
             j.submitted_ms.map_or_else(|| "-".into(), utc),
             j.mode.to_string(),
             j.policy.to_string(),
@@ -176,7 +180,17 @@ pub fn agents(list: &AgentList, out: &mut dyn Write) -> io::Result<()> {
 pub fn job(j: &JobSummary, out: &mut dyn Write) -> io::Result<()> {
     writeln!(out, "job      {}", j.job_id)?;
     writeln!(out, "dag      {}", j.dag)?;
-    writeln!(out, "status   {}", j.status)?;
+    if j.bounds_missed.is_empty() {
+        writeln!(out, "status   {}", j.status)?;
+    } else {
+        // It succeeded, but not within the DAG's bounds.
+        writeln!(
+            out,
+            "status   {}, outside its bounds: {}",
+            j.status,
+            j.bounds_missed.join("; ")
+        )?;
+    }
     if let Some(e) = &j.error {
         writeln!(out, "error    {e}")?;
     }

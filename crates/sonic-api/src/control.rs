@@ -337,6 +337,10 @@ pub struct JobSummary {
     pub started_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_ms: Option<i64>,
+    /// The DAG's bounds a job that ended missed, in words (`latency 12.3 s over the DAG's
+    /// max_latency 10 s`): it succeeded, but not within them. Empty when it met them or has none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bounds_missed: Vec<String>,
 }
 
 /// Which of the planner's plans a job ran (`best`, `second_best`, `none` on the wire).

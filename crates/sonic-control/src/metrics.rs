@@ -393,7 +393,7 @@ mod tests {
             started_s: Some(0.0),
             ended_s: Some(1.0),
         };
-        let summary = JobSummary {
+        let summary = JobSummary { bounds_missed: Vec::new(),
             job_id: "j-1".into(),
             dag: "fan".into(),
             status: JobStatus::Succeeded,

@@ -2328,6 +2328,12 @@ fn summarize(
     });
     let mut fetches = p.fetches.clone();
     fetches.sort_by(|a, b| a.started_s.total_cmp(&b.started_s));
+    // A job that succeeded outside its DAG's bounds says so (the planner meets them on its
+    // predictions; what ran may not).
+    let bounds_missed = match (&p.dag, error) {
+        (Some(dag), None) => bounds_missed(&dag.bounds, latency_s, cost_usd),
+        _ => Vec::new(),
+    };
     JobSummary {
         job_id: job.id.clone(),
         dag: job.dag.clone(),
@@ -2358,7 +2364,28 @@ fn summarize(
         submitted_ms: None,
         started_ms: None,
         ended_ms: None,
+        bounds_missed,
     }
+}
+
+/// What of `bounds` a job of `latency_s` and `cost_usd` missed, in words.
+fn bounds_missed(bounds: &sonic_core::dag::Bounds, latency_s: f64, cost_usd: f64) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(max) = bounds.max_latency_s
+        && latency_s > max
+    {
+        out.push(format!(
+            "latency {latency_s:.3} s over the DAG's max_latency {max} s"
+        ));
+    }
+    if let Some(max) = bounds.max_cost_usd
+        && cost_usd > max
+    {
+        out.push(format!(
+            "cost ${cost_usd:.6} over the DAG's max_cost ${max}"
+        ));
+    }
+    out
 }
 
 /// A run's `seconds` and start latency as if its start had had a core to itself: a cold run

@@ -846,6 +846,7 @@ fn summary_of(r: JobRecord) -> JobSummary {
         return s;
     }
     JobSummary {
+        bounds_missed: Vec::new(),
         job_id: r.id,
         dag: r.dag,
         status: r.status,

@@ -2074,6 +2074,7 @@ mod tests {
 
     fn summary(id: &str) -> JobSummary {
         JobSummary {
+            bounds_missed: Vec::new(),
             job_id: id.into(),
             dag: "ml".into(),
             status: JobStatus::Succeeded,

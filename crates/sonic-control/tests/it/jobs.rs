@@ -2478,3 +2478,30 @@ async fn a_dag_runs_through_the_memory_tier_with_the_results_of_the_store() {
     let body = r.text().await.unwrap_or_default();
     assert!(body.contains("--memory-tier"), "{body}");
 }
+
+/// One function that sleeps 400 ms, under a DAG bound of 100 ms on latency.
+const BOUNDED: &str = r#"
+name: bounded
+functions:
+  - { name: slow, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result, --sleep-ms, "400"], timeout: 30s }
+bounds: { max_latency: 100ms, max_cost_usd: 1 }
+"#;
+
+/// A job that succeeds outside its DAG's bounds says so in its summary (the planner meets the
+/// bounds on its predictions; what ran may not), and only the bound it missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_misses_its_dags_bound_says_so() {
+    let c = cluster().await;
+    c.apply(BOUNDED).await;
+    let input = sized_input(1000);
+    let (v, s) = c.run_ok("bounded", Some("remote"), &input).await;
+    assert!(s.latency_s > 0.4, "{v}");
+    assert_eq!(s.bounds_missed.len(), 1, "{v}");
+    let missed = &s.bounds_missed[0];
+    assert!(
+        missed.starts_with("latency ") && missed.ends_with("over the DAG's max_latency 0.1 s"),
+        "{missed}"
+    );
+    assert_eq!(v["bounds_missed"][0], serde_json::json!(missed), "{v}");
+    c.stop().await;
+}

@@ -1064,6 +1064,14 @@ fn job_body(v: &JobView) -> String {
             esc(e)
         );
     }
+    if !s.bounds_missed.is_empty() {
+        // It succeeded, but not within the DAG's bounds.
+        let _ = write!(
+            out,
+            "<dt>Bounds</dt><dd class=\"bad\">missed: {}</dd>",
+            esc(&s.bounds_missed.join("; "))
+        );
+    }
     out.push_str("</dl>");
 
     // Progress, which the script keeps current from the job's event stream.
