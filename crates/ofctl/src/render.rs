@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use sonic_api::control::{AgentList, DagList, DagModelsView, JobLogs, JobSummary};
+use sonic_api::control::{AgentList, DagList, DagModelsView, JobLogs, JobStatus, JobSummary};
 
 /// Bytes in powers of 1000, as the DAG and catalog files write them.
 pub fn bytes(n: u64) -> String {
@@ -137,7 +137,8 @@ pub fn jobs(jobs: &[JobSummary], out: &mut dyn Write) -> io::Result<()> {
                 "-".into()
             },
             if ended { usd(j.cost_usd) } else { "-".into() },
-            if ended {
+            // Perf/$ is a succeeded job's: a failed one's latency is not the job's.
+            if ended && j.status == JobStatus::Succeeded {
                 format!("{:.0}", j.perf_per_dollar)
             } else {
                 "-".into()
@@ -211,13 +212,23 @@ pub fn job(j: &JobSummary, out: &mut dyn Write) -> io::Result<()> {
         writeln!(out, "times    {} (UTC)", times.join("   "))?;
     }
     if j.status.is_terminal() {
-        writeln!(
-            out,
-            "latency  {:.3} s   cost {}   perf/$ {:.1}",
-            j.latency_s,
-            usd(j.cost_usd),
-            j.perf_per_dollar
-        )?;
+        if j.status == JobStatus::Succeeded {
+            writeln!(
+                out,
+                "latency  {:.3} s   cost {}   perf/$ {:.1}",
+                j.latency_s,
+                usd(j.cost_usd),
+                j.perf_per_dollar
+            )?;
+        } else {
+            // Until it stopped; no Perf/$: a failed job's latency is not the job's.
+            writeln!(
+                out,
+                "latency  {:.3} s (until it stopped)   cost {}",
+                j.latency_s,
+                usd(j.cost_usd)
+            )?;
+        }
     }
     if !j.functions.is_empty() {
         writeln!(out, "\nFUNCTIONS")?;

@@ -195,6 +195,17 @@ pub fn pct(v: f64) -> String {
     }
 }
 
+/// A signed fraction as a percentage: `+12.0%`, `−3.5%`.
+pub fn signed_pct(v: f64) -> String {
+    if !v.is_finite() {
+        "-".into()
+    } else if v < 0.0 {
+        format!("\u{2212}{:.1}%", -v * 100.0)
+    } else {
+        format!("+{:.1}%", v * 100.0)
+    }
+}
+
 /// Unix milliseconds as UTC `2026-11-25 04:36:59`.
 pub fn time(ms: i64) -> String {
     let secs = ms.div_euclid(1000);

@@ -257,7 +257,8 @@ fn job_rows(jobs: &[JobRecord]) -> Vec<Vec<String>> {
                 } else {
                     "-".into()
                 },
-                if ended && s.perf_per_dollar > 0.0 {
+                // Perf/$ is a succeeded job's: a failed one's latency is not the job's.
+                if ended && s.status == JobStatus::Succeeded && s.perf_per_dollar > 0.0 {
                     html::num(s.perf_per_dollar)
                 } else {
                     "-".into()
@@ -1051,11 +1052,18 @@ fn job_body(v: &JobView) -> String {
     if ended && s.latency_s > 0.0 {
         let _ = write!(
             out,
-            "<dt>Latency</dt><dd>{}</dd><dt>Cost</dt><dd>{}</dd><dt>Perf/$</dt><dd>{}</dd>",
+            "<dt>Latency</dt><dd>{}</dd><dt>Cost</dt><dd>{}</dd>",
             html::secs(s.latency_s),
             html::usd(s.cost_usd),
-            html::num(s.perf_per_dollar)
         );
+        // Perf/$ is a succeeded job's: a failed one's latency is not the job's.
+        if s.status == JobStatus::Succeeded {
+            let _ = write!(
+                out,
+                "<dt>Perf/$</dt><dd>{}</dd>",
+                html::num(s.perf_per_dollar)
+            );
+        }
     }
     if let Some(e) = &s.error {
         let _ = write!(
@@ -1116,9 +1124,12 @@ fn job_body(v: &JobView) -> String {
             ("Cost", pred.cost_usd, s.cost_usd, html::usd),
             ("Perf/$", pred.perf_per_dollar, s.perf_per_dollar, html::num),
         ] {
-            let have = ended && measured > 0.0;
+            // A failed job measured no Perf/$ worth comparing.
+            let have =
+                ended && measured > 0.0 && (what != "Perf/$" || s.status == JobStatus::Succeeded);
+            // Signed: + the plan predicted more than the job measured, − less.
             let err = if have {
-                html::pct((p - measured).abs() / measured)
+                html::signed_pct((p - measured) / measured)
             } else {
                 "-".into()
             };
@@ -1131,7 +1142,12 @@ fn job_body(v: &JobView) -> String {
         }
         out.push_str(&html::table(
             "The plan's prediction at this input size, and what the job measured",
-            &["", "Predicted ", "Measured ", "Error "],
+            &[
+                "",
+                "Predicted ",
+                "Measured ",
+                "Error (predicted − measured) / measured ",
+            ],
             &rows,
         ));
     }
@@ -1649,6 +1665,29 @@ mod tests {
             mode_reason: None,
             slo: None,
         }
+    }
+
+    /// The job page: prediction errors signed, and Perf/$ only for a job that succeeded.
+    #[test]
+    fn a_jobs_page_signs_its_errors_and_gives_a_failed_job_no_perf_per_dollar() {
+        let view = |r: JobRecord| JobView {
+            summary: crate::http::api::job_view(r.clone()),
+            record: r,
+            dag: None,
+            logs: Vec::new(),
+            live: None,
+        };
+        // Predicted 1.5 s, measured 1.0 s: +50%; measured 3.0 s: −50%.
+        let over = job_body(&view(job("j-1", JobMode::Planned, 1.0, 3.0, None)));
+        assert!(over.contains("+50.0%"), "{over}");
+        assert!(over.contains("<dt>Perf/$</dt>"), "{over}");
+        let under = job_body(&view(job("j-2", JobMode::Planned, 3.0, 3.0, None)));
+        assert!(under.contains("\u{2212}50.0%"), "{under}");
+        let mut failed = job("j-3", JobMode::Planned, 3.0, 3.0, None);
+        failed.status = JobStatus::Failed;
+        let failed = job_body(&view(failed));
+        assert!(!failed.contains("<dt>Perf/$</dt>"), "{failed}");
+        assert!(failed.contains("<dt>Latency</dt>"), "{failed}");
     }
 
     /// The DAG page's section: measured quantiles over the planned jobs, how many ended within
