@@ -127,11 +127,8 @@ fn write_plan(title: &str, plan: &Plan, out: &mut dyn Write) -> std::io::Result<
             s.vms,
             s.per_vm,
             s.concurrent,
-            // The CPUs each instance is given (right-sizing): "2", "2.667".
-            format!("{:.3}", s.cores)
-                .trim_end_matches('0')
-                .trim_end_matches('.')
-                .to_owned(),
+            // The CPUs each instance is given (right-sizing).
+            crate::render::cpus(s.cores),
             if s.warm {
                 "warm"
             } else if s.prewarmed {

@@ -16,6 +16,14 @@ pub fn bytes(n: u64) -> String {
     format!("{n} B")
 }
 
+/// A number of CPUs as a plan gives them: `2`, `2.667`.
+pub fn cpus(c: f64) -> String {
+    format!("{c:.3}")
+        .trim_end_matches('0')
+        .trim_end_matches('.')
+        .to_owned()
+}
+
 pub fn usd(v: f64) -> String {
     format!("${v:.6}")
 }
@@ -464,15 +472,7 @@ pub fn plan(p: &serde_json::Value, indent: &str, out: &mut dyn Write) -> io::Res
             s(&st["per_vm"]),
             s(&st["concurrent"]),
             // The CPUs each instance is given (right-sizing).
-            st["cores"].as_f64().map_or_else(
-                || "-".into(),
-                |c| {
-                    format!("{c:.3}")
-                        .trim_end_matches('0')
-                        .trim_end_matches('.')
-                        .to_owned()
-                },
-            ),
+            st["cores"].as_f64().map_or_else(|| "-".into(), cpus),
             // Priced starting hot: the pool kept the function's containers warm.
             // or its containers started while its senders run.
             if st["warm"] == serde_json::Value::Bool(true) {

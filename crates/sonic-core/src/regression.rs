@@ -451,6 +451,20 @@ impl Cores {
         self.cold.is_empty() && self.hot.is_empty()
     }
 
+    /// Whether the runs were on at least two numbers of cores: only then can they tell the
+    /// share.
+    pub fn told_apart(&self) -> bool {
+        let mut ks: Vec<f64> = self
+            .cold
+            .iter()
+            .map(|r| r[3])
+            .chain(self.hot.iter().map(|r| r[2]))
+            .collect();
+        ks.sort_by(f64::total_cmp);
+        ks.dedup();
+        ks.len() >= 2
+    }
+
     /// A cold time measured on `cores` as a time on one core under share `parallel`: the cold
     /// start as it is, the rest scaled.
     fn cold_one(parallel: f64, y: f64, start: f64, cores: f64) -> f64 {
@@ -482,15 +496,7 @@ impl Cores {
     /// milliseconds run on 1 and 2 cores, got 0.65 from its noise before this rule). 0 where
     /// every run had the same cores (nothing tells the share apart).
     fn fit(&self, cold: &Model, hot: &Model) -> f64 {
-        let mut ks: Vec<f64> = self
-            .cold
-            .iter()
-            .map(|r| r[3])
-            .chain(self.hot.iter().map(|r| r[2]))
-            .collect();
-        ks.sort_by(f64::total_cmp);
-        ks.dedup();
-        if ks.len() < 2 {
+        if !self.told_apart() {
             return 0.0;
         }
         let floor = crate::mode::floor(Quantity::Time).max(1e-9);
@@ -1092,22 +1098,13 @@ impl DagModels {
             out.push(one(format!("{name}.overhead_hot_s"), &f.overhead_hot_s));
             out.push(one(format!("{name}.start_s"), &f.start_s));
             // Right-sizing: the parallel share, once runs on two numbers of cores tell it.
-            let mut ks: Vec<f64> = f
-                .cores
-                .cold
-                .iter()
-                .map(|r| r[3])
-                .chain(f.cores.hot.iter().map(|r| r[2]))
-                .collect();
-            ks.sort_by(f64::total_cmp);
-            ks.dedup();
             out.push(ModelSummary {
                 parameter: format!("{name}.parallel"),
                 equation: (!f.cores.is_empty()).then(|| format!("{}", f.cores.parallel)),
                 degree: None,
                 cv_mape: None,
                 samples: f.cores.cold.len() + f.cores.hot.len(),
-                converged: ks.len() >= 2,
+                converged: f.cores.told_apart(),
             });
         }
         for e in &self.edges {

@@ -345,11 +345,7 @@ impl<'a> Execution<'a> {
         // nothing from the stage's concurrency (every agent it lands on has at least two vCPUs
         // per instance of it there), the others one. Forced baselines keep one: what they
         // measure is the baseline.
-        let vcpus_of = |a: usize| {
-            let slot = agents.get(a)?;
-            let typed = rt.catalog.as_ref()?.vm_type(&slot.vm_type)?.vcpus;
-            Some(slot.vcpus.map_or(typed, |v| typed.min(v)))
-        };
+        let vcpus_of = |a: usize| agent_vcpus(rt.catalog.as_ref(), agents.get(a)?);
         let unforced = job.mode_reason.as_deref() != Some(&crate::learn::forced_unplanned(policy));
         let unplanned_cpus: Vec<f64> = fanouts
             .iter()
@@ -661,17 +657,13 @@ impl<'a> Execution<'a> {
         }
         // The CPUs it is given: the plan's (right-sizing), or the unplanned job's; never more
         // than its agent's VM type has.
-        let slot = agents.get(p.agent);
-        let vcpus = rt
-            .catalog
-            .as_ref()
-            .and_then(|c| c.vm_type(&slot?.vm_type))
-            .map_or(f64::INFINITY, |t| f64::from(t.vcpus.max(1)))
-            .min(
-                slot.and_then(|a| a.vcpus)
-                    .map_or(f64::INFINITY, |v| f64::from(v.max(1))),
-            );
-        let cpus = stage_cpus(alloc.as_ref(), i, unplanned_cpus).min(vcpus);
+        let cpus = instance_cpus(
+            rt.catalog.as_ref(),
+            alloc.as_ref(),
+            agents.get(p.agent),
+            i,
+            unplanned_cpus,
+        );
         p.request.cpus = cpus;
         progress.cpus.insert(i, cpus);
         let permit = match alloc {
@@ -738,9 +730,16 @@ impl<'a> Execution<'a> {
         let Some(report) = r.report.clone() else {
             return Ok(());
         };
-        progress
-            .cpus
-            .insert(i, stage_cpus(alloc.as_ref(), i, self_unplanned_cpus));
+        progress.cpus.insert(
+            i,
+            instance_cpus(
+                rt.catalog.as_ref(),
+                alloc.as_ref(),
+                agents.get(*a),
+                i,
+                self_unplanned_cpus,
+            ),
+        );
         let f = Finished {
             function: i,
             instance: k,
@@ -950,11 +949,21 @@ impl<'a> Execution<'a> {
     }
 }
 
-/// The CPUs each instance of stage `i` is given: its plan's `cores` for a planned job, else the
-/// unplanned job's.
-fn stage_cpus(alloc: Option<&Allocation>, i: usize, unplanned: f64) -> f64 {
+/// The CPUs an instance of stage `i` on `slot` is given: its plan's `cores` for a planned job,
+/// else the unplanned job's; never more than the agent's vCPUs ([`agent_vcpus`]).
+fn instance_cpus(
+    catalog: Option<&Catalog>,
+    alloc: Option<&Allocation>,
+    slot: Option<&AgentSlot>,
+    i: usize,
+    unplanned: f64,
+) -> f64 {
+    let most = slot
+        .and_then(|a| agent_vcpus(catalog, a))
+        .map_or(f64::INFINITY, |v| f64::from(v.max(1)));
     alloc
         .and_then(|a| a.cpus.get(i).copied())
         .unwrap_or(unplanned)
         .max(1.0)
+        .min(most)
 }

@@ -2411,6 +2411,13 @@ pub(crate) fn uncontended(r: &FunctionRun) -> (f64, Option<f64>) {
     }
 }
 
+/// An agent's vCPUs: its VM type's, at most what it registered (it refuses a run given more);
+/// `None` where the catalog does not know the type.
+pub(crate) fn agent_vcpus(catalog: Option<&Catalog>, slot: &AgentSlot) -> Option<u32> {
+    let typed = catalog?.vm_type(&slot.vm_type)?.vcpus;
+    Some(slot.vcpus.map_or(typed, |v| typed.min(v)))
+}
+
 /// The mean CPUs a function's runs had, where they say.
 fn mean_cpus(runs: &[&FunctionRun]) -> Option<f64> {
     let c: Vec<f64> = runs

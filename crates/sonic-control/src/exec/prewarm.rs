@@ -212,11 +212,8 @@ pub fn stage(
     alloc: Option<&Allocation>,
     delay: Duration,
 ) {
-    let vcpus = |agent: usize| {
-        let slot = ctx.agents.get(agent)?;
-        let typed = rt.catalog.as_ref()?.vm_type(&slot.vm_type)?.vcpus;
-        Some(slot.vcpus.map_or(typed, |v| typed.min(v)))
-    };
+    let vcpus =
+        |agent: usize| crate::exec::agent_vcpus(rt.catalog.as_ref(), ctx.agents.get(agent)?);
     let calls: Vec<(String, String, PrewarmRequest)> = targets(ctx, j, alloc, vcpus)
         .into_iter()
         .filter_map(|t| {

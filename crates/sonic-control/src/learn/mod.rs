@@ -1062,11 +1062,7 @@ pub fn measured_params(
     let parts: Vec<_> = at.iter().map(|s| sample_parts(s)).collect();
     // How much of each function's time spreads over the cores it is given, as every sample
     // tells it (the oracle knows this input's times, measured on the cores their plans gave).
-    let mut shares = DagModels::new(dag, Convergence::default(), 0);
-    for s in samples {
-        let (fs, es) = sample_parts(s);
-        let _ = shares.add_sample(s.input_bytes as f64, &fs, &es);
-    }
+    let shares = fit_all(dag, samples, Convergence::default());
     let mut params = Params::default();
     for f in &dag.functions {
         let pick = |get: &dyn Fn(&FunctionSample) -> Option<f64>| -> Vec<f64> {
