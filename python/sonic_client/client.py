@@ -372,7 +372,8 @@ class Client:
         contract of interfaces.md). With ``wait=False`` it returns once the job is accepted, with
         the submission's answer (``job_id``, ``status``). ``input``, ``params``, ``policy`` and
         ``key`` are :meth:`submit`'s, as are the other ``options`` (``input_name``,
-        ``input_key``, ``planned``, ``slo``, ``slo_best_effort``, ``progress``, ``timeout``).
+        ``input_key``, ``planned``, ``slo``, ``slo_best_effort``, ``revision``, ``progress``,
+        ``timeout``).
         :meth:`submit` returns a :class:`Job` handle instead.
         """
         job = self.submit(
@@ -399,6 +400,7 @@ class Client:
         planned: bool = False,
         slo: Optional[Mapping[str, float]] = None,
         slo_best_effort: bool = False,
+        revision: Optional[int] = None,
         progress: Optional[Progress] = None,
         timeout: Optional[float] = None,
     ) -> "Job":
@@ -411,7 +413,8 @@ class Client:
         instead. ``params`` overrides the DAG's parameters. ``policy`` forces ``remote``,
         ``direct``, ``local``, ``memory`` or ``sonic`` (default: the DAG's mode decides);
         ``planned`` places a forced baseline as the planner would. ``slo`` is a percentile
-        objective, ``{"percentile": 95, "latency_s": 20.0}``.
+        objective, ``{"percentile": 95, "latency_s": 20.0}``. ``revision`` runs that revision of
+        the DAG (:meth:`dag` lists them) instead of the one applied last.
 
         ``key`` is sent as the ``Idempotency-Key`` header (1 to 255 visible ASCII characters,
         else ValueError): submitting the DAG again with the
@@ -448,6 +451,8 @@ class Client:
             body["slo"] = dict(slo)
         if slo_best_effort:
             body["slo_best_effort"] = True
+        if revision is not None:
+            body["revision"] = int(revision)
         if key is not None and not (0 < len(key) <= 255 and all("!" <= c <= "~" for c in key)):
             raise ValueError(
                 "key (the Idempotency-Key): 1 to 255 visible ASCII characters (no spaces)"
@@ -493,6 +498,27 @@ class Client:
         """Cancels a queued or running job; it ends ``failed`` (``cancelled``). A job that already
         ended is a 400, an unknown one a 404."""
         return JobSummary.from_json(self._json("POST", f"/v1/jobs/{_quote(job_id)}/cancel")[1])
+
+    def retry(
+        self,
+        job_id: str,
+        *,
+        wait: bool = True,
+        progress: Optional[Progress] = None,
+        timeout: Optional[float] = None,
+    ) -> "Job":
+        """Runs a failed or cancelled job again under its id (``POST /v1/jobs/{id}/retry``): its
+        instances that succeeded before are not run again (``reused`` in the summary's
+        functions), its revision, parameters and input are its own. A job that has not failed,
+        or whose kept files were deleted (the control plane's ``keep_failed``), is a 409. With
+        ``wait=True`` it follows the job to its end (``job.summary``)."""
+        _, doc = self._json("POST", f"/v1/jobs/{_quote(job_id)}/retry")
+        if not isinstance(doc, dict) or doc.get("job_id") != job_id:
+            raise SonicError(None, f"unexpected answer to POST /v1/jobs/{job_id}/retry: {doc!r}")
+        job = Job(self, job_id, status=str(doc.get("status", "")))
+        if wait:
+            job.wait(progress=progress, timeout=timeout)
+        return job
 
     def events(
         self, job_id: str, *, read_timeout: float = _EVENT_READ_TIMEOUT

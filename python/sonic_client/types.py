@@ -91,6 +91,9 @@ class FunctionRun:
     ended_s: Optional[float] = None
     #: The CPUs the instance was given (its plan's ``cores``).
     cpus: Optional[float] = None
+    #: A retried job's instance that had succeeded before the retry: not run again, its outputs
+    #: reused (its times are those of its earlier run).
+    reused: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -108,6 +111,7 @@ class FunctionRun:
             started_s=_of(doc, "started_s"),
             ended_s=_of(doc, "ended_s"),
             cpus=_of(doc, "cpus"),
+            reused=bool(doc.get("reused", False)),
             raw=doc,
         )
 
@@ -151,6 +155,8 @@ class JobSummary:
     ended_ms: Optional[int] = None
     #: The DAG's bounds the job missed, in words (it succeeded, but not within them).
     bounds_missed: List[str] = field(default_factory=list)
+    #: The revision of its DAG the job runs (kept through resume and retry).
+    dag_revision: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -196,6 +202,7 @@ class JobSummary:
             started_ms=_oi(doc, "started_ms"),
             ended_ms=_oi(doc, "ended_ms"),
             bounds_missed=[b for b in _list(doc, "bounds_missed") if isinstance(b, str)],
+            dag_revision=_oi(doc, "dag_revision"),
             raw=doc,
         )
 

@@ -298,6 +298,41 @@ def test_cancel_a_running_job(client: sonic.Client) -> None:
     assert e.value.status == 400 and "already failed" in e.value.message
 
 
+def test_a_cancelled_job_retried_reuses_what_succeeded(client: sonic.Client) -> None:
+    dag = (
+        sonic.Dag(name("again"))
+        .function("first", image=IMAGE, command=["synthetic", "copy", "--to", "nap"], timeout=60)
+        .function(
+            "nap", image=IMAGE, command=["synthetic", "run", "--sleep-ms", "60000"], timeout=120
+        )
+        .edge("first", "nap")
+    )
+    client.apply(dag)
+    job = client.submit(dag, input=b"some input")
+    # Cancelled once `first` succeeded (and `nap` runs).
+    for ev in client.events(job.id):
+        if ev.done_instances >= 1 or ev.ended:
+            break
+    job.cancel()
+    s = job.wait(timeout=60)
+    assert s.status == "failed", s
+    assert [(f.name, f.reused) for f in s.functions] == [("first", False)], s
+    # Queued again under its id; `first` is restored, not run again; `nap` is cancelled again.
+    retried = client.retry(job.id, wait=False)
+    assert retried.id == job.id
+    for ev in client.events(job.id):
+        if ev.done_instances >= 1 or ev.ended:
+            break
+    job.cancel()
+    s = job.wait(timeout=60)
+    assert s.status == "failed", s
+    assert [(f.name, f.reused) for f in s.functions] == [("first", True)], s
+    assert s.dag_revision == 1, s
+    with pytest.raises(sonic.SonicError) as e:
+        client.retry("j-0000000000000000")
+    assert e.value.status == 404
+
+
 def test_wait_times_out_while_the_job_goes_on(client: sonic.Client) -> None:
     dag = sonic.Dag(name("slow")).function(
         "slow", image=IMAGE, command=["synthetic", "run", "--sleep-ms", "60000"], timeout=120

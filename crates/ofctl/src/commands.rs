@@ -54,6 +54,7 @@ pub async fn run(
             key,
             slo,
             slo_best_effort,
+            revision,
             wait,
         } => {
             let req = JobRequest {
@@ -65,6 +66,7 @@ pub async fn run(
                 key,
                 slo,
                 slo_best_effort,
+                revision,
             };
             let accepted = submit(client, &req).await?;
             let id = accepted["job_id"]
@@ -82,36 +84,71 @@ pub async fn run(
                     }
                 };
             }
-            let mut progress = Progress::new();
-            let summary = wait_job(client, &id, &mut progress).await?;
-            drop(progress);
-            let s: JobSummary = typed("GET /v1/jobs/{id}", &summary)?;
-            match output {
-                Output::Json => print_json(out, &summary)?,
-                Output::Table => {
-                    render::job(&s, out)?;
-                    render::job_plan(&summary, out)?;
-                }
+            follow(client, id, output, out).await
+        }
+        Command::Retry { job, wait } => {
+            let v: Value = client
+                .post_empty(&format!("/v1/jobs/{}/retry", encode(&job)))
+                .await?;
+            if !wait {
+                return match output {
+                    Output::Json => print_json(out, &v),
+                    Output::Table => {
+                        eprintln!(
+                            "job {job} queued again: what succeeded before is reused; follow it with `ofctl describe job {job}`"
+                        );
+                        Ok(writeln!(out, "{job}")?)
+                    }
+                };
             }
-            if s.status == JobStatus::Failed {
-                return Err(JobFailed {
-                    job_id: id,
-                    error: s.error.unwrap_or_else(|| "no reason given".into()),
-                }
-                .into());
-            }
-            Ok(())
+            follow(client, job, output, out).await
         }
         Command::Get {
-            kind,
+            kind: Kind::Dag,
+            name,
+            revision,
             dag,
             status,
             limit,
         } => {
+            let Some(name) = name else {
+                return Err(crate::UsageError("get dag NAME: name the DAG".into()).into());
+            };
+            if dag.is_some() || status.is_some() || limit.is_some() {
+                return Err(crate::UsageError(
+                    "--dag, --status and --limit filter `get jobs` only".into(),
+                )
+                .into());
+            }
+            let mut path = format!("/v1/dags/{}", encode(&name));
+            if let Some(r) = revision {
+                path.push_str(&format!("?revision={r}"));
+            }
+            let v: Value = client.get(&path).await?;
+            match output {
+                Output::Json => print_json(out, &v),
+                Output::Table => Ok(render::dag(&typed("GET /v1/dags/{name}", &v)?, out)?),
+            }
+        }
+        Command::Get {
+            kind,
+            name,
+            revision,
+            dag,
+            status,
+            limit,
+        } => {
+            if name.is_some() || revision.is_some() {
+                return Err(crate::UsageError(
+                    "a name and --revision go with `get dag NAME` only".into(),
+                )
+                .into());
+            }
             let (path, what) = match kind {
                 Kind::Dags => ("/v1/dags", "GET /v1/dags"),
                 Kind::Jobs => ("/v1/jobs", "GET /v1/jobs"),
                 Kind::Agents => ("/v1/agents", "GET /v1/agents"),
+                Kind::Dag => unreachable!("`get dag` is answered above"),
             };
             let mut query = Vec::new();
             if let Some(d) = &dag {
@@ -144,6 +181,7 @@ pub async fn run(
                 (Output::Table, Kind::Agents) => {
                     Ok(render::agents(&typed::<AgentList>(what, &v)?, out)?)
                 }
+                (Output::Table, Kind::Dag) => unreachable!("`get dag` is answered above"),
             }
         }
         Command::Describe {
@@ -358,6 +396,34 @@ pub async fn fetch(client: &Client, job: &str, to: &Path) -> anyhow::Result<Vec<
         fetched.push(json!({ "output": output, "path": dest, "bytes": n }));
     }
     Ok(fetched)
+}
+
+/// Follows job `id` to its end and prints its summary; a failed job is an error naming why.
+async fn follow(
+    client: &Client,
+    id: String,
+    output: Output,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let mut progress = Progress::new();
+    let summary = wait_job(client, &id, &mut progress).await?;
+    drop(progress);
+    let s: JobSummary = typed("GET /v1/jobs/{id}", &summary)?;
+    match output {
+        Output::Json => print_json(out, &summary)?,
+        Output::Table => {
+            render::job(&s, out)?;
+            render::job_plan(&summary, out)?;
+        }
+    }
+    if s.status == JobStatus::Failed {
+        return Err(JobFailed {
+            job_id: id,
+            error: s.error.unwrap_or_else(|| "no reason given".into()),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

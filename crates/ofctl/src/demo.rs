@@ -405,6 +405,7 @@ async fn run_job(
         })
     };
     let req = JobRequest {
+        revision: None,
         dag: app.name.into(),
         input,
         params: Vec::new(),

@@ -95,6 +95,8 @@ pub enum Kind {
     Dags,
     Jobs,
     Agents,
+    /// One DAG (`get dag NAME`): its revisions and its file.
+    Dag,
 }
 
 /// What `ofctl describe` shows.
@@ -269,6 +271,10 @@ pub enum Command {
         /// percentile latency instead of refusing the job.
         #[arg(long)]
         slo_best_effort: bool,
+        /// Run this revision of the DAG (`ofctl get dag NAME` lists them) instead of the one
+        /// applied last; the job keeps it through resume and retry.
+        #[arg(long)]
+        revision: Option<u64>,
         /// Follow the job to its end and print its summary.
         #[arg(long)]
         wait: bool,
@@ -277,6 +283,11 @@ pub enum Command {
     Get {
         #[arg(value_enum)]
         kind: Kind,
+        /// `get dag`: the DAG's name.
+        name: Option<String>,
+        /// `get dag`: show this revision's file (default: the one applied last).
+        #[arg(long)]
+        revision: Option<u64>,
         /// `get jobs`: only this DAG's.
         #[arg(long)]
         dag: Option<String>,
@@ -314,6 +325,14 @@ pub enum Command {
     },
     /// Cancel a queued or running job (it ends `failed`, with the reason `cancelled`).
     Cancel { job: String },
+    /// Run a failed or cancelled job again under its id: its instances that succeeded are not
+    /// run again, their outputs are reused (`reused` in the summary).
+    Retry {
+        job: String,
+        /// Follow the job to its end and print its summary.
+        #[arg(long)]
+        wait: bool,
+    },
     /// Delete a DAG's definition (its jobs, samples and models stay).
     Delete {
         #[arg(value_enum)]

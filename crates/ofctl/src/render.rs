@@ -101,6 +101,31 @@ pub fn dags(list: &DagList, out: &mut dyn Write) -> io::Result<()> {
     t.write("", out)
 }
 
+/// One DAG (`get dag NAME`): which revision this is of those kept, and its file as applied.
+pub fn dag(d: &sonic_api::control::DagDetail, out: &mut dyn Write) -> io::Result<()> {
+    let s = &d.summary;
+    let revisions: Vec<String> = d.revisions.iter().map(u64::to_string).collect();
+    writeln!(out, "dag:        {}", s.name)?;
+    writeln!(
+        out,
+        "revision:   {} (kept: {})",
+        s.revision,
+        if revisions.is_empty() {
+            "-".into()
+        } else {
+            revisions.join(", ")
+        }
+    )?;
+    writeln!(out, "functions:  {}", s.functions.join(", "))?;
+    writeln!(out, "applied:    {} UTC", utc(s.updated_at_ms))?;
+    writeln!(out, "---")?;
+    write!(out, "{}", d.yaml)?;
+    if !d.yaml.ends_with('\n') {
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
 /// Unix milliseconds as a UTC time to the second (`2026-12-02 13:05:01`).
 fn utc(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms).map_or_else(
@@ -188,7 +213,10 @@ pub fn agents(list: &AgentList, out: &mut dyn Write) -> io::Result<()> {
 /// One job: its measures, functions, edges and outputs.
 pub fn job(j: &JobSummary, out: &mut dyn Write) -> io::Result<()> {
     writeln!(out, "job      {}", j.job_id)?;
-    writeln!(out, "dag      {}", j.dag)?;
+    match j.dag_revision {
+        Some(r) => writeln!(out, "dag      {} (revision {r})", j.dag)?,
+        None => writeln!(out, "dag      {}", j.dag)?,
+    }
     if j.bounds_missed.is_empty() {
         writeln!(out, "status   {}", j.status)?;
     } else {
@@ -253,10 +281,27 @@ pub fn job(j: &JobSummary, out: &mut dyn Write) -> io::Result<()> {
                 format!("{:.3}", f.seconds),
                 f.peak_memory_mb
                     .map_or_else(|| "-".into(), |m| format!("{m:.0} MB")),
-                f.attempts.to_string(),
+                if f.reused {
+                    format!("{} (reused)", f.attempts)
+                } else {
+                    f.attempts.to_string()
+                },
             ]);
         }
         t.write("  ", out)?;
+        let reused = j.functions.iter().filter(|f| f.reused).count();
+        if reused > 0 {
+            let saved: f64 = j
+                .functions
+                .iter()
+                .filter(|f| f.reused)
+                .map(|f| f.seconds)
+                .sum();
+            writeln!(
+                out,
+                "  {reused} instance(s) reused from before the retry, not run again ({saved:.3} s of lambda time they took then)"
+            )?;
+        }
     }
     if !j.edges.is_empty() {
         writeln!(out, "\nEDGES")?;

@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -440,16 +441,39 @@ async fn stop_run(
     }
 }
 
+/// `DELETE /v1/jobs/{id}?keep=files`: the job's runs stop and are forgotten, its files stay (a
+/// failed job kept for a retry, which reuses what its succeeded runs wrote).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteJobQuery {
+    keep: Option<String>,
+}
+
 async fn delete_job(
     State(state): State<Arc<AgentState>>,
     Path(job_id): Path<String>,
+    query: Result<Query<DeleteJobQuery>, QueryRejection>,
 ) -> Result<StatusCode, ApiError> {
     let job = JobId::parse(&job_id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let keep_files = match q.keep.as_deref() {
+        None => false,
+        Some("files") => true,
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "keep: only `files` can be kept, not {other:?}"
+            )));
+        }
+    };
     // Its runs still going on (a cancelled job, an abandoned execution) stop first.
     let prefix = format!("{job_id}.");
     let stopped = state.stop_runs(|id| id.starts_with(&prefix));
     if stopped > 0 {
         tracing::info!(job = %job_id, runs = stopped, "stopped the job's runs");
+    }
+    if keep_files {
+        state.runs().retain(|id, _| !id.starts_with(&prefix));
+        return Ok(StatusCode::NO_CONTENT);
     }
     let files = state.files.clone();
     let result = tokio::task::spawn_blocking(move || files.delete_job(&job)).await;

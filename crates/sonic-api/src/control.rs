@@ -68,6 +68,10 @@ pub struct DagDetail {
     pub yaml: String,
     /// The checked DAG (`sonic_core::dag::Dag` as JSON).
     pub parsed: serde_json::Value,
+    /// Every revision kept, in order (`GET /v1/dags/{name}?revision=N` shows one); the
+    /// summary's `revision` is the one shown.
+    #[serde(default)]
+    pub revisions: Vec<u64>,
 }
 
 /// The 400 answer to a DAG file that is not valid: where and why.
@@ -254,6 +258,11 @@ pub struct FunctionRun {
     /// When its report came back, in seconds since the job started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_s: Option<f64>,
+    /// A retried job's instance that succeeded before the retry and was not run again: its
+    /// outputs were reused, its times are those of its earlier run, and it cost nothing now
+    /// (interfaces.md §7).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reused: bool,
 }
 
 /// A stage's inputs fetched onto one agent before the stage's first batch there (the receiving
@@ -341,6 +350,10 @@ pub struct JobSummary {
     /// max_latency 10 s`): it succeeded, but not within them. Empty when it met them or has none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bounds_missed: Vec<String>,
+    /// The revision of its DAG the job ran, kept through resume and retry whatever was applied
+    /// since (absent for jobs recorded before revisions were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dag_revision: Option<u64>,
 }
 
 /// Which of the planner's plans a job ran (`best`, `second_best`, `none` on the wire).
@@ -741,6 +754,9 @@ pub struct SubmitJob {
     /// percentile latency instead of refusing the job.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub slo_best_effort: bool,
+    /// Runs this revision of the DAG instead of the one applied last (`ofctl run --revision`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
 }
 
 /// A submission's objective, checked as it is read (a percentile from 50 to 99.9, a latency

@@ -46,6 +46,8 @@ pub struct JobRequest {
     pub slo: Option<sonic_core::slo::Slo>,
     /// Where no plan meets the objective, run the fastest instead of refusing the job.
     pub slo_best_effort: bool,
+    /// Run this revision of the DAG rather than the one applied last.
+    pub revision: Option<u64>,
 }
 
 /// A name the control plane accepts under `input/`: letters, digits, `.`, `_`, `-`.
@@ -106,6 +108,7 @@ pub async fn submit(client: &Client, req: &JobRequest) -> anyhow::Result<Value> 
         planned: req.planned,
         slo: req.slo,
         slo_best_effort: req.slo_best_effort,
+        revision: req.revision,
     };
     let v: Value = client
         .post_keyed("/v1/jobs", &body, req.key.as_deref())

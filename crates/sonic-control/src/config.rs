@@ -75,6 +75,10 @@ pub struct ControlConfig {
     /// (`executor_nice: null`): on the API's threads. Default 10. `ofctl up` runs without it:
     /// there the lambdas share the control plane's cores and would delay the executions.
     pub executor_nice: Option<u8>,
+    /// How long a failed or cancelled job keeps what `ofctl retry` reuses (its succeeded
+    /// instances' files on the agents, in the store and the memory tier) before it is deleted
+    /// (`24h`, `30m`, ...; `0s`: deleted when the job fails). Default a day, at most 30 days.
+    pub keep_failed: Seconds,
 }
 
 /// The OpenLambda listener's settings (`openlambda:` in the file, `--openlambda ADDR`).
@@ -306,6 +310,7 @@ impl Default for ControlConfig {
             openlambda: None,
             dilation: 1.0,
             executor_nice: Some(DEFAULT_EXECUTOR_NICE),
+            keep_failed: Seconds(crate::exec::DEFAULT_KEEP_FAILED.as_secs_f64()),
         }
     }
 }
@@ -341,6 +346,7 @@ impl std::fmt::Debug for ControlConfig {
             .field("prewarm", &self.prewarm)
             .field("openlambda", &self.openlambda)
             .field("dilation", &self.dilation)
+            .field("keep_failed", &self.keep_failed)
             .field("executor_nice", &self.executor_nice)
             .finish()
     }
@@ -438,6 +444,9 @@ pub struct ControlArgs {
     /// Run job executions on threads this much nicer than the API's (0 to 19; default 10).
     #[arg(long, env = "SONIC_EXECUTOR_NICE")]
     pub executor_nice: Option<u8>,
+    /// How long a failed job keeps what a retry reuses, e.g. 24h (0s: nothing).
+    #[arg(long, env = "SONIC_KEEP_FAILED")]
+    pub keep_failed: Option<Seconds>,
     /// How log lines are written: text, or json (one object per line, with the job's and the
     /// run's spans).
     #[arg(long, env = "SONIC_LOG_FORMAT", default_value = "text")]
@@ -492,6 +501,7 @@ impl ControlConfig {
             .set("openlambda.worker_config", a.openlambda_config.as_ref())
             .set("dilation", a.dilation)
             .set("executor_nice", a.executor_nice)
+            .set("keep_failed", a.keep_failed)
             .extract()?;
         cfg.check()?;
         Ok(cfg)
@@ -535,6 +545,12 @@ impl ControlConfig {
             return Err(ConfigError::Invalid(format!(
                 "executor_nice must be from 0 to 19 (or null: no executor of its own), not {n}"
             )));
+        }
+        let t = self.keep_failed.0;
+        if !(t.is_finite() && (0.0..=30.0 * 86_400.0).contains(&t)) {
+            return Err(ConfigError::Invalid(
+                "keep_failed must be from 0s to 30 days".into(),
+            ));
         }
         let t = self.plan_budget.0;
         if !(t.is_finite() && t > 0.0 && t <= 3_600.0) {
@@ -619,6 +635,11 @@ impl ControlConfig {
             max_memory_bytes: Some(self.plan_memory.0),
             max_expansions: None,
         }
+    }
+
+    /// How long a failed job keeps what a retry reuses.
+    pub fn keep_failed(&self) -> Duration {
+        Duration::from_secs_f64(self.keep_failed.0.max(0.0))
     }
 
     /// How long an agent stays alive after its last heartbeat.

@@ -379,6 +379,7 @@ mod tests {
         }
         assert_eq!(m.registry().value(&INSTANCES_QUEUED, &[]), 0.0);
         let run = |cold| FunctionRun {
+            reused: false,
             cpus: None,
             name: "gen".into(),
             instance: 0,
@@ -393,7 +394,7 @@ mod tests {
             started_s: Some(0.0),
             ended_s: Some(1.0),
         };
-        let summary = JobSummary { bounds_missed: Vec::new(),
+        let summary = JobSummary { dag_revision: None, bounds_missed: Vec::new(),
             job_id: "j-1".into(),
             dag: "fan".into(),
             status: JobStatus::Succeeded,

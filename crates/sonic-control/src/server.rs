@@ -200,6 +200,7 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
     jobs.planning = config.plan_budget();
     jobs.prewarm = config.prewarm;
     jobs.dilation = config.dilation;
+    jobs.keep_failed = config.keep_failed();
     tracing::info!(store = %choice.describe(), "object store open");
     let runtime = Runtime::new(store, Some(catalog), jobs).with_http(http);
     Ok(match config.executor_nice {
@@ -287,6 +288,10 @@ pub async fn start_with_jobs(
                 tracing::error!(error = %e, "cannot read the DAGs: their triggers are not scheduled")
             }
         }
+    }
+    // Failed jobs keep what a retry reuses for a while; then it goes.
+    if let Some(rt) = &state.jobs {
+        crate::exec::spawn_sweeper(state.ctx.clone(), rt.clone());
     }
     // Jobs a previous process was running go on from what it recorded.
     if let Some(rt) = &state.jobs {

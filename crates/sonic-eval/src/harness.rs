@@ -450,6 +450,7 @@ mod tests {
 
     fn run(agent: &str, started: f64, ended: f64) -> FunctionRun {
         FunctionRun {
+            reused: false,
             cpus: None,
             name: "f".into(),
             instance: 0,

@@ -619,6 +619,7 @@ struct Job<'a> {
 
 async fn run_job(client: &Client, job: Job<'_>) -> anyhow::Result<JobSummary> {
     let req = JobRequest {
+        revision: None,
         dag: job.dag.into(),
         input: job.input,
         params: job.params,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use sonic_testkit::lambda_dir;
 
 const FAN: &str = r#"
@@ -297,6 +297,26 @@ fn a_user_session_against_ofctl_up() {
             .iter()
             .any(|d| d["name"] == "fan")
     );
+    // get dag NAME: its revision and the revisions kept (interfaces.md section 7), its file.
+    assert_eq!(summary["dag_revision"], 1, "{summary}");
+    let one = up.ofctl(&["get", "dag", "fan", "-o", "json"]).json();
+    assert_eq!(
+        (&one["revision"], &one["revisions"]),
+        (&json!(1), &json!([1])),
+        "{one}"
+    );
+    let r = up.ofctl(&["get", "dag", "fan"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("revision:   1 (kept: 1)"), "{r:?}");
+    assert!(r.stdout.contains(FAN.trim()), "the file as applied: {r:?}");
+    let r = up.ofctl(&["get", "dag", "fan", "--revision", "7"]);
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.stderr.contains("no dag named fan with a revision 7"),
+        "{r:?}"
+    );
+    let r = up.ofctl(&["get", "dag"]);
+    assert_eq!(r.code, 2, "a usage error: {r:?}");
     let jobs = up.ofctl(&["get", "jobs", "-o", "json"]).json();
     assert!(
         jobs["jobs"]
@@ -616,6 +636,35 @@ fn cancel_delete_and_open() {
     let again = up.ofctl(&["cancel", &job]);
     assert!(again.refused().contains("already failed"), "{again:?}");
     assert!(up.ofctl(&["cancel", "j-0000"]).refused().contains("j-0000"));
+
+    // retry: the cancelled job is queued again under its id (printed bare), and can be
+    // cancelled again; a job that has not failed cannot be retried (exit 1).
+    let wait_end = |job: &str| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let v = up.ofctl(&["describe", "job", job, "-o", "json"]).json();
+            if v["status"] == "failed" || v["status"] == "succeeded" {
+                break v;
+            }
+            assert!(Instant::now() < deadline, "the job did not end: {v}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let retried = up.ofctl(&["retry", &job]);
+    assert_eq!(
+        (retried.code, retried.stdout.trim()),
+        (0, job.as_str()),
+        "{retried:?}"
+    );
+    let again = up.ofctl(&["retry", &job]);
+    assert!(
+        again.refused().contains("only a failed or cancelled job"),
+        "{again:?}"
+    );
+    assert_eq!(up.ofctl(&["cancel", &job]).code, 0);
+    let ended = wait_end(&job);
+    assert_eq!(ended["status"], "failed", "{ended}");
+    assert_eq!(up.ofctl(&["retry"]).code, 2);
 
     // delete dag: gone from the list; its job stays; a second delete is refused.
     let deleted = up.ofctl(&["delete", "dag", "slow", "-o", "json"]).json();

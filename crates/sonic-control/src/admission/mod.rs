@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::exec::requests::{JobInputFile, Policy};
 use crate::exec::{Context, Runtime};
 use crate::learn::{PlanFailure, Planned};
-use crate::store::{Db, JobRecord, StoreError};
+use crate::store::{Db, JobRecord, Retry, StoreError};
 
 /// Why a submission (or a cancel) was refused.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +34,9 @@ pub enum AdmitError {
     /// Well-formed, but no plan meets the DAG's bounds (or the planning budget).
     #[error("{0}")]
     Infeasible(String),
+    /// The job is not in a state the request needs (a retry of a job that has not failed).
+    #[error("{0}")]
+    Conflict(String),
     /// This control plane runs no jobs (it has no object store).
     #[error("{0}")]
     NoJobs(String),
@@ -293,10 +296,10 @@ async fn choose(
 pub async fn plan_again(ctx: &Context, job: &JobRecord) -> Result<Planned, String> {
     let parsed = ctx
         .db
-        .parsed_dag(&job.dag)
+        .parsed_dag_at(&job.dag, job.dag_revision)
         .await
         .map_err(|e| format!("database: {e}"))?
-        .ok_or_else(|| format!("dag {} no longer exists", job.dag))?;
+        .ok_or_else(|| job.dag_missing())?;
     // Planned again for the objective it was submitted with.
     let dag = &sonic_core::dag::Dag {
         slo: job.slo,
@@ -479,6 +482,20 @@ pub async fn submit_keyed(
     )
     .await?
     .ok_or_else(|| AdmitError::NotFound(format!("no dag named {dag_name}")))?;
+    // An older revision, when asked for: the DAG must still be registered.
+    let parsed = match req.revision {
+        Some(r) if r != parsed.revision => ctx
+            .db
+            .parsed_dag_at(&dag_name, Some(r))
+            .await?
+            .ok_or_else(|| {
+                AdmitError::NotFound(format!(
+                    "dag {dag_name} has no revision {r} (its revision now is {})",
+                    parsed.revision
+                ))
+            })?,
+        _ => parsed,
+    };
     // The job's percentile objective: its own, else its DAG's; best effort if either says so.
     let slo = Objective {
         slo: req.slo,
@@ -605,6 +622,8 @@ pub async fn submit_keyed(
         plan: choice.plan,
         mode_reason: Some(choice.reason.clone()),
         slo: dag.slo,
+        dag_revision: Some(parsed.revision),
+        retried_ms: None,
     };
     let stored = record.clone();
     let owned_key = key.map(str::to_owned);
@@ -695,6 +714,43 @@ pub async fn cancel(ctx: &Context, id: String) -> Result<JobRecord, AdmitError> 
         .await?
         .ok_or_else(|| AdmitError::Internal("job vanished".into()))?;
     Ok(job)
+}
+
+/// Queues failed (or cancelled) job `id` again under its id (`ofctl retry`): it runs from what it
+/// kept, its succeeded instances restored and not run again, with the revision, parameters,
+/// policy and input it had; a planned job is planned again for its placement.
+pub async fn retry(ctx: &Arc<Context>, id: String) -> Result<JobAccepted, AdmitError> {
+    let rt = ctx.jobs.clone().ok_or_else(|| {
+        AdmitError::NoJobs("this control plane runs no jobs: it has no object store".into())
+    })?;
+    let now = ctx.clock.now_ms();
+    let target = id.clone();
+    let retried = ctx.db.commit(move |w| w.retry_job(&target, now)).await?;
+    let (job, reused) = match retried {
+        Retry::Queued { job, reused } => (*job, reused),
+        Retry::NotFound => return Err(AdmitError::NotFound(format!("no job {id}"))),
+        Retry::NotFailed(status) => {
+            return Err(AdmitError::Conflict(format!(
+                "job {id} is {status}: only a failed or cancelled job can be retried"
+            )));
+        }
+        Retry::NothingKept => {
+            return Err(AdmitError::Conflict(format!(
+                "job {id} cannot be retried: what it kept was deleted (a failed job keeps its files for the control plane's keep_failed); submit it again"
+            )));
+        }
+    };
+    tracing::info!(job = %id, reused, "job retried");
+    let cancel = rt.register(&job.id);
+    let span = tracing::info_span!(parent: None, "job", job = %job.id, dag = %job.dag, policy = %job.policy);
+    rt.spawn_job(tracing::Instrument::instrument(
+        resume(ctx.clone(), rt.clone(), job, cancel),
+        span,
+    ));
+    Ok(JobAccepted {
+        job_id: id,
+        status: JobStatus::Queued,
+    })
 }
 
 /// The record of job `id`, or [`AdmitError::NotFound`].

@@ -113,6 +113,7 @@ pub fn key_of(at: SystemTime) -> String {
 async fn fire(ctx: Weak<Context>, dag: String, at: SystemTime) {
     let Some(ctx) = ctx.upgrade() else { return };
     let req = sonic_api::control::SubmitJob {
+        revision: None,
         dag: dag.clone(),
         input: None,
         params: serde_json::Map::new(),
@@ -206,6 +207,7 @@ async fn look_once(ctx: &Arc<Context>, dag: &str, prefix: &str) -> Result<(), St
         .map_err(|e| e.to_string())?;
     for key in keys.into_iter().filter(|k| !seen.contains(k)) {
         let req = sonic_api::control::SubmitJob {
+            revision: None,
             dag: dag.to_owned(),
             input: Some(sonic_api::control::JobInput {
                 name: Some(input_name(&key)),

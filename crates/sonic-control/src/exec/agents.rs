@@ -93,16 +93,27 @@ pub trait AgentClient: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, Result<RunReport, AgentError>>;
 
     /// Stops a job's runs on the agent and deletes its files there (`DELETE /v1/jobs/{id}`),
-    /// waiting at most `timeout` when given.
+    /// or with [`Clearing::RunsOnly`] keeps its files (`?keep=files`: a failed job kept for a
+    /// retry), waiting at most `timeout` when given.
     fn clear_job<'a>(
         &'a self,
         agent: &'a AgentSlot,
         job: &'a str,
         timeout: Option<Duration>,
+        clearing: Clearing,
     ) -> BoxFuture<'a, Result<(), AgentError>>;
 
     /// Whether the agent answers `GET /v1/health` within `timeout`.
     fn healthy<'a>(&'a self, agent: &'a AgentSlot, timeout: Duration) -> BoxFuture<'a, bool>;
+}
+
+/// What [`AgentApi::clear_job`] removes of a job on an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clearing {
+    /// Its runs and its files.
+    Everything,
+    /// Its runs only: its files stay for a retry to reuse.
+    RunsOnly,
 }
 
 /// Agents over HTTP, with the agents' bearer token.
@@ -220,11 +231,16 @@ impl AgentClient for HttpAgents {
         agent: &'a AgentSlot,
         job: &'a str,
         timeout: Option<Duration>,
+        clearing: Clearing,
     ) -> BoxFuture<'a, Result<(), AgentError>> {
         Box::pin(async move {
+            let query = match clearing {
+                Clearing::Everything => "",
+                Clearing::RunsOnly => "?keep=files",
+            };
             let mut req = self
                 .http
-                .delete(format!("{}/v1/jobs/{job}", base(agent)))
+                .delete(format!("{}/v1/jobs/{job}{query}", base(agent)))
                 .bearer_auth(&self.token);
             if let Some(t) = timeout {
                 req = req.timeout(t);
@@ -400,13 +416,16 @@ impl AgentClient for MemoryAgents {
         agent: &'a AgentSlot,
         job: &'a str,
         _timeout: Option<Duration>,
+        clearing: Clearing,
     ) -> BoxFuture<'a, Result<(), AgentError>> {
         Box::pin(async move {
             let mut s = self.lock();
             if s.down.contains(&agent.id) {
                 return Err(AgentError::unreachable(agent, "connection refused"));
             }
-            s.cleared.push((agent.id.clone(), job.to_owned()));
+            if clearing == Clearing::Everything {
+                s.cleared.push((agent.id.clone(), job.to_owned()));
+            }
             s.runs.retain(|id, _| !id.starts_with(&format!("{job}.")));
             Ok(())
         })

@@ -127,13 +127,13 @@ impl<'a> Execution<'a> {
         let timeout = state.heartbeat_timeout;
         // The DAG as it is now (kept parsed: no blocking thread), the agents from their rows.
         let (parsed, agents) = tokio::join!(
-            state.db.parsed_dag(&job.dag),
+            state.db.parsed_dag_at(&job.dag, job.dag_revision),
             state.db.run(|db| db.list_agents())
         );
         let agents = agents.map_err(|e| format!("database: {e}"))?;
         let mut dag = parsed
             .map_err(|e| format!("database: {e}"))?
-            .ok_or_else(|| format!("dag {} no longer exists", job.dag))?
+            .ok_or_else(|| job.dag_missing())?
             .dag
             .clone();
         // Planned (and re-planned under the pool's limits) for the job's own objective, not
@@ -740,6 +740,14 @@ impl<'a> Execution<'a> {
                 self_unplanned_cpus,
             ),
         );
+        // Succeeded before the job's retry: reused, it takes no time and no VM of this try
+        // (its report keeps what it measured then).
+        let ended_ms = r.ended_ms.unwrap_or(r.started_ms);
+        let reused = job.retried_ms.is_some_and(|t| ended_ms <= t);
+        let (started, ended) = match (reused, progress.origin) {
+            (true, Some(origin)) => (origin, origin),
+            _ => (instant_at(state, r.started_ms), instant_at(state, ended_ms)),
+        };
         let f = Finished {
             function: i,
             instance: k,
@@ -747,9 +755,10 @@ impl<'a> Execution<'a> {
             vm: alloc.as_ref().map_or(0, |al| planned_vm(dag, al, i, vm)),
             report,
             attempts: attempt,
-            started: instant_at(state, r.started_ms),
-            ended: instant_at(state, r.ended_ms.unwrap_or(r.started_ms)),
+            started,
+            ended,
             fetch: None,
+            reused,
         };
         let ended = succeed(
             state, rt, &job.id, dag, agents, execution, f, progress, produced,
@@ -832,6 +841,7 @@ impl<'a> Execution<'a> {
                     started: first.0,
                     ended,
                     fetch: a.fetch,
+                    reused: false,
                 };
                 // The instance's files are recorded before any instance that reads them starts.
                 let ended = succeed(

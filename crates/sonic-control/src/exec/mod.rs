@@ -57,6 +57,12 @@ use sonic_core::machine::{
 /// The reason a job that was running when the control plane stopped is failed with.
 pub const RESTARTED: &str = "control plane restarted";
 
+/// How long a failed job keeps what a retry reuses, by default: a day.
+pub const DEFAULT_KEEP_FAILED: Duration = Duration::from_secs(24 * 3600);
+
+/// The most kept jobs one sweep deletes ([`sweep_kept`]).
+const SWEEP_BATCH: u32 = 100;
+
 /// How the executor talks to agents and retries.
 #[derive(Clone)]
 pub struct JobsConfig {
@@ -120,6 +126,10 @@ pub struct JobsConfig {
     /// The time dilation factor of the cluster (1: none); the catalog is already dilated by it
     /// ([`sonic_core::catalog::Catalog::dilated`]); reported by `GET /v1/health`.
     pub dilation: f64,
+    /// How long a failed job keeps what a retry reuses (its succeeded instances' files on the
+    /// agents, in the store and the memory tier, and their records) before [`sweep_kept`]
+    /// deletes it; zero: deleted when the job fails, as a succeeded job's are.
+    pub keep_failed: Duration,
 }
 
 impl std::fmt::Debug for JobsConfig {
@@ -135,6 +145,7 @@ impl std::fmt::Debug for JobsConfig {
             .field("job_attempts", &self.job_attempts)
             .field("health_timeout", &self.health_timeout)
             .field("dilation", &self.dilation)
+            .field("keep_failed", &self.keep_failed)
             .finish()
     }
 }
@@ -164,6 +175,7 @@ impl JobsConfig {
             prewarm_timed: true,
             trigger_poll: std::time::Duration::from_secs(5),
             dilation: 1.0,
+            keep_failed: DEFAULT_KEEP_FAILED,
         }
     }
 }
@@ -668,6 +680,8 @@ struct Finished {
     ended: Instant,
     /// The stage's fetch on the instance's agent, if it had one.
     fetch: Option<Arc<fetch::StageFetch>>,
+    /// It succeeded before the job's retry and was not run again (its outputs are reused).
+    reused: bool,
 }
 
 /// What the executor learned so far (kept for the summary of a failed job too).
@@ -790,12 +804,13 @@ pub async fn execute(
 async fn record_execution(
     state: &Context,
     job: &str,
-    number: u32,
+    (number, before): (u32, u32),
     inputs: &[JobInputFile],
     lost: &BTreeSet<String>,
 ) {
     let record = ExecutionRecord {
         number,
+        before,
         inputs: inputs
             .iter()
             .map(|i| (i.name.clone(), i.key.clone()))
@@ -932,6 +947,7 @@ async fn execute_from(
     if fresh {
         let record = ExecutionRecord {
             number: 1,
+            before: 0,
             inputs: inputs
                 .iter()
                 .map(|i| (i.name.clone(), i.key.clone()))
@@ -953,7 +969,7 @@ async fn execute_from(
         }
         rt.publish(&job.id, |e| e.status = JobStatus::Running);
     } else if resumed.is_none() {
-        record_execution(&state, &job.id, 1, &inputs, &BTreeSet::new()).await;
+        record_execution(&state, &job.id, (1, 0), &inputs, &BTreeSet::new()).await;
     }
     // A planned job shows as running once the resource manager admits it (`Runtime::admit`).
     if planned.is_none() && !fresh {
@@ -970,13 +986,15 @@ async fn execute_from(
     }
     // The DAG's deadline counts from the submission, across restarts: past it the job is
     // stopped as a cancel stops it, and fails naming the deadline.
-    let deadline = match state.db.parsed_dag(&job.dag).await {
+    let deadline = match state.db.parsed_dag_at(&job.dag, job.dag_revision).await {
         Ok(Some(p)) => p.dag.deadline_s,
         _ => None,
     };
     let deadline_passed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = deadline.map(|secs| {
-        let at = instant_at(&state, job.created_ms) + Duration::from_secs_f64(secs);
+        // A retried job's from its retry.
+        let from = job.retried_ms.unwrap_or(job.created_ms);
+        let at = instant_at(&state, from) + Duration::from_secs_f64(secs);
         let (cancel, passed) = (cancel.clone(), deadline_passed.clone());
         tokio::spawn(async move {
             tokio::time::sleep_until(at.into()).await;
@@ -988,9 +1006,11 @@ async fn execute_from(
     let mut used: Vec<AgentSlot> = Vec::new();
     // Whether a failed execution is followed by another, without which agents, is the job
     // machine's decision (`machine::Executions`).
+    // Executions of the job's earlier tries (before a retry) do not count against this one's.
+    let before = resumed.as_ref().map_or(0, |r| r.execution.before);
     let mut executions = Executions::new(
         resumed.as_ref().map_or(1, |r| r.execution.number),
-        rt.config.job_attempts,
+        rt.config.job_attempts.saturating_add(before),
         resumed
             .as_ref()
             .map(|r| r.execution.lost.clone())
@@ -1071,7 +1091,14 @@ async fn execute_from(
         clear_execution(&state, &rt, &job.id, &progress.agents, lost).await;
         rt.release(&job.id);
         // What the next execution needs to go on after a restart, before it sends anything.
-        record_execution(&state, &job.id, executions.execution(), &inputs, lost).await;
+        record_execution(
+            &state,
+            &job.id,
+            (executions.execution(), before),
+            &inputs,
+            lost,
+        )
+        .await;
     };
     if let Some(w) = watcher {
         w.abort();
@@ -1082,7 +1109,14 @@ async fn execute_from(
         e.stage = None;
         e.message = Some("cleaning up".into());
     });
-    cleanup(&state, &rt, &job.id, &used).await;
+    // A failed job keeps its files for a retry to reuse (`sweep_kept` deletes them later); its
+    // runs still going on stop.
+    let keep = outcome.is_err() && !rt.config.keep_failed.is_zero();
+    if keep {
+        stop_runs(&rt, &job.id, &used).await;
+    } else {
+        cleanup(&state, &rt, &job.id, &used).await;
+    }
     let outputs = match &outcome {
         Ok(()) => result_outputs(&state, &rt, &job.id).await,
         Err(_) => Vec::new(),
@@ -1105,7 +1139,14 @@ async fn execute_from(
     // The sample and the refit are recorded before the job shows as ended, so that a client
     // that waits for it and submits again is planned with what it taught.
     let mut mode_changed = None;
+    // A retried job that reused instances of its earlier try measured only part of the DAG
+    // end to end: it teaches nothing.
+    let reused = progress.functions.iter().filter(|f| f.reused).count();
+    if reused > 0 {
+        tracing::info!(job = %job.id, reused, "a retry that reused instances: not a sample");
+    }
     if status == JobStatus::Succeeded
+        && reused == 0
         && let Some(dag) = progress.dag.clone()
     {
         let s = sample(&job, &progress, &state);
@@ -1159,8 +1200,11 @@ async fn execute_from(
         .db
         .commit(move |w| {
             let found = w.finish_job(&id, status, Some(&summary), error.as_deref(), now)?;
-            // An ended job is never resumed: what its executions sent is forgotten.
-            w.delete_instance_runs(&id)?;
+            // An ended job is never resumed: what its executions sent is forgotten, but for
+            // what a failed one keeps for a retry.
+            if !keep {
+                w.delete_instance_runs(&id)?;
+            }
             Ok(found)
         })
         .await;
@@ -1378,7 +1422,12 @@ async fn succeed(
             log: f.report.log.clone(),
         },
     ));
-    put_files(state, files, Some(ended_run), log).await?;
+    // A reused instance's run and log are recorded as they were (the retry moved them here).
+    if f.reused {
+        put_files(state, files, None, None).await?;
+    } else {
+        put_files(state, files, Some(ended_run), log).await?;
+    }
     Ok(ended)
 }
 
@@ -1613,6 +1662,7 @@ fn record_instance(
     let function = &dag.functions[f.function];
     let agent = &agents[f.agent];
     progress.functions.push(FunctionRun {
+        reused: f.reused,
         name: function.name.clone(),
         instance: f.instance,
         agent: agent.id.clone(),
@@ -2128,7 +2178,102 @@ async fn attempt_once(
 
 /// Deletes the job's files on every agent it used and its store objects except `result/`.
 async fn cleanup(state: &Arc<Context>, rt: &Runtime, job: &str, agents: &[AgentSlot]) {
-    clear(state, rt, job, agents, "result/", None).await;
+    clear(state, rt, job, agents, Some("result/"), None).await;
+}
+
+/// Stops a failed job's runs still going on on `agents`, keeping its files (for a retry).
+async fn stop_runs(rt: &Runtime, job: &str, agents: &[AgentSlot]) {
+    let stopped = futures::future::join_all(agents.iter().map(|a| {
+        rt.agents.clear_job(
+            a,
+            job,
+            Some(rt.config.health_timeout),
+            agents::Clearing::RunsOnly,
+        )
+    }))
+    .await;
+    for (a, outcome) in agents.iter().zip(stopped) {
+        if let Err(e) = outcome {
+            tracing::warn!(job, agent = %a.id, error = %e, "agent did not stop the job's runs");
+        }
+    }
+}
+
+/// Deletes what failed jobs kept for a retry once they have kept it `JobsConfig::keep_failed`
+/// (at most [`SWEEP_BATCH`] jobs a call): their files on every alive agent, in the store (their
+/// results and inputs included: nothing of them can run again) and in the memory tier, and
+/// their execution and runs' records. A job a retry took first is left alone. Returns how many
+/// were swept.
+pub async fn sweep_kept(state: &Arc<Context>, rt: &Runtime) -> usize {
+    let keep_ms = i64::try_from(rt.config.keep_failed.as_millis()).unwrap_or(i64::MAX);
+    let now = state.clock.now_ms();
+    let before = now.saturating_sub(keep_ms);
+    let found = state
+        .db
+        .run(move |db| Ok((db.failed_jobs_kept(before, SWEEP_BATCH)?, db.list_agents()?)))
+        .await;
+    let (jobs, agents) = match found {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the failed jobs kept for a retry");
+            return 0;
+        }
+    };
+    let timeout = state.heartbeat_timeout;
+    let agents: Vec<AgentSlot> = agents
+        .into_iter()
+        .filter(|a| a.alive(now, timeout))
+        .map(AgentSlot::from)
+        .collect();
+    let mut swept = 0;
+    for id in jobs {
+        let claim = id.clone();
+        match state.db.commit(move |w| w.forget_kept(&claim, now)).await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "cannot sweep the failed job");
+                continue;
+            }
+        }
+        clear(
+            state,
+            rt,
+            &id,
+            &agents,
+            None,
+            Some(rt.config.health_timeout),
+        )
+        .await;
+        tracing::info!(job = %id, "deleted what the failed job kept for a retry");
+        swept += 1;
+    }
+    swept
+}
+
+/// Sweeps kept failed jobs ([`sweep_kept`]) now and then, as long as the runtime runs jobs
+/// (stopped with them, [`Runtime::stop_jobs`]).
+pub fn spawn_sweeper(state: Arc<Context>, rt: Arc<Runtime>) {
+    // Kept a day, a job is swept within a minute of its day; kept nothing (jobs of an earlier
+    // setting may still hold something), once a minute.
+    let keep = rt.config.keep_failed;
+    let every = if keep.is_zero() {
+        Duration::from_secs(60)
+    } else {
+        (keep / 4).clamp(Duration::from_millis(100), Duration::from_secs(60))
+    };
+    let task = {
+        let rt = rt.clone();
+        async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                sweep_kept(&state, &rt).await;
+            }
+        }
+    };
+    rt.spawn_job(task);
 }
 
 /// Deletes what one execution of a job left (the agents' files, the store's objects but the
@@ -2150,36 +2295,40 @@ async fn clear_execution(
         rt,
         job,
         &alive,
-        "input/",
+        Some("input/"),
         Some(rt.config.health_timeout),
     )
     .await;
 }
 
 /// Deletes the job's files on `agents` (each asked within `timeout`, if any), its store objects
-/// except those under `keep` (relative to the job's prefix), and its file records.
+/// but those under `keep` (relative to the job's prefix; `None`: all of them), and its file
+/// records.
 async fn clear(
     state: &Arc<Context>,
     rt: &Runtime,
     job: &str,
     agents: &[AgentSlot],
-    keep: &str,
+    keep: Option<&str>,
     timeout: Option<Duration>,
 ) {
     // Every agent at once: the job's end waits for the slowest, not for their sum.
-    let cleared =
-        futures::future::join_all(agents.iter().map(|a| rt.agents.clear_job(a, job, timeout)))
-            .await;
+    let cleared = futures::future::join_all(agents.iter().map(|a| {
+        rt.agents
+            .clear_job(a, job, timeout, agents::Clearing::Everything)
+    }))
+    .await;
     for (a, outcome) in agents.iter().zip(cleared) {
         if let Err(e) = outcome {
             tracing::warn!(job, agent = %a.id, error = %e, "agent did not clean the job");
         }
     }
     let prefix = job_prefix(job);
-    let keep = format!("{prefix}{keep}");
+    let keep = keep.map(|k| format!("{prefix}{k}"));
     match rt.store.list(&prefix).await {
         Ok(objects) => {
-            for o in objects.iter().filter(|o| !o.key.starts_with(&keep)) {
+            let kept = |key: &str| keep.as_deref().is_some_and(|k| key.starts_with(k));
+            for o in objects.iter().filter(|o| !kept(&o.key)) {
                 if let Err(e) = rt.store.delete(&o.key).await {
                     tracing::warn!(job, key = %o.key, error = %e, "cannot delete an intermediate object");
                 }
@@ -2365,6 +2514,7 @@ fn summarize(
         started_ms: None,
         ended_ms: None,
         bounds_missed,
+        dag_revision: job.dag_revision,
     }
 }
 
@@ -2857,6 +3007,7 @@ mod tests {
                 }))
                 .expect("report");
                 let f = Finished {
+                    reused: false,
                     function: r,
                     instance: 0,
                     agent: r,
@@ -2910,6 +3061,7 @@ mod tests {
             .expect("report")
         };
         let finished = |function, agent, vm, staged, from, to| Finished {
+            reused: false,
             function,
             instance: 0,
             agent,
@@ -3035,6 +3187,7 @@ mod tests {
                     "seconds": seconds, "fetched": !with_fetch}])
             };
             let finished = |function, instance, agent, vm, staged, from, to| Finished {
+                reused: false,
                 function,
                 instance,
                 agent,
@@ -3243,6 +3396,7 @@ mod tests {
         use sonic_api::agent::StartContention;
         use sonic_api::control::FunctionRun;
         let run = |cold, starts, cores| FunctionRun {
+            reused: false,
             cpus: None,
             name: "map".into(),
             instance: 0,

@@ -152,6 +152,7 @@ fn table() -> RouteTable<Shared, Access> {
         .route(Method::POST, "/v1/jobs", Token, submit_job)
         .route(Method::GET, "/v1/jobs/{id}", Token, get_job)
         .route(Method::POST, "/v1/jobs/{id}/cancel", Token, cancel_job)
+        .route(Method::POST, "/v1/jobs/{id}/retry", Token, retry_job)
         .route(
             Method::GET,
             "/v1/jobs/{id}/results/{*key}",
@@ -618,7 +619,7 @@ async fn list_dags(State(state): State<Shared>) -> Result<Json<DagList>, ApiErro
     path = "/v1/dags/{name}",
     operation_id = "getDag",
     tag = "dags",
-    params(DagName),
+    params(DagName, DagQuery),
     responses(
         (status = 200, description = "the DAG", body = DagDetail),
         (status = 400, description = "not a valid DAG name", body = ErrorBody),
@@ -628,19 +629,48 @@ async fn list_dags(State(state): State<Shared>) -> Result<Json<DagList>, ApiErro
 async fn get_dag(
     State(state): State<Shared>,
     name: Result<Path<String>, PathRejection>,
+    query: Result<Query<DagQuery>, QueryRejection>,
 ) -> Result<Json<DagDetail>, ApiError> {
     let name = checked_dag_name(path_param(name)?)?;
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let lookup = name.clone();
-    let record = state
+    let (record, revisions) = state
         .db
-        .run(move |db| db.get_dag(&lookup))
+        .run(move |db| {
+            let Some(now) = db.get_dag(&lookup)? else {
+                return Ok(None);
+            };
+            let record = match q.revision {
+                Some(r) if r != now.revision => db.get_dag_revision(&lookup, r)?.map(|old| {
+                    // The registered DAG's own times; the revision's file.
+                    DagRecord {
+                        created_ms: now.created_ms,
+                        ..old
+                    }
+                }),
+                _ => Some(now),
+            };
+            Ok(record.map(|r| (r, db.dag_revisions(&lookup))))
+        })
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no dag named {name}")))?;
+        .ok_or_else(|| match q.revision {
+            Some(r) => ApiError::NotFound(format!("no dag named {name} with a revision {r}")),
+            None => ApiError::NotFound(format!("no dag named {name}")),
+        })?;
     Ok(Json(DagDetail {
         summary: dag_summary(&record),
         yaml: record.yaml,
         parsed: record.parsed,
+        revisions: revisions?,
     }))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct DagQuery {
+    /// Show this revision's file (default: the one applied last).
+    revision: Option<u64>,
 }
 
 /// Remove a DAG's definition (its jobs, samples and models stay)
@@ -843,6 +873,7 @@ fn summary_of(r: JobRecord) -> JobSummary {
         if s.slo.is_none() && r.mode == sonic_api::control::JobMode::Planned {
             s.slo = r.slo;
         }
+        s.dag_revision = s.dag_revision.or(r.dag_revision);
         return s;
     }
     JobSummary {
@@ -873,6 +904,7 @@ fn summary_of(r: JobRecord) -> JobSummary {
         submitted_ms: None,
         started_ms: None,
         ended_ms: None,
+        dag_revision: r.dag_revision,
     }
 }
 
@@ -1016,6 +1048,33 @@ async fn cancel_job(
     let id = checked_job_id(path_param(id)?)?;
     let job = admission::cancel(&state, id).await?;
     Ok((StatusCode::ACCEPTED, Json(job_view(job))).into_response())
+}
+
+/// Run a failed or cancelled job again under its id, reusing what its instances that succeeded wrote
+///
+/// The job keeps its DAG revision, parameters, policy and input; its instances that succeeded
+/// before are not run again (`"reused": true` in the summary's `functions`). A failed job keeps
+/// what a retry reuses for the control plane's `keep_failed` (a day by default).
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/retry",
+    operation_id = "retryJob",
+    tag = "jobs",
+    params(Id),
+    responses(
+        (status = 202, description = "queued again", body = JobAccepted),
+        (status = 400, description = "not a job id", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody),
+        (status = 409, description = "the job has not failed, or what it kept was deleted", body = ErrorBody),
+    )
+)]
+async fn retry_job(
+    State(state): State<Shared>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = checked_job_id(path_param(id)?)?;
+    let accepted = admission::retry(&state.ctx, id).await?;
+    Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
 }
 
 /// Download one result object of a job (an `outputs` entry, by its path under the job's result/)

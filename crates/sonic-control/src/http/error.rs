@@ -70,7 +70,7 @@ impl From<AdmitError> for ApiError {
         match e {
             AdmitError::Invalid(m) => ApiError::BadRequest(m),
             AdmitError::NotFound(m) => ApiError::NotFound(m),
-            AdmitError::NotReady(m) => ApiError::Conflict(m),
+            AdmitError::NotReady(m) | AdmitError::Conflict(m) => ApiError::Conflict(m),
             AdmitError::Infeasible(m) => ApiError::Unprocessable(m),
             AdmitError::NoJobs(m) => ApiError::Unavailable(m),
             AdmitError::Internal(m) => ApiError::Internal(m),

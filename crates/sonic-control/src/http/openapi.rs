@@ -50,6 +50,7 @@ pub fn path_of(route: &str) -> String {
         api::submit_job,
         api::get_job,
         api::cancel_job,
+        api::retry_job,
         api::get_result,
         api::job_events,
         api::job_logs,

@@ -46,6 +46,7 @@ impl sonic_openlambda::DagRunner for DagCalls {
                 .ok_or_else(|| "the control plane is stopping".to_owned())?;
             let body = serde_json::to_vec(&event).map_err(|e| e.to_string())?;
             let req = sonic_api::control::SubmitJob {
+                revision: None,
                 dag: name.to_owned(),
                 input: Some(sonic_api::control::JobInput {
                     name: Some("event.json".into()),

@@ -232,6 +232,24 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (dag, prefix)
     ) STRICT;
     "#,
+    // 9: every revision of a DAG kept (a job runs the one it was submitted with, through resume
+    // and retry; `--revision N` runs an older one); the revision each job runs (unknown, NULL,
+    // for jobs of earlier versions); when a failed job was last retried (its deadline counts from
+    // then).
+    r#"
+    CREATE TABLE dag_revisions (
+        dag         TEXT NOT NULL,
+        revision    INTEGER NOT NULL,
+        yaml        TEXT NOT NULL,
+        parsed      TEXT NOT NULL,
+        created_ms  INTEGER NOT NULL,
+        PRIMARY KEY (dag, revision)
+    ) STRICT;
+    INSERT INTO dag_revisions (dag, revision, yaml, parsed, created_ms)
+        SELECT name, revision, yaml, parsed, updated_ms FROM dags;
+    ALTER TABLE jobs ADD COLUMN dag_revision INTEGER;
+    ALTER TABLE jobs ADD COLUMN retried_ms INTEGER;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -355,14 +373,53 @@ pub struct JobRecord {
     pub mode_reason: Option<String>,
     /// The percentile objective it is planned for: its own (`SubmitJob::slo`) or its DAG's.
     pub slo: Option<sonic_core::slo::Slo>,
+    /// The revision of its DAG it runs, through resume and retry (`None`: a job of a version that
+    /// did not record it, which runs the DAG as it is now).
+    pub dag_revision: Option<u64>,
+    /// When it was last retried ([`Db::retry_job`]), Unix ms: its deadline counts from then.
+    pub retried_ms: Option<i64>,
+}
+
+/// What came of asking to retry a job ([`Writer::retry_job`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Retry {
+    /// Queued again under its id: its record as it is now, and how many of its instances'
+    /// successes it keeps (they are not run again).
+    Queued {
+        /// The job, queued.
+        job: Box<JobRecord>,
+        /// Its instances whose successes it keeps.
+        reused: usize,
+    },
+    /// No such job.
+    NotFound,
+    /// It has not failed (it is queued, running or succeeded).
+    NotFailed(JobStatus),
+    /// It failed, but what it kept (its execution, its succeeded runs' files) was deleted.
+    NothingKept,
+}
+
+impl JobRecord {
+    /// Why its DAG could not be found at the revision it runs.
+    pub fn dag_missing(&self) -> String {
+        match self.dag_revision {
+            Some(r) => format!("dag {} has no revision {r}", self.dag),
+            None => format!("dag {} no longer exists", self.dag),
+        }
+    }
 }
 
 /// What a job's current execution needs to go on after a control-plane restart, recorded when it
 /// starts (and again when its placement is granted).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionRecord {
-    /// 1 for the first execution; one more for each run again without lost agents.
+    /// 1 for the first execution; one more for each run again without lost agents, and for a
+    /// retry ([`Writer::retry_job`]).
     pub number: u32,
+    /// Executions of earlier tries of the job (before its last retry): they do not count
+    /// against the executions one try may take.
+    #[serde(default)]
+    pub before: u32,
     /// The job's input objects: `(name under input/, object key)`.
     pub inputs: Vec<(String, String)>,
     /// Agents earlier executions lost.
@@ -857,6 +914,38 @@ fn conflict(e: rusqlite::Error, what: impl FnOnce() -> String) -> StoreError {
     }
 }
 
+/// What a DAG's revision is kept under in the parsed DAGs (a name holds no `@`).
+fn revision_key(name: &str, revision: u64) -> String {
+    format!("{name}@{revision}")
+}
+
+/// What `conn` holds of a job's execution's instances.
+fn instance_runs_on(
+    conn: &Connection,
+    job: &str,
+    execution: u32,
+) -> Result<Vec<InstanceRunRecord>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT job, execution, function, instance, attempt, agent, report, started_ms, \
+           ended_ms FROM instance_runs WHERE job = ?1 AND execution = ?2 \
+         ORDER BY function, instance",
+    )?;
+    let rows = stmt.query_map(params![job, execution], |r| {
+        Ok(InstanceRunRecord {
+            job: r.get(0)?,
+            execution: r.get(1)?,
+            function: r.get(2)?,
+            instance: r.get(3)?,
+            attempt: r.get(4)?,
+            agent: r.get(5)?,
+            report: opt_json_col(r, 6)?,
+            started_ms: r.get(7)?,
+            ended_ms: r.get(8)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
 const DAG_COLUMNS: &str = "name, yaml, parsed, revision, created_ms, updated_ms";
 
 fn dag_row(row: &Row<'_>) -> rusqlite::Result<DagRecord> {
@@ -871,7 +960,8 @@ fn dag_row(row: &Row<'_>) -> rusqlite::Result<DagRecord> {
 }
 
 const JOB_COLUMNS: &str = "id, dag, status, policy, mode, input_bytes, params, summary, error, \
-                           created_ms, started_ms, finished_ms, updated_ms, plan, mode_reason, slo";
+                           created_ms, started_ms, finished_ms, updated_ms, plan, mode_reason, slo, \
+                           dag_revision, retried_ms";
 
 fn job_row(row: &Row<'_>) -> rusqlite::Result<JobRecord> {
     Ok(JobRecord {
@@ -895,6 +985,10 @@ fn job_row(row: &Row<'_>) -> rusqlite::Result<JobRecord> {
         plan: opt_json_col(row, 13)?,
         mode_reason: row.get(14)?,
         slo: opt_json_col(row, 15)?,
+        dag_revision: row
+            .get::<_, Option<i64>>(16)?
+            .map(|r| u64::try_from(r).unwrap_or(0)),
+        retried_ms: row.get(17)?,
     })
 }
 
@@ -1133,10 +1227,17 @@ impl Db {
             .optional()?;
         let applied = match existing {
             None => {
+                // A DAG deleted and applied again goes on from its last revision: each number
+                // names one file for good (its jobs ran it).
+                let last: i64 = tx.query_row(
+                    "SELECT COALESCE(MAX(revision), 0) FROM dag_revisions WHERE dag = ?1",
+                    params![name],
+                    |r| r.get(0),
+                )?;
                 tx.execute(
                     "INSERT INTO dags (name, yaml, parsed, revision, created_ms, updated_ms) \
-                     VALUES (?1, ?2, ?3, 1, ?4, ?4)",
-                    params![name, yaml, parsed_text, now_ms],
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+                    params![name, yaml, parsed_text, last + 1, now_ms],
                 )?;
                 Applied::Created
             }
@@ -1150,6 +1251,13 @@ impl Db {
                 Applied::Updated
             }
         };
+        if applied != Applied::Unchanged {
+            tx.execute(
+                "INSERT INTO dag_revisions (dag, revision, yaml, parsed, created_ms) \
+                 SELECT name, revision, yaml, parsed, updated_ms FROM dags WHERE name = ?1",
+                params![name],
+            )?;
+        }
         let record = tx.query_row(
             &format!("SELECT {DAG_COLUMNS} FROM dags WHERE name = ?1"),
             params![name],
@@ -1178,6 +1286,34 @@ impl Db {
         let mut stmt =
             conn.prepare_cached(&format!("SELECT {DAG_COLUMNS} FROM dags ORDER BY name"))?;
         let rows = stmt.query_map([], dag_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Revision `revision` of DAG `name`, as it was applied (`updated_ms`: when), whether or not
+    /// the DAG is still registered.
+    pub fn get_dag_revision(
+        &self,
+        name: &str,
+        revision: u64,
+    ) -> Result<Option<DagRecord>, StoreError> {
+        let revision = u64_to_i64(revision, "revision")?;
+        Ok(self
+            .reader()
+            .prepare_cached(
+                "SELECT dag, yaml, parsed, revision, created_ms, created_ms FROM dag_revisions \
+                 WHERE dag = ?1 AND revision = ?2",
+            )?
+            .query_row(params![name, revision], dag_row)
+            .optional()?)
+    }
+
+    /// The revisions of DAG `name` kept, in order.
+    pub fn dag_revisions(&self, name: &str) -> Result<Vec<u64>, StoreError> {
+        let conn = self.reader();
+        let mut stmt = conn.prepare_cached(
+            "SELECT revision FROM dag_revisions WHERE dag = ?1 ORDER BY revision",
+        )?;
+        let rows = stmt.query_map(params![name], |r| u64_col(r, 0))?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
@@ -1220,6 +1356,57 @@ impl Db {
         }
         let lookup = name.to_owned();
         self.run(move |db| db.load_dag(&lookup)).await
+    }
+
+    /// Revision `revision` of DAG `name`, parsed (`None`: the DAG as it is now, [`Db::load_dag`]).
+    /// A revision never changes: once read it is kept under its own entry. Blocks on a miss.
+    pub fn load_dag_at(
+        &self,
+        name: &str,
+        revision: Option<u64>,
+    ) -> Result<Option<Arc<ParsedDag>>, StoreError> {
+        let Some(revision) = revision else {
+            return self.load_dag(name);
+        };
+        if let Some(now) = self.load_dag(name)?
+            && now.revision == revision
+        {
+            return Ok(Some(now));
+        }
+        let key = revision_key(name, revision);
+        if let Some(hit) = self.dags.get(&key) {
+            return Ok(Some(hit));
+        }
+        let generation = self.dags.generation();
+        let Some(record) = self.get_dag_revision(name, revision)? else {
+            return Ok(None);
+        };
+        let parsed = Arc::new(ParsedDag {
+            revision,
+            dag: record.dag().map_err(StoreError::Invalid)?,
+        });
+        self.dags.fill(&key, generation, parsed.clone());
+        Ok(Some(parsed))
+    }
+
+    /// [`Db::load_dag_at`] for async code: answered at once when kept in memory.
+    pub async fn parsed_dag_at(
+        &self,
+        name: &str,
+        revision: Option<u64>,
+    ) -> Result<Option<Arc<ParsedDag>>, StoreError> {
+        if let Some(hit) = self.dags.get(name)
+            && revision.is_none_or(|r| r == hit.revision)
+        {
+            return Ok(Some(hit));
+        }
+        if let Some(r) = revision
+            && let Some(hit) = self.dags.get(&revision_key(name, r))
+        {
+            return Ok(Some(hit));
+        }
+        let lookup = name.to_owned();
+        self.run(move |db| db.load_dag_at(&lookup, revision)).await
     }
 
     /// How many DAGs are kept parsed in memory (at most [`CACHED_DAGS`]).
@@ -1426,6 +1613,18 @@ impl Db {
             .flatten())
     }
 
+    /// Failed jobs that ended before `before_ms` and still hold what they kept for a retry
+    /// (their execution), the longest ended first, at most `limit`.
+    pub fn failed_jobs_kept(&self, before_ms: i64, limit: u32) -> Result<Vec<String>, StoreError> {
+        let conn = self.reader();
+        let mut stmt = conn.prepare_cached(
+            "SELECT id FROM jobs WHERE status = 'failed' AND execution IS NOT NULL \
+             AND COALESCE(finished_ms, updated_ms) < ?1 ORDER BY finished_ms LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![before_ms, limit], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// Records an instance sent (or sent again, or ended), replacing its earlier row.
     pub fn put_instance_run(&self, r: &InstanceRunRecord) -> Result<(), StoreError> {
         let r = r.clone();
@@ -1438,26 +1637,7 @@ impl Db {
         job: &str,
         execution: u32,
     ) -> Result<Vec<InstanceRunRecord>, StoreError> {
-        let conn = self.reader();
-        let mut stmt = conn.prepare_cached(
-            "SELECT job, execution, function, instance, attempt, agent, report, started_ms, \
-               ended_ms FROM instance_runs WHERE job = ?1 AND execution = ?2 \
-             ORDER BY function, instance",
-        )?;
-        let rows = stmt.query_map(params![job, execution], |r| {
-            Ok(InstanceRunRecord {
-                job: r.get(0)?,
-                execution: r.get(1)?,
-                function: r.get(2)?,
-                instance: r.get(3)?,
-                attempt: r.get(4)?,
-                agent: r.get(5)?,
-                report: opt_json_col(r, 6)?,
-                started_ms: r.get(7)?,
-                ended_ms: r.get(8)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        instance_runs_on(&self.reader(), job, execution)
     }
 
     /// Forgets what a job's executions sent (once it ended); returns how many rows.
@@ -1814,9 +1994,13 @@ impl Writer<'_> {
             .as_ref()
             .map(|s| to_json(s, "job slo"))
             .transpose()?;
+        let dag_revision = job
+            .dag_revision
+            .map(|r| u64_to_i64(r, "dag_revision"))
+            .transpose()?;
         self.0
             .prepare_cached(
-                &format!("INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"))?
+                &format!("INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"))?
             .execute(params![
                     job.id,
                     job.dag,
@@ -1834,6 +2018,8 @@ impl Writer<'_> {
                     plan_text,
                     job.mode_reason,
                     slo_text,
+                    dag_revision,
+                    job.retried_ms,
                 ])
             .map_err(|e| conflict(e, || format!("job {}", job.id)))?;
         Ok(())
@@ -1922,6 +2108,85 @@ impl Writer<'_> {
             .0
             .prepare_cached("DELETE FROM instance_runs WHERE job = ?1")?
             .execute(params![job])?)
+    }
+
+    /// Queues failed job `id` again under its id (`ofctl retry`), in one transaction: its last
+    /// execution's succeeded instances (not those on agents it lost) become the next
+    /// execution's, to be restored rather than run; every other run it recorded is forgotten;
+    /// its end, summary and error are cleared and `retried_ms` set. Only a failed job that still
+    /// holds its execution is retried (the sweep of kept jobs takes it first, [`Writer::forget_kept`]).
+    pub fn retry_job(&self, id: &str, now_ms: i64) -> Result<Retry, StoreError> {
+        let row: Option<(String, Option<String>)> = self
+            .0
+            .prepare_cached("SELECT status, execution FROM jobs WHERE id = ?1")?
+            .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let Some((status, execution)) = row else {
+            return Ok(Retry::NotFound);
+        };
+        let status: JobStatus = status
+            .parse()
+            .map_err(|e| StoreError::Invalid(format!("job {id}'s status: {e}")))?;
+        if status != JobStatus::Failed {
+            return Ok(Retry::NotFailed(status));
+        }
+        let Some(text) = execution else {
+            return Ok(Retry::NothingKept);
+        };
+        let old: ExecutionRecord = serde_json::from_str(&text)
+            .map_err(|e| StoreError::Invalid(format!("job {id}'s execution: {e}")))?;
+        let number = old.number + 1;
+        let mut reused = 0;
+        for mut run in instance_runs_on(self.0, id, old.number)? {
+            if run.report.is_none() || old.lost.contains(&run.agent) {
+                continue;
+            }
+            run.execution = number;
+            self.put_instance_run(&run)?;
+            reused += 1;
+        }
+        self.0
+            .prepare_cached("DELETE FROM instance_runs WHERE job = ?1 AND execution <> ?2")?
+            .execute(params![id, number])?;
+        let next = ExecutionRecord {
+            number,
+            before: old.number,
+            lost: Vec::new(),
+            ..old
+        };
+        self.set_job_execution(id, &next, now_ms)?;
+        self.0
+            .prepare_cached(
+                "UPDATE jobs SET status = 'queued', summary = NULL, error = NULL, \
+                   started_ms = NULL, finished_ms = NULL, retried_ms = ?2, updated_ms = ?2 \
+                 WHERE id = ?1",
+            )?
+            .execute(params![id, now_ms])?;
+        let job = self
+            .0
+            .prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"))?
+            .query_row(params![id], job_row)?;
+        Ok(Retry::Queued {
+            job: Box::new(job),
+            reused,
+        })
+    }
+
+    /// Takes what failed job `id` kept for a retry (its execution and recorded runs): true when
+    /// it held some and still failed (a retry did not take it first); the caller then deletes
+    /// its files.
+    pub fn forget_kept(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let n = self
+            .0
+            .prepare_cached(
+                "UPDATE jobs SET execution = NULL, updated_ms = ?2 \
+                 WHERE id = ?1 AND status = 'failed' AND execution IS NOT NULL",
+            )?
+            .execute(params![id, now_ms])?;
+        if n > 0 {
+            self.delete_instance_runs(id)?;
+        }
+        Ok(n > 0)
     }
 
     /// Keeps one instance attempt's log (replacing the same attempt's earlier row).
@@ -2053,6 +2318,8 @@ mod tests {
         let mut params = serde_json::Map::new();
         params.insert("trees".into(), json!(6));
         JobRecord {
+            dag_revision: None,
+            retried_ms: None,
             id: id.into(),
             dag: dag.into(),
             status: JobStatus::Queued,
@@ -2074,6 +2341,7 @@ mod tests {
 
     fn summary(id: &str) -> JobSummary {
         JobSummary {
+            dag_revision: None,
             bounds_missed: Vec::new(),
             job_id: id.into(),
             dag: "ml".into(),
@@ -2413,6 +2681,35 @@ mod tests {
         assert!(db.delete_dag("d").expect("delete"));
         assert!(!db.delete_dag("d").expect("delete again"));
         assert!(db.get_dag("d").expect("get").is_none());
+        // Every revision's file stays (jobs ran them); applied again, the DAG goes on from its
+        // last number, so that a number always names one file.
+        assert_eq!(db.dag_revisions("d").expect("revisions"), [1, 2]);
+        let one = db.get_dag_revision("d", 1).expect("get").expect("kept");
+        assert_eq!((one.yaml.as_str(), one.revision), ("one", 1));
+        let (a, r) = db.put_dag("d", "three", &json!({}), 4).expect("put");
+        assert_eq!((a, r.revision), (Applied::Created, 3));
+        assert_eq!(db.dag_revisions("d").expect("revisions"), [1, 2, 3]);
+        assert!(db.get_dag_revision("d", 4).expect("get").is_none());
+        assert!(db.get_dag_revision("other", 1).expect("get").is_none());
+    }
+
+    #[test]
+    fn a_revision_is_loaded_as_it_was_applied() {
+        let db = Db::open_in_memory().expect("open");
+        put(&db, "d", "first");
+        put(&db, "d", "second");
+        let at = |r: Option<u64>| {
+            db.load_dag_at("d", r)
+                .expect("load")
+                .map(|p| (p.revision, p.dag.functions[0].name.clone()))
+        };
+        assert_eq!(at(None), Some((2, "second".into())));
+        assert_eq!(at(Some(1)), Some((1, "first".into())));
+        // Kept parsed under its own entry, beside the DAG as it is now.
+        assert_eq!(at(Some(1)), Some((1, "first".into())));
+        assert_eq!(at(Some(2)), Some((2, "second".into())));
+        assert_eq!(at(Some(3)), None);
+        assert_eq!(at(None), Some((2, "second".into())));
     }
 
     /// A DAG file and its parsed form, as `PUT /v1/dags` stores them.
@@ -2464,9 +2761,10 @@ mod tests {
             assert!(db.delete_dag("d").expect("delete"));
             assert_eq!(function_of(&db, "d"), None, "{what}");
             assert_eq!(db.cached_dags(), 0);
-            // Applied again under the same name: a new DAG.
+            // Applied again under the same name: a new DAG, numbered on from the old one's
+            // revisions (each number names one file for good).
             assert_eq!(put(&db, "d", "third"), Applied::Created);
-            assert_eq!(function_of(&db, "d"), Some((1, "third".into())), "{what}");
+            assert_eq!(function_of(&db, "d"), Some((3, "third".into())), "{what}");
         }
     }
 
@@ -2836,6 +3134,7 @@ mod tests {
         db.insert_job(&job("j-1", "ml", 1)).expect("job");
         assert_eq!(db.job_execution("j-1").expect("read"), None);
         let exec = ExecutionRecord {
+            before: 0,
             number: 2,
             inputs: vec![("data.bin".into(), "jobs/j-1/input/data.bin".into())],
             lost: vec!["a-9".into()],

@@ -317,7 +317,14 @@ async fn a_one_edge_starts_each_receiver_when_its_own_sender_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_lambda_fails_the_job_after_its_retries() {
-    let c = cluster().await;
+    // What a failed job keeps for a retry goes after 300 ms here (a day by default).
+    let c = Cluster::builder()
+        .agents(&[("a-1", "m5.large"), ("a-2", "m5.large")])
+        .tune_agents(|a| a.network_mbps = None)
+        .tune(|j| j.keep_failed = Duration::from_millis(300))
+        .wait_deadline(Duration::from_secs(90))
+        .start()
+        .await;
     c.apply(FAILING).await;
     let id = c
         .queue(json!({ "dag": "broken", "policy": "remote" }))
@@ -334,7 +341,7 @@ async fn a_failing_lambda_fails_the_job_after_its_retries() {
     // The stage before it ran and is in the summary.
     assert_eq!(s.functions.len(), 1, "{v}");
     assert!(s.outputs.is_empty());
-    // No sample from a failed job; nothing of it left in the store.
+    // No sample from a failed job.
     assert!(
         c.control()
             .state
@@ -343,13 +350,124 @@ async fn a_failing_lambda_fails_the_job_after_its_retries() {
             .expect("samples")
             .is_empty()
     );
+    // Its files were kept for a retry (ok's output is in the store), then swept: nothing of it
+    // is left in the store, and it can no longer be retried.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = c.store().list(&format!("jobs/{id}/")).await.expect("list");
+        let kept = c.control().state.db.job_execution(&id).expect("execution");
+        if left.is_empty() && kept.is_none() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never swept: {left:?} {kept:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(
-        c.store()
-            .list(&format!("jobs/{id}/"))
-            .await
-            .expect("list")
+        c.control()
+            .state
+            .db
+            .instance_runs(&id, 1)
+            .expect("runs")
             .is_empty()
     );
+    let r = c.retry(&id).await;
+    assert_eq!(r.status(), 409);
+    let body = r.text().await.expect("body");
+    assert!(body.contains("what it kept was deleted"), "{body}");
+    c.stop().await;
+}
+
+/// A cancelled job retried under its id, under every method: the instance that had succeeded
+/// is restored, not run again (`reused` in the summary), the rest run; the results are a plain
+/// run's; the job keeps its revision; a job that has not failed, or none, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_job_retried_reuses_what_succeeded() {
+    let c = cluster().await;
+    c.apply(SLOW).await;
+    let input = sized_input(300_000);
+    let running = |c: &Cluster| -> u32 {
+        c.agents
+            .iter()
+            .map(|a| a.state.running.load(std::sync::atomic::Ordering::SeqCst))
+            .sum()
+    };
+    for policy in ["remote", "direct", "local"] {
+        let id = c
+            .queue(json!({
+                "dag": "slow",
+                "policy": policy,
+                "input": { "name": "data.bin", "base64": base64(&input) },
+            }))
+            .await;
+        // Cancelled once gen has ended and both mids run.
+        c.wait_mids_sent(&id).await;
+        let r = c
+            .http
+            .post(format!("{}/v1/jobs/{id}/cancel", c.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("cancel");
+        assert_eq!(r.status(), 202);
+        let (v, s) = c.ended(&id).await;
+        assert_eq!(s.status, JobStatus::Failed, "{policy}: {v}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while running(&c) > 0 {
+            assert!(Instant::now() < deadline, "{policy}: the mids still run");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Applied meanwhile: the retry still runs the job's own revision.
+        c.apply(&SLOW.replace("sink", "last")).await;
+        let before = runs_ended(&c);
+        let r = c.retry(&id).await;
+        assert_eq!(r.status(), 202, "{policy}");
+        let accepted: Value = r.json().await.expect("json");
+        assert_eq!(
+            (accepted["job_id"].as_str(), accepted["status"].as_str()),
+            (Some(id.as_str()), Some("queued"))
+        );
+        let (v, s) = c.ended(&id).await;
+        assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
+        assert_eq!(s.error, None, "{policy}: {v}");
+        let reused: Vec<(&str, bool)> = s
+            .functions
+            .iter()
+            .map(|f| (f.name.as_str(), f.reused))
+            .collect();
+        assert_eq!(
+            reused,
+            [
+                ("gen", true),
+                ("mid", false),
+                ("mid", false),
+                ("sink", false)
+            ],
+            "{policy}: {v}"
+        );
+        assert_eq!(v["functions"][0]["reused"], true, "{policy}: {v}");
+        assert!(v["functions"][1].get("reused").is_none(), "{policy}: {v}");
+        // gen did not run again: the agents ran the two mids and the sink.
+        assert_eq!(runs_ended(&c) - before, 3, "{policy}: {v}");
+        c.assert_copies(&s, 2, &input).await;
+        // A retried job that reused instances is not a sample of the DAG.
+        assert!(
+            c.control()
+                .state
+                .db
+                .samples("slow")
+                .expect("samples")
+                .iter()
+                .all(|x| x.job != id),
+            "{policy}"
+        );
+        // Succeeded: nothing to retry.
+        let r = c.retry(&id).await;
+        assert_eq!(r.status(), 409, "{policy}");
+        assert!(r.text().await.expect("body").contains("is succeeded"));
+        c.apply(SLOW).await;
+    }
+    let r = c.retry("j-0000000000000000").await;
+    assert_eq!(r.status(), 404);
     c.stop().await;
 }
 
@@ -423,6 +541,41 @@ async fn a_reapplied_dag_runs_as_applied_and_a_deleted_one_is_refused() {
     c.apply(&one_function("third")).await;
     let (v, s) = c.run_ok("again", Some("remote"), &input).await;
     assert_eq!(names(&s), ["third"], "{v}");
+    assert_eq!(s.dag_revision, Some(4), "{v}");
+    // An older revision runs when asked for, and says so; one never applied is refused.
+    let old = c
+        .queue(json!({ "dag": "again", "policy": "remote", "revision": 1,
+                       "input": { "name": "data.bin", "base64": base64(&input) } }))
+        .await;
+    let (v, s) = c.ended(&old).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(
+        (names(&s), s.dag_revision),
+        (vec!["first".to_owned()], Some(1)),
+        "{v}"
+    );
+    c.assert_copies(&s, 1, &input).await;
+    let r = c
+        .post_job(json!({ "dag": "again", "policy": "remote", "revision": 9 }))
+        .await;
+    assert_eq!(r.status(), 404);
+    assert!(r.text().await.expect("body").contains("no revision 9"));
+    let detail: Value = c
+        .http
+        .get(format!("{}/v1/dags/again?revision=2", c.url()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(detail["revision"], 2, "{detail}");
+    assert_eq!(detail["revisions"], json!([1, 2, 3, 4]), "{detail}");
+    assert!(
+        detail["yaml"].as_str().expect("yaml").contains("second"),
+        "{detail}"
+    );
     let r = c
         .http
         .delete(format!("{}/v1/dags/again", c.url()))
@@ -443,6 +596,8 @@ async fn a_job_running_at_restart_is_failed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = sonic_control::Db::open_dir(dir.path()).expect("db");
     let job = sonic_control::store::JobRecord {
+        dag_revision: None,
+        retried_ms: None,
         id: "j-left".into(),
         dag: "fan".into(),
         status: JobStatus::Running,
@@ -528,9 +683,16 @@ async fn a_job_survives_a_control_plane_restart_mid_stage() {
             .await;
         // Stopped once gen has ended and both mids were sent to their agents.
         c.wait_mids_sent(&id).await;
+        // A changed DAG applied meanwhile: the job keeps the revision it was submitted with.
+        c.apply(&SLOW.replace("sink", "last")).await;
         c = c.restart().await;
         let (v, s) = c.ended(&id).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{policy}: {v}");
+        assert!(
+            s.functions.iter().any(|f| f.name == "sink"),
+            "{policy}: {v}"
+        );
+        c.apply(SLOW).await;
         // Nothing ran twice: gen was not run again and the mids were adopted, not repeated.
         assert_eq!(s.functions.len(), 4, "{policy}: {v}");
         assert!(s.functions.iter().all(|f| f.attempts == 1), "{policy}: {v}");
@@ -890,6 +1052,16 @@ impl Cluster {
         let (v, s) = self.ended(&id).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{policy:?}: {v}");
         (v, s)
+    }
+
+    /// `POST /v1/jobs/{id}/retry`.
+    async fn retry(&self, id: &str) -> reqwest::Response {
+        self.http
+            .post(format!("{}/v1/jobs/{id}/retry", self.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("retry")
     }
 
     /// Every result of the job is a copy of `input`, and there are `n` of them.

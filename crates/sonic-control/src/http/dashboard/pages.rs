@@ -820,6 +820,7 @@ pub async fn run(
         crate::admission::submit(
             &state.ctx,
             SubmitJob {
+                revision: None,
                 dag: name.clone(),
                 input,
                 params,
@@ -1648,6 +1649,8 @@ mod tests {
             "plan": { "used": "best", "notes": [], "report": report, "stages": [] }
         });
         JobRecord {
+            dag_revision: None,
+            retried_ms: None,
             id: id.into(),
             dag: "d".into(),
             status: JobStatus::Succeeded,
