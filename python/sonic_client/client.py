@@ -499,6 +499,12 @@ class Client:
         ended is a 400, an unknown one a 404."""
         return JobSummary.from_json(self._json("POST", f"/v1/jobs/{_quote(job_id)}/cancel")[1])
 
+    def delete_job(self, job_id: str) -> None:
+        """Deletes an ended job with its logs, results and input (``DELETE /v1/jobs/{id}``); the
+        sample it taught the models stays. A job that has not ended is a 409 (cancel it
+        first), an unknown one a 404."""
+        self._open("DELETE", f"/v1/jobs/{_quote(job_id)}").close()
+
     def retry(
         self,
         job_id: str,

@@ -331,6 +331,14 @@ def test_a_cancelled_job_retried_reuses_what_succeeded(client: sonic.Client) -> 
     with pytest.raises(sonic.SonicError) as e:
         client.retry("j-0000000000000000")
     assert e.value.status == 404
+    # Deleted: gone, and a second delete is a 404.
+    client.delete_job(job.id)
+    with pytest.raises(sonic.SonicError) as e:
+        client.get_job(job.id)
+    assert e.value.status == 404
+    with pytest.raises(sonic.SonicError) as e:
+        client.delete_job(job.id)
+    assert e.value.status == 404
 
 
 def test_wait_times_out_while_the_job_goes_on(client: sonic.Client) -> None:

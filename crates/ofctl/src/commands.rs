@@ -264,6 +264,21 @@ pub async fn run(
             }
         }
         Command::Delete {
+            kind: DeleteKind::Job,
+            name,
+        } => {
+            client
+                .delete(&format!("/v1/jobs/{}", encode(&name)))
+                .await?;
+            match output {
+                Output::Json => print_json(out, &json!({ "kind": "job", "deleted": name })),
+                Output::Table => Ok(writeln!(
+                    out,
+                    "job {name} deleted, with its logs, results and input (the sample it taught the models stays)"
+                )?),
+            }
+        }
+        Command::Delete {
             kind: DeleteKind::Dag,
             name,
         } => {

@@ -109,6 +109,8 @@ pub enum DescribeKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DeleteKind {
     Dag,
+    /// An ended job: its record, logs, results and input.
+    Job,
 }
 
 /// The flags of `ofctl up` (and the cluster part of `ofctl demo`).
@@ -333,7 +335,8 @@ pub enum Command {
         #[arg(long)]
         wait: bool,
     },
-    /// Delete a DAG's definition (its jobs, samples and models stay).
+    /// Delete a DAG's definition (its jobs, samples and models stay), or an ended job with its
+    /// logs, results and input (the sample it taught stays).
     Delete {
         #[arg(value_enum)]
         kind: DeleteKind,

@@ -101,6 +101,15 @@ pub fn dags(list: &DagList, out: &mut dyn Write) -> io::Result<()> {
     t.write("", out)
 }
 
+/// A job's status in words: a cancelled job is `failed (cancelled)`.
+fn status_word(j: &JobSummary) -> String {
+    if j.status == JobStatus::Failed && j.failure == Some(sonic_core::machine::Failure::Cancelled) {
+        format!("{} (cancelled)", j.status)
+    } else {
+        j.status.to_string()
+    }
+}
+
 /// One DAG (`get dag NAME`): which revision this is of those kept, and its file as applied.
 pub fn dag(d: &sonic_api::control::DagDetail, out: &mut dyn Write) -> io::Result<()> {
     let s = &d.summary;
@@ -155,10 +164,10 @@ pub fn jobs(jobs: &[JobSummary], out: &mut dyn Write) -> io::Result<()> {
         t.row(vec![
             j.job_id.clone(),
             j.dag.clone(),
-            if j.bounds_missed.is_empty() {
-                j.status.to_string()
-            } else {
+            if !j.bounds_missed.is_empty() {
                 format!("{} (bounds missed)", j.status)
+            } else {
+                status_word(j)
             },
             j.submitted_ms.map_or_else(|| "-".into(), utc),
             j.mode.to_string(),
@@ -218,7 +227,7 @@ pub fn job(j: &JobSummary, out: &mut dyn Write) -> io::Result<()> {
         None => writeln!(out, "dag      {}", j.dag)?,
     }
     if j.bounds_missed.is_empty() {
-        writeln!(out, "status   {}", j.status)?;
+        writeln!(out, "status   {}", status_word(j))?;
     } else {
         // It succeeded, but not within the DAG's bounds.
         writeln!(

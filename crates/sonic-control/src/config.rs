@@ -79,6 +79,10 @@ pub struct ControlConfig {
     /// instances' files on the agents, in the store and the memory tier) before it is deleted
     /// (`24h`, `30m`, ...; `0s`: deleted when the job fails). Default a day, at most 30 days.
     pub keep_failed: Seconds,
+    /// Jobs that ended longer ago than this are deleted whole: record, logs, results and input
+    /// (`30d`... as `720h`; `null`, the default: kept until `ofctl delete job`). The samples
+    /// they taught the models stay.
+    pub retain_jobs: Option<Seconds>,
 }
 
 /// The OpenLambda listener's settings (`openlambda:` in the file, `--openlambda ADDR`).
@@ -311,6 +315,7 @@ impl Default for ControlConfig {
             dilation: 1.0,
             executor_nice: Some(DEFAULT_EXECUTOR_NICE),
             keep_failed: Seconds(crate::exec::DEFAULT_KEEP_FAILED.as_secs_f64()),
+            retain_jobs: None,
         }
     }
 }
@@ -347,6 +352,7 @@ impl std::fmt::Debug for ControlConfig {
             .field("openlambda", &self.openlambda)
             .field("dilation", &self.dilation)
             .field("keep_failed", &self.keep_failed)
+            .field("retain_jobs", &self.retain_jobs)
             .field("executor_nice", &self.executor_nice)
             .finish()
     }
@@ -447,6 +453,9 @@ pub struct ControlArgs {
     /// How long a failed job keeps what a retry reuses, e.g. 24h (0s: nothing).
     #[arg(long, env = "SONIC_KEEP_FAILED")]
     pub keep_failed: Option<Seconds>,
+    /// Delete jobs (record, logs, results) that ended longer ago than this, e.g. 720h.
+    #[arg(long, env = "SONIC_RETAIN_JOBS")]
+    pub retain_jobs: Option<Seconds>,
     /// How log lines are written: text, or json (one object per line, with the job's and the
     /// run's spans).
     #[arg(long, env = "SONIC_LOG_FORMAT", default_value = "text")]
@@ -502,6 +511,7 @@ impl ControlConfig {
             .set("dilation", a.dilation)
             .set("executor_nice", a.executor_nice)
             .set("keep_failed", a.keep_failed)
+            .set("retain_jobs", a.retain_jobs)
             .extract()?;
         cfg.check()?;
         Ok(cfg)
@@ -551,6 +561,13 @@ impl ControlConfig {
             return Err(ConfigError::Invalid(
                 "keep_failed must be from 0s to 30 days".into(),
             ));
+        }
+        if let Some(Seconds(t)) = self.retain_jobs
+            && !(t.is_finite() && t >= 1.0)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "retain_jobs must be at least 1s (or null: kept until deleted), not {t} s"
+            )));
         }
         let t = self.plan_budget.0;
         if !(t.is_finite() && t > 0.0 && t <= 3_600.0) {

@@ -201,6 +201,9 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
     jobs.prewarm = config.prewarm;
     jobs.dilation = config.dilation;
     jobs.keep_failed = config.keep_failed();
+    jobs.retain_jobs = config
+        .retain_jobs
+        .map(|t| std::time::Duration::from_secs_f64(t.0.max(0.0)));
     tracing::info!(store = %choice.describe(), "object store open");
     let runtime = Runtime::new(store, Some(catalog), jobs).with_http(http);
     Ok(match config.executor_nice {

@@ -91,6 +91,7 @@ pub async fn run_all(store: &dyn ObjectStore, scratch_dir: &Path) {
 pub async fn try_run_all(store: &dyn ObjectStore, scratch_dir: &Path) -> Result<(), Failure> {
     roundtrip_bytes(store).await?;
     roundtrip_files(store, &scratch_dir.join("roundtrip")).await?;
+    streams(store).await?;
     overwrite(store, &scratch_dir.join("overwrite")).await?;
     missing(store, &scratch_dir.join("missing")).await?;
     list_by_prefix(store).await?;
@@ -257,6 +258,45 @@ pub async fn roundtrip_files(store: &dyn ObjectStore, scratch_dir: &Path) -> Res
         )
         .await?;
     }
+    Ok(())
+}
+
+/// An object read as a stream is the object, in order, from empty to over a megabyte (in several
+/// chunks where the store streams); a missing one is `NotFound`.
+pub async fn streams(store: &dyn ObjectStore) -> Result<(), Failure> {
+    use futures::TryStreamExt;
+    const C: &str = "streams";
+    for (i, size) in [0usize, 5, 1024 * 1024 + 11].into_iter().enumerate() {
+        let key = format!("conf/stream/{size}");
+        let data = pattern(size, 40 + i as u64);
+        store
+            .put_bytes(&key, Bytes::from(data.clone()))
+            .await
+            .ctx(C, format!("put_bytes {key}"))?;
+        let chunks: Vec<Bytes> = store
+            .get_stream(&key)
+            .await
+            .ctx(C, format!("get_stream {key}"))?
+            .try_collect()
+            .await
+            .ctx(C, format!("reading the stream of {key}"))?;
+        let got: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        ensure!(
+            C,
+            got == data,
+            "get_stream {key} gave {} bytes that differ from the {} put",
+            got.len(),
+            data.len()
+        );
+        store.delete(&key).await.ctx(C, format!("delete {key}"))?;
+    }
+    let missing = store.get_stream("conf/stream/never-written").await;
+    ensure!(
+        C,
+        matches!(missing, Err(StoreError::NotFound(_))),
+        "get_stream of a missing object is not NotFound: {:?}",
+        missing.map(|_| "a stream")
+    );
     Ok(())
 }
 

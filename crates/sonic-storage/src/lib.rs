@@ -82,6 +82,9 @@ pub struct Throttle {
     pub ingress: async_speed_limit::Limiter,
 }
 
+/// An object's bytes, chunk by chunk ([`ObjectStore::get_stream`]).
+pub type ByteStream = futures::stream::BoxStream<'static, Result<Bytes, StoreError>>;
+
 /// An S3-like object store. Keys are `/`-separated, relative, with no `..` or empty segment.
 /// Every write is atomic: a reader sees the whole object or none.
 #[async_trait::async_trait]
@@ -92,6 +95,14 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     async fn get_file(&self, key: &str, path: &Path) -> Result<u64, StoreError>;
     async fn put_bytes(&self, key: &str, data: Bytes) -> Result<(), StoreError>;
     async fn get_bytes(&self, key: &str) -> Result<Bytes, StoreError>;
+    /// The object's bytes as a stream, read as the consumer takes them: a large object is never
+    /// held whole in memory. `NotFound` before the first chunk when it does not exist. The
+    /// default reads it whole ([`ObjectStore::get_bytes`]): for stores that hold objects in
+    /// memory anyway, and wrappers that pace whole reads.
+    async fn get_stream(&self, key: &str) -> Result<ByteStream, StoreError> {
+        let bytes = self.get_bytes(key).await?;
+        Ok(Box::pin(futures::stream::once(async move { Ok(bytes) })))
+    }
     /// The object's size, or `None` when it does not exist.
     async fn head(&self, key: &str) -> Result<Option<u64>, StoreError>;
     /// Objects whose key starts with `prefix`, in key order.
@@ -121,6 +132,9 @@ impl<T: ObjectStore + ?Sized> ObjectStore for std::sync::Arc<T> {
     }
     async fn get_bytes(&self, key: &str) -> Result<Bytes, StoreError> {
         (**self).get_bytes(key).await
+    }
+    async fn get_stream(&self, key: &str) -> Result<ByteStream, StoreError> {
+        (**self).get_stream(key).await
     }
     async fn head(&self, key: &str) -> Result<Option<u64>, StoreError> {
         (**self).head(key).await

@@ -223,6 +223,17 @@ impl ObjectStore for LocalStore {
         .await
     }
 
+    async fn get_stream(&self, key: &str) -> Result<crate::ByteStream, StoreError> {
+        use futures::TryStreamExt;
+        let src = self.path_of(key)?;
+        let file = tokio::fs::File::open(&src)
+            .await
+            .map_err(|e| not_found(key, e))?;
+        Ok(Box::pin(
+            tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024).map_err(StoreError::Io),
+        ))
+    }
+
     async fn head(&self, key: &str) -> Result<Option<u64>, StoreError> {
         let path = self.path_of(key)?;
         fsutil::blocking(move || object_size(&path)).await

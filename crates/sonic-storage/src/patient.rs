@@ -114,6 +114,12 @@ impl<S: ObjectStore> ObjectStore for Patient<S> {
         self.retry("GET", key, || self.inner.get_bytes(key)).await
     }
 
+    /// Opening the stream is waited out as every operation is; a failure once bytes flow ends
+    /// the stream with it (what was sent cannot be taken back).
+    async fn get_stream(&self, key: &str) -> Result<crate::ByteStream, StoreError> {
+        self.retry("GET", key, || self.inner.get_stream(key)).await
+    }
+
     async fn head(&self, key: &str) -> Result<Option<u64>, StoreError> {
         self.retry("HEAD", key, || self.inner.head(key)).await
     }

@@ -737,6 +737,28 @@ impl ObjectStore for S3Store {
         Ok(Bytes::from(buf))
     }
 
+    async fn get_stream(&self, key: &str) -> Result<crate::ByteStream, StoreError> {
+        validate_key(key)?;
+        let out = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| map_err(e, key))?;
+        let reader = out.body.into_async_read();
+        let reader: Pin<Box<dyn AsyncRead + Send>> = match self.ingress() {
+            Some(limiter) => Box::pin(limiter.clone().limit(reader)),
+            None => Box::pin(reader),
+        };
+        let key = key.to_owned();
+        Ok(Box::pin(
+            tokio_util::io::ReaderStream::with_capacity(reader, 256 * 1024)
+                .map_err(move |e| StoreError::Unavailable(format!("reading {key}: {e}"))),
+        ))
+    }
+
     async fn head(&self, key: &str) -> Result<Option<u64>, StoreError> {
         validate_key(key)?;
         Ok(self.stat(key).await?.map(|(size, _)| size))

@@ -690,8 +690,23 @@ fn cancel_delete_and_open() {
     let table = up.ofctl(&["delete", "dag", "slow"]);
     assert!(table.stdout.contains("dag slow deleted"), "{table:?}");
 
+    // delete job: an ended job goes with its results; a second delete is refused.
+    let deleted = up.ofctl(&["delete", "job", &job, "-o", "json"]).json();
+    assert_eq!(deleted["deleted"], job.as_str());
+    assert!(
+        up.ofctl(&["describe", "job", &job])
+            .refused()
+            .contains(&job)
+    );
+    assert!(up.ofctl(&["delete", "job", &job]).refused().contains(&job));
+    assert!(
+        up.ofctl(&["delete", "job", "x"])
+            .refused()
+            .contains("invalid job id")
+    );
+
     // Bad usage: exit 2.
-    assert_eq!(up.ofctl(&["delete", "job", "x"]).code, 2);
+    assert_eq!(up.ofctl(&["delete", "jobs", "x"]).code, 2);
     assert_eq!(up.ofctl(&["cancel"]).code, 2);
 
     up.stop();

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::exec::requests::{JobInputFile, Policy};
 use crate::exec::{Context, Runtime};
 use crate::learn::{PlanFailure, Planned};
-use crate::store::{Db, JobRecord, Retry, StoreError};
+use crate::store::{Db, DeleteJob, JobRecord, Retry, StoreError};
 
 /// Why a submission (or a cancel) was refused.
 #[derive(Debug, thiserror::Error)]
@@ -751,6 +751,24 @@ pub async fn retry(ctx: &Arc<Context>, id: String) -> Result<JobAccepted, AdmitE
         job_id: id,
         status: JobStatus::Queued,
     })
+}
+
+/// Deletes ended job `id` whole ([`crate::exec::delete_job`]); a job that has not ended is
+/// refused (cancel it first).
+pub async fn delete_job(ctx: &Arc<Context>, id: String) -> Result<(), AdmitError> {
+    let rt = ctx.jobs.clone().ok_or_else(|| {
+        AdmitError::NoJobs("this control plane runs no jobs: it has no object store".into())
+    })?;
+    match crate::exec::delete_job(ctx, &rt, &id).await? {
+        DeleteJob::Deleted(_) => {
+            tracing::info!(job = %id, "job deleted");
+            Ok(())
+        }
+        DeleteJob::NotFound => Err(AdmitError::NotFound(format!("no job {id}"))),
+        DeleteJob::NotEnded(status) => Err(AdmitError::Conflict(format!(
+            "job {id} is {status}: cancel it first (ofctl cancel {id})"
+        ))),
+    }
 }
 
 /// The record of job `id`, or [`AdmitError::NotFound`].

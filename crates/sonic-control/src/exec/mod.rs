@@ -45,8 +45,8 @@ use crate::resources::planned::Allocation;
 use crate::resources::{DEFAULT_MAX_QUEUED, Pool, ResourceManager};
 use crate::store::AgentSlot;
 use crate::store::{
-    Db, ExecutionRecord, FileRecord, InstanceRunRecord, JobRecord, LocalCopy, SampleRecord,
-    StoreError,
+    Db, DeleteJob, ExecutionRecord, FileRecord, InstanceRunRecord, JobRecord, LocalCopy,
+    SampleRecord, StoreError,
 };
 pub use context::Context;
 use sonic_core::machine::{
@@ -130,6 +130,9 @@ pub struct JobsConfig {
     /// agents, in the store and the memory tier, and their records) before [`sweep_kept`]
     /// deletes it; zero: deleted when the job fails, as a succeeded job's are.
     pub keep_failed: Duration,
+    /// Jobs ended longer ago than this are deleted whole ([`delete_job`]: record, logs,
+    /// results, input) by the sweep; `None`: kept until deleted.
+    pub retain_jobs: Option<Duration>,
 }
 
 impl std::fmt::Debug for JobsConfig {
@@ -146,6 +149,7 @@ impl std::fmt::Debug for JobsConfig {
             .field("health_timeout", &self.health_timeout)
             .field("dilation", &self.dilation)
             .field("keep_failed", &self.keep_failed)
+            .field("retain_jobs", &self.retain_jobs)
             .finish()
     }
 }
@@ -176,6 +180,7 @@ impl JobsConfig {
             trigger_poll: std::time::Duration::from_secs(5),
             dilation: 1.0,
             keep_failed: DEFAULT_KEEP_FAILED,
+            retain_jobs: None,
         }
     }
 }
@@ -1073,7 +1078,12 @@ async fn execute_from(
         }
         let why = match executions.ended(failure.end(cancel.is_cancelled())) {
             Next::Fail(message) => {
-                failed_kind = kind;
+                // A cancelled job says so, whatever stopped its last run.
+                failed_kind = if cancel.is_cancelled() {
+                    Some(RunFailure::Cancelled)
+                } else {
+                    kind
+                };
                 break (Err(message), progress);
             }
             Next::RunAgain { why, .. } => why,
@@ -2199,8 +2209,8 @@ async fn stop_runs(rt: &Runtime, job: &str, agents: &[AgentSlot]) {
     }
 }
 
-/// Deletes what failed jobs kept for a retry once they have kept it `JobsConfig::keep_failed`
-/// (at most [`SWEEP_BATCH`] jobs a call): their files on every alive agent, in the store (their
+/// Deletes what failed jobs kept for a retry once they have kept it `JobsConfig::keep_failed`,
+/// and jobs past `JobsConfig::retain_jobs` whole (at most [`SWEEP_BATCH`] of each a call): their files on every alive agent, in the store (their
 /// results and inputs included: nothing of them can run again) and in the memory tier, and
 /// their execution and runs' records. A job a retry took first is left alone. Returns how many
 /// were swept.
@@ -2210,21 +2220,17 @@ pub async fn sweep_kept(state: &Arc<Context>, rt: &Runtime) -> usize {
     let before = now.saturating_sub(keep_ms);
     let found = state
         .db
-        .run(move |db| Ok((db.failed_jobs_kept(before, SWEEP_BATCH)?, db.list_agents()?)))
+        .run(move |db| db.failed_jobs_kept(before, SWEEP_BATCH))
         .await;
-    let (jobs, agents) = match found {
-        Ok(found) => found,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot list the failed jobs kept for a retry");
-            return 0;
-        }
+    let jobs = found.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot list the failed jobs kept for a retry");
+        Vec::new()
+    });
+    let agents = if jobs.is_empty() {
+        Vec::new()
+    } else {
+        alive_agents(state).await
     };
-    let timeout = state.heartbeat_timeout;
-    let agents: Vec<AgentSlot> = agents
-        .into_iter()
-        .filter(|a| a.alive(now, timeout))
-        .map(AgentSlot::from)
-        .collect();
     let mut swept = 0;
     for id in jobs {
         let claim = id.clone();
@@ -2248,7 +2254,65 @@ pub async fn sweep_kept(state: &Arc<Context>, rt: &Runtime) -> usize {
         tracing::info!(job = %id, "deleted what the failed job kept for a retry");
         swept += 1;
     }
+    // Jobs past the retention age go whole (`JobsConfig::retain_jobs`).
+    if let Some(retain) = rt.config.retain_jobs {
+        let retain_ms = i64::try_from(retain.as_millis()).unwrap_or(i64::MAX);
+        let before = now.saturating_sub(retain_ms);
+        match state
+            .db
+            .run(move |db| db.jobs_ended_before(before, SWEEP_BATCH))
+            .await
+        {
+            Ok(old) => {
+                for id in old {
+                    match delete_job(state, rt, &id).await {
+                        Ok(DeleteJob::Deleted(_)) => {
+                            tracing::info!(job = %id, "deleted past the retention age");
+                            swept += 1;
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(job = %id, error = %e, "cannot delete the job"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list the jobs past the retention age"),
+        }
+    }
     swept
+}
+
+/// Deletes ended job `id`: its rows ([`crate::store::Writer::delete_job`]: the record goes
+/// first, so that nothing, a retry included, takes the job while its files go), then its files
+/// on every alive agent, its objects in the store (results and input) and in the memory tier.
+pub async fn delete_job(
+    state: &Arc<Context>,
+    rt: &Runtime,
+    id: &str,
+) -> Result<DeleteJob, StoreError> {
+    let target = id.to_owned();
+    let deleted = state.db.commit(move |w| w.delete_job(&target)).await?;
+    if matches!(deleted, DeleteJob::Deleted(_)) {
+        let agents = alive_agents(state).await;
+        clear(state, rt, id, &agents, None, Some(rt.config.health_timeout)).await;
+    }
+    Ok(deleted)
+}
+
+/// The agents alive now.
+async fn alive_agents(state: &Context) -> Vec<AgentSlot> {
+    let now = state.clock.now_ms();
+    let timeout = state.heartbeat_timeout;
+    match state.db.run(|db| db.list_agents()).await {
+        Ok(agents) => agents
+            .into_iter()
+            .filter(|a| a.alive(now, timeout))
+            .map(AgentSlot::from)
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the agents");
+            Vec::new()
+        }
+    }
 }
 
 /// Sweeps kept failed jobs ([`sweep_kept`]) now and then, as long as the runtime runs jobs
@@ -2257,10 +2321,14 @@ pub fn spawn_sweeper(state: Arc<Context>, rt: Arc<Runtime>) {
     // Kept a day, a job is swept within a minute of its day; kept nothing (jobs of an earlier
     // setting may still hold something), once a minute.
     let keep = rt.config.keep_failed;
-    let every = if keep.is_zero() {
-        Duration::from_secs(60)
-    } else {
-        (keep / 4).clamp(Duration::from_millis(100), Duration::from_secs(60))
+    let shortest = [Some(keep), rt.config.retain_jobs]
+        .into_iter()
+        .flatten()
+        .filter(|d| !d.is_zero())
+        .min();
+    let every = match shortest {
+        None => Duration::from_secs(60),
+        Some(d) => (d / 4).clamp(Duration::from_millis(100), Duration::from_secs(60)),
     };
     let task = {
         let rt = rt.clone();

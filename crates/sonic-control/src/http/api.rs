@@ -153,6 +153,7 @@ fn table() -> RouteTable<Shared, Access> {
         .route(Method::GET, "/v1/jobs/{id}", Token, get_job)
         .route(Method::POST, "/v1/jobs/{id}/cancel", Token, cancel_job)
         .route(Method::POST, "/v1/jobs/{id}/retry", Token, retry_job)
+        .route(Method::DELETE, "/v1/jobs/{id}", Token, delete_job)
         .route(
             Method::GET,
             "/v1/jobs/{id}/results/{*key}",
@@ -1050,6 +1051,31 @@ async fn cancel_job(
     Ok((StatusCode::ACCEPTED, Json(job_view(job))).into_response())
 }
 
+/// Delete an ended job: its record, logs, results and input, its files on the agents
+///
+/// The sample it taught the DAG's models stays. A queued or running job is cancelled first.
+#[utoipa::path(
+    delete,
+    path = "/v1/jobs/{id}",
+    operation_id = "deleteJob",
+    tag = "jobs",
+    params(Id),
+    responses(
+        (status = 204, description = "deleted"),
+        (status = 400, description = "not a job id", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody),
+        (status = 409, description = "the job has not ended", body = ErrorBody),
+    )
+)]
+async fn delete_job(
+    State(state): State<Shared>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let id = checked_job_id(path_param(id)?)?;
+    admission::delete_job(&state.ctx, id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// Run a failed or cancelled job again under its id, reusing what its instances that succeeded wrote
 ///
 /// The job keeps its DAG revision, parameters, policy and input; its instances that succeeded
@@ -1087,10 +1113,11 @@ async fn retry_job(
     tag = "jobs",
     params(Id, ResultKey),
     responses(
-        (status = 200, description = "the object's bytes",
+        (status = 200, description = "the object's bytes, streamed",
             content(("application/octet-stream"))),
         (status = 400, description = "not a job id, or an invalid key", body = ErrorBody),
         (status = 404, description = "no such job or result", body = ErrorBody),
+        (status = 409, description = "the job has not succeeded: it has no results", body = ErrorBody),
         (status = 503, description = "this control plane runs no jobs (no object store)",
             body = ErrorBody),
     )
@@ -1108,10 +1135,28 @@ async fn get_result(
     let full = format!("{}result/{key}", crate::exec::requests::job_prefix(&id));
     sonic_storage::validate_key(&full)
         .map_err(|_| ApiError::BadRequest("invalid result key".into()))?;
-    job_record(&state, &id).await?;
-    match rt.store.get_bytes(&full).await {
-        Ok(bytes) => {
-            Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+    // A running or failed job's result folder may hold part of what it would write.
+    let job = job_record(&state, &id).await?;
+    if job.status != JobStatus::Succeeded {
+        return Err(ApiError::Conflict(format!(
+            "job {id} is {}: only a succeeded job's results are served",
+            job.status
+        )));
+    }
+    // Streamed from the store as the client reads: a large result is never held whole.
+    let size = rt.store.head(&full).await.ok().flatten();
+    match rt.store.get_stream(&full).await {
+        Ok(stream) => {
+            let mut response = axum::body::Body::from_stream(stream).into_response();
+            let headers = response.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("application/octet-stream"),
+            );
+            if let Some(n) = size {
+                headers.insert(header::CONTENT_LENGTH, header::HeaderValue::from(n));
+            }
+            Ok(response)
         }
         Err(sonic_storage::StoreError::NotFound(_)) => {
             Err(ApiError::NotFound(format!("job {id} has no result {key}")))

@@ -380,6 +380,17 @@ pub struct JobRecord {
     pub retried_ms: Option<i64>,
 }
 
+/// What came of asking to delete a job ([`Writer::delete_job`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeleteJob {
+    /// Its rows are gone (its record as it was): its files are the caller's to delete.
+    Deleted(Box<JobRecord>),
+    /// No such job.
+    NotFound,
+    /// It has not ended.
+    NotEnded(JobStatus),
+}
+
 /// What came of asking to retry a job ([`Writer::retry_job`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Retry {
@@ -1613,6 +1624,17 @@ impl Db {
             .flatten())
     }
 
+    /// Jobs that ended before `before_ms`, the longest ended first, at most `limit`.
+    pub fn jobs_ended_before(&self, before_ms: i64, limit: u32) -> Result<Vec<String>, StoreError> {
+        let conn = self.reader();
+        let mut stmt = conn.prepare_cached(
+            "SELECT id FROM jobs WHERE status IN ('succeeded', 'failed') \
+             AND COALESCE(finished_ms, updated_ms) < ?1 ORDER BY finished_ms LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![before_ms, limit], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// Failed jobs that ended before `before_ms` and still hold what they kept for a retry
     /// (their execution), the longest ended first, at most `limit`.
     pub fn failed_jobs_kept(&self, before_ms: i64, limit: u32) -> Result<Vec<String>, StoreError> {
@@ -2170,6 +2192,36 @@ impl Writer<'_> {
             job: Box::new(job),
             reused,
         })
+    }
+
+    /// Deletes ended job `id`'s rows in one transaction: the job, its logs, its instances'
+    /// records and file records, the submission key that made it (the key can make a new job).
+    /// The sample it taught the models stays (the models' memory); an object trigger that
+    /// started it still counts the object as seen.
+    pub fn delete_job(&self, id: &str) -> Result<DeleteJob, StoreError> {
+        let job = self
+            .0
+            .prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"))?
+            .query_row(params![id], job_row)
+            .optional()?;
+        let Some(job) = job else {
+            return Ok(DeleteJob::NotFound);
+        };
+        if !job.status.is_terminal() {
+            return Ok(DeleteJob::NotEnded(job.status));
+        }
+        for table in ["instance_logs", "instance_runs", "files", "job_keys"] {
+            self.0
+                .prepare_cached(&format!("DELETE FROM {table} WHERE job = ?1"))?
+                .execute(params![id])?;
+        }
+        self.0
+            .prepare_cached("UPDATE trigger_objects SET job = NULL WHERE job = ?1")?
+            .execute(params![id])?;
+        self.0
+            .prepare_cached("DELETE FROM jobs WHERE id = ?1")?
+            .execute(params![id])?;
+        Ok(DeleteJob::Deleted(Box::new(job)))
     }
 
     /// Takes what failed job `id` kept for a retry (its execution and recorded runs): true when

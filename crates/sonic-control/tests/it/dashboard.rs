@@ -492,6 +492,31 @@ async fn the_pages_show_a_dag_a_job_started_from_the_form_and_the_agents() {
     let (status, page) = get("/jobs/j-ffffffffffffffff").await;
     assert_eq!(status, 404);
     assert!(page.contains("no job j-ffffffffffffffff"));
+    // A succeeded job can be deleted from its page, not retried; deleted, it is gone.
+    let (first, _) = &ids[0];
+    let (_, page) = get(&format!("/jobs/{first}")).await;
+    assert!(
+        page.contains(&format!("action=\"/jobs/{first}/delete\"")),
+        "{page}"
+    );
+    assert!(!page.contains("Retry the job"), "{page}");
+    let r = http
+        .post(format!("{}/jobs/{first}/retry", c.url()))
+        .header(header::COOKIE, cookie.clone())
+        .send()
+        .await
+        .expect("retry");
+    assert_eq!(r.status(), 409, "a succeeded job is not retried");
+    let r = http
+        .post(format!("{}/jobs/{first}/delete", c.url()))
+        .header(header::COOKIE, cookie.clone())
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()[header::LOCATION], "/jobs");
+    let (status, _) = get(&format!("/jobs/{first}")).await;
+    assert_eq!(status, 404);
     c.stop().await;
 }
 

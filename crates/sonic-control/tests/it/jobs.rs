@@ -377,6 +377,115 @@ async fn a_failing_lambda_fails_the_job_after_its_retries() {
     c.stop().await;
 }
 
+/// Results are served once a job succeeded, streamed; an ended job is deleted whole on request
+/// (record, logs, results, input, files) while the sample it taught stays; a job still running
+/// is refused; past `retain_jobs` a job goes by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_are_deleted_on_request_or_past_their_retention() {
+    let c = cluster().await;
+    let input = sized_input(300_000);
+    c.apply(&one_function("first")).await;
+    let (v, s) = c.run_ok("again", Some("remote"), &input).await;
+    let id = s.job_id.clone();
+    let key = s.outputs[0]
+        .rsplit_once("/result/")
+        .expect("a result url")
+        .1
+        .to_owned();
+    let r = c.get_path(&format!("/v1/jobs/{id}/results/{key}")).await;
+    assert_eq!(r.status(), 200, "{v}");
+    assert_eq!(
+        r.headers()["content-length"].to_str().expect("length"),
+        input.len().to_string()
+    );
+    assert_eq!(r.bytes().await.expect("body").as_ref(), input.as_slice());
+    // A job that runs cannot be deleted, and has no results yet; cancelled, it has none.
+    c.apply(
+        "name: nap\nfunctions:\n  - { name: nap, image: sonic-lambdas:latest, command: [synthetic, run, --to, result, --output-bytes, \"10\", --sleep-ms, \"60000\"], timeout: 120s }\n",
+    )
+    .await;
+    let running = c.queue(json!({ "dag": "nap", "policy": "remote" })).await;
+    let r = c.delete_job(&running).await;
+    assert_eq!(r.status(), 409);
+    assert!(r.text().await.expect("body").contains("cancel it first"));
+    let r = c
+        .http
+        .post(format!("{}/v1/jobs/{running}/cancel", c.url()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(r.status(), 202);
+    let (v, ended) = c.ended(&running).await;
+    assert_eq!(ended.status, JobStatus::Failed, "{v}");
+    let r = c.get_path(&format!("/v1/jobs/{running}/results/out")).await;
+    assert_eq!(r.status(), 409);
+    assert!(
+        r.text()
+            .await
+            .expect("body")
+            .contains("only a succeeded job's results")
+    );
+    // Deleted: its record, logs, objects and rows go; the sample stays.
+    for gone in [&id, &running] {
+        let r = c.delete_job(gone).await;
+        assert_eq!(r.status(), 204);
+        assert_eq!(c.get_path(&format!("/v1/jobs/{gone}")).await.status(), 404);
+        assert_eq!(
+            c.get_path(&format!("/v1/jobs/{gone}/logs")).await.status(),
+            404
+        );
+        assert!(
+            c.store()
+                .list(&format!("jobs/{gone}/"))
+                .await
+                .expect("list")
+                .is_empty()
+        );
+        let db = &c.control().state.db;
+        assert!(db.job_execution(gone).expect("execution").is_none());
+        assert!(db.logs(gone, None).expect("logs").is_empty());
+        assert_eq!(c.delete_job(gone).await.status(), 404);
+    }
+    assert!(
+        c.control()
+            .state
+            .db
+            .samples("again")
+            .expect("samples")
+            .iter()
+            .any(|x| x.job == id),
+        "the sample stays"
+    );
+    c.stop().await;
+
+    // Retained a second: a job that ended goes by itself.
+    let c = Cluster::builder()
+        .agents(&[("a-1", "m5.large")])
+        .tune_agents(|a| a.network_mbps = None)
+        .tune(|j| j.retain_jobs = Some(Duration::from_secs(1)))
+        .wait_deadline(Duration::from_secs(90))
+        .start()
+        .await;
+    c.apply(&one_function("first")).await;
+    let (_, s) = c.run_ok("again", Some("remote"), &input).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = c.get_path(&format!("/v1/jobs/{}", s.job_id)).await;
+        let left = c
+            .store()
+            .list(&format!("jobs/{}/", s.job_id))
+            .await
+            .expect("list");
+        if r.status() == 404 && left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never deleted: {left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.stop().await;
+}
+
 /// A cancelled job retried under its id, under every method: the instance that had succeeded
 /// is restored, not run again (`reused` in the summary), the rest run; the results are a plain
 /// run's; the job keeps its revision; a job that has not failed, or none, is refused.
@@ -1052,6 +1161,26 @@ impl Cluster {
         let (v, s) = self.ended(&id).await;
         assert_eq!(s.status, JobStatus::Succeeded, "{policy:?}: {v}");
         (v, s)
+    }
+
+    /// `GET` of a path of the API.
+    async fn get_path(&self, path: &str) -> reqwest::Response {
+        self.http
+            .get(format!("{}{path}", self.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("get")
+    }
+
+    /// `DELETE /v1/jobs/{id}`.
+    async fn delete_job(&self, id: &str) -> reqwest::Response {
+        self.http
+            .delete(format!("{}/v1/jobs/{id}", self.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("delete")
     }
 
     /// `POST /v1/jobs/{id}/retry`.

@@ -121,6 +121,15 @@ pub fn status(s: JobStatus) -> String {
     )
 }
 
+/// A job's status badge, a cancelled job's reading `cancelled` (its status is `failed`).
+pub fn job_status(s: &sonic_api::control::JobSummary) -> String {
+    if s.status == JobStatus::Failed && s.failure == Some(sonic_core::machine::Failure::Cancelled) {
+        "<span class=\"badge s-failed\" data-status=\"failed\">cancelled</span>".to_owned()
+    } else {
+        status(s.status)
+    }
+}
+
 /// A yes/no badge with words.
 pub fn flag(ok: bool, yes: &str, no: &str) -> String {
     if ok {

@@ -156,6 +156,13 @@ fn table() -> RouteTable<Shared, PageAccess> {
             crate::http::api::job_events,
         )
         .route(Method::POST, "/jobs/{id}/cancel", SignedIn, pages::cancel)
+        .route(Method::POST, "/jobs/{id}/retry", SignedIn, pages::retry)
+        .route(
+            Method::POST,
+            "/jobs/{id}/delete",
+            SignedIn,
+            pages::delete_job,
+        )
         .route(Method::GET, "/agents", SignedIn, pages::agents)
         .route(Method::GET, "/assets/dashboard.js", SignedIn, pages::script)
 }

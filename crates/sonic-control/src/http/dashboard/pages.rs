@@ -242,7 +242,7 @@ fn job_rows(jobs: &[JobRecord]) -> Vec<Vec<String>> {
             vec![
                 format!("<a href=\"/jobs/{0}\">{0}</a>", esc(&s.job_id)),
                 format!("<a href=\"/dags/{}\">{}</a>", url(&s.dag), esc(&s.dag)),
-                html::status(s.status),
+                html::job_status(&s),
                 esc(s.mode.as_str()),
                 esc(s.policy.as_str()),
                 html::bytes(s.input_bytes as f64),
@@ -1027,6 +1027,26 @@ pub async fn cancel(
     Ok(see_other(&format!("/jobs/{}", url(&id))))
 }
 
+/// The job page's retry button: the failed job runs again, reusing what succeeded.
+pub async fn retry(
+    State(state): State<Shared>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, PageError> {
+    let id = checked_job_id(path_value(id)?)?;
+    crate::admission::retry(&state.ctx, id.clone()).await?;
+    Ok(see_other(&format!("/jobs/{}", url(&id))))
+}
+
+/// The job page's delete button: the ended job goes, with its results; back to the jobs.
+pub async fn delete_job(
+    State(state): State<Shared>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, PageError> {
+    let id = checked_job_id(path_value(id)?)?;
+    crate::admission::delete_job(&state.ctx, id).await?;
+    Ok(see_other("/jobs"))
+}
+
 fn job_body(v: &JobView) -> String {
     let s = &v.summary;
     let r = &v.record;
@@ -1036,7 +1056,7 @@ fn job_body(v: &JobView) -> String {
         out,
         "<dl class=\"facts\"><dt>Status</dt><dd id=\"job-status\">{}</dd><dt>DAG</dt><dd><a href=\"/dags/{}\">{}</a></dd>\
          <dt>Policy</dt><dd>{} ({})</dd><dt>Input</dt><dd>{}</dd><dt>Submitted</dt><dd>{}</dd>",
-        html::status(s.status),
+        html::job_status(s),
         url(&s.dag),
         esc(&s.dag),
         esc(s.policy.as_str()),
@@ -1104,6 +1124,23 @@ fn job_body(v: &JobView) -> String {
             esc(if stage.is_empty() { "-" } else { &stage }),
             esc(&message),
             total.max(1),
+            url(&s.job_id)
+        );
+    } else {
+        // A failed (or cancelled) job can run again, reusing what succeeded; an ended job can go.
+        let retry = if s.status == JobStatus::Failed {
+            format!(
+                "<form method=\"post\" action=\"/jobs/{}/retry\" class=\"inline\"><button type=\"submit\">Retry the job</button></form> \
+                 <span class=\"muted\">its instances that succeeded are reused, not run again</span> ",
+                url(&s.job_id)
+            )
+        } else {
+            String::new()
+        };
+        let _ = write!(
+            out,
+            "<section id=\"actions\" aria-label=\"Actions\">{retry}<form method=\"post\" action=\"/jobs/{}/delete\" class=\"inline\"><button class=\"danger\" type=\"submit\">Delete the job</button></form> \
+             <span class=\"muted\">with its logs, results and input</span></section>",
             url(&s.job_id)
         );
     }
@@ -1421,7 +1458,11 @@ fn job_body(v: &JobView) -> String {
                     html::secs(f.seconds),
                     f.peak_memory_mb
                         .map_or("-".into(), |m| format!("{} MB", html::num(m))),
-                    f.attempts.to_string(),
+                    if f.reused {
+                        format!("{} <span class=\"badge\" title=\"succeeded before the retry; not run again\">reused</span>", f.attempts)
+                    } else {
+                        f.attempts.to_string()
+                    },
                 ]
             })
             .collect();
@@ -1691,6 +1732,37 @@ mod tests {
         let failed = job_body(&view(failed));
         assert!(!failed.contains("<dt>Perf/$</dt>"), "{failed}");
         assert!(failed.contains("<dt>Latency</dt>"), "{failed}");
+        // A failed job can be retried and deleted; a succeeded one only deleted; a cancelled
+        // one reads `cancelled`, and a retry's reused instances say so.
+        assert!(failed.contains("action=\"/jobs/j-3/retry\""), "{failed}");
+        assert!(failed.contains("action=\"/jobs/j-3/delete\""), "{failed}");
+        assert!(!over.contains("/retry\""), "{over}");
+        assert!(over.contains("action=\"/jobs/j-1/delete\""), "{over}");
+        let mut cancelled = job("j-4", JobMode::Planned, 3.0, 3.0, None);
+        cancelled.status = JobStatus::Failed;
+        if let Some(s) = cancelled.summary.as_mut() {
+            s.failure = Some(sonic_core::machine::Failure::Cancelled);
+            s.functions = vec![sonic_api::control::FunctionRun {
+                name: "f".into(),
+                instance: 0,
+                agent: "a-1".into(),
+                vm_type: "m5.large".into(),
+                cold: true,
+                seconds: 1.0,
+                start_latency_s: None,
+                start_contention: None,
+                peak_memory_mb: None,
+                cpus: None,
+                attempts: 1,
+                started_s: None,
+                ended_s: None,
+                reused: true,
+            }];
+        }
+        let cancelled = job_body(&view(cancelled));
+        assert!(cancelled.contains(">cancelled</span>"), "{cancelled}");
+        assert!(cancelled.contains(">reused</span>"), "{cancelled}");
+        assert!(!failed.contains(">cancelled</span>"), "{failed}");
     }
 
     /// The DAG page's section: measured quantiles over the planned jobs, how many ended within
