@@ -100,6 +100,8 @@ struct Execution<'a> {
     /// Unplanned, per function index: the CPUs each instance is given (a planned job's are its
     /// plan's).
     unplanned_cpus: Vec<f64>,
+    /// Per instance that ran out of memory: the limit its next attempt gets ([`raised_memory`]).
+    memory_raised: HashMap<(usize, u32), u64>,
 }
 
 impl<'a> Execution<'a> {
@@ -428,6 +430,7 @@ impl<'a> Execution<'a> {
             warm_keys,
             warm_words: HashMap::new(),
             unplanned_cpus,
+            memory_raised: HashMap::new(),
         })
     }
 
@@ -606,6 +609,7 @@ impl<'a> Execution<'a> {
             ref mut opened,
             ref mut first_sent,
             ref mut set,
+            ref memory_raised,
             ..
         } = *self;
         let Some(stage) = opened[i].as_mut() else {
@@ -648,6 +652,10 @@ impl<'a> Execution<'a> {
             }
             None => vm as usize,
         };
+        // An attempt after one that ran out of memory runs under the raised limit.
+        if let Some(&raised) = memory_raised.get(&(i, k)) {
+            p.request.memory_limit_mb = p.request.memory_limit_mb.max(raised);
+        }
         // An instance a previous control plane sent is asked for again on the
         // agent it went to.
         let mut sent_ms = None;
@@ -824,6 +832,7 @@ impl<'a> Execution<'a> {
             ref mut failures,
             ref mut events,
             ref mut warm_words,
+            ref mut memory_raised,
             ..
         } = *self;
         let (i, k) = (a.function, a.instance);
@@ -869,6 +878,20 @@ impl<'a> Execution<'a> {
                 } else {
                     failure.kind
                 };
+                // Out of memory: the next attempt (if its retries cover it) gets more, up to
+                // its agent's VM type's memory.
+                if kind == RunFailure::OutOfMemory {
+                    let cap = rt
+                        .catalog
+                        .as_ref()
+                        .and_then(|c| c.vm_type(&agents.get(a.agent)?.vm_type))
+                        .map(|t| u64::from(t.memory_mb));
+                    let next = raised_memory(a.memory_limit_mb, cap);
+                    if next > a.memory_limit_mb {
+                        tracing::info!(job = %job.id, function = %function, instance = k, from_mb = a.memory_limit_mb, to_mb = next, "out of memory: the next attempt gets more");
+                        memory_raised.insert((i, k), next);
+                    }
+                }
                 failures.insert((i, k), failure);
                 events.push_back(Event::RunFailed {
                     stage: i,

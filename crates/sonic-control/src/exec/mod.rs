@@ -1925,6 +1925,8 @@ struct Attempted {
     started: Instant,
     /// The stage's fetch on its agent.
     fetch: Option<Arc<fetch::StageFetch>>,
+    /// The memory limit it ran under, MB.
+    memory_limit_mb: u64,
     /// Its report and when it ended, if it succeeded.
     outcome: Result<(RunReport, Instant), InstanceFailure>,
 }
@@ -1942,6 +1944,7 @@ impl AttemptTask {
             sent_ms: self.sent_ms,
             started,
             fetch: self.fetch,
+            memory_limit_mb: self.request.memory_limit_mb,
             outcome,
         }
     }
@@ -2064,6 +2067,16 @@ struct InstanceFailure {
     kind: RunFailure,
     /// The agent it ran on.
     agent: String,
+}
+
+/// The memory limit an instance that ran out of memory under `limit_mb` is given next: twice
+/// as much, at most `cap_mb` (its agent's VM type's memory), never less than it had.
+pub(crate) fn raised_memory(limit_mb: u64, cap_mb: Option<u64>) -> u64 {
+    let want = limit_mb.saturating_mul(2).max(1);
+    match cap_mb {
+        Some(cap) => want.min(cap).max(limit_mb),
+        None => want,
+    }
 }
 
 /// The kind of failure a run's report says.
@@ -2759,6 +2772,16 @@ mod tests {
     use sonic_core::catalog::{Catalog, SECONDS_PER_MONTH};
     use sonic_core::dag::Dag;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn out_of_memory_doubles_the_limit_up_to_the_vm() {
+        use super::raised_memory;
+        assert_eq!(raised_memory(1024, Some(8192)), 2048);
+        assert_eq!(raised_memory(6000, Some(8192)), 8192);
+        assert_eq!(raised_memory(8192, Some(8192)), 8192, "at the VM's: no more");
+        assert_eq!(raised_memory(9000, Some(8192)), 9000, "never less than it had");
+        assert_eq!(raised_memory(512, None), 1024);
+    }
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig {

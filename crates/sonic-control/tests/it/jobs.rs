@@ -486,6 +486,27 @@ async fn jobs_are_deleted_on_request_or_past_their_retention() {
     c.stop().await;
 }
 
+/// A lambda that runs out of memory is tried again with more (twice its limit, at most its
+/// agent's VM type's memory), and succeeds: an unplanned job's runs get 1024 MB, this one
+/// needs about 1400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_out_of_memory_retry_gets_more_memory() {
+    let c = cluster().await;
+    c.apply(
+        "name: hungry\nfunctions:\n  - { name: eat, image: sonic-lambdas:latest, command: [synthetic, run, --alloc-mb, \"1400\", --to, result, --output-bytes, \"10\"], timeout: 60s }\n",
+    )
+    .await;
+    let id = c
+        .queue(json!({ "dag": "hungry", "policy": "remote" }))
+        .await;
+    let (v, s) = c.ended(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert_eq!(s.functions[0].attempts, 2, "{v}");
+    let peak = s.functions[0].peak_memory_mb.expect("peak");
+    assert!(peak > 1024.0, "it used more than its first limit: {v}");
+    c.stop().await;
+}
+
 /// A cancelled job retried under its id, under every method: the instance that had succeeded
 /// is restored, not run again (`reused` in the summary), the rest run; the results are a plain
 /// run's; the job keeps its revision; a job that has not failed, or none, is refused.
