@@ -885,7 +885,7 @@ impl<'a> Execution<'a> {
                         .catalog
                         .as_ref()
                         .and_then(|c| c.vm_type(&agents.get(a.agent)?.vm_type))
-                        .map(|t| u64::from(t.memory_mb));
+                        .map(|t| t.memory_mb);
                     let next = raised_memory(a.memory_limit_mb, cap);
                     if next > a.memory_limit_mb {
                         tracing::info!(job = %job.id, function = %function, instance = k, from_mb = a.memory_limit_mb, to_mb = next, "out of memory: the next attempt gets more");
