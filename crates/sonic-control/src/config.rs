@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sonic_core::units::{ByteSize, Seconds};
 use sonic_daemon::TlsFiles;
 use sonic_storage::StoreChoice;
@@ -83,6 +83,31 @@ pub struct ControlConfig {
     /// (`30d`... as `720h`; `null`, the default: kept until `ofctl delete job`). The samples
     /// they taught the models stay.
     pub retain_jobs: Option<Seconds>,
+    /// The retry policy of functions whose DAG gives none (`retries:` in the DAG file replaces
+    /// it field by field): `{ limit: 2, backoff: 200ms, on: [error, timeout, oom, lost] }`.
+    pub retries: RetriesConfig,
+}
+
+/// The control plane's default retry policy (`retries:` in its configuration file).
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetriesConfig {
+    /// How many times a failed run is tried again after its first attempt (0: never).
+    pub limit: u32,
+    /// The wait before the first retry, doubled before each next one.
+    pub backoff: Seconds,
+    /// The kinds of failure tried again: `error`, `timeout`, `oom`, `lost`.
+    pub on: Vec<sonic_core::dag::RetryOn>,
+}
+
+impl Default for RetriesConfig {
+    fn default() -> RetriesConfig {
+        RetriesConfig {
+            limit: 2,
+            backoff: Seconds(0.2),
+            on: sonic_core::dag::RetryOn::ALL.to_vec(),
+        }
+    }
 }
 
 /// The OpenLambda listener's settings (`openlambda:` in the file, `--openlambda ADDR`).
@@ -316,6 +341,7 @@ impl Default for ControlConfig {
             executor_nice: Some(DEFAULT_EXECUTOR_NICE),
             keep_failed: Seconds(crate::exec::DEFAULT_KEEP_FAILED.as_secs_f64()),
             retain_jobs: None,
+            retries: RetriesConfig::default(),
         }
     }
 }
@@ -353,6 +379,7 @@ impl std::fmt::Debug for ControlConfig {
             .field("dilation", &self.dilation)
             .field("keep_failed", &self.keep_failed)
             .field("retain_jobs", &self.retain_jobs)
+            .field("retries", &self.retries)
             .field("executor_nice", &self.executor_nice)
             .finish()
     }
@@ -562,6 +589,19 @@ impl ControlConfig {
                 "keep_failed must be from 0s to 30 days".into(),
             ));
         }
+        if self.retries.limit > sonic_core::dag::MAX_RETRIES {
+            return Err(ConfigError::Invalid(format!(
+                "retries.limit must be from 0 to {}, not {}",
+                sonic_core::dag::MAX_RETRIES,
+                self.retries.limit
+            )));
+        }
+        let b = self.retries.backoff.0;
+        if !(b.is_finite() && (0.0..=3_600.0).contains(&b)) {
+            return Err(ConfigError::Invalid(
+                "retries.backoff must be from 0s to 1h".into(),
+            ));
+        }
         if let Some(Seconds(t)) = self.retain_jobs
             && !(t.is_finite() && t >= 1.0)
         {
@@ -673,6 +713,45 @@ impl ControlConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The default retry policy, the failed-job keep and the retention from the file.
+    #[test]
+    fn retries_keep_and_retention_from_the_file() {
+        let token = "token: 0123456789abcdef\n";
+        let cfg = ControlConfig::from_yaml("c.yaml", token).expect("defaults");
+        assert_eq!(cfg.retries, RetriesConfig::default());
+        assert_eq!(cfg.retries.limit, 2);
+        assert_eq!(cfg.keep_failed(), crate::exec::DEFAULT_KEEP_FAILED);
+        assert_eq!(cfg.retain_jobs, None);
+        let yaml = format!(
+            "{token}retries: {{ limit: 4, backoff: 500ms, on: [error, oom] }}\nkeep_failed: 30m\nretain_jobs: 720h\n"
+        );
+        let cfg = ControlConfig::from_yaml("c.yaml", &yaml).expect("parses");
+        cfg.check().expect("valid");
+        assert_eq!(cfg.retries.limit, 4);
+        assert_eq!(cfg.retries.backoff, Seconds(0.5));
+        assert_eq!(
+            cfg.retries.on,
+            [
+                sonic_core::dag::RetryOn::Error,
+                sonic_core::dag::RetryOn::Oom
+            ]
+        );
+        assert_eq!(cfg.keep_failed(), Duration::from_secs(1800));
+        assert_eq!(cfg.retain_jobs, Some(Seconds(720.0 * 3600.0)));
+        for bad in [
+            "retries: { limit: 101 }\n",
+            "retries: { backoff: 2h }\n",
+            "retries: { on: [sometimes] }\n",
+            "retries: { tries: 3 }\n",
+            "keep_failed: 31d\n",
+            "retain_jobs: 0s\n",
+        ] {
+            let refused = ControlConfig::from_yaml("c.yaml", &format!("{token}{bad}"))
+                .and_then(|c| c.check().map(|()| c));
+            assert!(refused.is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn file_then_flags() {

@@ -201,6 +201,9 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
     jobs.prewarm = config.prewarm;
     jobs.dilation = config.dilation;
     jobs.keep_failed = config.keep_failed();
+    jobs.max_attempts = config.retries.limit.saturating_add(1);
+    jobs.backoff = std::time::Duration::from_secs_f64(config.retries.backoff.0.max(0.0));
+    jobs.retry_on = config.retries.on.iter().copied().collect();
     jobs.retain_jobs = config
         .retain_jobs
         .map(|t| std::time::Duration::from_secs_f64(t.0.max(0.0)));

@@ -318,7 +318,10 @@ impl<'a> Execution<'a> {
             }
         };
         // Each function's `retries:` over the control plane's default.
-        let default = RetryPolicy::new(rt.config.max_attempts, rt.config.backoff);
+        let default = RetryPolicy {
+            on: rt.config.retry_on.clone(),
+            ..RetryPolicy::new(rt.config.max_attempts, rt.config.backoff)
+        };
         let policies = dag
             .functions
             .iter()

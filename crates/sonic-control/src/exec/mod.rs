@@ -82,6 +82,8 @@ pub struct JobsConfig {
     pub max_attempts: u32,
     /// The wait before the second attempt; it doubles for each further one.
     pub backoff: Duration,
+    /// The kinds of failure tried again by default (a function's `retries: on:` replaces them).
+    pub retry_on: std::collections::BTreeSet<sonic_core::dag::RetryOn>,
     /// Without pushed reports (no `report_url` known): the first wait between two reads of a
     /// running instance's report; each further wait is half as long again, up to
     /// `max_poll_interval` (1,000 instances polled every 25 ms were 40,000 requests a second:
@@ -165,6 +167,7 @@ impl JobsConfig {
             memory_tier: None,
             max_attempts: 3,
             backoff: Duration::from_millis(200),
+            retry_on: sonic_core::dag::RetryOn::ALL.into_iter().collect(),
             poll_interval: Duration::from_millis(25),
             max_poll_interval: Duration::from_millis(500),
             report_url: None,
@@ -2778,8 +2781,16 @@ mod tests {
         use super::raised_memory;
         assert_eq!(raised_memory(1024, Some(8192)), 2048);
         assert_eq!(raised_memory(6000, Some(8192)), 8192);
-        assert_eq!(raised_memory(8192, Some(8192)), 8192, "at the VM's: no more");
-        assert_eq!(raised_memory(9000, Some(8192)), 9000, "never less than it had");
+        assert_eq!(
+            raised_memory(8192, Some(8192)),
+            8192,
+            "at the VM's: no more"
+        );
+        assert_eq!(
+            raised_memory(9000, Some(8192)),
+            9000,
+            "never less than it had"
+        );
         assert_eq!(raised_memory(512, None), 1024);
     }
 
