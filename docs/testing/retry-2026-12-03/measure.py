@@ -40,7 +40,7 @@ try:
         time.sleep(0.2)
     saved = json.load(open(config))
     client = sonic.Client(saved["server"], saved["token"], timeout=120)
-    while sum(1 for a in client.agents().get("agents", []) if a.get("alive")) < 2:
+    while sum(1 for a in client.agents() if a.get("alive")) < 2:
         assert time.time() < deadline, "the agents did not join"
         time.sleep(0.2)
     data = os.path.join(work, "data.csv")
