@@ -86,6 +86,9 @@ pub struct ControlConfig {
     /// The retry policy of functions whose DAG gives none (`retries:` in the DAG file replaces
     /// it field by field): `{ limit: 2, backoff: 200ms, on: [error, timeout, oom, lost] }`.
     pub retries: RetriesConfig,
+    /// A DAG (each parameter setting) profiles at most this many jobs before it plans with the
+    /// models it has, converged or not (0: until they converge).
+    pub max_profiling_jobs: usize,
 }
 
 /// The control plane's default retry policy (`retries:` in its configuration file).
@@ -342,6 +345,7 @@ impl Default for ControlConfig {
             keep_failed: Seconds(crate::exec::DEFAULT_KEEP_FAILED.as_secs_f64()),
             retain_jobs: None,
             retries: RetriesConfig::default(),
+            max_profiling_jobs: sonic_core::regression::DEFAULT_MAX_PROFILING_JOBS,
         }
     }
 }
@@ -380,6 +384,7 @@ impl std::fmt::Debug for ControlConfig {
             .field("keep_failed", &self.keep_failed)
             .field("retain_jobs", &self.retain_jobs)
             .field("retries", &self.retries)
+            .field("max_profiling_jobs", &self.max_profiling_jobs)
             .field("executor_nice", &self.executor_nice)
             .finish()
     }
@@ -739,6 +744,9 @@ mod tests {
         );
         assert_eq!(cfg.keep_failed(), Duration::from_secs(1800));
         assert_eq!(cfg.retain_jobs, Some(Seconds(720.0 * 3600.0)));
+        let cfg = ControlConfig::from_yaml("c.yaml", &format!("{token}max_profiling_jobs: 50\n"))
+            .expect("parses");
+        assert_eq!(cfg.max_profiling_jobs, 50);
         for bad in [
             "retries: { limit: 101 }\n",
             "retries: { backoff: 2h }\n",

@@ -222,6 +222,10 @@ pub struct DagMode {
     pub held_out: Vec<String>,
     /// Times the DAG drifted back to profiling.
     pub drifts: u32,
+    /// Why it plans with models that did not converge: it reached the profiling cap
+    /// (`Convergence::max_profiling_jobs`); `None` when they converged.
+    #[serde(default)]
+    pub capped: Option<String>,
 }
 
 impl DagMode {
@@ -241,6 +245,7 @@ impl DagMode {
             streaks: BTreeMap::new(),
             held_out: Vec::new(),
             drifts: 0,
+            capped: None,
         }
     }
 
@@ -311,22 +316,42 @@ impl DagMode {
     }
 
     /// The models after a job's sample: a profiling DAG whose models converged becomes planned
-    /// (returns true). A planned DAG stays planned whatever the models say (hysteresis).
-    pub fn observe_models(&mut self, job: &str, converged: bool, now_ms: i64) -> bool {
-        if self.mode == Mode::Profiling && converged {
-            self.mode = Mode::Planned;
-            self.since_ms = now_ms;
-            self.since_job = Some(job.to_owned());
-            self.drift = None;
-            self.streaks.clear();
-            return true;
+    /// (returns true), and so does one that profiled `Convergence::max_profiling_jobs` jobs
+    /// with models that predict, unconverged (`capped` says so). A planned DAG stays planned
+    /// whatever the models say (hysteresis).
+    pub fn observe_models(&mut self, job: &str, models: &DagModels, now_ms: i64) -> bool {
+        if self.mode != Mode::Profiling {
+            return false;
         }
-        false
+        let cap = models.convergence.max_profiling_jobs;
+        self.capped = match models.unconverged() {
+            None => None,
+            Some(why) if cap > 0 && models.jobs >= cap && models.predicts() => Some(format!(
+                "profiling stopped at its cap of {cap} jobs with models that did not converge ({why}): its plans may be off by that much; raise the control plane's max_profiling_jobs to profile longer"
+            )),
+            Some(_) => return false,
+        };
+        self.mode = Mode::Planned;
+        self.since_ms = now_ms;
+        self.since_job = Some(job.to_owned());
+        self.drift = None;
+        self.streaks.clear();
+        true
     }
 
     /// Why unforced jobs run the way they do now, for a job's record and the models view.
     pub fn reason(&self, models: &DagModels) -> String {
         match (self.mode, &self.drift) {
+            (Mode::Planned, _) if self.capped.is_some() => {
+                let since = self
+                    .since_job
+                    .as_deref()
+                    .map_or(String::new(), |j| format!(" at job {j}"));
+                format!(
+                    "planned{since}: {}",
+                    self.capped.as_deref().unwrap_or_default()
+                )
+            }
             (Mode::Planned, _) => {
                 let since = self
                     .since_job
@@ -343,12 +368,23 @@ impl DagMode {
                 Some(why) => format!("{drift}; {why}"),
                 None => drift.clone(),
             },
-            (Mode::Profiling, None) => format!(
-                "profiling: the models have not converged ({})",
-                models
-                    .unconverged()
-                    .unwrap_or_else(|| "no job has finished yet".into())
-            ),
+            (Mode::Profiling, None) => {
+                let cap = models.convergence.max_profiling_jobs;
+                let progress = if cap > 0 {
+                    format!(
+                        " ({} of at most {cap} profiling jobs; then it plans with the models as they are)",
+                        models.jobs
+                    )
+                } else {
+                    String::new()
+                };
+                format!(
+                    "profiling{progress}: the models have not converged ({}); `--policy sonic` plans a job with them now",
+                    models
+                        .unconverged()
+                        .unwrap_or_else(|| "no job has finished yet".into())
+                )
+            }
         }
     }
 }
@@ -386,6 +422,72 @@ mod tests {
         DagMode::new(true, 0)
     }
 
+    /// Models of one function `a` after `jobs` samples, each twice the last's input; `noisy`:
+    /// every other job's memory and cold time three times the line (never converges).
+    fn models_after(jobs: usize, noisy: bool, rule: Convergence) -> DagModels {
+        let mut m = DagModels::for_names(&["a".into()], &[], rule, 1);
+        for j in 0..jobs {
+            let x = 1e6 * (j + 1) as f64;
+            let k = if noisy && j % 2 == 1 { 3.0 } else { 1.0 };
+            let f = m.functions.get_mut("a").expect("a");
+            for (model, y) in [
+                (&mut f.memory_mb, (100.0 + x / 1e4) * k),
+                (&mut f.cold_s, (1.0 + x / 1e6) * k),
+                (&mut f.instances, 1.0),
+            ] {
+                model.add_sample(x, y).expect("sample");
+                let _ = model.fit();
+            }
+            m.jobs += 1;
+        }
+        m
+    }
+
+    /// Profiling ends at the cap with models that predict, saying so; converged models plan
+    /// without it; no cap, it profiles on; progress toward the cap is in the reason.
+    #[test]
+    fn profiling_stops_at_its_cap_and_says_so() {
+        let capped = Convergence {
+            max_profiling_jobs: 4,
+            min_samples: 3,
+            ..rule()
+        };
+        let mut m = DagMode::new(false, 0);
+        let three = models_after(3, true, capped);
+        assert!(
+            three.predicts() && !three.converged(),
+            "{:?}",
+            three.unconverged()
+        );
+        assert!(!m.observe_models("j-3", &three, 3));
+        let why = m.reason(&three);
+        assert!(why.contains("3 of at most 4 profiling jobs"), "{why}");
+        assert!(why.contains("--policy sonic"), "{why}");
+        let four = models_after(4, true, capped);
+        assert!(m.observe_models("j-4", &four, 4));
+        assert_eq!(m.mode, Mode::Planned);
+        let why = m.reason(&four);
+        assert!(
+            why.contains("cap of 4 jobs") && why.contains("j-4"),
+            "{why}"
+        );
+        // Converged: planned, no cap said.
+        let mut m = DagMode::new(false, 0);
+        assert!(m.observe_models("j-6", &models_after(6, false, capped), 6));
+        assert_eq!(m.capped, None);
+        // No cap: it profiles on.
+        let uncapped = Convergence {
+            max_profiling_jobs: 0,
+            ..capped
+        };
+        let mut m = DagMode::new(false, 0);
+        assert!(!m.observe_models("j-9", &models_after(9, true, uncapped), 9));
+        assert!(
+            !m.reason(&models_after(9, true, uncapped))
+                .contains("at most")
+        );
+    }
+
     #[test]
     fn errors_are_relative_above_a_floor() {
         let c = check("a.cold_s", 2.0, 3.5);
@@ -401,15 +503,15 @@ mod tests {
     #[test]
     fn a_converged_dag_stays_planned_whatever_the_models_say() {
         let mut m = DagMode::new(false, 0);
-        assert!(!m.observe_models("j-1", false, 1));
+        assert!(!m.observe_models("j-1", &models_after(1, false, rule()), 1));
         assert_eq!(m.mode, Mode::Profiling);
-        assert!(m.observe_models("j-2", true, 2));
+        assert!(m.observe_models("j-2", &models_after(6, false, rule()), 2));
         assert_eq!(
             (m.mode, m.since_job.as_deref()),
             (Mode::Planned, Some("j-2"))
         );
         // A new input size raises the cross-validated error: still planned.
-        assert!(!m.observe_models("j-3", false, 3));
+        assert!(!m.observe_models("j-3", &models_after(1, false, rule()), 3));
         assert_eq!(m.mode, Mode::Planned);
         // Jobs that measure what was predicted change nothing.
         for i in 0..10 {
@@ -477,7 +579,7 @@ mod tests {
         let models = DagModels::for_names(&["a".into()], &[], rule(), 1);
         assert!(m.reason(&models).starts_with("drift: a->b.bytes"));
         // Converged again: planned, the drift forgotten but counted.
-        assert!(m.observe_models("j-9", true, 9));
+        assert!(m.observe_models("j-9", &models_after(6, false, rule()), 9));
         assert_eq!(
             (m.mode, m.drift.as_deref(), m.drifts),
             (Mode::Planned, None, 1)

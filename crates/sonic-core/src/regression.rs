@@ -75,6 +75,18 @@ pub struct Convergence {
     /// planned jobs that measured it.
     #[serde(default = "default_drift_jobs")]
     pub drift_jobs: usize,
+    /// A DAG (each parameter setting) profiles at most this many jobs: past them, if its models
+    /// predict at all, its jobs run planned with them unconverged, and say so
+    /// (`crate::mode::DagMode::observe_models`). 0: no cap (it profiles until they converge).
+    #[serde(default = "default_max_profiling_jobs")]
+    pub max_profiling_jobs: usize,
+}
+
+/// Profiling jobs a setting runs at most before planning with the models it has.
+pub const DEFAULT_MAX_PROFILING_JOBS: usize = 30;
+
+fn default_max_profiling_jobs() -> usize {
+    DEFAULT_MAX_PROFILING_JOBS
 }
 
 fn default_drift_error() -> f64 {
@@ -92,6 +104,7 @@ impl Default for Convergence {
             min_samples: 5,
             drift_error: default_drift_error(),
             drift_jobs: default_drift_jobs(),
+            max_profiling_jobs: DEFAULT_MAX_PROFILING_JOBS,
         }
     }
 }
@@ -984,6 +997,13 @@ impl DagModels {
             ),
             None => format!("{name} is not fitted"),
         })
+    }
+
+    /// Whether every model planning needs is fitted (it predicts, converged or not).
+    pub fn predicts(&self) -> bool {
+        self.functions.values().all(|f| {
+            f.memory_mb.fit.is_some() && f.cold_s.fit.is_some() && f.instances.fit.is_some()
+        }) && self.edges.iter().all(|e| e.bytes.fit.is_some())
     }
 
     /// The DAG parameters predicted at input size `input_bytes`.

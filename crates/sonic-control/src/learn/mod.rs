@@ -443,7 +443,7 @@ pub fn refit(
     // Not in the refit that drifted: at least one job profiles before the DAG plans again.
     if let Some(f) = finished
         && changed.is_none()
-        && state.observe_models(&f.job, models.converged(), now_ms)
+        && state.observe_models(&f.job, &models, now_ms)
     {
         let why = state.reason(&models);
         tracing::info!(dag = %dag.name, setting = %setting, job = %f.job, reason = %why, "the dag's models converged: its jobs run planned");

@@ -1958,7 +1958,9 @@ async fn a_planned_dag_profiles_again_only_on_sustained_drift() {
         assert_eq!(s.mode, JobMode::Profiling, "{s:?}");
         let why = s.mode_reason.clone().unwrap_or_default();
         assert!(
-            why.starts_with("profiling: the models have not converged"),
+            why.starts_with(&format!(
+                "profiling ({k} of at most 30 profiling jobs; then it plans with the models as they are): the models have not converged"
+            )),
             "{why}"
         );
         let m = mode(&models().await);
@@ -2097,7 +2099,7 @@ async fn each_parameter_setting_profiles_and_plans_on_its_own() {
         let why = s.mode_reason.clone().unwrap_or_default();
         assert!(
             why.starts_with(&format!(
-                "setting output_bytes=100000 ({k} job{} learned): profiling: the models have not converged",
+                "setting output_bytes=100000 ({k} job{} learned): profiling ({k} of at most 30 profiling jobs; then it plans with the models as they are): the models have not converged",
                 if k == 1 { "" } else { "s" }
             )),
             "{why}"
