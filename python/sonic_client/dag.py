@@ -78,8 +78,9 @@ class Dag:
     Parameters mirror the file's top-level keys (docs/dag-format.md): ``params`` (job parameters
     and their defaults, overridable per job), ``work_params`` (the parameters that change the
     work), ``bounds`` (``max_latency``, ``max_cost_usd``), ``deadline``, ``slo``
-    (``percentile``, ``latency``, ``best_effort``) and ``triggers`` (``{"schedule": "@every
-    1h"}``, ``{"object_created": {"prefix": "incoming/"}}``).
+    (``percentile``, ``latency``, ``best_effort``), ``triggers`` (``{"schedule": "@every
+    1h"}``, ``{"object_created": {"prefix": "incoming/"}}``) and ``on_failure`` (the name of a
+    function of the DAG, with no edges, run once when a job fails).
     """
 
     def __init__(
@@ -93,6 +94,7 @@ class Dag:
         deadline: Optional[Duration] = None,
         slo: Optional[Mapping[str, Any]] = None,
         triggers: Optional[Sequence[Mapping[str, Any]]] = None,
+        on_failure: Optional[str] = None,
     ) -> None:
         self.name = name
         self.description = description
@@ -104,6 +106,7 @@ class Dag:
         self.deadline = deadline
         self.slo: Optional[Dict[str, Any]] = dict(slo) if slo is not None else None
         self.triggers: List[Dict[str, Any]] = [dict(t) for t in (triggers or [])]
+        self.on_failure = on_failure
         self.functions: List[Dict[str, Any]] = []
         self.edges: List[Dict[str, str]] = []
 
@@ -201,6 +204,8 @@ class Dag:
             doc["slo"] = s
         if self.triggers:
             doc["triggers"] = [dict(t) for t in self.triggers]
+        if self.on_failure is not None:
+            doc["on_failure"] = self.on_failure
         return doc
 
     def to_yaml(self) -> str:

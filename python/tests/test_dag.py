@@ -22,6 +22,7 @@ def test_every_field_the_builder_writes_is_read_back(client: sonic.Client) -> No
         bounds={"max_latency": 120, "max_cost_usd": 0.05},
         deadline=datetime.timedelta(minutes=10),
         slo={"percentile": 95, "latency": 20.5},
+        on_failure="notify",
     )
     dag.function(
         "split",
@@ -35,6 +36,7 @@ def test_every_field_the_builder_writes_is_read_back(client: sonic.Client) -> No
         "train", image=IMAGE, command=["synthetic", "copy", "--to", "combine"], instances="trees"
     )
     dag.function("combine", image=IMAGE, command=["synthetic", "copy", "--to", "result"])
+    dag.function("notify", image=IMAGE, command=["synthetic", "noop"])
     dag.edge("split", "train", "broadcast").edge("train", "combine", "gather")
 
     client.apply(dag)
@@ -56,6 +58,9 @@ def test_every_field_the_builder_writes_is_read_back(client: sonic.Client) -> No
     assert split["timeout_s"] == 1.5
     assert split["env"] == {"MODE": "fast", "LEVEL": "3", "FLAG": "true", "TEXT": "on"}, split
     assert split["retries"]["limit"] == 2, split
+    # The on_failure function is set apart from the DAG's stages.
+    assert [f["name"] for f in parsed["functions"]] == ["split", "train", "combine"], parsed
+    assert parsed["on_failure"]["name"] == "notify", parsed
     text = dag.to_yaml()
     assert "timeout: 1500ms" in text and "deadline: 600s" in text, text
     assert 'instances: "{{ params.trees }}"' in text, text

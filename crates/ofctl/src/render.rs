@@ -240,6 +240,16 @@ pub fn job(j: &JobSummary, out: &mut dyn Write) -> io::Result<()> {
     if let Some(e) = &j.error {
         writeln!(out, "error    {e}")?;
     }
+    if let Some(h) = &j.on_failure {
+        match &h.error {
+            None => writeln!(
+                out,
+                "hook     on_failure {} ran on {} ({:.1} s)",
+                h.function, h.agent, h.seconds
+            )?,
+            Some(e) => writeln!(out, "hook     on_failure {} failed: {e}", h.function)?,
+        }
+    }
     writeln!(out, "mode     {} (policy {})", j.mode, j.policy)?;
     if let Some(why) = &j.mode_reason {
         writeln!(out, "why      {why}")?;

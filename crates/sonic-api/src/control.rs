@@ -354,6 +354,26 @@ pub struct JobSummary {
     /// since (absent for jobs recorded before revisions were).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dag_revision: Option<u64>,
+    /// The run of the DAG's `on_failure:` function after the job failed (absent when the DAG
+    /// has none, or the job succeeded or was cancelled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<OnFailureRun>,
+}
+
+/// The one run of a DAG's `on_failure:` function for a failed job.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct OnFailureRun {
+    /// The function's name.
+    pub function: String,
+    /// Whether it ran to a successful exit.
+    pub succeeded: bool,
+    /// The agent it ran on (empty when none could take it).
+    pub agent: String,
+    /// How long it ran, seconds.
+    pub seconds: f64,
+    /// Why it did not succeed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Which of the planner's plans a job ran (`best`, `second_best`, `none` on the wire).

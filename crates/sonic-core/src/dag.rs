@@ -234,6 +234,11 @@ pub struct Dag {
     /// What starts its jobs besides submissions (`triggers:`, interfaces.md §7).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub triggers: Vec<Trigger>,
+    /// The function `on_failure:` names, run once when a job fails (interfaces.md §7). It is
+    /// not one of `functions`: it has no edges, is never planned and never runs in a job that
+    /// succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<Function>,
 }
 
 /// What starts a job of a DAG without a submission.
@@ -281,6 +286,8 @@ struct DagSpec {
     slo: Option<Spanned<SloSpec>>,
     #[serde(default)]
     triggers: Option<Vec<Spanned<TriggerSpec>>>,
+    #[serde(default)]
+    on_failure: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -1294,6 +1301,41 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         });
     }
 
+    // The function run when a job fails: one instance, alone, no edges.
+    let on_failure = match &spec.on_failure {
+        None => None,
+        Some(o) => {
+            let Some(&k) = names.get(&o.value) else {
+                return Err(errs.at(
+                    o,
+                    "on_failure",
+                    format!("unknown function {:?} (name one of `functions`)", o.value),
+                ));
+            };
+            if !matches!(
+                functions[k].instances,
+                Instances::Follow | Instances::Fixed(1)
+            ) {
+                return Err(errs.at(
+                    o,
+                    "on_failure",
+                    format!(
+                        "function {:?} runs once when a job fails: it has one instance (leave `instances` out)",
+                        o.value
+                    ),
+                ));
+            }
+            if functions.len() == 1 {
+                return Err(errs.at(
+                    o,
+                    "on_failure",
+                    "a DAG needs a function besides the one it runs on failure",
+                ));
+            }
+            Some(k)
+        }
+    };
+
     let mut edges: Vec<(usize, Edge)> = Vec::with_capacity(spec_edges.len());
     // Per function, the edges into it so far.
     let mut inputs = vec![0usize; functions.len()];
@@ -1330,6 +1372,18 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                 es,
                 format!("edges[{i}]"),
                 format!("function {:?} sends to itself", e.from.value),
+            ));
+        }
+        if let Some(k) = on_failure
+            && (from == k || to == k)
+        {
+            return Err(errs.at(
+                es,
+                format!("edges[{i}]"),
+                format!(
+                    "function {:?} is the DAG's on_failure function: it runs alone, once, when a job fails, and has no edges",
+                    functions[k].name
+                ),
             ));
         }
         if !seen.insert((from, to)) {
@@ -1386,6 +1440,11 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
             format!("the edges form a cycle through {}", cyclic.join(", ")),
         ));
     }
+    // The on_failure function leaves the DAG's functions (no edge names it).
+    let on_failure = on_failure.map(|k| {
+        order.retain(|&i| i != k);
+        functions[k].clone()
+    });
     let mut position = vec![0usize; n];
     for (pos, &i) in order.iter().enumerate() {
         position[i] = pos;
@@ -1567,6 +1626,7 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         deadline_s,
         slo,
         triggers,
+        on_failure,
     };
     // Edge kinds must agree with the fanouts under the default parameters.
     if let Err(msg) = dag.fanouts(&dag.params) {

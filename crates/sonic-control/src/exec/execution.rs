@@ -933,7 +933,7 @@ impl<'a> Execution<'a> {
         progress
             .functions
             .sort_by_key(|r| (order.get(r.name.as_str()).copied(), r.instance));
-        let (message, failed) = match outcome {
+        let (message, failed, at) = match outcome {
             Outcome::Succeeded => return Ok(()),
             Outcome::Cancelled => return Err(Failure::Job("cancelled".into())),
             Outcome::Stuck => {
@@ -965,7 +965,11 @@ impl<'a> Execution<'a> {
                     ),
                     (false, None) => error,
                 };
-                (message, failures.remove(&(stage, instance)))
+                (
+                    message,
+                    failures.remove(&(stage, instance)),
+                    Some((name.clone(), instance)),
+                )
             }
         };
         if cancel.is_cancelled() {
@@ -981,6 +985,7 @@ impl<'a> Execution<'a> {
             kind,
             agent,
             unreachable,
+            at,
         })
     }
 }

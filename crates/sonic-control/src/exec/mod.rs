@@ -13,6 +13,7 @@ mod context;
 mod execution;
 mod fetch;
 pub mod handlers;
+mod on_failure;
 pub mod prewarm;
 pub mod reports;
 pub mod requests;
@@ -630,6 +631,8 @@ enum Failure {
         kind: Option<RunFailure>,
         agent: String,
         unreachable: Vec<String>,
+        /// The function and instance whose run failed.
+        at: Option<(String, u32)>,
     },
     /// A resumed job was granted another plan than the one its recorded runs ran under (other
     /// agents, or another method on an edge): nothing of them can be reused, and the agents
@@ -664,6 +667,7 @@ impl Failure {
                 kind,
                 agent,
                 unreachable,
+                ..
             } => ExecutionEnd::Failed {
                 message,
                 kind,
@@ -994,10 +998,13 @@ async fn execute_from(
     }
     // The DAG's deadline counts from the submission, across restarts: past it the job is
     // stopped as a cancel stops it, and fails naming the deadline.
-    let deadline = match state.db.parsed_dag_at(&job.dag, job.dag_revision).await {
-        Ok(Some(p)) => p.dag.deadline_s,
-        _ => None,
-    };
+    let parsed = state
+        .db
+        .parsed_dag_at(&job.dag, job.dag_revision)
+        .await
+        .ok()
+        .flatten();
+    let deadline = parsed.as_ref().and_then(|p| p.dag.deadline_s);
     let deadline_passed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = deadline.map(|secs| {
         // A retried job's from its retry.
@@ -1025,8 +1032,9 @@ async fn execute_from(
             .unwrap_or_default(),
     );
     let mut discarded = 0.0;
-    // The kind of the run failure that failed the job, for its summary.
+    // The kind of the run failure that failed the job, for its summary, and whose run it was.
     let mut failed_kind = None;
+    let mut failed_at = None;
     let (outcome, progress) = loop {
         let execution = executions.execution();
         let mut progress = Progress {
@@ -1064,10 +1072,11 @@ async fn execute_from(
             Ok(()) => break (Ok(()), progress),
             Err(f) => f,
         };
-        let kind = match &failure {
-            Failure::RunFailed { kind, .. } => *kind,
-            _ => None,
+        let (kind, at) = match &failure {
+            Failure::RunFailed { kind, at, .. } => (*kind, at.clone()),
+            _ => (None, None),
         };
+        failed_at = at;
         if let Some(secs) = deadline
             && deadline_passed.load(std::sync::atomic::Ordering::SeqCst)
         {
@@ -1134,7 +1143,30 @@ async fn execute_from(
         Ok(()) => result_outputs(&state, &rt, &job.id).await,
         Err(_) => Vec::new(),
     };
-    let summary = summarize(
+    // A job that failed (not one its user cancelled) runs its DAG's `on_failure` function.
+    let cancelled_by_user =
+        cancel.is_cancelled() && !deadline_passed.load(std::sync::atomic::Ordering::SeqCst);
+    let hook = match (&outcome, &parsed) {
+        (Err(error), Some(p)) if p.dag.on_failure.is_some() && !cancelled_by_user => {
+            let function = p.dag.on_failure.as_ref().map(|f| f.name.clone());
+            rt.publish(&job.id, |e| {
+                e.message = function.map(|f| format!("running its on_failure function {f}"));
+            });
+            let context = on_failure::FailureContext {
+                job_id: job.id.clone(),
+                dag: job.dag.clone(),
+                dag_revision: job.dag_revision,
+                error: error.clone(),
+                function: failed_at.as_ref().map(|(f, _)| f.clone()),
+                instance: failed_at.as_ref().map(|(_, k)| *k),
+                kind: failed_kind,
+                params: p.dag.job_params(&job.params.clone().into_iter().collect()),
+            };
+            on_failure::run(&state, &rt, &job, &p.dag, &context).await
+        }
+        _ => None,
+    };
+    let mut summary = summarize(
         &rt,
         &job,
         &progress,
@@ -1143,6 +1175,20 @@ async fn execute_from(
         outcome.as_ref().err(),
         failed_kind,
     );
+    if let Some((run, agent)) = hook {
+        if let Some(a) = &agent {
+            // What it cost, in the job's cost; what it left on its agent, gone with the job's
+            // files (kept for a retry, they go when the rest does).
+            summary.cost_usd += run.seconds * price_per_second(rt.catalog.as_ref(), &a.vm_type);
+            if summary.latency_s > 0.0 && summary.cost_usd > 0.0 {
+                summary.perf_per_dollar = 1.0 / (summary.latency_s * summary.cost_usd);
+            }
+            if !keep {
+                cleanup(&state, &rt, &job.id, std::slice::from_ref(a)).await;
+            }
+        }
+        summary.on_failure = Some(run);
+    }
     let (status, error) = match &outcome {
         Ok(()) => (JobStatus::Succeeded, None),
         Err(e) => (JobStatus::Failed, Some(e.clone())),
@@ -2599,6 +2645,7 @@ fn summarize(
         ended_ms: None,
         bounds_missed,
         dag_revision: job.dag_revision,
+        on_failure: None,
     }
 }
 

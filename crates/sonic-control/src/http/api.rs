@@ -906,6 +906,7 @@ fn summary_of(r: JobRecord) -> JobSummary {
         started_ms: None,
         ended_ms: None,
         dag_revision: r.dag_revision,
+        on_failure: None,
     }
 }
 
@@ -1520,9 +1521,10 @@ async fn job_logs(
             let mut logs = db.logs(&lookup, function.as_deref())?;
             let dag = db.load_dag(&job.dag)?;
             let unknown = match &function {
-                Some(f) if logs.is_empty() => dag
-                    .as_ref()
-                    .is_some_and(|p| p.dag.function_index(f).is_none()),
+                Some(f) if logs.is_empty() => dag.as_ref().is_some_and(|p| {
+                    p.dag.function_index(f).is_none()
+                        && p.dag.on_failure.as_ref().is_none_or(|o| o.name != *f)
+                }),
                 _ => false,
             };
             // In the DAG's order (the store keeps them by name), then instance and attempt.

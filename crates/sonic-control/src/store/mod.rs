@@ -2393,6 +2393,7 @@ mod tests {
 
     fn summary(id: &str) -> JobSummary {
         JobSummary {
+            on_failure: None,
             dag_revision: None,
             bounds_missed: Vec::new(),
             job_id: id.into(),

@@ -377,6 +377,95 @@ async fn a_failing_lambda_fails_the_job_after_its_retries() {
     c.stop().await;
 }
 
+/// `ok` passes bytes to `bad`, which exits with the job's `exit_code`; `notify` runs only when a
+/// job fails, printing the failure's context and its own environment.
+const HOOKED: &str = r#"
+name: hooked
+params: { exit_code: 0 }
+on_failure: notify
+functions:
+  - { name: ok, image: sonic-lambdas:latest, command: [synthetic, run, --to, bad, --output-bytes, "1000", --exit-code, "0"], timeout: 30s }
+  - { name: bad, image: sonic-lambdas:latest, command: [synthetic, run], timeout: 30s, retries: { limit: 1, backoff: 1ms } }
+  - name: notify
+    image: sonic-lambdas:latest
+    command: [sh, -c, 'cat "$SONIC_INPUT_DIR/input/failure.json"; echo; echo "MODE=$MODE"']
+    env: { MODE: paged }
+    timeout: 30s
+edges:
+  - { from: ok, to: bad, kind: one }
+"#;
+
+/// A DAG's `on_failure:` function (interfaces.md §7) runs once when a job fails, with the
+/// failure's context (which function, which instance, what kind, the error), its log kept as the
+/// job's; never when the job succeeds; and it is no stage of the DAG.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_job_runs_its_on_failure_function_once_with_the_failure() {
+    let c = cluster().await;
+    c.apply(HOOKED).await;
+    // Succeeded: no hook.
+    let (v, s) = c.run(json!({ "dag": "hooked", "policy": "remote" })).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    assert!(
+        s.on_failure.is_none() && v.get("on_failure").is_none(),
+        "{v}"
+    );
+    let fine = s.job_id.clone();
+    let (status, _) = c
+        .get_json_status(&format!("/v1/jobs/{fine}/logs?function=notify"))
+        .await;
+    assert_eq!(status, 200, "notify is the DAG's, with no log yet");
+    let logs: JobLogs = serde_json::from_value(
+        c.get_json(&format!("/v1/jobs/{fine}/logs?function=notify"))
+            .await,
+    )
+    .expect("logs");
+    assert!(logs.logs.is_empty(), "{logs:?}");
+
+    // Failed: the hook ran once, told what failed.
+    let (v, s) = c
+        .run(json!({ "dag": "hooked", "policy": "remote", "params": { "exit_code": 3 } }))
+        .await;
+    assert_eq!(s.status, JobStatus::Failed, "{v}");
+    let hook = s.on_failure.clone().expect("on_failure ran");
+    assert_eq!(hook.function, "notify");
+    assert!(hook.succeeded, "{v}");
+    assert!(hook.error.is_none(), "{v}");
+    assert!(["a-1", "a-2"].contains(&hook.agent.as_str()), "{v}");
+    // It is not one of the job's stages.
+    assert!(s.functions.iter().all(|f| f.name != "notify"), "{v}");
+    assert!(
+        s.error
+            .as_deref()
+            .is_some_and(|e| e.contains("function bad instance 0"))
+    );
+    let logs: JobLogs = serde_json::from_value(
+        c.get_json(&format!("/v1/jobs/{}/logs?function=notify", s.job_id))
+            .await,
+    )
+    .expect("logs");
+    assert_eq!(logs.logs.len(), 1, "once: {logs:?}");
+    let log = &logs.logs[0].log;
+    // After the agent's own lines, the context, then the variable.
+    let printed = &log[log.find('{').expect("the context")..];
+    let context: Value =
+        serde_json::from_str(printed.split("\nMODE=").next().expect("the context first"))
+            .unwrap_or_else(|e| panic!("{e}: {log}"));
+    assert_eq!(context["job_id"], s.job_id.as_str(), "{log}");
+    assert_eq!(context["dag"], "hooked", "{log}");
+    assert_eq!(context["function"], "bad", "{log}");
+    assert_eq!(context["instance"], 0, "{log}");
+    assert_eq!(context["kind"], "exit", "{log}");
+    assert_eq!(context["params"]["exit_code"], 3, "{log}");
+    assert!(
+        context["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("exit code 3")),
+        "{log}"
+    );
+    assert!(log.contains("MODE=paged"), "its env: {log}");
+    c.stop().await;
+}
+
 /// Results are served once a job succeeded, streamed; an ended job is deleted whole on request
 /// (record, logs, results, input, files) while the sample it taught stays; a job still running
 /// is refused; past `retain_jobs` a job goes by itself.

@@ -676,3 +676,76 @@ fn a_jobs_mistyped_parameter_is_refused_naming_the_one_meant() {
         assert_eq!(sort.check_overrides(&with(knob)), Ok(()), "{knob}");
     }
 }
+
+/// `on_failure:` (interfaces.md §7) names a function that leaves the DAG's functions: no edge
+/// may name it, it has one instance, and something else must run; a name not declared, refused.
+#[test]
+fn a_dags_on_failure_function_is_set_apart_and_checked() {
+    let with = |extra: &str, edges: &str| {
+        Dag::from_yaml(
+            "d.yaml",
+            &format!(
+                "name: d\non_failure: notify\nfunctions:\n  - {{ name: a, image: i, command: [x] }}\n  - {{ name: b, image: i, command: [y] }}\n  - {{ name: notify, image: i, command: [n]{extra} }}\nedges:\n  - {{ from: a, to: b, kind: one }}\n{edges}"
+            ),
+        )
+    };
+    let dag = with("", "").expect("good");
+    let names: Vec<&str> = dag.functions.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["a", "b"],
+        "the on_failure function is not one of the DAG's"
+    );
+    assert_eq!(dag.edges.len(), 1);
+    assert_eq!(dag.edges[0].from, 0);
+    assert_eq!(dag.edges[0].to, 1);
+    let f = dag.on_failure.as_ref().expect("on_failure");
+    assert_eq!(f.name, "notify");
+    assert_eq!(f.command, ["n"]);
+    assert!(dag.function_index("notify").is_none());
+    // Stored and read back the same.
+    let json = serde_json::to_string(&dag).expect("json");
+    let back: Dag = serde_json::from_str(&json).expect("back");
+    assert_eq!(back, dag);
+    assert_eq!(
+        with(", instances: 1", "")
+            .expect("one instance")
+            .functions
+            .len(),
+        2
+    );
+
+    for (extra, edges, says) in [
+        (
+            "",
+            "  - { from: b, to: notify, kind: one }\n",
+            "has no edges",
+        ),
+        (
+            "",
+            "  - { from: notify, to: a, kind: one }\n",
+            "has no edges",
+        ),
+        (", instances: 3", "", "one instance"),
+    ] {
+        let err = with(extra, edges).expect_err(says).to_string();
+        assert!(err.contains(says) && err.contains("d.yaml"), "{err}");
+    }
+    let unknown = Dag::from_yaml(
+        "d.yaml",
+        "name: d\non_failure: nobody\nfunctions:\n  - { name: a, image: i, command: [x] }\n",
+    )
+    .expect_err("unknown")
+    .to_string();
+    assert!(
+        unknown.contains("on_failure") && unknown.contains("nobody"),
+        "{unknown}"
+    );
+    let alone = Dag::from_yaml(
+        "d.yaml",
+        "name: d\non_failure: a\nfunctions:\n  - { name: a, image: i, command: [x] }\n",
+    )
+    .expect_err("alone")
+    .to_string();
+    assert!(alone.contains("besides"), "{alone}");
+}

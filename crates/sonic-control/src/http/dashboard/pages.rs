@@ -1093,6 +1093,23 @@ fn job_body(v: &JobView) -> String {
             esc(e)
         );
     }
+    if let Some(h) = &s.on_failure {
+        let _ = match &h.error {
+            None => write!(
+                out,
+                "<dt>On failure</dt><dd>{} ran on {} ({} s)</dd>",
+                esc(&h.function),
+                esc(&h.agent),
+                html::num(h.seconds)
+            ),
+            Some(e) => write!(
+                out,
+                "<dt>On failure</dt><dd class=\"bad\">{} failed: {}</dd>",
+                esc(&h.function),
+                esc(e)
+            ),
+        };
+    }
     if !s.bounds_missed.is_empty() {
         // It succeeded, but not within the DAG's bounds.
         let _ = write!(
