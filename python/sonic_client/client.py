@@ -505,6 +505,31 @@ class Client:
         first), an unknown one a 404."""
         self._open("DELETE", f"/v1/jobs/{_quote(job_id)}").close()
 
+    # ---- secrets ----
+
+    def set_secret(self, name: str, value: Union[str, bytes]) -> None:
+        """Sets a secret in the control plane's store (``PUT /v1/secrets/{name}``): a DAG's
+        function names it as ``env={"VAR": {"secret": name}}``. The value is UTF-8 text, at most
+        64 KiB; it is never served back."""
+        data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+        self._open(
+            "PUT",
+            f"/v1/secrets/{_quote(name)}",
+            data=data,
+            content_type="application/octet-stream",
+        ).close()
+
+    def secrets(self) -> List[Dict[str, Any]]:
+        """The secrets functions may name (``GET /v1/secrets``): ``name``, ``bytes``,
+        ``source`` (``store`` or ``file``) and ``updated_ms``, never values."""
+        doc = self._get("/v1/secrets")
+        return list(doc.get("secrets", [])) if isinstance(doc, dict) else []
+
+    def delete_secret(self, name: str) -> None:
+        """Deletes a secret from the store (``DELETE /v1/secrets/{name}``); an unknown one is a
+        404."""
+        self._open("DELETE", f"/v1/secrets/{_quote(name)}").close()
+
     def retry(
         self,
         job_id: str,

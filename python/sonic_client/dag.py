@@ -125,7 +125,7 @@ class Dag:
         instances: Optional[Union[int, str]] = None,
         timeout: Optional[Duration] = None,
         retries: Optional[Mapping[str, Any]] = None,
-        env: Optional[Mapping[str, Union[str, int, float, bool]]] = None,
+        env: Optional[Mapping[str, Union[str, int, float, bool, Mapping[str, str]]]] = None,
     ) -> "Dag":
         """Adds a function: an executable (``image`` and ``command``) or a registered Python
         handler (``handler``, docs/python.md), never both.
@@ -134,7 +134,8 @@ class Dag:
         ``{{ params.trees }}``); leave it out where the incoming edges fix the fanout.
         ``timeout`` defaults to the server's 300 s. ``retries`` is ``{"limit": 4, "backoff":
         0.5, "on": ["error", "timeout", "oom", "lost"]}``, each key optional. ``env`` sets
-        environment variables of its runs (not a place for secrets: the DAG shows them).
+        environment variables of its runs; a value ``{"secret": NAME}`` takes a secret of the
+        control plane (``Client.set_secret``) that the DAG names but never shows.
         """
         if any(f["name"] == name for f in self.functions):
             raise ValueError(f"DAG {self.name} already has a function {name!r}")

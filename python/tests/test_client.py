@@ -388,3 +388,36 @@ def test_unreachable_server() -> None:
         sonic.Client("http://127.0.0.1:9", token="x" * 16, timeout=5).dags()
     assert e.value.status is None
     assert "cannot reach the control plane at http://127.0.0.1:9" in e.value.message
+
+
+def test_secrets_set_listed_named_and_deleted(client: sonic.Client) -> None:
+    secret = name("key")
+    client.set_secret(secret, "py-s3cret-value")
+    listed = {s["name"]: s for s in client.secrets()}
+    assert listed[secret]["bytes"] == len("py-s3cret-value"), listed
+    assert listed[secret]["source"] == "store"
+    assert "py-s3cret-value" not in json.dumps(listed)
+
+    # A function names it; its run gets it, its log does not show it.
+    dag = sonic.Dag(name("secretive")).function(
+        "show",
+        image=IMAGE,
+        command=["sh", "-c", 'echo "key=$KEY"; test "$KEY" = py-s3cret-value'],
+        env={"KEY": {"secret": secret}, "MODE": "x"},
+        timeout=60,
+    )
+    client.apply(dag)
+    assert client.dag(dag.name).parsed["functions"][0]["secrets"] == {"KEY": secret}
+    summary = client.run(dag, policy="remote")
+    assert summary["status"] == "succeeded", summary.get("error")
+    logs = client.job(summary["job_id"]).logs("show")
+    assert any("key=[secret KEY]" in entry.log for entry in logs), logs
+    assert all("py-s3cret-value" not in entry.log for entry in logs), logs
+
+    client.delete_secret(secret)
+    with pytest.raises(sonic.SonicError) as e:
+        client.delete_secret(secret)
+    assert e.value.status == 404
+    with pytest.raises(sonic.SonicError) as e:
+        client.run(dag, policy="remote")
+    assert e.value.status == 400 and f"no secret {secret}" in e.value.message

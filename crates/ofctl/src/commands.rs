@@ -17,7 +17,9 @@ pub use sonic_cluster::jobs::{
 
 use crate::client::{Client, encode, encode_path};
 use crate::progress::Progress;
-use crate::{Command, DeleteKind, DescribeKind, JobFailed, Kind, Output, UsageError, render};
+use crate::{
+    Command, CreateKind, DeleteKind, DescribeKind, JobFailed, Kind, Output, UsageError, render,
+};
 
 /// `GET /v1/jobs`.
 #[derive(Debug, Deserialize)]
@@ -148,6 +150,7 @@ pub async fn run(
                 Kind::Dags => ("/v1/dags", "GET /v1/dags"),
                 Kind::Jobs => ("/v1/jobs", "GET /v1/jobs"),
                 Kind::Agents => ("/v1/agents", "GET /v1/agents"),
+                Kind::Secrets => ("/v1/secrets", "GET /v1/secrets"),
                 Kind::Dag => unreachable!("`get dag` is answered above"),
             };
             let mut query = Vec::new();
@@ -181,6 +184,10 @@ pub async fn run(
                 (Output::Table, Kind::Agents) => {
                     Ok(render::agents(&typed::<AgentList>(what, &v)?, out)?)
                 }
+                (Output::Table, Kind::Secrets) => Ok(render::secrets(
+                    &typed::<sonic_api::control::SecretList>(what, &v)?,
+                    out,
+                )?),
                 (Output::Table, Kind::Dag) => unreachable!("`get dag` is answered above"),
             }
         }
@@ -275,6 +282,59 @@ pub async fn run(
                 Output::Table => Ok(writeln!(
                     out,
                     "job {name} deleted, with its logs, results and input (the sample it taught the models stays)"
+                )?),
+            }
+        }
+        Command::Create {
+            kind: CreateKind::Secret,
+            name,
+            from_file,
+            from_literal,
+        } => {
+            let value = match (from_file, from_literal) {
+                (_, Some(v)) => v.into_bytes(),
+                (Some(p), None) if p.as_os_str() == "-" => {
+                    let mut v = Vec::new();
+                    std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)
+                        .map_err(|e| anyhow::anyhow!("cannot read standard input: {e}"))?;
+                    v
+                }
+                (Some(p), None) => std::fs::read(&p)
+                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))?,
+                (None, None) => {
+                    return Err(crate::UsageError(
+                        "create secret NAME: give --from-file FILE or --from-literal VALUE".into(),
+                    )
+                    .into());
+                }
+            };
+            let bytes = value.len();
+            client
+                .put_bytes(&format!("/v1/secrets/{}", encode(&name)), value)
+                .await?;
+            match output {
+                Output::Json => print_json(
+                    out,
+                    &json!({ "kind": "secret", "name": name, "bytes": bytes }),
+                ),
+                Output::Table => Ok(writeln!(
+                    out,
+                    "secret {name} set ({bytes} bytes); functions name it as env: {{ VAR: {{ secret: {name} }} }}"
+                )?),
+            }
+        }
+        Command::Delete {
+            kind: DeleteKind::Secret,
+            name,
+        } => {
+            client
+                .delete(&format!("/v1/secrets/{}", encode(&name)))
+                .await?;
+            match output {
+                Output::Json => print_json(out, &json!({ "kind": "secret", "deleted": name })),
+                Output::Table => Ok(writeln!(
+                    out,
+                    "secret {name} deleted (jobs that name it are refused until it is set again)"
                 )?),
             }
         }

@@ -97,6 +97,8 @@ pub enum Kind {
     Agents,
     /// One DAG (`get dag NAME`): its revisions and its file.
     Dag,
+    /// The secrets functions may name: names, sizes, sources (never values).
+    Secrets,
 }
 
 /// What `ofctl describe` shows.
@@ -111,6 +113,15 @@ pub enum DeleteKind {
     Dag,
     /// An ended job: its record, logs, results and input.
     Job,
+    /// A secret of the control plane's store.
+    Secret,
+}
+
+/// What `ofctl create` makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CreateKind {
+    /// A secret a DAG's functions name as `env: { VAR: { secret: NAME } }`.
+    Secret,
 }
 
 /// The flags of `ofctl up` (and the cluster part of `ofctl demo`).
@@ -335,8 +346,25 @@ pub enum Command {
         #[arg(long)]
         wait: bool,
     },
-    /// Delete a DAG's definition (its jobs, samples and models stay), or an ended job with its
-    /// logs, results and input (the sample it taught stays).
+    /// Set a secret in the control plane's store, from a file (`-`: standard input) or a
+    /// literal; its value is never printed or served back.
+    Create {
+        #[arg(value_enum)]
+        kind: CreateKind,
+        name: String,
+        /// The file holding the value, its bytes as they are (`-`: standard input).
+        #[arg(
+            long,
+            conflicts_with = "from_literal",
+            required_unless_present = "from_literal"
+        )]
+        from_file: Option<PathBuf>,
+        /// The value itself (it stays in your shell's history: prefer --from-file).
+        #[arg(long)]
+        from_literal: Option<String>,
+    },
+    /// Delete a DAG's definition (its jobs, samples and models stay), an ended job with its
+    /// logs, results and input (the sample it taught stays), or a secret.
     Delete {
         #[arg(value_enum)]
         kind: DeleteKind,

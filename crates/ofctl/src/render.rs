@@ -219,6 +219,26 @@ pub fn agents(list: &AgentList, out: &mut dyn Write) -> io::Result<()> {
     t.write("", out)
 }
 
+/// The secrets, without values.
+pub fn secrets(list: &sonic_api::control::SecretList, out: &mut dyn Write) -> io::Result<()> {
+    if list.secrets.is_empty() {
+        return writeln!(
+            out,
+            "no secrets (ofctl create secret NAME --from-file FILE)"
+        );
+    }
+    let mut t = Table::new(&["NAME", "BYTES", "SOURCE", "UPDATED (UTC)"]);
+    for s in &list.secrets {
+        t.row(vec![
+            s.name.clone(),
+            s.bytes.to_string(),
+            s.source.clone(),
+            s.updated_ms.map(utc).unwrap_or_default(),
+        ]);
+    }
+    t.write("", out)
+}
+
 /// One job: its measures, functions, edges and outputs.
 pub fn job(j: &JobSummary, out: &mut dyn Write) -> io::Result<()> {
     writeln!(out, "job      {}", j.job_id)?;

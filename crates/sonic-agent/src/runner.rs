@@ -198,7 +198,7 @@ fn check_request(req: &RunRequest) -> Result<(JobId, Vec<CheckedInput>), RunErro
             sonic_storage::validate_prefix(prefix).map_err(|e| RunError::Invalid(e.to_string()))?;
         }
     }
-    for (k, v) in &req.env {
+    for (k, v) in req.env.iter().chain(&req.secrets.0) {
         if k.is_empty()
             || k.contains('=')
             || k.contains('\0')
@@ -846,6 +846,7 @@ async fn run_inner(
     let mut env: Vec<(String, String)> = req
         .env
         .iter()
+        .chain(&req.secrets.0)
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     env.push(("SONIC_JOB_ID".into(), req.job_id.clone()));
@@ -921,7 +922,8 @@ async fn run_inner(
         // the handler ran in went over the run's limit.
         termination = Termination::OutOfMemory;
     }
-    report.log = outcome.log.clone();
+    // What the lambda printed of its secrets is not kept.
+    report.log = req.secrets.redact(&outcome.log);
     if checked > 0 {
         report.log.insert_str(
             0,

@@ -124,6 +124,10 @@ pub struct RunRequest {
     /// Extra environment (the agent sets the ABI's `SONIC_*` variables itself).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Environment variables whose values are secrets (a DAG's `env: { VAR: { secret: NAME } }`):
+    /// set like `env`, and the agent replaces each value in the run's log with `[secret VAR]`.
+    #[serde(default, skip_serializing_if = "SecretEnv::is_empty")]
+    pub secrets: SecretEnv,
     /// The job's parameters (`SONIC_PARAMS`).
     #[serde(default)]
     pub params: serde_json::Map<String, serde_json::Value>,
@@ -153,6 +157,42 @@ pub struct RunRequest {
     /// Sonic's Python runner under the file ABI (docs/python.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handler: Option<HandlerRun>,
+}
+
+/// Environment variables whose values are secrets. Its `Debug` shows the names only, so that a
+/// request logged whole never prints a value.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretEnv(pub BTreeMap<String, String>);
+
+impl SecretEnv {
+    /// No secret.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `text` with every secret's value replaced by `[secret VAR]`; values shorter than 4
+    /// bytes are left alone (they would hide ordinary text and hide nothing worth hiding).
+    pub fn redact(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        // The longest first: a value that holds another is replaced whole.
+        let mut values: Vec<(&String, &String)> = self.0.iter().collect();
+        values.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));
+        for (var, value) in values {
+            if value.len() >= 4 && out.contains(value.as_str()) {
+                out = out.replace(value.as_str(), &format!("[secret {var}]"));
+            }
+        }
+        out
+    }
+}
+
+impl std::fmt::Debug for SecretEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.keys().map(|k| (k, "<redacted>")))
+            .finish()
+    }
 }
 
 /// The OpenLambda handler a run calls: which code, where to get it, and how its return value
@@ -518,6 +558,29 @@ pub struct ErrorBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Secrets are redacted from text, the longest first, never from short values; their
+    /// `Debug` names them without their values; on the wire they are a plain map.
+    #[test]
+    fn secret_env_redacts_and_never_prints_values() {
+        let s = SecretEnv(BTreeMap::from([
+            ("TOKEN".to_owned(), "hunter2-long".to_owned()),
+            ("PART".to_owned(), "hunter2".to_owned()),
+            ("PIN".to_owned(), "42".to_owned()),
+        ]));
+        assert_eq!(
+            s.redact("token hunter2-long, part hunter2, pin 42"),
+            "token [secret TOKEN], part [secret PART], pin 42"
+        );
+        let shown = format!("{s:?}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("TOKEN"),
+            "{shown}"
+        );
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(json["TOKEN"], "hunter2-long");
+        assert_eq!(serde_json::from_value::<SecretEnv>(json).expect("back"), s);
+    }
 
     /// As many starts as cores or fewer run at full speed; past that, they share the cores.
     #[test]

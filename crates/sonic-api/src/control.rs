@@ -360,6 +360,25 @@ pub struct JobSummary {
     pub on_failure: Option<OnFailureRun>,
 }
 
+/// A secret functions may name, as `GET /v1/secrets` lists it: never its value.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct SecretView {
+    pub name: String,
+    /// Its value's size.
+    pub bytes: u64,
+    /// When it was set (a file's modification time), Unix milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_ms: Option<i64>,
+    /// `store` (`ofctl create secret`) or `file` (the control plane's `secrets_dir`).
+    pub source: String,
+}
+
+/// `GET /v1/secrets`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct SecretList {
+    pub secrets: Vec<SecretView>,
+}
+
 /// The one run of a DAG's `on_failure:` function for a failed job.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct OnFailureRun {

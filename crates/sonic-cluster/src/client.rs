@@ -183,6 +183,20 @@ impl Client {
         Ok((status, decode(&what, r).await?))
     }
 
+    /// `PUT path` with raw bytes as the body; the answer's status.
+    pub async fn put_bytes(&self, path: &str, body: Vec<u8>) -> Result<StatusCode, RequestError> {
+        let what = format!("PUT {}", route_of(path));
+        let r = self
+            .send(
+                &what,
+                self.request(Method::PUT, path)
+                    .header("content-type", "application/octet-stream")
+                    .body(body),
+            )
+            .await?;
+        Ok(r.status())
+    }
+
     /// `POST path` without a body; the answer as JSON.
     pub async fn post_empty<T: DeserializeOwned>(&self, path: &str) -> Result<T, RequestError> {
         let what = format!("POST {}", route_of(path));

@@ -83,6 +83,10 @@ pub struct ControlConfig {
     /// (`30d`... as `720h`; `null`, the default: kept until `ofctl delete job`). The samples
     /// they taught the models stay.
     pub retain_jobs: Option<Seconds>,
+    /// A folder whose files are secrets, each named by its file name (a mounted Kubernetes
+    /// Secret, Docker's `/run/secrets`), beside the secret store (`ofctl create secret`), which
+    /// wins for a name both hold. `None`: the store only.
+    pub secrets_dir: Option<std::path::PathBuf>,
     /// The retry policy of functions whose DAG gives none (`retries:` in the DAG file replaces
     /// it field by field): `{ limit: 2, backoff: 200ms, on: [error, timeout, oom, lost] }`.
     pub retries: RetriesConfig,
@@ -344,6 +348,7 @@ impl Default for ControlConfig {
             executor_nice: Some(DEFAULT_EXECUTOR_NICE),
             keep_failed: Seconds(crate::exec::DEFAULT_KEEP_FAILED.as_secs_f64()),
             retain_jobs: None,
+            secrets_dir: None,
             retries: RetriesConfig::default(),
             max_profiling_jobs: sonic_core::regression::DEFAULT_MAX_PROFILING_JOBS,
         }
@@ -383,6 +388,7 @@ impl std::fmt::Debug for ControlConfig {
             .field("dilation", &self.dilation)
             .field("keep_failed", &self.keep_failed)
             .field("retain_jobs", &self.retain_jobs)
+            .field("secrets_dir", &self.secrets_dir)
             .field("retries", &self.retries)
             .field("max_profiling_jobs", &self.max_profiling_jobs)
             .field("executor_nice", &self.executor_nice)
@@ -488,6 +494,9 @@ pub struct ControlArgs {
     /// Delete jobs (record, logs, results) that ended longer ago than this, e.g. 720h.
     #[arg(long, env = "SONIC_RETAIN_JOBS")]
     pub retain_jobs: Option<Seconds>,
+    /// A folder whose files are secrets functions may name (beside `ofctl create secret`).
+    #[arg(long, env = "SONIC_SECRETS_DIR")]
+    pub secrets_dir: Option<std::path::PathBuf>,
     /// How log lines are written: text, or json (one object per line, with the job's and the
     /// run's spans).
     #[arg(long, env = "SONIC_LOG_FORMAT", default_value = "text")]
@@ -544,6 +553,7 @@ impl ControlConfig {
             .set("executor_nice", a.executor_nice)
             .set("keep_failed", a.keep_failed)
             .set("retain_jobs", a.retain_jobs)
+            .set("secrets_dir", a.secrets_dir.as_ref())
             .extract()?;
         cfg.check()?;
         Ok(cfg)

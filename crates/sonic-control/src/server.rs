@@ -201,6 +201,7 @@ pub async fn runtime_from_config(config: &ControlConfig) -> Result<Runtime, Serv
     jobs.prewarm = config.prewarm;
     jobs.dilation = config.dilation;
     jobs.keep_failed = config.keep_failed();
+    jobs.secrets_dir = config.secrets_dir.clone();
     jobs.convergence.max_profiling_jobs = config.max_profiling_jobs;
     jobs.max_attempts = config.retries.limit.saturating_add(1);
     jobs.backoff = std::time::Duration::from_secs_f64(config.retries.backoff.0.max(0.0));

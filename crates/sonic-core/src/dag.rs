@@ -114,6 +114,22 @@ pub struct Function {
     /// Environment variables of its runs (`env:`), beside the lambda ABI's own `SONIC_*`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Environment variables of its runs whose values are secrets (`env: { VAR: { secret:
+    /// NAME } }`): variable -> the secret's name in the control plane's secret store. The DAG
+    /// holds names only; values reach the runs, never the DAG, its logs or the dashboard.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, String>,
+}
+
+/// Whether `name` can name a secret: letters, digits, `.`, `_` and `-`, not first a `.`, at
+/// most 128 (a file of a secrets folder, a Kubernetes secret key).
+pub fn valid_secret_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 /// Whether a run's environment variable is the sandbox's to set, not a DAG's: the lambda ABI's
@@ -343,6 +359,14 @@ enum EnvValue {
     Int(i64),
     Float(f64),
     Bool(bool),
+    /// `{ secret: NAME }`: a secret of the control plane's store.
+    Secret(SecretRefSpec),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SecretRefSpec {
+    secret: String,
 }
 
 #[derive(Deserialize)]
@@ -1254,6 +1278,7 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
             Some(r) => Some(retries_of(errs, &r.value, &at)?),
         };
         let mut env = BTreeMap::new();
+        let mut secrets = BTreeMap::new();
         if let Some(e) = &f.env {
             let mut bytes = 0;
             for (k, v) in &e.value {
@@ -1274,6 +1299,21 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                     EnvValue::Int(n) => n.to_string(),
                     EnvValue::Float(x) => x.to_string(),
                     EnvValue::Bool(b) => b.to_string(),
+                    EnvValue::Secret(r) => {
+                        if !valid_secret_name(&r.secret) {
+                            let shown: String = r.secret.chars().take(80).collect();
+                            return Err(errs.at(
+                                v,
+                                at(&format!("env.{k}")),
+                                format!(
+                                    "{shown:?} is not a secret's name (letters, digits, '.', '_' and '-', not first a '.', at most 128)"
+                                ),
+                            ));
+                        }
+                        bytes += k.len() + r.secret.len();
+                        secrets.insert(k.clone(), r.secret.clone());
+                        continue;
+                    }
                 };
                 if value.contains('\0') {
                     return Err(errs.at(v, at(&format!("env.{k}")), "a value cannot hold NUL"));
@@ -1281,7 +1321,7 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
                 bytes += k.len() + value.len();
                 env.insert(k.clone(), value);
             }
-            if env.len() > MAX_ENV_VARS || bytes > MAX_ENV_BYTES {
+            if env.len() + secrets.len() > MAX_ENV_VARS || bytes > MAX_ENV_BYTES {
                 return Err(errs.at(
                     e,
                     at("env"),
@@ -1298,6 +1338,7 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
             instances,
             retries,
             env,
+            secrets,
         });
     }
 

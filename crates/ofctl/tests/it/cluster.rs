@@ -705,6 +705,57 @@ fn cancel_delete_and_open() {
             .contains("invalid job id")
     );
 
+    // Secrets: set from a file or a literal, listed without their values, deleted.
+    let secret_file = up.file("db-pass.txt", "s3cr3t-from-file");
+    let set = up.ofctl(&[
+        "create",
+        "secret",
+        "db-pass",
+        "--from-file",
+        secret_file.to_str().unwrap(),
+    ]);
+    assert!(
+        set.code == 0 && set.stdout.contains("secret db-pass set (16 bytes)"),
+        "{set:?}"
+    );
+    let set = up.ofctl(&[
+        "create",
+        "secret",
+        "api",
+        "--from-literal",
+        "lit-value",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(set.json()["bytes"], 9);
+    let listed = up.ofctl(&["get", "secrets"]);
+    assert!(
+        listed.stdout.contains("db-pass") && listed.stdout.contains("api"),
+        "{listed:?}"
+    );
+    assert!(
+        !listed.stdout.contains("s3cr3t") && !listed.stdout.contains("lit-value"),
+        "{listed:?}"
+    );
+    let listed = up.ofctl(&["get", "secrets", "-o", "json"]).json();
+    assert_eq!(listed["secrets"][0]["name"], "api", "{listed}");
+    assert_eq!(
+        up.ofctl(&["create", "secret", "x"]).code,
+        2,
+        "a value is needed"
+    );
+    assert!(
+        up.ofctl(&["create", "secret", ".bad", "--from-literal", "v"])
+            .refused()
+            .contains("invalid secret name")
+    );
+    assert_eq!(up.ofctl(&["delete", "secret", "api"]).code, 0);
+    assert!(
+        up.ofctl(&["delete", "secret", "api"])
+            .refused()
+            .contains("no secret api")
+    );
+
     // Bad usage: exit 2.
     assert_eq!(up.ofctl(&["delete", "jobs", "x"]).code, 2);
     assert_eq!(up.ofctl(&["cancel"]).code, 2);

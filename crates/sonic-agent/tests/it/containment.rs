@@ -268,6 +268,7 @@ fn agent(dir: &Path, sandbox: Arc<dyn Sandbox>, quota_mb: u64) -> Arc<AgentState
 
 fn request(job: &str, command: &[&str]) -> RunRequest {
     RunRequest {
+        secrets: Default::default(),
         job_id: job.into(),
         function: "hostile".into(),
         instance: 0,

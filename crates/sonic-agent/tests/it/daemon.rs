@@ -78,6 +78,7 @@ async fn cluster_with_tier(memory_tier: Option<String>) -> Cluster {
 
 fn request(job: &str, function: &str, args: &[&str]) -> RunRequest {
     RunRequest {
+        secrets: Default::default(),
         job_id: job.into(),
         function: function.into(),
         instance: 0,

@@ -524,6 +524,16 @@ pub async fn submit_keyed(
             .await
             .map_err(AdmitError::Invalid)?,
     );
+    // So does a secret its functions name that is nowhere (its value is read again when the
+    // job runs, never kept with the job).
+    let needed = crate::exec::secrets::needed(dag);
+    if !needed.is_empty() {
+        let dir = rt.config.secrets_dir.clone();
+        ctx.db
+            .run(move |db| Ok(crate::exec::secrets::resolve(db, dir.as_deref(), &needed)))
+            .await?
+            .map_err(|e| AdmitError::Invalid(format!("DAG {}: {e}", dag.name)))?;
+    }
     let job_id = new_job_id();
     // The input is checked and measured first; it is stored once the job is accepted.
     let mut input: Option<(JobInputFile, Option<Vec<u8>>)> = None;
@@ -809,4 +819,64 @@ pub async fn resume(
         None
     };
     crate::exec::resume(ctx, rt, job, cancel, planned).await;
+}
+
+/// A secret's name as the API takes it ([`sonic_core::dag::valid_secret_name`]).
+fn checked_secret_name(name: &str) -> Result<(), AdmitError> {
+    if sonic_core::dag::valid_secret_name(name) {
+        Ok(())
+    } else {
+        Err(AdmitError::Invalid(
+            "invalid secret name: letters, digits, '.', '_' and '-', not first a '.', at most 128"
+                .into(),
+        ))
+    }
+}
+
+/// Sets the secret `name` in the store to `value` (checked: text, no NUL, at most 64 KiB).
+pub async fn put_secret(ctx: &Context, name: String, value: &[u8]) -> Result<(), AdmitError> {
+    checked_secret_name(&name)?;
+    let value = crate::exec::secrets::check_value(value)
+        .map_err(AdmitError::Invalid)?
+        .to_owned();
+    let now = ctx.clock.now_ms();
+    ctx.db
+        .commit(move |w| w.put_secret(&name, &value, now))
+        .await?;
+    Ok(())
+}
+
+/// Every secret functions may name, without values.
+pub async fn list_secrets(
+    ctx: &Context,
+) -> Result<Vec<sonic_api::control::SecretView>, AdmitError> {
+    let dir = ctx
+        .jobs
+        .as_ref()
+        .and_then(|rt| rt.config.secrets_dir.clone());
+    Ok(ctx
+        .db
+        .run(move |db| crate::exec::secrets::list(db, dir.as_deref()))
+        .await?)
+}
+
+/// Deletes the secret `name` from the store; one that only the secrets folder holds is the
+/// operator's file to remove.
+pub async fn delete_secret(ctx: &Context, name: String) -> Result<(), AdmitError> {
+    checked_secret_name(&name)?;
+    let gone = name.clone();
+    if ctx.db.commit(move |w| w.delete_secret(&gone)).await? {
+        return Ok(());
+    }
+    let in_dir = list_secrets(ctx)
+        .await?
+        .into_iter()
+        .any(|s| s.name == name && s.source == "file");
+    Err(if in_dir {
+        AdmitError::Conflict(format!(
+            "secret {name} is a file of the control plane's secrets folder: remove the file"
+        ))
+    } else {
+        AdmitError::NotFound(format!("no secret {name}"))
+    })
 }

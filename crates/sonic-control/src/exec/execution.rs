@@ -51,6 +51,7 @@ macro_rules! stage_context {
             file_key: &$x.rt.config.file_key,
             token_expiry: $x.expiry,
             handlers: &$x.handlers,
+            secrets: &$x.secrets,
         }
     };
 }
@@ -70,6 +71,8 @@ struct Execution<'a> {
     params: serde_json::Map<String, serde_json::Value>,
     policy: Policy,
     handlers: BTreeMap<usize, sonic_api::agent::HandlerRun>,
+    /// The values of the secrets its functions name, by secret name.
+    secrets: BTreeMap<String, String>,
     alloc: Option<Allocation>,
     methods: Vec<Method>,
     /// Per function, the files its instances produced.
@@ -169,6 +172,19 @@ impl<'a> Execution<'a> {
         let handlers = crate::exec::handlers::resolve(rt, &dag)
             .await
             .map_err(Failure::Job)?;
+        // And secrets: a secret deleted since the job was submitted fails it here, named.
+        let needed = crate::exec::secrets::needed(&dag);
+        let secrets = if needed.is_empty() {
+            BTreeMap::new()
+        } else {
+            let dir = rt.config.secrets_dir.clone();
+            state
+                .db
+                .run(move |db| Ok(crate::exec::secrets::resolve(db, dir.as_deref(), &needed)))
+                .await
+                .map_err(|e| Failure::Job(format!("database: {e}")))?
+                .map_err(Failure::Job)?
+        };
         let mut prewarm_delays = BTreeMap::new();
         let alloc = match planned {
             Some(p) => {
@@ -414,6 +430,7 @@ impl<'a> Execution<'a> {
             params,
             policy,
             handlers,
+            secrets,
             alloc,
             methods,
             produced,

@@ -17,6 +17,7 @@ mod on_failure;
 pub mod prewarm;
 pub mod reports;
 pub mod requests;
+pub mod secrets;
 pub mod threads;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -136,6 +137,8 @@ pub struct JobsConfig {
     /// Jobs ended longer ago than this are deleted whole ([`delete_job`]: record, logs,
     /// results, input) by the sweep; `None`: kept until deleted.
     pub retain_jobs: Option<Duration>,
+    /// A folder whose files are secrets, beside the store's (`secrets::Secrets`).
+    pub secrets_dir: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for JobsConfig {
@@ -153,6 +156,7 @@ impl std::fmt::Debug for JobsConfig {
             .field("dilation", &self.dilation)
             .field("keep_failed", &self.keep_failed)
             .field("retain_jobs", &self.retain_jobs)
+            .field("secrets_dir", &self.secrets_dir)
             .finish()
     }
 }
@@ -185,6 +189,7 @@ impl JobsConfig {
             dilation: 1.0,
             keep_failed: DEFAULT_KEEP_FAILED,
             retain_jobs: None,
+            secrets_dir: None,
         }
     }
 }

@@ -110,6 +110,21 @@ async fn attempt(
             super::handlers::resolve(rt, &alone).await?.remove(&0)
         }
     };
+    // Its secrets, as the DAG's functions get theirs.
+    let secrets = if f.secrets.is_empty() {
+        Default::default()
+    } else {
+        let (dir, needed) = (
+            rt.config.secrets_dir.clone(),
+            f.secrets.values().cloned().collect(),
+        );
+        let values = state
+            .db
+            .run(move |db| Ok(super::secrets::resolve(db, dir.as_deref(), &needed)))
+            .await
+            .map_err(|e| format!("database: {e}"))??;
+        super::secrets::env_of(f, &values)
+    };
     // An alive agent: it holds one slot of it, like any unplanned run.
     let agent = alive_agents(state)
         .await
@@ -127,6 +142,7 @@ async fn attempt(
         image: f.image.clone(),
         command: f.command.clone(),
         env: f.env.clone(),
+        secrets,
         params: context
             .params
             .iter()

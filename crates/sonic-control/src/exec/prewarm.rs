@@ -337,6 +337,7 @@ edges:
                 file_key: b"k",
                 token_expiry: 0,
                 handlers,
+                secrets: &crate::exec::requests::NO_SECRETS,
             }
         }
     }

@@ -87,7 +87,13 @@ pub struct StageContext<'a> {
     /// The handler of each function that runs one, by function index
     /// ([`crate::exec::handlers::resolve`]).
     pub handlers: &'a BTreeMap<usize, HandlerRun>,
+    /// The values of the secrets the DAG's functions name, by secret name
+    /// ([`crate::exec::secrets::resolve`]).
+    pub secrets: &'a BTreeMap<String, String>,
 }
+
+/// No secrets: a [`StageContext`]'s for a DAG that names none.
+pub static NO_SECRETS: BTreeMap<String, String> = BTreeMap::new();
 
 /// One instance to start: on which agent, with what request.
 #[derive(Debug, Clone, PartialEq)]
@@ -350,6 +356,7 @@ pub fn instance_runs(
                 image: f.image.clone(),
                 command: f.command.clone(),
                 env: f.env.clone(),
+                secrets: crate::exec::secrets::env_of(f, ctx.secrets),
                 params: ctx.params.clone(),
                 fanouts: fanout_env.clone(),
                 memory_limit_mb: DEFAULT_MEMORY_MB,
@@ -475,6 +482,7 @@ edges:
             file_key: b"key",
             token_expiry: 1000,
             handlers: &f.handlers,
+            secrets: &NO_SECRETS,
         }
     }
 

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use sonic_api::agent::{Capacity, ErrorBody, Heartbeat};
 use sonic_api::control::{
     AgentInfo, AgentList, ControlHealth, DagDetail, DagErrorBody, DagList, DagModelsView,
-    DagSummary, JobEvent, JobLogs, JobStatus, JobSummary, Joined,
+    DagSummary, JobEvent, JobLogs, JobStatus, JobSummary, Joined, SecretList,
 };
 use sonic_api::plan::PlanReport;
 use sonic_core::dag::Dag;
@@ -32,7 +32,7 @@ use crate::clock::Clock;
 use crate::exec::requests::Policy;
 use crate::exec::{Context, Runtime};
 use crate::http::error::ApiError;
-use crate::http::openapi::{DagName, Id, ResultKey};
+use crate::http::openapi::{DagName, Id, ResultKey, SecretName};
 use crate::metrics::{self, Gauges};
 use crate::store::{AgentRecord, Applied, DagRecord, Db, JobRecord};
 
@@ -162,6 +162,9 @@ fn table() -> RouteTable<Shared, Access> {
         )
         .route(Method::GET, "/v1/jobs/{id}/events", Token, job_events)
         .route(Method::GET, "/v1/jobs/{id}/logs", Token, job_logs)
+        .route(Method::GET, "/v1/secrets", Token, list_secrets)
+        .route(Method::PUT, "/v1/secrets/{name}", Token, put_secret)
+        .route(Method::DELETE, "/v1/secrets/{name}", Token, delete_secret)
 }
 
 /// Every route the router serves.
@@ -1074,6 +1077,69 @@ async fn delete_job(
 ) -> Result<StatusCode, ApiError> {
     let id = checked_job_id(path_param(id)?)?;
     admission::delete_job(&state.ctx, id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// List the secrets functions may name: names, sizes and sources, never values
+#[utoipa::path(
+    get,
+    path = "/v1/secrets",
+    operation_id = "listSecrets",
+    tag = "secrets",
+    responses((status = 200, description = "the secrets", body = SecretList))
+)]
+async fn list_secrets(State(state): State<Shared>) -> Result<Json<SecretList>, ApiError> {
+    let secrets = admission::list_secrets(&state.ctx).await?;
+    Ok(Json(SecretList { secrets }))
+}
+
+/// Set a secret: the request's body is its value (UTF-8 text, no NUL, at most 64 KiB)
+///
+/// A DAG's function names it as `env: { VAR: { secret: NAME } }`; its runs get the value as
+/// `VAR`, and the agent replaces it in their logs. The API never returns a value.
+#[utoipa::path(
+    put,
+    path = "/v1/secrets/{name}",
+    operation_id = "putSecret",
+    tag = "secrets",
+    params(SecretName),
+    request_body(content = String, content_type = "application/octet-stream"),
+    responses(
+        (status = 204, description = "set"),
+        (status = 400, description = "an invalid name or value", body = ErrorBody),
+    )
+)]
+async fn put_secret(
+    State(state): State<Shared>,
+    name: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<StatusCode, ApiError> {
+    let name = path_param(name)?;
+    let bytes = body.map_err(|e| body_error(e, state.settings.max_body_bytes))?;
+    admission::put_secret(&state.ctx, name, &bytes).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Delete a secret from the store
+#[utoipa::path(
+    delete,
+    path = "/v1/secrets/{name}",
+    operation_id = "deleteSecret",
+    tag = "secrets",
+    params(SecretName),
+    responses(
+        (status = 204, description = "deleted"),
+        (status = 400, description = "an invalid name", body = ErrorBody),
+        (status = 404, description = "no such secret", body = ErrorBody),
+        (status = 409, description = "a file of the secrets folder, not the store's", body = ErrorBody),
+    )
+)]
+async fn delete_secret(
+    State(state): State<Shared>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let name = path_param(name)?;
+    admission::delete_secret(&state.ctx, name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -55,6 +55,9 @@ pub fn path_of(route: &str) -> String {
         api::get_result,
         api::job_events,
         api::job_logs,
+        api::list_secrets,
+        api::put_secret,
+        api::delete_secret,
     ),
     components(schemas(ErrorBody, sonic_api::control::DagErrorBody)),
     security(("bearer" = [])),
@@ -146,6 +149,16 @@ fn operation<'a>(
 pub(crate) struct DagName {
     /// A DAG's name.
     #[param(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
+    name: String,
+}
+
+/// `{name}` of a secret.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // described, never built
+pub(crate) struct SecretName {
+    /// A secret's name.
+    #[param(pattern = "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")]
     name: String,
 }
 
@@ -335,6 +348,9 @@ mod tests {
             ("/v1/jobs/{id}/results/{key}", "get", "getJobResult", "jobs"),
             ("/v1/jobs/{id}/events", "get", "getJobEvents", "jobs"),
             ("/v1/jobs/{id}/logs", "get", "getJobLogs", "jobs"),
+            ("/v1/secrets", "get", "listSecrets", "secrets"),
+            ("/v1/secrets/{name}", "put", "putSecret", "secrets"),
+            ("/v1/secrets/{name}", "delete", "deleteSecret", "secrets"),
         ];
         assert_eq!(ids.len(), routes().len());
         for (path, method, id, tag) in ids {

@@ -250,7 +250,27 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE jobs ADD COLUMN dag_revision INTEGER;
     ALTER TABLE jobs ADD COLUMN retried_ms INTEGER;
     "#,
+    // 10: the secret store: values a DAG's functions get as environment variables
+    // (`env: { VAR: { secret: NAME } }`), never served back.
+    r#"
+    CREATE TABLE secrets (
+        name        TEXT PRIMARY KEY,
+        value       TEXT NOT NULL,
+        updated_ms  INTEGER NOT NULL
+    ) STRICT;
+    "#,
 ];
+
+/// A secret of the store as listed: never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretInfo {
+    /// Its name.
+    pub name: String,
+    /// Its value's size.
+    pub bytes: u64,
+    /// When it was last set, Unix milliseconds.
+    pub updated_ms: i64,
+}
 
 /// The schema version this build writes.
 pub fn schema_version() -> i64 {
@@ -1580,6 +1600,32 @@ impl Db {
             .optional()?)
     }
 
+    /// The secrets in the store, by name: their sizes and when they were set, never their
+    /// values.
+    pub fn secrets(&self) -> Result<Vec<SecretInfo>, StoreError> {
+        let conn = self.reader();
+        let mut stmt = conn.prepare_cached(
+            "SELECT name, length(CAST(value AS BLOB)), updated_ms FROM secrets ORDER BY name",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(SecretInfo {
+                name: r.get(0)?,
+                bytes: r.get::<_, i64>(1)?.max(0) as u64,
+                updated_ms: r.get(2)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The value of the secret `name`, if the store holds it.
+    pub fn secret_value(&self, name: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .reader()
+            .prepare_cached("SELECT value FROM secrets WHERE name = ?1")?
+            .query_row(params![name], |r| r.get(0))
+            .optional()?)
+    }
+
     /// The newest `limit` jobs, of one DAG or of all.
     pub fn list_jobs(&self, dag: Option<&str>, limit: u32) -> Result<Vec<JobRecord>, StoreError> {
         self.find_jobs(dag, None, limit)
@@ -1995,6 +2041,26 @@ impl Writer<'_> {
             )?
             .execute(params![job.dag, key, job.id, job.created_ms])?;
         Ok(None)
+    }
+
+    /// Sets the secret `name` to `value` (a new one, or a new value).
+    pub fn put_secret(&self, name: &str, value: &str, now_ms: i64) -> Result<(), StoreError> {
+        self.0
+            .prepare_cached(
+                "INSERT INTO secrets (name, value, updated_ms) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated_ms = excluded.updated_ms",
+            )?
+            .execute(params![name, value, now_ms])?;
+        Ok(())
+    }
+
+    /// Deletes the secret `name`: whether the store held it.
+    pub fn delete_secret(&self, name: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .0
+            .prepare_cached("DELETE FROM secrets WHERE name = ?1")?
+            .execute(params![name])?
+            > 0)
     }
 
     /// Adds a new job; [`StoreError::Conflict`] when the id is taken.

@@ -466,6 +466,159 @@ async fn a_failed_job_runs_its_on_failure_function_once_with_the_failure() {
     c.stop().await;
 }
 
+/// `show` prints its secrets (which the agent must hide) and writes them as its results (which
+/// shows they reached it).
+const SECRETIVE: &str = r#"
+name: secretive
+functions:
+  - name: show
+    image: sonic-lambdas:latest
+    command: [sh, -c, 'echo "token is $API_TOKEN, file is $FROM_FILE, mode $MODE"; mkdir -p "$SONIC_OUTPUT_DIR/result"; printf %s "$API_TOKEN" > "$SONIC_OUTPUT_DIR/result/token"; printf %s "$FROM_FILE" > "$SONIC_OUTPUT_DIR/result/file"']
+    env: { API_TOKEN: { secret: api-token }, FROM_FILE: { secret: mounted.key }, MODE: plain }
+    timeout: 30s
+"#;
+
+impl Cluster {
+    /// `PUT /v1/secrets/{name}` with `value`: its status.
+    async fn put_secret(&self, name: &str, value: &[u8]) -> reqwest::StatusCode {
+        self.http
+            .put(self.url_for(&format!("/v1/secrets/{name}")))
+            .bearer_auth(TOKEN)
+            .body(value.to_vec())
+            .send()
+            .await
+            .expect("PUT secret")
+            .status()
+    }
+
+    /// `DELETE /v1/secrets/{name}`: its status.
+    async fn delete_secret(&self, name: &str) -> reqwest::StatusCode {
+        self.http
+            .delete(self.url_for(&format!("/v1/secrets/{name}")))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("DELETE secret")
+            .status()
+    }
+}
+
+/// Secrets (interfaces.md §7, item 9): from the store (`PUT /v1/secrets/NAME`) and from the
+/// control plane's secrets folder, they reach the runs of the functions that name them as
+/// environment variables; never the DAG, the listing, the job's summary or its log (the agent
+/// replaces them); a job naming one that is nowhere is refused at submission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_reach_their_runs_and_nothing_else() {
+    const TOKEN_VALUE: &str = "tok-7f3a9c-very-secret";
+    const FILE_VALUE: &str = "mounted-9b1e-value";
+    let folder = tempfile::tempdir().expect("dir");
+    std::fs::write(folder.path().join("mounted.key"), FILE_VALUE).expect("write");
+    let dir = folder.path().to_path_buf();
+    let c = Cluster::builder()
+        .agents(&[("a-1", "m5.large"), ("a-2", "m5.large")])
+        .tune_agents(|a| a.network_mbps = None)
+        .tune(move |j| j.secrets_dir = Some(dir.clone()))
+        .wait_deadline(Duration::from_secs(90))
+        .start()
+        .await;
+    c.apply(SECRETIVE).await;
+    // Not yet in the store: refused before anything is stored, naming it and the way to add it.
+    let r = c
+        .post_job(json!({ "dag": "secretive", "policy": "remote" }))
+        .await;
+    assert_eq!(r.status(), 400);
+    let body = r.text().await.expect("body");
+    assert!(
+        body.contains("no secret api-token") && body.contains("ofctl create secret"),
+        "{body}"
+    );
+    // Bad names and values are refused.
+    assert_eq!(c.put_secret(".hidden", b"x").await, 400);
+    assert_eq!(c.put_secret("nul", b"a\0b").await, 400);
+    assert_eq!(c.put_secret("empty", b"").await, 400);
+    assert_eq!(c.put_secret("api-token", b"first").await, 204);
+    assert_eq!(
+        c.put_secret("api-token", TOKEN_VALUE.as_bytes()).await,
+        204,
+        "replaced"
+    );
+
+    let listed = c.get_json("/v1/secrets").await;
+    let text = listed.to_string();
+    assert!(
+        !text.contains(TOKEN_VALUE) && !text.contains(FILE_VALUE),
+        "{text}"
+    );
+    let names: Vec<(&str, &str, u64)> = listed["secrets"]
+        .as_array()
+        .expect("secrets")
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().expect("name"),
+                s["source"].as_str().expect("source"),
+                s["bytes"].as_u64().expect("bytes"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("api-token", "store", TOKEN_VALUE.len() as u64),
+            ("mounted.key", "file", FILE_VALUE.len() as u64)
+        ]
+    );
+
+    let (v, s) = c
+        .run(json!({ "dag": "secretive", "policy": "remote" }))
+        .await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    let results = c.results(&s).await;
+    let got = |name: &str| {
+        results
+            .iter()
+            .find(|(k, _)| k == name || k.ends_with(&format!("/{name}")))
+            .map(|(_, b)| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_else(|| panic!("no result {name}: {results:?}"))
+    };
+    assert_eq!(
+        got("token"),
+        TOKEN_VALUE,
+        "the store's value reached the run"
+    );
+    assert_eq!(
+        got("file"),
+        FILE_VALUE,
+        "the folder's value reached the run"
+    );
+    assert!(!v.to_string().contains(TOKEN_VALUE), "{v}");
+    let logs = c.get_json(&format!("/v1/jobs/{}/logs", s.job_id)).await;
+    let log = logs.to_string();
+    assert!(
+        log.contains("token is [secret API_TOKEN], file is [secret FROM_FILE], mode plain"),
+        "{log}"
+    );
+    assert!(
+        !log.contains(TOKEN_VALUE) && !log.contains(FILE_VALUE),
+        "{log}"
+    );
+    let dag = c.get_json("/v1/dags/secretive").await.to_string();
+    assert!(
+        dag.contains("api-token") && !dag.contains(TOKEN_VALUE),
+        "{dag}"
+    );
+
+    // Deleted from the store: jobs naming it are refused again; the folder's is not the API's.
+    assert_eq!(c.delete_secret("api-token").await, 204);
+    assert_eq!(c.delete_secret("api-token").await, 404);
+    assert_eq!(c.delete_secret("mounted.key").await, 409);
+    let r = c
+        .post_job(json!({ "dag": "secretive", "policy": "remote" }))
+        .await;
+    assert_eq!(r.status(), 400);
+    c.stop().await;
+}
+
 /// Results are served once a job succeeded, streamed; an ended job is deleted whole on request
 /// (record, logs, results, input, files) while the sample it taught stays; a job still running
 /// is refused; past `retain_jobs` a job goes by itself.

@@ -562,10 +562,31 @@ fn a_functions_env_is_read_and_checked() {
         "{ LD_PRELOAD: /tmp/x.so }",
         "{ PATH: /tmp }",
         "{ TMPDIR: /srv }",
+        "{ A: { secret: .hidden } }",
+        "{ A: { secret: a/b } }",
+        "{ A: { secret: x, other: y } }",
+        "{ SONIC_X: { secret: ok } }",
     ] {
         let err = with(bad).expect_err(bad).to_string();
         assert!(err.contains("functions[0].env"), "{bad}: {err}");
     }
+    // A secret is named, never valued, in the DAG: apart from the plain variables.
+    let dag = with("{ MODE: fast, DB_PASS: { secret: db-pass.v2 } }").expect("secret");
+    let f = &dag.functions[0];
+    assert_eq!(f.env.len(), 1);
+    assert_eq!(
+        f.secrets.get("DB_PASS").map(String::as_str),
+        Some("db-pass.v2")
+    );
+    let json = serde_json::to_value(&dag).expect("json");
+    assert_eq!(
+        json["functions"][0]["secrets"]["DB_PASS"], "db-pass.v2",
+        "{json}"
+    );
+    assert!(
+        json["functions"][0]["env"].get("DB_PASS").is_none(),
+        "{json}"
+    );
 }
 
 /// A DAG's `slo:` (interfaces.md §6): a latency at a percentile (95 unless given); absent, none
