@@ -381,6 +381,12 @@ async fn apply(
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let (v, created) = apply_text(client, &file.display().to_string(), text).await?;
+    // Applied either way: what the agents cannot start goes to stderr, beside any output.
+    for w in v["warnings"].as_array().into_iter().flatten() {
+        if let Some(w) = w.as_str() {
+            eprintln!("warning: {w}");
+        }
+    }
     match output {
         Output::Json => print_json(out, &v),
         Output::Table => {

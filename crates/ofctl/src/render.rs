@@ -618,6 +618,7 @@ mod tests {
     fn dags_show_their_triggers() {
         use sonic_api::control::DagSummary;
         let dag = |name: &str, triggers: &[&str]| DagSummary {
+            warnings: Vec::new(),
             name: name.into(),
             description: String::new(),
             functions: vec!["f".into()],

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use sonic_api::agent::{
     Capacity, ErrorBody, FetchReport, FetchRequest, Health, Heartbeat, PrewarmRequest, Prewarmed,
-    RunAccepted, RunReport, RunRequest, RunStatus,
+    RunAccepted, RunReport, RunRequest, RunStatus, RunnableCheck, RunnableReport,
 };
 use sonic_daemon::routes::{Route, RouteTable};
 use sonic_storage::ObjectStore;
@@ -232,6 +232,7 @@ fn table() -> RouteTable<Arc<AgentState>, Guard> {
         .route(Method::POST, "/v1/runs", ControlToken, start_run)
         .route(Method::POST, "/v1/prewarm", ControlToken, prewarm)
         .route(Method::POST, "/v1/fetches", ControlToken, fetch)
+        .route(Method::POST, "/v1/runnable", ControlToken, runnable)
         .route(Method::GET, "/v1/runs/{run_id}", ControlToken, get_run)
         .route(Method::DELETE, "/v1/runs/{run_id}", ControlToken, stop_run)
         .route(
@@ -368,6 +369,47 @@ async fn prewarm(
             Err(ApiError::Internal)
         }
     }
+}
+
+/// The most executables one `POST /v1/runnable` asks about (a DAG has at most so many
+/// functions).
+const MAX_RUNNABLES: usize = 1024;
+
+/// `POST /v1/runnable`: which of these executables this agent cannot start, and why (its
+/// sandbox's [`crate::sandbox::Sandbox::can_run`]). Bad names: 400, nothing looked up.
+async fn runnable(
+    State(state): State<Arc<AgentState>>,
+    body: Result<Json<RunnableCheck>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<RunnableReport>, ApiError> {
+    let Json(req) = body.map_err(|e| ApiError::Rejected(e.status(), e.body_text()))?;
+    if req.runnables.len() > MAX_RUNNABLES {
+        return Err(ApiError::BadRequest(format!(
+            "at most {MAX_RUNNABLES} executables at once"
+        )));
+    }
+    for r in &req.runnables {
+        let program_ok = !r.program.is_empty()
+            && r.program.len() <= 4096
+            && !r.program.chars().any(char::is_control);
+        if !sonic_core::dag::valid_image(&r.image) || !program_ok {
+            return Err(ApiError::BadRequest(format!(
+                "not an image and a program: {:?} {:?}",
+                r.image.chars().take(80).collect::<String>(),
+                r.program.chars().take(80).collect::<String>()
+            )));
+        }
+    }
+    let mut report = RunnableReport::default();
+    for r in req.runnables {
+        if let Err(why) = state.sandbox.can_run(&r.image, &r.program).await {
+            report.missing.push(sonic_api::agent::NotRunnable {
+                image: r.image,
+                program: r.program,
+                why,
+            });
+        }
+    }
+    Ok(Json(report))
 }
 
 /// `POST /v1/fetches`: a job's input files landed on this agent before its runs start

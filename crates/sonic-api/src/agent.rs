@@ -159,6 +159,35 @@ pub struct RunRequest {
     pub handler: Option<HandlerRun>,
 }
 
+/// `POST /v1/runnable`: can this agent start these executables? (The control plane asks when a
+/// DAG is applied, so that a missing image is said then rather than when a job runs.)
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RunnableCheck {
+    pub runnables: Vec<Runnable>,
+}
+
+/// One executable: an image and the program its command starts.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Runnable {
+    pub image: String,
+    /// The command's first word.
+    pub program: String,
+}
+
+/// The answer to a [`RunnableCheck`]: those the agent cannot start, with why.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct RunnableReport {
+    pub missing: Vec<NotRunnable>,
+}
+
+/// An executable the agent cannot start.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NotRunnable {
+    pub image: String,
+    pub program: String,
+    pub why: String,
+}
+
 /// Environment variables whose values are secrets. Its `Debug` shows the names only, so that a
 /// request logged whole never prints a value.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -51,6 +51,11 @@ pub struct DagSummary {
     pub triggers: Vec<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// In the answer to an apply: what the agents said they cannot start of its functions
+    /// (an image not on an agent's engine, a program not on its host), one line each; its jobs'
+    /// runs placed there would fail `unrunnable`. Empty when all can, or none was asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// `GET /v1/dags`.

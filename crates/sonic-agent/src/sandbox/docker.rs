@@ -324,6 +324,17 @@ impl Sandbox for DockerSandbox {
         "docker"
     }
 
+    /// The image must be on this engine (runs never pull); the program is the image's business.
+    async fn can_run(&self, image: &str, _program: &str) -> Result<(), String> {
+        match self.image_exists(image).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(format!(
+                "image {image} is not on its Docker engine (build or pull it there: runs never pull)"
+            )),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     fn warm(&self) -> Option<usize> {
         Some(self.warm_containers())
     }

@@ -228,6 +228,13 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
         let _ = (spec, count);
         Ok((0, 0))
     }
+    /// Whether it could start `program` of `image` now, and if not, why (a Docker image this
+    /// engine lacks, a program this host does not have): asked when a DAG is applied. A sandbox
+    /// that cannot tell says yes.
+    async fn can_run(&self, image: &str, program: &str) -> Result<(), String> {
+        let _ = (image, program);
+        Ok(())
+    }
     /// How many containers (environments) prewarming started, and how many of them a run used
     /// since the sandbox started, when the sandbox prewarms; for metrics.
     fn prewarm_stats(&self) -> Option<PrewarmStats> {

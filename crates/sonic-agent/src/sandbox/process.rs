@@ -805,6 +805,16 @@ impl Sandbox for ProcessSandbox {
         "process"
     }
 
+    /// The image does not matter here; the program must resolve as a run would start it.
+    async fn can_run(&self, _image: &str, program: &str) -> Result<(), String> {
+        match self.resolve(program) {
+            Some(p) if p.is_file() => Ok(()),
+            _ => Err(format!(
+                "command {program:?} is not found on its PATH or lambdas folder (process sandbox)"
+            )),
+        }
+    }
+
     fn warm(&self) -> Option<usize> {
         Some(self.warm_environments())
     }

@@ -189,6 +189,33 @@ async fn writers_over_quota_are_stopped(sandbox: &dyn Sandbox, dir: &Path, kind:
     assert_eq!(bytes_under(&s.output_dir), 4 * MIB);
 }
 
+/// What a control plane asks when a DAG is applied (`POST /v1/runnable`): Docker knows its
+/// images (never pulls), the process sandbox its programs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_say_what_they_cannot_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let docker = docker(dir.path()).await;
+    assert_eq!(docker.can_run(IMAGE, "anything").await, Ok(()));
+    let why = docker
+        .can_run("sonic-no-such-image:4711", "synthetic")
+        .await
+        .expect_err("no such image");
+    assert!(
+        why.contains("sonic-no-such-image:4711") && why.contains("never pull"),
+        "{why}"
+    );
+    docker.shutdown().await.unwrap();
+    let process = process(dir.path());
+    assert_eq!(process.can_run("any", "synthetic").await, Ok(()));
+    assert_eq!(process.can_run("any", "sh").await, Ok(()));
+    let why = process
+        .can_run("any", "no-such-program-4711")
+        .await
+        .expect_err("no such program");
+    assert!(why.contains("not found"), "{why}");
+    process.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn docker_writers_over_their_quota_are_stopped() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,6 +8,7 @@ pub mod baselines;
 pub mod triggers;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sonic_api::control::{JobAccepted, JobMode, JobPlan, JobStatus, SubmitJob};
 use sonic_core::dag::{Dag, valid_dag_name};
@@ -879,4 +880,101 @@ pub async fn delete_secret(ctx: &Context, name: String) -> Result<(), AdmitError
     } else {
         AdmitError::NotFound(format!("no secret {name}"))
     })
+}
+
+/// How long an apply waits for each agent's answer about the DAG's executables.
+const RUNNABLE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What the alive agents cannot start of `dag`'s executables (its `on_failure` function's
+/// too), one line per executable: on which agents and why. Handlers are the OpenLambda
+/// registry's (checked at submission). An agent that does not answer is said so; none alive,
+/// nothing is checked.
+pub async fn runnable_warnings(ctx: &Context, dag: &sonic_core::dag::Dag) -> Vec<String> {
+    use sonic_api::agent::{Runnable, RunnableCheck};
+    let Some(rt) = &ctx.jobs else {
+        return Vec::new();
+    };
+    // Each executable once, with the functions that run it.
+    let mut wanted: std::collections::BTreeMap<Runnable, Vec<&str>> = Default::default();
+    for f in dag.functions.iter().chain(dag.on_failure.as_ref()) {
+        if f.handler.is_some() {
+            continue;
+        }
+        let Some(program) = f.command.first() else {
+            continue;
+        };
+        wanted
+            .entry(Runnable {
+                image: f.image.clone(),
+                program: program.clone(),
+            })
+            .or_default()
+            .push(&f.name);
+    }
+    if wanted.is_empty() {
+        return Vec::new();
+    }
+    let now = ctx.clock.now_ms();
+    let timeout = ctx.heartbeat_timeout;
+    let agents: Vec<crate::store::AgentSlot> = match ctx.db.run(|db| db.list_agents()).await {
+        Ok(list) => list
+            .into_iter()
+            .filter(|a| a.alive(now, timeout))
+            .map(crate::store::AgentSlot::from)
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the agents to check a DAG's executables");
+            return Vec::new();
+        }
+    };
+    let check = RunnableCheck {
+        runnables: wanted.keys().cloned().collect(),
+    };
+    let answers = futures::future::join_all(
+        agents
+            .iter()
+            .map(|a| rt.runnable(a, &check, RUNNABLE_TIMEOUT)),
+    )
+    .await;
+    // Per executable: the agents that cannot start it, with why.
+    let mut missing: std::collections::BTreeMap<Runnable, Vec<String>> = Default::default();
+    let mut warnings = Vec::new();
+    for (agent, answer) in agents.iter().zip(answers) {
+        match answer {
+            Ok(report) => {
+                for m in report.missing {
+                    let key = Runnable {
+                        image: m.image,
+                        program: m.program,
+                    };
+                    missing
+                        .entry(key)
+                        .or_default()
+                        .push(format!("{} ({})", agent.id, m.why));
+                }
+            }
+            Err(e) => warnings.push(format!(
+                "agent {} did not say whether it can start this DAG's executables: {e}",
+                agent.id
+            )),
+        }
+    }
+    for (r, on) in missing {
+        let functions = wanted.get(&r).map(|fs| fs.join(", ")).unwrap_or_default();
+        let all = on.len() == agents.len();
+        warnings.push(format!(
+            "function {functions} ({} {}): {} of {} agents cannot start it: {}{}",
+            r.image,
+            r.program,
+            on.len(),
+            agents.len(),
+            on.join("; "),
+            if all {
+                "; its jobs will fail unrunnable until it is there"
+            } else {
+                "; its runs placed there would fail unrunnable"
+            }
+        ));
+    }
+    warnings
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use sonic_api::agent::{
     FetchReport, FetchRequest, FetchedFile, RunAccepted, RunReport, RunRequest, RunStatus,
+    RunnableCheck, RunnableReport,
 };
 
 use crate::resources::BoxFuture;
@@ -105,6 +106,18 @@ pub trait AgentClient: Send + Sync + std::fmt::Debug {
 
     /// Whether the agent answers `GET /v1/health` within `timeout`.
     fn healthy<'a>(&'a self, agent: &'a AgentSlot, timeout: Duration) -> BoxFuture<'a, bool>;
+
+    /// Which of these executables the agent cannot start (`POST /v1/runnable`), within
+    /// `timeout`. Agents that cannot say (in memory) can start everything.
+    fn runnable<'a>(
+        &'a self,
+        agent: &'a AgentSlot,
+        check: &'a RunnableCheck,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<RunnableReport, AgentError>> {
+        let _ = (agent, check, timeout);
+        Box::pin(async { Ok(RunnableReport::default()) })
+    }
 }
 
 /// What [`AgentApi::clear_job`] removes of a job on an agent.
@@ -258,6 +271,24 @@ impl AgentClient for HttpAgents {
                 }
                 Err(e) => Err(AgentError::unreachable(agent, e)),
             }
+        })
+    }
+
+    fn runnable<'a>(
+        &'a self,
+        agent: &'a AgentSlot,
+        check: &'a RunnableCheck,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<RunnableReport, AgentError>> {
+        Box::pin(async move {
+            let req = self
+                .http
+                .post(format!("{}/v1/runnable", base(agent)))
+                .bearer_auth(&self.token)
+                .timeout(timeout)
+                .json(check);
+            let what = "the executables check";
+            read(agent, what, answered(agent, what, req).await?).await
         })
     }
 

@@ -273,6 +273,16 @@ pub(crate) fn with_tier_as_configured(mut catalog: Catalog, configured: bool) ->
 }
 
 impl Runtime {
+    /// Which of `check`'s executables `agent` cannot start ([`AgentClient::runnable`]).
+    pub async fn runnable(
+        &self,
+        agent: &AgentSlot,
+        check: &sonic_api::agent::RunnableCheck,
+        timeout: Duration,
+    ) -> Result<sonic_api::agent::RunnableReport, AgentError> {
+        self.agents.runnable(agent, check, timeout).await
+    }
+
     /// A runtime whose jobs are admitted by the built-in [`Pool`] over the registered agents.
     /// `memory` is planned only where there is a tier to run it on: without
     /// `config.memory_tier` the catalog's tier is dropped; with one and a catalog that prices

@@ -373,6 +373,7 @@ pub(crate) fn dag_summary(r: &DagRecord) -> DagSummary {
         })
         .unwrap_or_default();
     DagSummary {
+        warnings: Vec::new(),
         name: r.name.clone(),
         description: r.parsed["description"].as_str().unwrap_or("").to_owned(),
         functions,
@@ -599,7 +600,13 @@ async fn apply_dag(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(dag_summary(&record))).into_response())
+    // Stored either way; what the agents cannot start is said now, not when a job runs.
+    let mut summary = dag_summary(&record);
+    summary.warnings = crate::admission::runnable_warnings(&state.ctx, &dag).await;
+    for w in &summary.warnings {
+        tracing::warn!(dag = %record.name, "{w}");
+    }
+    Ok((status, Json(summary)).into_response())
 }
 
 /// List the DAGs

@@ -619,6 +619,46 @@ async fn secrets_reach_their_runs_and_nothing_else() {
     c.stop().await;
 }
 
+/// Applying a DAG asks the alive agents whether they can start its executables (images and
+/// programs; the process sandbox here, so programs): what none can start is a warning in the
+/// answer, naming the function, the agents and why; the DAG is applied all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_says_which_executables_the_agents_cannot_start() {
+    let c = cluster().await;
+    let fine = c.apply_answer(DAG).await;
+    assert!(fine.get("warnings").is_none(), "{fine}");
+    let v = c
+        .apply_answer(
+            "name: typo\non_failure: tell\nfunctions:\n  - { name: a, image: sonic-lambdas:latest, command: [synthetic, run] }\n  - { name: b, image: sonic-lambdas:latest, command: [no-such-program-4711, x] }\n  - { name: tell, image: sonic-lambdas:latest, command: [no-such-tell-4711] }\nedges:\n  - { from: a, to: b, kind: one }\n",
+        )
+        .await;
+    assert_eq!(v["revision"], 1, "applied all the same: {v}");
+    let warnings: Vec<&str> = v["warnings"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no warnings: {v}"))
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    let b = warnings
+        .iter()
+        .find(|w| w.contains("function b "))
+        .unwrap_or_else(|| panic!("{warnings:?}"));
+    assert!(
+        b.contains("no-such-program-4711")
+            && b.contains("2 of 2 agents cannot start it")
+            && b.contains("a-1")
+            && b.contains("a-2")
+            && b.contains("not found"),
+        "{b}"
+    );
+    assert!(
+        warnings.iter().any(|w| w.contains("function tell ")),
+        "the on_failure function is checked too: {warnings:?}"
+    );
+    c.stop().await;
+}
+
 /// Results are served once a job succeeded, streamed; an ended job is deleted whole on request
 /// (record, logs, results, input, files) while the sample it taught stays; a job still running
 /// is refused; past `retain_jobs` a job goes by itself.

@@ -780,6 +780,11 @@ impl Cluster {
     }
 
     pub async fn apply(&self, yaml: &str) {
+        self.apply_answer(yaml).await;
+    }
+
+    /// Applies a DAG file, which must be accepted: the answer (its summary).
+    pub async fn apply_answer(&self, yaml: &str) -> Value {
         let r = self
             .http
             .put(self.url_for("/v1/dags"))
@@ -790,6 +795,7 @@ impl Cluster {
             .await
             .expect("apply");
         assert!(r.status().is_success(), "apply: {}", r.status());
+        r.json().await.expect("the DAG's summary")
     }
 
     /// `POST /v1/jobs` with `body`, whatever the answer.
