@@ -363,6 +363,11 @@ pub struct JobSummary {
     /// has none, or the job succeeded or was cancelled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<OnFailureRun>,
+    /// Every attempt that failed in the job's last execution, in the order they ended (those
+    /// retried after, and the one that failed the job); `functions` lists the instances that
+    /// succeeded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_attempts: Vec<FailedAttempt>,
 }
 
 /// A secret functions may name, as `GET /v1/secrets` lists it: never its value.
@@ -382,6 +387,28 @@ pub struct SecretView {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct SecretList {
     pub secrets: Vec<SecretView>,
+}
+
+/// One attempt of an instance that failed (retried after, or the one that failed the job).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct FailedAttempt {
+    /// The function.
+    pub name: String,
+    pub instance: u32,
+    /// Which attempt (1 the first).
+    pub attempt: u32,
+    /// The agent it ran on.
+    pub agent: String,
+    /// What kind of failure (`exit`, `timeout`, `out_of_memory`, ...).
+    #[schema(schema_with = crate::schema::failure)]
+    pub kind: sonic_core::machine::Failure,
+    /// Why, in words (the log's tail included).
+    pub error: String,
+    /// When it was sent and when its failure came back, seconds from the job's start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_s: Option<f64>,
 }
 
 /// The one run of a DAG's `on_failure:` function for a failed job.

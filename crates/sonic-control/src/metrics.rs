@@ -394,7 +394,7 @@ mod tests {
             started_s: Some(0.0),
             ended_s: Some(1.0),
         };
-        let summary = JobSummary { on_failure: None, dag_revision: None, bounds_missed: Vec::new(),
+        let summary = JobSummary { failed_attempts: Vec::new(), on_failure: None, dag_revision: None, bounds_missed: Vec::new(),
             job_id: "j-1".into(),
             dag: "fan".into(),
             status: JobStatus::Succeeded,

@@ -898,6 +898,24 @@ impl<'a> Execution<'a> {
                 } else {
                     failure.kind
                 };
+                // Where and when it failed, for the summary (a cancel's runs are not failures).
+                if kind != RunFailure::Cancelled {
+                    let at = |t: Instant| {
+                        progress
+                            .origin
+                            .map(|o| t.saturating_duration_since(o).as_secs_f64())
+                    };
+                    progress.failed.push(sonic_api::control::FailedAttempt {
+                        name: function.clone(),
+                        instance: k,
+                        attempt,
+                        agent: failure.agent.clone(),
+                        kind,
+                        error: failure.message.chars().take(2000).collect(),
+                        started_s: at(a.started),
+                        ended_s: at(Instant::now()),
+                    });
+                }
                 // Out of memory: the next attempt (if its retries cover it) gets more, up to
                 // its agent's VM type's memory.
                 if kind == RunFailure::OutOfMemory {

@@ -719,6 +719,8 @@ struct Progress {
     /// Per function index: the CPUs its instances were given (right-sizing).
     cpus: BTreeMap<usize, f64>,
     functions: Vec<FunctionRun>,
+    /// The attempts that failed, as they ended.
+    failed: Vec<sonic_api::control::FailedAttempt>,
     /// The stages' fetches (once per stage and agent).
     fetches: Vec<sonic_api::control::FetchRun>,
     /// Per edge index: bytes and the slowest instance's staging seconds.
@@ -2661,6 +2663,7 @@ fn summarize(
         bounds_missed,
         dag_revision: job.dag_revision,
         on_failure: None,
+        failed_attempts: p.failed.clone(),
     }
 }
 

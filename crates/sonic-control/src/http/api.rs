@@ -888,6 +888,7 @@ fn summary_of(r: JobRecord) -> JobSummary {
         return s;
     }
     JobSummary {
+        failed_attempts: Vec::new(),
         bounds_missed: Vec::new(),
         job_id: r.id,
         dag: r.dag,
@@ -1196,7 +1197,7 @@ async fn retry_job(
             body = ErrorBody),
     )
 )]
-async fn get_result(
+pub(crate) async fn get_result(
     State(state): State<Shared>,
     params: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Response, ApiError> {

@@ -2459,6 +2459,7 @@ mod tests {
 
     fn summary(id: &str) -> JobSummary {
         JobSummary {
+            failed_attempts: Vec::new(),
             on_failure: None,
             dag_revision: None,
             bounds_missed: Vec::new(),

@@ -371,7 +371,8 @@ async fn a_browser_logs_in_runs_a_job_and_watches_it_succeed() {
         let path = r
             .path
             .replace("{name}", "fan")
-            .replace("{id}", "j-0000000000000001");
+            .replace("{id}", "j-0000000000000001")
+            .replace("{*key}", "sink/0/out.bin");
         if r.method == axum::http::Method::GET
             && !path.ends_with(".js")
             && !path.ends_with("/events")
@@ -439,9 +440,20 @@ async fn a_browser_logs_in_runs_a_job_and_watches_it_succeed() {
     assert_eq!(unlabelled, 0, "inputs without a label");
     save(&shots, "dag.png", &d.screenshot(1280).await);
 
-    // Start a job from the page.
-    let size = d.find("#input_bytes").await;
-    d.type_into(&size, "80000").await;
+    // The form lists the DAG's parameter with its default.
+    assert_eq!(
+        d.script("return document.getElementById('param-mids').value;")
+            .await,
+        "2"
+    );
+
+    // Start a job from the page, its input a file uploaded from this machine.
+    let upload_dir = tempfile::tempdir().expect("dir");
+    let upload = upload_dir.path().join("records.txt");
+    let data: Vec<u8> = (0..80_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    std::fs::write(&upload, &data).expect("write");
+    let file = d.find("#input_file").await;
+    d.type_into(&file, upload.to_str().expect("path")).await;
     d.click(&d.find("#run").await).await;
     d.until("the job's page", 10, || async move {
         d.url().await.starts_with(&format!("{base}/jobs/j-"))
@@ -504,6 +516,26 @@ async fn a_browser_logs_in_runs_a_job_and_watches_it_succeed() {
     ] {
         assert!(body.contains(part), "{part} missing on the job's page");
     }
+    assert_eq!(summary["input_bytes"], 80_000, "the uploaded file");
+    // Every function's node says it is done.
+    assert_eq!(
+        d.find_all("svg.dag g.node[data-state=done]").await.len(),
+        3,
+        "node states"
+    );
+    // The results download from the page, by the session.
+    let downloaded = d
+        .script(
+            "const a = document.querySelector('ul.results a'); if (!a) return null;\
+             const x = new XMLHttpRequest(); x.open('GET', a.href, false); x.send();\
+             return [x.status, x.responseText.length, x.responseText.slice(0, 26)];",
+        )
+        .await;
+    assert_eq!(
+        downloaded,
+        serde_json::json!([200, 80_000, "abcdefghijklmnopqrstuvwxyz"]),
+        "a result downloaded from the page"
+    );
     save(&shots, "job.png", &d.screenshot(1280).await);
 
     // At phone width no page scrolls sideways (wide tables scroll in their own box).
@@ -533,8 +565,39 @@ async fn a_browser_logs_in_runs_a_job_and_watches_it_succeed() {
                 .await;
             panic!("{path} is {overflow}px too wide for a phone: {wide}");
         }
+        // Nothing a badge or a fact says is cut off.
+        let cut = d
+            .script(
+                "return Array.from(document.querySelectorAll('.badge, dl.facts dd, .card b'))\
+                 .filter(e => !e.closest('.scroll'))\
+                 .filter(e => e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right > window.innerWidth + 1)\
+                 .slice(0, 8).map(e => e.className + ' ' + (e.textContent || '').slice(0, 60));",
+            )
+            .await;
+        assert_eq!(cut, serde_json::json!([]), "{path}: cut off at phone width");
     }
     d.resize(1280, 1000).await;
+
+    // A failed job's page shows where it failed: the node, the attempts on the timeline.
+    c.apply(
+        "name: broken\nfunctions:\n  - { name: ok, image: sonic-lambdas:latest, command: [synthetic, run, --to, bad, --output-bytes, \"100\"], timeout: 30s }\n  - { name: bad, image: sonic-lambdas:latest, command: [synthetic, run, --exit-code, \"3\"], timeout: 30s, retries: { limit: 1, backoff: 1ms } }\nedges:\n  - { from: ok, to: bad, kind: one }\n",
+    )
+    .await;
+    let failed = c
+        .submit(serde_json::json!({ "dag": "broken", "policy": "remote" }))
+        .await;
+    assert_eq!(c.wait(&failed).await.status, JobStatus::Failed);
+    d.goto(&format!("{base}/jobs/{failed}")).await;
+    assert_eq!(
+        d.find_all("svg.dag g.node[data-state=failed]").await.len(),
+        1
+    );
+    assert!(
+        d.text(&d.find("main").await)
+            .await
+            .contains("Attempts that failed")
+    );
+    save(&shots, "job-failed.png", &d.screenshot(1280).await);
 
     // The agents.
     d.goto(&format!("{base}/agents")).await;

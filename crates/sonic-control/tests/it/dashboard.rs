@@ -36,6 +36,7 @@ fn fill(template: &str) -> String {
     template
         .replace("{name}", "fan")
         .replace("{id}", "j-0000000000000001")
+        .replace("{*key}", "sink/0/out.bin")
 }
 
 struct Answer {
@@ -639,4 +640,212 @@ async fn sessions_end_at_logout_and_failed_logins_are_limited() {
         .await
         .expect("get");
     assert_eq!(r.status(), 200);
+}
+
+/// A `multipart/form-data` body of text fields and one file, as a browser posts the run form.
+fn multipart(boundary: &str, fields: &[(&str, &str)], file: Option<(&str, &[u8])>) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (k, v) in fields {
+        body.extend_from_slice(
+            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{k}\"\r\n\r\n{v}\r\n")
+                .as_bytes(),
+        );
+    }
+    if let Some((name, bytes)) = file {
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"input_file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    body
+}
+
+/// The run form lists the DAG's parameters and uploads an input (the page's multipart form);
+/// a succeeded job's results download from its page by the session; a failed job shows where
+/// it failed (its function's node, the failed attempts on the timeline and in a table); a long
+/// job is summarized per function.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_run_form_uploads_results_download_and_failures_show_where_they_happened() {
+    let c = Cluster::start(Convergence::default()).await;
+    c.apply(DAG).await;
+    let cookie = log_in(&c).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let get = |path: String| {
+        let req = http
+            .get(format!("{}{path}", c.url()))
+            .header(header::COOKIE, cookie.clone());
+        async move {
+            let r = req.send().await.expect("get");
+            let status = r.status().as_u16();
+            let disposition = r
+                .headers()
+                .get(header::CONTENT_DISPOSITION)
+                .map(|v| v.to_str().unwrap_or("").to_owned());
+            (
+                status,
+                disposition,
+                r.bytes().await.expect("bytes").to_vec(),
+            )
+        }
+    };
+
+    // The form: a file field, and a field per declared parameter with its default.
+    let (_, _, page) = get("/dags/fan".into()).await;
+    let page = String::from_utf8(page).unwrap();
+    assert!(page.contains("enctype=\"multipart/form-data\""), "{page}");
+    assert!(page.contains("type=\"file\""));
+    assert!(
+        page.contains("name=\"param.mids\"") && page.contains("value=\"2\""),
+        "the DAG's parameter with its default"
+    );
+
+    // Uploaded: the job's input is the file, under its own (safe) name; mids from its field.
+    let data: Vec<u8> = (0..40_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let boundary = "sonic-test-boundary-7f3a";
+    let r = http
+        .post(format!("{}/dags/fan/run", c.url()))
+        .header(header::COOKIE, cookie.clone())
+        .header(
+            header::CONTENT_TYPE,
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(multipart(
+            boundary,
+            &[
+                ("policy", "remote"),
+                ("input_bytes", "100000"),
+                ("key", ""),
+                ("param.mids", "3"),
+            ],
+            Some(("my records.csv", &data)),
+        ))
+        .send()
+        .await
+        .expect("run");
+    assert_eq!(r.status(), 303, "{}", r.text().await.unwrap_or_default());
+    let id = r.headers()[header::LOCATION]
+        .to_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let s = c.wait(&id).await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{:?}", s.error);
+    assert_eq!(s.input_bytes, data.len() as u64);
+    assert_eq!(s.functions.iter().filter(|f| f.name == "mid").count(), 3);
+    let (_, _, page) = get(format!("/jobs/{id}")).await;
+    let page = String::from_utf8(page).unwrap();
+    assert_eq!(
+        page.matches("data-state=\"done\"").count(),
+        3,
+        "every node done"
+    );
+    // Each result links to its download, which the session opens.
+    let links: Vec<String> = page
+        .match_indices(&format!("href=\"/jobs/{id}/results/"))
+        .map(|(at, _)| {
+            let rest = &page[at + 6..];
+            rest[..rest.find('"').unwrap()].to_owned()
+        })
+        .collect();
+    assert_eq!(links.len(), s.outputs.len(), "{page}");
+    for link in &links {
+        let (status, disposition, bytes) = get(link.clone()).await;
+        assert_eq!(status, 200, "{link}");
+        assert!(
+            disposition
+                .as_deref()
+                .is_some_and(|d| d.contains("attachment; filename=\"my_records.csv\"")),
+            "{disposition:?}"
+        );
+        assert_eq!(bytes, data, "{link}: the uploaded file, copied through");
+    }
+    // Without the session: refused, no bytes.
+    let r = http
+        .get(format!("{}{}", c.url(), links[0]))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), 401);
+
+    // A long job: per function, every instance folded away.
+    let r = http
+        .post(format!("{}/dags/fan/run", c.url()))
+        .header(header::COOKIE, cookie.clone())
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(form(&[
+            ("policy", "remote"),
+            ("input_bytes", "1000"),
+            ("params", "mids=30"),
+        ]))
+        .send()
+        .await
+        .expect("run");
+    assert_eq!(r.status(), 303);
+    let long = r.headers()[header::LOCATION]
+        .to_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(c.wait(&long).await.status, JobStatus::Succeeded);
+    let (_, _, page) = get(format!("/jobs/{long}")).await;
+    let page = String::from_utf8(page).unwrap();
+    assert!(
+        page.contains("Per function") && page.contains("All 32 instances"),
+        "summarized"
+    );
+
+    // A failed job: its failing function's node, its failed attempts drawn and listed.
+    c.apply(
+        "name: broken\nfunctions:\n  - { name: ok, image: sonic-lambdas:latest, command: [synthetic, run, --to, bad, --output-bytes, \"100\"], timeout: 30s }\n  - { name: bad, image: sonic-lambdas:latest, command: [synthetic, run, --exit-code, \"3\"], timeout: 30s, retries: { limit: 1, backoff: 1ms } }\nedges:\n  - { from: ok, to: bad, kind: one }\n",
+    )
+    .await;
+    let failed = c
+        .submit(serde_json::json!({ "dag": "broken", "policy": "remote" }))
+        .await;
+    let s = c.wait(&failed).await;
+    assert_eq!(s.status, JobStatus::Failed);
+    assert_eq!(
+        s.failed_attempts.len(),
+        2,
+        "both attempts: {:?}",
+        s.failed_attempts
+    );
+    for (k, a) in s.failed_attempts.iter().enumerate() {
+        assert_eq!(
+            (a.name.as_str(), a.instance, a.attempt),
+            ("bad", 0, k as u32 + 1)
+        );
+        assert!(a.error.contains("exit code 3"), "{}", a.error);
+        assert!(a.started_s.is_some() && a.ended_s >= a.started_s);
+    }
+    let (_, _, page) = get(format!("/jobs/{failed}")).await;
+    let page = String::from_utf8(page).unwrap();
+    assert_eq!(
+        page.matches("data-state=\"failed\"").count(),
+        1,
+        "bad's node"
+    );
+    assert_eq!(page.matches("data-state=\"done\"").count(), 1, "ok's node");
+    assert!(page.contains("Attempts that failed"), "the table");
+    assert!(
+        page.contains("bad[0] ✗1") && page.contains("bad[0] ✗2"),
+        "on the timeline"
+    );
+    assert!(
+        !page.contains("/results/"),
+        "a failed job offers no download"
+    );
+    c.stop().await;
 }

@@ -42,11 +42,11 @@ body{margin:0;font:16px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif
 a{color:#0b57d0}a:focus,button:focus,input:focus,select:focus,textarea:focus{outline:3px solid #f2a900;outline-offset:2px}
 .skip{position:absolute;left:-999px}.skip:focus{left:8px;top:8px;background:#fff;padding:4px}
 header{background:#102a43;color:#fff}
-header nav{display:flex;flex-wrap:wrap;gap:.25rem 1.25rem;align-items:center;max-width:72rem;margin:0 auto;padding:.6rem 1rem}
+header nav{display:flex;flex-wrap:wrap;gap:.25rem 1.25rem;align-items:center;max-width:100rem;margin:0 auto;padding:.6rem 1rem}
 header a{color:#fff;text-decoration:none;font-weight:600}header a:hover{text-decoration:underline}
 header .brand{font-size:1.2rem;margin-right:auto}
 header form{margin:0}header button{background:none;border:1px solid #9fb3c8;color:#fff;border-radius:4px;padding:.1rem .6rem;cursor:pointer}
-main{max-width:72rem;margin:0 auto;padding:1rem}
+main{max-width:100rem;margin:0 auto;padding:1rem}
 h1{font-size:1.6rem;margin:.5rem 0 1rem;word-break:break-all}h2{font-size:1.25rem;margin:1.75rem 0 .5rem;border-bottom:1px solid #d9e2ec}
 h3{font-size:1.05rem;margin:1rem 0 .25rem}
 .scroll{overflow-x:auto;max-width:100%}
@@ -82,8 +82,11 @@ pre{background:#f0f4f8;padding:.5rem;overflow-x:auto;font-size:.85rem;max-height
 details{margin:.25rem 0}summary{cursor:pointer}
 meter{width:6rem}
 code,dd,li,p{overflow-wrap:anywhere}
-dl.facts{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.15rem 1rem;margin:0 0 1rem}dl.facts dt{font-weight:600}dl.facts dd{margin:0}
-@media (max-width:40rem){body{font-size:15px}main{padding:.6rem}th,td{padding:.25rem .4rem}}
+dl.facts{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.15rem 1rem;margin:0 0 1rem}dl.facts dt{font-weight:600}dl.facts dd{margin:0;min-width:0}
+figure.tall{max-height:36rem;overflow-y:auto}
+.wrap-text{white-space:normal;display:inline-block;min-width:16rem;max-width:40rem}
+ul.results li{overflow-wrap:anywhere}
+@media (max-width:40rem){body{font-size:15px}main{padding:.6rem}th,td{padding:.25rem .4rem}dl.facts{grid-template-columns:minmax(0,1fr)}dl.facts dd{margin-bottom:.35rem}.badge{white-space:nowrap}.cards .card{min-width:0;flex:1 1 8rem}}
 "#;
 
 /// A whole page: `title`, then `body` (already HTML) in the main landmark. `nav` adds the

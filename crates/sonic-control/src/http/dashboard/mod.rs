@@ -155,6 +155,12 @@ fn table() -> RouteTable<Shared, PageAccess> {
             SignedIn,
             crate::http::api::job_events,
         )
+        .route(
+            Method::GET,
+            "/jobs/{id}/results/{*key}",
+            SignedIn,
+            pages::result,
+        )
         .route(Method::POST, "/jobs/{id}/cancel", SignedIn, pages::cancel)
         .route(Method::POST, "/jobs/{id}/retry", SignedIn, pages::retry)
         .route(
@@ -177,10 +183,16 @@ pub fn router(state: Shared) -> Router<Shared> {
     table()
         .router(|access, routes| match access {
             PageAccess::Open => routes,
-            PageAccess::SignedIn => routes.route_layer(middleware::from_fn_with_state(
-                state.clone(),
-                require_session,
-            )),
+            // Signed in, a page may take an uploaded input (the run form): checked after the
+            // session, so no one else makes the server read that much.
+            PageAccess::SignedIn => routes
+                .route_layer(middleware::from_fn_with_state(
+                    state.clone(),
+                    require_session,
+                ))
+                .route_layer(axum::extract::DefaultBodyLimit::max(
+                    pages::MAX_UPLOAD + 64 * 1024,
+                )),
         })
         .route_layer(middleware::from_fn(same_origin_posts))
         .route_layer(middleware::from_fn(headers))

@@ -604,21 +604,39 @@ async fn dag_page(state: &Shared, name: &str, error: Option<&str>) -> Result<Str
         models.jobs
     );
 
-    // The run form.
+    // The run form: an input uploaded, generated or named in the store, and one field per
+    // declared parameter (its default filled in).
+    let mut param_fields = String::new();
+    for (k, v) in &dag.params {
+        let shown = match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let _ = write!(
+            param_fields,
+            "<label for=\"param-{k}\">{} <span class=\"muted\">(parameter)</span></label>\
+             <input id=\"param-{k}\" name=\"param.{k}\" type=\"text\" size=\"20\" value=\"{}\">",
+            esc(k),
+            esc(&shown),
+            k = esc(k)
+        );
+    }
     let _ = write!(
         body,
-        "<form method=\"post\" action=\"/dags/{}/run\" id=\"run-form\"><fieldset><legend>Run a job</legend>\
+        "<form method=\"post\" action=\"/dags/{}/run\" id=\"run-form\" enctype=\"multipart/form-data\"><fieldset><legend>Run a job</legend>\
          <label for=\"policy\">Policy</label>\
          <select id=\"policy\" name=\"policy\" aria-describedby=\"policy-hint\">\
          <option value=\"\">automatic</option><option value=\"remote\">remote</option><option value=\"direct\">direct</option><option value=\"local\">local</option><option value=\"sonic\">sonic</option></select>\
          <p class=\"hint\" id=\"policy-hint\">Automatic: profiling with <code>remote</code> until the models converge, then planned (<code>sonic</code>).</p>\
-         <label for=\"input_bytes\">Input size (bytes)</label>\
+         <label for=\"input_file\">Input file</label>\
+         <input id=\"input_file\" name=\"input_file\" type=\"file\" aria-describedby=\"file-hint\">\
+         <p class=\"hint\" id=\"file-hint\">Uploaded as the job's input (at most 64 MiB), under its own name.</p>\
+         <label for=\"input_bytes\">Or a generated input (bytes)</label>\
          <input id=\"input_bytes\" name=\"input_bytes\" type=\"number\" min=\"0\" max=\"67108864\" step=\"1\" value=\"100000\" aria-describedby=\"input-hint\">\
-         <p class=\"hint\" id=\"input-hint\">A generated input of this size (0: none), unless a store key is given below.</p>\
+         <p class=\"hint\" id=\"input-hint\">Used when no file is chosen and no store key given (0: no input).</p>\
          <label for=\"key\">Or an object of the store (key)</label>\
          <input id=\"key\" name=\"key\" type=\"text\" size=\"40\" placeholder=\"inputs/records.bin\">\
-         <label for=\"params\">Parameters (key=value, one per line)</label>\
-         <textarea id=\"params\" name=\"params\" rows=\"2\" cols=\"40\"></textarea>\
+         {param_fields}\
          <div><button class=\"primary\" type=\"submit\" id=\"run\">Run</button></div></fieldset></form>",
         url(name)
     );
@@ -637,7 +655,7 @@ async fn dag_page(state: &Shared, name: &str, error: Option<&str>) -> Result<Str
     let _ = write!(
         body,
         "<figure>{}<figcaption>Functions top to bottom; each arrow is an edge, labelled with its kind.</figcaption></figure>",
-        svg::dag_graph("dag", &dag, &labels, &notes)
+        svg::dag_graph("dag", &dag, &labels, &notes, &[])
     );
     let rows: Vec<Vec<String>> = dag
         .edges
@@ -742,7 +760,8 @@ async fn dag_page(state: &Shared, name: &str, error: Option<&str>) -> Result<Str
     Ok(page(&format!("DAG {name}"), &body, true))
 }
 
-#[derive(Debug, Deserialize)]
+/// The run form as posted: multipart (with an uploaded file) or URL-encoded.
+#[derive(Debug, Default, Deserialize)]
 pub struct RunForm {
     #[serde(default)]
     policy: String,
@@ -750,8 +769,96 @@ pub struct RunForm {
     input_bytes: String,
     #[serde(default)]
     key: String,
+    /// `key=value` lines (scripts posting the form; the page has a field per parameter).
     #[serde(default)]
     params: String,
+    /// `param.NAME` fields, by name.
+    #[serde(skip)]
+    param_fields: BTreeMap<String, String>,
+    /// An uploaded input: its file name and bytes.
+    #[serde(skip)]
+    file: Option<(String, Vec<u8>)>,
+}
+
+/// The most bytes of an uploaded input.
+pub const MAX_UPLOAD: usize = 64 * 1024 * 1024;
+
+impl RunForm {
+    /// The form from a multipart body (the page's) or a URL-encoded one.
+    async fn read(request: axum::extract::Request) -> Result<RunForm, ApiError> {
+        use axum::extract::FromRequest;
+        let multipart = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("multipart/form-data"));
+        if !multipart {
+            let Form(mut f): Form<RunForm> = Form::from_request(request, &())
+                .await
+                .map_err(|e: FormRejection| ApiError::BadRequest(e.body_text()))?;
+            f.param_fields.clear();
+            return Ok(f);
+        }
+        let mut m = axum::extract::Multipart::from_request(request, &())
+            .await
+            .map_err(|e| ApiError::BadRequest(e.body_text()))?;
+        let bad = |e: axum::extract::multipart::MultipartError| {
+            ApiError::BadRequest(format!("the form: {}", e.body_text()))
+        };
+        let mut f = RunForm::default();
+        while let Some(field) = m.next_field().await.map_err(bad)? {
+            let name = field.name().unwrap_or_default().to_owned();
+            if name == "input_file" {
+                let file_name = field.file_name().unwrap_or_default().to_owned();
+                let bytes = field.bytes().await.map_err(bad)?;
+                // A file field left empty is sent with no name and no bytes.
+                if !file_name.is_empty() || !bytes.is_empty() {
+                    if bytes.len() > MAX_UPLOAD {
+                        return Err(ApiError::BadRequest(format!(
+                            "an uploaded input is at most {MAX_UPLOAD} bytes"
+                        )));
+                    }
+                    f.file = Some((file_name, bytes.to_vec()));
+                }
+                continue;
+            }
+            let text = field.text().await.map_err(bad)?;
+            match name.as_str() {
+                "policy" => f.policy = text,
+                "input_bytes" => f.input_bytes = text,
+                "key" => f.key = text,
+                "params" => f.params = text,
+                other => {
+                    if let Some(p) = other.strip_prefix("param.") {
+                        f.param_fields.insert(p.to_owned(), text);
+                    }
+                }
+            }
+        }
+        Ok(f)
+    }
+}
+
+/// A file name a job input can have: the uploaded one's last part, made safe.
+fn upload_name(name: &str) -> String {
+    let base = name.rsplit(['/', '\\']).next().unwrap_or("");
+    let safe: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(128)
+        .collect();
+    let safe = safe.trim_start_matches('.').to_owned();
+    if safe.is_empty() {
+        "input.bin".into()
+    } else {
+        safe
+    }
 }
 
 /// The most bytes of generated input the run form makes.
@@ -773,13 +880,27 @@ fn parse_params(text: &str) -> Result<serde_json::Map<String, Value>, String> {
 pub async fn run(
     State(state): State<Shared>,
     name: Result<Path<String>, PathRejection>,
-    form: Result<Form<RunForm>, FormRejection>,
+    request: axum::extract::Request,
 ) -> Result<Response, PageError> {
     let name = checked_dag_name(path_value(name)?)?;
-    let Form(f) = form.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let f = RunForm::read(request).await?;
     let refuse = |why: String| ApiError::BadRequest(why);
     let submitted = async {
-        let params = parse_params(&f.params).map_err(refuse)?;
+        let mut params = parse_params(&f.params).map_err(refuse)?;
+        // A field per declared parameter: only what differs from the DAG's default is an
+        // override (an unchanged field keeps the job in the default setting).
+        let defaults = match state.db.parsed_dag(&name).await {
+            Ok(Some(p)) => p.dag.params.clone(),
+            _ => BTreeMap::new(),
+        };
+        for (k, text) in &f.param_fields {
+            let text = text.trim();
+            let value =
+                serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()));
+            if defaults.get(k) != Some(&value) {
+                params.insert(k.clone(), value);
+            }
+        }
         let key = f.key.trim();
         let size = f.input_bytes.trim();
         let size: u64 = if size.is_empty() {
@@ -793,7 +914,13 @@ pub async fn run(
                 "a generated input is at most {MAX_GENERATED} bytes"
             )));
         }
-        let input = if !key.is_empty() {
+        let input = if let Some((file_name, data)) = &f.file {
+            Some(JobInput {
+                name: Some(upload_name(file_name)),
+                base64: Some(crate::exec::requests::encode_base64(data)),
+                key: None,
+            })
+        } else if !key.is_empty() {
             Some(JobInput {
                 name: None,
                 base64: None,
@@ -955,6 +1082,44 @@ pub async fn jobs(
 }
 
 /// Everything a job's page shows.
+/// Where each function of the job stands: a succeeded job's all done; a failed one's failing
+/// function failed, those with instances that succeeded done, the rest never run; a running
+/// one's current stage running.
+fn node_states(dag: &Dag, v: &JobView) -> Vec<svg::NodeState> {
+    use svg::NodeState;
+    let s = &v.summary;
+    let failing = (s.status == JobStatus::Failed)
+        .then(|| s.failed_attempts.last().map(|f| f.name.as_str()))
+        .flatten();
+    let live: Vec<&str> = v
+        .live
+        .as_ref()
+        .and_then(|e| e.stage.as_deref())
+        .map(|st| st.split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    dag.functions
+        .iter()
+        .map(|f| {
+            let name = f.name.as_str();
+            if s.status == JobStatus::Succeeded {
+                NodeState::Done
+            } else if failing == Some(name) {
+                NodeState::Failed
+            } else if !s.status.is_terminal() && live.contains(&name) {
+                NodeState::Running
+            } else if s.functions.iter().any(|r| r.name == name) {
+                NodeState::Done
+            } else {
+                NodeState::Pending
+            }
+        })
+        .collect()
+}
+
+/// Past this many instances a job's page lists them per function, the instances themselves
+/// folded away.
+const LONG_JOB: usize = 24;
+
 struct JobView {
     record: JobRecord,
     summary: JobSummary,
@@ -1025,6 +1190,38 @@ pub async fn cancel(
     let id = checked_job_id(path_value(id)?)?;
     crate::admission::cancel(&state, id.clone()).await?;
     Ok(see_other(&format!("/jobs/{}", url(&id))))
+}
+
+/// A result of a succeeded job, downloaded (the API's `GET /v1/jobs/{id}/results/{key}`,
+/// opened by the session), as an attachment named after the file.
+pub async fn result(
+    state: State<Shared>,
+    params: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Response, PageError> {
+    let name = params
+        .as_ref()
+        .ok()
+        .and_then(|Path((_, key))| key.rsplit('/').next())
+        .map(|n| {
+            n.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect::<String>()
+        })
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "result".into());
+    let mut response = crate::http::api::get_result(state, params).await?;
+    if let Ok(v) = axum::http::HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
+        response
+            .headers_mut()
+            .insert(axum::http::header::CONTENT_DISPOSITION, v);
+    }
+    Ok(response)
 }
 
 /// The job page's retry button: the failed job runs again, reusing what succeeded.
@@ -1381,7 +1578,7 @@ fn job_body(v: &JobView) -> String {
         let _ = write!(
             out,
             "<figure>{}<figcaption>Each edge labelled with how its data moved: <b>vm-storage</b> (thick), <b>direct</b> (solid), <b>remote</b> (dashed).</figcaption></figure>",
-            svg::dag_graph("job-dag", dag, &labels, &notes)
+            svg::dag_graph("job-dag", dag, &labels, &notes, &node_states(dag, v))
         );
         out.push_str(&html::table(
             "Per edge: bytes the receivers staged; seconds of the slowest receiving instance",
@@ -1424,12 +1621,14 @@ fn job_body(v: &JobView) -> String {
     }
 
     // Instances on a timeline by agent.
-    if !s.functions.is_empty() {
+    if !s.functions.is_empty() || !s.failed_attempts.is_empty() {
         out.push_str("<h2>Instances</h2>");
         let agents: Vec<String> = s
             .functions
             .iter()
             .map(|f| f.agent.clone())
+            .chain(s.failed_attempts.iter().map(|f| f.agent.clone()))
+            .filter(|a| !a.is_empty())
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -1443,15 +1642,64 @@ fn job_body(v: &JobView) -> String {
                     end: f.ended_s?,
                     label: format!("{}[{}]", f.name, f.instance),
                     cold: f.cold,
+                    failed: false,
                 })
             })
+            .chain(s.failed_attempts.iter().filter_map(|f| {
+                Some(Bar {
+                    agent: f.agent.clone(),
+                    start: f.started_s?,
+                    end: f.ended_s?,
+                    label: format!("{}[{}] ✗{}", f.name, f.instance, f.attempt),
+                    cold: false,
+                    failed: true,
+                })
+            }))
             .collect();
         if !bars.is_empty() {
             let _ = write!(
                 out,
-                "<figure>{}<figcaption>From the first attempt sent to the report back (staging, the run, routing). Dark: cold start; light: hot (a warm container).</figcaption></figure>",
+                "<figure class=\"tall\">{}<figcaption>From the first attempt sent to the report back (staging, the run, routing). Dark: cold start; light: hot (a warm container); red: an attempt that failed (✗ and its number).</figcaption></figure>",
                 svg::timeline("timeline", &agents, &bars)
             );
+        }
+        if !s.failed_attempts.is_empty() {
+            let rows: Vec<Vec<String>> = s
+                .failed_attempts
+                .iter()
+                .map(|f| {
+                    vec![
+                        esc(&f.name),
+                        f.instance.to_string(),
+                        f.attempt.to_string(),
+                        esc(&f.agent),
+                        format!(
+                            "<span class=\"badge bad\">{}</span>",
+                            esc(&serde_json::to_value(f.kind)
+                                .ok()
+                                .and_then(|k| k.as_str().map(str::to_owned))
+                                .unwrap_or_default())
+                        ),
+                        f.started_s.map_or("-".into(), html::secs),
+                        f.ended_s.map_or("-".into(), html::secs),
+                        format!("<span class=\"wrap-text\">{}</span>", esc(&f.error)),
+                    ]
+                })
+                .collect();
+            out.push_str(&html::table(
+                "Attempts that failed, where and when (retried after, or the one that failed the job)",
+                &[
+                    "Function",
+                    "Instance ",
+                    "Attempt ",
+                    "Agent",
+                    "Kind",
+                    "From ",
+                    "To ",
+                    "Error",
+                ],
+                &rows,
+            ));
         }
         let cold = s.functions.iter().filter(|f| f.cold).count();
         let _ = write!(
@@ -1483,31 +1731,96 @@ fn job_body(v: &JobView) -> String {
                 ]
             })
             .collect();
-        out.push_str(&html::table(
-            "",
-            &[
-                "Function",
-                "Instance ",
-                "Agent",
-                "VM type",
-                "Start",
-                "From ",
-                "To ",
-                "Run ",
-                "Peak memory ",
-                "Attempts ",
-            ],
-            &rows,
-        ));
+        let headers = [
+            "Function",
+            "Instance ",
+            "Agent",
+            "VM type",
+            "Start",
+            "From ",
+            "To ",
+            "Run ",
+            "Peak memory ",
+            "Attempts ",
+        ];
+        if rows.len() <= LONG_JOB {
+            out.push_str(&html::table("", &headers, &rows));
+        } else {
+            // A long job: per function, then every instance folded away.
+            let mut per: Vec<(&str, Vec<&sonic_api::control::FunctionRun>)> = Vec::new();
+            for f in &s.functions {
+                match per.iter_mut().find(|(n, _)| *n == f.name) {
+                    Some((_, runs)) => runs.push(f),
+                    None => per.push((&f.name, vec![f])),
+                }
+            }
+            let summary: Vec<Vec<String>> = per
+                .iter()
+                .map(|(name, runs)| {
+                    let mut secs: Vec<f64> = runs.iter().map(|r| r.seconds).collect();
+                    secs.sort_by(f64::total_cmp);
+                    let agents: BTreeSet<&str> = runs.iter().map(|r| r.agent.as_str()).collect();
+                    vec![
+                        esc(name),
+                        runs.len().to_string(),
+                        runs.iter().filter(|r| r.cold).count().to_string(),
+                        html::secs(secs[0]),
+                        html::secs(secs[secs.len() / 2]),
+                        html::secs(secs[secs.len() - 1]),
+                        runs.iter()
+                            .map(|r| r.attempts.saturating_sub(1))
+                            .sum::<u32>()
+                            .to_string(),
+                        agents.len().to_string(),
+                    ]
+                })
+                .collect();
+            out.push_str(&html::table(
+                "Per function",
+                &[
+                    "Function",
+                    "Instances ",
+                    "Cold ",
+                    "Fastest ",
+                    "Median ",
+                    "Slowest ",
+                    "Retries ",
+                    "Agents ",
+                ],
+                &summary,
+            ));
+            let _ = write!(
+                out,
+                "<details id=\"all-instances\"><summary>All {} instances</summary>{}</details>",
+                rows.len(),
+                html::table("", &headers, &rows)
+            );
+        }
     }
 
     if !s.outputs.is_empty() {
-        out.push_str("<h2>Results</h2><ul>");
+        out.push_str("<h2>Results</h2><ul class=\"results\">");
+        let marker = format!("jobs/{}/result/", s.job_id);
         for o in &s.outputs {
-            let _ = write!(out, "<li><code>{}</code></li>", esc(o));
+            // A succeeded job's results download from here; the path under its result/.
+            match o.split_once(&marker) {
+                Some((_, key)) if s.status == JobStatus::Succeeded => {
+                    let _ = write!(
+                        out,
+                        "<li><a href=\"/jobs/{}/results/{}\" download>{}</a> <code class=\"muted\">{}</code></li>",
+                        url(&s.job_id),
+                        key.split('/').map(url).collect::<Vec<_>>().join("/"),
+                        esc(key),
+                        esc(o)
+                    );
+                }
+                _ => {
+                    let _ = write!(out, "<li><code>{}</code></li>", esc(o));
+                }
+            }
         }
         out.push_str(
-            "</ul><p class=\"hint\">Download them with <code>ofctl fetch JOB --to DIR</code>.</p>",
+            "</ul><p class=\"hint\">Or all at once: <code>ofctl fetch JOB --to DIR</code>.</p>",
         );
     }
 

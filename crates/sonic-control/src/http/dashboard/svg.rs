@@ -43,9 +43,40 @@ fn method_style(method: Option<&str>) -> (&'static str, &'static str, f64) {
     }
 }
 
+/// Where a function of a job stands, drawn on its node (in words too: its title and a mark).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeState {
+    /// Not started (or, in a failed job, never run).
+    Pending,
+    Running,
+    /// Its instances succeeded.
+    Done,
+    /// Its failure failed the job.
+    Failed,
+}
+
+impl NodeState {
+    /// Its word, its fill and its border.
+    fn look(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            NodeState::Pending => ("pending", "#f0f4f8", "#334e68"),
+            NodeState::Running => ("running", "#e6efff", "#0b3c8a"),
+            NodeState::Done => ("done", "#e3f5e9", "#0a5a2a"),
+            NodeState::Failed => ("failed", "#fde8e8", "#8a1c1c"),
+        }
+    }
+}
+
 /// The DAG drawn top to bottom: a box per function (its name and instances), an arrow per edge
-/// with its label. `id` makes the element ids unique on the page.
-pub fn dag_graph(id: &str, dag: &Dag, edges: &[EdgeLabel], nodes_note: &[String]) -> String {
+/// with its label. `id` makes the element ids unique on the page. With `states` (a job's page),
+/// each node is colored by where its function stands, and says so.
+pub fn dag_graph(
+    id: &str,
+    dag: &Dag,
+    edges: &[EdgeLabel],
+    nodes_note: &[String],
+    states: &[NodeState],
+) -> String {
     let depth = layers(dag);
     let rows = depth.iter().copied().max().map_or(0, |d| d + 1);
     let mut per_row: Vec<Vec<usize>> = vec![Vec::new(); rows];
@@ -118,18 +149,35 @@ pub fn dag_graph(id: &str, dag: &Dag, edges: &[EdgeLabel], nodes_note: &[String]
     }
     for (i, f) in dag.functions.iter().enumerate() {
         let (x, y) = pos[i];
-        let note = nodes_note.get(i).map_or("", String::as_str);
+        let state = states.get(i).copied();
+        let (word, fill, stroke) = state.map_or(("", "#f0f4f8", "#334e68"), NodeState::look);
+        let note = match (nodes_note.get(i).map_or("", String::as_str), state) {
+            ("", Some(_)) => word.to_owned(),
+            (n, Some(_)) => format!("{n} · {word}"),
+            (n, None) => n.to_owned(),
+        };
         let _ = write!(
             out,
-            "<g class=\"node\"><rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{NODE_W}\" height=\"{NODE_H}\" rx=\"6\" fill=\"#f0f4f8\" stroke=\"#334e68\" stroke-width=\"1.5\"/>\
+            "<g class=\"node\" data-state=\"{word}\"><title>{}{}</title><rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{NODE_W}\" height=\"{NODE_H}\" rx=\"6\" fill=\"{fill}\" stroke=\"{stroke}\" stroke-width=\"{}\"/>\
              <text x=\"{:.1}\" y=\"{:.1}\" font-size=\"14\" font-weight=\"600\" text-anchor=\"middle\" fill=\"#102a43\">{}</text>\
              <text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#334e68\">{}</text></g>",
+            esc(&f.name),
+            if word.is_empty() {
+                String::new()
+            } else {
+                format!(": {word}")
+            },
+            if state.is_some_and(|s| s != NodeState::Pending) {
+                2.5
+            } else {
+                1.5
+            },
             x + NODE_W / 2.0,
             if note.is_empty() { y + 28.0 } else { y + 19.0 },
             esc(&f.name),
             x + NODE_W / 2.0,
             y + 36.0,
-            esc(note)
+            esc(&note)
         );
     }
     out.push_str("</svg>");
@@ -220,6 +268,8 @@ pub struct Bar {
     pub end: f64,
     pub label: String,
     pub cold: bool,
+    /// An attempt that failed (drawn red, said in its title).
+    pub failed: bool,
 }
 
 /// Per bar, its lane within its agent's row (instances that overlap in time get lanes of their
@@ -296,7 +346,9 @@ pub fn timeline(id: &str, agents: &[String], bars: &[Bar]) -> String {
         let y = row_top[r] + 4.0 + lane[i] as f64 * lane_h;
         let x = px(b.start);
         let bw = (px(b.end) - x).max(2.0);
-        let (fill, text) = if b.cold {
+        let (fill, text) = if b.failed {
+            ("#b42318", "#fff")
+        } else if b.cold {
             ("#334e68", "#fff")
         } else {
             ("#bcccdc", "#102a43")
@@ -307,7 +359,13 @@ pub fn timeline(id: &str, agents: &[String], bars: &[Bar]) -> String {
             esc(&b.label),
             secs(b.start),
             secs(b.end),
-            if b.cold { "cold" } else { "hot" },
+            if b.failed {
+                "failed"
+            } else if b.cold {
+                "cold"
+            } else {
+                "hot"
+            },
             row - 8.0
         );
         if bw > 7.0 * b.label.chars().count() as f64 + 6.0 {
@@ -363,7 +421,7 @@ edges:
                 method: Some("remote".into()),
             },
         ];
-        let svg = dag_graph("g", &dag, &labels, &[]);
+        let svg = dag_graph("g", &dag, &labels, &[], &[]);
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
         for f in ["gen", "mid", "sink"] {
             assert!(svg.contains(&format!(">{f}</text>")), "{f}");
@@ -390,6 +448,7 @@ edges:
             &["a-1".into(), "a-2".into()],
             &[
                 Bar {
+                    failed: false,
                     agent: "a-1".into(),
                     start: 0.0,
                     end: 1.0,
@@ -397,6 +456,7 @@ edges:
                     cold: true,
                 },
                 Bar {
+                    failed: false,
                     agent: "a-2".into(),
                     start: 1.0,
                     end: 2.0,
@@ -409,6 +469,7 @@ edges:
         assert!(t.contains("gen[0]: 0 ms to 1.00 s (cold)"));
         // Two instances at once on one agent: two lanes.
         let same = |start: f64, end: f64| Bar {
+            failed: false,
             agent: "a-1".into(),
             start,
             end,
