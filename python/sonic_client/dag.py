@@ -80,7 +80,8 @@ class Dag:
     work), ``bounds`` (``max_latency``, ``max_cost_usd``), ``deadline``, ``slo``
     (``percentile``, ``latency``, ``best_effort``), ``triggers`` (``{"schedule": "@every
     1h"}``, ``{"object_created": {"prefix": "incoming/"}}``) and ``on_failure`` (the name of a
-    function of the DAG, with no edges, run once when a job fails).
+    function of the DAG, with no edges, run once when a job fails) and ``input``
+    (``"required"``: a job without an input is refused; ``"optional"``, the default).
     """
 
     def __init__(
@@ -95,6 +96,7 @@ class Dag:
         slo: Optional[Mapping[str, Any]] = None,
         triggers: Optional[Sequence[Mapping[str, Any]]] = None,
         on_failure: Optional[str] = None,
+        input: Optional[str] = None,
     ) -> None:
         self.name = name
         self.description = description
@@ -107,6 +109,7 @@ class Dag:
         self.slo: Optional[Dict[str, Any]] = dict(slo) if slo is not None else None
         self.triggers: List[Dict[str, Any]] = [dict(t) for t in (triggers or [])]
         self.on_failure = on_failure
+        self.input = input
         self.functions: List[Dict[str, Any]] = []
         self.edges: List[Dict[str, str]] = []
 
@@ -207,6 +210,8 @@ class Dag:
             doc["triggers"] = [dict(t) for t in self.triggers]
         if self.on_failure is not None:
             doc["on_failure"] = self.on_failure
+        if self.input is not None:
+            doc["input"] = self.input
         return doc
 
     def to_yaml(self) -> str:

@@ -23,6 +23,7 @@ def test_every_field_the_builder_writes_is_read_back(client: sonic.Client) -> No
         deadline=datetime.timedelta(minutes=10),
         slo={"percentile": 95, "latency": 20.5},
         on_failure="notify",
+        input="required",
     )
     dag.function(
         "split",
@@ -61,6 +62,7 @@ def test_every_field_the_builder_writes_is_read_back(client: sonic.Client) -> No
     # The on_failure function is set apart from the DAG's stages.
     assert [f["name"] for f in parsed["functions"]] == ["split", "train", "combine"], parsed
     assert parsed["on_failure"]["name"] == "notify", parsed
+    assert parsed["input_required"] is True, parsed
     text = dag.to_yaml()
     assert "timeout: 1500ms" in text and "deadline: 600s" in text, text
     assert 'instances: "{{ params.trees }}"' in text, text

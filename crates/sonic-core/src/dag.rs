@@ -255,6 +255,11 @@ pub struct Dag {
     /// succeeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<Function>,
+    /// `input: required`: a job without an input is refused at submission (its first functions
+    /// read one), and no schedule may start one. `false` (`optional`, the default): a job may
+    /// have none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub input_required: bool,
 }
 
 /// What starts a job of a DAG without a submission.
@@ -304,6 +309,8 @@ struct DagSpec {
     triggers: Option<Vec<Spanned<TriggerSpec>>>,
     #[serde(default)]
     on_failure: Option<Spanned<String>>,
+    #[serde(default)]
+    input: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -1613,10 +1620,32 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         }
     };
 
+    let input_required = match &spec.input {
+        None => false,
+        Some(s) => match s.value.as_str() {
+            "required" => true,
+            "optional" => false,
+            other => {
+                let shown: String = other.chars().take(40).collect();
+                return Err(errs.at(
+                    s,
+                    "input",
+                    format!("{shown:?} is neither `required` nor `optional`"),
+                ));
+            }
+        },
+    };
     let mut triggers = Vec::new();
     for (i, t) in spec.triggers.iter().flatten().enumerate() {
         let field = format!("triggers[{i}]");
         match (&t.value.schedule, &t.value.object_created) {
+            (Some(s), None) if input_required => {
+                return Err(errs.at(
+                    s,
+                    format!("{field}.schedule"),
+                    "a schedule starts jobs without an input, and this DAG's `input: required` needs one (an object_created trigger gives its object)",
+                ));
+            }
             (Some(s), None) => match s.value.parse::<crate::schedule::Schedule>() {
                 Ok(schedule) => triggers.push(Trigger::Schedule(schedule)),
                 Err(e) => return Err(errs.at(s, format!("{field}.schedule"), e)),
@@ -1668,6 +1697,7 @@ fn build(errs: &Errs<'_>, mut spec: DagSpec) -> Result<Dag, DagError> {
         slo,
         triggers,
         on_failure,
+        input_required,
     };
     // Edge kinds must agree with the fanouts under the default parameters.
     if let Err(msg) = dag.fanouts(&dag.params) {

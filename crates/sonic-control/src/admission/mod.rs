@@ -513,6 +513,12 @@ pub async fn submit_keyed(
         };
         &with_slo
     };
+    if dag.input_required && req.input.is_none() {
+        return Err(AdmitError::Invalid(format!(
+            "DAG {} needs an input (its `input: required`): give one (ofctl run {} --input FILE)",
+            dag.name, dag.name
+        )));
+    }
     let overrides = req.params.clone().into_iter().collect();
     dag.check_overrides(&overrides)
         .map_err(|e| AdmitError::Invalid(format!("params: {e}")))?;

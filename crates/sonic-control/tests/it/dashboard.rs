@@ -398,6 +398,20 @@ async fn the_pages_show_a_dag_a_job_started_from_the_form_and_the_agents() {
     for baseline in ["baseline remote", "baseline direct", "baseline local"] {
         assert!(page.contains(baseline), "{baseline}");
     }
+    // The objective said; every plan that did not run says why not (faster but costlier,
+    // cheaper but slower, or both worse), with its Perf/$ below the one that ran.
+    assert!(
+        page.contains("Perf/$ = 1 / (latency × cost)"),
+        "the objective"
+    );
+    assert!(page.contains(">Why not</th>") && page.contains(">ran</td>"));
+    let why_nots = page.matches(" lower</td>").count();
+    assert!(why_nots >= 3, "a reason per baseline: {why_nots}");
+    // Per stage, predicted against measured, signed.
+    assert!(page.contains("Per stage: when the plan predicted it would run"));
+    for f in ["gen", "mid", "sink"] {
+        assert!(page.contains(&format!("<td>{f}</td>")), "{f}'s row");
+    }
     // Where each stage ran, and how the plan priced its start, as the job's plan says.
     assert!(page.contains(">Start</th>"), "the stages' start");
     let plan = s.plan.as_ref().expect("a planned job's plan");

@@ -659,6 +659,42 @@ async fn an_apply_says_which_executables_the_agents_cannot_start() {
     c.stop().await;
 }
 
+/// A DAG's `input: required`: a submission without an input is refused before anything is
+/// stored, saying how to give one; with one it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_required_input_is_required() {
+    let c = cluster().await;
+    c.apply("name: needy\ninput: required\nfunctions:\n  - { name: a, image: sonic-lambdas:latest, command: [synthetic, copy, --to, result], timeout: 30s }\n")
+        .await;
+    let r = c
+        .post_job(json!({ "dag": "needy", "policy": "remote" }))
+        .await;
+    assert_eq!(r.status(), 400);
+    let body = r.text().await.expect("body");
+    assert!(
+        body.contains("DAG needy needs an input") && body.contains("--input FILE"),
+        "{body}"
+    );
+    assert!(
+        c.control()
+            .state
+            .db
+            .list_jobs(Some("needy"), 10)
+            .expect("jobs")
+            .is_empty(),
+        "nothing stored"
+    );
+    let (v, s) = c
+        .run(json!({
+            "dag": "needy",
+            "policy": "remote",
+            "input": { "name": "data.bin", "base64": base64(b"some input") },
+        }))
+        .await;
+    assert_eq!(s.status, JobStatus::Succeeded, "{v}");
+    c.stop().await;
+}
+
 /// Results are served once a job succeeded, streamed; an ended job is deleted whole on request
 /// (record, logs, results, input, files) while the sample it taught stays; a job still running
 /// is refused; past `retain_jobs` a job goes by itself.

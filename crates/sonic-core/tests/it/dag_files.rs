@@ -770,3 +770,46 @@ fn a_dags_on_failure_function_is_set_apart_and_checked() {
     .to_string();
     assert!(alone.contains("besides"), "{alone}");
 }
+
+/// `input: required` (a job without an input is refused at submission): read, kept, and no
+/// schedule may start such a DAG's jobs; anything but `required` or `optional` refused.
+#[test]
+fn a_dags_required_input_is_read_and_checked() {
+    let with = |extra: &str| {
+        Dag::from_yaml(
+            "d.yaml",
+            &format!("name: d\n{extra}functions:\n  - {{ name: a, image: i, command: [x] }}\n"),
+        )
+    };
+    assert!(with("input: required\n").expect("required").input_required);
+    assert!(!with("input: optional\n").expect("optional").input_required);
+    let none = with("").expect("default");
+    assert!(!none.input_required);
+    assert!(
+        serde_json::to_value(&none)
+            .expect("json")
+            .get("input_required")
+            .is_none()
+    );
+    let err = with("input: maybe\n").expect_err("maybe").to_string();
+    assert!(err.contains("input") && err.contains("required"), "{err}");
+    let err = with("input: required\ntriggers:\n  - { schedule: \"@every 1h\" }\n")
+        .expect_err("a schedule")
+        .to_string();
+    assert!(
+        err.contains("triggers[0].schedule") && err.contains("needs one"),
+        "{err}"
+    );
+    assert!(
+        with("input: required\ntriggers:\n  - { object_created: { prefix: in/ } }\n")
+            .expect("an object gives the input")
+            .input_required
+    );
+    // The sample sort needs its input.
+    let sort = Dag::from_yaml(
+        "dags/mapreduce-sort.yaml",
+        include_str!("../../../../dags/mapreduce-sort.yaml"),
+    )
+    .expect("sort");
+    assert!(sort.input_required);
+}

@@ -1392,6 +1392,37 @@ fn job_body(v: &JobView) -> String {
                 err,
             ]);
         }
+        // Per stage: when the plan predicted it would start and end, and when it did (its first
+        // instance sent, its last one back), the error signed as above.
+        let stage_rows: Vec<Vec<String>> = rep
+            .plan
+            .timing
+            .iter()
+            .map(|t| {
+                let runs: Vec<_> = s
+                    .functions
+                    .iter()
+                    .filter(|f| f.name == t.function)
+                    .collect();
+                let from = runs.iter().filter_map(|f| f.started_s).reduce(f64::min);
+                let to = runs.iter().filter_map(|f| f.ended_s).reduce(f64::max);
+                let took = from.zip(to).map(|(a, b)| b - a);
+                let predicted = t.end_s - t.start_s;
+                vec![
+                    esc(&t.function),
+                    html::secs(t.start_s),
+                    html::secs(t.end_s),
+                    html::secs(predicted),
+                    from.map_or("-".into(), html::secs),
+                    to.map_or("-".into(), html::secs),
+                    took.map_or("-".into(), html::secs),
+                    match took {
+                        Some(m) if ended && m > 0.0 => html::signed_pct((predicted - m) / m),
+                        _ => "-".into(),
+                    },
+                ]
+            })
+            .collect();
         out.push_str(&html::table(
             "The plan's prediction at this input size, and what the job measured",
             &[
@@ -1402,6 +1433,22 @@ fn job_body(v: &JobView) -> String {
             ],
             &rows,
         ));
+        if !stage_rows.is_empty() {
+            out.push_str(&html::table(
+                "Per stage: when the plan predicted it would run, and when it did (from the job's start)",
+                &[
+                    "Function",
+                    "Predicted from ",
+                    "to ",
+                    "took ",
+                    "Measured from ",
+                    "to ",
+                    "took ",
+                    "Error ",
+                ],
+                &stage_rows,
+            ));
+        }
     }
 
     // The plan and why.
@@ -1423,11 +1470,51 @@ fn job_body(v: &JobView) -> String {
             out.push_str("</ul>");
         }
         if let Some(rep) = report {
+            // The objective, said; each other plan held against the one that ran.
+            let chosen = rep.plan.predicted;
+            match &rep.plan.slo {
+                Some(v) => {
+                    let _ = write!(
+                        out,
+                        "<p>The objective: the cheapest plan whose predicted p{} latency is at most {} (this one's: {}, {}).</p>",
+                        html::num(v.percentile),
+                        html::secs(v.latency_s),
+                        html::secs(v.predicted_s),
+                        if v.met { "met" } else { "not met: the fastest reachable ran" }
+                    );
+                }
+                None => out.push_str(
+                    "<p>The objective: the highest performance per dollar, Perf/$ = 1 / (latency × cost), of the predicted mean latency and cost, within the DAG's bounds.</p>",
+                ),
+            }
+            let why_not = |latency_s: f64, cost_usd: f64, perf: f64| -> String {
+                if rep.plan.slo.is_some() || chosen.perf_per_dollar <= 0.0 {
+                    return "-".into();
+                }
+                let lower = 1.0 - perf / chosen.perf_per_dollar;
+                if latency_s < chosen.latency_s {
+                    format!(
+                        "faster by {}, but costs {}× as much: Perf/$ {} lower",
+                        html::secs(chosen.latency_s - latency_s),
+                        html::num(cost_usd / chosen.cost_usd.max(f64::MIN_POSITIVE)),
+                        html::pct(lower)
+                    )
+                } else if cost_usd < chosen.cost_usd {
+                    format!(
+                        "cheaper, but {}× as slow: Perf/$ {} lower",
+                        html::num(latency_s / chosen.latency_s.max(f64::MIN_POSITIVE)),
+                        html::pct(lower)
+                    )
+                } else {
+                    format!("slower and costlier: Perf/$ {} lower", html::pct(lower))
+                }
+            };
             let mut rows = Vec::new();
-            let row = |name: String, p: Option<Baseline>| -> Vec<String> {
+            let row = |name: String, p: Option<Baseline>, ran: bool| -> Vec<String> {
                 match p {
                     Some(Baseline::Failed { error }) => vec![
                         name,
+                        "-".into(),
                         "-".into(),
                         "-".into(),
                         format!("<span class=\"muted\">{}</span>", esc(&error)),
@@ -1441,24 +1528,32 @@ fn job_body(v: &JobView) -> String {
                         html::secs(latency_s),
                         html::usd(cost_usd),
                         html::num(perf_per_dollar),
+                        if ran {
+                            "ran".into()
+                        } else {
+                            why_not(latency_s, cost_usd, perf_per_dollar)
+                        },
                     ],
-                    None => vec![name, "-".into(), "-".into(), "-".into()],
+                    None => vec![name, "-".into(), "-".into(), "-".into(), "-".into()],
                 }
             };
             let of = |p: &Predicted| Some(Baseline::of(p));
             rows.push(row(
                 format!("<b>the plan that ran ({})</b>", esc(s.policy.as_str())),
                 of(&rep.plan.predicted),
+                true,
             ));
             if plan.used == PlanUsed::SecondBest {
                 rows.push(row(
                     "the best plan (refused)".into(),
                     rep.best.as_ref().and_then(|b| of(&b.predicted)),
+                    false,
                 ));
             } else if let Some(second) = &rep.plan.second_best {
                 rows.push(row(
                     "second best (no vm-storage where the best uses it)".into(),
                     of(&second.predicted),
+                    false,
                 ));
             }
             if let Some(b) = &rep.baselines {
@@ -1472,12 +1567,16 @@ fn job_body(v: &JobView) -> String {
                         }
                         other => other.as_str(),
                     };
-                    rows.push(row(format!("baseline {}", esc(what)), Some(p.clone())));
+                    rows.push(row(
+                        format!("baseline {}", esc(what)),
+                        Some(p.clone()),
+                        false,
+                    ));
                 }
             }
             out.push_str(&html::table(
                 "Why this plan: predicted at the same DAG parameters",
-                &["Plan", "Latency ", "Cost ", "Perf/$ "],
+                &["Plan", "Latency ", "Cost ", "Perf/$ ", "Why not"],
                 &rows,
             ));
             if rep.baselines.is_none() {
