@@ -2356,6 +2356,19 @@ pub async fn sweep_kept(state: &Arc<Context>, rt: &Runtime) -> usize {
             }
             Err(e) => tracing::warn!(error = %e, "cannot list the jobs past the retention age"),
         }
+        // And the samples past the same age that the models no longer keep.
+        match state
+            .db
+            .run(move |db| crate::learn::prune_samples(db, before))
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                samples = n,
+                "deleted samples past the retention age that the models no longer keep"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot prune the samples"),
+        }
     }
     swept
 }

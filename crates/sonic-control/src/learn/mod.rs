@@ -647,6 +647,45 @@ impl Default for Memory {
     }
 }
 
+/// Retention of samples: of each setting of each applied DAG, the samples older than
+/// `before_ms` past the newest [`KEPT_SAMPLES`] (which is all the learning code keeps: each
+/// model fits its newest [`MAX_SAMPLES`]) are deleted; how many. What the models know does not
+/// change; the count of jobs a DAG learned from, read again from the database, counts the kept
+/// ones. Samples of DAGs no longer applied stay (a DAG applied again keeps what was learned).
+pub fn prune_samples(db: &Db, before_ms: i64) -> Result<usize, StoreError> {
+    let mut doomed = Vec::new();
+    for record in db.list_dags()? {
+        let Ok(dag) = serde_json::from_value::<Dag>(record.parsed.clone()) else {
+            continue;
+        };
+        let samples = db.samples(&dag.name)?;
+        if samples.len() <= KEPT_SAMPLES {
+            continue;
+        }
+        let mut by_setting: BTreeMap<String, Vec<&SampleRecord>> = BTreeMap::new();
+        for s in &samples {
+            by_setting
+                .entry(
+                    sample_setting(dag.work_params.as_deref(), s)
+                        .key()
+                        .to_owned(),
+                )
+                .or_default()
+                .push(s);
+        }
+        for kept in by_setting.values() {
+            let beyond = kept.len().saturating_sub(KEPT_SAMPLES);
+            doomed.extend(
+                kept[..beyond]
+                    .iter()
+                    .filter(|s| s.created_ms < before_ms)
+                    .map(|s| s.job.clone()),
+            );
+        }
+    }
+    db.delete_samples(&doomed)
+}
+
 /// How many (DAG, setting) pairs [`Memory`] keeps at most: each holds the setting's decoded
 /// samples and its models.
 pub const KEPT_SETTINGS: usize = 64;
@@ -1340,6 +1379,41 @@ edges:
 
     fn dag() -> Dag {
         Dag::from_yaml("fan.yaml", DAG).expect("dag")
+    }
+
+    /// Retention deletes a setting's samples past the newest [`KEPT_SAMPLES`] and older than the
+    /// cutoff, never the kept ones nor younger ones; what the models fit is the same after.
+    #[test]
+    fn retention_prunes_only_samples_the_models_no_longer_keep() {
+        let db = Db::open_in_memory().expect("db");
+        let d = dag();
+        db.put_dag("fan", DAG, &serde_json::to_value(&d).expect("json"), 0)
+            .expect("dag");
+        let n = KEPT_SAMPLES + 10;
+        for j in 0..n {
+            db.put_sample(&sample(j, 1_000 + (j as u64 % 7) * 1_000))
+                .expect("sample");
+        }
+        let rule = Convergence::default();
+        let fitted = |db: &Db| {
+            let samples = db.samples("fan").expect("samples");
+            let kept = &samples[samples.len().saturating_sub(KEPT_SAMPLES)..];
+            fit_all(&d, kept.iter(), rule)
+        };
+        let before = fitted(&db);
+        // Created at ms 0..n: a cutoff at 5 takes the 5 oldest only.
+        assert_eq!(prune_samples(&db, 5).expect("prune"), 5);
+        assert_eq!(db.samples("fan").expect("samples").len(), n - 5);
+        // Past the cutoff or among the kept: nothing more, however old.
+        assert_eq!(prune_samples(&db, i64::MAX).expect("prune"), 5);
+        assert_eq!(db.samples("fan").expect("samples").len(), KEPT_SAMPLES);
+        assert_eq!(prune_samples(&db, i64::MAX).expect("prune"), 0);
+        let after = fitted(&db);
+        assert_eq!(
+            serde_json::to_value(&before.functions).expect("json"),
+            serde_json::to_value(&after.functions).expect("json"),
+            "the models fit the same samples"
+        );
     }
 
     /// `sample`, with mid's cold time multiplied by `slow`.

@@ -1752,6 +1752,28 @@ impl Db {
         Ok(())
     }
 
+    /// Deletes the samples of these jobs (retention: samples the models no longer keep); how
+    /// many. What the learning code read is forgotten.
+    pub fn delete_samples(&self, jobs: &[String]) -> Result<usize, StoreError> {
+        if jobs.is_empty() {
+            return Ok(0);
+        }
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let mut n = 0;
+        {
+            let mut stmt = tx.prepare_cached("DELETE FROM samples WHERE job = ?1")?;
+            for j in jobs {
+                n += stmt.execute(params![j])?;
+            }
+        }
+        tx.commit()?;
+        if let Some(d) = self.learned.get() {
+            d.forget_all();
+        }
+        Ok(n)
+    }
+
     /// A DAG's samples recorded after row `after` (0: all), oldest first, each with its row id.
     pub fn samples_after(
         &self,
