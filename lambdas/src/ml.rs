@@ -763,6 +763,24 @@ fn find_input(ctx: &Context, name: &'static str) -> Result<PathBuf, MlError> {
         .ok_or(MlError::MissingInput(name))
 }
 
+/// The most `trees_skew` may be: past it the heaviest instances would all hit the cap.
+pub const MAX_TREES_SKEW: f64 = 2.0;
+
+/// How many trees instance `instance` fits: `per_instance` times a weight drawn for it from a
+/// Pareto tail, `w = (1 - u)^(-skew)` with `u` uniform from the seed and the instance (ORION's
+/// skew knob "the trees' count per instance": with `skew` 0 every instance fits `per_instance`;
+/// with 0.5, about one instance in ten fits 3x as many or more), at most
+/// [`MAX_TREES_PER_INSTANCE`]. The same seed gives the same counts in every run.
+pub fn skewed_trees(per_instance: u32, skew: f64, seed: u64, instance: u32) -> u32 {
+    if skew <= 0.0 {
+        return per_instance;
+    }
+    let u = Rng::derive(seed, 7_000 + u64::from(instance)).unit();
+    let w = (1.0 - u).max(1e-9).powf(-skew);
+    ((f64::from(per_instance) * w).round() as u32)
+        .clamp(per_instance.max(1), MAX_TREES_PER_INSTANCE)
+}
+
 /// `train`: fits `trees_per_instance` trees (default 1) of at most `max_depth`, each on a random
 /// `sample_fraction` of the training rows (seeded by `seed`, the instance index and the tree's),
 /// validates each on the rest, and sends them to `to` (`tree.json`, then `tree-1.json`, ...).
@@ -770,7 +788,9 @@ fn find_input(ctx: &Context, name: &'static str) -> Result<PathBuf, MlError> {
 /// its sandbox sets, as `available_parallelism` reads it): a function that uses several cores,
 /// and runs faster with more (docs/model.md, "Right-sizing"). Each tree depends only on its
 /// seeds, so the output is the same bytes whatever the threads. Instance 0 also forwards the
-/// test set and the projection.
+/// test set and the projection. With `trees_skew` > 0 an instance fits a count drawn from a
+/// heavy tail ([`skewed_trees`]): the stage's instances then take different times, as ORION's
+/// skewed workloads do.
 pub fn train_stage(ctx: &Context, to: &str) -> Result<Vec<TrainedTree>, MlError> {
     let seed: u64 = ctx.param_or("seed", DEFAULT_SEED)?;
     let max_depth: usize = ctx.param_or("max_depth", DEFAULT_MAX_DEPTH)?;
@@ -781,6 +801,13 @@ pub fn train_stage(ctx: &Context, to: &str) -> Result<Vec<TrainedTree>, MlError>
             "trees_per_instance must be from 1 to {MAX_TREES_PER_INSTANCE}, not {per_instance}"
         )));
     }
+    let skew: f64 = ctx.param_or("trees_skew", 0.0)?;
+    if !(0.0..=MAX_TREES_SKEW).contains(&skew) {
+        return Err(MlError::Data(format!(
+            "trees_skew must be from 0 to {MAX_TREES_SKEW}, not {skew}"
+        )));
+    }
+    let per_instance = skewed_trees(per_instance, skew, seed, ctx.instance);
     let train_path = find_input(ctx, TRAIN_FILE)?;
     let table = read_table(&train_path)?;
     let instance = ctx.instance;
@@ -968,6 +995,41 @@ pub fn evaluate(model_path: &Path, csv: &Path) -> Result<(f64, usize), MlError> 
 
 #[cfg(test)]
 mod tests {
+    /// No skew: every instance the same; with skew, counts differ by instance, heavy-tailed,
+    /// within the cap, the same for the same seed.
+    #[test]
+    fn trees_skew_draws_a_heavy_tail_per_instance() {
+        use super::{MAX_TREES_PER_INSTANCE, skewed_trees};
+        assert!((0..50).all(|k| skewed_trees(2, 0.0, 42, k) == 2));
+        let counts: Vec<u32> = (0..200).map(|k| skewed_trees(2, 0.7, 42, k)).collect();
+        assert_eq!(
+            counts,
+            (0..200)
+                .map(|k| skewed_trees(2, 0.7, 42, k))
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            counts
+                .iter()
+                .all(|&c| (2..=MAX_TREES_PER_INSTANCE).contains(&c))
+        );
+        let mut sorted = counts.clone();
+        sorted.sort_unstable();
+        let (median, p95) = (sorted[100], sorted[190]);
+        assert!(median <= 4, "most instances stay near the base: {median}");
+        assert!(
+            p95 >= 3 * median,
+            "a heavy tail: p95 {p95}, median {median}"
+        );
+        assert_ne!(
+            counts,
+            (0..200)
+                .map(|k| skewed_trees(2, 0.7, 7, k))
+                .collect::<Vec<_>>(),
+            "another seed, other counts"
+        );
+    }
+
     use super::*;
 
     fn generated(rows: u64, seed: u64) -> Table {

@@ -238,6 +238,59 @@ fn ml_pipeline_trains_several_trees_per_instance_on_its_cores() {
     assert!(err.contains("trees_per_instance"), "{err}");
 }
 
+/// `trees_skew`: the train instances fit the counts `ml::skewed_trees` draws for them, so a
+/// stage's instances differ; the forest votes them all; out of range, a clear error.
+#[test]
+fn ml_pipeline_skews_the_trees_per_instance() {
+    let dir = tempfile::tempdir().unwrap();
+    let dag = support::dag("ml-pipeline");
+    let skew = 1.0;
+    let run = support::run(
+        &dag,
+        &dir.path().join("skewed"),
+        &[
+            ("trees", json!(8)),
+            ("dataset", json!("iris")),
+            ("trees_skew", json!(skew)),
+        ],
+        &[],
+    );
+    let counts: Vec<u32> = (0..8).map(|k| ml::skewed_trees(1, skew, 42, k)).collect();
+    assert!(
+        counts.iter().max() > counts.iter().min(),
+        "the instances differ: {counts:?}"
+    );
+    for (k, want) in counts.iter().enumerate() {
+        let i = run
+            .instances
+            .iter()
+            .find(|i| i.function == "train" && i.instance == k as u32)
+            .unwrap();
+        let out = i.log.parent().unwrap().join("out/combine");
+        let trees = fs::read_dir(&out)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("tree")
+            })
+            .count();
+        assert_eq!(trees as u32, *want, "instance {k}");
+    }
+    let acc = accuracy_report(&run);
+    assert_eq!(acc.trees as u32, counts.iter().sum::<u32>(), "{acc:?}");
+    let bad = support::try_run(
+        &dag,
+        &dir.path().join("bad"),
+        &[("dataset", json!("iris")), ("trees_skew", json!(3.5))],
+        &[],
+    );
+    let err = format!("{}", bad.expect_err("refused"));
+    assert!(err.contains("trees_skew"), "{err}");
+}
+
 #[test]
 fn ml_pipeline_on_a_shipped_data_set() {
     let dir = tempfile::tempdir().unwrap();
