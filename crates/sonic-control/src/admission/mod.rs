@@ -41,6 +41,9 @@ pub enum AdmitError {
     /// This control plane runs no jobs (it has no object store).
     #[error("{0}")]
     NoJobs(String),
+    /// Too much is being planned at once: try again shortly.
+    #[error("{0}")]
+    Busy(String),
     /// Something failed on our side (the database, the object store).
     #[error("{0}")]
     Internal(String),
@@ -158,6 +161,11 @@ async fn choose(
         let budget = ctx.plan_budget();
         let dag = dag.clone();
         let warm = warm_inputs(ctx, digests.clone());
+        let _slot = ctx
+            .planning
+            .enter()
+            .await
+            .map_err(|e| AdmitError::Busy(e.to_string()))?;
         let planned = ctx
             .db
             .run(move |db| {
@@ -196,6 +204,11 @@ async fn choose(
     let dag = dag.clone();
     let warm = warm_inputs(ctx, digests);
     if forced == Some(Policy::Oracle) {
+        let _slot = ctx
+            .planning
+            .enter()
+            .await
+            .map_err(|e| AdmitError::Busy(e.to_string()))?;
         let planned = ctx
             .db
             .run(move |db| {
@@ -233,9 +246,13 @@ async fn choose(
     // `sonic`, or the paper's planner (`sonic-mean`) when forced.
     let policy = forced.unwrap_or(Policy::Sonic);
     let now = ctx.clock.now_ms();
-    let (reason, outcome) = ctx
+    // Whether it plans is the setting's mode's call (cheap); the planning itself takes a slot
+    // of the planning gate (bounded: a submission past its queue is refused, 503).
+    let (decide_dag, decide_setting) = (dag.clone(), setting.clone());
+    let (reason, plans) = ctx
         .db
         .run(move |db| {
+            let (dag, setting) = (decide_dag, decide_setting);
             let models = crate::learn::current(db, &dag, &setting, rule)?;
             // The setting's mode decides, not the models' error of the moment (hysteresis).
             let mode = crate::learn::mode_of(db, &dag.name, &setting, &models, now)?;
@@ -244,24 +261,40 @@ async fn choose(
             } else {
                 crate::learn::reason(&setting, &mode, &models)
             };
-            if !forced_sonic && mode.mode == sonic_core::mode::Mode::Profiling {
-                return Ok((reason, None));
-            }
-            let warm = warm.source(db)?;
-            let planned = crate::learn::plan_for(
-                &dag,
-                &models,
-                input_bytes,
-                &fanouts,
-                catalog,
-                &bandwidth,
-                policy,
-                budget,
-                &warm,
-            );
-            Ok((reason, Some(planned)))
+            Ok((
+                reason,
+                forced_sonic || mode.mode != sonic_core::mode::Mode::Profiling,
+            ))
         })
         .await?;
+    let outcome = if plans {
+        let _slot = ctx
+            .planning
+            .enter()
+            .await
+            .map_err(|e| AdmitError::Busy(e.to_string()))?;
+        let planned = ctx
+            .db
+            .run(move |db| {
+                let models = crate::learn::current(db, &dag, &setting, rule)?;
+                let warm = warm.source(db)?;
+                Ok(crate::learn::plan_for(
+                    &dag,
+                    &models,
+                    input_bytes,
+                    &fanouts,
+                    catalog,
+                    &bandwidth,
+                    policy,
+                    budget,
+                    &warm,
+                ))
+            })
+            .await?;
+        Some(planned)
+    } else {
+        None
+    };
     match outcome {
         None => Ok(profiling(Policy::Remote, None, reason)),
         Some(Ok(planned)) => Ok(Choice {
@@ -358,6 +391,11 @@ pub async fn plan_dag(
     let (catalog, bandwidth) = ctx.planning_catalog();
     let lookup = name.clone();
     let mut warm = warm_inputs(ctx, Default::default());
+    let _slot = ctx
+        .planning
+        .enter()
+        .await
+        .map_err(|e| AdmitError::Busy(e.to_string()))?;
     let planned = ctx
         .db
         .run(move |db| {

@@ -33,6 +33,8 @@ pub struct Context {
     pub heartbeat_timeout: Duration,
     /// The DAGs' triggers, per DAG name (`crate::admission::triggers`).
     pub triggers: sonic_daemon::cron::Scheduler<String>,
+    /// How many plannings run and wait at once (`crate::learn::PlanningGate`).
+    pub planning: crate::learn::PlanningGate,
 }
 
 impl Context {
@@ -51,6 +53,7 @@ impl Context {
             bandwidth: BandwidthBook::default(),
             heartbeat_timeout,
             triggers: sonic_daemon::cron::Scheduler::new(),
+            planning: crate::learn::PlanningGate::default(),
         }
     }
 

@@ -72,7 +72,7 @@ impl From<AdmitError> for ApiError {
             AdmitError::NotFound(m) => ApiError::NotFound(m),
             AdmitError::NotReady(m) | AdmitError::Conflict(m) => ApiError::Conflict(m),
             AdmitError::Infeasible(m) => ApiError::Unprocessable(m),
-            AdmitError::NoJobs(m) => ApiError::Unavailable(m),
+            AdmitError::NoJobs(m) | AdmitError::Busy(m) => ApiError::Unavailable(m),
             AdmitError::Internal(m) => ApiError::Internal(m),
         }
     }

@@ -686,6 +686,74 @@ pub fn prune_samples(db: &Db, before_ms: i64) -> Result<usize, StoreError> {
     db.delete_samples(&doomed)
 }
 
+/// How many plannings wait for a slot at most, by default, before submissions are refused.
+pub const PLANNING_QUEUE: usize = 64;
+
+/// Bounds planning: at most `slots` plannings run at once (each may take the planning budget's
+/// time and memory: 2 s and 256 MiB by default), at most `queue` more wait for a slot, and a
+/// planning past them is refused at once ([`PlanningBusy`]) rather than left to pile up threads
+/// and memory.
+#[derive(Debug)]
+pub struct PlanningGate {
+    slots: tokio::sync::Semaphore,
+    waiting: std::sync::atomic::AtomicUsize,
+    size: usize,
+    queue: usize,
+}
+
+/// A planning refused by a full [`PlanningGate`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the control plane is planning {slots} jobs and {queue} more wait for it: try again shortly"
+)]
+pub struct PlanningBusy {
+    /// Plannings that run at once.
+    pub slots: usize,
+    /// Plannings that may wait.
+    pub queue: usize,
+}
+
+impl Default for PlanningGate {
+    /// As many slots as this machine's cores, [`PLANNING_QUEUE`] waiting.
+    fn default() -> PlanningGate {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        PlanningGate::new(cores, PLANNING_QUEUE)
+    }
+}
+
+impl PlanningGate {
+    /// `slots` at once (at least 1), `queue` waiting.
+    pub fn new(slots: usize, queue: usize) -> PlanningGate {
+        let size = slots.max(1);
+        PlanningGate {
+            slots: tokio::sync::Semaphore::new(size),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+            size,
+            queue,
+        }
+    }
+
+    /// A slot to plan in, held until dropped: at once, after a wait among at most `queue`
+    /// others, or refused.
+    pub async fn enter(&self) -> Result<tokio::sync::SemaphorePermit<'_>, PlanningBusy> {
+        use std::sync::atomic::Ordering;
+        if let Ok(p) = self.slots.try_acquire() {
+            return Ok(p);
+        }
+        let busy = PlanningBusy {
+            slots: self.size,
+            queue: self.queue,
+        };
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.queue {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(busy);
+        }
+        let permit = self.slots.acquire().await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        permit.map_err(|_| busy)
+    }
+}
+
 /// How many (DAG, setting) pairs [`Memory`] keeps at most: each holds the setting's decoded
 /// samples and its models.
 pub const KEPT_SETTINGS: usize = 64;
@@ -1379,6 +1447,34 @@ edges:
 
     fn dag() -> Dag {
         Dag::from_yaml("fan.yaml", DAG).expect("dag")
+    }
+
+    /// The gate lets `slots` plan at once and `queue` wait; the next is refused, naming both;
+    /// a slot freed lets a waiting one in.
+    #[tokio::test]
+    async fn planning_is_bounded_and_refused_past_its_queue() {
+        let gate = std::sync::Arc::new(PlanningGate::new(1, 1));
+        let first = gate.enter().await.expect("a slot");
+        let waiter = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.enter().await.map(|_| ()) })
+        };
+        // The waiter is queued (yield until it is).
+        for _ in 0..100 {
+            if gate.waiting.load(std::sync::atomic::Ordering::SeqCst) == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let refused = gate.enter().await.expect_err("past the queue");
+        assert_eq!(refused, PlanningBusy { slots: 1, queue: 1 });
+        assert!(refused.to_string().contains("try again"), "{refused}");
+        drop(first);
+        waiter
+            .await
+            .expect("join")
+            .expect("let in once a slot freed");
+        assert!(gate.enter().await.is_ok(), "free again");
     }
 
     /// Retention deletes a setting's samples past the newest [`KEPT_SAMPLES`] and older than the
